@@ -1,0 +1,507 @@
+"""ChipConfig: every hardware parameter, frozen and validated, loaded from built-in or user TOML files."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import sys
+import types
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+from tpuflow.errors import ConfigError
+
+DTYPES = ("int8", "fp16", "bf16", "fp32")
+DTYPE_BYTES = {"int8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
+DEFAULT_CHIP = "sg2260"
+
+
+def _positive(v: Any) -> bool:
+    return v > 0
+
+
+def _non_negative(v: Any) -> bool:
+    return v >= 0
+
+
+def _power_of_two(v: Any) -> bool:
+    return isinstance(v, int) and v > 0 and v & (v - 1) == 0
+
+
+def p(unit: str, doc: str, check=_positive):
+    """A config parameter: its unit, a one-line meaning and a validity check."""
+    return field(metadata={"unit": unit, "doc": doc, "check": check})
+
+
+def per_dtype(unit: str, doc: str, check=_positive):
+    return field(metadata={"unit": unit, "doc": doc, "check": check, "keys": DTYPES})
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    name: str = p("", "chip name", check=lambda v: bool(v))
+    description: str = p("", "one-line description", check=lambda v: True)
+    cores: int = p("cores", "cores on the chip")
+    modelled_cores: int = p("cores", "cores the estimator models")
+    lanes: int = p("lanes", "NPU lanes per core (NPU_NUM)", check=_power_of_two)
+    lmem_bytes_per_lane: int = p("B", "local memory per lane", check=_power_of_two)
+    lmem_banks: int = p("banks", "LMEM banks per lane", check=_power_of_two)
+    lmem_align_bytes: int = p("B", "alignment of LMEM tensor addresses", check=_power_of_two)
+    eu_bytes_per_lane: int = p("B", "vector EU width per lane", check=_power_of_two)
+    ddr_bytes: int = p("B", "DDR capacity the compiler may place tensors in")
+    ddr_align_bytes: int = p("B", "alignment of DDR tensor addresses", check=_power_of_two)
+    gdma_lmem_base_address: int = p("address", "global address at which GDMA sees LMEM (tpuflow choice)")
+
+
+@dataclass(frozen=True)
+class ClockConfig:
+    tiu_clock_mhz: float = p("MHz", "TIU clock (tiu_clock_)")
+    gdma_clock_mhz: float = p("MHz", "GDMA / LMEM clock (dma_clk_)")
+    tile_clock_mhz: float = p("MHz", "tile-matmul CUBE clock")
+    sys_clock_mhz: float = p("MHz", "IFE system clock (clk_i_)")
+    ife_clock_mhz: float = p("MHz", "IFE clock (clk_ife_)")
+    fabric_fast_clock_mhz: float = p("MHz", "WDC 1-to-2 fabric clock (clk2G_)")
+    fabric_clock_mhz: float = p("MHz", "WDC fabric and CAM clock (clk800M_)")
+    umc_clock_mhz: float = p("MHz", "UMC / DramUnit clock (clk400M_)")
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    cube_ic_per_cycle: Mapping[str, int] = per_dtype("channels/cycle", "input channels a lane's cube consumes per cycle")
+    cube_ohow_per_cycle: Mapping[str, int] = per_dtype("pixels/cycle", "output pixels a lane's cube produces per cycle")
+    tile_macs_per_cycle: Mapping[str, int] = per_dtype("MAC/cycle", "tile-matmul CUBE peak (16x16 output fractals)")
+
+
+@dataclass(frozen=True)
+class IfeConfig:
+    cm_fifo_depth: int = p("entries", "CM_FIFO_LENGTH")
+    predecode_fifo_depth: int = p("entries", "PRE_DECODE_OUTPUT_FIFO_LENGTH")
+    async_input_fifo_depth: int = p("entries", "ASYNC_INPUT_FIFO_LENGTH")
+    async_output_fifo_depth: int = p("entries", "ASYNC_OUTPUT_FIFO_LENGTH")
+    decode_fifo_depth: int = p("entries", "decode_fifo_ depth")
+    check_fifo_depth: int = p("entries", "check_fifo_ depth")
+    tiu_request_fifo_depth: int = p("entries", "tiu_fifo_request_ depth")
+    gdma_request_fifo_depth: int = p("entries", "gdma_fifo_request_ depth")
+    tile_request_fifo_depth: int = p("entries", "tile request fifo depth (tpuflow: like the move fifo)")
+    move_fifo_depth: int = p("entries", "MV_FIFO_REQ_LENGTH")
+    target_pending_commands: int = p("commands", "tgt_cmd_max: commands in flight per engine target")
+    tiu_cmd_fifo_bytes: int = p("B", "TIU_FIFO_LENGTH: TIU command list capacity")
+    gdma_cmd_fifo_bytes: int = p("B", "GDMA_CMD_FIFO_LENGTH: GDMA command list capacity")
+    tile_cmd_fifo_bytes: int = p("B", "TILE command list capacity")
+    pack_cycles: int = p("cycles", "pack stage latency")
+    decode_cycles: int = p("cycles", "decode stage latency")
+    check_cycles: int = p("cycles", "dependency check stage latency")
+    issue_cycles: int = p("cycles", "dispatch stage latency")
+    txi_word_bits: int = p("bit", "instruction bits the TXI interface accepts per sys cycle")
+    axi_instr_word_bits: int = p("bit", "AXI mode instruction granule (160-bit words)")
+    axi_response_delay_cycles: int = p("cycles", "axi_slv_rsp_delay_")
+    instr_fifo_depth: int = p("entries", "INSTR_FIFO_LENGTH")
+
+
+@dataclass(frozen=True)
+class TiuConfig:
+    vector_des_delay_cycles: int = p("cycles", "DPC_DES_DELAY_CYCLE")
+    vector_des_buffer: int = p("entries", "DPC_DES_BUFFER_SIZE")
+    vector_gen_delay_cycles: int = p("cycles", "DPC_GEN_DELAY_CYCLE")
+    vector_gen_fifo_depth: int = p("entries", "address fifo depth per bus (GEN delay + 5)")
+    vector_issue_delay_cycles: int = p("cycles", "DPC_ISSUE_DELAY_CYCLE")
+    vector_issue_buffer: int = p("entries", "DPC_ISSUE_BUFFER_SIZE")
+    vector_arb_flow_buffer: int = p("entries", "calculate_flow_buffer_ depth (16 bank flags each)")
+    cube_des_delay_cycles: int = p("cycles", "cube DPC_DES delay")
+    cube_gen_delay_cycles: int = p("cycles", "DPC_GEN_CUBE_DELAY_CYCLE")
+    cube_issue_delay_cycles: int = p("cycles", "DPC_ISSUE_CUBE_DELAY_CYCLE")
+    cube_issue_buffer: int = p("entries", "DPC_ISSUE_CUBE_BUFFER_SIZE")
+    cube_arb_delay_cycles: int = p("cycles", "DPC_ARB_CUBE_DELAY_CYCLE")
+    cube_arb_buffer: int = p("entries", "DPC_ARB_CUBE_BUFFER_SIZE")
+    bank_conflict_bubble_cycles: int = p("cycles", "bubble per extra operand on a busy bank", check=_non_negative)
+    startup_cycles: Mapping[str, int] = field(metadata={
+        "unit": "cycles", "doc": "fixed instruction overhead by class (TPUPerf formulas)",
+        "check": _non_negative,
+        "keys": ("conv", "mm2_nn", "mm2_nt", "mm2_tt", "pord", "ar", "sfu", "lin", "cmp", "cwbc", "sys")})
+    compute_latency_cycles: Mapping[str, int] = field(metadata={
+        "unit": "cycles", "doc": "compute pipeline latency by 'tsk_typ.eu_typ' ('tsk_typ.*' = any eu_typ)",
+        "check": _non_negative, "keys": None})
+
+    def compute_latency(self, tsk_typ: int, eu_typ: int) -> int:
+        table = self.compute_latency_cycles
+        exact = table.get(f"{tsk_typ}.{eu_typ}")
+        return exact if exact is not None else table.get(f"{tsk_typ}.*", 0)
+
+
+@dataclass(frozen=True)
+class GdmaConfig:
+    outstanding_reads: int = p("requests", "rd_outstanding_")
+    outstanding_writes: int = p("requests", "wr_outstanding_")
+    bus_bytes: int = p("B/beat", "GDMA data bus width", check=_power_of_two)
+    max_burst_beats: int = p("beats", "longest AXI burst", check=_power_of_two)
+    lmem_access_latency_ns: float = p("ns", "LMEM access latency seen by GDMA")
+    unaligned_penalty_cycles: int = p("cycles", "extra cycles for a burst not aligned to the bus", check=_non_negative)
+    cmd_setup_cycles: int = p("cycles", "dispatch to first request of a command", check=_non_negative)
+    segment_issue_cycles: int = p("cycles", "cycles to issue one burst request", check=_non_negative)
+
+
+@dataclass(frozen=True)
+class WdcConfig:
+    channels: int = p("channels", "DDR channels")
+    umcs_per_channel: int = p("UMCs", "UMC / DramUnit instances per channel")
+    interleave_bits: int = p("bit", "itlv_bit_: address interleave granule = 2**bits bytes")
+    fab1t2_width_bits: int = p("bit", "AuxFab 1->2 width (clk2G_)")
+    fabric_width_bits: int = p("bit", "ItlvDemux / fabric width (clk800M_)")
+    private_fab_fanout: int = p("ports", "private AuxFab<1024,8> outputs")
+    shared_fab1_fanout: int = p("ports", "shared_fab1 outputs")
+    shared_fab1_outstanding: int = p("requests", "shared_fab1 rd/wr outstanding")
+    shared_fab2_fanout: int = p("ports", "shared_fab2 outputs")
+    shared_fab2_outstanding: int = p("requests", "shared_fab2 rd/wr outstanding")
+    fab2t1_outstanding: int = p("requests", "Fab2t1 outstanding")
+    fabric_hop_cycles: int = p("cycles", "latency of one fabric level (in its clock)")
+    cam_table_entries: int = p("entries", "AuxCam read/write table size")
+    x2x_slave_width_bits: int = p("bit", "X2x slave width (UMC side)")
+    x2x_fifo_depth: int = p("entries", "X2x ar/r/aw/w fifo depth")
+    x2x_b_fifo_depth: int = p("entries", "X2x b fifo depth")
+    shared_region: bool = field(default=False, metadata={
+        "unit": "", "doc": "route GDMA traffic through the shared fabric (else private)", "check": lambda v: True})
+
+
+@dataclass(frozen=True)
+class DramConfig:
+    peak_gbps: float = p("GB/s", "DDR peak bandwidth per core (roofline and data-beat rate)")
+    data_width_bytes: int = p("B", "DramUnit data width")
+    page_bytes: int = p("B", "DRAM page (row) size", check=_power_of_two)
+    open_page_ns: float = p("ns", "open_page_cycle_")
+    read_close_page_ns: float = p("ns", "read_close_page_cycle_")
+    write_close_page_ns: float = p("ns", "write_close_page_cycle_")
+    min_read_to_write_ns: float = p("ns", "minimum_read_to_write_cycle_")
+    min_write_to_read_ns: float = p("ns", "minimum_write_to_read_cycle_")
+    min_read_ns: float = p("ns", "minimal_read_cycle_ (controller + PHY latency of a read)")
+    banks_per_umc: int = p("banks", "DRAM banks a UMC keeps pages open in", check=_power_of_two)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    slot_bytes: int = p("B", "largest tile register; each slot is backed by this much LMEM in one lane",
+                        check=_power_of_two)
+    queue_slots: int = p("tiles", "entries per tile queue (T, U, M, N)")
+    fractal_m: int = p("rows", "output fractal rows")
+    fractal_n: int = p("cols", "output fractal columns")
+    k_fractal_bytes: int = p("B", "S0: bytes of K per fractal")
+    fill_latency_cycles: int = p("cycles", "pipeline fill of a TMATMUL / TGEMV", check=_non_negative)
+    acccvt_bytes_per_cycle: int = p("B/cycle", "ACCCVT drain bandwidth")
+    block_overhead_cycles: int = p("cycles", "decode and issue of one block", check=_non_negative)
+
+
+@dataclass(frozen=True)
+class DepConfig:
+    chunk_count: int = p("chunks", "LMEM chunks of the dependency bitmaps", check=_power_of_two)
+    chunk_lanes: int = p("lanes", "lanes per chunk (chunks tile lanes x per-lane offsets)", check=_power_of_two)
+    tiu_dep_id_bits: int = p("bit", "usable bits of the TIU cmd_id_dep field")
+    gdma_dep_id_bits: int = p("bit", "usable bits of the GDMA cmd_id_dep field")
+
+
+SECTIONS = {
+    "core": CoreConfig, "clocks": ClockConfig, "compute": ComputeConfig, "ife": IfeConfig,
+    "tiu": TiuConfig, "gdma": GdmaConfig, "wdc": WdcConfig, "dram": DramConfig,
+    "tile": TileConfig, "deps": DepConfig,
+}
+
+
+@dataclass(frozen=True)
+class ChipConfig:
+    core: CoreConfig
+    clocks: ClockConfig
+    compute: ComputeConfig
+    ife: IfeConfig
+    tiu: TiuConfig
+    gdma: GdmaConfig
+    wdc: WdcConfig
+    dram: DramConfig
+    tile: TileConfig
+    deps: DepConfig
+    source: str = field(default="", compare=False)
+
+    # ---- derived quantities (never stored twice) ----
+    @property
+    def name(self) -> str:
+        return self.core.name
+
+    @property
+    def lanes(self) -> int:
+        return self.core.lanes
+
+    @property
+    def lmem_bytes_per_lane(self) -> int:
+        return self.core.lmem_bytes_per_lane
+
+    @property
+    def lmem_bytes(self) -> int:
+        return self.core.lanes * self.core.lmem_bytes_per_lane
+
+    @property
+    def bank_bytes(self) -> int:
+        return self.core.lmem_bytes_per_lane // self.core.lmem_banks
+
+    def eu_count(self, dtype: str) -> int:
+        """Vector EU elements per lane per cycle for a dtype (64 B: 16 fp32, 32 fp16, 64 int8)."""
+        return self.core.eu_bytes_per_lane // DTYPE_BYTES[dtype]
+
+    @property
+    def umc_count(self) -> int:
+        return self.wdc.channels * self.wdc.umcs_per_channel
+
+    TILE_QUEUES = ("T", "U", "M", "N")
+
+    @property
+    def tile_window_bytes_per_lane(self) -> int:
+        """LMEM reserved at the top of every lane for the tile registers (4 queues x slots)."""
+        slots = len(self.TILE_QUEUES) * self.tile.queue_slots
+        return self.tile.slot_bytes * -(-slots // self.core.lanes)
+
+    @property
+    def tile_window_offset(self) -> int:
+        """Per-lane offset where the tile-register window starts."""
+        return self.core.lmem_bytes_per_lane - self.tile_window_bytes_per_lane
+
+    def tile_slot_address(self, queue: int, slot: int) -> int:
+        """Flat LMEM address of tile slot `slot` of queue `queue`: slots are spread over lanes."""
+        index = queue * self.tile.queue_slots + slot
+        lane, depth = index % self.core.lanes, index // self.core.lanes
+        return lane * self.core.lmem_bytes_per_lane + self.tile_window_offset + depth * self.tile.slot_bytes
+
+    @property
+    def chunk_bytes_per_lane(self) -> int:
+        groups = self.core.lanes // self.deps.chunk_lanes
+        return self.core.lmem_bytes_per_lane * groups // self.deps.chunk_count
+
+    def peak_macs_per_cycle(self, dtype: str, engine: str = "tiu") -> int:
+        if engine == "tile":
+            return self.compute.tile_macs_per_cycle[dtype]
+        c = self.compute
+        return self.core.lanes * c.cube_ic_per_cycle[dtype] * c.cube_ohow_per_cycle[dtype]
+
+    def peak_macs_per_second(self, dtype: str, engine: str = "tiu") -> float:
+        clock = self.clocks.tile_clock_mhz if engine == "tile" else self.clocks.tiu_clock_mhz
+        return self.peak_macs_per_cycle(dtype, engine) * clock * 1e6
+
+    @property
+    def ddr_peak_bytes_per_second(self) -> float:
+        return self.dram.peak_gbps * 1e9
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for sec in SECTIONS:
+            obj = getattr(self, sec)
+            out[sec] = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return out
+
+    def fingerprint(self) -> str:
+        """Stable hash of the effective configuration (independent of where it was loaded from)."""
+        blob = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def describe(self) -> list[tuple[str, str, str, str]]:
+        """(key, value, unit, meaning) rows for `tpuflow chips NAME`."""
+        rows = []
+        for sec in SECTIONS:
+            obj = getattr(self, sec)
+            for f in dataclasses.fields(obj):
+                v = getattr(obj, f.name)
+                unit, doc = f.metadata.get("unit", ""), f.metadata.get("doc", "")
+                if isinstance(v, Mapping):
+                    rows += [(f"{sec}.{f.name}.{k}", str(x), unit, doc) for k, x in v.items()]
+                else:
+                    rows.append((f"{sec}.{f.name}", hex(v) if f.name.endswith("address") else str(v), unit, doc))
+        return rows
+
+
+def _plain(v: Any) -> Any:
+    return dict(sorted(v.items())) if isinstance(v, Mapping) else v
+
+
+# ---------------------------------------------------------------- loading
+
+def builtin_chip_names() -> list[str]:
+    folder = resources.files("tpuflow.hwmodel") / "chips"
+    return sorted(Path(str(e)).stem for e in folder.iterdir() if str(e).endswith(".toml"))
+
+
+def _read_toml(path: Path, label: str) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"chip file {label}: not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"chip file {label}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"chip file {label}: cannot read: {exc.strerror}") from None
+
+
+def _builtin_path(name: str) -> Path:
+    folder = resources.files("tpuflow.hwmodel") / "chips"
+    path = Path(str(folder / f"{name}.toml"))
+    if not path.exists():
+        raise ConfigError(f"unknown chip '{name}' (built-in chips: {', '.join(builtin_chip_names())})")
+    return path
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _resolve(raw: dict, label: str, seen: tuple[str, ...] = ()) -> dict:
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise ConfigError(f"chip file {label}: key 'base' must be the name of a built-in chip")
+    if base in seen:
+        raise ConfigError(f"chip file {label}: 'base' chain loops through '{base}'")
+    parent = _resolve(_read_toml(_builtin_path(base), base), base, seen + (base,))
+    return _merge(parent, raw)
+
+
+def _check_value(key: str, f: dataclasses.Field, value: Any, label: str) -> Any:
+    hint = f.type if not isinstance(f.type, str) else _TYPE_NAMES[f.type]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"chip file {label}: key '{key}' must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"chip file {label}: key '{key}' must be an integer, got {value!r}")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"chip file {label}: key '{key}' must be a number, got {value!r}")
+        value = float(value)
+    elif hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"chip file {label}: key '{key}' must be a string, got {value!r}")
+    else:  # Mapping[str, int]
+        return _check_table(key, f, value, label)
+    if not f.metadata["check"](value):
+        raise ConfigError(f"chip file {label}: key '{key}' has an impossible value {value!r}")
+    return value
+
+
+def _check_table(key: str, f: dataclasses.Field, value: Any, label: str) -> Mapping[str, int]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"chip file {label}: key '{key}' must be a table")
+    keys = f.metadata.get("keys")
+    if keys is not None:
+        missing = [k for k in keys if k not in value]
+        extra = [k for k in value if k not in keys]
+        if extra:
+            raise ConfigError(f"chip file {label}: unknown key '{key}.{extra[0]}'")
+        if missing:
+            raise ConfigError(f"chip file {label}: missing key '{key}.{missing[0]}'")
+    for k, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, int) or not f.metadata["check"](v):
+            raise ConfigError(f"chip file {label}: key '{key}.{k}' must be a valid integer, got {v!r}")
+    return types.MappingProxyType(dict(sorted(value.items())))
+
+
+_TYPE_NAMES = {"int": int, "float": float, "str": str, "bool": bool,
+               "Mapping[str, int]": Mapping}
+
+
+def _build_section(sec: str, cls: type, raw: Any, label: str):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"chip file {label}: '{sec}' must be a table")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for k in raw:
+        if k not in known:
+            raise ConfigError(f"chip file {label}: unknown key '{sec}.{k}'")
+    values = {}
+    for name, f in known.items():
+        if name not in raw:
+            if f.default is not dataclasses.MISSING:
+                continue
+            raise ConfigError(f"chip file {label}: missing key '{sec}.{name}'")
+        values[name] = _check_value(f"{sec}.{name}", f, raw[name], label)
+    return cls(**values)
+
+
+def _cross_check(chip: ChipConfig, label: str) -> None:
+    c = chip.core
+
+    def need(ok: bool, key: str, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"chip file {label}: key '{key}' is impossible: {why}")
+
+    need(c.modelled_cores <= c.cores, "core.modelled_cores", "more than core.cores")
+    need(c.lmem_bytes_per_lane % c.lmem_banks == 0, "core.lmem_banks", "must divide lmem_bytes_per_lane")
+    need(c.eu_bytes_per_lane >= 4, "core.eu_bytes_per_lane", "must hold at least one fp32")
+    need(chip.tile_window_bytes_per_lane <= c.lmem_bytes_per_lane // 2, "tile.slot_bytes",
+         "the tile-register window would take more than half of each lane")
+    need(chip.deps.chunk_lanes <= c.lanes, "deps.chunk_lanes", "more than core.lanes")
+    groups = c.lanes // chip.deps.chunk_lanes
+    need(chip.deps.chunk_count % groups == 0 and chip.deps.chunk_count // groups <= c.lmem_bytes_per_lane,
+         "deps.chunk_count", "must be a multiple of the lane groups")
+    need(chip.tile.k_fractal_bytes % 4 == 0, "tile.k_fractal_bytes", "must hold whole fp32 elements")
+    need(c.ddr_bytes < c.gdma_lmem_base_address, "core.gdma_lmem_base_address", "overlaps DDR")
+    need(chip.deps.gdma_dep_id_bits <= 17, "deps.gdma_dep_id_bits", "the GDMA field has 17 bits")
+    need(chip.deps.tiu_dep_id_bits <= 24, "deps.tiu_dep_id_bits", "the TIU field has 24 bits")
+
+
+def chip_from_dict(raw: dict, label: str = "<dict>") -> ChipConfig:
+    raw = _resolve(dict(raw), label)
+    for k in raw:
+        if k not in SECTIONS:
+            raise ConfigError(f"chip file {label}: unknown key '{k}'")
+    sections = {sec: _build_section(sec, cls, raw.get(sec, None) if sec in raw else _missing(sec, label), label)
+                for sec, cls in SECTIONS.items()}
+    chip = ChipConfig(**sections, source=label)
+    _cross_check(chip, label)
+    return chip
+
+
+def _missing(sec: str, label: str):
+    raise ConfigError(f"chip file {label}: missing table '[{sec}]'")
+
+
+def load_chip(name_or_path: str | Path | None = None) -> ChipConfig:
+    """A built-in chip by name, or a user TOML file (which may start from `base = "<builtin>"`)."""
+    spec = str(name_or_path) if name_or_path is not None else DEFAULT_CHIP
+    if spec.endswith(".toml") or "/" in spec or Path(spec).is_file():
+        path = Path(spec)
+        return _cached(str(path.resolve()), path.stat().st_mtime_ns if path.exists() else 0, str(path))
+    return _cached_builtin(spec)
+
+
+_CACHE: dict[tuple, ChipConfig] = {}
+
+
+def _cached(resolved: str, mtime: int, label: str) -> ChipConfig:
+    key = (resolved, mtime)
+    if key not in _CACHE:
+        _CACHE[key] = chip_from_dict(_read_toml(Path(resolved), label), label)
+    return _CACHE[key]
+
+
+def _cached_builtin(name: str) -> ChipConfig:
+    key = ("builtin", name)
+    if key not in _CACHE:
+        _CACHE[key] = chip_from_dict(_read_toml(_builtin_path(name), name), name)
+    return _CACHE[key]
+
+
+def replace_param(chip: ChipConfig, key: str, value: Any) -> ChipConfig:
+    """A copy of `chip` with one 'section.name' parameter changed (validated like a file)."""
+    raw = chip.as_dict()
+    sec, _, name = key.partition(".")
+    if sec not in raw or name not in raw[sec]:
+        raise ConfigError(f"unknown chip key '{key}'")
+    raw[sec][name] = value
+    return chip_from_dict(raw, f"{chip.source}+{key}")
+

@@ -1,0 +1,166 @@
+"""The `tpuflow` command line: parses options, calls tpuflow.pipeline, prints, maps errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from tpuflow import __version__
+from tpuflow.errors import OptionError, TpuflowError
+
+DEFAULT_MODEL_HELP = "model file (.onnx) or bundled model name (see `tpuflow models`); default: the default model"
+
+
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--input-shape expects name=d0,d1,..., got '{text}'") from None
+
+
+def _add_model(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    if optional:
+        p.add_argument("model", nargs="?", default=None, help=DEFAULT_MODEL_HELP)
+    else:
+        p.add_argument("model", help=DEFAULT_MODEL_HELP.replace("; default: the default model", ""))
+    p.add_argument("--input-shape", action="append", type=_shape_arg, default=[], metavar="NAME=D0,D1,...",
+                   help="fix the shape of a graph input with symbolic dimensions (repeatable)")
+
+
+def _add_chip(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chip", default=None, help="built-in chip name or chip TOML file (default: sg2260)")
+    p.add_argument("--dtype", default="fp32", help="fp32 | fp16 | bf16 (f32/f16 accepted)")
+
+
+def _add_compile(p: argparse.ArgumentParser) -> None:
+    _add_chip(p)
+    p.add_argument("--matmul", default="tiu", help="tiu | tile: engine for MatMul/Gemm")
+    p.add_argument("--schedule", default="list", help="program | list | cpsat")
+    p.add_argument("--dep-mode", default="bitmap", help="bitmap | auto: how cmd_id_dep is computed")
+    p.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT budget in seconds (deterministic)")
+
+
+def _add_outputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", type=Path, default=None, help="write a Perfetto / Chrome trace-event JSON file")
+    p.add_argument("--profile", type=Path, default=None, help="write one CSV row per instruction")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tpuflow", description="ONNX compiler and performance estimator "
+                                     "for TPU-class accelerators (SG2260 family).")
+    parser.add_argument("--version", action="version", version=f"tpuflow {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("inspect", help="graph summary: ops, shapes, MACs, bytes, roofline bound")
+    _add_model(p, optional=True)
+    _add_chip(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("compile", help="compile to instruction binaries + manifest.json")
+    _add_model(p, optional=True)
+    _add_compile(p)
+    p.add_argument("-o", "--output", type=Path, required=True, help="output directory")
+
+    p = sub.add_parser("estimate", help="latency, utilisation, stalls, per-layer table")
+    _add_model(p, optional=True)
+    _add_compile(p)
+    _add_outputs(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("report", help="self-contained HTML report of the schedule")
+    _add_model(p, optional=True)
+    _add_compile(p)
+    _add_outputs(p)
+    p.add_argument("-o", "--output", type=Path, required=True, help="report.html to write")
+
+    p = sub.add_parser("verify", help="run the binaries on the functional model and compare with onnxruntime")
+    _add_model(p, optional=True)
+    _add_compile(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--no-race-check", action="store_true", help="skip the LMEM race detector (faster)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("disasm", help="human-readable listing of compiled binaries")
+    p.add_argument("path", type=Path, help="output directory of `compile`, or one .BD/.GDMA/.TILE file")
+    p.add_argument("--chip", default=None, help="chip the binaries were compiled for (default: from manifest)")
+
+    p = sub.add_parser("chips", help="list the built-in chips, or print one with units")
+    p.add_argument("name", nargs="?", default=None, help="chip name or chip TOML file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("models", help="list the bundled models")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def _options(args):
+    from tpuflow.options import CompileOptions
+    return CompileOptions(dtype=args.dtype, matmul=args.matmul, dep_mode=args.dep_mode,
+                          schedule=args.schedule, time_limit_s=args.time_limit)
+
+
+def _shapes(args) -> dict[str, tuple[int, ...]]:
+    return dict(args.input_shape)
+
+
+def run(args) -> int:
+    from tpuflow import pipeline
+
+    if args.command == "chips":
+        return pipeline.cmd_chips(args.name, args.json)
+    if args.command == "models":
+        return pipeline.cmd_models(args.json)
+    if args.command == "inspect":
+        return pipeline.cmd_inspect(args.model, args.chip, args.dtype, _shapes(args), args.json)
+    if args.command == "disasm":
+        return pipeline.cmd_disasm(args.path, args.chip)
+    if args.command == "compile":
+        return pipeline.cmd_compile(args.model, args.chip, _options(args), _shapes(args), args.output)
+    if args.command == "verify":
+        return pipeline.cmd_verify(args.model, args.chip, _options(args), _shapes(args), args.seed,
+                                   not args.no_race_check, args.json)
+    if args.command == "estimate":
+        return pipeline.cmd_estimate(args.model, args.chip, _options(args), _shapes(args), args.json,
+                                     args.trace, args.profile)
+    if args.command == "report":
+        return pipeline.cmd_report(args.model, args.chip, _options(args), _shapes(args), args.output,
+                                   args.trace, args.profile)
+    raise OptionError("no command given (try `tpuflow --help`)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except TpuflowError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"tpuflow: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("tpuflow: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # an internal error: one line unless --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"tpuflow: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Shared ISA vocabulary: engines, precisions, stride modes, LMEM/DDR access ranges, tensor layouts."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tpuflow.chip import ChipConfig
+
+
+class Engine(str, enum.Enum):
+    TIU = "tiu"
+    GDMA = "gdma"
+    TILE = "tile"
+
+    @property
+    def letter(self) -> str:
+        """Prefix used in listings: B (TIU, as in .BD files), D (GDMA), T (TILE)."""
+        return {"tiu": "B", "gdma": "D", "tile": "T"}[self.value]
+
+
+class Prec(enum.IntEnum):
+    """Descriptor precision codes (opt_*_prec, src_data_format), tpu-mlir's enumeration."""
+
+    INT8 = 0
+    FP16 = 1
+    FP32 = 2
+    INT16 = 3
+    INT32 = 4
+    BF16 = 5
+
+    @property
+    def bytes(self) -> int:
+        return {0: 1, 1: 2, 2: 4, 3: 2, 4: 4, 5: 2}[int(self)]
+
+    @property
+    def is_float(self) -> bool:
+        return self in (Prec.FP16, Prec.FP32, Prec.BF16)
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """numpy dtype of the stored bits (bf16 is kept as uint16 bit patterns)."""
+        return np.dtype({0: np.int8, 1: np.float16, 2: np.float32, 3: np.int16,
+                         4: np.int32, 5: np.uint16}[int(self)])
+
+    @property
+    def dtype_name(self) -> str:
+        return {0: "int8", 1: "fp16", 2: "fp32", 3: "int16", 4: "int32", 5: "bf16"}[int(self)]
+
+    @classmethod
+    def from_name(cls, name: str) -> "Prec":
+        table = {"int8": cls.INT8, "fp16": cls.FP16, "f16": cls.FP16, "fp32": cls.FP32, "f32": cls.FP32,
+                 "int16": cls.INT16, "int32": cls.INT32, "bf16": cls.BF16}
+        return table[name]
+
+
+class StrideMode(enum.IntEnum):
+    """short_*_str: how a TIU operand's strides are obtained."""
+
+    ALIGNED = 0   # c_stride = H*W rounded up to the EU count; n_stride = c_stride * channel groups
+    COMPACT = 1   # c_stride = H*W
+    FREE = 3      # strides taken from the *_n_str/_c_str/_h_str/_w_str fields (0 broadcasts)
+
+
+# Marks SYS wait instructions that wait on the TILE engine (tpuflow's documented mechanism):
+# TIU `system.wait_msg` with reg_idx == TILE_WAIT_TAG and GDMA `dma.sys.sys_wait` with
+# index == TILE_WAIT_TAG wait until tile_sync_id >= imm / constant_value.
+TILE_WAIT_TAG = 0x7F
+
+
+@dataclass(frozen=True)
+class LmemRange:
+    """Bytes [lo, hi) at the same per-lane offsets in lanes [lane, lane + lanes) (no wrap)."""
+
+    lane: int
+    lanes: int
+    lo: int
+    hi: int
+
+    def overlaps(self, other: "LmemRange") -> bool:
+        return (self.lane < other.lane + other.lanes and other.lane < self.lane + self.lanes
+                and self.lo < other.hi and other.lo < self.hi)
+
+
+@dataclass(frozen=True)
+class DdrRange:
+    """DDR bytes [lo, hi)."""
+
+    lo: int
+    hi: int
+
+    def overlaps(self, other: "DdrRange") -> bool:
+        return self.lo < other.hi and other.lo < self.hi
+
+
+@dataclass(frozen=True)
+class Accesses:
+    lmem_reads: tuple[LmemRange, ...] = ()
+    lmem_writes: tuple[LmemRange, ...] = ()
+    ddr_reads: tuple[DdrRange, ...] = ()
+    ddr_writes: tuple[DdrRange, ...] = ()
+
+
+@dataclass(frozen=True)
+class LocalTensor:
+    """An (N, C, H, W) tensor in LMEM: flat address (lane * lmem_bytes_per_lane + offset),
+    element strides (n, c-group, h, w) and precision.
+
+    Element (n, c, h, w) lives in lane (start_lane + c) % lanes at per-lane byte offset
+    offset + (n*n_str + ((start_lane + c) // lanes)*c_str + h*h_str + w*w_str) * bytes.
+    """
+
+    addr: int
+    shape: tuple[int, int, int, int]
+    strides: tuple[int, int, int, int]
+    prec: Prec
+
+    def start_lane(self, chip: "ChipConfig") -> int:
+        return (self.addr // chip.lmem_bytes_per_lane) % chip.lanes
+
+    def offset(self, chip: "ChipConfig") -> int:
+        return self.addr % chip.lmem_bytes_per_lane
+
+    def ranges(self, chip: "ChipConfig") -> tuple[LmemRange, ...]:
+        return lmem_ranges(self.addr, self.shape, self.strides, self.prec.bytes, chip)
+
+
+def aligned_strides(shape: tuple[int, int, int, int], eu: int, lanes: int, start_lane: int = 0,
+                    compact: bool = False) -> tuple[int, int, int, int]:
+    """Strides (elements) of the EU-aligned or compact layout of hardware.md."""
+    n, c, h, w = shape
+    c_str = h * w if compact else -(-(h * w) // eu) * eu
+    groups = -(-(start_lane + c) // lanes)
+    return (c_str * groups, c_str, w, 1)
+
+
+def operand_strides(mode: int, shape, given, prec: Prec, chip: "ChipConfig", addr: int):
+    """Resolve a TIU operand's strides from its stride mode."""
+    if mode == StrideMode.FREE:
+        return tuple(given)
+    start = (addr // chip.lmem_bytes_per_lane) % chip.lanes
+    eu = chip.core.eu_bytes_per_lane // prec.bytes
+    return aligned_strides(tuple(shape), eu, chip.lanes, start, compact=(mode == StrideMode.COMPACT))
+
+
+def lmem_ranges(addr: int, shape, strides, elem_bytes: int, chip: "ChipConfig") -> tuple[LmemRange, ...]:
+    """Bounding LMEM ranges of a tensor (conservative: one byte interval for all its lanes)."""
+    n, c, h, w = shape
+    if n * c * h * w == 0:
+        return ()
+    lanes = chip.lanes
+    start = (addr // chip.lmem_bytes_per_lane) % lanes
+    base = addr % chip.lmem_bytes_per_lane
+    groups = (start + c - 1) // lanes + 1
+    lo_el, hi_el = 0, 0
+    for size, stride in ((n, strides[0]), (groups, strides[1]), (h, strides[2]), (w, strides[3])):
+        span = (size - 1) * stride
+        lo_el += min(0, span)
+        hi_el += max(0, span)
+    lo, hi = base + lo_el * elem_bytes, base + (hi_el + 1) * elem_bytes
+    if groups == 1:
+        return (LmemRange(start, c, lo, hi),)
+    return (LmemRange(0, lanes, lo, hi),)  # several channel groups (or a wrap): every lane
+
+
+def ddr_range(addr: int, shape, strides, elem_bytes: int) -> tuple[DdrRange, ...]:
+    """Bounding DDR range of a strided tensor."""
+    if math.prod(shape) == 0:
+        return ()
+    lo_el = sum(min(0, (s - 1) * st) for s, st in zip(shape, strides))
+    hi_el = sum(max(0, (s - 1) * st) for s, st in zip(shape, strides))
+    return (DdrRange(addr + lo_el * elem_bytes, addr + (hi_el + 1) * elem_bytes),)
+
+
+class Instruction:
+    """Base of every instruction dataclass. Subclasses are frozen dataclasses whose fields are
+    named as in the hardware descriptor; `cmd_id` is the 1-based position in its engine queue
+    and is not a field."""
+
+    ENGINE: ClassVar[Engine]
+    OPS: ClassVar[dict[str, int]] = {}
+    PREFIX: ClassVar[str] = ""
+
+    @property
+    def op_name(self) -> str:
+        op = getattr(self, "op", None)
+        return f"{self.PREFIX}.{op}" if op is not None else self.PREFIX
+
+    def accesses(self, chip: "ChipConfig") -> Accesses:
+        raise NotImplementedError
+
+    def field_values(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    def _check_op(self) -> None:
+        op = getattr(self, "op", None)
+        if self.OPS and op not in self.OPS:
+            raise ValueError(f"{type(self).__name__}: unknown op {op!r} (known: {', '.join(self.OPS)})")

@@ -1,0 +1,269 @@
+"""TILE engine instructions: LinxISA v0.56 CUBE blocks, plus tpuflow's TPUSH, and tile queues.
+
+Tile registers (tpuflow's design, documented here once):
+
+* Four queues T, U, M, N (codes 0-3) of `chip.tile.queue_slots` entries each. Slot s of queue q
+  is backed by `chip.tile.slot_bytes` of LMEM at `chip.tile_slot_address(q, s)`: the slots are
+  spread one per lane at the top of every lane (the tile window), so GDMA and TIU reach them as
+  ordinary LMEM and the chunk bitmaps see each slot separately.
+* A push onto queue q lands in slot (pushes_so_far(q) % queue_slots). Operand code c names
+  queue c // 16 at distance c % 16 + 1 (T#1 = the newest T tile). Pushes come from ACCCVT
+  (ACC -> tile) and from TPUSH.
+* TPUSH (BSTART.CUBE function 31, a tpuflow extension: LinxISA v0.56 reaches tile registers
+  from memory blocks we do not model) declares that GDMA has written the next slot of a queue;
+  it is how tiles loaded by GDMA enter the queue order, and it is where the TILE engine waits
+  for that load.
+* Synchronisation: a block waits until tiu_sync_id >= wait_tiu_id and tdma_sync_id >=
+  wait_gdma_id (encoded as B.IOD words). TIU and GDMA wait for TILE block k with an explicit
+  SYS wait (system.wait_msg / dma.sys.sys_wait tagged TILE_WAIT_TAG, operand k).
+
+In-slot layouts (element offsets; c0 = r0 = k_fractal_bytes / element bytes, padded shapes):
+A tiles are Nz: off(i,j) = (j//c0)*Mp*c0 + i*c0 + j%c0 (Mp = M rounded up to fractal_m,
+K rounded up to c0). B tiles are Zn: off(i,j) = (i//r0)*Np*r0 + j*r0 + i%r0 (Np = N rounded up
+to fractal_n). A bias tile is a 1 x N fp32 row. ACC holds fp32 16 x 16 fractals in Nz order.
+ACCCVT writes NZ2ND as a row-major Row x Col matrix, NZ2DN column-major, NORM keeps Nz fp32
+fractals (`.canon`: Nz with c0 of the destination type, so the result is an A operand again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Iterable
+
+from tpuflow.isa.base import Accesses, Engine, Instruction, LmemRange
+
+if TYPE_CHECKING:
+    from tpuflow.chip import ChipConfig
+
+QUEUES = ("T", "U", "M", "N")
+NO_QUEUE = 7
+DT_CODES = {"FP32": 1, "FP16": 4, "BF16": 5, "S8": 19, "S32": 17}
+DT_BYTES = {"FP32": 4, "FP16": 2, "BF16": 2, "S8": 1, "S32": 4}
+LAYOUT_CODES = {"NORM": 0, "NZ2ND": 27, "NZ2DN": 28}
+ROUND_MODES = {"none": 0, "RNE": 1, "RTZ": 2, "RDN": 3, "RUP": 4, "RNA": 5}
+
+
+def tile_ref(queue: str, distance: int) -> int:
+    """Operand code of `queue#distance` (T#1 = 0, U#1 = 16, ...)."""
+    if not 1 <= distance <= 16:
+        raise ValueError(f"tile distance {distance} out of 1..16")
+    return QUEUES.index(queue) * 16 + distance - 1
+
+
+def ref_name(code: int) -> str:
+    return f"{QUEUES[code // 16]}#{code % 16 + 1}"
+
+
+def size_code(nbytes: int) -> int:
+    """B.IOT size field: smallest s >= 1 with 16 * 2**s >= nbytes."""
+    s = 1
+    while 16 << s < nbytes:
+        s += 1
+    return s
+
+
+def size_bytes(code: int) -> int:
+    return 16 << code if code else 0
+
+
+def size_text(code: int) -> str:
+    b = size_bytes(code)
+    return f"{b // 1024}KB" if b >= 1024 else f"{b}B"
+
+
+class TileInstruction(Instruction):
+    ENGINE: ClassVar[Engine] = Engine.TILE
+    FN: ClassVar[dict[str, int]]
+
+    def sources(self) -> tuple[int, ...]:
+        """Operand codes read (relative to the queue state before this block)."""
+        return ()
+
+    def released(self) -> tuple[int, ...]:
+        """Operand codes whose tiles are released when the block commits (sources without .reuse)."""
+        return ()
+
+    def push_queue(self) -> int | None:
+        return None
+
+    def accesses(self, chip: "ChipConfig") -> Accesses:
+        raise TypeError("TILE operands are queue-relative: use TileQueues.accesses(instr, chip)")
+
+
+@dataclass(frozen=True)
+class TMatmul(TileInstruction):
+    """TMATMUL[.BIAS|.ACC] and TGEMV[.BIAS|.ACC]: ACC (=|+=) A(M x K) . B(K x N) (+ bias 1 x N).
+    TGEMV uses only A's first row (M = 1). Inputs are converted to fp32 (int32 for integers) and
+    accumulated in increasing k. `acc_size` is the B.IOT size code of the ACC result."""
+
+    FN: ClassVar[dict] = {"TMATMUL": 0, "TMATMUL.BIAS": 1, "TMATMUL.ACC": 2,
+                          "TGEMV": 16, "TGEMV.BIAS": 17, "TGEMV.ACC": 18}
+    fn: str
+    dt: str
+    m: int
+    n: int
+    k: int
+    src0: int
+    src1: int
+    acc_size: int
+    bias_src: int = -1
+    reuse0: int = 0
+    reuse1: int = 0
+    wait_tiu_id: int = 0
+    wait_gdma_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fn not in self.FN or self.dt not in DT_CODES:
+            raise ValueError(f"TMatmul: bad fn/dt {self.fn!r}/{self.dt!r}")
+        if self.fn.endswith(".BIAS") != (self.bias_src >= 0):
+            raise ValueError("TMatmul: .BIAS needs bias_src and only .BIAS has one")
+
+    @property
+    def op_name(self) -> str:
+        return self.fn
+
+    @property
+    def accumulates(self) -> bool:
+        return self.fn.endswith(".ACC")
+
+    @property
+    def is_gemv(self) -> bool:
+        return self.fn.startswith("TGEMV")
+
+    def sources(self):
+        return (self.src0, self.src1) + ((self.bias_src,) if self.bias_src >= 0 else ())
+
+    def released(self):
+        out = [c for c, r in ((self.src0, self.reuse0), (self.src1, self.reuse1)) if not r]
+        if self.bias_src >= 0:
+            out.append(self.bias_src)
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class AccCvt(TileInstruction):
+    """ACCCVT <layout>: ACC (Row x Col, fp32) -> a new tile pushed on `dst_queue`, converted to
+    `dst_dt` (round to nearest even unless round_mode says otherwise). Releases the ACC."""
+
+    FN: ClassVar[dict] = {"ACCCVT": 8}
+    layout: str
+    row: int
+    col: int
+    dst_queue: int
+    dst_size: int
+    src_dt: str = "FP32"
+    dst_dt: str = "FP32"
+    canon: int = 0
+    round_mode: str = "RNE"
+    saturate: int = 0
+    wait_tiu_id: int = 0
+    wait_gdma_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUT_CODES or self.dst_dt not in DT_CODES or self.src_dt not in DT_CODES:
+            raise ValueError(f"AccCvt: bad layout/dtype {self.layout!r}/{self.dst_dt!r}")
+        if not 0 <= self.dst_queue < 4:
+            raise ValueError("AccCvt: dst_queue must be 0..3 (T, U, M, N)")
+
+    @property
+    def op_name(self) -> str:
+        return "ACCCVT"
+
+    def push_queue(self):
+        return self.dst_queue
+
+
+@dataclass(frozen=True)
+class TPush(TileInstruction):
+    """TPUSH (tpuflow extension, function 31): the next slot of `dst_queue`, already written by
+    GDMA, becomes the queue's newest tile of `dst_size`."""
+
+    FN: ClassVar[dict] = {"TPUSH": 31}
+    dst_queue: int
+    dst_size: int
+    dt: str = "FP32"
+    wait_tiu_id: int = 0
+    wait_gdma_id: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.dst_queue < 4 or self.dt not in DT_CODES:
+            raise ValueError("TPush: dst_queue must be 0..3 and dt a LinxISA type")
+
+    @property
+    def op_name(self) -> str:
+        return "TPUSH"
+
+    def push_queue(self):
+        return self.dst_queue
+
+
+TILE_KINDS: tuple[type[TileInstruction], ...] = (TMatmul, AccCvt, TPush)
+
+
+@dataclass(frozen=True)
+class TileSlot:
+    queue: int
+    slot: int
+    push_index: int   # how many pushes onto this queue came before it
+
+    def address(self, chip: "ChipConfig") -> int:
+        return chip.tile_slot_address(self.queue, self.slot)
+
+    def lmem_range(self, chip: "ChipConfig") -> LmemRange:
+        addr = self.address(chip)
+        lane, off = divmod(addr, chip.lmem_bytes_per_lane)
+        return LmemRange(lane % chip.lanes, 1, off, off + chip.tile.slot_bytes)
+
+
+class TileQueueError(ValueError):
+    pass
+
+
+class TileQueues:
+    """Replays queue state over a TILE stream: resolves operand codes to slots and checks that
+    no operand is read after release, beyond the queue depth, or before it was pushed."""
+
+    def __init__(self, queue_slots: int):
+        self.slots = queue_slots
+        self.pushes = [0, 0, 0, 0]
+        self.released: set[tuple[int, int]] = set()
+
+    def resolve(self, code: int) -> TileSlot:
+        q, dist = code // 16, code % 16 + 1
+        index = self.pushes[q] - dist
+        if index < 0:
+            raise TileQueueError(f"{ref_name(code)} read before {dist} tiles were pushed on {QUEUES[q]}")
+        if dist > self.slots:
+            raise TileQueueError(f"{ref_name(code)} is deeper than the {self.slots}-entry queue")
+        if (q, index) in self.released:
+            raise TileQueueError(f"{ref_name(code)} was released by an earlier block")
+        return TileSlot(q, index % self.slots, index)
+
+    def step(self, instr: TileInstruction) -> tuple[list[TileSlot], list[TileSlot]]:
+        """(slots read, slots written) by `instr`; advances the queue state."""
+        reads = [self.resolve(c) for c in instr.sources()]
+        for c in instr.released():
+            s = self.resolve(c)
+            self.released.add((s.queue, s.push_index))
+        writes = []
+        q = instr.push_queue()
+        if q is not None:
+            index = self.pushes[q]
+            self.pushes[q] += 1
+            self.released.discard((q, index))
+            writes.append(TileSlot(q, index % self.slots, index))
+        return reads, writes
+
+
+def resolve_stream(instrs: Iterable[TileInstruction], chip: "ChipConfig") -> list[Accesses]:
+    """LMEM accesses of every block of a TILE stream (reads of sources; TPUSH 'reads' the slot
+    GDMA filled, ACCCVT writes its destination slot)."""
+    queues = TileQueues(chip.tile.queue_slots)
+    out = []
+    for instr in instrs:
+        reads, writes = queues.step(instr)
+        if isinstance(instr, TPush):
+            reads, writes = writes, []
+        out.append(Accesses(lmem_reads=tuple(s.lmem_range(chip) for s in reads),
+                            lmem_writes=tuple(s.lmem_range(chip) for s in writes)))
+    return out

@@ -1,0 +1,583 @@
+"""TIU (compute) instructions of the SG2260 family, one frozen dataclass per descriptor kind.
+
+Conventions shared by every kind (the contract between lowering, functional model and timing):
+
+* LMEM addresses (`*_addr`) are flat: lane * lmem_bytes_per_lane + per-lane offset.
+* An operand `X` in {res0, opd0, opd1, opd2} is an (N, C, H, W) tensor; its strides come from
+  `short_X_str` (StrideMode: 0 aligned, 1 compact, 3 free = `X_n_str/X_c_str/X_h_str/X_w_str`,
+  in elements, 0 broadcasts) and its precision from `opt_X_prec` (Prec code).
+* `opt_X_const = 1` makes operand X a scalar whose value is the 32-bit `X_addr` field: fp32 bits
+  for float precisions, a signed 32-bit integer otherwise.
+* `cmd_id_dep`: this instruction starts once GDMA has completed that cmd_id (0 = no wait).
+* Float arithmetic is done in fp32 and rounded to the result precision (round to nearest even).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from tpuflow.isa.base import (Accesses, Engine, Instruction, LocalTensor, Prec, StrideMode,
+                              lmem_ranges, operand_strides)
+
+if TYPE_CHECKING:
+    from tpuflow.chip import ChipConfig
+
+FP32 = int(Prec.FP32)
+
+
+class TiuInstruction(Instruction):
+    ENGINE: ClassVar[Engine] = Engine.TIU
+    TSK_TYP: ClassVar[int]
+
+    @property
+    def tsk_eu_typ(self) -> int:
+        return self.OPS[self.op]  # type: ignore[attr-defined]
+
+    def local(self, prefix: str, shape, chip: "ChipConfig") -> LocalTensor:
+        """The LMEM tensor of operand `prefix` with the given (N, C, H, W) shape."""
+        addr = getattr(self, f"{prefix}_addr")
+        prec = Prec(getattr(self, f"opt_{prefix}_prec"))
+        mode = getattr(self, f"short_{prefix}_str", StrideMode.ALIGNED)
+        given = tuple(getattr(self, f"{prefix}_{d}_str", 0) for d in "nchw")
+        strides = operand_strides(mode, shape, given, prec, chip, addr)
+        return LocalTensor(addr, tuple(shape), strides, prec)
+
+    def is_const(self, prefix: str) -> bool:
+        return bool(getattr(self, f"opt_{prefix}_const", 0))
+
+    def _tensor_ranges(self, chip, operands) -> tuple:
+        out = []
+        for prefix, shape in operands:
+            if not self.is_const(prefix):
+                out.extend(self.local(prefix, shape, chip).ranges(chip))
+        return tuple(out)
+
+    # subclasses list (prefix, shape) of what they read and write
+    def read_operands(self, chip) -> list[tuple[str, tuple]]:
+        return []
+
+    def write_operands(self, chip) -> list[tuple[str, tuple]]:
+        return []
+
+    def accesses(self, chip: "ChipConfig") -> Accesses:
+        return Accesses(lmem_reads=self._tensor_ranges(chip, self.read_operands(chip)),
+                        lmem_writes=self._tensor_ranges(chip, self.write_operands(chip)))
+
+    @property
+    def res0_shape(self) -> tuple[int, int, int, int]:
+        return (self.res0_n, self.res0_c, self.res0_h, self.res0_w)  # type: ignore[attr-defined]
+
+    def __post_init__(self) -> None:
+        self._check_op()
+
+
+@dataclass(frozen=True)
+class ConvTiu(TiuInstruction):
+    """conv.normal: res0[n,oc,oh,ow] = bias[oc] + sum_{ic,kh,kw} in[n,ic,oh*sy+kh*dy-up, ow*sx+kw*dx-lf]
+    * w[oc,ic,kh,kw] (zero padding; sy = res_op_y_str, dy = opd1_y_ins0 + 1).
+
+    opd0: input (res0_n, opd0_c, opd0_h, opd0_w). opd1: weights, an LMEM tensor
+    (1, res0_c, 1, opd0_c*opd1_h*opd1_w) in compact layout, element order [ic][kh][kw], output
+    channel oc on lane (start + oc) % lanes. opd2: bias (1, res0_c, 1, 1) compact (or a scalar
+    when opt_opd2_const). opt_res_add accumulates into res0 (partial sums over input channels);
+    opt_relu clamps at zero after the sum. Products are accumulated in fp32.
+    """
+
+    TSK_TYP: ClassVar[int] = 0
+    PREFIX: ClassVar[str] = "conv"
+    OPS: ClassVar[dict] = {"normal": 0}
+    res0_addr: int
+    res0_n: int
+    res0_c: int
+    res0_h: int
+    res0_w: int
+    opd0_addr: int
+    opd0_c: int
+    opd0_h: int
+    opd0_w: int
+    opd1_addr: int
+    opd1_h: int
+    opd1_w: int
+    opd2_addr: int = 0
+    opt_opd2_const: int = 1
+    op: str = "normal"
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = FP32
+    opt_opd0_prec: int = FP32
+    opt_opd1_prec: int = FP32
+    opt_opd2_prec: int = FP32
+    short_res0_str: int = 0
+    res0_n_str: int = 0
+    res0_c_str: int = 0
+    res0_h_str: int = 0
+    res0_w_str: int = 0
+    short_opd0_str: int = 0
+    opd0_n_str: int = 0
+    opd0_c_str: int = 0
+    opd0_h_str: int = 0
+    opd0_w_str: int = 0
+    opd0_up_pad: int = 0
+    opd0_dn_pad: int = 0
+    opd0_lf_pad: int = 0
+    opd0_rt_pad: int = 0
+    res_op_x_str: int = 1
+    res_op_y_str: int = 1
+    opd1_x_ins0: int = 0
+    opd1_y_ins0: int = 0
+    opt_relu: int = 0
+    opt_res_add: int = 0
+
+    short_opd1_str: ClassVar[int] = StrideMode.COMPACT
+    short_opd2_str: ClassVar[int] = StrideMode.COMPACT
+
+    def weight_shape(self):
+        return (1, self.res0_c, 1, self.opd0_c * self.opd1_h * self.opd1_w)
+
+    def read_operands(self, chip):
+        ops = [("opd0", (self.res0_n, self.opd0_c, self.opd0_h, self.opd0_w)),
+               ("opd1", self.weight_shape()), ("opd2", (1, self.res0_c, 1, 1))]
+        if self.opt_res_add:
+            ops.append(("res0", self.res0_shape))
+        return ops
+
+    def write_operands(self, chip):
+        return [("res0", self.res0_shape)]
+
+
+@dataclass(frozen=True)
+class Mm2Tiu(TiuInstruction):
+    """mm2.nn / mm2.nt / mm2.tt: matrices are (1, rows, 1, cols) tensors in aligned layout,
+    rows across lanes. nn: opd0 = L (M x K), opd1 = R (K x N). nt: opd1 holds R transposed
+    (N x K). tt: opd0 holds L transposed (K x M) and opd1 holds R transposed (N x K).
+    res0 = L @ R (M x N) (+ res0 when opt_res_add) (+ bias row opd2 (1,1,1,N) read by every lane,
+    unless opt_opd2_const), then relu if opt_relu. fp32 accumulation.
+    """
+
+    TSK_TYP: ClassVar[int] = 2
+    PREFIX: ClassVar[str] = "mm2"
+    OPS: ClassVar[dict] = {"nn": 4, "nt": 5, "tt": 6}
+    op: str
+    res0_addr: int
+    res0_c: int
+    res0_w: int
+    opd0_addr: int
+    opd0_c: int
+    opd0_w: int
+    opd1_addr: int
+    opd1_c: int
+    opd1_w: int
+    opd2_addr: int = 0
+    opt_opd2_const: int = 1
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = FP32
+    opt_opd0_prec: int = FP32
+    opt_opd1_prec: int = FP32
+    opt_opd2_prec: int = FP32
+    opt_res_add: int = 0
+    opt_relu: int = 0
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        k = self.opd0_c if self.op == "tt" else self.opd0_w
+        return self.res0_c, self.res0_w, k
+
+    def read_operands(self, chip):
+        ops = [("opd0", (1, self.opd0_c, 1, self.opd0_w)), ("opd1", (1, self.opd1_c, 1, self.opd1_w))]
+        if not self.opt_opd2_const:
+            ops.append(("opd2", (1, 1, 1, self.res0_w)))
+        if self.opt_res_add:
+            ops.append(("res0", (1, self.res0_c, 1, self.res0_w)))
+        return ops
+
+    def write_operands(self, chip):
+        return [("res0", (1, self.res0_c, 1, self.res0_w))]
+
+    def accesses(self, chip):
+        acc = super().accesses(chip)
+        if self.opt_opd2_const:
+            return acc
+        # the bias row is read by every lane: widen its range to all lanes
+        bias = self.local("opd2", (1, 1, 1, self.res0_w), chip).ranges(chip)[0]
+        from tpuflow.isa.base import LmemRange
+        wide = LmemRange(0, chip.lanes, bias.lo, bias.hi)
+        reads = tuple(r for r in acc.lmem_reads if r != bias) + (wide,)
+        return Accesses(lmem_reads=reads, lmem_writes=acc.lmem_writes)
+
+
+@dataclass(frozen=True)
+class ArTiu(TiuInstruction):
+    """arith.*: res0 = op(opd0, opd1) elementwise over res0's (N, C, H, W); opd0/opd1 share
+    res0's shape with their own strides (stride 0 broadcasts within a lane).
+
+    mul, add, sub, max, min, div: float or integer arithmetic. and/or/xor/not: bitwise on the
+    stored bits. logic_shift: integer opd0 shifted left by opd1 (right if negative), logical.
+    arith_shift: the same, arithmetic right shift. copy: res0 = opd0. abs: |opd0|.
+    cast: opd0 converted to res0's precision; float->int rounds by opd2 (a constant):
+    0 nearest-even, 1 half away from zero, 2 toward zero, 3 down (floor), 4 up (ceil).
+    """
+
+    TSK_TYP: ClassVar[int] = 3
+    PREFIX: ClassVar[str] = "arith"
+    OPS: ClassVar[dict] = {"mul": 0, "not": 1, "add": 2, "sub": 3, "max": 4, "min": 5,
+                           "logic_shift": 6, "and": 7, "or": 8, "xor": 9, "div": 12, "cast": 14,
+                           "copy": 19, "arith_shift": 21, "abs": 26}
+    UNARY: ClassVar[frozenset] = frozenset({"not", "cast", "copy", "abs"})
+    op: str
+    res0_addr: int
+    res0_n: int
+    res0_c: int
+    res0_h: int
+    res0_w: int
+    opd0_addr: int
+    opd1_addr: int = 0
+    opd2_addr: int = 0
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = FP32
+    opt_opd0_prec: int = FP32
+    opt_opd1_prec: int = FP32
+    opt_opd0_const: int = 0
+    opt_opd1_const: int = 0
+    opt_opd2_const: int = 1
+    short_res0_str: int = 0
+    res0_n_str: int = 0
+    res0_c_str: int = 0
+    res0_h_str: int = 0
+    res0_w_str: int = 0
+    short_opd0_str: int = 0
+    opd0_n_str: int = 0
+    opd0_c_str: int = 0
+    opd0_h_str: int = 0
+    opd0_w_str: int = 0
+    short_opd1_str: int = 0
+    opd1_n_str: int = 0
+    opd1_c_str: int = 0
+    opd1_h_str: int = 0
+    opd1_w_str: int = 0
+
+    def read_operands(self, chip):
+        ops = [("opd0", self.res0_shape)]
+        if self.op not in self.UNARY:
+            ops.append(("opd1", self.res0_shape))
+        return ops
+
+    def write_operands(self, chip):
+        return [("res0", self.res0_shape)]
+
+
+@dataclass(frozen=True)
+class PordTiu(TiuInstruction):
+    """pord.depthwise / avgpooling / maxpooling / minpooling over (kh, kw) = (opd1_h, opd1_w)
+    windows of opd0 (res0_n, res0_c, opd0_h, opd0_w), strides res_op_y/x_str, dilation
+    opd1_y/x_ins0 + 1, pads opd0_*_pad.
+
+    depthwise: res0[n,c,oh,ow] = bias[c] + sum in[n,c,...] * w[c,kh,kw], zero padding; opd1 is the
+    weight tensor (1, C, 1, kh*kw) compact, opd2 the bias (1, C, 1, 1) compact (or scalar).
+    avgpooling: res0 = sum of the window (padding counts as 0) times the fp32 scalar opd1
+    (opt_opd1_const = 1). max/minpooling: extreme of the window, padding ignored.
+    opt_relu clamps at zero.
+    """
+
+    TSK_TYP: ClassVar[int] = 1
+    PREFIX: ClassVar[str] = "pord"
+    OPS: ClassVar[dict] = {"depthwise": 0, "avgpooling": 1, "minpooling": 3, "maxpooling": 4}
+    op: str
+    res0_addr: int
+    res0_n: int
+    res0_c: int
+    res0_h: int
+    res0_w: int
+    opd0_addr: int
+    opd0_h: int
+    opd0_w: int
+    opd1_h: int
+    opd1_w: int
+    opd1_addr: int = 0
+    opt_opd1_const: int = 1
+    opd2_addr: int = 0
+    opt_opd2_const: int = 1
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = FP32
+    opt_opd0_prec: int = FP32
+    opt_opd1_prec: int = FP32
+    opt_opd2_prec: int = FP32
+    short_res0_str: int = 0
+    res0_n_str: int = 0
+    res0_c_str: int = 0
+    res0_h_str: int = 0
+    res0_w_str: int = 0
+    short_opd0_str: int = 0
+    opd0_n_str: int = 0
+    opd0_c_str: int = 0
+    opd0_h_str: int = 0
+    opd0_w_str: int = 0
+    opd0_up_pad: int = 0
+    opd0_dn_pad: int = 0
+    opd0_lf_pad: int = 0
+    opd0_rt_pad: int = 0
+    res_op_x_str: int = 1
+    res_op_y_str: int = 1
+    opd1_x_ins0: int = 0
+    opd1_y_ins0: int = 0
+    opt_relu: int = 0
+
+    short_opd1_str: ClassVar[int] = StrideMode.COMPACT
+    short_opd2_str: ClassVar[int] = StrideMode.COMPACT
+
+    def read_operands(self, chip):
+        ops = [("opd0", (self.res0_n, self.res0_c, self.opd0_h, self.opd0_w))]
+        if self.op == "depthwise":
+            ops += [("opd1", (1, self.res0_c, 1, self.opd1_h * self.opd1_w)), ("opd2", (1, self.res0_c, 1, 1))]
+        return ops
+
+    def write_operands(self, chip):
+        return [("res0", self.res0_shape)]
+
+
+@dataclass(frozen=True)
+class SfuTiu(TiuInstruction):
+    """sfu.*: special functions, elementwise over res0's shape, computed in fp32.
+
+    taylor / taylor_4x: res0 = sum_{k < opd1_n} coef[k] * opd0**k (Horner); the fp32 coefficient
+    table sits at per-lane offset opd1_addr % lmem_bytes_per_lane in *every* lane (each lane
+    reads its own copy). taylor_4x is the 4-elements-per-cycle variant, same result.
+    normalize: opd0 = m * 2**e with 1 <= |m| < 2: res0 = m (sign kept), res1 (at res1_addr,
+    res0's layout) = e as a float; 0 gives m = 0, e = 0.
+    rsqrt: res0 = 1 / sqrt(opd0).
+    """
+
+    TSK_TYP: ClassVar[int] = 9
+    PREFIX: ClassVar[str] = "sfu"
+    OPS: ClassVar[dict] = {"taylor_4x": 12, "taylor": 13, "normalize": 15, "rsqrt": 17}
+    op: str
+    res0_addr: int
+    res0_n: int
+    res0_c: int
+    res0_h: int
+    res0_w: int
+    opd0_addr: int
+    opd1_addr: int = 0
+    opd1_n: int = 0
+    res1_addr: int = 0
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = FP32
+    opt_opd0_prec: int = FP32
+    short_res0_str: int = 0
+    res0_n_str: int = 0
+    res0_c_str: int = 0
+    res0_h_str: int = 0
+    res0_w_str: int = 0
+    short_opd0_str: int = 0
+    opd0_n_str: int = 0
+    opd0_c_str: int = 0
+    opd0_h_str: int = 0
+    opd0_w_str: int = 0
+
+    def accesses(self, chip):
+        acc = super().accesses(chip)
+        reads, writes = list(acc.lmem_reads), list(acc.lmem_writes)
+        if self.op in ("taylor", "taylor_4x"):
+            from tpuflow.isa.base import LmemRange
+            off = self.opd1_addr % chip.lmem_bytes_per_lane
+            reads.append(LmemRange(0, chip.lanes, off, off + 4 * self.opd1_n))
+        if self.op == "normalize":
+            r1 = LocalTensor(self.res1_addr, self.res0_shape,
+                             self.local("res0", self.res0_shape, chip).strides, Prec(self.opt_res0_prec))
+            writes.extend(r1.ranges(chip))
+        return Accesses(lmem_reads=tuple(reads), lmem_writes=tuple(writes))
+
+    def read_operands(self, chip):
+        return [("opd0", self.res0_shape)]
+
+    def write_operands(self, chip):
+        return [("res0", self.res0_shape)]
+
+
+@dataclass(frozen=True)
+class LinTiu(TiuInstruction):
+    """lin.mac: res0 = opd0 * opd1 + opd2; lin.square_sum: (opd0 + opd1)**2;
+    lin.square_diff: (opd0 - opd1)**2. Operands share res0's shape (strides may broadcast)."""
+
+    TSK_TYP: ClassVar[int] = 10
+    PREFIX: ClassVar[str] = "lin"
+    OPS: ClassVar[dict] = {"mac": 1, "square_sum": 20, "square_diff": 21}
+    op: str
+    res0_addr: int
+    res0_n: int
+    res0_c: int
+    res0_h: int
+    res0_w: int
+    opd0_addr: int
+    opd1_addr: int
+    opd2_addr: int = 0
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = FP32
+    opt_opd0_prec: int = FP32
+    opt_opd1_prec: int = FP32
+    opt_opd2_prec: int = FP32
+    opt_opd0_const: int = 0
+    opt_opd1_const: int = 0
+    opt_opd2_const: int = 0
+    short_res0_str: int = 0
+    res0_n_str: int = 0
+    res0_c_str: int = 0
+    res0_h_str: int = 0
+    res0_w_str: int = 0
+    short_opd0_str: int = 0
+    opd0_n_str: int = 0
+    opd0_c_str: int = 0
+    opd0_h_str: int = 0
+    opd0_w_str: int = 0
+    short_opd1_str: int = 0
+    opd1_n_str: int = 0
+    opd1_c_str: int = 0
+    opd1_h_str: int = 0
+    opd1_w_str: int = 0
+    short_opd2_str: int = 0
+    opd2_n_str: int = 0
+    opd2_c_str: int = 0
+    opd2_h_str: int = 0
+    opd2_w_str: int = 0
+
+    def read_operands(self, chip):
+        ops = [("opd0", self.res0_shape), ("opd1", self.res0_shape)]
+        if self.op == "mac":
+            ops.append(("opd2", self.res0_shape))
+        return ops
+
+    def write_operands(self, chip):
+        return [("res0", self.res0_shape)]
+
+
+@dataclass(frozen=True)
+class CmpTiu(TiuInstruction):
+    """cmp.sel_gt / sel_eq / sel_lt: res0 = (opd0 OP opd1) ? opd2 : opd3, elementwise over
+    res0's shape. opd3 has no stride fields: when it is a tensor it uses opd2's stride mode and
+    strides (the lowering gives both the same layout)."""
+
+    TSK_TYP: ClassVar[int] = 13
+    PREFIX: ClassVar[str] = "cmp"
+    OPS: ClassVar[dict] = {"sel_gt": 23, "sel_eq": 24, "sel_lt": 26}
+    op: str
+    res0_addr: int
+    res0_n: int
+    res0_c: int
+    res0_h: int
+    res0_w: int
+    opd0_addr: int
+    opd1_addr: int
+    opd2_addr: int
+    opd3_addr: int
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = FP32
+    opt_opd0_prec: int = FP32
+    opt_opd1_prec: int = FP32
+    opt_opd2_prec: int = FP32
+    opt_opd0_const: int = 0
+    opt_opd1_const: int = 0
+    opt_opd2_const: int = 0
+    opt_opd3_const: int = 0
+    short_res0_str: int = 0
+    res0_n_str: int = 0
+    res0_c_str: int = 0
+    res0_h_str: int = 0
+    res0_w_str: int = 0
+    short_opd0_str: int = 0
+    opd0_n_str: int = 0
+    opd0_c_str: int = 0
+    opd0_h_str: int = 0
+    opd0_w_str: int = 0
+    short_opd1_str: int = 0
+    opd1_n_str: int = 0
+    opd1_c_str: int = 0
+    opd1_h_str: int = 0
+    opd1_w_str: int = 0
+    short_opd2_str: int = 0
+    opd2_n_str: int = 0
+    opd2_c_str: int = 0
+    opd2_h_str: int = 0
+    opd2_w_str: int = 0
+
+    def opd3(self, chip) -> LocalTensor:
+        """opd3 laid out like opd2 (see the class docstring)."""
+        like = self.local("opd2", self.res0_shape, chip)
+        return LocalTensor(self.opd3_addr, self.res0_shape, like.strides, Prec(self.opt_opd2_prec))
+
+    def read_operands(self, chip):
+        return [("opd0", self.res0_shape), ("opd1", self.res0_shape), ("opd2", self.res0_shape)]
+
+    def write_operands(self, chip):
+        return [("res0", self.res0_shape)]
+
+    def accesses(self, chip):
+        acc = super().accesses(chip)
+        if self.opt_opd3_const:
+            return acc
+        return Accesses(lmem_reads=acc.lmem_reads + self.opd3(chip).ranges(chip), lmem_writes=acc.lmem_writes)
+
+
+@dataclass(frozen=True)
+class CwBcTiu(TiuInstruction):
+    """tsbc.*: lane moves. cw_ts / wc_ts: res0[n,w,h,c] = opd0[n,c,h,w] (res0_c = opd0_w,
+    res0_w = opd0_c). l_copy: res0 = opd0 (a copy to other lanes / offsets). l_bc and s_bc:
+    res0[n,c,h,w] = opd0[n,0,h,w] for every c < res0_c (opd0 holds one channel)."""
+
+    TSK_TYP: ClassVar[int] = 5
+    PREFIX: ClassVar[str] = "tsbc"
+    OPS: ClassVar[dict] = {"cw_ts": 0, "wc_ts": 1, "l_copy": 2, "l_bc": 3, "s_bc": 4}
+    op: str
+    res0_addr: int
+    res0_n: int
+    res0_c: int
+    res0_h: int
+    res0_w: int
+    opd0_addr: int
+    opd0_c: int
+    opd0_w: int
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = FP32
+    short_res0_str: int = 0
+    res0_n_str: int = 0
+    res0_c_str: int = 0
+    res0_h_str: int = 0
+    res0_w_str: int = 0
+    short_opd0_str: int = 0
+    opd0_n_str: int = 0
+    opd0_c_str: int = 0
+    opd0_h_str: int = 0
+    opd0_w_str: int = 0
+
+    @property
+    def opt_opd0_prec(self) -> int:
+        return self.opt_res0_prec
+
+    def opd0_shape(self):
+        return (self.res0_n, self.opd0_c, self.res0_h, self.opd0_w)
+
+    def read_operands(self, chip):
+        return [("opd0", self.opd0_shape())]
+
+    def write_operands(self, chip):
+        return [("res0", self.res0_shape)]
+
+
+@dataclass(frozen=True)
+class SysTiu(TiuInstruction):
+    """system.*: nop, end (last instruction of a stream), barriers, send_msg / wait_msg.
+    wait_msg with reg_idx == TILE_WAIT_TAG waits until the TILE engine completed block `imm`."""
+
+    TSK_TYP: ClassVar[int] = 15
+    PREFIX: ClassVar[str] = "system"
+    OPS: ClassVar[dict] = {"intr_barrier": 0, "data_barrier": 5, "send_msg": 8, "wait_msg": 9,
+                           "nop": 30, "end": 31}
+    op: str
+    imm: int = 0
+    reg_idx: int = 0
+    cmd_id_dep: int = 0
+
+    def accesses(self, chip):
+        return Accesses()
+
+
+TIU_KINDS: tuple[type[TiuInstruction], ...] = (ConvTiu, Mm2Tiu, ArTiu, PordTiu, SfuTiu, LinTiu, CmpTiu,
+                                               CwBcTiu, SysTiu)

@@ -1,0 +1,41 @@
+"""CompileOptions: the frozen, validated options of one compilation, hashed into outputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from tpuflow.errors import OptionError
+
+DTYPES = ("fp32", "fp16", "bf16")
+MATMUL_PATHS = ("tiu", "tile")
+DEP_MODES = ("bitmap", "auto")
+SCHEDULES = ("program", "list", "cpsat")
+DTYPE_ALIASES = {"f32": "fp32", "float32": "fp32", "f16": "fp16", "float16": "fp16", "bfloat16": "bf16"}
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    dtype: str = "fp32"          # compute and storage precision of activations and weights
+    matmul: str = "tiu"          # MatMul/Gemm (and im2col Conv) on TIU MM2/CONV or on the TILE engine
+    dep_mode: str = "bitmap"     # cmd_id_dep from chunk bitmaps, or the serialising auto mode
+    schedule: str = "list"       # instruction order: emission order, list scheduling, CP-SAT windows
+    time_limit_s: float = 20.0   # CP-SAT total budget (deterministic time units)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
+        for name, allowed in (("dtype", DTYPES), ("matmul", MATMUL_PATHS), ("dep_mode", DEP_MODES),
+                              ("schedule", SCHEDULES)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise OptionError(f"option --{name.replace('_', '-')}: '{value}' is not one of {', '.join(allowed)}")
+        if not self.time_limit_s > 0:
+            raise OptionError(f"option --time-limit: must be positive, got {self.time_limit_s}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.as_dict(), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
