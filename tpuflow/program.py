@@ -11,6 +11,7 @@ from tpuflow.chip import ChipConfig
 from tpuflow.isa import Accesses, Engine, Instruction, resolve_stream
 
 ENGINES = (Engine.TIU, Engine.GDMA, Engine.TILE)
+LETTER_ENGINE = {e.letter: e for e in ENGINES}
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,10 @@ class Program:
     fused_groups: list[tuple[str, ...]] = field(default_factory=list)
     options: dict[str, str] = field(default_factory=dict)
     model_name: str = ""
+    # Global issue order: one letter per instruction ('B' TIU, 'D' GDMA, 'T' TILE); the k-th
+    # 'B' is tiu[k-1]. It is the order the IFE receives instructions in, which the chunk-bitmap
+    # dependency rule depends on (see lowering.deps and the timing model's check stage).
+    issue_order: str = ""
 
     def queue(self, engine: Engine) -> list[Instruction]:
         return {Engine.TIU: self.tiu, Engine.GDMA: self.gdma, Engine.TILE: self.tile}[Engine(engine)]
@@ -101,9 +106,17 @@ class Program:
             return self._tile_accesses[index]
         return self.queue(engine)[index].accesses(self.chip)
 
-    def with_queues(self, tiu, gdma, tile, tiu_layers, gdma_layers, tile_layers) -> "Program":
+    def issue_sequence(self) -> Iterator[tuple[Engine, int]]:
+        """(engine, 0-based index) of every instruction in global issue order."""
+        order = self.issue_order or "B" * len(self.tiu) + "D" * len(self.gdma) + "T" * len(self.tile)
+        next_index = {"B": 0, "D": 0, "T": 0}
+        for letter in order:
+            yield LETTER_ENGINE[letter], next_index[letter]
+            next_index[letter] += 1
+
+    def with_queues(self, tiu, gdma, tile, tiu_layers, gdma_layers, tile_layers, issue_order: str) -> "Program":
         """A copy with new queues (used by the scheduler after reordering)."""
         return Program(chip=self.chip, tiu=list(tiu), gdma=list(gdma), tile=list(tile),
                        tiu_layers=list(tiu_layers), gdma_layers=list(gdma_layers), tile_layers=list(tile_layers),
                        memory=self.memory, layers=self.layers, fused_groups=self.fused_groups,
-                       options=dict(self.options), model_name=self.model_name)
+                       options=dict(self.options), model_name=self.model_name, issue_order=issue_order)
