@@ -22,6 +22,17 @@ def _table(rows: list[tuple], header: tuple) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------ disasm
+
+def cmd_disasm(path: Path, chip: str | None) -> int:
+    """Print one line per instruction of an output directory or of one stream file."""
+    from tpuflow.codegen.disasm import path_lines
+
+    lines = list(path_lines(path, chip))  # decode everything before printing anything
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    return 0
+
+
 # ------------------------------------------------------------------ chips
 
 def cmd_chips(name: str | None, as_json: bool) -> int:

@@ -1,0 +1,289 @@
+"""`tpuflow disasm`: one text line per instruction of the TIU, GDMA and TILE streams.
+
+Line format: engine letter + cmd_id (B = TIU as in .BD files, D = GDMA, T = TILE), the
+dependency (`dep=D7`: waits for GDMA command 7; `dep=B3` for GDMA), the op name, then operands
+and flags. TIU operands: `res0=(n,c,h,w)@L<lane>:0x<per-lane offset>`, then `:<dtype>` when
+not fp32 and `:compact` / `:str(n,c,h,w)` when not EU-aligned; a constant operand is `#value`.
+GDMA endpoints: DDR as `0x<address>`, LMEM as `L<lane>:0x<offset>`, tensors with their element
+strides. SYS waits on the TILE engine (TILE_WAIT_TAG) print as `wait T<k>`. TILE blocks are
+LinxISA assembly, e.g. `TMATMUL <M:64, N:32, K:64, FP32> T#2, U#1, ->ACC<8KB>`, with their
+waits as `wait=B5,D9`. Any other field that differs from its default is printed as
+`name=value`, so nothing in the bytes is hidden.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import struct
+from pathlib import Path
+from typing import Iterator
+
+from tpuflow.chip import ChipConfig, load_chip
+from tpuflow.errors import InputFileError
+from tpuflow.isa import (TILE_WAIT_TAG, AccCvt, ArTiu, CmpTiu, ConvTiu, Engine, GeneralDma, Instruction, MatrixDma,
+                         PordTiu, Prec, SfuTiu, StrideMode, SysDma, SysTiu, TensorDma, TMatmul, TPush, is_lmem,
+                         lmem_address, ref_name)
+from tpuflow.isa.gdma import ALL_LANES
+from tpuflow.isa.tile import QUEUES, size_text
+from tpuflow.program import ENGINES, Program
+
+from tpuflow.codegen.writer import MANIFEST, STREAM_SUFFIX, decode_stream, read_manifest, read_program
+
+SHAPE_FIELD = re.compile(r"^(res[01]|opd[0-3])_[nchw]$")
+CAST_ROUNDING = {0: "rne", 1: "rna", 2: "rtz", 3: "floor", 4: "ceil"}
+OTHER_ENGINE = {Engine.TIU: "D", Engine.GDMA: "B"}
+
+
+def lmem_text(flat: int, chip: ChipConfig) -> str:
+    lane, offset = divmod(flat, chip.lmem_bytes_per_lane)
+    return f"L{lane}:0x{offset:04x}"
+
+
+def global_text(addr: int, chip: ChipConfig) -> str:
+    return lmem_text(lmem_address(addr, chip), chip) if is_lmem(addr, chip) else f"0x{addr:x}"
+
+
+def const_text(bits: int, prec: Prec) -> str:
+    if prec.is_float:
+        return f"#{struct.unpack('<f', struct.pack('<I', bits & 0xFFFFFFFF))[0]:g}"
+    return f"#{bits}"
+
+
+def _tuple(values) -> str:
+    return "(" + ",".join(str(v) for v in values) + ")"
+
+
+class _Line:
+    """Accumulates the parts of one line and the fields they cover."""
+
+    def __init__(self, instr: Instruction):
+        self.instr = instr
+        self.parts: list[str] = []
+        self.covered = {"op", "cmd_id_dep"}
+
+    def add(self, text: str, *fields: str) -> None:
+        self.parts.append(text)
+        self.covered.update(fields)
+
+    def flag(self, field: str, text: str) -> None:
+        self.covered.add(field)
+        if getattr(self.instr, field, 0):
+            self.parts.append(text)
+
+    def rest(self) -> None:
+        """Every field not shown yet that differs from its default."""
+        for f in dataclasses.fields(self.instr):  # type: ignore[arg-type]
+            if f.name in self.covered or SHAPE_FIELD.match(f.name):
+                continue
+            value = getattr(self.instr, f.name)
+            if f.default is dataclasses.MISSING or value != f.default:
+                self.parts.append(f"{f.name}={value}")
+
+    def text(self, head: str) -> str:
+        self.rest()
+        return " ".join([head, *self.parts])
+
+
+# ------------------------------------------------------------------------------------- TIU
+
+def _operand(line: _Line, prefix: str, shape, chip: ChipConfig, like: str | None = None) -> None:
+    """`prefix=(shape)@L..:0x..[:dtype][:layout]`; `like` names the operand whose layout it shares."""
+    instr, like = line.instr, like or prefix
+    line.covered.update({f"{prefix}_addr", f"opt_{prefix}_const", f"opt_{like}_prec", f"short_{like}_str",
+                         *(f"{like}_{d}_str" for d in "nchw")})
+    prec = Prec(getattr(instr, f"opt_{like}_prec", Prec.FP32))
+    addr = getattr(instr, f"{prefix}_addr")
+    if getattr(instr, f"opt_{prefix}_const", 0):
+        line.parts.append(f"{prefix}={const_text(addr, prec)}")
+        return
+    text = f"{prefix}={_tuple(shape)}@{lmem_text(addr, chip)}"
+    if prec != Prec.FP32:
+        text += f":{prec.dtype_name}"
+    mode = getattr(instr, f"short_{like}_str", StrideMode.ALIGNED)
+    if mode == StrideMode.COMPACT:
+        text += ":compact"
+    elif mode == StrideMode.FREE:
+        text += ":str" + _tuple(getattr(instr, f"{like}_{d}_str", 0) for d in "nchw")
+    elif mode != StrideMode.ALIGNED:
+        text += f":mode{mode}"
+    line.parts.append(text)
+
+
+def _window(line: _Line) -> None:
+    i = line.instr
+    line.add(f"k=({i.opd1_h},{i.opd1_w})", "opd1_h", "opd1_w")
+    pads = (i.opd0_up_pad, i.opd0_dn_pad, i.opd0_lf_pad, i.opd0_rt_pad)
+    line.covered.update({"opd0_up_pad", "opd0_dn_pad", "opd0_lf_pad", "opd0_rt_pad", "res_op_x_str",
+                         "res_op_y_str", "opd1_x_ins0", "opd1_y_ins0"})
+    if any(pads):
+        line.parts.append(f"pad={_tuple(pads)}")
+    for name, (y, x) in (("str", (i.res_op_y_str, i.res_op_x_str)), ("dil", (i.opd1_y_ins0 + 1, i.opd1_x_ins0 + 1))):
+        if (y, x) != (1, 1):
+            line.parts.append(f"{name}={y}" if y == x else f"{name}=({y},{x})")
+
+
+def _tiu_extras(line: _Line, chip: ChipConfig) -> None:
+    i = line.instr
+    if isinstance(i, (ConvTiu, PordTiu)):
+        _window(line)
+    if isinstance(i, CmpTiu):
+        _operand(line, "opd3", i.res0_shape, chip, like="opd2")
+    if isinstance(i, ArTiu) and i.op == "cast":
+        rounding = CAST_ROUNDING.get(i.opd2_addr, i.opd2_addr) if i.opt_opd2_const else "?"
+        line.add(f"round={rounding}", "opd2_addr", "opt_opd2_const")
+    if isinstance(i, SfuTiu) and i.op in ("taylor", "taylor_4x"):
+        line.add(f"coef=*:0x{i.opd1_addr % chip.lmem_bytes_per_lane:04x}x{i.opd1_n}", "opd1_addr", "opd1_n")
+    if isinstance(i, SfuTiu) and i.op == "normalize":
+        line.add(f"res1={_tuple(i.res0_shape)}@{lmem_text(i.res1_addr, chip)}", "res1_addr")
+    if isinstance(i, SysTiu) and i.op == "wait_msg" and i.reg_idx == TILE_WAIT_TAG:
+        line.add(f"wait T{i.imm}", "imm", "reg_idx")
+    line.flag("opt_relu", "relu")
+    line.flag("opt_res_add", "acc")
+
+
+def tiu_line(cmd_id: int, instr, chip: ChipConfig) -> str:
+    line = _Line(instr)
+    seen = set()
+    if not isinstance(instr, SysTiu):
+        for prefix, shape in instr.write_operands(chip) + instr.read_operands(chip):
+            if prefix not in seen:
+                seen.add(prefix)
+                _operand(line, prefix, shape, chip)
+    _tiu_extras(line, chip)
+    return line.text(_head(Engine.TIU, cmd_id, instr))
+
+
+# ------------------------------------------------------------------------------------ GDMA
+
+def _endpoint(addr: int, shape, strides, chip: ChipConfig) -> str:
+    return f"{_tuple(shape)}@{global_text(addr, chip)}:str{_tuple(strides)}"
+
+
+def gdma_line(cmd_id: int, instr, chip: ChipConfig) -> str:
+    line = _Line(instr)
+    if isinstance(instr, TensorDma):
+        line.covered.update(f"{side}_{d}{kind}" for side in ("src", "dst") for d in "nchw" for kind in ("size", "stride"))
+        if instr.fill_constant_en:
+            line.add(f"fill=0x{instr.constant_value:x}", "fill_constant_en", "constant_value", "src_start_addr")
+        else:
+            line.add("src=" + _endpoint(instr.src_start_addr, instr.src_shape, instr.src_strides, chip), "src_start_addr")
+        line.add("dst=" + _endpoint(instr.dst_start_addr, instr.dst_shape, instr.dst_strides, chip), "dst_start_addr")
+        line.covered.add("localmem_mask")
+        if instr.localmem_mask != ALL_LANES:
+            line.parts.append(f"mask=0x{instr.localmem_mask:x}")
+    elif isinstance(instr, MatrixDma):
+        line.add(f"src={global_text(instr.src_start_addr, chip)} dst={global_text(instr.dst_start_addr, chip)} "
+                 f"rows={instr.src_hsize} cols={instr.src_wsize} row_str={instr.src_hstride} "
+                 f"lmem_cstr={instr.dst_cstride}",
+                 "src_start_addr", "dst_start_addr", "src_hsize", "src_wsize", "src_hstride", "dst_cstride")
+    elif isinstance(instr, GeneralDma):
+        line.add(f"src={global_text(instr.src_start_addr, chip)} dst={global_text(instr.dst_start_addr, chip)} "
+                 f"len={instr.src_cstride}", "src_start_addr", "dst_start_addr", "src_cstride")
+        if instr.op == "broadcast":
+            line.add(f"lanes={instr.dst_csize}", "dst_csize")
+    elif isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG:
+        line.add(f"wait T{instr.constant_value}", "constant_value", "index")
+    prec = Prec(getattr(instr, "src_data_format", Prec.FP32))
+    line.covered.add("src_data_format")
+    if prec != Prec.FP32:
+        line.parts.append(prec.dtype_name)
+    return line.text(_head(Engine.GDMA, cmd_id, instr))
+
+
+def _head(engine: Engine, cmd_id: int, instr) -> str:
+    dep = f" dep={OTHER_ENGINE[engine]}{instr.cmd_id_dep}" if instr.cmd_id_dep else ""
+    return f"{engine.letter}{cmd_id}{dep} {instr.op_name}"
+
+
+# ------------------------------------------------------------------------------------ TILE
+
+def tile_text(instr) -> str:
+    """A CUBE block in LinxISA assembly syntax (without cmd_id and waits)."""
+    if isinstance(instr, TMatmul):
+        srcs = [ref_name(instr.src0) + (".reuse" if instr.reuse0 else ""),
+                ref_name(instr.src1) + (".reuse" if instr.reuse1 else "")]
+        if instr.bias_src >= 0:
+            srcs.append(ref_name(instr.bias_src))
+        if instr.accumulates:
+            srcs.append("ACC")
+        return (f"{instr.fn} <M:{instr.m}, N:{instr.n}, K:{instr.k}, {instr.dt}> {', '.join(srcs)}, "
+                f"->ACC<{size_text(instr.acc_size)}>")
+    if isinstance(instr, AccCvt):
+        name = "ACCCVT.canon" if instr.canon else "ACCCVT"
+        text = (f"{name} {instr.layout} <Row:{instr.row}, Col:{instr.col}, {instr.src_dt}, {instr.dst_dt}> ACC, "
+                f"->{QUEUES[instr.dst_queue]}<{size_text(instr.dst_size)}>")
+        if instr.round_mode != "RNE":
+            text += f" round={instr.round_mode}"
+        return text + (" sat" if instr.saturate else "")
+    if isinstance(instr, TPush):
+        return f"TPUSH <{instr.dt}> ->{QUEUES[instr.dst_queue]}<{size_text(instr.dst_size)}>"
+    raise TypeError(f"{type(instr).__name__} is not a TILE instruction")
+
+
+def tile_line(cmd_id: int, instr) -> str:
+    waits = [f"B{instr.wait_tiu_id}"] * bool(instr.wait_tiu_id) + [f"D{instr.wait_gdma_id}"] * bool(instr.wait_gdma_id)
+    return f"T{cmd_id} {tile_text(instr)}" + (f" wait={','.join(waits)}" if waits else "")
+
+
+def instruction_line(engine: Engine, cmd_id: int, instr, chip: ChipConfig) -> str:
+    engine = Engine(engine)
+    if engine is Engine.TIU:
+        return tiu_line(cmd_id, instr, chip)
+    if engine is Engine.GDMA:
+        return gdma_line(cmd_id, instr, chip)
+    return tile_line(cmd_id, instr)
+
+
+# --------------------------------------------------------------------------- files, programs
+
+def program_lines(program: Program) -> Iterator[str]:
+    """All three streams, with the layer name as a comment wherever it changes."""
+    for engine in ENGINES:
+        queue = program.queue(engine)
+        yield f"# {engine.name}: {len(queue)} instructions"
+        previous = None
+        for index, instr in enumerate(queue):
+            layer = program.layer_of(engine, index)
+            if layer != previous:
+                yield f"# layer {layer or '(none)'}"
+                previous = layer
+            yield instruction_line(engine, index + 1, instr, program.chip)
+
+
+STREAM_FILE = re.compile(r"\.(" + "|".join(STREAM_SUFFIX.values()) + r")\.\d+$")
+
+
+def _file_chip(path: Path, chip) -> ChipConfig:
+    if chip is not None:
+        return chip if isinstance(chip, ChipConfig) else load_chip(chip)
+    if (path.parent / MANIFEST).is_file():
+        return load_chip(read_manifest(path.parent)["chip"]["name"])
+    return load_chip(None)
+
+
+def file_lines(path: Path, chip=None) -> Iterator[str]:
+    match = STREAM_FILE.search(path.name)
+    if match is None:
+        raise InputFileError(f"{path}: not a stream file (expected <name>.BD.<core>, <name>.GDMA.<core> or "
+                             "<name>.TILE.<core>)")
+    engine = {v: k for k, v in STREAM_SUFFIX.items()}[match.group(1)]
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read ({exc.strerror})") from None
+    resolved = _file_chip(path, chip)
+    instrs = decode_stream(engine, data, str(path))
+    yield f"# {engine.name}: {path.name}, {len(instrs)} instructions"
+    for index, instr in enumerate(instrs):
+        yield instruction_line(engine, index + 1, instr, resolved)
+
+
+def path_lines(path: str | Path, chip=None) -> Iterator[str]:
+    """Listing of an output directory (all streams, layer comments) or of one stream file."""
+    p = Path(path)
+    if p.is_dir():
+        return program_lines(read_program(p, chip))
+    if not p.exists():
+        raise InputFileError(f"{p}: no such file or directory")
+    return file_lines(p, chip)

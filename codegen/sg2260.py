@@ -1,0 +1,367 @@
+"""SG2260 TIU and GDMA descriptors: the register table, dataclass <-> descriptor binding, stream decoding.
+
+Everything here is derived from `tables/sg2260_regs.json` (copied from the shared spec): each
+register is a Layout of its fields, LSB-first; a dataclass kind is bound to one or two
+registers (its short and long form) and the binding below is the only per-kind information.
+
+Field mapping (dataclass -> descriptor):
+
+* A dataclass field is the descriptor field of the same name, except `op` (-> `tsk_eu_typ`
+  for TIU, `cmd_special_function` for GDMA, through the class's OPS table) and the logical
+  GDMA fields `src_start_addr` / `dst_start_addr` (= `*_l32 | *_h13 << 32`), `localmem_mask`
+  (= `localmem_mask_l32 | localmem_mask_h32 << 32`) and `src_cstride` (the table's
+  "src_cstride(move length)"). `tsk_typ` / `cmd_type` come from the class, `cmd_short` from
+  the chosen form. Descriptor fields the dataclass lacks are written as 0; ClassVar properties
+  (ConvTiu.short_opd1_str ...) are not encoded.
+* Signedness, per field type: tensor strides are two's complement over their field width
+  (TIU `res0/opd0..3_{n,c,h,w}_str`, GDMA `src/dst_{n,c,h,w}stride`; a negative stride walks
+  backwards). GDMA's "src_cstride(move length)" is a length and unsigned, like every other
+  field. The 32-bit `X_addr` of a constant operand (`opt_X_const = 1`) is the constant
+  itself: unsigned bits for float precisions, a signed 32-bit integer (two's complement in
+  the field) for integer precisions (`opt_X_prec`; opd3 uses opd2's, as CmpTiu documents).
+* A value outside its field's range raises EncodingError naming the kind and the field; it is
+  never truncated.
+
+Short-form rule: an instruction is encoded in its short register (sCONV, sMM2, sAR, ...)
+whenever decoding the short descriptor gives the instruction back, i.e. every dataclass field
+the short layout has fits it, and every field it lacks equals its dataclass default or, for
+documented implied fields, the value implied by the others. The only implied fields are sMM2's
+opd0_c / opd0_w (absent from the short layout): nn: (res0_c, opd1_c), nt: (res0_c, opd1_w),
+tt: (opd1_w, res0_c), i.e. L's rows and columns follow from res0 and R. Otherwise the long form.
+
+Stream decoding reads each record's head (TIU: cmd_short bit 0, tsk_typ bits 41-44,
+tsk_eu_typ bits 45-49, 45-47 for SYS_TR_ACC; GDMA: cmd_short bit 3, cmd_type bits 32-36,
+cmd_special_function bits 37-39), looks it up in the table's op lists to get the layout and
+its length, and decodes. Unknown heads, kinds tpuflow does not model, truncated records and
+non-zero bits in fields tpuflow never writes are BinaryFormatError naming the byte offset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Callable, Mapping
+
+from tpuflow.errors import BinaryFormatError, EncodingError
+from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GeneralDma, Instruction, LinTiu, MatrixDma,
+                         Mm2Tiu, PordTiu, Prec, SfuTiu, SysDma, SysTiu, TensorDma)
+
+from tpuflow.codegen.bitfields import FieldRangeError, Layout, LogicalField
+
+TABLE_FILE = "sg2260_regs.json"
+SIGNED_FIELD = re.compile(r"^(res[01]|opd[0-5])_[nchw]_str$|^(src|dst)_[nchw]stride$")
+GDMA_LOGICAL = {
+    "src_start_addr": ("src_start_addr_l32", "src_start_addr_h13"),
+    "dst_start_addr": ("dst_start_addr_l32", "dst_start_addr_h13"),
+    "localmem_mask": ("localmem_mask_l32", "localmem_mask_h32"),
+    "src_cstride": ("src_cstride(move length)",),
+}
+INT32_CONST_RANGE = (-(1 << 31), (1 << 31) - 1)
+
+# Head positions (bit offset, width) of the table's packing note; checked against every layout.
+TIU_HEAD = {"cmd_short": (0, 1), "tsk_typ": (41, 4), "tsk_eu_typ": (45, 5)}
+GDMA_HEAD = {"cmd_short": (3, 1), "cmd_type": (32, 5), "cmd_special_function": (37, 3)}
+
+
+def _mm2_opd0(values: dict) -> tuple[int, int]:
+    """(opd0_c, opd0_w) of MM2 implied by res0 and opd1 (see the module docstring)."""
+    op = values["op"]
+    if op == "nn":
+        return values["res0_c"], values["opd1_c"]
+    if op == "nt":
+        return values["res0_c"], values["opd1_w"]
+    return values["opd1_w"], values["res0_c"]
+
+
+MM2_IMPLIED: dict[str, Callable[[dict], int]] = {
+    "opd0_c": lambda v: _mm2_opd0(v)[0],
+    "opd0_w": lambda v: _mm2_opd0(v)[1],
+}
+
+# dataclass kind -> its registers, preferred (short) first, and implied fields per register
+KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
+    ConvTiu: (("sCONV", {}), ("CONV", {})),
+    Mm2Tiu: (("sMM2", MM2_IMPLIED), ("MM2", {})),
+    ArTiu: (("sAR", {}), ("AR", {})),
+    PordTiu: (("sPorD", {}), ("PorD", {})),
+    SfuTiu: (("sSFU", {}), ("SFU", {})),
+    LinTiu: (("sLIN", {}), ("LIN", {})),
+    CmpTiu: (("sCMP", {}), ("CMP", {})),
+    CwBcTiu: (("sCW&sBC", {}), ("CW&BC", {})),
+    SysTiu: (("SYS", {}),),
+    TensorDma: (("DMA_tensor（0x000）", {}),),
+    MatrixDma: (("DMA_matrix", {}),),
+    GeneralDma: (("DMA_general", {}),),
+    SysDma: (("sDMA_sys", {}),),
+}
+
+
+@lru_cache(maxsize=1)
+def register_table() -> dict:
+    """The SG2260 register table (registers, tiu_ops, dma_ops, source and packing notes)."""
+    text = resources.files("tpuflow.codegen").joinpath("tables", TABLE_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@lru_cache(maxsize=None)
+def register_layout(register: str) -> Layout:
+    """The Layout of one register of the table, with tpuflow's logical GDMA fields."""
+    spec = register_table()["registers"][register]
+    names = {name for name, _ in spec["fields"]}
+    logical = {k: parts for k, parts in GDMA_LOGICAL.items() if all(p in names for p in parts)}
+    return Layout(register, spec["fields"], length_bits=spec["length_bits"], logical=logical,
+                  signed=lambda name: bool(SIGNED_FIELD.match(name)))
+
+
+def _head_spec(engine: Engine) -> dict[str, tuple[int, int]]:
+    return TIU_HEAD if engine is Engine.TIU else GDMA_HEAD
+
+
+@dataclass(frozen=True)
+class ConstOperand:
+    """A TIU operand whose X_addr holds a constant when opt_X_const is set."""
+
+    addr: str
+    const: str
+    prec: str | None
+
+
+class Form:
+    """One register a kind can be encoded in: its layout and how dataclass fields map onto it."""
+
+    def __init__(self, codec: "KindCodec", register: str, implied: Mapping[str, Callable]):
+        self.codec, self.register = codec, register
+        self.layout = register_layout(register)
+        ops = _ops_entries(codec.engine, register)
+        self.cmd_short = min(e["cmd_short"] for e in ops)
+        lf = self.layout.fields
+        self.present: tuple[tuple[str, LogicalField], ...] = tuple(
+            (name, lf[name]) for name in codec.field_names if name in lf)
+        self.absent: tuple[tuple[str, object, Callable | None], ...] = tuple(
+            (name, codec.defaults.get(name, dataclasses.MISSING), implied.get(name))
+            for name in codec.field_names if name not in lf and name != "op")
+        for name, default, implied in self.absent:
+            if default is dataclasses.MISSING and implied is None:
+                raise ValueError(f"{register} lacks {codec.cls.__name__}.{name}, which has no default")
+        self.head = {name: value for name, value in codec.class_head.items() if name in lf}
+        if "cmd_short" in lf:
+            self.head["cmd_short"] = self.cmd_short
+        self.head_bits = self.layout.const_bits | sum(lf[n].place(v) for n, v in self.head.items())
+        self.op_field = lf[codec.op_field]
+        self.unmodelled_mask = self._unmodelled_mask()
+
+    def _unmodelled_mask(self) -> int:
+        used = 0
+        for _, lfield in self.present:
+            used |= lfield.mask
+        for offset, width in _head_spec(self.codec.engine).values():
+            used |= ((1 << width) - 1) << offset
+        return ((1 << self.layout.length_bits) - 1) & ~used
+
+    def try_pack(self, values: dict, op_code: int, strict: bool) -> int | None:
+        """The descriptor integer, or None if this form cannot hold `values` (strict: raise)."""
+        for name, default, implied in self.absent:
+            wanted = implied(values) if implied is not None else default
+            if values[name] != wanted:
+                if strict:
+                    raise self.codec.error(name, f"= {values[name]} has no field in {self.register}")
+                return None
+        raw = self.head_bits | self.op_field.place(op_code)
+        for name, lfield in self.present:
+            value = values[name]
+            if value:
+                try:
+                    raw |= lfield.place(value)
+                except FieldRangeError as exc:
+                    if strict:
+                        raise self.codec.error(name, f"= {value} does not fit {self.register}'s "
+                                               f"{lfield.describe()}") from None
+                    return None
+        return raw
+
+
+def _ops_entries(engine: Engine, register: str) -> list[dict]:
+    table = register_table()["tiu_ops" if engine is Engine.TIU else "dma_ops"]
+    return [e for e in table if e["reg"] == register]
+
+
+class KindCodec:
+    """Encoder/decoder of one dataclass kind over its forms (short first)."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.engine = cls.ENGINE
+        dfields = dataclasses.fields(cls)
+        self.field_names = tuple(f.name for f in dfields)
+        self.defaults = {f.name: f.default for f in dfields if f.default is not dataclasses.MISSING}
+        if self.engine is Engine.TIU:
+            self.op_field, self.class_head = "tsk_eu_typ", {"tsk_typ": cls.TSK_TYP}
+        else:
+            self.op_field, self.class_head = "cmd_special_function", {"cmd_type": cls.CMD_TYPE}
+        self.op_codes = dict(cls.OPS)
+        self.op_names = {code: op for op, code in cls.OPS.items()}
+        self.const_operands = self._const_operands()
+        self.forms = tuple(Form(self, reg, implied) for reg, implied in KIND_REGISTERS[cls])
+
+    def _const_operands(self) -> tuple[ConstOperand, ...]:
+        names = set(self.field_names)
+        out = []
+        for x in ("opd0", "opd1", "opd2", "opd3"):
+            if f"{x}_addr" in names and f"opt_{x}_const" in names:
+                prec = next((p for p in (f"opt_{x}_prec", "opt_opd2_prec" if x == "opd3" else "")
+                             if p in names), None)
+                out.append(ConstOperand(f"{x}_addr", f"opt_{x}_const", prec))
+        return tuple(out)
+
+    def error(self, name: str, what: str) -> EncodingError:
+        return EncodingError(f"{self.cls.__name__}: field {name} {what}")
+
+    def _int_const(self, values: dict, c: ConstOperand) -> bool:
+        return bool(values[c.const]) and c.prec is not None and not Prec(values[c.prec]).is_float
+
+    def encode_int(self, instr: Instruction) -> tuple[int, Form]:
+        values = {name: getattr(instr, name) for name in self.field_names}
+        op_code = self.op_codes[values["op"]] if "op" in values else 0
+        for c in self.const_operands:
+            if self._int_const(values, c):
+                value = values[c.addr]
+                lo, hi = INT32_CONST_RANGE
+                if not lo <= value <= hi:
+                    raise self.error(c.addr, f"= {value} is an integer constant outside the signed 32-bit range")
+                values[c.addr] = value & 0xFFFFFFFF
+        for i, form in enumerate(self.forms):
+            raw = form.try_pack(values, op_code, strict=(i == len(self.forms) - 1))
+            if raw is not None:
+                return raw, form
+        raise AssertionError("unreachable: the last form packs strictly")
+
+    def decode_int(self, form: Form, raw: int, where: str) -> Instruction:
+        if raw & form.unmodelled_mask:
+            bad = next(b for b in form.layout.bits if raw & form.unmodelled_mask & b.mask)
+            raise BinaryFormatError(f"{where}: {form.register} field {bad.name} is {bad.extract(raw):#x}; "
+                                    "tpuflow never sets it")
+        values = {name: lfield.take(raw) for name, lfield in form.present}
+        if "op" in self.field_names:
+            code = form.op_field.take(raw)
+            values["op"] = self.op_names[code]
+        for name, default, implied in form.absent:
+            values[name] = implied(values) if implied is not None else default
+        for c in self.const_operands:
+            if self._int_const(values, c) and values[c.addr] >= 1 << 31:
+                values[c.addr] -= 1 << 32
+        try:
+            return self.cls(**values)
+        except (TypeError, ValueError) as exc:
+            raise BinaryFormatError(f"{where}: {form.register} does not decode: {exc}") from None
+
+
+@lru_cache(maxsize=None)
+def codec_for(cls: type) -> KindCodec:
+    return KindCodec(cls)
+
+
+def encode_descriptor(instr: Instruction) -> bytes:
+    """The SG2260 descriptor bytes of a TIU or GDMA instruction (short form when it fits)."""
+    raw, form = codec_for(type(instr)).encode_int(instr)
+    return raw.to_bytes(form.layout.nbytes, "little")
+
+
+def descriptor_form(instr: Instruction) -> str:
+    """The register an instruction is encoded in (e.g. 'sCONV')."""
+    return codec_for(type(instr)).encode_int(instr)[1].register
+
+
+class HeadTable:
+    """Head -> (codec, form) of one engine, built from the table's op lists."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.spec = _head_spec(engine)
+        bound: dict[str, tuple[KindCodec, Form]] = {}
+        for cls in KIND_REGISTERS:
+            if cls.ENGINE is engine:
+                codec = codec_for(cls)
+                for form in codec.forms:
+                    bound[form.register] = (codec, form)
+        key_field = "tsk_eu_typ" if engine is Engine.TIU else "cmd_sp_func"
+        type_field = "tsk_typ" if engine is Engine.TIU else "cmd_type"
+        table = register_table()["tiu_ops" if engine is Engine.TIU else "dma_ops"]
+        self.op_bits: dict[int, int] = {}    # tsk_typ / cmd_type -> width of the op field
+        self.entries: dict[tuple[int, int, int], tuple[str, str, tuple | None]] = {}
+        op_name = "tsk_eu_typ" if engine is Engine.TIU else "cmd_special_function"
+        for e in table:
+            layout = register_layout(e["reg"])
+            self.op_bits[e[type_field]] = layout.fields[op_name].width
+            key = (e["cmd_short"], e[type_field], e[key_field])
+            target = bound.get(e["reg"])
+            if target is not None:
+                cls = target[0].cls
+                op = next((o for o, code in cls.OPS.items() if code == e[key_field]), None)
+                target = target if op is not None else None
+            self.entries[key] = (e["name"], e["reg"], target)
+
+    def head(self, head: int) -> tuple[int, int, int]:
+        (s_off, _), (t_off, t_bits), (o_off, _) = self.spec.values()
+        short = (head >> s_off) & 1
+        typ = (head >> t_off) & ((1 << t_bits) - 1)
+        op = (head >> o_off) & ((1 << self.op_bits.get(typ, 5 if self.engine is Engine.TIU else 3)) - 1)
+        return short, typ, op
+
+
+@lru_cache(maxsize=None)
+def head_table(engine: Engine) -> HeadTable:
+    return HeadTable(Engine(engine))
+
+
+HEAD_BYTES = 8
+
+
+def decode_descriptors(data: bytes, engine: Engine, source: str = "<bytes>") -> list[Instruction]:
+    """Decode a concatenation of TIU (.BD) or GDMA (.GDMA) descriptors."""
+    heads = head_table(Engine(engine))
+    out: list[Instruction] = []
+    pos, size = 0, len(data)
+    while pos < size:
+        if size - pos < HEAD_BYTES:
+            raise BinaryFormatError(f"{source}: truncated record at byte offset {pos}: "
+                                    f"{size - pos} bytes left, a descriptor head needs {HEAD_BYTES}")
+        key = heads.head(int.from_bytes(data[pos:pos + HEAD_BYTES], "little"))
+        entry = heads.entries.get(key)
+        if entry is None:
+            names = tuple(heads.spec)
+            raise BinaryFormatError(f"{source}: byte offset {pos}: unknown {heads.engine.name} descriptor head "
+                                    + ", ".join(f"{n}={v}" for n, v in zip(names, key)))
+        name, register, target = entry
+        if target is None:
+            raise BinaryFormatError(f"{source}: byte offset {pos}: {name} ({register}) is not an "
+                                    "instruction tpuflow models")
+        codec, form = target
+        end = pos + form.layout.nbytes
+        if end > size:
+            raise BinaryFormatError(f"{source}: truncated {register} record at byte offset {pos}: "
+                                    f"needs {form.layout.nbytes} bytes, {size - pos} left")
+        out.append(codec.decode_int(form, int.from_bytes(data[pos:end], "little"), f"{source}: byte offset {pos}"))
+        pos = end
+    return out
+
+
+def encode_descriptors(instrs) -> bytes:
+    return b"".join(encode_descriptor(i) for i in instrs)
+
+
+def check_table_heads() -> None:
+    """Every register of the op lists has its head fields where the packing note says."""
+    for engine in (Engine.TIU, Engine.GDMA):
+        table = register_table()["tiu_ops" if engine is Engine.TIU else "dma_ops"]
+        for reg in sorted({e["reg"] for e in table}):
+            layout = register_layout(reg)
+            for name, (offset, width) in _head_spec(engine).items():
+                field = layout.field_at(offset)
+                if name == "cmd_short" and field.name != name:
+                    continue  # SYS / SYS_TR_ACC: no cmd_short bit
+                if field.name != name or field.offset != offset or field.width > width:
+                    raise ValueError(f"{reg}: head field {name} is not at bit {offset}")

@@ -1,0 +1,246 @@
+"""Output directory of a compiled Program: per-engine binaries, weight image, manifest.json; and reading it back.
+
+Files (core 0): `<name>.BD.0` (TIU descriptors), `<name>.GDMA.0` (GDMA descriptors),
+`<name>.TILE.0` (CUBE blocks), `<name>.weights.bin` (the DDR weight image, loaded at
+memory.weight_base) and `manifest.json`. Everything is encoded in memory first, then each file
+is written under a temporary name in the output directory and renamed, manifest last, so a
+failure never leaves half a file. Same Program -> byte-identical files (sorted keys, no
+timestamps).
+
+manifest.json (format_version 1): tool and version, chip name + fingerprint, options, model
+name, per-engine instruction counts, issue_order run-length coded ("B3D2T1" = BBBDDT), the
+DDR tensor placement, the instruction -> layer map per engine as runs [layer, count], layers
+(LayerInfo, in program order), fused groups, and each file's size and sha256.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from tpuflow import __version__
+from tpuflow.chip import ChipConfig, load_chip
+from tpuflow.errors import InputFileError
+from tpuflow.isa import Engine
+from tpuflow.program import ENGINES, DdrTensor, LayerInfo, MemoryPlan, Program
+
+from tpuflow.codegen.linx import decode_blocks, encode_blocks
+from tpuflow.codegen.sg2260 import decode_descriptors, encode_descriptors
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+CORE = 0
+FILE_MODE = 0o644  # mkstemp creates 0600; outputs are ordinary readable files
+STREAM_SUFFIX = {Engine.TIU: "BD", Engine.GDMA: "GDMA", Engine.TILE: "TILE"}
+
+
+def stream_file_name(name: str, engine: Engine, core: int = CORE) -> str:
+    return f"{name}.{STREAM_SUFFIX[Engine(engine)]}.{core}"
+
+
+def encode_stream(engine: Engine, instrs) -> bytes:
+    """The bytes of one engine's queue."""
+    return encode_blocks(instrs) if Engine(engine) is Engine.TILE else encode_descriptors(instrs)
+
+
+def decode_stream(engine: Engine, data: bytes, source: str = "<bytes>") -> list:
+    if Engine(engine) is Engine.TILE:
+        return decode_blocks(data, source)
+    return decode_descriptors(data, Engine(engine), source)
+
+
+def run_length(items) -> list[list]:
+    """[[item, count], ...] of consecutive equal items."""
+    runs: list[list] = []
+    for item in items:
+        if runs and runs[-1][0] == item:
+            runs[-1][1] += 1
+        else:
+            runs.append([item, 1])
+    return runs
+
+
+def expand_runs(runs) -> list:
+    return [item for item, count in runs for _ in range(count)]
+
+
+def compact_issue_order(order: str) -> str:
+    return "".join(f"{letter}{count}" for letter, count in run_length(order))
+
+
+def expand_issue_order(text: str) -> str:
+    if not re.fullmatch(r"([BDT]\d+)*", text):
+        raise InputFileError(f"{MANIFEST}: issue_order '{text[:40]}' is not run-length coded B/D/T")
+    return "".join(letter * int(count) for letter, count in re.findall(r"([BDT])(\d+)", text))
+
+
+def _file_entry(data: bytes, file_name: str) -> dict:
+    return {"name": file_name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def manifest_dict(program: Program, files: dict[str, dict]) -> dict:
+    mem = program.memory
+    return {
+        "format_version": FORMAT_VERSION,
+        "tool": {"name": "tpuflow", "version": __version__},
+        "chip": {"name": program.chip.name, "fingerprint": program.chip.fingerprint()},
+        "options": dict(program.options),
+        "model": program.model_name,
+        "core": CORE,
+        "counts": program.counts(),
+        "issue_order": compact_issue_order(program.issue_order),
+        "files": files,
+        "memory": {"weight_base": mem.weight_base, "weight_bytes": len(mem.weight_image),
+                   "ddr_bytes_used": mem.ddr_bytes_used,
+                   "tensors": [dict(dataclasses.asdict(t), shape=list(t.shape)) for t in mem.tensors.values()]},
+        "layer_map": {e.value: run_length(program.layer_names(e)) for e in ENGINES},
+        "layers": [[key, dataclasses.asdict(info)] for key, info in program.layers.items()],
+        "fused_groups": [list(g) for g in program.fused_groups],
+    }
+
+
+def _compact(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(", ", ": "), ensure_ascii=False)
+
+
+def _block(value, indent: str) -> str:
+    """Dicts one key per line two levels deep, lists one item per line three levels deep; deeper
+    values compact."""
+    inner = indent + "  "
+    if isinstance(value, dict) and value and len(indent) < 4:
+        items = [f"{inner}{_compact(k)}: {_block(v, inner)}" for k, v in sorted(value.items())]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(value, list) and value and len(indent) < 6:
+        return "[\n" + ",\n".join(inner + _compact(v) for v in value) + "\n" + indent + "]"
+    return _compact(value)
+
+
+def manifest_text(manifest: dict) -> str:
+    """manifest.json text: valid JSON, sorted keys, a line per entry so diffs stay readable."""
+    return _block(manifest, "") + "\n"
+
+
+def _write_atomically(outdir: Path, contents: dict[str, bytes]) -> None:
+    """Write every file under a temporary name, then rename them in order (last one last)."""
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for file_name, data in contents.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{file_name}.", suffix=".tmp", dir=outdir)
+            temps.append((Path(tmp), outdir / file_name))
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), FILE_MODE)
+                f.write(data)
+        for tmp, final in temps:
+            os.replace(tmp, final)
+    finally:
+        for tmp, _ in temps:
+            if tmp.exists():
+                tmp.unlink()
+
+
+def write_program(program: Program, outdir: str | os.PathLike, name: str = "model") -> Path:
+    """Write the output directory of `program` (see the module docstring); returns the directory."""
+    out = Path(outdir)
+    streams = {stream_file_name(name, e): encode_stream(e, program.queue(e)) for e in ENGINES}
+    weights_name = f"{name}.weights.bin"
+    contents = dict(streams)
+    contents[weights_name] = bytes(program.memory.weight_image)
+    files = {e.value: _file_entry(streams[stream_file_name(name, e)], stream_file_name(name, e)) for e in ENGINES}
+    files["weights"] = _file_entry(contents[weights_name], weights_name)
+    manifest = manifest_text(manifest_dict(program, files))
+    contents[MANIFEST] = manifest.encode()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputFileError(f"{out}: cannot create the output directory ({exc.strerror})") from None
+    _write_atomically(out, contents)
+    return out
+
+
+# ------------------------------------------------------------------------------------ reading
+
+def read_manifest(outdir: Path) -> dict:
+    path = Path(outdir) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no manifest (is {outdir} a `tpuflow compile` output directory?)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputFileError(f"{path}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        raise InputFileError(f"{path}: format_version {manifest.get('format_version') if isinstance(manifest, dict) else '?'}"
+                             f" is not {FORMAT_VERSION}")
+    return manifest
+
+
+def manifest_chip(manifest: dict, chip: ChipConfig | str | os.PathLike | None, where: str) -> ChipConfig:
+    """The chip to decode with: `chip` or the manifest's; its fingerprint must match."""
+    info = manifest["chip"]
+    resolved = chip if isinstance(chip, ChipConfig) else load_chip(chip if chip is not None else info["name"])
+    if resolved.fingerprint() != info["fingerprint"]:
+        raise InputFileError(f"{where}: compiled for chip {info['name']} (fingerprint {info['fingerprint']}), "
+                             f"but chip {resolved.name} has fingerprint {resolved.fingerprint()}")
+    return resolved
+
+
+def _read_file(outdir: Path, entry: dict) -> bytes:
+    path = outdir / entry["name"]
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _check_file(outdir: Path, entry: dict, data: bytes) -> None:
+    if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise InputFileError(f"{outdir / entry['name']}: {len(data)} bytes that do not match the manifest "
+                             f"({entry['bytes']} bytes, sha256 {entry['sha256'][:12]}...)")
+
+
+def _memory_plan(manifest: dict, weights: bytes) -> MemoryPlan:
+    mem = manifest["memory"]
+    tensors = {}
+    for t in mem["tensors"]:
+        tensor = DdrTensor(**dict(t, shape=tuple(t["shape"])))
+        tensors[tensor.name] = tensor
+    return MemoryPlan(tensors=tensors, weight_base=mem["weight_base"], weight_image=weights,
+                      ddr_bytes_used=mem["ddr_bytes_used"])
+
+
+def read_program(outdir: str | os.PathLike, chip: ChipConfig | str | os.PathLike | None = None) -> Program:
+    """Load and decode an output directory back into a Program (chip from the manifest unless given)."""
+    out = Path(outdir)
+    manifest = read_manifest(out)
+    try:
+        return _program_from(out, manifest, chip)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputFileError(f"{out / MANIFEST}: malformed manifest ({type(exc).__name__}: {exc})") from None
+
+
+def _program_from(out: Path, manifest: dict, chip) -> Program:
+    resolved = manifest_chip(manifest, chip, str(out / MANIFEST))
+    queues = {}
+    for e in ENGINES:
+        entry = manifest["files"][e.value]
+        data = _read_file(out, entry)
+        queues[e] = decode_stream(e, data, str(out / entry["name"]))
+        if len(queues[e]) != manifest["counts"][e.value]:
+            raise InputFileError(f"{out / entry['name']}: {len(queues[e])} instructions, the manifest says "
+                                 f"{manifest['counts'][e.value]}")
+        _check_file(out, entry, data)
+    weights = _read_file(out, manifest["files"]["weights"])
+    _check_file(out, manifest["files"]["weights"], weights)
+    layer_map = {e: expand_runs(manifest["layer_map"][e.value]) for e in ENGINES}
+    return Program(
+        chip=resolved, tiu=queues[Engine.TIU], gdma=queues[Engine.GDMA], tile=queues[Engine.TILE],
+        tiu_layers=layer_map[Engine.TIU], gdma_layers=layer_map[Engine.GDMA], tile_layers=layer_map[Engine.TILE],
+        memory=_memory_plan(manifest, weights),
+        layers={key: LayerInfo(**info) for key, info in manifest["layers"]},
+        fused_groups=[tuple(g) for g in manifest["fused_groups"]],
+        options=dict(manifest["options"]), model_name=manifest["model"],
+        issue_order=expand_issue_order(manifest["issue_order"]))
