@@ -1,0 +1,93 @@
+"""run(): load a Program's weight image and inputs into a Machine, execute every engine's queue
+under an interleaving policy (with the race detector), and return the output tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpuflow.isa.base import Prec
+from tpuflow.program import DdrTensor, Program
+
+from tpuflow.hwmodel.functional.engines import EngineState, make_policy, waits_of
+from tpuflow.hwmodel.functional.errors import ExecutionError, InputMismatchError
+from tpuflow.hwmodel.functional.floats import encode, f32_to_bf16
+from tpuflow.hwmodel.functional.machine import Machine
+from tpuflow.hwmodel.functional.race import RaceDetector
+
+
+def tensor_prec(tensor: DdrTensor) -> Prec:
+    try:
+        return Prec.from_name(tensor.dtype)
+    except KeyError:
+        raise ExecutionError(f"DDR tensor {tensor.name!r}: unsupported dtype {tensor.dtype!r}") from None
+
+
+def _input_bytes(tensor: DdrTensor, value) -> np.ndarray:
+    """A user array as the tensor's row-major stored values (bf16: uint16 bits or floats)."""
+    array = np.asarray(value)
+    if array.shape != tuple(tensor.shape):
+        raise InputMismatchError(f"input {tensor.name!r}: shape {array.shape}, the program expects {tuple(tensor.shape)}")
+    prec = tensor_prec(tensor)
+    if prec is Prec.BF16 and array.dtype == np.uint16:
+        return np.ascontiguousarray(array)
+    if prec is Prec.BF16 and array.dtype.kind == "f":
+        return f32_to_bf16(array.astype(np.float32))
+    if array.dtype.kind not in "fiub":
+        raise InputMismatchError(f"input {tensor.name!r}: dtype {array.dtype} is not numeric")
+    return np.ascontiguousarray(array.astype(prec.storage_dtype) if prec is not Prec.BF16 else encode(array, prec))
+
+
+def load_inputs(machine: Machine, program: Program, inputs: dict) -> None:
+    """Weight image at weight_base, then every role 'input' tensor at its address."""
+    memory = program.memory
+    if memory.weight_image:
+        machine.load_ddr(memory.weight_base, memory.weight_image)
+    expected = {t.name: t for t in memory.by_role("input")}
+    unknown = sorted(set(inputs) - set(expected))
+    if unknown:
+        raise InputMismatchError(f"unknown input {unknown[0]!r} (program inputs: {', '.join(sorted(expected)) or 'none'})")
+    for name, tensor in expected.items():
+        if name not in inputs:
+            raise InputMismatchError(f"input {name!r} is missing (program inputs: {', '.join(sorted(expected))})")
+        data = _input_bytes(tensor, inputs[name])
+        if data.nbytes != tensor.nbytes:
+            raise ExecutionError(f"DDR tensor {name!r}: {data.nbytes} B of data but nbytes = {tensor.nbytes}")
+        machine.load_ddr(tensor.addr, data)
+
+
+def read_outputs(machine: Machine, program: Program) -> dict[str, np.ndarray]:
+    out = {}
+    for tensor in program.memory.by_role("output"):
+        dtype = tensor_prec(tensor).storage_dtype
+        count = int(np.prod(tensor.shape, dtype=np.int64))
+        raw = machine.read_ddr(tensor.addr, count * dtype.itemsize)
+        out[tensor.name] = raw.view(dtype).reshape(tuple(tensor.shape))
+    return out
+
+
+def execute_program(machine: Machine, program: Program, *, race_check: bool = True,
+                    interleave: str = "round_robin", seed: int = 0) -> None:
+    """Run every queue to its end; DeadlockError when no engine can proceed, RaceError on a race."""
+    pick = make_policy(interleave, seed)
+    state = EngineState(program)
+    detector = RaceDetector(program) if race_check else None
+    while not state.finished():
+        ready = state.ready_engines()
+        if not ready:
+            raise state.deadlock()
+        engine = pick(ready)
+        index, instr = state.head(engine)
+        if detector is not None:
+            detector.step(engine, index, waits_of(engine, instr))
+        machine.execute(instr, index + 1, program.layer_of(engine, index))
+        state.complete(engine)
+
+
+def run(program: Program, inputs: dict[str, np.ndarray], *, race_check: bool = True,
+        interleave: str = "round_robin", seed: int = 0) -> dict[str, np.ndarray]:
+    """Execute `program` on a fresh core and return every role 'output' tensor by name
+    (storage dtype: fp32/fp16 as numpy, bf16 as uint16 bit patterns)."""
+    machine = Machine(program.chip, program.memory.ddr_bytes_used)
+    load_inputs(machine, program, inputs)
+    execute_program(machine, program, race_check=race_check, interleave=interleave, seed=seed)
+    return read_outputs(machine, program)

@@ -1,0 +1,86 @@
+"""TIU cube instructions: conv.normal (im2col + tensordot) and mm2.nn / nt / tt, fp32 accumulation."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpuflow.isa.tiu import ConvTiu, Mm2Tiu
+
+from tpuflow.hwmodel.functional import operands
+from tpuflow.hwmodel.functional.errors import ExecutionError
+from tpuflow.hwmodel.functional.floats import to_f32
+from tpuflow.hwmodel.functional.windows import Window, pad, windows
+
+
+def conv2d(x: np.ndarray, weight: np.ndarray, win: Window) -> np.ndarray:
+    """x (N, IC, H, W) fp32, weight (OC, IC, KH, KW) fp32 -> (N, OC, OH, OW) fp32, zero padding."""
+    cols = windows(pad(x, win, 0.0), win)                       # (N, IC, KH, KW, OH, OW)
+    out = np.tensordot(weight, cols, axes=([1, 2, 3], [1, 2, 3]))  # (OC, N, OH, OW)
+    return out.transpose(1, 0, 2, 3)
+
+
+def execute_conv(m, ins: ConvTiu) -> None:
+    n, oc, ic = ins.res0_n, ins.res0_c, ins.opd0_c
+    x = operands.value(m, ins, "opd0", (n, ic, ins.opd0_h, ins.opd0_w), as_float=True)
+    weight = operands.value(m, ins, "opd1", ins.weight_shape(), as_float=True)
+    weight = np.broadcast_to(weight, ins.weight_shape()).reshape(oc, ic, ins.opd1_h, ins.opd1_w)
+    y = conv2d(x, np.ascontiguousarray(weight), Window.of(ins))
+    bias = operands.value(m, ins, "opd2", (1, oc, 1, 1), as_float=True)
+    y = y + np.reshape(bias, (1, -1, 1, 1))
+    _finish(m, ins, y, ins.res0_shape)
+
+
+def _finish(m, ins, y: np.ndarray, shape) -> None:
+    """+ res0 (opt_res_add), relu (opt_relu), round and store into res0."""
+    if ins.opt_res_add:
+        y = y + operands.value(m, ins, "res0", shape, as_float=True)
+    if ins.opt_relu:
+        y = np.maximum(y, np.float32(0))
+    operands.write(m, ins, "res0", shape, y.reshape(shape))
+
+
+def _matrix(m, ins, prefix: str, rows: int, cols: int) -> np.ndarray:
+    return operands.value(m, ins, prefix, (1, rows, 1, cols), as_float=True).reshape(rows, cols)
+
+
+def _mm2_operands(m, ins: Mm2Tiu) -> tuple[np.ndarray, np.ndarray]:
+    """L (M x K) and R (K x N) as stored for nn / nt / tt."""
+    mm, nn, k = ins.mnk
+    expect = {"nn": ((mm, k), (k, nn)), "nt": ((mm, k), (nn, k)), "tt": ((k, mm), (nn, k))}[ins.op]
+    got = ((ins.opd0_c, ins.opd0_w), (ins.opd1_c, ins.opd1_w))
+    if got != expect:
+        raise ExecutionError(f"mm2.{ins.op} with res0 {mm}x{nn} and K={k} needs opd0 {expect[0][0]}x{expect[0][1]} "
+                             f"and opd1 {expect[1][0]}x{expect[1][1]}, got {got[0]} and {got[1]}")
+    left = _matrix(m, ins, "opd0", *expect[0])
+    right = _matrix(m, ins, "opd1", *expect[1])
+    return (left.T if ins.op == "tt" else left), (right if ins.op == "nn" else right.T)
+
+
+def _mm2_bias(m, ins: Mm2Tiu) -> np.ndarray:
+    """Bias (1, M, 1, N) or a scalar: output row r reads the bias row from its own lane, at opd2's offset."""
+    if ins.opt_opd2_const:
+        return operands.value(m, ins, "opd2", (), as_float=True)
+    mm, nn, _ = ins.mnk
+    res = operands.tensor_of(m, ins, "res0", (1, mm, 1, nn))
+    bias = operands.tensor_of(m, ins, "opd2", (1, 1, 1, nn))
+    lanes = (res.start_lane(m.chip) + np.arange(mm)) % m.chip.lanes
+    offsets = bias.offset(m.chip) + np.arange(nn) * bias.prec.bytes
+    m.lmem.lane_bytes(bias.addr, nn * bias.prec.bytes)  # bounds check
+    stored = m.lmem.gather_rows(lanes[:, None], offsets[None, :], bias.prec.storage_dtype)
+    return to_f32(stored, bias.prec).reshape(1, mm, 1, nn)
+
+
+def execute_mm2(m, ins: Mm2Tiu) -> None:
+    """res0 = L @ R (+ res0) + bias, then relu."""
+    left, right = _mm2_operands(m, ins)
+    shape = (1, ins.res0_c, 1, ins.res0_w)
+    y = (left @ right).reshape(shape)
+    if ins.opt_res_add:
+        y = y + operands.value(m, ins, "res0", shape, as_float=True)
+    y = y + _mm2_bias(m, ins)
+    if ins.opt_relu:
+        y = np.maximum(y, np.float32(0))
+    operands.write(m, ins, "res0", shape, y)
+
+
+HANDLERS = {ConvTiu: execute_conv, Mm2Tiu: execute_mm2}
