@@ -33,6 +33,7 @@ from tpuflow.codegen.writer import MANIFEST, STREAM_SUFFIX, decode_stream, read_
 SHAPE_FIELD = re.compile(r"^(res[01]|opd[0-3])_[nchw]$")
 CAST_ROUNDING = {0: "rne", 1: "rna", 2: "rtz", 3: "floor", 4: "ceil"}
 OTHER_ENGINE = {Engine.TIU: "D", Engine.GDMA: "B"}
+PREC_CODES = frozenset(int(p) for p in Prec)
 
 
 def lmem_text(flat: int, chip: ChipConfig) -> str:
@@ -44,10 +45,21 @@ def global_text(addr: int, chip: ChipConfig) -> str:
     return lmem_text(lmem_address(addr, chip), chip) if is_lmem(addr, chip) else f"0x{addr:x}"
 
 
-def const_text(bits: int, prec: Prec) -> str:
-    if prec.is_float:
+def const_text(bits: int, prec: Prec | None) -> str:
+    if prec is not None and prec.is_float:
         return f"#{struct.unpack('<f', struct.pack('<I', bits & 0xFFFFFFFF))[0]:g}"
     return f"#{bits}"
+
+
+def prec_of(code: int) -> Prec | None:
+    """The Prec of a precision code (None for codes tpuflow does not use)."""
+    return Prec(code) if code in PREC_CODES else None
+
+
+def prec_suffix(code: int) -> str:
+    """`:fp16` etc., nothing for fp32."""
+    prec = prec_of(code)
+    return "" if prec is Prec.FP32 else f":{prec.dtype_name}" if prec else f":prec{code}"
 
 
 def _tuple(values) -> str:
@@ -92,14 +104,12 @@ def _operand(line: _Line, prefix: str, shape, chip: ChipConfig, like: str | None
     instr, like = line.instr, like or prefix
     line.covered.update({f"{prefix}_addr", f"opt_{prefix}_const", f"opt_{like}_prec", f"short_{like}_str",
                          *(f"{like}_{d}_str" for d in "nchw")})
-    prec = Prec(getattr(instr, f"opt_{like}_prec", Prec.FP32))
+    code = getattr(instr, f"opt_{like}_prec", int(Prec.FP32))
     addr = getattr(instr, f"{prefix}_addr")
     if getattr(instr, f"opt_{prefix}_const", 0):
-        line.parts.append(f"{prefix}={const_text(addr, prec)}")
+        line.parts.append(f"{prefix}={const_text(addr, prec_of(code))}")
         return
-    text = f"{prefix}={_tuple(shape)}@{lmem_text(addr, chip)}"
-    if prec != Prec.FP32:
-        text += f":{prec.dtype_name}"
+    text = f"{prefix}={_tuple(shape)}@{lmem_text(addr, chip)}" + prec_suffix(code)
     mode = getattr(instr, f"short_{like}_str", StrideMode.ALIGNED)
     if mode == StrideMode.COMPACT:
         text += ":compact"
@@ -184,10 +194,10 @@ def gdma_line(cmd_id: int, instr, chip: ChipConfig) -> str:
             line.add(f"lanes={instr.dst_csize}", "dst_csize")
     elif isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG:
         line.add(f"wait T{instr.constant_value}", "constant_value", "index")
-    prec = Prec(getattr(instr, "src_data_format", Prec.FP32))
     line.covered.add("src_data_format")
-    if prec != Prec.FP32:
-        line.parts.append(prec.dtype_name)
+    suffix = prec_suffix(getattr(instr, "src_data_format", int(Prec.FP32)))
+    if suffix:
+        line.parts.append(suffix[1:])
     return line.text(_head(Engine.GDMA, cmd_id, instr))
 
 

@@ -61,6 +61,7 @@ GDMA_LOGICAL = {
     "src_cstride": ("src_cstride(move length)",),
 }
 INT32_CONST_RANGE = (-(1 << 31), (1 << 31) - 1)
+INTEGER_PRECS = frozenset(int(p) for p in Prec if not p.is_float)
 
 # Head positions (bit offset, width) of the table's packing note; checked against every layout.
 TIU_HEAD = {"cmd_short": (0, 1), "tsk_typ": (41, 4), "tsk_eu_typ": (45, 5)}
@@ -113,8 +114,9 @@ def register_layout(register: str) -> Layout:
     spec = register_table()["registers"][register]
     names = {name for name, _ in spec["fields"]}
     logical = {k: parts for k, parts in GDMA_LOGICAL.items() if all(p in names for p in parts)}
+    # signedness follows the table's name: "src_cstride(move length)" is a length, not a stride
     return Layout(register, spec["fields"], length_bits=spec["length_bits"], logical=logical,
-                  signed=lambda name: bool(SIGNED_FIELD.match(name)))
+                  signed=lambda name: bool(SIGNED_FIELD.match(logical.get(name, (name,))[0])))
 
 
 def _head_spec(engine: Engine) -> dict[str, tuple[int, int]]:
@@ -221,7 +223,7 @@ class KindCodec:
         return EncodingError(f"{self.cls.__name__}: field {name} {what}")
 
     def _int_const(self, values: dict, c: ConstOperand) -> bool:
-        return bool(values[c.const]) and c.prec is not None and not Prec(values[c.prec]).is_float
+        return bool(values[c.const]) and c.prec is not None and values[c.prec] in INTEGER_PRECS
 
     def encode_int(self, instr: Instruction) -> tuple[int, Form]:
         values = {name: getattr(instr, name) for name in self.field_names}
