@@ -1,0 +1,76 @@
+"""lower(): Graph -> Program. Fusion, DDR plan, per-group emission, dependency ids."""
+
+from __future__ import annotations
+
+from tpuflow.chip import ChipConfig
+from tpuflow.frontend.graph import Graph
+from tpuflow.isa import Prec, SysDma, SysTiu
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.ddrplan import plan_ddr
+from tpuflow.lowering.deps import assign_dependencies
+from tpuflow.lowering.emitter import Emitter
+from tpuflow.lowering.groups import Group, form_groups
+from tpuflow.lowering.mathops import CONST_REGION_BYTES, const_region_image
+from tpuflow.lowering.ops.conv import ConvEmitter
+from tpuflow.lowering.ops.lrn import LrnEmitter
+from tpuflow.lowering.ops.matmul import MatmulEmitter
+from tpuflow.lowering.ops.movement import MoveEmitter, ViewEmitter
+from tpuflow.lowering.ops.pool import PoolEmitter
+from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
+from tpuflow.lowering.tensors import make_tile
+from tpuflow.lowering.weights import WeightImage
+from tpuflow.options import CompileOptions
+from tpuflow.program import DdrTensor, MemoryPlan, Program
+
+TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": MatmulEmitter, "pool": PoolEmitter,
+                "lrn": LrnEmitter, "move": MoveEmitter, "view": ViewEmitter}
+
+
+def emitter_for(group: Group, options: CompileOptions):
+    if options.matmul == "tile" and group.kind in ("matmul", "conv"):
+        from tpuflow.lowering.ops.tilemm import TILE_EMITTERS
+        return TILE_EMITTERS[group.kind]
+    return TIU_EMITTERS[group.kind]
+
+
+def scratch_bytes(graph: Graph, groups: list[Group], options: CompileOptions) -> int:
+    need = 0
+    for g in groups:
+        cls = emitter_for(g, options)
+        if hasattr(cls, "scratch_bytes"):
+            need = max(need, cls.scratch_bytes(graph, g, options))
+    return need
+
+
+def lower(graph: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
+    groups = form_groups(graph)
+    ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options))
+    weights = WeightImage(ddr.weight_base)
+    em = Emitter(chip)
+    ctx = LowerCtx(graph, chip, options, em, ddr, weights)
+    _prologue(ctx)
+    for group in groups:
+        emitter_for(group, options)(ctx, group).emit()
+    em.layer = ""
+    em.tiu(SysTiu(op="end"))
+    em.gdma(SysDma(op="chain_end"))
+    queues, layers, order = assign_dependencies(em.records, chip, options.dep_mode)
+    image = weights.image()
+    tensors = dict(ddr.tensors)
+    tensors["__weights__"] = DdrTensor("__weights__", weights.base, (len(image),), "uint8", "weight", len(image))
+    memory = MemoryPlan(tensors=tensors, weight_base=weights.base, weight_image=image,
+                        ddr_bytes_used=weights.base + len(image))
+    fused = [tuple(n.name for n in g.nodes) for g in groups if len(g.nodes) > 1]
+    return Program(chip=chip, tiu=queues[0], gdma=queues[1], tile=queues[2], tiu_layers=layers[0],
+                   gdma_layers=layers[1], tile_layers=layers[2], memory=memory, layers=ctx.layers,
+                   fused_groups=fused, options={k: str(v) for k, v in options.as_dict().items()},
+                   model_name=graph.name, issue_order=order)
+
+
+def _prologue(ctx: LowerCtx) -> None:
+    """Load the SFU coefficient tables into the constant region of every lane."""
+    words = const_region_image()
+    addr = ctx.weights.add(("__sfu_tables__",), words, Prec.FP32)
+    ctx.em.layer = "__prologue__"
+    tile = make_tile(ctx.chip, 0, (1, ctx.chip.lanes, 1, CONST_REGION_BYTES // 4), Prec.FP32, compact=True)
+    ctx.em.broadcast_load(tile, addr, Prec.FP32)

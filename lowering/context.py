@@ -1,0 +1,82 @@
+"""LowerCtx: what every group emitter needs — graph, chip, options, emitter, DDR plan, weights."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tpuflow.chip import ChipConfig
+from tpuflow.errors import LoweringError
+from tpuflow.frontend.graph import Graph
+from tpuflow.isa import Prec
+from tpuflow.lowering.ddrplan import DdrPlan
+from tpuflow.lowering.emitter import Emitter
+from tpuflow.lowering.lmem import GroupArena
+from tpuflow.lowering.mathops import CONST_REGION_BYTES
+from tpuflow.lowering.tensors import DRegion
+from tpuflow.lowering.weights import WeightImage
+from tpuflow.options import CompileOptions
+from tpuflow.program import LayerInfo
+
+
+@dataclass
+class LowerCtx:
+    graph: Graph
+    chip: ChipConfig
+    options: CompileOptions
+    em: Emitter
+    ddr: DdrPlan
+    weights: WeightImage
+    layers: dict[str, LayerInfo] = field(default_factory=dict)
+
+    @property
+    def prec(self) -> Prec:
+        """Storage precision of activations and weights."""
+        return Prec.from_name(self.options.dtype)
+
+    def arena(self) -> GroupArena:
+        arena = GroupArena(self.chip, reserve_tile_window=True)
+        arena.used = CONST_REGION_BYTES
+        return arena
+
+    def ddr_addr(self, tensor: str) -> int:
+        if tensor not in self.ddr.tensors:
+            raise LoweringError(f"internal: tensor {tensor} has no DDR buffer")
+        return self.ddr.tensors[tensor].addr
+
+    def region(self, tensor: str, shape4, offset_elems: int = 0, strides=None) -> DRegion:
+        """A view of `tensor`'s DDR buffer as a 4-D region (contiguous strides unless given)."""
+        n, c, h, w = shape4
+        st = strides or (c * h * w, h * w, w, 1)
+        return DRegion(self.ddr_addr(tensor) + offset_elems * self.prec.bytes, tuple(shape4), tuple(st), self.prec)
+
+    def const(self, tensor: str, prec: Prec | None = None) -> np.ndarray:
+        info = self.graph.tensor(tensor)
+        if info.const is None:
+            raise LoweringError(f"internal: {tensor} is not a constant")
+        return np.asarray(info.const)
+
+    def const_addr(self, key: str, array: np.ndarray, prec: Prec | None = None) -> int:
+        return self.weights.add((key,), np.asarray(array), prec or self.prec)
+
+    def const_region(self, key: str, array: np.ndarray, shape4, prec: Prec | None = None) -> DRegion:
+        p = prec or self.prec
+        addr = self.weights.add((key,), np.asarray(array).reshape(-1), p)
+        n, c, h, w = shape4
+        return DRegion(addr, tuple(shape4), (c * h * w, h * w, w, 1), p)
+
+    def scratch_region(self, offset_bytes: int, shape4, prec: Prec | None = None) -> DRegion:
+        p = prec or self.prec
+        n, c, h, w = shape4
+        need = offset_bytes + math.prod(shape4) * p.bytes
+        if need > self.ddr.scratch_bytes:
+            raise LoweringError(f"internal: scratch {need} B exceeds the planned {self.ddr.scratch_bytes} B")
+        return DRegion(self.ddr.scratch_base + offset_bytes, tuple(shape4), (c * h * w, h * w, w, 1), p)
+
+    def note_layer(self, name: str, op_type: str, macs: int = 0, lmem_peak: int = 0, group: str = "") -> None:
+        info = self.layers.setdefault(name, LayerInfo(name=name, op_type=op_type))
+        info.macs += macs
+        info.lmem_peak_bytes = max(info.lmem_peak_bytes, lmem_peak)
+        info.fused_group = group or info.fused_group

@@ -1,0 +1,152 @@
+"""Fusion: partitions the graph into groups that run without DDR round trips inside them
+(Conv + epilogue, MatMul + bias + activation, row-wise chains such as softmax and layer norm)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpuflow.frontend.graph import Graph, OpNode
+from tpuflow.lowering.ewise import (ELEMENTWISE, ROW_NORMALIZE, ROW_REDUCE, ROWWISE, Kind, classify,
+                                    node_fits, node_split_candidates, node_view)
+
+CONV_EPILOGUE_SPLIT = 2     # NCHW: rows = (n, c), cols = (h, w)
+MOVEMENT = {"Transpose", "Concat", "Split", "Slice", "Gather", "Pad", "Cast", "Expand"}
+
+
+@dataclass
+class Group:
+    kind: str                         # conv | matmul | row | pool | lrn | move | view
+    nodes: list[OpNode]
+    split: int = 0                    # row groups: where the output shape is cut into rows x cols
+    stored: list[str] = field(default_factory=list)   # tensors written to DDR (consumed outside)
+    splits: dict[str, int] = field(default_factory=dict)  # row groups: each node's own cut point
+
+    @property
+    def name(self) -> str:
+        return self.nodes[0].name
+
+    @property
+    def anchor(self) -> OpNode:
+        return self.nodes[0]
+
+    @property
+    def epilogue(self) -> list[OpNode]:
+        return self.nodes[1:]
+
+    def produced(self) -> set[str]:
+        return {t for n in self.nodes for t in n.outputs}
+
+    def external_inputs(self, graph: Graph) -> list[str]:
+        """Runtime (non-constant) tensors the group reads from DDR, in first-use order."""
+        made, out = self.produced(), []
+        for n in self.nodes:
+            for t in n.inputs:
+                if t and t not in made and not graph.tensor(t).is_const and t not in out:
+                    out.append(t)
+        return out
+
+
+def _single_use(graph: Graph, tensor: str) -> OpNode | None:
+    users = graph.consumers(tensor)
+    if len(users) != 1 or tensor in graph.outputs:
+        return None
+    return users[0]
+
+
+def _epilogue_ok(graph: Graph, node: OpNode, value: str, split: int, allow_col: bool) -> bool:
+    if node.op_type not in ELEMENTWISE:
+        return False
+    out = graph.tensor(node.outputs[0]).shape
+    if graph.tensor(value).shape != out:
+        return False
+    for t in node.inputs:
+        if not t or t == value:
+            continue
+        kind = classify(graph.tensor(t).shape, out, split)
+        if kind is None or (kind is Kind.COL and not allow_col):
+            return False
+    return True
+
+
+def _absorb_epilogue(graph: Graph, anchor: OpNode, split: int, allow_col: bool, taken: set[str]) -> list[OpNode]:
+    nodes, value = [], anchor.outputs[0]
+    while True:
+        nxt = _single_use(graph, value)
+        if nxt is None or nxt.name in taken or not _epilogue_ok(graph, nxt, value, split, allow_col):
+            return nodes
+        nodes.append(nxt)
+        value = nxt.outputs[0]
+
+
+def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str]) -> Group | None:
+    for split in node_split_candidates(graph, start):
+        if not node_fits(graph, start, split):
+            continue
+        view = node_view(graph, start, split)
+        group = Group("row", [start], split, splits={start.name: split})
+        members = set(start.outputs)
+        for node in order[pos + 1:]:
+            if node.name in taken or node.op_type not in ROWWISE:
+                break
+            if not any(t in members for t in node.inputs):
+                break
+            fit = [s for s in node_split_candidates(graph, node)
+                   if node_fits(graph, node, s) and node_view(graph, node, s) == view]
+            if not fit:
+                break
+            group.nodes.append(node)
+            group.splits[node.name] = fit[0]
+            members.update(node.outputs)
+        return group
+    return None
+
+
+def form_groups(graph: Graph) -> list[Group]:
+    """Groups in topological order; every node is in exactly one group."""
+    order = list(graph.nodes())
+    taken: set[str] = set()
+    groups: list[Group] = []
+    for pos, node in enumerate(order):
+        if node.name in taken:
+            continue
+        group = _group_at(graph, node, order, pos, taken)
+        taken.update(n.name for n in group.nodes)
+        groups.append(group)
+    for g in groups:
+        g.stored = _stored_outputs(graph, g)
+    return groups
+
+
+def _group_at(graph: Graph, node: OpNode, order: list[OpNode], pos: int, taken: set[str]) -> Group:
+    op = node.op_type
+    if op == "Conv":
+        return Group("conv", [node] + _absorb_epilogue(graph, node, CONV_EPILOGUE_SPLIT, False, taken),
+                     CONV_EPILOGUE_SPLIT)
+    if op == "MatMul":
+        split = len(graph.tensor(node.outputs[0]).shape) - 1
+        return Group("matmul", [node] + _absorb_epilogue(graph, node, split, True, taken), split)
+    if op in ("MaxPool", "AveragePool"):
+        return Group("pool", [node], CONV_EPILOGUE_SPLIT)
+    if op == "LRN":
+        return Group("lrn", [node])
+    if op == "Reshape":
+        return Group("view", [node])
+    if op in ROWWISE:
+        group = _row_group(graph, node, order, pos, taken)
+        if group is not None:
+            return group
+        return Group("move", [node])       # elementwise with a general broadcast: expand first
+    return Group("move", [node])
+
+
+def _stored_outputs(graph: Graph, group: Group) -> list[str]:
+    """Outputs consumed outside the group (or graph outputs): they get DDR buffers."""
+    inside = {n.name for n in group.nodes}
+    out = []
+    for n in group.nodes:
+        for t in n.outputs:
+            if not t:
+                continue
+            if t in graph.outputs or any(c.name not in inside for c in graph.consumers(t)):
+                out.append(t)
+    return out

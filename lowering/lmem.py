@@ -1,0 +1,70 @@
+"""LMEM allocation for one fused group: resident buffers, double-buffered per-tile sets, bank-aware
+placement, and the peak use reported per layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpuflow.chip import ChipConfig
+from tpuflow.errors import LoweringError
+
+
+def align_up(value: int, align: int) -> int:
+    return -(-value // align) * align
+
+
+@dataclass
+class GroupArena:
+    """Per-lane offsets for a group's buffers. All LMEM tiles of tpuflow start on lane 0 (a
+    tile's channels spread from lane 0), so one per-lane offset identifies a buffer.
+
+    Buffers are placed bank-aligned (each starts a new 16 KiB bank, so an instruction's inputs
+    and output fall on different banks) when that fits, packed at the EU alignment otherwise."""
+
+    chip: ChipConfig
+    reserve_tile_window: bool = True
+    used: int = 0
+    peak: int = 0
+    names: list[tuple[str, int, int]] = field(default_factory=list)
+
+    @property
+    def capacity(self) -> int:
+        return self.chip.tile_window_offset if self.reserve_tile_window else self.chip.lmem_bytes_per_lane
+
+    def fits(self, sizes: list[int]) -> bool:
+        return self._packed_end(self.used, sizes, self.chip.core.lmem_align_bytes) <= self.capacity
+
+    def _packed_end(self, start: int, sizes: list[int], align: int) -> int:
+        end = start
+        for s in sizes:
+            end = align_up(end, align) + s
+        return end
+
+    def alloc_many(self, sizes: list[int], label: str) -> list[int]:
+        """Offsets for `sizes` (bytes per lane), bank-aligned if everything then still fits."""
+        bank = self.chip.bank_bytes
+        align = bank if self._packed_end(self.used, sizes, bank) <= self.capacity else self.chip.core.lmem_align_bytes
+        if self._packed_end(self.used, sizes, align) > self.capacity:
+            need = self._packed_end(self.used, sizes, self.chip.core.lmem_align_bytes)
+            raise LoweringError(f"{label}: needs {need} B of LMEM per lane, {self.capacity} B available")
+        out = []
+        for s in sizes:
+            off = align_up(self.used, align)
+            out.append(off)
+            self.names.append((label, off, s))
+            self.used = off + s
+        self.peak = max(self.peak, self.used)
+        return out
+
+    def alloc(self, size: int, label: str) -> int:
+        return self.alloc_many([size], label)[0]
+
+    def buffer_sets(self, sizes: list[int], label: str, max_copies: int = 2) -> list[list[int]]:
+        """`max_copies` sets of the per-tile buffers when they fit (double buffering: tile i+1
+        loads into one set while tile i computes in the other), fewer otherwise."""
+        for copies in range(max_copies, 0, -1):
+            if self.fits(sizes * copies):
+                flat = self.alloc_many(sizes * copies, label)
+                return [flat[i * len(sizes):(i + 1) * len(sizes)] for i in range(copies)]
+        need = self._packed_end(self.used, sizes, self.chip.core.lmem_align_bytes)
+        raise LoweringError(f"{label}: needs {need} B of LMEM per lane, {self.capacity} B available")

@@ -1,0 +1,206 @@
+"""Elementwise functions as TIU instruction sequences on LMEM tiles (exp, log, erf, sigmoid, ...),
+and the SFU coefficient tables they read (kept at the start of every lane)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpuflow.errors import LoweringError
+from tpuflow.isa import Prec
+from tpuflow.lowering.emitter import Emitter
+from tpuflow.lowering.tensors import LTile
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# SFU taylor tables (fp32, coefficient k multiplies x**k), at fixed per-lane offsets.
+EXP2_COEFFS = [LN2 ** k / math.factorial(k) for k in range(11)]          # 2**f on [0, 1)
+ERF_P = 0.3275911                                                          # Abramowitz-Stegun 7.1.26
+ERF_COEFFS = [0.0, 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429]
+LOG_COEFFS = [2.0 / (2 * k + 1) for k in range(10)]                        # 2*atanh(z)/z in z**2
+
+
+@dataclass(frozen=True)
+class Table:
+    offset: int
+    coeffs: tuple[float, ...]
+
+
+TABLES = {"exp2": Table(0, tuple(EXP2_COEFFS)), "erf": Table(64, tuple(ERF_COEFFS)),
+          "log": Table(128, tuple(LOG_COEFFS))}
+CONST_REGION_BYTES = 256   # per lane, at offset 0 of every lane
+
+
+def const_region_image() -> np.ndarray:
+    """The fp32 words of the per-lane constant region (loaded into every lane at program start)."""
+    words = np.zeros(CONST_REGION_BYTES // 4, np.float32)
+    for t in TABLES.values():
+        words[t.offset // 4: t.offset // 4 + len(t.coeffs)] = t.coeffs
+    return words
+
+
+class Scratch:
+    """Temporary tiles (fp32, the shape of the work tile) a function may clobber."""
+
+    def __init__(self, tiles: list[LTile]):
+        self.tiles = tiles
+
+    def get(self, i: int, prec: Prec = Prec.FP32) -> LTile:
+        if i >= len(self.tiles):
+            raise LoweringError(f"internal: elementwise function needs {i + 1} scratch tiles")
+        return self.tiles[i].as_prec(prec)
+
+
+def emit_exp(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
+    """exp(x) = 2**n * 2**f with t = x*log2(e) clamped to [-126, 126], n = floor(t), f = t - n;
+    2**f by a degree-10 Taylor series, 2**n by building the float's exponent bits."""
+    t, n_int, p = s.get(0), s.get(1, Prec.INT32), s.get(2)
+    em.ar("mul", t, src, LOG2E)
+    em.ar("max", t, t, -126.0)
+    em.ar("min", t, t, 126.0)
+    em.ar("cast", n_int, t, round_mode=3)              # floor
+    em.ar("cast", p, n_int)
+    em.ar("sub", t, t, p)                              # f in [0, 1)
+    em.sfu("taylor_4x", p, t, TABLES["exp2"].offset, len(EXP2_COEFFS))
+    em.ar("add", n_int, n_int, 127)
+    em.ar("logic_shift", n_int, n_int, 23)
+    em.ar("mul", dst, p, n_int.as_prec(Prec.FP32))
+
+
+def emit_sigmoid(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
+    e = s.get(3)
+    em.ar("mul", e, src, -1.0)
+    emit_exp(em, e, e, s)
+    em.ar("add", e, e, 1.0)
+    em.ar("div", dst, 1.0, e)
+
+
+def emit_tanh(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
+    """tanh(x) = 2 * sigmoid(2x) - 1."""
+    x2 = s.get(4)
+    em.ar("mul", x2, src, 2.0)
+    emit_sigmoid(em, x2, x2, s)
+    em.lin("mac", dst, x2, 2.0, -1.0)
+
+
+def emit_erf(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
+    """erf by Abramowitz-Stegun 7.1.26 (|error| <= 1.5e-7): 1 - poly(t) * exp(-x*x),
+    t = 1 / (1 + p|x|), sign restored with a compare-select."""
+    a, poly, e = s.get(3), s.get(4), s.get(5)
+    em.ar("abs", a, src)
+    em.lin("mac", poly, a, ERF_P, 1.0)
+    em.ar("div", poly, 1.0, poly)
+    em.sfu("taylor_4x", poly, poly, TABLES["erf"].offset, len(ERF_COEFFS))
+    em.ar("mul", e, a, a)
+    em.ar("mul", e, e, -1.0)
+    emit_exp(em, e, e, s)
+    em.ar("mul", e, poly, e)
+    em.lin("mac", e, e, -1.0, 1.0)                     # r = 1 - poly * exp(-x^2)
+    em.ar("mul", a, e, -1.0)
+    em.cmp("sel_lt", dst, src, 0.0, a, e)
+
+
+def emit_log(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
+    """log(x) = e*ln2 + 2*atanh(z), x = m * 2**e, z = (m-1)/(m+1), atanh by a series in z**2."""
+    m, e, z, q = s.get(0), s.get(1), s.get(2), s.get(3)
+    em.sfu("normalize", m, src, res1=e)
+    em.ar("sub", z, m, 1.0)
+    em.ar("add", m, m, 1.0)
+    em.ar("div", z, z, m)
+    em.ar("mul", m, z, z)
+    em.sfu("taylor_4x", q, m, TABLES["log"].offset, len(LOG_COEFFS))
+    em.ar("mul", q, q, z)
+    em.lin("mac", dst, e, LN2, q)
+
+
+def emit_sqrt(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
+    """sqrt(x) = x * rsqrt(max(x, tiny)) (exact 0 at 0)."""
+    r = s.get(0)
+    em.ar("max", r, src, 1e-30)
+    em.sfu("rsqrt", r, r)
+    em.ar("mul", dst, src, r)
+
+
+def emit_rsqrt(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
+    em.sfu("rsqrt", dst, src)
+
+
+def emit_pow_const(em: Emitter, dst: LTile, src: LTile, exponent: float, s: Scratch) -> None:
+    if exponent == 1.0:
+        em.ar("copy", dst, src)
+    elif exponent == 0.5:
+        emit_sqrt(em, dst, src, s)
+    elif exponent == -0.5:
+        emit_rsqrt(em, dst, src, s)
+    elif exponent == -1.0:
+        em.ar("div", dst, 1.0, src)
+    elif exponent == 0.0:
+        em.ar("mul", dst, src, 0.0)
+        em.ar("add", dst, dst, 1.0)
+    elif float(exponent).is_integer() and 2 <= exponent <= 4:
+        acc = s.get(5)
+        em.ar("mul", acc, src, src)
+        for _ in range(int(exponent) - 2):
+            em.ar("mul", acc, acc, src)
+        em.ar("copy", dst, acc)
+    else:                                              # x > 0: exp(p * log(x))
+        lg = s.get(5)
+        emit_log(em, lg, src, s)
+        em.ar("mul", lg, lg, float(exponent))
+        emit_exp(em, dst, lg, s)
+
+
+UNARY_EMITTERS = {"Exp": emit_exp, "Sigmoid": emit_sigmoid, "Tanh": emit_tanh, "Erf": emit_erf,
+                  "Log": emit_log, "Sqrt": emit_sqrt}
+SCRATCH_TILES = 6
+
+
+def emit_unary(em: Emitter, op: str, attrs, dst: LTile, src: LTile, s: Scratch) -> None:
+    """One canonical unary op (frontend OpKind name) from src into dst (dst may alias src)."""
+    if op in UNARY_EMITTERS:
+        UNARY_EMITTERS[op](em, dst, src, s)
+    elif op == "Relu":
+        em.ar("max", dst, src, 0.0)
+    elif op == "Neg":
+        em.ar("mul", dst, src, -1.0)
+    elif op == "Abs":
+        em.ar("abs", dst, src)
+    elif op == "Reciprocal":
+        em.ar("div", dst, 1.0, src)
+    elif op == "Clip":
+        _clip(em, dst, src, attrs.get("min", -math.inf), attrs.get("max", math.inf))
+    elif op == "LeakyRelu":
+        t = s.get(0)
+        em.ar("mul", t, src, float(attrs.get("alpha", 0.01)))
+        em.ar("max" if float(attrs.get("alpha", 0.01)) <= 1 else "min", dst, src, t)
+    elif op == "HardSigmoid":
+        _hard_sigmoid(em, dst, src, float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5)))
+    elif op == "HardSwish":
+        t = s.get(0)
+        _hard_sigmoid(em, t, src, 1.0 / 6.0, 0.5)
+        em.ar("mul", dst, src, t)
+    elif op in ("Cast", "Identity"):
+        em.ar("copy", dst, src)
+    else:
+        raise LoweringError(f"internal: no elementwise emitter for {op}")
+
+
+def _clip(em: Emitter, dst: LTile, src: LTile, lo: float, hi: float) -> None:
+    cur = src
+    if lo > -math.inf:
+        em.ar("max", dst, cur, float(lo))
+        cur = dst
+    if hi < math.inf:
+        em.ar("min", dst, cur, float(hi))
+        cur = dst
+    if cur is src:
+        em.ar("copy", dst, src)
+
+
+def _hard_sigmoid(em: Emitter, dst: LTile, src: LTile, alpha: float, beta: float) -> None:
+    em.lin("mac", dst, src, alpha, beta)
+    em.ar("max", dst, dst, 0.0)
+    em.ar("min", dst, dst, 1.0)

@@ -1,0 +1,1 @@
+"""Group emitters: one module per group kind (conv, matmul, row-wise, pool, movement)."""

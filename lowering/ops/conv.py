@@ -1,0 +1,355 @@
+"""Conv groups on the TIU: standard and grouped convolution (conv.normal), depthwise (pord.depthwise),
+tiled over output channels, output rows (with input halos) and input channels, plus the fused
+epilogue."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpuflow.errors import LoweringError
+from tpuflow.isa import ConvTiu, PordTiu, Prec
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitter import f32_bits
+from tpuflow.lowering.groups import Group
+from tpuflow.lowering.ops.epilogue import Epilogue
+from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tiling import pipelined, steps
+
+MAX_PAD = 15        # opd0_*_pad fields are 4 bits
+
+
+@dataclass(frozen=True)
+class ConvGeom:
+    n: int
+    cin: int
+    h: int
+    w: int
+    cout: int
+    kh: int
+    kw: int
+    ho: int
+    wo: int
+    sy: int
+    sx: int
+    dy: int
+    dx: int
+    pt: int
+    pl: int
+    pb: int
+    pr: int
+    groups: int
+
+    def input_rows(self, oh0: int, count: int) -> tuple[int, int, int, int]:
+        """(first loaded row, rows loaded, up pad, down pad) for output rows [oh0, oh0+count)."""
+        start = oh0 * self.sy - self.pt
+        end = start + (count - 1) * self.sy + (self.kh - 1) * self.dy + 1
+        lo, hi = max(start, 0), min(end, self.h)
+        return lo, max(hi - lo, 0), lo - start, end - hi
+
+    def halo_rows(self, count: int) -> int:
+        return (count - 1) * self.sy + (self.kh - 1) * self.dy + 1
+
+
+def conv_geometry(ctx: LowerCtx, node) -> ConvGeom:
+    g = ctx.graph
+    n, cin, h, w = g.tensor(node.inputs[0]).shape
+    cout, _, kh, kw = g.tensor(node.inputs[1]).shape
+    _, _, ho, wo = g.tensor(node.outputs[0]).shape
+    sy, sx = node.attr("strides", (1, 1))
+    dy, dx = node.attr("dilations", (1, 1))
+    pt, pl, pb, pr = node.attr("pads", (0, 0, 0, 0))
+    geom = ConvGeom(n, cin, h, w, cout, kh, kw, ho, wo, sy, sx, dy, dx, pt, pl, pb, pr, node.attr("group", 1))
+    if max(pl, pr, pt, pb) > MAX_PAD or max(sy, sx) > 15 or max(dy, dx) > 16:
+        raise LoweringError(f"node {node.name}: pads/strides/dilations exceed the 4-bit descriptor fields")
+    return geom
+
+
+class ConvEmitter:
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group, self.chip = ctx, group, ctx.chip
+        self.node = group.anchor
+        self.geom = conv_geometry(ctx, self.node)
+        out = self.node.outputs[0]
+        epilogue = list(group.epilogue)
+        # a leading Relu runs inside the conv instruction (opt_relu, after bias and accumulation)
+        self.fused_relu = bool(epilogue) and epilogue[0].op_type == "Relu"
+        if self.fused_relu:
+            out = epilogue.pop(0).outputs[0]
+        self.epi = Epilogue(ctx, out, epilogue, ctx.graph.tensor(out).shape, 2)
+        self.result = self.epi.output
+        self.weights = np.asarray(ctx.const(self.node.inputs[1]), np.float32)
+        b = self.node.inputs[2] if len(self.node.inputs) > 2 and self.node.inputs[2] else None
+        self.bias = np.asarray(ctx.const(b), np.float32) if b else None
+        geo = self.geom
+        self.depthwise = geo.groups == geo.cin == geo.cout and geo.groups > 1
+
+    # ------------------------------------------------------------ public
+    def emit(self) -> None:
+        geo = self.geom
+        self.arena = self.ctx.arena()
+        self.ctx.em.layer = self.node.name
+        if self.depthwise:
+            self._emit_depthwise()
+        else:
+            cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
+            self._prepare_standard(cin_g, cout_g)
+            for gi in range(geo.groups):
+                self._emit_standard(gi * cin_g, gi * cout_g, cin_g, cout_g)
+        macs = geo.n * geo.cout * geo.ho * geo.wo * (geo.cin // geo.groups) * geo.kh * geo.kw
+        self.ctx.note_layer(self.node.name, "Conv", macs=macs, lmem_peak=self.arena.peak, group=self.group.name)
+        for n in self.group.epilogue:
+            self.ctx.note_layer(n.name, n.op_type, lmem_peak=self.arena.peak, group=self.group.name)
+
+    # ------------------------------------------------------------ sizing
+    def _out_prec(self, ic_split: bool) -> Prec:
+        return Prec.FP32 if (ic_split or not self.epi.empty) and self.ctx.prec != Prec.FP32 else self.ctx.prec
+
+    def _stage(self, ic_split: bool) -> bool:
+        return self._out_prec(ic_split) != self.ctx.prec
+
+    def _set_sizes(self, ct: int, ht: int, ict: int, cin_g: int, w_resident: bool) -> tuple[list[int], list[int]]:
+        """(per-step load buffers, per-output-tile buffers) in bytes per lane."""
+        geo, chip, prec = self.geom, self.chip, self.ctx.prec
+        split = ict < cin_g
+        load = [tile_bytes_per_lane(chip, (1, ict, geo.halo_rows(ht), geo.w), prec)]
+        if not w_resident:
+            load.append(tile_bytes_per_lane(chip, (1, ct, 1, ict * geo.kh * geo.kw), prec, compact=True))
+        out_shape = (1, ct, ht, geo.wo)
+        outs = [tile_bytes_per_lane(chip, out_shape, self._out_prec(split))]
+        outs += self.epi.set_sizes(out_shape)
+        if self._stage(split):
+            outs.append(tile_bytes_per_lane(chip, out_shape, prec))
+        return load, outs
+
+    def _resident_sizes(self, cin_g: int, cout_g: int, w_resident: bool) -> list[int]:
+        geo, chip = self.geom, self.chip
+        out = [tile_bytes_per_lane(chip, (1, geo.cout, 1, 1), Prec.FP32, compact=True)]
+        if w_resident:
+            out.append(tile_bytes_per_lane(chip, (1, cout_g, 1, cin_g * geo.kh * geo.kw), self.ctx.prec, compact=True))
+        return out + self.epi.resident_sizes(geo.cout, geo.wo)
+
+    def _fits(self, ct, ht, ict, cin_g, cout_g, w_resident, copies=2) -> bool:
+        load, outs = self._set_sizes(ct, ht, ict, cin_g, w_resident)
+        return self.arena.fits(self._resident_sizes(cin_g, cout_g, w_resident) + (load + outs) * copies)
+
+    def _choose(self, cin_g: int, cout_g: int):
+        geo, lanes = self.geom, self.chip.lanes
+        c_opts = sorted({min(cout_g, lanes * k) for k in range(1, -(-cout_g // lanes) + 1)}, reverse=True)
+        h_opts = sorted({min(geo.ho, x) for x in (geo.ho, 64, 32, 16, 8, 4, 2, 1)}, reverse=True)
+        ic_opts = sorted({min(cin_g, lanes * k) for k in range(1, -(-cin_g // lanes) + 1)} | {cin_g}, reverse=True)
+        for copies in (2, 1):
+            for ict in ic_opts:
+                for w_res in ((True, False) if ict == cin_g else (False,)):
+                    best = None
+                    for ct in c_opts:
+                        for ht in h_opts:
+                            if self._fits(ct, ht, ict, cin_g, cout_g, w_res, copies):
+                                score = ct * ht
+                                if best is None or score > best[0]:
+                                    best = (score, ct, ht)
+                                break
+                    if best:
+                        return best[1], best[2], ict, w_res
+        raise LoweringError(f"layer {self.node.name}: no tiling of conv {geo} fits LMEM")
+
+    # ------------------------------------------------------------ standard / grouped
+    def _prepare_standard(self, cin_g: int, cout_g: int) -> None:
+        geo, chip, ctx = self.geom, self.chip, self.ctx
+        self.ct, self.ht, self.ict, self.w_res = self._choose(cin_g, cout_g)
+        res_sizes = self._resident_sizes(cin_g, cout_g, self.w_res)
+        res = self.arena.alloc_many(res_sizes, self.node.name)
+        self.bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
+        if self.bias is not None:
+            ctx.em.load(self.bias_tile, DRegion(ctx.const_addr(f"bias:{self.node.name}", self.bias, Prec.FP32),
+                                                (1, geo.cout, 1, 1), (geo.cout, 1, 1, 1), Prec.FP32))
+        self.w_res_offset = res[1] if self.w_res else None
+        self.epi.load_residents(res[2 if self.w_res else 1:], geo.cout, geo.wo)
+        load, outs = self._set_sizes(self.ct, self.ht, self.ict, cin_g, self.w_res)
+        copies = 2 if self.arena.fits((load + outs) * 2) else 1
+        flat = self.arena.alloc_many((load + outs) * copies, self.node.name)
+        n_l, n_o = len(load), len(outs)
+        self.load_sets = [flat[i * (n_l + n_o): i * (n_l + n_o) + n_l] for i in range(copies)]
+        self.out_sets = [flat[i * (n_l + n_o) + n_l: (i + 1) * (n_l + n_o)] for i in range(copies)]
+        flatw = self.weights.reshape(geo.cout, -1)
+        self.w_addr = ctx.const_addr(f"convw:{self.node.name}", flatw)
+
+    def _emit_standard(self, ic_base: int, oc_base: int, cin_g: int, cout_g: int) -> None:
+        geo = self.geom
+        if self.w_res:
+            self.w_tile = make_tile(self.chip, self.w_res_offset, (1, cout_g, 1, cin_g * geo.kh * geo.kw),
+                                    self.ctx.prec, compact=True)
+            self.ctx.em.load(self.w_tile, self._weight_region(oc_base, cout_g, 0, cin_g, cin_g))
+        out_tiles = [(n, c0, ct, h0, ht) for n in range(geo.n) for c0, ct in steps(cout_g, self.ct)
+                     for h0, ht in steps(geo.ho, self.ht)]
+        ic_steps = steps(cin_g, self.ict)
+        work = [(ti, t, k) for ti, t in enumerate(out_tiles) for k in range(len(ic_steps))]
+        ctx = (ic_base, oc_base, cin_g, ic_steps)
+        pipelined(work, len(self.load_sets), lambda w, s: self._load_step(w, s, ctx),
+                  lambda w, s: self._compute_step(w, s, ctx))
+
+    def _weight_region(self, oc0: int, ct: int, ic0: int, ict: int, cin_g: int) -> DRegion:
+        geo, prec = self.geom, self.ctx.prec
+        kk = geo.kh * geo.kw
+        addr = self.w_addr + (oc0 * cin_g * kk + ic0 * kk) * prec.bytes
+        return DRegion(addr, (1, ct, 1, ict * kk), (ct * cin_g * kk, cin_g * kk, ict * kk, 1), prec)
+
+    def _input_region(self, n: int, c0: int, ct: int, r0: int, rows: int) -> DRegion:
+        geo, prec = self.geom, self.ctx.prec
+        base = ((n * geo.cin + c0) * geo.h + r0) * geo.w
+        return self.ctx.region(self.node.inputs[0], (1, ct, rows, geo.w), base,
+                               (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))
+
+    def _output_region(self, tensor: str, n: int, c0: int, ct: int, h0: int, ht: int) -> DRegion:
+        geo = self.geom
+        base = ((n * geo.cout + c0) * geo.ho + h0) * geo.wo
+        return self.ctx.region(tensor, (1, ct, ht, geo.wo), base, (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1))
+
+    def _load_step(self, work, s: int, cctx) -> None:
+        ti, (n, c0, ct, h0, ht), k = work
+        ic_base, oc_base, cin_g, ic_steps = cctx
+        geo, em = self.geom, self.ctx.em
+        ic0, ict = ic_steps[k]
+        r0, rows, _, _ = geo.input_rows(h0, ht)
+        em.layer = self.node.name
+        offs = self.load_sets[s]
+        if rows:
+            em.load(make_tile(self.chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec),
+                    self._input_region(n, ic_base + ic0, ict, r0, rows))
+        if not self.w_res:
+            w = make_tile(self.chip, offs[1], (1, ct, 1, ict * geo.kh * geo.kw), self.ctx.prec, compact=True)
+            em.load(w, self._weight_region(oc_base + c0, ct, ic0, ict, cin_g))
+        if k == len(ic_steps) - 1 and self.epi.full:
+            out_offs = self.out_sets[ti % len(self.out_sets)]
+            self.epi.load_tile(out_offs[1:], (1, ct, ht, geo.wo),
+                               lambda addr: self._epi_region(addr, n, oc_base + c0, ct, h0, ht))
+
+    def _epi_region(self, addr: int, n, c0, ct, h0, ht) -> DRegion:
+        geo, prec = self.geom, self.ctx.prec
+        base = ((n * geo.cout + c0) * geo.ho + h0) * geo.wo
+        return DRegion(addr + base * prec.bytes, (1, ct, ht, geo.wo),
+                       (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1), prec)
+
+    def _compute_step(self, work, s: int, cctx) -> None:
+        ti, (n, c0, ct, h0, ht), k = work
+        ic_base, oc_base, cin_g, ic_steps = cctx
+        geo, chip, em = self.geom, self.chip, self.ctx.em
+        ic0, ict = ic_steps[k]
+        split = len(ic_steps) > 1
+        offs, out_offs = self.load_sets[s], self.out_sets[ti % len(self.out_sets)]
+        r0, rows, up, dn = geo.input_rows(h0, ht)
+        out = make_tile(chip, out_offs[0], (1, ct, ht, geo.wo), self._out_prec(split))
+        if not rows:
+            raise LoweringError(f"layer {self.node.name}: an output tile reads only padding")
+        inp = make_tile(chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec)
+        if self.w_res:
+            wt = self.w_tile.sub_channels(c0, ct, chip)
+            kk = geo.kh * geo.kw
+            wt = LTile(wt.addr + ic0 * kk * self.ctx.prec.bytes, (1, ct, 1, ict * kk), wt.prec, wt.strides, wt.mode)
+        else:
+            wt = make_tile(chip, offs[1], (1, ct, 1, ict * geo.kh * geo.kw), self.ctx.prec, compact=True)
+        bias = self.bias_tile.sub_channels(oc_base + c0, ct, chip) if (self.bias is not None and k == 0) else None
+        em.layer = self.node.name
+        em.tiu(self._conv(out, inp, wt, bias, up, dn, first=(k == 0), last=(k == len(ic_steps) - 1)))
+        if k == len(ic_steps) - 1:
+            self._finish_tile(out, out_offs, n, oc_base + c0, ct, h0, ht, split)
+
+    def _conv(self, out: LTile, inp: LTile, wt: LTile, bias: LTile | None, up: int, dn: int,
+              first: bool, last: bool) -> ConvTiu:
+        geo = self.geom
+        f = out.fields("res0", with_shape=True)
+        f.update(inp.fields("opd0"))
+        f.update(opd0_c=inp.c, opd0_h=inp.h, opd0_w=inp.w, opd1_addr=wt.addr, opd1_h=geo.kh, opd1_w=geo.kw,
+                 opt_opd1_prec=int(wt.prec))
+        if bias is not None:
+            f.update(opd2_addr=bias.addr, opt_opd2_const=0, opt_opd2_prec=int(Prec.FP32))
+        relu = last and self.fused_relu
+        return ConvTiu(**f, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
+                       res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1,
+                       opt_res_add=0 if first else 1, opt_relu=int(relu))
+
+    def _finish_tile(self, out: LTile, out_offs, n, c0, ct, h0, ht, split: bool) -> None:
+        em = self.ctx.em
+        value = self.epi.apply(out, out_offs[1:], c0, 0) if not self.epi.empty else out
+        if self._stage(split):
+            stage = make_tile(self.chip, out_offs[-1], value.shape, self.ctx.prec)
+            em.ar("copy", stage, value)
+            value = stage
+        em.layer = self.group.nodes[-1].name
+        em.store(value, self._output_region(self.result, n, c0, ct, h0, ht))
+
+    # ------------------------------------------------------------ depthwise
+    def _emit_depthwise(self) -> None:
+        geo, chip, ctx = self.geom, self.chip, self.ctx
+        prec = ctx.prec
+        kk = geo.kh * geo.kw
+        res_sizes = [tile_bytes_per_lane(chip, (1, geo.cout, 1, 1), Prec.FP32, compact=True),
+                     tile_bytes_per_lane(chip, (1, geo.cout, 1, kk), prec, compact=True)]
+        res_sizes += self.epi.resident_sizes(geo.cout, geo.wo)
+        lanes = chip.lanes
+
+        def sizes(ct, ht):
+            out_shape = (1, ct, ht, geo.wo)
+            s = [tile_bytes_per_lane(chip, (1, ct, geo.halo_rows(ht), geo.w), prec),
+                 tile_bytes_per_lane(chip, out_shape, self._out_prec(False))]
+            s += self.epi.set_sizes(out_shape)
+            if self._stage(False):
+                s.append(tile_bytes_per_lane(chip, out_shape, prec))
+            return s
+
+        choice = None
+        for ct in sorted({min(geo.cout, lanes * k) for k in range(1, -(-geo.cout // lanes) + 1)}, reverse=True):
+            for ht in sorted({min(geo.ho, x) for x in (geo.ho, 64, 32, 16, 8, 4, 2, 1)}, reverse=True):
+                if self.arena.fits(res_sizes + sizes(ct, ht) * 2):
+                    choice = (ct, ht)
+                    break
+            if choice:
+                break
+        if choice is None:
+            raise LoweringError(f"layer {self.node.name}: no tiling of depthwise conv fits LMEM")
+        ct, ht = choice
+        res = self.arena.alloc_many(res_sizes, self.node.name)
+        bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
+        w_tile = make_tile(chip, res[1], (1, geo.cout, 1, kk), prec, compact=True)
+        w_addr = ctx.const_addr(f"dww:{self.node.name}", self.weights.reshape(geo.cout, kk))
+        ctx.em.load(w_tile, DRegion(w_addr, (1, geo.cout, 1, kk), (geo.cout * kk, kk, kk, 1), prec))
+        if self.bias is not None:
+            ctx.em.load(bias_tile, DRegion(ctx.const_addr(f"bias:{self.node.name}", self.bias, Prec.FP32),
+                                           (1, geo.cout, 1, 1), (geo.cout, 1, 1, 1), Prec.FP32))
+        self.epi.load_residents(res[2:], geo.cout, geo.wo)
+        set_sizes = sizes(ct, ht)
+        flat = self.arena.alloc_many(set_sizes * 2, self.node.name)
+        sets = [flat[:len(set_sizes)], flat[len(set_sizes):]]
+        tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cout, ct) for h0, h in steps(geo.ho, ht)]
+
+        def load(t, s):
+            n, c0, c, h0, h = t
+            r0, rows, _, _ = geo.input_rows(h0, h)
+            ctx.em.layer = self.node.name
+            ctx.em.load(make_tile(chip, sets[s][0], (1, c, rows, geo.w), prec), self._input_region(n, c0, c, r0, rows))
+            if self.epi.full:
+                self.epi.load_tile(sets[s][2:], (1, c, h, geo.wo), lambda addr: self._epi_region(addr, n, c0, c, h0, h))
+
+        def compute(t, s):
+            n, c0, c, h0, h = t
+            r0, rows, up, dn = geo.input_rows(h0, h)
+            out = make_tile(chip, sets[s][1], (1, c, h, geo.wo), self._out_prec(False))
+            inp = make_tile(chip, sets[s][0], (1, c, rows, geo.w), prec)
+            f = out.fields("res0", with_shape=True)
+            f.update(inp.fields("opd0"))
+            wt = w_tile.sub_channels(c0, c, chip)
+            extra = {}
+            if self.bias is not None:
+                extra = {"opd2_addr": bias_tile.sub_channels(c0, c, chip).addr, "opt_opd2_const": 0}
+            ctx.em.layer = self.node.name
+            ctx.em.tiu(PordTiu(op="depthwise", opd0_h=rows, opd0_w=geo.w, opd1_h=geo.kh, opd1_w=geo.kw,
+                               opd1_addr=wt.addr, opt_opd1_const=0, opt_opd1_prec=int(prec),
+                               opt_relu=int(self.fused_relu),
+                               opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
+                               res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
+                               opd1_y_ins0=geo.dy - 1, **extra, **f))
+            self._finish_tile(out, sets[s][1:], n, c0, c, h0, h, False)
+
+        pipelined(tiles, 2, load, compute)

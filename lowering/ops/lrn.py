@@ -1,0 +1,91 @@
+"""LRN on the TIU: the cross-channel window sum of squares as a 1x1 convolution with a banded
+weight matrix (the cube does the channel reduction), then x * (bias + alpha/size * S) ** -beta."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpuflow.errors import LoweringError
+from tpuflow.isa import ConvTiu, Prec
+from tpuflow.lowering import mathops
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.groups import Group
+from tpuflow.lowering.tensors import DRegion, make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tiling import pipelined, steps
+
+SCRATCH = 6
+
+
+def band_matrix(channels: int, size: int) -> np.ndarray:
+    """W[oc, ic] = 1 where ic is in oc's LRN window (ONNX: floor((size-1)/2) before, ceil after)."""
+    before, after = (size - 1) // 2, -(-(size - 1) // 2)
+    oc = np.arange(channels)[:, None]
+    ic = np.arange(channels)[None, :]
+    return ((ic >= oc - before) & (ic <= oc + after)).astype(np.float32)
+
+
+class LrnEmitter:
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group, self.chip = ctx, group, ctx.chip
+        self.node = group.anchor
+        self.n, self.c, self.h, self.w = ctx.graph.tensor(self.node.inputs[0]).shape
+
+    def _sizes(self, ht: int) -> list[int]:
+        shape = (1, self.c, ht, self.w)
+        return ([tile_bytes_per_lane(self.chip, shape, self.ctx.prec)] * 2
+                + [tile_bytes_per_lane(self.chip, shape, Prec.FP32)] * (2 + SCRATCH))
+
+    def emit(self) -> None:
+        ctx, chip = self.ctx, self.chip
+        arena = ctx.arena()
+        w_size = tile_bytes_per_lane(chip, (1, self.c, 1, self.c), Prec.FP32, compact=True)
+        options = sorted({min(self.h, x) for x in (self.h, 32, 16, 8, 4, 2, 1)}, reverse=True)
+        choice = next(((ht, k) for k in (2, 1) for ht in options if arena.fits([w_size] + self._sizes(ht) * k)), None)
+        if choice is None:
+            raise LoweringError(f"layer {self.node.name}: LRN over {self.c} channels does not fit LMEM")
+        ht, copies = choice
+        w_off = arena.alloc(w_size, self.node.name)
+        sizes = self._sizes(ht)
+        flat = arena.alloc_many(sizes * copies, self.node.name)
+        self.sets = [flat[i * len(sizes):(i + 1) * len(sizes)] for i in range(copies)]
+        self.w_tile = make_tile(chip, w_off, (1, self.c, 1, self.c), Prec.FP32, compact=True)
+        size = int(self.node.attr("size"))
+        addr = ctx.const_addr(f"lrnband:{self.node.name}", band_matrix(self.c, size), Prec.FP32)
+        ctx.em.layer = self.node.name
+        ctx.em.load(self.w_tile, DRegion(addr, (1, self.c, 1, self.c), (self.c * self.c, self.c, self.c, 1), Prec.FP32))
+        tiles = [(n, h0, h) for n in range(self.n) for h0, h in steps(self.h, ht)]
+        pipelined(tiles, copies, self._load, self._compute)
+        ctx.note_layer(self.node.name, "LRN", macs=self.n * self.c * self.c * self.h * self.w, lmem_peak=arena.peak,
+                       group=self.group.name)
+
+    def _region(self, tensor: str, n: int, h0: int, h: int) -> DRegion:
+        base = (n * self.c * self.h + h0) * self.w
+        return self.ctx.region(tensor, (1, self.c, h, self.w), base,
+                               (self.c * self.h * self.w, self.h * self.w, self.w, 1))
+
+    def _load(self, tile, s: int) -> None:
+        n, h0, h = tile
+        self.ctx.em.layer = self.node.name
+        x = make_tile(self.chip, self.sets[s][0], (1, self.c, h, self.w), self.ctx.prec)
+        self.ctx.em.load(x, self._region(self.node.inputs[0], n, h0, h))
+
+    def _compute(self, tile, s: int) -> None:
+        n, h0, h = tile
+        em, chip, offs = self.ctx.em, self.chip, self.sets[s]
+        shape = (1, self.c, h, self.w)
+        x = make_tile(chip, offs[0], shape, self.ctx.prec)
+        y = make_tile(chip, offs[1], shape, self.ctx.prec)
+        sq = make_tile(chip, offs[2], shape, Prec.FP32)
+        acc = make_tile(chip, offs[3], shape, Prec.FP32)
+        scratch = mathops.Scratch([make_tile(chip, o, shape, Prec.FP32) for o in offs[4:]])
+        em.layer = self.node.name
+        em.ar("mul", sq, x, x)
+        f = acc.fields("res0", with_shape=True)
+        f.update(sq.fields("opd0"))
+        em.tiu(ConvTiu(**f, opd0_c=self.c, opd0_h=h, opd0_w=self.w, opd1_addr=self.w_tile.addr, opd1_h=1, opd1_w=1))
+        alpha, beta, bias = (float(self.node.attr(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+        size = int(self.node.attr("size"))
+        em.lin("mac", acc, acc, alpha / size, bias)
+        mathops.emit_pow_const(em, acc, acc, -beta, scratch)
+        em.ar("mul", y, x, acc)
+        em.store(y, self._region(self.node.outputs[0], n, h0, h))

@@ -1,0 +1,208 @@
+"""MatMul groups on the TIU (mm2.nn): batched and broadcast matmuls tiled over M (rows across
+lanes), N and K, with resident weights when they fit, plus the fused epilogue (bias, activation)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpuflow.errors import LoweringError
+from tpuflow.isa import Mm2Tiu, Prec
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.groups import Group
+from tpuflow.lowering.ops.epilogue import Epilogue
+from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tiling import pipelined, steps
+
+
+@dataclass(frozen=True)
+class MatmulGeom:
+    batch: tuple[int, ...]        # output batch shape
+    m: int
+    k: int
+    n: int
+    a_batch_strides: tuple[int, ...]   # element offset of A per batch index (0 = broadcast)
+    b_batch_strides: tuple[int, ...]
+
+    @property
+    def batch_count(self) -> int:
+        return math.prod(self.batch)
+
+    def offsets(self, index: int) -> tuple[int, int, int]:
+        """(A offset, B offset, Y offset) in elements of batch `index`."""
+        a = b = 0
+        rest = index
+        for size, sa, sb in reversed(list(zip(self.batch, self.a_batch_strides, self.b_batch_strides))):
+            rest, i = divmod(rest, size)
+            a += i * sa
+            b += i * sb
+        return a, b, index * self.m * self.n
+
+
+def matmul_geometry(ctx: LowerCtx, node) -> MatmulGeom:
+    g = ctx.graph
+    a_shape, b_shape = list(g.tensor(node.inputs[0]).shape), list(g.tensor(node.inputs[1]).shape)
+    if len(a_shape) == 1:
+        a_shape = [1] + a_shape
+    if len(b_shape) == 1:
+        b_shape = b_shape + [1]
+    m, k = a_shape[-2:]
+    k2, n = b_shape[-2:]
+    if k != k2:
+        raise LoweringError(f"node {node.name}: MatMul inner dimensions {k} and {k2} differ")
+    rank = max(len(a_shape), len(b_shape)) - 2
+    ab = [1] * (rank - len(a_shape) + 2) + a_shape[:-2]
+    bb = [1] * (rank - len(b_shape) + 2) + b_shape[:-2]
+    batch = tuple(max(x, y) for x, y in zip(ab, bb))
+    return MatmulGeom(batch, m, k, n, _batch_strides(ab, m * k), _batch_strides(bb, k * n))
+
+
+def _batch_strides(dims: list[int], matrix: int) -> tuple[int, ...]:
+    strides, acc = [], matrix
+    for d in reversed(dims):
+        strides.append(acc if d > 1 else 0)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+class MatmulEmitter:
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group, self.chip = ctx, group, ctx.chip
+        self.node = group.anchor
+        self.geom = matmul_geometry(ctx, self.node)
+        out = self.node.outputs[0]
+        self.epi = Epilogue(ctx, out, group.epilogue, ctx.graph.tensor(out).shape, group.split)
+        self.result = self.epi.output
+        self.a_addr = self._operand_addr(self.node.inputs[0])
+        self.b_addr = self._operand_addr(self.node.inputs[1])
+
+    def _operand_addr(self, tensor: str) -> int:
+        info = self.ctx.graph.tensor(tensor)
+        if info.const is not None:
+            return self.ctx.const_addr(f"mm:{tensor}", np.asarray(info.const))
+        return self.ctx.ddr_addr(tensor)
+
+    # ------------------------------------------------------------ sizing
+    def _res_prec(self, k_split: bool) -> Prec:
+        return Prec.FP32 if (k_split or not self.epi.empty) and self.ctx.prec != Prec.FP32 else self.ctx.prec
+
+    def _sizes(self, mt: int, nt: int, kt: int, r_resident: bool) -> tuple[list[int], list[int], list[int]]:
+        chip, prec, geo = self.chip, self.ctx.prec, self.geom
+        split = kt < geo.k
+        res = [tile_bytes_per_lane(chip, (1, geo.k, 1, geo.n), prec)] if r_resident else []
+        load = [tile_bytes_per_lane(chip, (1, mt, 1, kt), prec)]
+        if not r_resident:
+            load.append(tile_bytes_per_lane(chip, (1, kt, 1, nt), prec))
+        out_shape = (1, mt, 1, nt)
+        outs = [tile_bytes_per_lane(chip, out_shape, self._res_prec(split))] + self.epi.set_sizes(out_shape)
+        if self._res_prec(split) != prec:
+            outs.append(tile_bytes_per_lane(chip, out_shape, prec))
+        return res + self.epi.resident_sizes(self._epi_rows(), geo.n), load, outs
+
+    def _epi_rows(self) -> int:
+        return self.geom.batch_count * self.geom.m
+
+    def _choose(self):
+        geo, lanes, eu = self.geom, self.chip.lanes, self.chip.eu_count(self.ctx.options.dtype)
+        arena = self.ctx.arena()
+        m_opts = sorted({min(geo.m, lanes * i) for i in range(1, -(-geo.m // lanes) + 1)}, reverse=True)
+        n_opts = sorted({geo.n} | {min(geo.n, eu * 2 ** i) for i in range(12)}, reverse=True)
+        k_opts = sorted({geo.k} | {min(geo.k, lanes * 2 ** i) for i in range(10)}, reverse=True)
+        for copies in (2, 1):
+            for kt in k_opts:
+                for r_res in ((True, False) if kt == geo.k else (False,)):
+                    for mt in m_opts:
+                        for nt in ([geo.n] if r_res else n_opts):
+                            res, load, outs = self._sizes(mt, nt, kt, r_res)
+                            if arena.fits(res + (load + outs) * copies):
+                                return mt, nt, kt, r_res
+        raise LoweringError(f"layer {self.node.name}: no tiling of MatMul {geo.m}x{geo.k}x{geo.n} fits LMEM")
+
+    # ------------------------------------------------------------ emission
+    def emit(self) -> None:
+        geo, chip, ctx = self.geom, self.chip, self.ctx
+        ctx.em.layer = self.node.name
+        self.mt, self.nt, self.kt, self.r_res = self._choose()
+        self.arena = ctx.arena()
+        res, load, outs = self._sizes(self.mt, self.nt, self.kt, self.r_res)
+        res_offs = self.arena.alloc_many(res, self.node.name) if res else []
+        copies = 2 if self.arena.fits((load + outs) * 2) else 1
+        flat = self.arena.alloc_many((load + outs) * copies, self.node.name)
+        per = len(load) + len(outs)
+        self.load_sets = [flat[i * per: i * per + len(load)] for i in range(copies)]
+        self.out_sets = [flat[i * per + len(load): (i + 1) * per] for i in range(copies)]
+        r_res_count = 1 if self.r_res else 0
+        self.epi.load_residents(res_offs[r_res_count:], self._epi_rows(), geo.n)
+        self.r_tile = make_tile(chip, res_offs[0], (1, geo.k, 1, geo.n), ctx.prec) if self.r_res else None
+        loaded_b = None
+        k_steps = steps(geo.k, self.kt)
+        for b in range(geo.batch_count):
+            a_off, b_off, y_off = geo.offsets(b)
+            if self.r_res and b_off != loaded_b:
+                ctx.em.layer = self.node.name
+                ctx.em.load(self.r_tile, self._b_region(b_off, 0, geo.k, 0, geo.n))
+                loaded_b = b_off
+            out_tiles = [(m0, m, n0, n) for m0, m in steps(geo.m, self.mt) for n0, n in steps(geo.n, self.nt)]
+            work = [(ti, t, ks) for ti, t in enumerate(out_tiles) for ks in range(len(k_steps))]
+            offs = (a_off, b_off, y_off, b, k_steps)
+            pipelined(work, len(self.load_sets), lambda w, s: self._load(w, s, offs),
+                      lambda w, s: self._compute(w, s, offs))
+        macs = geo.batch_count * geo.m * geo.n * geo.k
+        ctx.note_layer(self.node.name, "MatMul", macs=macs, lmem_peak=self.arena.peak, group=self.group.name)
+        for n in self.group.epilogue:
+            ctx.note_layer(n.name, n.op_type, lmem_peak=self.arena.peak, group=self.group.name)
+
+    def _a_region(self, a_off, m0, mt, k0, kt) -> DRegion:
+        geo, prec = self.geom, self.ctx.prec
+        return DRegion(self.a_addr + (a_off + m0 * geo.k + k0) * prec.bytes, (1, mt, 1, kt), (mt * geo.k, geo.k, kt, 1), prec)
+
+    def _b_region(self, b_off, k0, kt, n0, nt) -> DRegion:
+        geo, prec = self.geom, self.ctx.prec
+        return DRegion(self.b_addr + (b_off + k0 * geo.n + n0) * prec.bytes, (1, kt, 1, nt), (kt * geo.n, geo.n, nt, 1), prec)
+
+    def _y_region(self, addr: int, y_off, m0, mt, n0, nt) -> DRegion:
+        geo, prec = self.geom, self.ctx.prec
+        return DRegion(addr + (y_off + m0 * geo.n + n0) * prec.bytes, (1, mt, 1, nt), (mt * geo.n, geo.n, nt, 1), prec)
+
+    def _load(self, work, s: int, offs) -> None:
+        ti, (m0, mt, n0, nt), ks = work
+        a_off, b_off, y_off, b, k_steps = offs
+        k0, kt = k_steps[ks]
+        em, chip, prec = self.ctx.em, self.chip, self.ctx.prec
+        em.layer = self.node.name
+        em.load(make_tile(chip, self.load_sets[s][0], (1, mt, 1, kt), prec), self._a_region(a_off, m0, mt, k0, kt))
+        if not self.r_res:
+            em.load(make_tile(chip, self.load_sets[s][1], (1, kt, 1, nt), prec), self._b_region(b_off, k0, kt, n0, nt))
+        if ks == len(k_steps) - 1 and self.epi.full:
+            out_offs = self.out_sets[ti % len(self.out_sets)]
+            self.epi.load_tile(out_offs[1:], (1, mt, 1, nt), lambda addr: self._y_region(addr, y_off, m0, mt, n0, nt))
+
+    def _compute(self, work, s: int, offs) -> None:
+        ti, (m0, mt, n0, nt), ks = work
+        a_off, b_off, y_off, b, k_steps = offs
+        k0, kt = k_steps[ks]
+        geo, chip, prec, em = self.geom, self.chip, self.ctx.prec, self.ctx.em
+        split = len(k_steps) > 1
+        out_offs = self.out_sets[ti % len(self.out_sets)]
+        res = make_tile(chip, out_offs[0], (1, mt, 1, nt), self._res_prec(split))
+        left = make_tile(chip, self.load_sets[s][0], (1, mt, 1, kt), prec)
+        if self.r_res:
+            right = self.r_tile
+        else:
+            right = make_tile(chip, self.load_sets[s][1], (1, kt, 1, nt), prec)
+        em.layer = self.node.name
+        em.tiu(Mm2Tiu(op="nn", res0_addr=res.addr, res0_c=mt, res0_w=nt, opd0_addr=left.addr, opd0_c=mt, opd0_w=kt,
+                      opd1_addr=right.addr, opd1_c=kt, opd1_w=nt, opt_res0_prec=int(res.prec),
+                      opt_opd0_prec=int(prec), opt_opd1_prec=int(prec), opt_res_add=0 if ks == 0 else 1))
+        if ks == len(k_steps) - 1:
+            value = res
+            if not self.epi.empty:
+                value = self.epi.apply(res, out_offs[1:], b * geo.m + m0, n0)
+            if value.prec != prec:
+                stage = make_tile(chip, out_offs[-1], value.shape, prec)
+                em.ar("copy", stage, value)
+                value = stage
+            em.layer = self.group.nodes[-1].name
+            em.store(value, self._y_region(self.ctx.ddr_addr(self.result), y_off, m0, mt, n0, nt))

@@ -1,0 +1,198 @@
+"""Data movement as GDMA DDR -> DDR transfers: Transpose, Concat, Split, Slice, Gather with
+constant indices, Pad, Expand, Cast, and copies for views that must own their buffer."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tpuflow.errors import LoweringError
+from tpuflow.isa import Prec
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.groups import Group
+from tpuflow.lowering.tensors import DRegion
+
+MAX_DIM = 65535
+
+
+def contiguous_strides(shape) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+def merge_dims(shape, src_st, dst_st):
+    """Drop size-1 dims and merge neighbours that are contiguous on both sides."""
+    dims = [(s, a, b) for s, a, b in zip(shape, src_st, dst_st) if s != 1]
+    merged: list[list[int]] = []
+    for s, a, b in dims:
+        if merged and merged[-1][1] == a * s and merged[-1][2] == b * s:
+            merged[-1] = [merged[-1][0] * s, a, b]
+        else:
+            merged.append([s, a, b])
+    return merged or [[1, 1, 1]]
+
+
+def _split_dim(dims):
+    """Cut dims whose size exceeds the 16-bit DMA size field into (outer, inner) pairs."""
+    out = []
+    for s, a, b in dims:
+        if s <= MAX_DIM:
+            out.append([s, a, b])
+            continue
+        inner = next((f for f in range(MAX_DIM, 0, -1) if s % f == 0), 1)
+        out += [[s // inner, a * inner, b * inner], [inner, a, b]]
+    return out
+
+
+def copy_nd(ctx: LowerCtx, src_addr: int, src_st, dst_addr: int, dst_st, shape, prec: Prec) -> None:
+    """dst[i] = src[i] over an N-d index space with element strides on both sides."""
+    dims = merge_dims(shape, src_st, dst_st)
+    if len(dims) == 1 and dims[0][1] == 1 and dims[0][2] == 1:
+        ctx.em.general_copy(dst_addr, src_addr, dims[0][0], prec)
+        return
+    dims = _split_dim(dims)
+    if len(dims) <= 4:
+        dims = [[1, 0, 0]] * (4 - len(dims)) + dims
+        shape4 = tuple(d[0] for d in dims)
+        ctx.em.ddr_copy(DRegion(dst_addr, shape4, tuple(d[2] for d in dims), prec),
+                        DRegion(src_addr, shape4, tuple(d[1] for d in dims), prec))
+        return
+    (s, a, b), rest = dims[0], dims[1:]
+    for i in range(s):
+        copy_nd(ctx, src_addr + i * a * prec.bytes, [d[1] for d in rest], dst_addr + i * b * prec.bytes,
+                [d[2] for d in rest], [d[0] for d in rest], prec)
+
+
+class MoveEmitter:
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group = ctx, group
+        self.node = group.anchor
+        self.prec = ctx.prec
+
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        return self.ctx.graph.tensor(tensor).shape
+
+    def src_addr(self, tensor: str) -> int:
+        info = self.ctx.graph.tensor(tensor)
+        if info.const is not None:
+            return self.ctx.const_addr(f"move:{tensor}", np.asarray(info.const))
+        return self.ctx.ddr_addr(tensor)
+
+    def emit(self) -> None:
+        self.ctx.em.layer = self.node.name
+        handler = getattr(self, f"_emit_{self.node.op_type.lower()}", None)
+        if handler is None:
+            raise LoweringError(f"node {self.node.name}: no lowering for {self.node.op_type} with these operand shapes")
+        handler()
+        self.ctx.note_layer(self.node.name, self.node.op_type, group=self.group.name)
+
+    def _copy_whole(self, src: str, dst: str) -> None:
+        shape = self.shape(dst)
+        copy_nd(self.ctx, self.src_addr(src), contiguous_strides(shape), self.ctx.ddr_addr(dst),
+                contiguous_strides(shape), shape, self.prec)
+
+    _emit_cast = _emit_identity = _emit_reshape = lambda self: self._copy_whole(self.node.inputs[0], self.node.outputs[0])
+
+    def _emit_transpose(self) -> None:
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        perm = self.node.attr("perm")
+        in_st = contiguous_strides(self.shape(x))
+        out_shape = self.shape(y)
+        copy_nd(self.ctx, self.src_addr(x), [in_st[p] for p in perm], self.ctx.ddr_addr(y),
+                contiguous_strides(out_shape), out_shape, self.prec)
+
+    def _emit_concat(self) -> None:
+        y = self.node.outputs[0]
+        axis = self.node.attr("axis")
+        out_shape = self.shape(y)
+        out_st = contiguous_strides(out_shape)
+        offset = 0
+        for x in self.node.inputs:
+            shape = self.shape(x)
+            copy_nd(self.ctx, self.src_addr(x), contiguous_strides(shape),
+                    self.ctx.ddr_addr(y) + offset * out_st[axis] * self.prec.bytes, out_st, shape, self.prec)
+            offset += shape[axis]
+
+    def _emit_split(self) -> None:
+        x = self.node.inputs[0]
+        axis = self.node.attr("axis")
+        in_st = contiguous_strides(self.shape(x))
+        offset = 0
+        for y in self.node.outputs:
+            shape = self.shape(y)
+            copy_nd(self.ctx, self.src_addr(x) + offset * in_st[axis] * self.prec.bytes, in_st,
+                    self.ctx.ddr_addr(y), contiguous_strides(shape), shape, self.prec)
+            offset += shape[axis]
+
+    def _emit_slice(self) -> None:
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        in_st = contiguous_strides(self.shape(x))
+        starts, steps_ = self.node.attr("starts"), self.node.attr("steps")
+        if any(s < 0 for s in steps_):
+            raise LoweringError(f"node {self.node.name}: negative Slice steps are not supported")
+        base = sum(s * st for s, st in zip(starts, in_st))
+        out_shape = self.shape(y)
+        copy_nd(self.ctx, self.src_addr(x) + base * self.prec.bytes, [st * k for st, k in zip(in_st, steps_)],
+                self.ctx.ddr_addr(y), contiguous_strides(out_shape), out_shape, self.prec)
+
+    def _emit_gather(self) -> None:
+        x, idx_name = self.node.inputs[0], self.node.inputs[1]
+        y = self.node.outputs[0]
+        axis = self.node.attr("axis", 0)
+        x_shape = self.shape(x)
+        idx = np.asarray(self.ctx.const(idx_name)).reshape(-1).astype(np.int64)
+        idx = np.where(idx < 0, idx + x_shape[axis], idx)
+        outer, inner = math.prod(x_shape[:axis]), math.prod(x_shape[axis + 1:])
+        count = len(idx)
+        pos = 0
+        while pos < count:
+            run = 1
+            while pos + run < count and idx[pos + run] == idx[pos] + run:
+                run += 1
+            src = self.src_addr(x) + int(idx[pos]) * inner * self.prec.bytes
+            dst = self.ctx.ddr_addr(y) + pos * inner * self.prec.bytes
+            copy_nd(self.ctx, src, (x_shape[axis] * inner, 1), dst, (count * inner, 1), (outer, run * inner), self.prec)
+            pos += run
+
+    def _emit_pad(self) -> None:
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        pads = self.node.attr("pads")
+        value = float(self.node.attr("value", 0.0))
+        out_shape = self.shape(y)
+        total = math.prod(out_shape)
+        rows = next((r for r in range(max(1, -(-total // MAX_DIM)), total + 1) if total % r == 0 and total // r <= MAX_DIM), total)
+        self.ctx.em.fill(DRegion(self.ctx.ddr_addr(y), (1, 1, rows, total // rows), (total, total, total // rows, 1),
+                                 self.prec), value)
+        rank = len(out_shape)
+        out_st = contiguous_strides(out_shape)
+        base = sum(pads[i] * out_st[i] for i in range(rank))
+        in_shape = self.shape(x)
+        copy_nd(self.ctx, self.src_addr(x), contiguous_strides(in_shape), self.ctx.ddr_addr(y) + base * self.prec.bytes,
+                out_st, in_shape, self.prec)
+
+    def _emit_expand(self) -> None:
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        out_shape = self.shape(y)
+        in_shape = (1,) * (len(out_shape) - len(self.shape(x))) + tuple(self.shape(x))
+        in_st = contiguous_strides(in_shape)
+        src_st = [0 if d == 1 and o != 1 else s for d, o, s in zip(in_shape, out_shape, in_st)]
+        copy_nd(self.ctx, self.src_addr(x), src_st, self.ctx.ddr_addr(y), contiguous_strides(out_shape), out_shape,
+                self.prec)
+
+
+class ViewEmitter:
+    """Reshape views cost nothing; one that must own its buffer (a graph output) is copied."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group = ctx, group
+
+    def emit(self) -> None:
+        node = self.group.anchor
+        src, dst = self.ctx.ddr.tensors[node.inputs[0]], self.ctx.ddr.tensors[node.outputs[0]]
+        if src.addr != dst.addr:
+            MoveEmitter(self.ctx, self.group)._copy_whole(node.inputs[0], node.outputs[0])
+        self.ctx.note_layer(node.name, node.op_type, group=self.group.name)

@@ -1,0 +1,128 @@
+"""MaxPool / AveragePool on the TIU (pord.maxpooling / avgpooling), tiled over channels and output
+rows with halos; average pools whose window counts vary (padding excluded, ceil mode) multiply by
+a per-position reciprocal-count map."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpuflow.errors import LoweringError
+from tpuflow.isa import PordTiu, Prec, StrideMode
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitter import f32_bits
+from tpuflow.lowering.groups import Group
+from tpuflow.lowering.ops.conv import ConvGeom
+from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tiling import pipelined, steps
+
+
+def pool_geometry(ctx: LowerCtx, node) -> tuple[ConvGeom, int]:
+    """The window geometry as a ConvGeom, and how many input columns the windows reach."""
+    g = ctx.graph
+    n, c, h, w = g.tensor(node.inputs[0]).shape
+    _, _, ho, wo = g.tensor(node.outputs[0]).shape
+    kh, kw = node.attr("kernel_shape")
+    sy, sx = node.attr("strides", (1, 1))
+    dy, dx = node.attr("dilations", (1, 1))
+    pt, pl, pb, pr = node.attr("pads", (0, 0, 0, 0))
+    need_w = (wo - 1) * sx + (kw - 1) * dx + 1 - pl
+    geom = ConvGeom(n, c, h, w, c, kh, kw, ho, wo, sy, sx, dy, dx, pt, pl, pb, max(0, need_w - w), 1)
+    if max(pt, pl, geom.pr) > 15 or max(sy, sx) > 15:
+        raise LoweringError(f"node {node.name}: pool padding exceeds the 4-bit descriptor fields")
+    return geom, min(w, need_w)
+
+
+def count_map(geom: ConvGeom, include_pad: bool) -> np.ndarray:
+    """Window element counts per output position (ONNX AveragePool semantics)."""
+    def axis(size, out, k, s, d, p0, p1):
+        lo, hi = (-p0, size + p1) if include_pad else (0, size)
+        starts = np.arange(out) * s - p0
+        taps = starts[:, None] + np.arange(k)[None, :] * d
+        return ((taps >= lo) & (taps < hi)).sum(axis=1)
+    rows = axis(geom.h, geom.ho, geom.kh, geom.sy, geom.dy, geom.pt, geom.pb)
+    cols = axis(geom.w, geom.wo, geom.kw, geom.sx, geom.dx, geom.pl, geom.pr)
+    return np.outer(rows, cols).astype(np.float32)
+
+
+class PoolEmitter:
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group, self.chip = ctx, group, ctx.chip
+        self.node = group.anchor
+        self.geom, self.in_w = pool_geometry(ctx, self.node)
+        self.is_max = self.node.op_type == "MaxPool"
+        self.inv_count = None
+        if not self.is_max:
+            counts = count_map(self.geom, bool(self.node.attr("count_include_pad", 0)))
+            if np.all(counts == counts.flat[0]):
+                self.scale = 1.0 / float(counts.flat[0])
+            else:
+                self.scale = 1.0
+                self.inv_count = 1.0 / counts
+
+    def _sizes(self, ct: int, ht: int) -> list[int]:
+        geo, chip, prec = self.geom, self.chip, self.ctx.prec
+        s = [tile_bytes_per_lane(chip, (1, ct, geo.halo_rows(ht), self.in_w), prec),
+             tile_bytes_per_lane(chip, (1, ct, ht, geo.wo), prec)]
+        if self.inv_count is not None:
+            s.append(tile_bytes_per_lane(chip, (1, chip.lanes, ht, geo.wo), Prec.FP32))
+        return s
+
+    def emit(self) -> None:
+        geo, chip, ctx = self.geom, self.chip, self.ctx
+        arena = ctx.arena()
+        lanes = chip.lanes
+        choice = None
+        for copies in (2, 1):
+            for ct in sorted({min(geo.cin, lanes * k) for k in range(1, -(-geo.cin // lanes) + 1)}, reverse=True):
+                for ht in sorted({min(geo.ho, x) for x in (geo.ho, 64, 32, 16, 8, 4, 2, 1)}, reverse=True):
+                    if arena.fits(self._sizes(ct, ht) * copies):
+                        choice = (ct, ht, copies)
+                        break
+                if choice:
+                    break
+            if choice:
+                break
+        if choice is None:
+            raise LoweringError(f"layer {self.node.name}: no tiling of the pool fits LMEM")
+        ct, ht, copies = choice
+        set_sizes = self._sizes(ct, ht)
+        flat = arena.alloc_many(set_sizes * copies, self.node.name)
+        sets = [flat[i * len(set_sizes):(i + 1) * len(set_sizes)] for i in range(copies)]
+        if self.inv_count is not None:
+            self.map_addr = ctx.const_addr(f"poolcount:{self.node.name}", self.inv_count, Prec.FP32)
+        tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cin, ct) for h0, h in steps(geo.ho, ht)]
+        pipelined(tiles, copies, lambda t, s: self._load(t, sets[s]), lambda t, s: self._compute(t, sets[s]))
+        ctx.note_layer(self.node.name, self.node.op_type, lmem_peak=arena.peak, group=self.group.name)
+
+    def _load(self, tile, offs) -> None:
+        n, c0, c, h0, h = tile
+        geo, ctx, prec = self.geom, self.ctx, self.ctx.prec
+        r0, rows, _, _ = geo.input_rows(h0, h)
+        ctx.em.layer = self.node.name
+        base = ((n * geo.cin + c0) * geo.h + r0) * geo.w
+        src = ctx.region(self.node.inputs[0], (1, c, rows, self.in_w), base, (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))
+        ctx.em.load(make_tile(self.chip, offs[0], (1, c, rows, self.in_w), prec), src)
+        if self.inv_count is not None:
+            t = make_tile(self.chip, offs[2], (1, min(c, self.chip.lanes), h, geo.wo), Prec.FP32)
+            ctx.em.load(t, DRegion(self.map_addr + h0 * geo.wo * 4, t.shape, (0, 0, geo.wo, 1), Prec.FP32))
+
+    def _compute(self, tile, offs) -> None:
+        n, c0, c, h0, h = tile
+        geo, ctx, prec, chip = self.geom, self.ctx, self.ctx.prec, self.chip
+        r0, rows, up, dn = geo.input_rows(h0, h)
+        out = make_tile(chip, offs[1], (1, c, h, geo.wo), prec)
+        inp = make_tile(chip, offs[0], (1, c, rows, self.in_w), prec)
+        f = out.fields("res0", with_shape=True)
+        f.update(inp.fields("opd0"))
+        extra = {} if self.is_max else {"opd1_addr": f32_bits(self.scale), "opt_opd1_const": 1}
+        ctx.em.layer = self.node.name
+        ctx.em.tiu(PordTiu(op="maxpooling" if self.is_max else "avgpooling", opd0_h=rows, opd0_w=self.in_w,
+                           opd1_h=geo.kh, opd1_w=geo.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl,
+                           opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=geo.sy,
+                           opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1, **extra, **f))
+        if self.inv_count is not None:
+            m = make_tile(chip, offs[2], (1, min(c, chip.lanes), h, geo.wo), Prec.FP32)
+            ctx.em.ar("mul", out, out, LTile(m.addr, out.shape, Prec.FP32, (0, 0, m.strides[2], 1), StrideMode.FREE))
+        base = ((n * geo.cin + c0) * geo.ho + h0) * geo.wo
+        ctx.em.store(out, ctx.region(self.node.outputs[0], (1, c, h, geo.wo), base,
+                                     (geo.cin * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1)))

@@ -1,0 +1,333 @@
+"""Row-wise groups: elementwise chains, reductions over the trailing axes, softmax and layer norm,
+tiled over rows (rows across lanes) and, for purely elementwise groups, over columns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tpuflow.errors import LoweringError
+from tpuflow.isa import Prec, StrideMode
+from tpuflow.lowering import ewise, mathops
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.ewise import ROW_NORMALIZE, ROW_REDUCE, SCRATCH_NEED, Kind, classify
+from tpuflow.lowering.groups import Group
+from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tiling import largest_fitting, pipelined, steps
+
+
+
+@dataclass
+class Operand:
+    tensor: str
+    kind: Kind
+    const: np.ndarray | None
+
+
+@dataclass
+class SlotPlan:
+    """Which slot each value of one tile lives in (the same for every tile)."""
+
+    slot: dict[str, int] = field(default_factory=dict)      # tensor -> index in its pool
+    full_slots: int = 0
+    row_slots: int = 0
+    loads: list[Operand] = field(default_factory=list)      # per-tile loads (FULL / ROW inputs)
+    residents: list[Operand] = field(default_factory=list)  # COL / runtime SCALAR, loaded once
+
+
+class RowPlanner:
+    """Operand kinds, value kinds and slot assignment of a row group."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group, self.graph = ctx, group, ctx.graph
+        anchor = group.anchor
+        self.view = ewise.node_view(self.graph, anchor, group.splits[anchor.name])
+        self.kinds: dict[str, Kind] = {}
+        self.operands: dict[tuple[str, int], Operand] = {}
+        self._classify()
+        self.plan = self._assign_slots()
+
+    def node_ref_shape(self, node) -> tuple[int, ...]:
+        ref = node.inputs[0] if node.op_type in set(ROW_REDUCE) | ROW_NORMALIZE else node.outputs[0]
+        return self.graph.tensor(ref).shape
+
+    def _classify(self) -> None:
+        produced = self.group.produced()
+        for node in self.group.nodes:
+            split, ref = self.group.splits[node.name], self.node_ref_shape(node)
+            for i, t in enumerate(node.inputs):
+                if not t:
+                    continue
+                kind = self.kinds.get(t) if t in produced else classify(self.graph.tensor(t).shape, ref, split)
+                if kind is None:
+                    raise LoweringError(f"node {node.name}: operand {t} does not broadcast row-wise")
+                info = self.graph.tensor(t)
+                self.operands[(node.name, i)] = Operand(t, kind, info.const if t not in produced else None)
+            out = node.outputs[0]
+            if node.op_type in ROW_REDUCE:
+                self.kinds[out] = Kind.ROW
+            elif node.op_type in ROW_NORMALIZE:
+                self.kinds[out] = Kind.FULL
+            else:
+                self.kinds[out] = classify(self.graph.tensor(out).shape, ref, split)
+            if self.kinds[out] not in (Kind.FULL, Kind.ROW):
+                raise LoweringError(f"node {node.name}: computes on constants only (fold it first)")
+
+    def _assign_slots(self) -> SlotPlan:
+        plan = SlotPlan()
+        last = self._last_uses()
+        free = {Kind.FULL: [], Kind.ROW: []}
+        counts = {Kind.FULL: 0, Kind.ROW: 0}
+
+        def take(kind: Kind) -> int:
+            if free[kind]:
+                return free[kind].pop(0)
+            counts[kind] += 1
+            return counts[kind] - 1
+
+        seen: set[str] = set()
+        for (name, i), op in self.operands.items():
+            if op.tensor in seen or op.tensor in self.group.produced():
+                continue
+            seen.add(op.tensor)
+            if op.kind in (Kind.FULL, Kind.ROW):
+                plan.slot[op.tensor] = take(op.kind)
+                plan.loads.append(op)
+            elif op.kind is Kind.COL or (op.kind is Kind.SCALAR and op.const is None):
+                plan.residents.append(op)
+        for index, node in enumerate(self.group.nodes):
+            for t in dict.fromkeys(node.inputs):
+                if t in plan.slot and last.get(t) == index:
+                    kind = self.kinds.get(t) or self._operand_kind(t)
+                    free[kind].append(plan.slot[t])
+                    free[kind].sort()
+            out = node.outputs[0]
+            plan.slot[out] = take(self.kinds[out])
+            if last.get(out, index) == index:
+                free[self.kinds[out]].append(plan.slot[out])
+                free[self.kinds[out]].sort()
+        plan.full_slots, plan.row_slots = counts[Kind.FULL], counts[Kind.ROW]
+        return plan
+
+    def _operand_kind(self, tensor: str) -> Kind:
+        return next(op.kind for op in self.operands.values() if op.tensor == tensor)
+
+    def _last_uses(self) -> dict[str, int]:
+        last = {}
+        for index, node in enumerate(self.group.nodes):
+            for t in node.inputs:
+                if t:
+                    last[t] = index
+        return last
+
+    @property
+    def scratch_tiles(self) -> int:
+        return max([SCRATCH_NEED.get(n.op_type, 0) for n in self.group.nodes] + [0])
+
+    @property
+    def column_tileable(self) -> bool:
+        return not any(n.op_type in ROW_REDUCE or n.op_type in ROW_NORMALIZE for n in self.group.nodes)
+
+
+@dataclass(frozen=True)
+class SetLayout:
+    """Order of the buffers of one tile set: FULL values, scratch, FULL staging, ROW values,
+    ROW staging, ROW temporary."""
+
+    full: int
+    scratch: int
+    stage: int
+    row: int
+    row_temp: int
+
+    def sizes(self, full_bytes: int, row_bytes: int) -> list[int]:
+        return [full_bytes] * (self.full + self.scratch + self.stage) + [row_bytes] * (self.row + self.stage + self.row_temp)
+
+    def full_index(self, i: int) -> int:
+        return i
+
+    def scratch_index(self, i: int) -> int:
+        return self.full + i
+
+    def stage_full_index(self) -> int:
+        return self.full + self.scratch
+
+    def row_index(self, i: int) -> int:
+        return self.full + self.scratch + self.stage + i
+
+    def stage_row_index(self) -> int:
+        return self.row_index(self.row)
+
+    def row_temp_index(self) -> int:
+        return self.row_index(self.row + self.stage)
+
+
+class RowGroupEmitter:
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group, self.chip = ctx, group, ctx.chip
+        self.planner = RowPlanner(ctx, group)
+        self.rows, self.cols = self.planner.view.rows, self.planner.view.cols
+        stage = 1 if ctx.prec != Prec.FP32 and group.stored else 0
+        needs_temp = any(n.op_type in ROW_NORMALIZE for n in group.nodes)
+        plan = self.planner.plan
+        self.layout = SetLayout(plan.full_slots, self.planner.scratch_tiles, stage, plan.row_slots,
+                                1 if needs_temp else 0)
+
+    # ------------------------------------------------------------ sizing
+    def _set_sizes(self, rt: int, dt: int) -> list[int]:
+        full = tile_bytes_per_lane(self.chip, (1, rt, 1, dt), Prec.FP32)
+        row = tile_bytes_per_lane(self.chip, (1, rt, 1, 1), Prec.FP32)
+        return self.layout.sizes(full, row)
+
+    def _resident_sizes(self) -> list[int]:
+        lanes = min(self.rows, self.chip.lanes)
+        out = []
+        for op in self.planner.plan.residents:
+            width = self.cols if op.kind is Kind.COL else 1
+            out.append(tile_bytes_per_lane(self.chip, (1, lanes, 1, width), self.ctx.prec))
+        return out
+
+    def _choose_tile(self) -> tuple[int, int]:
+        arena = self.ctx.arena()
+        resident = self._resident_sizes()
+        lanes = self.chip.lanes
+
+        def fits(rt: int, dt: int) -> bool:
+            return arena.fits(resident + self._set_sizes(rt, dt))
+
+        row_options = [min(self.rows, lanes * k) for k in range(1, -(-self.rows // lanes) + 1)]
+        rt = largest_fitting(row_options, lambda r: fits(r, self.cols))
+        if rt is not None:
+            return rt, self.cols
+        if not self.planner.column_tileable:
+            raise LoweringError(f"layer {self.group.name}: a row of {self.cols} elements does not fit LMEM")
+        eu = self.chip.eu_count("fp32")
+        rt = row_options[0]
+        col_options = [eu * k for k in range(1, self.cols // eu + 1)] or [self.cols]
+        dt = largest_fitting(col_options, lambda d: fits(rt, d))
+        if dt is None:
+            raise LoweringError(f"layer {self.group.name}: no tile of rows x columns fits LMEM")
+        return rt, dt
+
+    # ------------------------------------------------------------ emission
+    def emit(self) -> None:
+        ctx = self.ctx
+        rt, dt = self._choose_tile()
+        arena = ctx.arena()
+        res_offsets = arena.alloc_many(self._resident_sizes(), self.group.name) if self.planner.plan.residents else []
+        sets = arena.buffer_sets(self._set_sizes(rt, dt), self.group.name)
+        self.residents = self._load_residents(res_offsets)
+        tiles = [(r0, r, d0, d) for r0, r in steps(self.rows, rt) for d0, d in steps(self.cols, dt)]
+        pipelined(tiles, len(sets), lambda t, s: self._load_tile(t, sets[s]),
+                  lambda t, s: self._compute_tile(t, sets[s]))
+        for n in self.group.nodes:
+            ctx.note_layer(n.name, n.op_type, lmem_peak=arena.peak, group=self.group.name)
+
+    def _value_tile(self, offsets: list[int], kind: Kind, index: int, rt: int, dt: int, prec: Prec) -> LTile:
+        if kind is Kind.FULL:
+            return make_tile(self.chip, offsets[self.layout.full_index(index)], (1, rt, 1, dt), prec)
+        return make_tile(self.chip, offsets[self.layout.row_index(index)], (1, rt, 1, 1), prec)
+
+    def _ddr_of(self, op: Operand) -> int:
+        if op.const is not None:
+            return self.ctx.const_addr(f"row:{op.tensor}", op.const)
+        return self.ctx.ddr_addr(op.tensor)
+
+    def _load_residents(self, offsets: list[int]) -> dict[str, LTile]:
+        out = {}
+        lanes = min(self.rows, self.chip.lanes)
+        for op, off in zip(self.planner.plan.residents, offsets):
+            width = self.cols if op.kind is Kind.COL else 1
+            t = make_tile(self.chip, off, (1, lanes, 1, width), self.ctx.prec)
+            self.ctx.em.layer = self._first_user(op.tensor)
+            self.ctx.em.broadcast_load(t, self._ddr_of(op), self.ctx.prec)
+            out[op.tensor] = t
+        return out
+
+    def _load_tile(self, tile, offsets: list[int]) -> None:
+        r0, rt, d0, dt = tile
+        em, prec = self.ctx.em, self.ctx.prec
+        for op in self.planner.plan.loads:
+            index = self.planner.plan.slot[op.tensor]
+            width = dt if op.kind is Kind.FULL else 1
+            dst = self._value_tile(offsets, op.kind, index, rt, width, prec)
+            em.layer = self._first_user(op.tensor)
+            em.load(dst, self._rows_region(self._ddr_of(op), op.kind, tile))
+
+    def _rows_region(self, addr: int, kind: Kind, tile) -> DRegion:
+        r0, rt, d0, dt = tile
+        prec = self.ctx.prec
+        if kind is Kind.FULL:
+            return DRegion(addr + (r0 * self.cols + d0) * prec.bytes, (1, rt, 1, dt),
+                           (rt * self.cols, self.cols, dt, 1), prec)
+        return DRegion(addr + r0 * prec.bytes, (1, rt, 1, 1), (rt, 1, 1, 1), prec)
+
+    def _first_user(self, tensor: str) -> str:
+        return next(n.name for n in self.group.nodes if tensor in n.inputs)
+
+    def _compute_tile(self, tile, offsets: list[int]) -> None:
+        r0, rt, d0, dt = tile
+        plan = self.planner.plan
+        scratch = mathops.Scratch([make_tile(self.chip, offsets[self.layout.scratch_index(i)], (1, rt, 1, dt),
+                                             Prec.FP32) for i in range(self.layout.scratch)])
+        loaded = {op.tensor for op in plan.loads}
+        for node in self.group.nodes:
+            self.ctx.em.layer = node.name
+            out = node.outputs[0]
+            kind = self.planner.kinds[out]
+            dst = self._value_tile(offsets, kind, plan.slot[out], rt, dt if kind is Kind.FULL else 1, Prec.FP32)
+            ins = [self._operand(node, i, dst, offsets, tile, loaded) for i in range(len(node.inputs))]
+            self._apply(node, dst, ins, scratch, offsets, tile)
+            if out in self.group.stored:
+                self._store(out, dst, offsets, tile)
+
+    def _operand(self, node, i: int, dst: LTile, offsets, tile, loaded):
+        t = node.inputs[i]
+        if not t:
+            return None
+        r0, rt, d0, dt = tile
+        op = self.planner.operands[(node.name, i)]
+        if op.kind is Kind.SCALAR and op.const is not None:
+            return float(np.asarray(op.const).reshape(-1)[0])
+        if op.kind is Kind.COL or op.kind is Kind.SCALAR:
+            res = self.residents[t]
+            st = (0, 0, 0, 1 if op.kind is Kind.COL else 0)
+            addr = res.addr + (d0 * res.prec.bytes if op.kind is Kind.COL else 0)
+            return LTile(addr, dst.shape, res.prec, st, StrideMode.FREE)
+        prec = self.ctx.prec if t in loaded else Prec.FP32
+        width = dt if op.kind is Kind.FULL else 1
+        src = self._value_tile(offsets, op.kind, self.planner.plan.slot[t], rt, width, prec)
+        if op.kind is Kind.ROW and dst.shape[3] != 1:
+            return src.broadcast(dst.shape, h=True, w=True)
+        return src
+
+    def _apply(self, node, dst: LTile, ins, scratch, offsets, tile) -> None:
+        em, cols = self.ctx.em, self.cols
+        if node.op_type in ROW_REDUCE:
+            ewise.apply_row_reduce(em, node, dst, ins[0], cols)
+        elif node.op_type in ("Softmax", "LogSoftmax"):
+            ewise.apply_softmax(em, node, dst, ins[0], self._row_temp(offsets, tile), scratch, cols)
+        elif node.op_type == "LayerNormalization":
+            gamma = ins[1] if len(ins) > 1 else None
+            beta = ins[2] if len(ins) > 2 else None
+            ewise.apply_layernorm(em, node, dst, ins[0], self._row_temp(offsets, tile), gamma, beta, scratch, cols)
+        else:
+            ewise.apply_elementwise(em, node, dst, ins, scratch)
+
+    def _row_temp(self, offsets, tile) -> LTile:
+        r0, rt, d0, dt = tile
+        return make_tile(self.chip, offsets[self.layout.row_temp_index()], (1, rt, 1, 1), Prec.FP32)
+
+    def _store(self, tensor: str, value: LTile, offsets, tile) -> None:
+        r0, rt, d0, dt = tile
+        kind = self.planner.kinds[tensor]
+        if kind is Kind.ROW and d0:
+            return                      # ROW values are complete after the first column step
+        em, prec = self.ctx.em, self.ctx.prec
+        src = value
+        if self.layout.stage:
+            index = self.layout.stage_row_index() if kind is Kind.ROW else self.layout.stage_full_index()
+            src = make_tile(self.chip, offsets[index], value.shape, prec)
+            em.ar("copy", src, value)
+        em.store(src, self._rows_region(self.ctx.ddr_addr(tensor), kind, tile))

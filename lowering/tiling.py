@@ -1,0 +1,35 @@
+"""Tiling helpers: splitting a dimension into steps and the software-pipelined tile loop."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def steps(total: int, step: int) -> list[tuple[int, int]]:
+    """(start, size) pieces covering [0, total) exactly once."""
+    step = max(1, min(step, total))
+    return [(s, min(step, total - s)) for s in range(0, total, step)]
+
+
+def pipelined(tiles: Sequence[T], n_sets: int, load: Callable[[T, int], None],
+              compute_store: Callable[[T, int], None]) -> None:
+    """Emit loads `n_sets` tiles ahead of compute, so the GDMA queue holds the next tiles' loads
+    before this tile's stores (which wait for compute) and loads overlap compute."""
+    depth = max(1, n_sets)
+    for i in range(min(depth, len(tiles))):
+        load(tiles[i], i % depth)
+    for i, tile in enumerate(tiles):
+        compute_store(tile, i % depth)
+        nxt = i + depth
+        if nxt < len(tiles):
+            load(tiles[nxt], nxt % depth)
+
+
+def largest_fitting(candidates: Sequence[int], fits: Callable[[int], bool]) -> int | None:
+    """The largest candidate for which fits() holds (candidates in any order)."""
+    for c in sorted(set(candidates), reverse=True):
+        if fits(c):
+            return c
+    return None

@@ -1,0 +1,54 @@
+"""The DDR weight image: constants in the layout each emitter wants, deduplicated, 64 B aligned."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpuflow.isa import Prec
+
+WEIGHT_ALIGN = 64
+
+
+def to_storage(array: np.ndarray, prec: Prec) -> np.ndarray:
+    """Values as the bits stored in DDR for `prec` (bf16: round-to-nearest-even uint16)."""
+    a = np.asarray(array)
+    if prec == Prec.FP32:
+        return a.astype(np.float32)
+    if prec == Prec.FP16:
+        return a.astype(np.float16)
+    if prec == Prec.BF16:
+        bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return rounded.astype(np.uint16)
+    if prec == Prec.INT32:
+        return a.astype(np.int32)
+    raise ValueError(f"no storage for {prec}")
+
+
+class WeightImage:
+    """Appends constant blobs; `base` is the DDR address the image is loaded at."""
+
+    def __init__(self, base: int):
+        self.base = base
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.index: dict[tuple, int] = {}
+
+    def add(self, key: tuple, array: np.ndarray, prec: Prec) -> int:
+        """DDR address of `array` stored as `prec` (row-major); the same key returns the same blob."""
+        full_key = key + (int(prec),)
+        if full_key in self.index:
+            return self.index[full_key]
+        data = np.ascontiguousarray(to_storage(array, prec)).tobytes()
+        pad = (-self.size) % WEIGHT_ALIGN
+        if pad:
+            self.chunks.append(b"\0" * pad)
+            self.size += pad
+        addr = self.base + self.size
+        self.chunks.append(data)
+        self.size += len(data)
+        self.index[full_key] = addr
+        return addr
+
+    def image(self) -> bytes:
+        return b"".join(self.chunks)
