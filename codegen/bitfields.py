@@ -50,32 +50,22 @@ class BitField:
         return (raw >> self.offset) & ((1 << self.width) - 1)
 
 
-@dataclass(frozen=True)
 class LogicalField:
-    """A value made of physical parts (least significant first), unsigned or two's complement."""
+    """A value made of physical parts (least significant first), unsigned or two's complement.
 
-    name: str
-    parts: tuple[BitField, ...]
-    signed: bool = False
+    Width, range and masks are computed once: `place` and `take` run per field per instruction."""
 
-    @property
-    def width(self) -> int:
-        return sum(p.width for p in self.parts)
+    __slots__ = ("name", "parts", "signed", "width", "lo", "hi", "mask", "_offset", "_bits")
 
-    @property
-    def lo(self) -> int:
-        return -(1 << (self.width - 1)) if self.signed else 0
-
-    @property
-    def hi(self) -> int:
-        return (1 << (self.width - 1)) - 1 if self.signed else (1 << self.width) - 1
-
-    @property
-    def mask(self) -> int:
-        out = 0
-        for p in self.parts:
-            out |= p.mask
-        return out
+    def __init__(self, name: str, parts: tuple[BitField, ...], signed: bool = False):
+        self.name, self.parts, self.signed = name, tuple(parts), signed
+        self.width = sum(p.width for p in self.parts)
+        self.lo = -(1 << (self.width - 1)) if signed else 0
+        self.hi = (1 << (self.width - 1)) - 1 if signed else (1 << self.width) - 1
+        self.mask = sum(p.mask for p in self.parts)
+        single = len(self.parts) == 1
+        self._offset = self.parts[0].offset if single else None  # fast path of one-part fields
+        self._bits = (1 << self.width) - 1
 
     def describe(self) -> str:
         kind = "signed (two's complement)" if self.signed else "unsigned"
@@ -87,8 +77,8 @@ class LogicalField:
             raise FieldRangeError(self, value)
         if value < 0:
             value += 1 << self.width
-        if len(self.parts) == 1:
-            return value << self.parts[0].offset
+        if self._offset is not None:
+            return value << self._offset
         out, shift = 0, 0
         for p in self.parts:
             out |= ((value >> shift) & ((1 << p.width) - 1)) << p.offset
@@ -96,13 +86,19 @@ class LogicalField:
         return out
 
     def take(self, raw: int) -> int:
-        value, shift = 0, 0
-        for p in self.parts:
-            value |= p.extract(raw) << shift
-            shift += p.width
-        if self.signed and value >> (self.width - 1):
+        if self._offset is not None:
+            value = (raw >> self._offset) & self._bits
+        else:
+            value, shift = 0, 0
+            for p in self.parts:
+                value |= p.extract(raw) << shift
+                shift += p.width
+        if self.signed and value > self.hi:
             value -= 1 << self.width
         return value
+
+    def __repr__(self) -> str:
+        return f"LogicalField({self.name!r}, {self.describe()})"
 
 
 class Layout:

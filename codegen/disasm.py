@@ -5,7 +5,8 @@ dependency (`dep=D7`: waits for GDMA command 7; `dep=B3` for GDMA), the op name,
 and flags. TIU operands: `res0=(n,c,h,w)@L<lane>:0x<per-lane offset>`, then `:<dtype>` when
 not fp32 and `:compact` / `:str(n,c,h,w)` when not EU-aligned; a constant operand is `#value`.
 GDMA endpoints: DDR as `0x<address>`, LMEM as `L<lane>:0x<offset>`, tensors with their element
-strides. SYS waits on the TILE engine (TILE_WAIT_TAG) print as `wait T<k>`. TILE blocks are
+strides. SFU Taylor coefficients, read by every lane, print as `coef[n]=L*:0x<offset>`.
+SYS waits on the TILE engine (TILE_WAIT_TAG) print as `wait T<k>`. TILE blocks are
 LinxISA assembly, e.g. `TMATMUL <M:64, N:32, K:64, FP32> T#2, U#1, ->ACC<8KB>`, with their
 waits as `wait=B5,D9`. Any other field that differs from its default is printed as
 `name=value`, so nothing in the bytes is hidden.
@@ -143,7 +144,7 @@ def _tiu_extras(line: _Line, chip: ChipConfig) -> None:
         rounding = CAST_ROUNDING.get(i.opd2_addr, i.opd2_addr) if i.opt_opd2_const else "?"
         line.add(f"round={rounding}", "opd2_addr", "opt_opd2_const")
     if isinstance(i, SfuTiu) and i.op in ("taylor", "taylor_4x"):
-        line.add(f"coef=*:0x{i.opd1_addr % chip.lmem_bytes_per_lane:04x}x{i.opd1_n}", "opd1_addr", "opd1_n")
+        line.add(f"coef[{i.opd1_n}]=L*:0x{i.opd1_addr % chip.lmem_bytes_per_lane:04x}", "opd1_addr", "opd1_n")
     if isinstance(i, SfuTiu) and i.op == "normalize":
         line.add(f"res1={_tuple(i.res0_shape)}@{lmem_text(i.res1_addr, chip)}", "res1_addr")
     if isinstance(i, SysTiu) and i.op == "wait_msg" and i.reg_idx == TILE_WAIT_TAG:
