@@ -151,7 +151,9 @@ class Mm2Tiu(TiuInstruction):
     rows across lanes. nn: opd0 = L (M x K), opd1 = R (K x N). nt: opd1 holds R transposed
     (N x K). tt: opd0 holds L transposed (K x M) and opd1 holds R transposed (N x K).
     res0 = L @ R (M x N) (+ res0 when opt_res_add) (+ bias row opd2 (1,1,1,N) read by every lane,
-    unless opt_opd2_const), then relu if opt_relu. fp32 accumulation.
+    unless opt_opd2_const), then relu if opt_relu. fp32 accumulation. Lanes cannot read each
+    other's LMEM: output row r (on lane (res0 start + r) % lanes) reads the bias row from its own
+    lane at opd2's per-lane offset, so the lowering broadcasts the row to every lane it uses.
     """
 
     TSK_TYP: ClassVar[int] = 2
