@@ -17,8 +17,9 @@ Word formats (lingxi.md "Encoding"; fields LSB-first, constants are the opcode b
   uses: 8..7 = DepSrc engine (1 = TIU: tiu_sync_id >= id, 2 = GDMA: tdma_sync_id >= id),
   11..9 = id[19:17], 31..15 = id[16:0] (ids up to 2**20 - 1).
 
-Block word order as encoded: BSTART, B.DIMs, B.IOTs, B.DATR, B.IODs. The decoder accepts the
-descriptors of a block in any order but each at most once (B.DIM once per LB).
+Block word order as encoded: BSTART, B.DIMs, B.IOTs, B.DATR, B.IODs. The decoder groups a
+block's words by format, so B.DIM / B.DATR / B.IOD may come in any order (each B.DIM LB, the
+B.DATR and each B.IOD DepSrc at most once); the B.IOTs must come in the order above.
 
 TPUSH is BSTART.CUBE function 31 with a no-input B.IOT (see tpuflow.isa.tile).
 """
