@@ -20,6 +20,7 @@ class Group:
     split: int = 0                    # row groups: where the output shape is cut into rows x cols
     stored: list[str] = field(default_factory=list)   # tensors written to DDR (consumed outside)
     splits: dict[str, int] = field(default_factory=dict)  # row groups: each node's own cut point
+    full_shape: tuple[int, ...] = ()   # row groups: the reference shape the view is cut from
 
     @property
     def name(self) -> str:
@@ -53,9 +54,13 @@ def _single_use(graph: Graph, tensor: str) -> OpNode | None:
     return users[0]
 
 
-def _epilogue_ok(graph: Graph, node: OpNode, value: str, split: int, allow_col: bool) -> bool:
+def _epilogue_ok(graph: Graph, node: OpNode, value: str, split: int, allow_col: bool, taken: set[str]) -> bool:
     if node.op_type not in ELEMENTWISE:
         return False
+    for t in node.inputs:          # other operands must already be computed (group order = topological)
+        producer = graph.producer(t) if t else None
+        if t and t != value and producer is not None and producer.name not in taken:
+            return False
     out = graph.tensor(node.outputs[0]).shape
     if graph.tensor(value).shape != out:
         return False
@@ -72,33 +77,48 @@ def _absorb_epilogue(graph: Graph, anchor: OpNode, split: int, allow_col: bool, 
     nodes, value = [], anchor.outputs[0]
     while True:
         nxt = _single_use(graph, value)
-        if nxt is None or nxt.name in taken or not _epilogue_ok(graph, nxt, value, split, allow_col):
+        if nxt is None or nxt.name in taken or not _epilogue_ok(graph, nxt, value, split, allow_col, taken):
             return nodes
         nodes.append(nxt)
         value = nxt.outputs[0]
 
 
 def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str]) -> Group | None:
+    """The longest run of row-wise nodes after `start` that share its (rows, cols) view: every
+    operand classifies against the group's reference shape, values are FULL or ROW."""
     for split in node_split_candidates(graph, start):
         if not node_fits(graph, start, split):
             continue
-        view = node_view(graph, start, split)
-        group = Group("row", [start], split, splits={start.name: split})
+        ref = _reference_shape(graph, start)
+        group = Group("row", [start], split, splits={start.name: split}, full_shape=ref)
         members = set(start.outputs)
         for node in order[pos + 1:]:
             if node.name in taken or node.op_type not in ROWWISE:
                 break
-            if not any(t in members for t in node.inputs):
-                break
-            fit = [s for s in node_split_candidates(graph, node)
-                   if node_fits(graph, node, s) and node_view(graph, node, s) == view]
-            if not fit:
+            if not any(t in members for t in node.inputs) or not row_member_ok(graph, node, ref, split):
                 break
             group.nodes.append(node)
-            group.splits[node.name] = fit[0]
+            group.splits[node.name] = split
             members.update(node.outputs)
         return group
     return None
+
+
+def _reference_shape(graph: Graph, node: OpNode) -> tuple[int, ...]:
+    ref = node.inputs[0] if node.op_type in set(ROW_REDUCE) | ROW_NORMALIZE else node.outputs[0]
+    return graph.tensor(ref).shape
+
+
+def row_member_ok(graph: Graph, node: OpNode, ref: tuple[int, ...], split: int) -> bool:
+    """Whether `node` computes row-wise in the view of `ref` cut at `split`."""
+    kinds = [classify(graph.tensor(t).shape, ref, split) for t in node.inputs if t]
+    if any(k is None for k in kinds):
+        return False
+    if node.op_type in ROW_REDUCE or node.op_type in ROW_NORMALIZE:
+        return (kinds[0] is Kind.FULL and len(graph.tensor(node.inputs[0]).shape) == len(ref)
+                and node_split_candidates(graph, node) == [split])
+    out = classify(graph.tensor(node.outputs[0]).shape, ref, split)
+    return out in (Kind.FULL, Kind.ROW)
 
 
 def form_groups(graph: Graph) -> list[Group]:

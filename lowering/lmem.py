@@ -59,12 +59,15 @@ class GroupArena:
     def alloc(self, size: int, label: str) -> int:
         return self.alloc_many([size], label)[0]
 
-    def buffer_sets(self, sizes: list[int], label: str, max_copies: int = 2) -> list[list[int]]:
-        """`max_copies` sets of the per-tile buffers when they fit (double buffering: tile i+1
-        loads into one set while tile i computes in the other), fewer otherwise."""
+    def alloc_plan(self, resident: list[int], per_set: list[int], label: str,
+                   max_copies: int = 2) -> tuple[list[int], list[list[int]]]:
+        """One allocation of the group's resident buffers plus `max_copies` (or fewer, if they
+        do not fit) sets of per-tile buffers: (resident offsets, offsets of each set)."""
         for copies in range(max_copies, 0, -1):
-            if self.fits(sizes * copies):
-                flat = self.alloc_many(sizes * copies, label)
-                return [flat[i * len(sizes):(i + 1) * len(sizes)] for i in range(copies)]
-        need = self._packed_end(self.used, sizes, self.chip.core.lmem_align_bytes)
+            if self.fits(resident + per_set * copies):
+                flat = self.alloc_many(resident + per_set * copies, label)
+                res, rest = flat[:len(resident)], flat[len(resident):]
+                n = len(per_set)
+                return res, [rest[i * n:(i + 1) * n] for i in range(copies)]
+        need = self._packed_end(self.used, resident + per_set, self.chip.core.lmem_align_bytes)
         raise LoweringError(f"{label}: needs {need} B of LMEM per lane, {self.capacity} B available")

@@ -160,19 +160,16 @@ class ConvEmitter:
         geo, chip, ctx = self.geom, self.chip, self.ctx
         self.ct, self.ht, self.ict, self.w_res = self._choose(cin_g, cout_g)
         res_sizes = self._resident_sizes(cin_g, cout_g, self.w_res)
-        res = self.arena.alloc_many(res_sizes, self.node.name)
+        load, outs = self._set_sizes(self.ct, self.ht, self.ict, cin_g, self.w_res)
+        res, sets = self.arena.alloc_plan(res_sizes, load + outs, self.node.name)
+        self.load_sets = [s[:len(load)] for s in sets]
+        self.out_sets = [s[len(load):] for s in sets]
         self.bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
         if self.bias is not None:
             ctx.em.load(self.bias_tile, DRegion(ctx.const_addr(f"bias:{self.node.name}", self.bias, Prec.FP32),
                                                 (1, geo.cout, 1, 1), (geo.cout, 1, 1, 1), Prec.FP32))
         self.w_res_offset = res[1] if self.w_res else None
         self.epi.load_residents(res[2 if self.w_res else 1:], geo.cout, geo.wo)
-        load, outs = self._set_sizes(self.ct, self.ht, self.ict, cin_g, self.w_res)
-        copies = 2 if self.arena.fits((load + outs) * 2) else 1
-        flat = self.arena.alloc_many((load + outs) * copies, self.node.name)
-        n_l, n_o = len(load), len(outs)
-        self.load_sets = [flat[i * (n_l + n_o): i * (n_l + n_o) + n_l] for i in range(copies)]
-        self.out_sets = [flat[i * (n_l + n_o) + n_l: (i + 1) * (n_l + n_o)] for i in range(copies)]
         flatw = self.weights.reshape(geo.cout, -1)
         self.w_addr = ctx.const_addr(f"convw:{self.node.name}", flatw)
 
@@ -310,7 +307,7 @@ class ConvEmitter:
         if choice is None:
             raise LoweringError(f"layer {self.node.name}: no tiling of depthwise conv fits LMEM")
         ct, ht = choice
-        res = self.arena.alloc_many(res_sizes, self.node.name)
+        res, sets = self.arena.alloc_plan(res_sizes, sizes(ct, ht), self.node.name)
         bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
         w_tile = make_tile(chip, res[1], (1, geo.cout, 1, kk), prec, compact=True)
         w_addr = ctx.const_addr(f"dww:{self.node.name}", self.weights.reshape(geo.cout, kk))
@@ -319,9 +316,6 @@ class ConvEmitter:
             ctx.em.load(bias_tile, DRegion(ctx.const_addr(f"bias:{self.node.name}", self.bias, Prec.FP32),
                                            (1, geo.cout, 1, 1), (geo.cout, 1, 1, 1), Prec.FP32))
         self.epi.load_residents(res[2:], geo.cout, geo.wo)
-        set_sizes = sizes(ct, ht)
-        flat = self.arena.alloc_many(set_sizes * 2, self.node.name)
-        sets = [flat[:len(set_sizes)], flat[len(set_sizes):]]
         tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cout, ct) for h0, h in steps(geo.ho, ht)]
 
         def load(t, s):
@@ -352,4 +346,4 @@ class ConvEmitter:
                                opd1_y_ins0=geo.dy - 1, **extra, **f))
             self._finish_tile(out, sets[s][1:], n, c0, c, h0, h, False)
 
-        pipelined(tiles, 2, load, compute)
+        pipelined(tiles, len(sets), load, compute)

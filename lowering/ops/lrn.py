@@ -44,10 +44,8 @@ class LrnEmitter:
         if choice is None:
             raise LoweringError(f"layer {self.node.name}: LRN over {self.c} channels does not fit LMEM")
         ht, copies = choice
-        w_off = arena.alloc(w_size, self.node.name)
-        sizes = self._sizes(ht)
-        flat = arena.alloc_many(sizes * copies, self.node.name)
-        self.sets = [flat[i * len(sizes):(i + 1) * len(sizes)] for i in range(copies)]
+        (w_off,), self.sets = arena.alloc_plan([w_size], self._sizes(ht), self.node.name, copies)
+        copies = len(self.sets)
         self.w_tile = make_tile(chip, w_off, (1, self.c, 1, self.c), Prec.FP32, compact=True)
         size = int(self.node.attr("size"))
         addr = ctx.const_addr(f"lrnband:{self.node.name}", band_matrix(self.c, size), Prec.FP32)

@@ -127,12 +127,9 @@ class MatmulEmitter:
         self.mt, self.nt, self.kt, self.r_res = self._choose()
         self.arena = ctx.arena()
         res, load, outs = self._sizes(self.mt, self.nt, self.kt, self.r_res)
-        res_offs = self.arena.alloc_many(res, self.node.name) if res else []
-        copies = 2 if self.arena.fits((load + outs) * 2) else 1
-        flat = self.arena.alloc_many((load + outs) * copies, self.node.name)
-        per = len(load) + len(outs)
-        self.load_sets = [flat[i * per: i * per + len(load)] for i in range(copies)]
-        self.out_sets = [flat[i * per + len(load): (i + 1) * per] for i in range(copies)]
+        res_offs, sets = self.arena.alloc_plan(res, load + outs, self.node.name)
+        self.load_sets = [s[:len(load)] for s in sets]
+        self.out_sets = [s[len(load):] for s in sets]
         r_res_count = 1 if self.r_res else 0
         self.epi.load_residents(res_offs[r_res_count:], self._epi_rows(), geo.n)
         self.r_tile = make_tile(chip, res_offs[0], (1, geo.k, 1, geo.n), ctx.prec) if self.r_res else None

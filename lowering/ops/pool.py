@@ -85,9 +85,8 @@ class PoolEmitter:
         if choice is None:
             raise LoweringError(f"layer {self.node.name}: no tiling of the pool fits LMEM")
         ct, ht, copies = choice
-        set_sizes = self._sizes(ct, ht)
-        flat = arena.alloc_many(set_sizes * copies, self.node.name)
-        sets = [flat[i * len(set_sizes):(i + 1) * len(set_sizes)] for i in range(copies)]
+        _, sets = arena.alloc_plan([], self._sizes(ct, ht), self.node.name, copies)
+        copies = len(sets)
         if self.inv_count is not None:
             self.map_addr = ctx.const_addr(f"poolcount:{self.node.name}", self.inv_count, Prec.FP32)
         tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cin, ct) for h0, h in steps(geo.ho, ht)]

@@ -41,21 +41,16 @@ class RowPlanner:
 
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group, self.graph = ctx, group, ctx.graph
-        anchor = group.anchor
-        self.view = ewise.node_view(self.graph, anchor, group.splits[anchor.name])
+        self.view = ewise.view_of(group.full_shape, group.split)
         self.kinds: dict[str, Kind] = {}
         self.operands: dict[tuple[str, int], Operand] = {}
         self._classify()
         self.plan = self._assign_slots()
 
-    def node_ref_shape(self, node) -> tuple[int, ...]:
-        ref = node.inputs[0] if node.op_type in set(ROW_REDUCE) | ROW_NORMALIZE else node.outputs[0]
-        return self.graph.tensor(ref).shape
-
     def _classify(self) -> None:
         produced = self.group.produced()
         for node in self.group.nodes:
-            split, ref = self.group.splits[node.name], self.node_ref_shape(node)
+            split, ref = self.group.split, self.group.full_shape
             for i, t in enumerate(node.inputs):
                 if not t:
                     continue
@@ -215,8 +210,7 @@ class RowGroupEmitter:
         ctx = self.ctx
         rt, dt = self._choose_tile()
         arena = ctx.arena()
-        res_offsets = arena.alloc_many(self._resident_sizes(), self.group.name) if self.planner.plan.residents else []
-        sets = arena.buffer_sets(self._set_sizes(rt, dt), self.group.name)
+        res_offsets, sets = arena.alloc_plan(self._resident_sizes(), self._set_sizes(rt, dt), self.group.name)
         self.residents = self._load_residents(res_offsets)
         tiles = [(r0, r, d0, d) for r0, r in steps(self.rows, rt) for d0, d in steps(self.cols, dt)]
         pipelined(tiles, len(sets), lambda t, s: self._load_tile(t, sets[s]),
