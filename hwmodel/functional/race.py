@@ -99,7 +99,7 @@ class RaceDetector:
                 continue
             if e2 != e:
                 if (write or w2) and id2 > clock[e2] and m2 & mask and lo2 < hi and lo < hi2:
-                    raise self._race(rec, new)
+                    raise self._race(rec, new, clock[e2])
             elif (write or not w2) and not m2 & ~mask and new_lo <= max(lo2, b_lo) and min(hi2, b_hi) <= new_hi:
                 continue
             kept.append(rec)
@@ -111,11 +111,13 @@ class RaceDetector:
         instr = self.program.queue(engine)[cid - 1]
         return describe(instr, cid, self.program.layer_of(engine, cid - 1))
 
-    def _race(self, old: tuple, new: tuple) -> RaceError:
+    def _race(self, old: tuple, new: tuple, seen: int) -> RaceError:
         both = old[0] & new[0]
         lane = (both & -both).bit_length() - 1
         offset = max(old[1], new[1])
         verb = {True: "writes", False: "reads"}
+        later = f"{ENGINES[new[3]].letter}{new[4]}"
         return RaceError(f"LMEM race at lane {lane} offset {offset:#x}: {self._label(old[3], old[4])} "
                          f"{verb[old[5]]} and {self._label(new[3], new[4])} {verb[new[5]]} these bytes, "
-                         f"and no wait orders them")
+                         f"and no wait orders them ({later} is ordered after {ENGINES[old[3]].name} cmd "
+                         f"{seen} at most)")
