@@ -156,7 +156,7 @@ def operand_fields(prefix: str, x, prec: Prec) -> dict:
     if isinstance(x, LTile):
         return x.fields(prefix)
     if isinstance(x, (int, np.integer)) and not prec.is_float:
-        return {f"{prefix}_addr": int(x) & 0xFFFFFFFF, f"opt_{prefix}_const": 1, f"opt_{prefix}_prec": int(prec)}
+        return {f"{prefix}_addr": int(x), f"opt_{prefix}_const": 1, f"opt_{prefix}_prec": int(prec)}
     return {f"{prefix}_addr": f32_bits(float(x)), f"opt_{prefix}_const": 1,
             f"opt_{prefix}_prec": int(prec if prec.is_float else Prec.FP32)}
 

@@ -33,6 +33,42 @@ def cmd_disasm(path: Path, chip: str | None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ models, inspect
+
+def load_graph(model=None, input_shapes=None):
+    """A canonical frontend Graph from a bundled model name (None: the default model), an ONNX
+    file path, an onnx.ModelProto or serialized bytes; `input_shapes` fixes symbolic dims."""
+    from tpuflow import frontend, models
+    if model is None or (isinstance(model, str) and models.is_bundled(model) and not Path(model).is_file()):
+        name = model or models.DEFAULT_MODEL
+        return frontend.load(models.build(name), input_shapes, name=name)
+    if isinstance(model, (str, Path)) and not Path(model).exists() and Path(model).suffix != ".onnx" \
+            and len(Path(model).parts) == 1:
+        models.resolve(model)               # raises: neither a file nor a bundled model
+    return frontend.load(model, input_shapes)
+
+
+def cmd_inspect(model, chip: str | None, dtype: str, input_shapes, as_json: bool) -> int:
+    from tpuflow.frontend.summary import format_summary, inspect_summary
+    summary = inspect_summary(load_graph(model, input_shapes), load_chip(chip), dtype)
+    if as_json:
+        _print_json(summary)
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+def cmd_models(as_json: bool) -> int:
+    from tpuflow import models
+    rows = [(n, models.describe(n)) for n in models.names()]
+    if as_json:
+        _print_json([{"name": n, "description": d, "default": n == models.DEFAULT_MODEL} for n, d in rows])
+    else:
+        print(_table([(n + (" (default)" if n == models.DEFAULT_MODEL else ""), d) for n, d in rows],
+                     ("model", "description")))
+    return 0
+
+
 # ------------------------------------------------------------------ chips
 
 def cmd_chips(name: str | None, as_json: bool) -> int:
@@ -52,3 +88,91 @@ def cmd_chips(name: str | None, as_json: bool) -> int:
     print(f"{chip.name}: {chip.core.description}\nfingerprint {chip.fingerprint()}  (source: {chip.source})\n")
     print(_table(chip.describe(), ("key", "value", "unit", "meaning")))
     return 0
+
+
+# ------------------------------------------------------------------ model -> graph -> program
+
+def load_graph(model, input_shapes: dict | None = None):
+    """Bundled model name, path or ModelProto (None = the default model) -> canonical Graph."""
+    from tpuflow.frontend import load
+    from tpuflow.models import resolve
+    proto = model if hasattr(model, "graph") else resolve(model)
+    return load(proto, input_shapes or None, name=_model_label(model, proto))
+
+
+def _model_label(model, proto) -> str:
+    if model is None:
+        from tpuflow.models import DEFAULT_MODEL
+        return DEFAULT_MODEL
+    if isinstance(model, (str, Path)):
+        return Path(str(model)).stem
+    return proto.graph.name or "model"
+
+
+def compile_model(model, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
+                  input_shapes: dict | None = None):
+    """(Graph, Program) for a model: frontend, lowering, then the scheduler's ordering."""
+    from tpuflow.lowering import lower
+    chip = chip if isinstance(chip, ChipConfig) else load_chip(chip)
+    options = options or CompileOptions()
+    graph = load_graph(model, input_shapes)
+    program = lower(graph, chip, options)
+    if options.schedule != "program":
+        from tpuflow.scheduler import schedule
+        program = schedule(program, options.schedule, time_limit_s=options.time_limit_s)
+    return graph, program
+
+
+def cmd_compile(model, chip, options: CompileOptions, input_shapes: dict, output: Path) -> int:
+    from tpuflow.codegen import write_program
+    graph, program = compile_model(model, chip, options, input_shapes)
+    path = write_program(program, output, name=graph.name)
+    counts = program.counts()
+    print(f"compiled {graph.name} for {program.chip.name} ({options.dtype}, matmul={options.matmul}, "
+          f"schedule={options.schedule}): {counts['tiu']} TIU, {counts['gdma']} GDMA, {counts['tile']} TILE "
+          f"instructions -> {path}")
+    return 0
+
+
+# ------------------------------------------------------------------ verify
+
+def verify(model=None, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
+           input_shapes: dict | None = None, seed: int = 0, race_check: bool = True) -> dict:
+    """Compile, write the binaries, read and decode them back, run them on the functional model
+    (race detector on) with seeded random inputs, and compare every output with onnxruntime."""
+    import tempfile
+    from tpuflow.codegen import read_program, write_program
+    from tpuflow.compare import TOLERANCES, compare, random_inputs, reference_outputs
+    from tpuflow.hwmodel.functional import run
+    options = options or CompileOptions()
+    graph, program = compile_model(model, chip, options, input_shapes)
+    with tempfile.TemporaryDirectory(prefix="tpuflow-verify-") as tmp:
+        write_program(program, Path(tmp), name=graph.name)
+        decoded = read_program(Path(tmp), program.chip)
+    inputs = random_inputs(graph, seed)
+    ours = run(decoded, inputs, race_check=race_check)
+    ref = reference_outputs(graph, inputs)
+    errors = [compare(name, ours[name], ref[name]) for name in graph.outputs]
+    tol = TOLERANCES[options.dtype]
+    return {"ok": all(e.ok(options.dtype) for e in errors), "model": graph.name, "chip": program.chip.name,
+            "chip_fingerprint": program.chip.fingerprint(), "dtype": options.dtype, "matmul": options.matmul,
+            "schedule": options.schedule, "seed": seed, "race_check": race_check,
+            "rtol": tol["rtol"], "min_cosine": tol["min_cosine"], "atol": 0.0,
+            "instructions": program.counts(), "outputs": [e.as_dict() for e in errors]}
+
+
+def cmd_verify(model, chip, options: CompileOptions, input_shapes: dict, seed: int, race_check: bool,
+               as_json: bool) -> int:
+    result = verify(model, chip, options, input_shapes, seed, race_check)
+    if as_json:
+        _print_json(result)
+    else:
+        rows = [(o["name"], f"{o['max_abs_err']:.3e}", f"{o['max_rel_err']:.3e}", f"{o['cosine']:.6f}",
+                 "ok" if o["max_rel_err"] <= result["rtol"] and o["cosine"] >= result["min_cosine"] else "FAIL")
+                for o in result["outputs"]]
+        print(f"verify {result['model']} on {result['chip']} ({result['dtype']}, matmul={result['matmul']}, "
+              f"seed {result['seed']}, race check {'on' if race_check else 'off'})")
+        print(_table(rows, ("output", "max_abs_err", "max_rel_err", "cosine", "")))
+        print(f"{'PASS' if result['ok'] else 'FAIL'}: bounds max_rel_err <= {result['rtol']:g}, "
+              f"cosine >= {result['min_cosine']:g}")
+    return 0 if result["ok"] else 1
