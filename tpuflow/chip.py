@@ -105,6 +105,8 @@ class IfeConfig:
     axi_instr_word_bits: int = p("bit", "AXI mode instruction granule (160-bit words)")
     axi_response_delay_cycles: int = p("cycles", "axi_slv_rsp_delay_")
     instr_fifo_depth: int = p("entries", "INSTR_FIFO_LENGTH")
+    async_stage_cycles: int = p("cycles", "async_deal1 / async_deal2: cycles each side of the clk_i -> clk_ife crossing")
+    transfer_cycles: int = p("cycles", "clk_ife cycles to hand one command to its engine (pe_ife_*_ini_ handshake)")
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,8 @@ class TiuConfig:
     cube_arb_delay_cycles: int = p("cycles", "DPC_ARB_CUBE_DELAY_CYCLE")
     cube_arb_buffer: int = p("entries", "DPC_ARB_CUBE_BUFFER_SIZE")
     bank_conflict_bubble_cycles: int = p("cycles", "bubble per extra operand on a busy bank", check=_non_negative)
+    psum_add_delay_cycles: int = p("cycles", "psum_add_delay_: extra cycles per cube output step when accumulating "
+                                   "partial sums (opt_res_add)", check=_non_negative)
     startup_cycles: Mapping[str, int] = field(metadata={
         "unit": "cycles", "doc": "fixed instruction overhead by class (TPUPerf formulas)",
         "check": _non_negative,

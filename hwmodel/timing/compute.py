@@ -1,0 +1,162 @@
+"""Compute cost of TIU and TILE instructions: the TPUPerf-derived cycle formulas of hardware.md.
+
+TIU (cycles of the TIU clock; `eu` = vector EU elements per lane of the dtype, `ic`/`ohow` =
+chip.compute.cube_ic_per_cycle / cube_ohow_per_cycle of the dtype, `L` = lanes):
+
+  CONV  steps = N * ceil(Cout/L) * ceil(Ho*Wo/ohow);  body = steps * (kh*kw*ceil(Cin/ic) + psum)
+        psum = tiu.psum_add_delay_cycles when opt_res_add, else 0
+  MM2   steps = ceil(M/L) * ceil(N/ohow);            body = steps * (ceil(K/ic) + bias + psum)
+        bias = 1 when the bias row is a tensor (hardware.md's MM2.nn term); nn/nt/tt differ in startup
+  AR, LIN, CMP, SFU, CW/BC   body = N * ceil(C/L) * ceil(H*W/eu) * passes  (of res0's shape)
+        passes: SFU taylor = opd1_n terms, taylor_4x = ceil(opd1_n/4), otherwise 1
+  PorD  body = N * ceil(C/L) * ceil(Ho*Wo/eu) * kh*kw
+  SYS   body = 0
+
+cycles = startup (tiu.startup_cycles of the class) + body + bank-conflict bubbles (see banks.py).
+The cube pipe (CONV, MM2) consumes `ic` input channels for `ohow` output pixels on each lane per
+cycle, so its MACs/cycle never exceed chip.peak_macs_per_cycle (the roofline bound holds).
+fp32 "cube" work runs at ic = 1, ohow = 16 (the vector EU), as the chip files state.
+
+TILE (cycles of the tile clock): TMATMUL/TGEMV do ceil(M/fm)*ceil(N/fn)*ceil(K/K0) fractal steps
+of fm*fn*K0 MACs at tile.tile_macs_per_cycle (K0 = k_fractal_bytes / element bytes; TGEMV M = 1):
+cycles = block_overhead + fill_latency + ceil(steps*fm*fn*K0 / macs_per_cycle). ACCCVT drains
+Row*Col*4 bytes at acccvt_bytes_per_cycle: block_overhead + ceil(Row*Col*4 / bpc). TPUSH: overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpuflow.chip import ChipConfig
+from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, CwBcTiu, Instruction, LinTiu, Mm2Tiu, PordTiu, Prec,
+                         SfuTiu, SysTiu, TiuInstruction, TMatmul, TPush)
+from tpuflow.isa.tile import DT_BYTES
+
+CUBE, VECTOR = "cube", "vector"
+_DTYPE_OF_BYTES = {1: "int8", 2: "fp16", 4: "fp32"}
+
+
+def chip_dtype(prec: int) -> str:
+    """Chip-table dtype of a descriptor precision code (int16 counts as a 16-bit type, int32 as 32-bit)."""
+    p = Prec(prec)
+    if p is Prec.BF16:
+        return "bf16"
+    return _DTYPE_OF_BYTES[p.bytes]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class TiuWork:
+    """What the DPC needs to time one TIU instruction (bubbles are added by banks.py)."""
+
+    pipe: str            # CUBE or VECTOR
+    startup: int         # fixed cycles in COMPUTE before the body
+    steps: int           # body steps (cube: output tiles; vector: EU vectors)
+    cycles_per_step: int
+    latency: int         # compute pipeline latency (drain) from tiu.compute_latency_cycles
+
+    @property
+    def body(self) -> int:
+        return self.steps * self.cycles_per_step
+
+
+def vector_dtype(instr: TiuInstruction) -> str:
+    sizes = [Prec(getattr(instr, f)).bytes for f in ("opt_res0_prec", "opt_opd0_prec") if hasattr(instr, f)]
+    widest = max(sizes)
+    if widest == 2 and getattr(instr, "opt_res0_prec", None) == Prec.BF16:
+        return "bf16"
+    return _DTYPE_OF_BYTES[widest]
+
+
+def _conv(instr: ConvTiu, chip: ChipConfig) -> tuple[int, int]:
+    dt = chip_dtype(instr.opt_opd0_prec)
+    ic, ohow = chip.compute.cube_ic_per_cycle[dt], chip.compute.cube_ohow_per_cycle[dt]
+    steps = instr.res0_n * cdiv(instr.res0_c, chip.lanes) * cdiv(instr.res0_h * instr.res0_w, ohow)
+    psum = chip.tiu.psum_add_delay_cycles if instr.opt_res_add else 0
+    return steps, instr.opd1_h * instr.opd1_w * cdiv(instr.opd0_c, ic) + psum
+
+
+def _mm2(instr: Mm2Tiu, chip: ChipConfig) -> tuple[int, int]:
+    dt = chip_dtype(instr.opt_opd0_prec)
+    ic, ohow = chip.compute.cube_ic_per_cycle[dt], chip.compute.cube_ohow_per_cycle[dt]
+    m, n, k = instr.mnk
+    bias = 0 if instr.opt_opd2_const else 1
+    psum = chip.tiu.psum_add_delay_cycles if instr.opt_res_add else 0
+    return cdiv(m, chip.lanes) * cdiv(n, ohow), cdiv(k, ic) + bias + psum
+
+
+def _passes(instr: TiuInstruction) -> int:
+    if isinstance(instr, SfuTiu):
+        if instr.op == "taylor":
+            return max(1, instr.opd1_n)
+        if instr.op == "taylor_4x":
+            return max(1, cdiv(instr.opd1_n, 4))
+    return 1
+
+
+def _vector_steps(instr: TiuInstruction, chip: ChipConfig) -> int:
+    n, c, h, w = instr.res0_shape
+    eu = chip.eu_count(vector_dtype(instr))
+    return n * cdiv(c, chip.lanes) * cdiv(h * w, eu)
+
+
+_STARTUP_KEY = {ArTiu: "ar", SfuTiu: "sfu", LinTiu: "lin", CmpTiu: "cmp", CwBcTiu: "cwbc", PordTiu: "pord",
+                ConvTiu: "conv", SysTiu: "sys"}
+
+
+def tiu_work(instr: TiuInstruction, chip: ChipConfig) -> TiuWork:
+    t = chip.tiu
+    latency = t.compute_latency(instr.TSK_TYP, instr.tsk_eu_typ)
+    if isinstance(instr, ConvTiu):
+        steps, per = _conv(instr, chip)
+        return TiuWork(CUBE, t.startup_cycles["conv"], steps, per, latency)
+    if isinstance(instr, Mm2Tiu):
+        steps, per = _mm2(instr, chip)
+        return TiuWork(CUBE, t.startup_cycles[f"mm2_{instr.op}"], steps, per, latency)
+    startup = t.startup_cycles[_STARTUP_KEY[type(instr)]]
+    if isinstance(instr, SysTiu):
+        return TiuWork(VECTOR, startup, 0, 1, latency)
+    if isinstance(instr, PordTiu):
+        steps = _vector_steps(instr, chip)
+        return TiuWork(VECTOR, startup, steps, instr.opd1_h * instr.opd1_w, latency)
+    return TiuWork(VECTOR, startup, _vector_steps(instr, chip), _passes(instr), latency)
+
+
+def tiu_macs(instr: Instruction) -> int:
+    """Multiply-accumulates of a cube instruction (CONV, MM2), 0 for the others."""
+    if isinstance(instr, ConvTiu):
+        return (instr.res0_n * instr.res0_c * instr.res0_h * instr.res0_w
+                * instr.opd0_c * instr.opd1_h * instr.opd1_w)
+    if isinstance(instr, Mm2Tiu):
+        m, n, k = instr.mnk
+        return m * n * k
+    return 0
+
+
+def tile_macs(instr: Instruction) -> int:
+    if isinstance(instr, TMatmul):
+        return (1 if instr.is_gemv else instr.m) * instr.n * instr.k
+    return 0
+
+
+def tile_cycles(instr: Instruction, chip: ChipConfig) -> int:
+    """Cycles (tile clock) of one TILE block."""
+    tc = chip.tile
+    if isinstance(instr, TMatmul):
+        k0 = max(1, tc.k_fractal_bytes // DT_BYTES[instr.dt])
+        m = 1 if instr.is_gemv else instr.m
+        steps = cdiv(m, tc.fractal_m) * cdiv(instr.n, tc.fractal_n) * cdiv(instr.k, k0)
+        macs_per_cycle = chip.compute.tile_macs_per_cycle[chip_dtype(_TILE_PREC[instr.dt])]
+        return tc.block_overhead_cycles + tc.fill_latency_cycles + cdiv(steps * tc.fractal_m * tc.fractal_n * k0,
+                                                                          macs_per_cycle)
+    if isinstance(instr, AccCvt):
+        return tc.block_overhead_cycles + cdiv(instr.row * instr.col * 4, tc.acccvt_bytes_per_cycle)
+    if isinstance(instr, TPush):
+        return tc.block_overhead_cycles
+    raise TypeError(f"not a TILE block: {type(instr).__name__}")
+
+
+_TILE_PREC = {"FP32": Prec.FP32, "FP16": Prec.FP16, "BF16": Prec.BF16, "S8": Prec.INT8, "S32": Prec.INT32}

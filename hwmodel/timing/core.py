@@ -1,0 +1,114 @@
+"""The simulator of one core: wires IFE, TIU, GDMA (+ WDC) and TILE onto one event heap and runs it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpuflow.errors import DeadlockError
+from tpuflow.hwmodel.timing.clocks import Clocks
+from tpuflow.hwmodel.timing.deps import Waits
+from tpuflow.hwmodel.timing.descriptors import descriptor_bits
+from tpuflow.hwmodel.timing.engines import GDMA, TILE, TIU, GdmaEngine, TiuEngine, TileEngine
+from tpuflow.hwmodel.timing.events import TRANSFER, EventQueue
+from tpuflow.hwmodel.timing.gdma import GdmaModel
+from tpuflow.hwmodel.timing.ife import Ife
+from tpuflow.hwmodel.timing.result import STAGES, STALLS, DramResult, SimResult, busy_union_ps
+from tpuflow.hwmodel.timing.wdc import Wdc
+from tpuflow.program import ENGINES, Program
+
+_COLUMNS = STAGES + STALLS
+
+
+class Simulator:
+    def __init__(self, program: Program, waits: Waits):
+        self.program, self.waits = program, waits
+        chip = program.chip
+        self.chip = chip
+        self.clocks = clocks = Clocks.of(chip)
+        self.queue = EventQueue()
+        self.wdc = Wdc(chip, clocks)
+        queues = [program.queue(e) for e in ENGINES]
+        self.cols = [{c: np.zeros(len(q), dtype=np.int64) for c in _COLUMNS} for q in queues]
+        self.order = [(e_code(e), i) for e, i in program.issue_sequence()]
+        self.pos_of = [[0] * len(q) for q in queues]
+        for pos, (code, index) in enumerate(self.order):
+            self.pos_of[code][index] = pos
+        bits = [descriptor_bits(queues[code][index]) for code, index in self.order]
+        self.engines = [TiuEngine(self, chip, queues[TIU], clocks.tiu.period),
+                        GdmaEngine(self, chip, queues[GDMA], clocks.gdma.period, GdmaModel(chip, clocks, self.wdc)),
+                        TileEngine(self, chip, queues[TILE], clocks.tile)]
+        self.ife = Ife(self, chip, clocks, self.order, bits)
+
+    # ---- sync ids
+    def tiu_sync(self) -> int:
+        return self.engines[TIU].sync
+
+    def tdma_sync(self) -> int:
+        return self.engines[GDMA].sync
+
+    def tile_sync(self) -> int:
+        return self.engines[TILE].sync
+
+    def sync_changed(self, code: int) -> None:
+        for engine in self.engines:
+            if engine.code != code:
+                engine.poke()
+
+    # ---- callbacks from the IFE and the engines
+    def record(self, code: int, index: int, column: str, value: int) -> None:
+        self.cols[code][column][index] = value
+
+    def on_issue(self, pos: int, now: int, fifo_wait: int) -> None:
+        code, index = self.order[pos]
+        c = self.cols[code]
+        txi, pack, dec, chk, iss = self.ife.stage_times(pos)
+        c["txi_acq"][index], c["pack"][index], c["decode"][index], c["check"][index] = txi, pack, dec, chk
+        c["issue"][index] = iss
+        c["fifo_full"][index] += fifo_wait
+
+    def on_transfer(self, pos: int, now: int, arrival: int) -> None:
+        code, index = self.order[pos]
+        c = self.cols[code]
+        c["transfer"][index] = arrival
+        c["fifo_full"][index] += max(0, now - c["issue"][index] - self.ife.handover)
+        self.queue.schedule(arrival, TRANSFER, self.engines[code].arrive, index)
+
+    def cmd_taken(self, code: int, index: int) -> None:
+        self.ife.cmd_taken(code, self.pos_of[code][index])
+
+    # ---- run
+    def run(self) -> SimResult:
+        self.ife.start()
+        self.queue.run()
+        self._check_finished()
+        return self._result()
+
+    def _check_finished(self) -> None:
+        queues = (self.program.tiu, self.program.gdma, self.program.tile)
+        stuck = [e for e, q in zip(self.engines, queues) if e.sync < len(q)]
+        if stuck:
+            heads = "; ".join(e.blocked_on() for e in stuck)
+            raise DeadlockError(f"timing model: engines wait on each other forever: {heads}")
+
+    def _result(self) -> SimResult:
+        program, waits = self.program, self.waits
+        engine = np.concatenate([np.full(len(c["end"]), code, dtype=np.int8) for code, c in enumerate(self.cols)])
+        cmd_id = np.concatenate([np.arange(1, len(c["end"]) + 1, dtype=np.int64) for c in self.cols])
+        deps = np.concatenate([np.asarray(waits.tiu_dep, dtype=np.int64), np.asarray(waits.gdma_dep, dtype=np.int64),
+                               np.asarray(waits.tile_tiu, dtype=np.int64)])
+        times = {s: np.concatenate([c[s] for c in self.cols]) for s in STAGES}
+        stalls = {s: np.concatenate([c[s] for c in self.cols]) for s in STALLS}
+        ops = [instr.op_name for e in ENGINES for instr in program.queue(e)]
+        layers = [program.layer_of(e, i) for e in ENGINES for i in range(len(program.queue(e)))]
+        busy = {e.value: busy_union_ps(c["start"], c["end"]) for e, c in zip(ENGINES, self.cols)}
+        st = self.wdc.stats
+        dram = DramResult(st.bytes_read, st.bytes_written, st.bursts, st.page_hits.copy(), st.page_misses.copy(),
+                          st.page_opens.copy(), max(0, st.last_ps - max(st.first_ps, 0)), self.chip.dram.peak_gbps)
+        total = int(times["end"].max()) if len(engine) else 0
+        periods = (self.clocks.tiu.period, self.clocks.gdma.period, self.clocks.tile.period)
+        return SimResult(engine, cmd_id, deps, ops, layers, times, stalls, periods, busy, dram, total,
+                         events=self.queue.processed, chip_fingerprint=self.chip.fingerprint())
+
+
+def e_code(engine) -> int:
+    return ENGINES.index(engine)

@@ -1,0 +1,167 @@
+"""The IFE check stage's dependency logic: chunk-bitmap re-derivation (bitmap mode), comparison with the
+compiled waits, and the serialising auto mode (CSR DIS_AUTO_DEP_ID = 1).
+
+Bitmap rule (independent of the compiler's implementation; only program.accesses is shared): an
+LMEM byte (lane, offset) is in chunk (lane // deps.chunk_lanes, offset // chunk_bytes_per_lane).
+Walking instructions in issue order with, per engine and chunk, the last reader id and last
+writer id, a TIU/GDMA instruction X with other engine O depends on
+    max(last_writer[O][c] for c in reads(X) | writes(X), last_reader[O][c] for c in writes(X))
+(0 if none); TILE blocks compute wait_tiu_id / wait_gdma_id the same way against TIU / GDMA. A
+TIU or GDMA instruction whose chunks conflict with TILE blocks must directly follow, in its own
+queue, a SYS tile wait (TILE_WAIT_TAG) whose operand is the largest conflicting TILE id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpuflow.errors import TpuflowError
+from tpuflow.isa import TILE_WAIT_TAG, Engine, SysDma, SysTiu
+from tpuflow.program import Program
+
+ENGINE_CODE = {Engine.TIU: 0, Engine.GDMA: 1, Engine.TILE: 2}
+LETTERS = "BDT"
+
+
+class DependencyCheckError(TpuflowError):
+    """The compiled waits disagree with the chunk bitmaps the IFE check stage re-derives."""
+
+
+@dataclass
+class Waits:
+    """Effective waits per instruction (0-based index per engine): what each engine waits for."""
+
+    tiu_dep: list[int]          # TIU instruction waits until tdma_sync_id >= this
+    gdma_dep: list[int]         # GDMA instruction waits until tiu_sync_id >= this
+    tile_tiu: list[int]         # TILE block waits until tiu_sync_id >= this
+    tile_gdma: list[int]        # ... and tdma_sync_id >= this
+    tiu_tile: list[int]         # SYS tile wait operand (0 = none): tile_sync_id >= this
+    gdma_tile: list[int]
+
+
+def tile_wait_operand(instr) -> int:
+    """Operand k of a SYS instruction that waits for TILE block k, else 0."""
+    if isinstance(instr, SysTiu) and instr.op == "wait_msg" and instr.reg_idx == TILE_WAIT_TAG:
+        return instr.imm
+    if isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG:
+        return instr.constant_value
+    return 0
+
+
+class ChunkTables:
+    """Last reader / writer id per (engine, chunk): array [engine*2 + (0 reader, 1 writer), group, chunk]."""
+
+    def __init__(self, program: Program):
+        chip = program.chip
+        self.chunk_lanes = chip.deps.chunk_lanes
+        self.chunk_bytes = chip.chunk_bytes_per_lane
+        self.lane_bytes = chip.lmem_bytes_per_lane
+        groups = chip.lanes // chip.deps.chunk_lanes
+        self.table = np.zeros((6, groups, chip.deps.chunk_count // groups), dtype=np.int64)
+
+    def _slices(self, r) -> tuple[slice, slice]:
+        hi = min(r.hi, self.lane_bytes)
+        return (slice(r.lane // self.chunk_lanes, (r.lane + r.lanes - 1) // self.chunk_lanes + 1),
+                slice(r.lo // self.chunk_bytes, (hi - 1) // self.chunk_bytes + 1))
+
+    def conflicts(self, reads, writes) -> np.ndarray:
+        """Per engine: the largest conflicting id (RAW/WAW on writers, WAR on readers)."""
+        best = np.zeros(6, dtype=np.int64)
+        for r in reads:
+            g, c = self._slices(r)
+            best = np.maximum(best, self.table[:, g, c].max(axis=(1, 2)))
+        best[0::2] = 0  # reads conflict with writers only
+        for r in writes:
+            g, c = self._slices(r)
+            best = np.maximum(best, self.table[:, g, c].max(axis=(1, 2)))
+        return np.maximum(best[0::2], best[1::2])
+
+    def record(self, engine: int, cmd_id: int, reads, writes) -> None:
+        for r in reads:
+            g, c = self._slices(r)
+            self.table[2 * engine, g, c] = cmd_id
+        for r in writes:
+            g, c = self._slices(r)
+            self.table[2 * engine + 1, g, c] = cmd_id
+
+
+def derive_bitmap_waits(program: Program) -> tuple[Waits, list[str]]:
+    """Waits from the chunk bitmaps, and a description of every disagreement with the compiled ones."""
+    tables = ChunkTables(program)
+    waits = _compiled_waits(program)
+    problems: list[str] = []
+    for engine, index in program.issue_sequence():
+        code = ENGINE_CODE[engine]
+        acc = program.accesses(engine, index)
+        reads, writes = acc.lmem_reads, acc.lmem_writes
+        conflict = tables.conflicts(reads, writes) if (reads or writes) else np.zeros(3, dtype=np.int64)
+        if code == 2:
+            _check_tile(program, index, int(conflict[0]), int(conflict[1]), problems)
+        else:
+            _check_tiu_gdma(program, engine, index, int(conflict[1 - code]), int(conflict[2]), problems)
+        tables.record(code, index + 1, reads, writes)
+    return waits, problems
+
+
+def _check_tile(program: Program, index: int, want_tiu: int, want_gdma: int, problems: list[str]) -> None:
+    instr = program.tile[index]
+    if instr.wait_tiu_id != want_tiu or instr.wait_gdma_id != want_gdma:
+        problems.append(f"T{index + 1} waits B{instr.wait_tiu_id},D{instr.wait_gdma_id}, "
+                        f"bitmaps give B{want_tiu},D{want_gdma}")
+
+
+def _check_tiu_gdma(program: Program, engine: Engine, index: int, want: int, want_tile: int,
+                    problems: list[str]) -> None:
+    queue = program.queue(engine)
+    instr = queue[index]
+    letter, other = (("B", "D") if engine is Engine.TIU else ("D", "B"))
+    if instr.cmd_id_dep != want:
+        problems.append(f"{letter}{index + 1} cmd_id_dep={other}{instr.cmd_id_dep}, bitmaps give {other}{want}")
+    if want_tile:
+        before = tile_wait_operand(queue[index - 1]) if index > 0 else 0
+        if before != want_tile:
+            problems.append(f"{letter}{index + 1} conflicts with T{want_tile} but is not preceded by a SYS "
+                            f"wait for T{want_tile}" + (f" (waits for T{before})" if before else ""))
+
+
+def _compiled_waits(program: Program) -> Waits:
+    return Waits(tiu_dep=[i.cmd_id_dep for i in program.tiu], gdma_dep=[i.cmd_id_dep for i in program.gdma],
+                 tile_tiu=[i.wait_tiu_id for i in program.tile], tile_gdma=[i.wait_gdma_id for i in program.tile],
+                 tiu_tile=[tile_wait_operand(i) for i in program.tiu],
+                 gdma_tile=[tile_wait_operand(i) for i in program.gdma])
+
+
+def auto_waits(program: Program) -> Waits:
+    """Auto mode: each TIU instruction waits for every GDMA instruction issued before it and vice
+    versa; TILE blocks wait for every TIU and GDMA instruction issued before them (SYS tile waits
+    stay as compiled)."""
+    waits = _compiled_waits(program)
+    seen = {Engine.TIU: 0, Engine.GDMA: 0, Engine.TILE: 0}
+    for engine, index in program.issue_sequence():
+        if engine is Engine.TIU:
+            waits.tiu_dep[index] = seen[Engine.GDMA]
+        elif engine is Engine.GDMA:
+            waits.gdma_dep[index] = seen[Engine.TIU]
+        else:
+            waits.tile_tiu[index], waits.tile_gdma[index] = seen[Engine.TIU], seen[Engine.GDMA]
+        seen[engine] += 1
+    return waits
+
+
+def resolve_waits(program: Program, dep_mode: str | None, check: bool = True) -> Waits:
+    """Waits the engines honour: compiled (checked against the bitmaps unless check=False) or auto."""
+    if dep_mode == "auto":
+        return auto_waits(program)
+    if dep_mode not in (None, "bitmap"):
+        from tpuflow.errors import OptionError
+        raise OptionError(f"option --dep-mode: '{dep_mode}' is not one of bitmap, auto")
+    if not check:
+        return _compiled_waits(program)
+    waits, problems = derive_bitmap_waits(program)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DependencyCheckError(f"IFE check: compiled dependencies disagree with the chunk bitmaps: "
+                                   f"{problems[0]}{more}")
+    return waits

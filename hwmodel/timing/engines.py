@@ -1,0 +1,219 @@
+"""The three engines as event-driven components: command list, dispatch on waits, completion -> sync ids.
+
+Common behaviour: an engine takes the head of its command list when (a) its own resources allow
+(`earliest`), and (b) its waits hold: TIU cmd_id_dep <= tdma_sync_id, GDMA cmd_id_dep <=
+tiu_sync_id, TILE wait_tiu_id <= tiu_sync_id and wait_gdma_id <= tdma_sync_id, and a SYS tile
+wait's operand <= tile_sync_id. Sync ids advance in order at each instruction's end.
+
+TIU DPC pipes (CUBE for CONV/MM2, VECTOR otherwise; T = TIU period; d_* = the pipe's delays):
+  des_in   = dispatch (>= gen_in of the previous instruction: DES holds one descriptor; a pipe
+             switch also waits until the previous instruction has ended)
+  gen_in   = max(des_in + d_des*T, gen_release_prev)
+  start    = max(gen_in + (d_gen + d_issue + d_arb)*T, body_end_prev)      (first COMPUTE cycle)
+  body_end = start + (startup + body + bubbles)*T
+  gen_release = max(gen_in + (startup + body + bubbles)*T, body_end - lookahead*T)
+             (GEN runs ahead of COMPUTE by the ISSUE + ARB buffers: lookahead)
+  end      = max(body_end + compute_latency*T, end_prev)                    (in-order retirement)
+Vector ARB has no fixed delay (d_arb = 0; its cost is the bubbles).
+TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period.
+GDMA: one command at a time (gdma.py), the next after the previous one's end.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from tpuflow.chip import ChipConfig
+from tpuflow.hwmodel.timing.banks import bank_bubbles
+from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
+from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH
+from tpuflow.hwmodel.timing.gdma import GdmaModel
+from tpuflow.isa import Instruction
+
+TIU, GDMA, TILE = 0, 1, 2
+
+
+class EngineBase:
+    code: int
+
+    def __init__(self, sim, instrs: list[Instruction], period: int):
+        self.sim, self.q = sim, sim.queue
+        self.instrs = instrs
+        self.period = period
+        self.cmds: deque[int] = deque()      # indices in the command list
+        self.arrival = [0] * len(instrs)
+        self.sync = 0
+        self.scheduled = False
+
+    # --- to implement
+    def waits_hold(self, index: int) -> bool:
+        raise NotImplementedError
+
+    def earliest(self, index: int) -> int:
+        raise NotImplementedError
+
+    def execute(self, index: int, now: int) -> int:
+        """Time the instruction; record it; return its end time."""
+        raise NotImplementedError
+
+    # --- shared
+    def arrive(self, index: int) -> None:
+        self.arrival[index] = self.q.now
+        self.cmds.append(index)
+        self.poke()
+
+    def poke(self) -> None:
+        if self.scheduled or not self.cmds:
+            return
+        index = self.cmds[0]
+        if not self.waits_hold(index):
+            return
+        self.scheduled = True
+        self.q.schedule(max(self.q.now, self.earliest(index)), DISPATCH, self._dispatch)
+
+    def _dispatch(self, _) -> None:
+        self.scheduled = False
+        index = self.cmds.popleft()
+        now = self.q.now
+        self.sim.record(self.code, index, "dispatch", now)
+        self.sim.record(self.code, index, "dependency", now - max(self.arrival[index], self.earliest(index)))
+        self.sim.cmd_taken(self.code, index)
+        end = self.execute(index, now)
+        self.q.schedule(end, COMPLETE, self._complete, index)
+        self.poke()
+
+    def _complete(self, index: int) -> None:
+        self.sync = index + 1
+        self.sim.sync_changed(self.code)
+
+    def blocked_on(self) -> str:
+        """Why the head instruction cannot go (for deadlock reports)."""
+        if not self.cmds:
+            return "no command in its list"
+        return self.describe_wait(self.cmds[0])
+
+    def describe_wait(self, index: int) -> str:
+        raise NotImplementedError
+
+
+class TiuEngine(EngineBase):
+    code = TIU
+
+    def __init__(self, sim, chip: ChipConfig, instrs, period: int):
+        super().__init__(sim, instrs, period)
+        self.chip = chip
+        t = chip.tiu
+        self.pipes = {
+            CUBE: (t.cube_des_delay_cycles, t.cube_gen_delay_cycles + t.cube_issue_delay_cycles + t.cube_arb_delay_cycles,
+                   t.cube_issue_buffer + t.cube_arb_buffer),
+            "vector": (t.vector_des_delay_cycles, t.vector_gen_delay_cycles + t.vector_issue_delay_cycles,
+                       t.vector_issue_buffer + t.vector_arb_flow_buffer),
+        }
+        self.work = {}
+        self.gen_in = 0
+        self.gen_release = 0
+        self.body_end = 0
+        self.end = 0
+        self.pipe = None
+
+    def _work(self, index: int):
+        w = self.work.get(index)
+        if w is None:
+            instr = self.instrs[index]
+            work = tiu_work(instr, self.chip)
+            w = self.work[index] = (work, bank_bubbles(instr, self.chip))
+        return w
+
+    def waits_hold(self, index: int) -> bool:
+        s = self.sim
+        return s.tdma_sync() >= s.waits.tiu_dep[index] and s.tile_sync() >= s.waits.tiu_tile[index]
+
+    def earliest(self, index: int) -> int:
+        work, _ = self._work(index)
+        t = self.gen_in
+        if self.pipe is not None and work.pipe != self.pipe:
+            t = max(t, self.end)
+        return max(t, self.arrival[index])
+
+    def execute(self, index: int, now: int) -> int:
+        work, bubbles = self._work(index)
+        del self.work[index]
+        p = self.period
+        des, fill, lookahead = self.pipes[work.pipe]
+        gen_in = max(now + des * p, self.gen_release)
+        start = max(gen_in + fill * p, self.body_end)
+        cycles = work.startup + work.body + bubbles
+        body_end = start + cycles * p
+        self.gen_release = max(gen_in + cycles * p, body_end - lookahead * p)
+        end = max(body_end + work.latency * p, self.end)
+        self.gen_in, self.body_end, self.end, self.pipe = gen_in, body_end, end, work.pipe
+        rec = self.sim.record
+        rec(TIU, index, "start", start)
+        rec(TIU, index, "end", end)
+        rec(TIU, index, "bank_conflict", bubbles * p)
+        return end
+
+    def describe_wait(self, index: int) -> str:
+        s = self.sim
+        return (f"B{index + 1} waits for D{s.waits.tiu_dep[index]} (tdma_sync_id={s.tdma_sync()})"
+                + (f" and T{s.waits.tiu_tile[index]}" if s.waits.tiu_tile[index] else ""))
+
+
+class GdmaEngine(EngineBase):
+    code = GDMA
+
+    def __init__(self, sim, chip: ChipConfig, instrs, period: int, model: GdmaModel):
+        super().__init__(sim, instrs, period)
+        self.model = model
+        self.free = 0
+
+    def waits_hold(self, index: int) -> bool:
+        s = self.sim
+        return s.tiu_sync() >= s.waits.gdma_dep[index] and s.tile_sync() >= s.waits.gdma_tile[index]
+
+    def earliest(self, index: int) -> int:
+        return max(self.free, self.arrival[index])
+
+    def execute(self, index: int, now: int) -> int:
+        timing = self.model.run(self.instrs[index], now)
+        self.free = timing.end
+        rec = self.sim.record
+        rec(GDMA, index, "start", now)
+        rec(GDMA, index, "end", timing.end)
+        rec(GDMA, index, "dma_credit", timing.credit_stall)
+        rec(GDMA, index, "dram", timing.dram_stall)
+        return timing.end
+
+    def describe_wait(self, index: int) -> str:
+        s = self.sim
+        return (f"D{index + 1} waits for B{s.waits.gdma_dep[index]} (tiu_sync_id={s.tiu_sync()})"
+                + (f" and T{s.waits.gdma_tile[index]}" if s.waits.gdma_tile[index] else ""))
+
+
+class TileEngine(EngineBase):
+    code = TILE
+
+    def __init__(self, sim, chip: ChipConfig, instrs, clock):
+        super().__init__(sim, instrs, clock.period)
+        self.chip, self.clock = chip, clock
+        self.free = 0
+
+    def waits_hold(self, index: int) -> bool:
+        s = self.sim
+        return s.tiu_sync() >= s.waits.tile_tiu[index] and s.tdma_sync() >= s.waits.tile_gdma[index]
+
+    def earliest(self, index: int) -> int:
+        return max(self.free, self.arrival[index])
+
+    def execute(self, index: int, now: int) -> int:
+        start = self.clock.align(now)
+        end = start + tile_cycles(self.instrs[index], self.chip) * self.period
+        self.free = end
+        self.sim.record(TILE, index, "start", start)
+        self.sim.record(TILE, index, "end", end)
+        return end
+
+    def describe_wait(self, index: int) -> str:
+        s = self.sim
+        return (f"T{index + 1} waits for B{s.waits.tile_tiu[index]} and D{s.waits.tile_gdma[index]} "
+                f"(tiu_sync_id={s.tiu_sync()}, tdma_sync_id={s.tdma_sync()})")

@@ -1,0 +1,35 @@
+"""The deterministic event heap: events ordered by (time ps, priority, insertion sequence)."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+# Priorities at equal time: completions publish sync ids before anyone looks at them, then
+# engines dispatch, then the IFE moves instructions.
+COMPLETE, DISPATCH, TRANSFER, ISSUE = 0, 1, 2, 3
+
+
+class EventQueue:
+    """A SimPy-style core: schedule(time, priority, callback, arg); run() pops in (time, priority, seq)
+    order, so equal-time events are processed in a fixed, documented order and runs repeat exactly."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, int, Callable, object]] = []
+        self._seq = 0
+        self.now = 0
+        self.processed = 0
+
+    def schedule(self, time: int, priority: int, callback: Callable, arg: object = None) -> None:
+        if time < self.now:
+            raise AssertionError(f"event scheduled in the past: {time} < {self.now}")
+        self._seq += 1
+        heapq.heappush(self._heap, (time, priority, self._seq, callback, arg))
+
+    def run(self) -> None:
+        heap, pop = self._heap, heapq.heappop
+        while heap:
+            time, _, _, callback, arg = pop(heap)
+            self.now = time
+            self.processed += 1
+            callback(arg)

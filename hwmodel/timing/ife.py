@@ -1,0 +1,158 @@
+"""IFE: pre-decode, async FIFOs, decode, check and issue of the instruction stream; hand-over to engines.
+
+Stages run in order, one instruction each, with blocking after service: a stage holds its
+instruction until the FIFO after it has room (FIFO of depth d: instruction i may enter once
+instruction i - d has left it). Times in ps, S = clk_i period, F = clk_ife period:
+
+  TXI       txi_acq[i] = max(txi_acq[i-1] + ceil(bits_i / txi_word_bits) * S, pack_pop[i - cm_fifo])
+  pack      pack_pop = max(txi_acq, pack_push[i-1]); pack_push = max(pack_pop + pack*S, a1_pop[i - predecode])
+  async 1   a1_pop = max(pack_push, a1_push[i-1]);  a1_push = max(a1_pop + async*S, a2_pop[i - async_in])
+  async 2   a2_pop = max(edge_F(a1_push), a2_push[i-1]); a2_push = max(a2_pop + async*F, dec_pop[i - async_out])
+  decode    dec_pop = max(a2_push, dec_push[i-1]);  dec_push = max(dec_pop + decode*F, chk_pop[i - decode_fifo])
+  check     chk_pop = max(dec_push, chk_push[i-1]); chk_push = max(chk_pop + check*F, iss_pop[i - check_fifo])
+  issue     iss_pop = max(chk_push, iss_push[i-1]); ready = iss_pop + issue*F; iss_push >= ready once the
+            target engine's request FIFO (depth tiu/gdma/tile_request_fifo_depth) has room
+  transfer  the head of an engine's request FIFO moves into the engine's command list when the list
+            has room for its descriptor bytes (tiu/gdma/tile_cmd_fifo_bytes) and fewer than
+            target_pending_commands hand-overs are in flight; a hand-over takes transfer_cycles*F.
+            The engine frees the bytes when it takes the command (TIU DES, GDMA dispatch, TILE start).
+
+Timestamps per instruction: txi_acq, pack (= pack_push), decode (= dec_push), check (= chk_push),
+issue (= iss_push). The IFE is one in-order pipeline: a full engine blocks everything behind it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from tpuflow.chip import ChipConfig
+from tpuflow.hwmodel.timing.clocks import Clocks
+from tpuflow.hwmodel.timing.events import ISSUE, TRANSFER
+
+_NEVER = 0
+
+
+class FrontEnd:
+    """The recurrences of the stages before issue (everything that does not depend on engines)."""
+
+    def __init__(self, chip: ChipConfig, clocks: Clocks, bits: list[int]):
+        f = chip.ife
+        self.S, self.F = clocks.sys.period, clocks.ife.period
+        self.ife_clock, self.sys_clock = clocks.ife, clocks.sys
+        self.words = [-(-b // f.txi_word_bits) for b in bits]
+        self.depth = (f.cm_fifo_depth, f.predecode_fifo_depth, f.async_input_fifo_depth,
+                      f.async_output_fifo_depth, f.decode_fifo_depth, f.check_fifo_depth)
+        self.cyc = (f.pack_cycles * self.S, f.async_stage_cycles * self.S, f.async_stage_cycles * self.F,
+                    f.decode_cycles * self.F, f.check_cycles * self.F, f.issue_cycles * self.F)
+        n = len(bits)
+        names = ("txi", "pack_pop", "pack_push", "a1_pop", "a1_push", "a2_pop", "a2_push", "dec_pop",
+                 "dec_push", "chk_pop", "chk_push", "iss_pop", "iss_push")
+        self.t = {k: [0] * n for k in names}
+
+    def _back(self, name: str, i: int, depth: int) -> int:
+        j = i - depth
+        return self.t[name][j] if j >= 0 else _NEVER
+
+    def advance(self, i: int) -> int:
+        """Compute instruction i's stage times (needs iss_push[i-1]); returns when issue is ready."""
+        t, S = self.t, self.S
+        d_cm, d_pre, d_ain, d_aout, d_dec, d_chk = self.depth
+        c_pack, c_a1, c_a2, c_dec, c_chk, c_iss = self.cyc
+        prev = i - 1
+        g = (lambda k: t[k][prev]) if prev >= 0 else (lambda k: 0)
+        txi = max(g("txi") + self.words[i] * S, self._back("pack_pop", i, d_cm))
+        pack_pop = max(txi, g("pack_push"))
+        pack_push = max(pack_pop + c_pack, self._back("a1_pop", i, d_pre))
+        a1_pop = max(pack_push, g("a1_push"))
+        a1_push = max(a1_pop + c_a1, self.sys_clock.align(self._back("a2_pop", i, d_ain)))
+        a2_pop = max(self.ife_clock.align(a1_push), g("a2_push"))
+        a2_push = max(a2_pop + c_a2, self._back("dec_pop", i, d_aout))
+        dec_pop = max(a2_push, g("dec_push"))
+        dec_push = max(dec_pop + c_dec, self._back("chk_pop", i, d_dec))
+        chk_pop = max(dec_push, g("chk_push"))
+        chk_push = max(chk_pop + c_chk, self._back("iss_pop", i, d_chk))
+        iss_pop = max(chk_push, g("iss_push"))
+        for k, v in (("txi", txi), ("pack_pop", pack_pop), ("pack_push", pack_push), ("a1_pop", a1_pop),
+                     ("a1_push", a1_push), ("a2_pop", a2_pop), ("a2_push", a2_push), ("dec_pop", dec_pop),
+                     ("dec_push", dec_push), ("chk_pop", chk_pop), ("chk_push", chk_push), ("iss_pop", iss_pop)):
+            t[k][i] = v
+        return iss_pop + c_iss
+
+
+class Ife:
+    """Issue stage, per-engine request FIFOs and hand-over to the engines' command lists (events)."""
+
+    def __init__(self, sim, chip: ChipConfig, clocks: Clocks, order: list[tuple[int, int]], bits: list[int]):
+        f = chip.ife
+        self.sim, self.q, self.order = sim, sim.queue, order
+        self.front = FrontEnd(chip, clocks, bits)
+        self.bytes = [b // 8 for b in bits]
+        self.depth = (f.tiu_request_fifo_depth, f.gdma_request_fifo_depth, f.tile_request_fifo_depth)
+        self.capacity = (f.tiu_cmd_fifo_bytes, f.gdma_cmd_fifo_bytes, f.tile_cmd_fifo_bytes)
+        self.handover = f.transfer_cycles * clocks.ife.period
+        self.pending_max = f.target_pending_commands
+        self.requests = [deque(), deque(), deque()]      # (position in issue order, pushed at)
+        self.in_flight = [deque(), deque(), deque()]     # arrival times of hand-overs not yet done
+        self.used = [0, 0, 0]
+        self.transfer_scheduled = [False, False, False]
+        self.blocked = False
+        self.pos = 0
+        self.ready = [0] * len(order)
+
+    def start(self) -> None:
+        if self.order:
+            self.ready[0] = self.front.advance(0)
+            self.q.schedule(self.ready[0], ISSUE, self._issue)
+
+    def _issue(self, _) -> None:
+        pos = self.pos
+        code, _index = self.order[pos]
+        if len(self.requests[code]) >= self.depth[code]:
+            self.blocked = True
+            return
+        now = self.q.now
+        self.front.t["iss_push"][pos] = now
+        self.sim.on_issue(pos, now, now - self.ready[pos])
+        self.requests[code].append((pos, now))
+        self._try_transfer(code)
+        self.pos = pos + 1
+        if self.pos < len(self.order):
+            self.ready[self.pos] = self.front.advance(self.pos)
+            self.q.schedule(self.ready[self.pos], ISSUE, self._issue)
+
+    def _try_transfer(self, code: int) -> None:
+        if self.transfer_scheduled[code] or not self.requests[code]:
+            return
+        pos, pushed = self.requests[code][0]
+        if self.used[code] + self.bytes[pos] > self.capacity[code]:
+            return   # retried when the engine takes a command (cmd_taken)
+        flight = self.in_flight[code]
+        slot = flight[0] if len(flight) >= self.pending_max else 0
+        t = max(self.q.now, pushed, slot)
+        self.transfer_scheduled[code] = True
+        self.q.schedule(t, TRANSFER, self._transfer, code)
+
+    def _transfer(self, code: int) -> None:
+        self.transfer_scheduled[code] = False
+        pos, pushed = self.requests[code].popleft()
+        now = self.q.now
+        self.used[code] += self.bytes[pos]
+        flight = self.in_flight[code]
+        if len(flight) >= self.pending_max:
+            flight.popleft()
+        arrival = now + self.handover
+        flight.append(arrival)
+        self.sim.on_transfer(pos, now, arrival)
+        if self.blocked and self.order[self.pos][0] == code:
+            self.blocked = False
+            self.q.schedule(now, ISSUE, self._issue)
+        self._try_transfer(code)
+
+    def cmd_taken(self, code: int, pos: int) -> None:
+        """The engine took a command out of its list: its bytes are free."""
+        self.used[code] -= self.bytes[pos]
+        self._try_transfer(code)
+
+    def stage_times(self, pos: int) -> tuple[int, int, int, int, int]:
+        t = self.front.t
+        return t["txi"][pos], t["pack_push"][pos], t["dec_push"][pos], t["chk_push"][pos], t["iss_push"][pos]

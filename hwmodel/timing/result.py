@@ -1,0 +1,140 @@
+"""SimResult: the columnar outcome of a timing simulation (numpy arrays per field) and its CSV rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+ENGINE_NAMES = ("tiu", "gdma", "tile")
+ENGINE_LETTERS = "BDT"
+STAGES = ("txi_acq", "pack", "decode", "check", "issue", "transfer", "dispatch", "start", "end")
+STALLS = ("dependency", "bank_conflict", "dma_credit", "fifo_full", "dram")
+
+
+@dataclass
+class DramResult:
+    bytes_read: int
+    bytes_written: int
+    bursts: int
+    page_hits: np.ndarray      # per UMC
+    page_misses: np.ndarray    # per UMC: another row was open (close + open)
+    page_opens: np.ndarray     # per UMC: bank closed, first use (open only)
+    active_ps: int             # first DRAM request start .. last completion
+    peak_gbps: float
+
+    @property
+    def page_hit_rate(self) -> float:
+        total = int(self.page_hits.sum() + self.page_misses.sum() + self.page_opens.sum())
+        return float(self.page_hits.sum()) / total if total else 0.0
+
+    def achieved_gbps(self, span_ps: int | None = None) -> float:
+        span = self.active_ps if span_ps is None else span_ps
+        return (self.bytes_read + self.bytes_written) / span * 1e3 if span > 0 else 0.0
+
+
+@dataclass
+class SimResult:
+    """Per instruction (engine-major order: every TIU, then GDMA, then TILE instruction, each queue in
+    cmd_id order): engine code (0 tiu, 1 gdma, 2 tile), cmd_id, the effective dependency, op name,
+    layer, the stage times in ps (`times[stage]`; see ns() and cycles()), stall ps by cause
+    (`stalls[cause]`); per engine busy ps; DRAM statistics; total latency.
+
+    Stages: txi_acq, pack, decode, check, issue (IFE, ns timestamps of TPUPerf), transfer (command
+    list arrival), dispatch (engine took it), start (TIU: first COMPUTE cycle), end (last done).
+    Stalls: dependency (dispatch delayed by waits), bank_conflict (arbiter bubbles), dma_credit
+    (issue threads waiting for outstanding credits), fifo_full (IFE held by full request FIFO /
+    command list), dram (last DDR response beyond an ideal memory's)."""
+
+    engine: np.ndarray
+    cmd_id: np.ndarray
+    cmd_id_dep: np.ndarray
+    op: list[str]
+    layer: list[str]
+    times: dict[str, np.ndarray]
+    stalls: dict[str, np.ndarray]
+    periods_ps: tuple[int, int, int]
+    busy_ps: dict[str, int]
+    dram: DramResult
+    total_ps: int
+    events: int = 0
+    chip_fingerprint: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.engine)
+
+    @property
+    def total_ns(self) -> float:
+        return self.total_ps / 1e3
+
+    @property
+    def total_us(self) -> float:
+        return self.total_ps / 1e6
+
+    def ns(self, stage: str) -> np.ndarray:
+        return self.times[stage] / 1e3
+
+    def _period(self) -> np.ndarray:
+        return np.asarray(self.periods_ps, dtype=np.int64)[self.engine]
+
+    def cycles(self, stage: str) -> np.ndarray:
+        """Stage times in cycles of each instruction's engine clock."""
+        return self.times[stage] // self._period()
+
+    def stall_cycles(self, cause: str) -> np.ndarray:
+        return self.stalls[cause] // self._period()
+
+    def index(self, engine: str, cmd_id: int) -> int:
+        """Row of instruction `cmd_id` (1-based) of `engine` ('tiu'/'gdma'/'tile' or 'B'/'D'/'T')."""
+        code = ENGINE_NAMES.index(engine) if engine in ENGINE_NAMES else ENGINE_LETTERS.index(engine)
+        rows = np.flatnonzero((self.engine == code) & (self.cmd_id == cmd_id))
+        if len(rows) != 1:
+            raise KeyError(f"no instruction {engine}{cmd_id}")
+        return int(rows[0])
+
+    def stall_totals_ps(self) -> dict[str, int]:
+        return {c: int(self.stalls[c].sum()) for c in STALLS}
+
+    def instructions(self) -> dict[str, int]:
+        return {name: int(np.sum(self.engine == i)) for i, name in enumerate(ENGINE_NAMES)}
+
+    def rows(self) -> Iterator[dict]:
+        """One dict per instruction for the CSV profile (times in ns and engine cycles, stalls in cycles)."""
+        ns = {s: self.ns(s) for s in STAGES}
+        cyc = {s: self.cycles(s) for s in STAGES}
+        st = {c: self.stall_cycles(c) for c in STALLS}
+        for i in range(len(self.engine)):
+            row = {"engine": ENGINE_NAMES[self.engine[i]], "cmd_id": int(self.cmd_id[i]),
+                   "cmd_id_dep": int(self.cmd_id_dep[i]), "op": self.op[i], "layer": self.layer[i]}
+            for s in STAGES:
+                row[f"{s}_ns"] = round(float(ns[s][i]), 3)
+                row[f"{s}_cycles"] = int(cyc[s][i])
+            for c in STALLS:
+                row[f"stall_{c}_cycles"] = int(st[c][i])
+            yield row
+
+    def summary(self) -> dict:
+        """Plain-dict digest (stable keys) for reports and --json."""
+        d = self.dram
+        return {
+            "latency_ps": self.total_ps, "latency_us": self.total_us,
+            "instructions": self.instructions(),
+            "busy_us": {k: v / 1e6 for k, v in self.busy_ps.items()},
+            "stalls_us": {k: v / 1e6 for k, v in self.stall_totals_ps().items()},
+            "dram": {"bytes_read": d.bytes_read, "bytes_written": d.bytes_written, "bursts": d.bursts,
+                     "page_hits": int(d.page_hits.sum()), "page_misses": int(d.page_misses.sum()),
+                     "page_opens": int(d.page_opens.sum()), "page_hit_rate": d.page_hit_rate,
+                     "achieved_gbps": d.achieved_gbps(self.total_ps), "active_gbps": d.achieved_gbps(),
+                     "peak_gbps": d.peak_gbps},
+        }
+
+
+def busy_union_ps(start: np.ndarray, end: np.ndarray) -> int:
+    """Length of the union of [start, end) intervals whose starts are non-decreasing."""
+    if len(start) == 0:
+        return 0
+    reach = np.maximum.accumulate(end)
+    prev = np.concatenate(([start[0]], reach[:-1]))
+    return int(np.clip(end - np.maximum(start, prev), 0, None).sum())

@@ -1,0 +1,163 @@
+"""GDMA read/write segmentation: a transfer side -> contiguous segments -> bus bursts (numpy arrays).
+
+Segments by contiguity of the side's (n, c, h, w) walk (a dimension of size 1 never breaks
+contiguity): c, h, w contiguous -> one segment per n; h, w contiguous -> one per (n, c); w
+contiguous -> one per row (n, c, h); otherwise one per element. On the LMEM side channels sit on
+different lanes, so a segment never spans channels. Segments are cut into bursts at multiples
+of burst_bytes = min(bus_bytes * max_burst_beats, DDR interleave granule, DRAM page): a burst never
+crosses a UMC granule or a page. A burst's bus beats = bus words it touches; it is unaligned when
+it does not start on a bus word. Every burst knows the stream position (bytes of the element walk,
+in order) it ends at: the write side of a command consumes the read side's stream in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from tpuflow.chip import ChipConfig
+from tpuflow.isa import GeneralDma, Instruction, MatrixDma, Prec, TensorDma, is_lmem, lmem_address
+
+
+@dataclass(frozen=True)
+class Side:
+    """One endpoint of a transfer: DDR (global byte address) or LMEM (flat address)."""
+
+    lmem: bool
+    addr: int
+    shape: tuple[int, int, int, int]
+    strides: tuple[int, int, int, int]
+    esize: int
+    lanes_copy: int = 1   # GeneralDma broadcast: the same bytes in this many consecutive lanes
+
+    @property
+    def nbytes(self) -> int:
+        n, c, h, w = self.shape
+        return n * c * h * w * self.esize * self.lanes_copy
+
+
+@dataclass
+class Bursts:
+    """Bus bursts of one side, in issue order (numpy int64 arrays)."""
+
+    addr: np.ndarray
+    size: np.ndarray
+    beats: np.ndarray
+    unaligned: np.ndarray     # bool
+    stream_end: np.ndarray    # stream bytes consumed/produced once this burst is done (non-decreasing)
+
+    def __len__(self) -> int:
+        return len(self.addr)
+
+
+def _contiguous_dims(shape, strides) -> int:
+    """How many trailing dims (w, h, c) form one contiguous run."""
+    inner, count = 1, 0
+    for size, stride in zip(reversed(shape[1:]), reversed(strides[1:])):
+        if size != 1 and stride != inner:
+            break
+        inner *= size
+        count += 1
+    return count
+
+
+def _segments(side: Side, lanes: int, lane_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start addresses, lengths in bytes) of the side's contiguous segments, in walk order."""
+    n, c, h, w = side.shape
+    ns, cs, hs, ws = side.strides
+    k = _contiguous_dims(side.shape, side.strides)
+    if side.lmem and c > 1:
+        k = min(k, 2)
+    dims = [(n, ns), (c, cs), (h, hs), (w, ws)][: 4 - k]
+    run = {3: c * h * w, 2: h * w, 1: w, 0: 1}[k]
+    idx = [a.ravel() for a in np.meshgrid(*[np.arange(d, dtype=np.int64) for d, _ in dims], indexing="ij")]
+    if not side.lmem:
+        el = sum(i * s for i, (_, s) in zip(idx, dims))
+        return side.addr + el * side.esize, np.full(len(el), run * side.esize, dtype=np.int64)
+    start_lane = (side.addr // lane_bytes) % lanes
+    base = side.addr % lane_bytes
+    ci = idx[1] if len(idx) > 1 else np.zeros_like(idx[0])
+    lane = (start_lane + ci) % lanes
+    group = (start_lane + ci) // lanes
+    el = idx[0] * ns + group * cs + sum(i * s for i, (_, s) in zip(idx[2:], dims[2:]))
+    starts = lane * lane_bytes + base + el * side.esize
+    lengths = np.full(len(starts), run * side.esize)
+    if side.lanes_copy > 1:
+        starts = (starts[:, None] + np.arange(side.lanes_copy) * lane_bytes).ravel()
+        lengths = np.full(len(starts), run * side.esize)
+    return starts.astype(np.int64), lengths.astype(np.int64)
+
+
+def split_bursts(starts: np.ndarray, lengths: np.ndarray, burst_bytes: int, bus_bytes: int) -> Bursts:
+    """Cut segments into bursts at multiples of burst_bytes."""
+    first = starts // burst_bytes
+    count = (starts + lengths - 1) // burst_bytes - first + 1
+    seg = np.repeat(np.arange(len(starts)), count)
+    k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    block = first[seg] + k
+    lo = np.maximum(starts[seg], block * burst_bytes)
+    hi = np.minimum(starts[seg] + lengths[seg], (block + 1) * burst_bytes)
+    seg_stream = np.cumsum(lengths) - lengths
+    stream_end = seg_stream[seg] + (hi - starts[seg])
+    beats = -(-hi // bus_bytes) - lo // bus_bytes
+    return Bursts(lo, hi - lo, beats, lo % bus_bytes != 0, stream_end)
+
+
+@lru_cache(maxsize=4096)
+def _relative_bursts(lmem: bool, offset_key: int, shape, strides, esize: int, lanes_copy: int,
+                     burst_bytes: int, bus_bytes: int, lanes: int, lane_bytes: int) -> Bursts:
+    side = Side(lmem, offset_key, shape, strides, esize, lanes_copy)
+    starts, lengths = _segments(side, lanes, lane_bytes)
+    return split_bursts(starts, lengths, burst_bytes, bus_bytes)
+
+
+def side_bursts(side: Side, chip: ChipConfig, burst_bytes: int) -> Bursts:
+    """Bursts of a side; cached on everything but the part of the address that only shifts them."""
+    bus = chip.gdma.bus_bytes
+    lane_bytes = chip.lmem_bytes_per_lane
+    if side.lmem:
+        # keep the start lane and the offset within a burst; the rest of the offset shifts every burst
+        offset = side.addr % lane_bytes
+        shift = offset - offset % burst_bytes
+        key = (side.addr // lane_bytes % chip.lanes) * lane_bytes + offset % burst_bytes
+    else:
+        shift = side.addr - side.addr % burst_bytes
+        key = side.addr % burst_bytes
+    rel = _relative_bursts(side.lmem, key, side.shape, side.strides, side.esize, side.lanes_copy,
+                           burst_bytes, bus, chip.lanes, lane_bytes)
+    if shift == 0:
+        return rel
+    return Bursts(rel.addr + shift, rel.size, rel.beats, rel.unaligned, rel.stream_end)
+
+
+def _side(addr: int, shape, strides, esize: int, chip: ChipConfig, lanes_copy: int = 1) -> Side:
+    if is_lmem(addr, chip):
+        return Side(True, lmem_address(addr, chip), tuple(shape), tuple(strides), esize, lanes_copy)
+    return Side(False, addr, tuple(shape), tuple(strides), esize, lanes_copy)
+
+
+def transfer_sides(instr: Instruction, chip: ChipConfig) -> tuple[Side | None, Side]:
+    """(source side or None for a constant fill, destination side) of a GDMA data command."""
+    if isinstance(instr, TensorDma):
+        es = Prec(instr.src_data_format).bytes
+        dst = _side(instr.dst_start_addr, instr.dst_shape, instr.dst_strides, es, chip)
+        if instr.fill_constant_en:
+            return None, dst
+        return _side(instr.src_start_addr, instr.src_shape, instr.src_strides, es, chip), dst
+    if isinstance(instr, MatrixDma):
+        es = Prec(instr.src_data_format).bytes
+        ddr_side, lmem_side = instr.endpoints(chip)
+        if is_lmem(instr.dst_start_addr, chip):
+            return (_side(instr.src_start_addr, *ddr_side, es, chip), _side(instr.dst_start_addr, *lmem_side, es, chip))
+        return (_side(instr.src_start_addr, *lmem_side, es, chip), _side(instr.dst_start_addr, *ddr_side, es, chip))
+    if isinstance(instr, GeneralDma):
+        es = Prec(instr.src_data_format).bytes
+        flat = (1, 1, 1, instr.src_cstride)
+        unit = (instr.src_cstride, instr.src_cstride, instr.src_cstride, 1)
+        copies = instr.dst_csize if instr.op == "broadcast" else 1
+        src = _side(instr.src_start_addr, flat, unit, es, chip)
+        dst = _side(instr.dst_start_addr, flat, unit, es, chip, lanes_copy=copies if is_lmem(instr.dst_start_addr, chip) else 1)
+        return src, dst
+    raise TypeError(f"not a GDMA data command: {type(instr).__name__}")
