@@ -59,6 +59,7 @@ class Machine:
         if handler is None:
             raise ExecutionError(f"{describe(instr, cmd_id, layer)}: no functional model for {type(instr).__name__}")
         try:
-            handler(self, instr)
+            with np.errstate(all="ignore"):   # overflow to inf, 0/0 = nan: the arithmetic's own results
+                handler(self, instr)
         except ExecutionError as exc:
             raise ExecutionError(f"{describe(instr, cmd_id, layer)}: {exc}") from None

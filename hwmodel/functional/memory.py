@@ -1,9 +1,12 @@
-"""DDR (flat bytes) and LMEM (bytes per lane) as numpy arrays, and the index maps that gather or
-scatter a whole strided tensor with one fancy-index operation."""
+"""DDR (flat bytes) and LMEM (bytes per lane) as numpy arrays. A strided tensor is read or
+written as affine numpy views (one per run of channels on consecutive lanes) when its base is
+element aligned, otherwise with index maps (lane array x byte-offset array) in one fancy-index
+operation; both follow the hardware.md address formula."""
 
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from tpuflow.isa.base import LocalTensor
 
@@ -70,9 +73,7 @@ class LocalMemory:
         size = tensor.prec.bytes
         start, base = self._split(tensor.addr)
         channel = start + np.arange(c, dtype=np.int64)
-        groups = (start + c - 1) // self.lanes + 1 if c else 0
-        lo, hi = _extent((n, groups, h, w), tensor.strides)
-        self._check(base + lo * size, base + (hi + 1) * size, tensor)
+        self.index_bounds(tensor)
         elem = _grid((n, 1, h, w), (ns, 0, hs, ws)) + ((channel // self.lanes) * cs).reshape(1, c, 1, 1)
         return (channel % self.lanes).reshape(1, c, 1, 1), base + elem * size
 
@@ -87,12 +88,53 @@ class LocalMemory:
             raise ExecutionError(f"LMEM tensor at {tensor.addr:#x} shape {tensor.shape} strides {tensor.strides} "
                                  f"reaches per-lane bytes [{lo:#x}, {hi:#x}) outside [0, {self.bytes_per_lane:#x})")
 
+    def _chunks(self, tensor: LocalTensor):
+        """(first channel, channels, flat byte origin) of each run of channels on consecutive
+        lanes within one channel group: each run is an affine view of the LMEM bytes."""
+        start, base = self._split(tensor.addr)
+        channels, c_bytes = tensor.shape[1], tensor.strides[1] * tensor.prec.bytes
+        first = 0
+        while first < channels:
+            group, lane = divmod(start + first, self.lanes)
+            count = min(channels - first, self.lanes - lane)
+            yield first, count, lane * self.bytes_per_lane + base + group * c_bytes
+            first += count
+
+    def _views(self, tensor: LocalTensor):
+        """(first channel, channels, lane, strided view) per run, or None when the base is not
+        element aligned (then the fancy-index path handles it)."""
+        dtype = tensor.prec.storage_dtype
+        size = dtype.itemsize
+        if tensor.addr % size:
+            return None
+        self.index_bounds(tensor)
+        flat = self.data.reshape(-1).view(dtype)
+        n_str, _, h_str, w_str = (s * size for s in tensor.strides)
+        n, _, h, w = tensor.shape
+        return [(first, count, origin // self.bytes_per_lane,
+                 as_strided(flat[origin // size:], (n, count, h, w), (n_str, self.bytes_per_lane, h_str, w_str)))
+                for first, count, origin in self._chunks(tensor)]
+
+    def index_bounds(self, tensor: LocalTensor) -> None:
+        """Check that every element of the tensor lies inside its lane."""
+        n, c, h, w = tensor.shape
+        size = tensor.prec.bytes
+        start, base = self._split(tensor.addr)
+        groups = (start + c - 1) // self.lanes + 1
+        lo, hi = _extent((n, groups, h, w), tensor.strides)
+        self._check(base + lo * size, base + (hi + 1) * size, tensor)
+
     def read(self, tensor: LocalTensor) -> np.ndarray:
         """The tensor's stored values, shape (N, C, H, W), in its precision's storage dtype."""
         if 0 in tensor.shape:
             return np.zeros(tensor.shape, tensor.prec.storage_dtype)
-        lanes, offsets = self.index_map(tensor)
-        return gather(self.data, lanes, offsets, tensor.prec.storage_dtype)
+        views = self._views(tensor)
+        if views is None:
+            lanes, offsets = self.index_map(tensor)
+            return gather(self.data, lanes, offsets, tensor.prec.storage_dtype)
+        if len(views) == 1:
+            return views[0][3].copy()
+        return np.concatenate([v for _, _, _, v in views], axis=1)
 
     def write(self, tensor: LocalTensor, values, lane_enable: np.ndarray | None = None) -> None:
         """Store values (the tensor's storage dtype, broadcast to its shape) into LMEM;
@@ -102,9 +144,18 @@ class LocalMemory:
         values = np.asarray(values)
         if values.dtype != tensor.prec.storage_dtype:
             raise TypeError(f"LMEM write of {values.dtype} values into a {tensor.prec.dtype_name} tensor")
-        lanes, offsets = self.index_map(tensor)
         values = np.broadcast_to(values, tensor.shape)
-        if lane_enable is not None and not lane_enable.all():
+        masked = lane_enable is not None and not lane_enable.all()
+        views = None if masked else self._views(tensor)
+        if views is None:
+            self._scatter(tensor, values, lane_enable if masked else None)
+            return
+        for first, count, _, view in views:
+            view[...] = values[:, first:first + count]
+
+    def _scatter(self, tensor: LocalTensor, values: np.ndarray, lane_enable: np.ndarray | None) -> None:
+        lanes, offsets = self.index_map(tensor)
+        if lane_enable is not None:
             keep = np.broadcast_to(lane_enable[lanes], tensor.shape)
             lanes, offsets, values = np.broadcast_to(lanes, tensor.shape)[keep], offsets[keep], values[keep]
         scatter(self.data, lanes, offsets, values)
@@ -138,15 +189,31 @@ class DdrMemory:
         self.check(addr + lo * size, addr + (hi + 1) * size, f"DDR tensor at {addr:#x} shape {tuple(shape)}")
         return addr + _grid(shape, strides) * size
 
+    def _view(self, addr: int, shape, strides, dtype: np.dtype) -> np.ndarray | None:
+        """Affine view of an element-aligned DDR tensor (bounds checked), else None."""
+        size = dtype.itemsize
+        lo, hi = _extent(shape, strides)
+        self.check(addr + lo * size, addr + (hi + 1) * size, f"DDR tensor at {addr:#x} shape {tuple(shape)}")
+        if addr % size:
+            return None
+        return as_strided(self.data.view(dtype)[addr // size:], tuple(shape), tuple(s * size for s in strides))
+
     def read(self, addr: int, shape, strides, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
         if 0 in tuple(shape):
             return np.zeros(tuple(shape), dtype)
+        view = self._view(addr, shape, strides, dtype)
+        if view is not None:
+            return view.copy()
         return gather(self._rows, 0, self._offsets(addr, shape, strides, dtype.itemsize), dtype)
 
     def write(self, addr: int, shape, strides, values) -> None:
         values = np.asarray(values)
         if 0 in tuple(shape):
+            return
+        view = self._view(addr, shape, strides, values.dtype)
+        if view is not None:
+            view[...] = values
             return
         offsets = self._offsets(addr, shape, strides, values.dtype.itemsize)
         scatter(self._rows, 0, offsets, np.broadcast_to(values, tuple(shape)))

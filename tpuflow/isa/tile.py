@@ -143,7 +143,8 @@ class TMatmul(TileInstruction):
 @dataclass(frozen=True)
 class AccCvt(TileInstruction):
     """ACCCVT <layout>: ACC (Row x Col, fp32) -> a new tile pushed on `dst_queue`, converted to
-    `dst_dt` (round to nearest even unless round_mode says otherwise). Releases the ACC."""
+    `dst_dt` (round to nearest even unless round_mode says otherwise; "none" = nearest even).
+    Releases the ACC. src_dt names the ACC's type: FP32, or S32 after an integer matmul."""
 
     FN: ClassVar[dict] = {"ACCCVT": 8}
     layout: str

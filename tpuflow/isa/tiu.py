@@ -217,6 +217,10 @@ class ArTiu(TiuInstruction):
     arith_shift: the same, arithmetic right shift. copy: res0 = opd0. abs: |opd0|.
     cast: opd0 converted to res0's precision; float->int rounds by opd2 (a constant):
     0 nearest-even, 1 half away from zero, 2 toward zero, 3 down (floor), 4 up (ceil).
+    Precisely: float ops run in fp32 when any operand or res0 is a float; integer results of
+    arithmetic wrap to res0's width, integer div truncates toward zero (x / 0 = 0); cast's
+    opd2 mode also rounds float -> narrower float, and cast saturates integer results; copy
+    between different precisions converts with mode 0; shifts use opd0's width.
     """
 
     TSK_TYP: ClassVar[int] = 3
@@ -276,7 +280,8 @@ class PordTiu(TiuInstruction):
     depthwise: res0[n,c,oh,ow] = bias[c] + sum in[n,c,...] * w[c,kh,kw], zero padding; opd1 is the
     weight tensor (1, C, 1, kh*kw) compact, opd2 the bias (1, C, 1, 1) compact (or scalar).
     avgpooling: res0 = sum of the window (padding counts as 0) times the fp32 scalar opd1
-    (opt_opd1_const = 1). max/minpooling: extreme of the window, padding ignored.
+    (opt_opd1_const = 1). max/minpooling: extreme of the window, padding ignored (a window
+    wholly in padding gives -inf / +inf).
     opt_relu clamps at zero.
     """
 
