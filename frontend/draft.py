@@ -23,6 +23,7 @@ class Draft:
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     _names: set[str] = field(default_factory=set)
+    _node_names: set[str] = field(default_factory=set)
 
     # ---- naming
     def fresh(self, base: str) -> str:
@@ -35,6 +36,16 @@ class Draft:
 
     def claim(self, name: str) -> None:
         self._names.add(name)
+
+    def add_node(self, base: str, op_type: str, inputs, outputs, attrs: dict[str, Any] | None = None) -> OpNode:
+        """Append a node named `base` (suffixed when taken)."""
+        name, k = base, 1
+        while name in self._node_names:
+            name, k = f"{base}_{k}", k + 1
+        self._node_names.add(name)
+        node = make_node(name, op_type, inputs, outputs, attrs)
+        self.nodes.append(node)
+        return node
 
     # ---- tensors
     def add_const(self, base: str, value: np.ndarray) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 from onnx import helper
 
 from tpuflow.errors import ModelError, UnsupportedOpError
-from tpuflow.frontend.draft import Draft, make_node, rename_tensors
+from tpuflow.frontend.draft import Draft, rename_tensors
 from tpuflow.frontend.graph import TensorInfo
 from tpuflow.frontend.onnx_view import ONode, OnnxView
 from tpuflow.frontend.ops import OpKind
@@ -54,10 +54,8 @@ class ImportContext:
 
     # ---- emission
     def emit(self, kind: OpKind, inputs, outputs, suffix: str | None = None, **attrs: Any) -> None:
-        base = self.node.name if suffix is None else f"{self.node.name}/{suffix}"
-        name = base if base not in self.draft._names else self.draft.fresh(base)
-        self.draft.claim(name)
-        self.draft.nodes.append(make_node(name, kind, inputs, outputs, attrs))
+        self.draft.add_node(self.node.name if suffix is None else f"{self.node.name}/{suffix}",
+                            kind, inputs, outputs, attrs)
 
     def temp(self, suffix: str, shape: tuple[int, ...], dtype: str) -> str:
         """A new intermediate tensor named after the current node."""
@@ -100,8 +98,6 @@ def import_view(view: OnnxView) -> Draft:
     """Every node through its importer; aliases resolved so graph outputs keep their names."""
     draft = Draft(view.name, inputs=list(view.inputs), outputs=list(view.outputs))
     _seed_tensors(view, draft)
-    for n in view.nodes:
-        draft.claim(n.name)
     ctx = ImportContext(view, draft)
     for n in view.nodes:
         ctx.node = n
@@ -139,5 +135,5 @@ def resolve_aliases(draft: Draft, aliases: list[tuple[str, str]]) -> None:
     rename_tensors(draft, mapping)
     for r, out in copies:
         src = renamed.get(r, r)
-        draft.nodes.append(make_node(draft.fresh(f"{out}/copy"), OpKind.RESHAPE, (src,), (out,),
-                                     {"shape": draft.tensors[src].shape, "view": True}))
+        draft.add_node(f"{out}/copy", OpKind.RESHAPE, (src,), (out,),
+                       {"shape": draft.tensors[src].shape, "view": True})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -11,7 +12,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper
 
 from tpuflow.errors import InputFileError, ModelError, OptionError
-from tpuflow.frontend.onnx_view import OnnxView, ONode, Dims, one_line
+from tpuflow.frontend.onnx_view import SMALL_CONST_ELEMENTS, Dims, ONode, OnnxView, one_line
 
 MIN_OPSET, MAX_OPSET = 9, 18
 
@@ -71,13 +72,40 @@ def onnx_opset(proto: onnx.ModelProto, label: str) -> int:
 
 
 def run_checker(proto: onnx.ModelProto, label: str) -> None:
+    """onnx.checker on the model's skeleton (large initializers become typed inputs, so hundreds of
+    MB of weights are not serialized just to be checked)."""
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(skeleton(proto))
     except onnx.checker.ValidationError as exc:
         raise ModelError(f"{label}: invalid ONNX model: {one_line(exc)}") from None
-    except ValueError as exc:                       # > 2 GB protos cannot be checked in memory
-        if "2GB" not in str(exc) and "2 GB" not in str(exc):
-            raise
+
+
+def _copy_fields(src, dst, skip: tuple[str, ...]) -> None:
+    for f, value in src.ListFields():
+        if f.name in skip:
+            continue
+        if f.label == f.LABEL_REPEATED:
+            getattr(dst, f.name).extend(value)
+        elif f.type == f.TYPE_MESSAGE:
+            getattr(dst, f.name).CopyFrom(value)
+        else:
+            setattr(dst, f.name, value)
+
+
+def skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with initializers above SMALL_CONST_ELEMENTS replaced by graph inputs of the same type."""
+    out = onnx.ModelProto()
+    _copy_fields(proto, out, ("graph",))
+    g, sg = proto.graph, out.graph
+    _copy_fields(g, sg, ("initializer", "input"))
+    big = [t for t in g.initializer if math.prod(t.dims) > SMALL_CONST_ELEMENTS]
+    sg.input.extend(g.input)
+    listed = {vi.name for vi in g.input}
+    sg.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in big
+                    if t.name not in listed)
+    big_names = {t.name for t in big}
+    sg.initializer.extend(t for t in g.initializer if t.name not in big_names)
+    return out
 
 
 # ------------------------------------------------------------------ nodes and structure

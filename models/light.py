@@ -35,6 +35,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuflow.errors import InputFileError
+from tpuflow.frontend.reader import run_checker
 from tpuflow.models.builder import tensor_seed
 from tpuflow.models.light_gain import balance_gains
 
@@ -105,14 +106,20 @@ def _after_relu(producers: dict[str, onnx.NodeProto], tensor: str) -> bool:
     return False
 
 
+def _normal(rng: np.random.Generator, shape, std: float) -> np.ndarray:
+    values = rng.standard_normal(shape, dtype=np.float32)
+    values *= np.float32(std)
+    return values
+
+
 def _sample(rng: np.random.Generator, node: onnx.NodeProto, pos: int, use_shape, shape, relu_input: bool):
     op = node.op_type
     gain = 2.0 if relu_input else 1.0
     if op == "Conv" and pos == 1:
-        return rng.standard_normal(shape) * np.sqrt(gain / np.prod(use_shape[1:]))
+        return _normal(rng, shape, np.sqrt(gain / np.prod(use_shape[1:])))
     if op == "Gemm" and pos == 1:
         fan_in = use_shape[1] if _attr(node, "transB", 0) else use_shape[0]
-        return rng.standard_normal(shape) * np.sqrt(gain / fan_in)
+        return _normal(rng, shape, np.sqrt(gain / fan_in))
     if op in ("Conv", "Gemm") and pos == 2:
         return rng.uniform(-0.05, 0.05, shape)
     if op == "BatchNormalization":
@@ -145,21 +152,38 @@ def randomized_light(name: str) -> onnx.ModelProto:
         rng = np.random.default_rng(tensor_seed(name, w.name))
         arrays[w.name] = _sample(rng, node, pos, use_shape, w.shape, _after_relu(producers, node.input[0]))
     balance_gains(g, arrays)
-    values = {w.name: numpy_helper.from_array(arrays[w.name].astype(w.dtype), w.name) for w in weights.values()}
+    arrays = {k: v.astype(weights[k].dtype, copy=False) for k, v in arrays.items()}
+    _rewrite_graph(g, weights, arrays, model.ir_version)
+    model.doc_string = f"tpuflow random-weight copy of {LIGHT_FILES[name]} (see tpuflow.models.light)"
+    run_checker(model, name)
+    return model
+
+
+def _rewrite_graph(g: onnx.GraphProto, weights: dict[str, Weight], arrays: dict[str, np.ndarray],
+                   ir_version: int) -> None:
+    """Drop the weights' ConstantOfShape nodes and unused initializers; weights become initializers
+    (in the original initializer order, new ones after), listed as inputs too for IR < 4."""
     nodes = [_copy(n) for n in g.node if not (n.op_type == "ConstantOfShape" and n.output[0] in weights)]
     needed = {t for n in nodes for t in n.input} | {o.name for o in g.output}
-    inits = [values[t.name] if t.name in values else _copy(t) for t in g.initializer if t.name in needed]
-    inits += [values[w] for w in weights if w not in {t.name for t in g.initializer}]
+    kept = [t.name if t.name in arrays else _copy(t) for t in g.initializer if t.name in needed]
+    kept += [w for w in weights if w not in {t.name for t in g.initializer}]
     inputs = [_copy(vi) for vi in g.input if vi.name in needed]
     listed = {vi.name for vi in inputs}
-    inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in inits
-               if t.name not in listed and model.ir_version < 4]
-    for field, items in (("node", nodes), ("initializer", inits), ("input", inputs)):
+    if ir_version < 4:
+        inputs += [helper.make_tensor_value_info(w, helper.np_dtype_to_tensor_dtype(arrays[w].dtype),
+                                                 list(arrays[w].shape)) for w in arrays if w not in listed]
+    for field, items in (("node", nodes), ("input", inputs)):
         g.ClearField(field)
         getattr(g, field).extend(items)
-    model.doc_string = f"tpuflow random-weight copy of {LIGHT_FILES[name]} (see tpuflow.models.light)"
-    onnx.checker.check_model(model)
-    return model
+    g.ClearField("initializer")
+    for item in kept:
+        if isinstance(item, str):
+            t = g.initializer.add()
+            t.name, t.data_type = item, helper.np_dtype_to_tensor_dtype(arrays[item].dtype)
+            t.dims.extend(arrays[item].shape)
+            t.raw_data = arrays[item].tobytes()
+        else:
+            g.initializer.append(item)
 
 
 def _copy(proto):

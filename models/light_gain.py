@@ -89,7 +89,7 @@ def _residual_scale(g: _Graph, end: str, chain_ends: set[str]) -> float:
 
 def _scale_output_channels(g: _Graph, conv: onnx.NodeProto, gain: np.ndarray) -> None:
     w = g.values[conv.input[1]]
-    g.values[conv.input[1]] = w / gain.reshape((-1,) + (1,) * (w.ndim - 1))
+    g.values[conv.input[1]] = w / gain.astype(w.dtype).reshape((-1,) + (1,) * (w.ndim - 1))
     if len(conv.input) > 2 and conv.input[2] in g.values:
         g.values[conv.input[2]] = g.values[conv.input[2]] / gain
 
@@ -98,7 +98,8 @@ def _scale_input_channels(g: _Graph, conv: onnx.NodeProto, gain: np.ndarray) -> 
     w = g.values[conv.input[1]]
     groups = next((helper.get_attribute_value(a) for a in conv.attribute if a.name == "group"), 1)
     cout, cpg = w.shape[0], w.shape[1]
-    scaled = w.reshape(groups, cout // groups, cpg, *w.shape[2:]) / gain.reshape(groups, 1, cpg, *(1,) * (w.ndim - 2))
+    scaled = (w.reshape(groups, cout // groups, cpg, *w.shape[2:])
+              / gain.astype(w.dtype).reshape(groups, 1, cpg, *(1,) * (w.ndim - 2)))
     g.values[conv.input[1]] = scaled.reshape(w.shape)
 
 

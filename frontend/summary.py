@@ -1,0 +1,86 @@
+"""The `tpuflow inspect` summary: per-layer rows, totals and the roofline bound, as a dict and as text.
+
+JSON keys (stable): model, chip, chip_fingerprint, dtype, inputs / outputs ([{name, shape, dtype}]),
+macs, vector_ops, params, weight_bytes, activation_bytes, input_bytes, output_bytes,
+compulsory_bytes, ops (op type -> count), peak_macs_per_second, ddr_peak_bytes_per_second,
+compute_bound_us, memory_bound_us, lower_bound_us, bound ("compute" | "memory"), and layers: one
+row per node {name, op, output_shape, macs, vector_ops, params, weight_bytes, activation_bytes,
+lower_bound_us, bound}, where a layer's bound uses its own weights + inputs + outputs as traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuflow.chip import ChipConfig
+from tpuflow.frontend.graph import Graph
+from tpuflow.frontend.stats import compute_dtype, graph_stats, layer_stats, roofline
+
+MAX_TEXT_LAYERS = 400
+
+
+def _io(graph: Graph, names: list[str]) -> list[dict[str, Any]]:
+    return [{"name": n, "shape": list(graph.tensor(n).shape), "dtype": graph.tensor(n).dtype} for n in names]
+
+
+def inspect_summary(graph: Graph, chip: ChipConfig, dtype: str) -> dict[str, Any]:
+    dtype = compute_dtype(dtype)
+    layers = layer_stats(graph, dtype)
+    totals = graph_stats(graph, layers, dtype)
+    bound = roofline(totals.macs, totals.compulsory_bytes, chip, dtype)
+    rows = []
+    for l in layers:
+        r = roofline(l.macs, l.weight_bytes + l.activation_bytes, chip, dtype)
+        rows.append({"name": l.name, "op": l.op_type, "output_shape": list(l.output_shape), "macs": l.macs,
+                     "vector_ops": l.vector_ops, "params": l.params, "weight_bytes": l.weight_bytes,
+                     "activation_bytes": l.activation_bytes, "lower_bound_us": r.lower_bound_s * 1e6,
+                     "bound": r.bound})
+    return {
+        "model": graph.name, "chip": chip.name, "chip_fingerprint": chip.fingerprint(), "dtype": dtype,
+        "inputs": _io(graph, graph.inputs), "outputs": _io(graph, graph.outputs),
+        "macs": totals.macs, "vector_ops": totals.vector_ops, "params": totals.params,
+        "weight_bytes": totals.weight_bytes, "activation_bytes": totals.activation_bytes,
+        "input_bytes": totals.input_bytes, "output_bytes": totals.output_bytes,
+        "compulsory_bytes": totals.compulsory_bytes, "ops": totals.ops,
+        "peak_macs_per_second": chip.peak_macs_per_second(dtype),
+        "ddr_peak_bytes_per_second": chip.ddr_peak_bytes_per_second,
+        "compute_bound_us": bound.compute_s * 1e6, "memory_bound_us": bound.memory_s * 1e6,
+        "lower_bound_us": bound.lower_bound_s * 1e6, "bound": bound.bound, "layers": rows,
+    }
+
+
+def si(value: float, unit: str = "") -> str:
+    """1234567 -> '1.23 M' (decimal prefixes)."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def _shape(shape) -> str:
+    return "x".join(str(d) for d in shape) or "scalar"
+
+
+def _table(rows: list[tuple], header: tuple) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    ios = lambda items: ", ".join(f"{t['name']} {_shape(t['shape'])} {t['dtype']}" for t in items)  # noqa: E731
+    lines = [f"model {s['model']}: {len(s['layers'])} ops; inputs {ios(s['inputs'])}; outputs {ios(s['outputs'])}",
+             f"chip {s['chip']} (fingerprint {s['chip_fingerprint']}), dtype {s['dtype']}", ""]
+    shown = s["layers"][:MAX_TEXT_LAYERS]
+    rows = [(l["name"], l["op"], _shape(l["output_shape"]), si(l["macs"]), si(l["params"]), si(l["weight_bytes"], "B"),
+             si(l["activation_bytes"], "B"), f"{l['lower_bound_us']:.2f}", l["bound"]) for l in shown]
+    lines += _table(rows, ("layer", "op", "output", "MACs", "params", "weights", "activations", "bound us", "by"))
+    if len(s["layers"]) > len(shown):
+        lines.append(f"... {len(s['layers']) - len(shown)} more layers (--json lists all)")
+    lines += ["", f"total: {si(s['macs'], 'MAC')}s, {si(s['params'])} params, weights {si(s['weight_bytes'], 'B')}, "
+              f"activations {si(s['activation_bytes'], 'B')}, vector ops {si(s['vector_ops'])}",
+              "ops: " + ", ".join(f"{op} {n}" for op, n in s["ops"].items()),
+              f"roofline: compute {si(s['macs'], 'MAC')} / {si(s['peak_macs_per_second'], 'MAC/s')} = "
+              f"{s['compute_bound_us']:.1f} us; memory {si(s['compulsory_bytes'], 'B')} (weights + inputs + outputs)"
+              f" / {si(s['ddr_peak_bytes_per_second'], 'B/s')} = {s['memory_bound_us']:.1f} us",
+              f"lower bound {s['lower_bound_us']:.1f} us ({s['bound']}-bound)"]
+    return "\n".join(lines)
