@@ -92,22 +92,7 @@ def cmd_chips(name: str | None, as_json: bool) -> int:
 
 # ------------------------------------------------------------------ model -> graph -> program
 
-def load_graph(model, input_shapes: dict | None = None):
-    """Bundled model name, path or ModelProto (None = the default model) -> canonical Graph."""
-    from tpuflow.frontend import load
-    from tpuflow.models import resolve
-    proto = model if hasattr(model, "graph") else resolve(model)
-    return load(proto, input_shapes or None, name=_model_label(model, proto))
-
-
-def _model_label(model, proto) -> str:
-    if model is None:
-        from tpuflow.models import DEFAULT_MODEL
-        return DEFAULT_MODEL
-    if isinstance(model, (str, Path)):
-        return Path(str(model)).stem
-    return proto.graph.name or "model"
-
+# (model -> Graph is load_graph, in the "models, inspect" section above)
 
 def compile_model(model, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
                   input_shapes: dict | None = None):
