@@ -30,6 +30,7 @@ class LowerCtx:
     ddr: DdrPlan
     weights: WeightImage
     layers: dict[str, LayerInfo] = field(default_factory=dict)
+    tile_pushes: list[int] = field(default_factory=lambda: [0, 0, 0, 0])   # TILE queue pushes so far
 
     @property
     def prec(self) -> Prec:

@@ -72,8 +72,9 @@ class Emitter:
     def lmem_copy(self, dst: LTile, src: LTile) -> None:
         self._tensor_dma(*self._lmem_side(src), *self._lmem_side(dst), src.prec)
 
-    def ddr_copy(self, dst: DRegion, src: DRegion) -> None:
-        """DDR -> DDR strided copy (shapes may differ, element counts agree)."""
+    def region_copy(self, dst: DRegion, src: DRegion) -> None:
+        """Strided copy between two regions (DDR or LMEM-window addresses; shapes may differ,
+        element counts agree)."""
         if src.shape == dst.shape:
             for s_addr, d_addr, shape, s_st, d_st in _split_big_dims(src, dst):
                 self._tensor_dma(s_addr, shape, s_st, d_addr, shape, d_st, src.prec)

@@ -58,7 +58,7 @@ def copy_nd(ctx: LowerCtx, src_addr: int, src_st, dst_addr: int, dst_st, shape, 
     if len(dims) <= 4:
         dims = [[1, 0, 0]] * (4 - len(dims)) + dims
         shape4 = tuple(d[0] for d in dims)
-        ctx.em.ddr_copy(DRegion(dst_addr, shape4, tuple(d[2] for d in dims), prec),
+        ctx.em.region_copy(DRegion(dst_addr, shape4, tuple(d[2] for d in dims), prec),
                         DRegion(src_addr, shape4, tuple(d[1] for d in dims), prec))
         return
     (s, a, b), rest = dims[0], dims[1:]

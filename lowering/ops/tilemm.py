@@ -1,0 +1,410 @@
+"""MatMul and Conv on the TILE engine (LinxISA CUBE blocks): A tiles in Nz, B tiles in Zn, pushed
+with TPUSH after GDMA fills their slots; TMATMUL then TMATMUL.ACC over K (TMATMUL.BIAS for a
+per-column bias, TGEMV when M = 1); ACCCVT NZ2ND; the result is stored from its slot, or moved to
+lanes for a TIU epilogue. Conv runs as Y^T = W . P^T with P^T built by im2col DMAs (or the input
+itself for 1x1 stride-1 convolutions)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tpuflow.errors import LoweringError
+from tpuflow.isa import AccCvt, Prec, StrideMode, TMatmul, TPush, global_lmem_address, size_code, tile_ref
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.groups import Group
+from tpuflow.lowering.ops.conv import conv_geometry
+from tpuflow.lowering.ops.epilogue import Epilogue
+from tpuflow.lowering.ops.matmul import matmul_geometry
+from tpuflow.lowering.ops.movement import copy_nd
+from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tiling import steps
+
+Q_T, Q_U, Q_M, Q_N = 0, 1, 2, 3
+TILE_DT = {Prec.FP32: "FP32", Prec.FP16: "FP16", Prec.BF16: "BF16"}
+
+
+def ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def nz_layout(block: np.ndarray, rows_p: int, cols_p: int, c0: int) -> np.ndarray:
+    """A (rows x cols) block as flat Nz: off(i,j) = (j//c0)*rows_p*c0 + i*c0 + j%c0 (zero padded)."""
+    padded = np.zeros((rows_p, cols_p), block.dtype)
+    padded[:block.shape[0], :block.shape[1]] = block
+    return padded.reshape(rows_p, cols_p // c0, c0).transpose(1, 0, 2).reshape(-1)
+
+
+def zn_layout(block: np.ndarray, rows_p: int, cols_p: int, r0: int) -> np.ndarray:
+    """A (rows x cols) block as flat Zn: off(i,j) = (i//r0)*cols_p*r0 + j*r0 + i%r0 (zero padded)."""
+    padded = np.zeros((rows_p, cols_p), block.dtype)
+    padded[:block.shape[0], :block.shape[1]] = block
+    return padded.reshape(rows_p // r0, r0, cols_p).transpose(0, 2, 1).reshape(-1)
+
+
+class QueueCursor:
+    """The compiler's copy of the tile queue state (pushes per queue, kept in the LowerCtx so it
+    spans the whole program): which slot the next push lands in."""
+
+    def __init__(self, ctx: LowerCtx):
+        self.chip = ctx.chip
+        self.pushes = ctx.tile_pushes
+
+    def next_slot_addr(self, queue: int) -> int:
+        return self.chip.tile_slot_address(queue, self.pushes[queue] % self.chip.tile.queue_slots)
+
+    def push(self, queue: int) -> None:
+        self.pushes[queue] += 1
+
+
+@dataclass(frozen=True)
+class TileDims:
+    mt: int
+    nt: int
+    kt: int
+
+
+class Operand:
+    """Where the A (Nz) or B (Zn) tiles of a matmul come from."""
+
+    def __init__(self, ctx: LowerCtx, layout: str, rows: int, cols: int):
+        self.ctx, self.layout, self.rows, self.cols = ctx, layout, rows, cols
+        self.prec = ctx.prec
+        self.k0 = ctx.chip.tile.k_fractal_bytes // self.prec.bytes
+        self.fm = ctx.chip.tile.fractal_m
+
+    def padded(self, r: int, c: int) -> tuple[int, int]:
+        if self.layout == "nz":
+            return ceil_to(r, self.fm), ceil_to(c, self.k0)
+        return ceil_to(r, self.k0), ceil_to(c, self.fm)
+
+    def load(self, slot_addr: int, r0: int, r: int, c0: int, c: int) -> None:
+        raise NotImplementedError
+
+
+class ConstOperand(Operand):
+    """A constant matrix pre-arranged tile by tile in the weight image (one contiguous copy each)."""
+
+    def __init__(self, ctx, layout, matrix: np.ndarray, key: str, tile_rows: int, tile_cols: int):
+        super().__init__(ctx, layout, *matrix.shape)
+        self.matrix, self.key, self.tile_rows, self.tile_cols = matrix, key, tile_rows, tile_cols
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        rp, cp = self.padded(r, c)
+        block = self.matrix[r0:r0 + r, c0:c0 + c]
+        flat = nz_layout(block, rp, cp, self.k0) if self.layout == "nz" else zn_layout(block, rp, cp, self.k0)
+        addr = self.ctx.const_addr(f"{self.key}:{self.layout}:{r0}:{c0}:{r}:{c}", flat)
+        self.ctx.em.general_copy(global_lmem_address(slot_addr, self.ctx.chip), addr, flat.size, self.prec)
+
+
+class RowsOperand(Operand):
+    """A runtime row-major matrix in DDR, rearranged into Nz / Zn by strided DMAs."""
+
+    def __init__(self, ctx, layout, addr: int, rows: int, cols: int, row_stride: int):
+        super().__init__(ctx, layout, rows, cols)
+        self.addr, self.row_stride = addr, row_stride
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        ctx, e = self.ctx, self.prec.bytes
+        rp, cp = self.padded(r, c)
+        dst = global_lmem_address(slot_addr, ctx.chip)
+        if (rp, cp) != (r, c):
+            ctx.em.fill(DRegion(dst, (1, 1, 1, rp * cp), (rp * cp, rp * cp, rp * cp, 1), self.prec), 0.0)
+        src = self.addr + (r0 * self.row_stride + c0) * e
+        if self.layout == "nz":      # chunks of k0 columns; inside a chunk rows then columns
+            self._chunks(dst, src, c, self.k0, (self.k0, 0, self.row_stride, 1), (rp * self.k0, 0, self.k0, 1), r)
+        else:                        # chunks of k0 rows; inside a chunk columns then rows
+            self._chunks(dst, src, r, self.k0, (self.k0 * self.row_stride, 0, 1, self.row_stride),
+                         (cp * self.k0, 0, self.k0, 1), c)
+
+    def _chunks(self, dst, src, extent, k0, src_st, dst_st, other) -> None:
+        e = self.prec.bytes
+        full, rest = divmod(extent, k0)
+        if full:
+            self.ctx.em.region_copy(DRegion(dst, (full, 1, other, k0), dst_st, self.prec),
+                                 DRegion(src, (full, 1, other, k0), src_st, self.prec))
+        if rest:
+            self.ctx.em.region_copy(DRegion(dst + full * dst_st[0] * e, (1, 1, other, rest), dst_st, self.prec),
+                                 DRegion(src + full * src_st[0] * e, (1, 1, other, rest), src_st, self.prec))
+
+
+class TileGemm:
+    """Y (M x N) = A (M x K) . B (K x N) [+ bias row] on the TILE engine, tile by tile; `deliver`
+    gets the slot holding each row-major result tile."""
+
+    def __init__(self, ctx: LowerCtx, a: Operand, b: Operand, m: int, n: int, k: int, out_prec: Prec,
+                 bias: np.ndarray | None = None, bias_key: str = ""):
+        self.ctx, self.a, self.b, self.m, self.n, self.k = ctx, a, b, m, n, k
+        self.out_prec, self.bias, self.bias_key = out_prec, bias, bias_key
+        self.dims = self._dims()
+        self.cursor = QueueCursor(ctx)
+        self.dt = TILE_DT[ctx.prec]
+
+    def _dims(self) -> TileDims:
+        """Largest tiles whose A, B and converted result each fit one tile slot."""
+        tile, e = self.ctx.chip.tile, self.ctx.prec.bytes
+        slot, fm, fn = tile.slot_bytes, tile.fractal_m, tile.fractal_n
+        mt = min(ceil_to(self.m, fm), 64)
+        kt = max(self.a.k0, slot // (mt * e) // self.a.k0 * self.a.k0)
+        nt = min(64, slot // (kt * e), slot // (mt * self.out_prec.bytes)) // fn * fn
+        return TileDims(mt, max(fn, nt), kt)
+
+    def run(self, deliver: Callable[[int, int, int, int, int], None]) -> None:
+        d = self.dims
+        for m0, mt in steps(self.m, d.mt):
+            for n0, nt in steps(self.n, d.nt):
+                self._tile(m0, mt, n0, nt)
+                deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
+                                                           self.ctx.chip.tile.queue_slots), m0, mt, n0, nt)
+
+    def _push(self, queue: int, nbytes: int) -> None:
+        self.ctx.em.tile(TPush(dst_queue=queue, dst_size=size_code(nbytes), dt=self.dt))
+        self.cursor.push(queue)
+
+    def _tile(self, m0: int, mt: int, n0: int, nt: int) -> None:
+        em, cur, e = self.ctx.em, self.cursor, self.ctx.prec.bytes
+        k_steps = steps(self.k, self.dims.kt)
+        for i, (k0, kt) in enumerate(k_steps):
+            a_slot = cur.next_slot_addr(Q_T)
+            self.a.load(a_slot, m0, mt, k0, kt)
+            self._push(Q_T, mt * kt * e)
+            b_slot = cur.next_slot_addr(Q_U)
+            self.b.load(b_slot, k0, kt, n0, nt)
+            self._push(Q_U, kt * nt * e)
+            bias_src = -1
+            if i == 0 and self.bias is not None:
+                self._load_bias(cur.next_slot_addr(Q_N), n0, nt)
+                self._push(Q_N, ceil_to(nt, 16) * 4)
+                bias_src = tile_ref("N", 1)
+            gemv = "TGEMV" if mt == 1 else "TMATMUL"
+            fn = gemv + (".ACC" if i else ".BIAS" if bias_src >= 0 else "")
+            em.tile(TMatmul(fn=fn, dt=self.dt, m=mt, n=nt, k=kt, src0=tile_ref("T", 1), src1=tile_ref("U", 1),
+                            acc_size=size_code(ceil_to(mt, 16) * ceil_to(nt, 16) * 4), bias_src=bias_src))
+        em.tile(AccCvt(layout="NZ2ND", row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
+                       dst_dt=TILE_DT[self.out_prec]))
+        cur.push(Q_M)
+
+    def _load_bias(self, slot: int, n0: int, nt: int) -> None:
+        row = np.zeros(ceil_to(nt, 16), np.float32)
+        row[:nt] = self.bias[n0:n0 + nt]
+        addr = self.ctx.const_addr(f"{self.bias_key}:tilebias:{n0}:{nt}", row, Prec.FP32)
+        self.ctx.em.general_copy(global_lmem_address(slot, self.ctx.chip), addr, row.size, Prec.FP32)
+
+
+class _TileOutput:
+    """Stores result tiles from their slot, or moves them to lanes for a TIU epilogue first."""
+
+    def __init__(self, ctx: LowerCtx, epi: Epilogue, extra_row_bias: np.ndarray | None, label: str):
+        self.ctx, self.epi, self.label = ctx, epi, label
+        self.row_bias = extra_row_bias
+        self.needs_tiu = not epi.empty or extra_row_bias is not None
+
+    def prepare(self, mt: int, nt: int, rows_total: int, cols_total: int) -> None:
+        if not self.needs_tiu:
+            return
+        chip, arena = self.ctx.chip, self.ctx.arena()
+        shape = (1, mt, 1, nt)
+        res = self.epi.resident_sizes(rows_total, cols_total)
+        if self.row_bias is not None:
+            res = res + [tile_bytes_per_lane(chip, (1, rows_total, 1, 1), Prec.FP32, compact=True)]
+        per = [tile_bytes_per_lane(chip, shape, Prec.FP32)] + self.epi.set_sizes(shape) + [
+            tile_bytes_per_lane(chip, shape, self.ctx.prec)]
+        res_offs, self.sets = arena.alloc_plan(res, per, self.label)
+        self.epi.load_residents(res_offs[:len(self.epi.resident)], rows_total, cols_total)
+        if self.row_bias is not None:
+            self.bias_tile = make_tile(chip, res_offs[-1], (1, rows_total, 1, 1), Prec.FP32, compact=True)
+            addr = self.ctx.const_addr(f"{self.label}:rowbias", self.row_bias, Prec.FP32)
+            self.ctx.em.load(self.bias_tile, DRegion(addr, (1, rows_total, 1, 1), (rows_total, 1, 1, 1), Prec.FP32))
+        self.count = 0
+        self.peak = arena.peak
+
+    def deliver(self, slot: int, row0: int, mt: int, col0: int, nt: int, dst: DRegion, full_region) -> None:
+        em, chip = self.ctx.em, self.ctx.chip
+        src_prec = Prec.FP32 if self.needs_tiu else self.ctx.prec
+        slot_view = DRegion(global_lmem_address(slot, chip), (1, 1, mt, nt), (mt * nt, mt * nt, nt, 1), src_prec)
+        if not self.needs_tiu:
+            em.region_copy(dst, slot_view)
+            return
+        offs = self.sets[self.count % len(self.sets)]
+        self.count += 1
+        value = make_tile(chip, offs[0], (1, mt, 1, nt), Prec.FP32)
+        em.region_copy(DRegion(global_lmem_address(value.addr, chip), value.shape, value.strides, Prec.FP32),
+                              slot_view)
+        if self.epi.full:
+            self.epi.load_tile(offs[1:], value.shape, full_region)
+        if self.row_bias is not None:
+            sub = self.bias_tile.sub_channels(row0, mt, chip)
+            em.ar("add", value, value, LTile(sub.addr, value.shape, Prec.FP32, (0, sub.strides[1], 0, 0), StrideMode.FREE))
+        value = self.epi.apply(value, offs[1:], row0, col0) if not self.epi.empty else value
+        if self.ctx.prec != Prec.FP32:
+            stage = make_tile(chip, offs[-1], value.shape, self.ctx.prec)
+            em.ar("copy", stage, value)
+            value = stage
+        em.store(value, dst)
+
+
+class TileMatmulEmitter:
+    """MatMul (+ bias + epilogue) groups on the TILE engine."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group = ctx, group
+        self.node = group.anchor
+        self.geom = matmul_geometry(ctx, self.node)
+        epilogue = list(group.epilogue)
+        self.bias = None
+        if epilogue and _is_col_bias(ctx, epilogue[0], self.node.outputs[0], self.geom.n):
+            bias_node = epilogue.pop(0)
+            other = next(t for t in bias_node.inputs if t != self.node.outputs[0])
+            self.bias = np.asarray(ctx.const(other), np.float32).reshape(-1)
+            anchor_out = bias_node.outputs[0]
+        else:
+            anchor_out = self.node.outputs[0]
+        out_shape = ctx.graph.tensor(anchor_out).shape
+        self.epi = Epilogue(ctx, anchor_out, epilogue, out_shape, group.split)
+
+    def emit(self) -> None:
+        ctx, geo = self.ctx, self.geom
+        ctx.em.layer = self.node.name
+        out = _TileOutput(ctx, self.epi, None, self.node.name)
+        result = self.epi.output
+        prec = ctx.prec
+        for b in range(geo.batch_count):
+            a_off, b_off, y_off = geo.offsets(b)
+            a = self._operand(self.node.inputs[0], "nz", geo.m, geo.k, a_off, f"{self.node.name}:A{b}")
+            bop = self._operand(self.node.inputs[1], "zn", geo.k, geo.n, b_off, f"{self.node.name}:B{b}")
+            gemm = TileGemm(ctx, a, bop, geo.m, geo.n, geo.k, Prec.FP32 if out.needs_tiu else prec, self.bias,
+                            self.node.name)
+            if b == 0:
+                out.prepare(gemm.dims.mt, gemm.dims.nt, geo.batch_count * geo.m, geo.n)
+
+            def deliver(slot, m0, mt, n0, nt, b=b, y_off=y_off):
+                dst = DRegion(ctx.ddr_addr(result) + (y_off + m0 * geo.n + n0) * prec.bytes, (1, mt, 1, nt),
+                              (mt * geo.n, geo.n, nt, 1), prec)
+                full = lambda addr: DRegion(addr + (y_off + m0 * geo.n + n0) * prec.bytes, (1, mt, 1, nt),
+                                            (mt * geo.n, geo.n, nt, 1), prec)
+                out.deliver(slot, b * geo.m + m0, mt, n0, nt, dst, full)
+
+            gemm.run(deliver)
+        ctx.note_layer(self.node.name, "MatMul", macs=geo.batch_count * geo.m * geo.n * geo.k,
+                       lmem_peak=getattr(out, "peak", 0), group=self.group.name)
+        for n in self.group.epilogue:
+            ctx.note_layer(n.name, n.op_type, group=self.group.name)
+
+    def _operand(self, tensor: str, layout: str, rows: int, cols: int, offset: int, key: str) -> Operand:
+        info = self.ctx.graph.tensor(tensor)
+        if info.const is not None:
+            full = np.asarray(info.const, np.float32).reshape(-1)[offset: offset + rows * cols].reshape(rows, cols)
+            return ConstOperand(self.ctx, layout, full, key, 0, 0)
+        addr = self.ctx.ddr_addr(tensor) + offset * self.ctx.prec.bytes
+        return RowsOperand(self.ctx, layout, addr, rows, cols, cols)
+
+
+def _is_col_bias(ctx: LowerCtx, node, value: str, n: int) -> bool:
+    if node.op_type != "Add":
+        return False
+    other = [t for t in node.inputs if t != value]
+    if len(other) != 1 or ctx.graph.tensor(other[0]).const is None:
+        return False
+    shape = ctx.graph.tensor(other[0]).shape
+    return math.prod(shape) == n and (not shape or shape[-1] == n)
+
+
+class TileConvEmitter:
+    """Conv groups on the TILE engine: per image and group, Y^T (Cout x Ho*Wo) = W . P^T."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group = ctx, group
+        self.node = group.anchor
+        self.geom = conv_geometry(ctx, self.node)
+        out = self.node.outputs[0]
+        self.epi = Epilogue(ctx, out, list(group.epilogue), ctx.graph.tensor(out).shape, 2)
+        b = self.node.inputs[2] if len(self.node.inputs) > 2 and self.node.inputs[2] else None
+        self.bias = np.asarray(ctx.const(b), np.float32).reshape(-1) if b else None
+
+    @staticmethod
+    def scratch_bytes(graph, group: Group, options) -> int:
+        node = group.anchor
+        n, cin, h, w = graph.tensor(node.inputs[0]).shape
+        cout, cin_g, kh, kw = graph.tensor(node.inputs[1]).shape
+        _, _, ho, wo = graph.tensor(node.outputs[0]).shape
+        esize = {"fp32": 4, "fp16": 2, "bf16": 2}[options.dtype]
+        return cin_g * kh * kw * ho * wo * esize
+
+    def _direct(self) -> bool:
+        g = self.geom
+        return (g.kh, g.kw, g.sy, g.sx, g.pt, g.pl, g.pb, g.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
+
+    def emit(self) -> None:
+        ctx, geo, prec = self.ctx, self.geom, self.ctx.prec
+        ctx.em.layer = self.node.name
+        if geo.groups == geo.cin == geo.cout and geo.groups > 1:
+            from tpuflow.lowering.ops.conv import ConvEmitter
+            ConvEmitter(ctx, self.group).emit()            # depthwise is not a matmul: TIU
+            return
+        cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
+        kdim, pix = cin_g * geo.kh * geo.kw, geo.ho * geo.wo
+        weights = np.asarray(ctx.const(self.node.inputs[1]), np.float32).reshape(geo.cout, kdim)
+        out = _TileOutput(ctx, self.epi, self.bias, self.node.name)
+        prepared = False
+        for n in range(geo.n):
+            for gi in range(geo.groups):
+                ic0, oc0 = gi * cin_g, gi * cout_g
+                if self._direct():
+                    b_addr = ctx.ddr_addr(self.node.inputs[0]) + ((n * geo.cin + ic0) * geo.h * geo.w) * prec.bytes
+                else:
+                    b_addr = self._im2col(n, ic0, cin_g)
+                a = ConstOperand(ctx, "nz", weights[oc0:oc0 + cout_g], f"{self.node.name}:W{gi}", 0, 0)
+                bop = RowsOperand(ctx, "zn", b_addr, kdim, pix, pix)
+                gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, Prec.FP32 if out.needs_tiu else prec)
+                if not prepared:
+                    out.prepare(gemm.dims.mt, gemm.dims.nt, geo.cout, pix)
+                    prepared = True
+                gemm.run(lambda slot, m0, mt, n0, nt, n=n, oc0=oc0: out.deliver(
+                    slot, oc0 + m0, mt, n0, nt, self._y_region(ctx.ddr_addr(self.epi.output), n, oc0 + m0, mt, n0, nt),
+                    lambda addr, n=n, c=oc0 + m0, mt=mt, n0=n0, nt=nt: self._y_region(addr, n, c, mt, n0, nt)))
+        macs = geo.n * geo.cout * pix * kdim
+        ctx.note_layer(self.node.name, "Conv", macs=macs, lmem_peak=getattr(out, "peak", 0), group=self.group.name)
+        for nd in self.group.epilogue:
+            ctx.note_layer(nd.name, nd.op_type, group=self.group.name)
+
+    def _y_region(self, addr: int, n: int, c0: int, ct: int, p0: int, pt: int) -> DRegion:
+        geo, prec = self.geom, self.ctx.prec
+        pix = geo.ho * geo.wo
+        return DRegion(addr + ((n * geo.cout + c0) * pix + p0) * prec.bytes, (1, ct, 1, pt), (ct * pix, pix, pt, 1), prec)
+
+    def _im2col(self, n: int, ic0: int, cin_g: int) -> int:
+        """P^T[(c, kh, kw), (oh, ow)] in the scratch area: zero fill, then one DMA per (kh, kw)
+        over the output positions whose tap lands inside the image."""
+        ctx, geo, prec = self.ctx, self.geom, self.ctx.prec
+        pix = geo.ho * geo.wo
+        kk = geo.kh * geo.kw
+        rows = cin_g * kk
+        base = ctx.scratch_region(0, (1, 1, rows, pix)).addr
+        total = rows * pix
+        width = next(w for w in range(min(total, 65535), 0, -1) if total % w == 0)
+        ctx.em.fill(DRegion(base, (1, 1, total // width, width), (total, total, width, 1), prec), 0.0)
+        x_addr = ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * geo.h * geo.w * prec.bytes
+        for i in range(geo.kh):
+            oh_lo, oh_hi = _valid(geo.ho, geo.sy, i * geo.dy - geo.pt, geo.h)
+            for j in range(geo.kw):
+                ow_lo, ow_hi = _valid(geo.wo, geo.sx, j * geo.dx - geo.pl, geo.w)
+                if oh_hi <= oh_lo or ow_hi <= ow_lo:
+                    continue
+                src = x_addr + ((oh_lo * geo.sy + i * geo.dy - geo.pt) * geo.w + ow_lo * geo.sx + j * geo.dx - geo.pl) * prec.bytes
+                dst = base + ((i * geo.kw + j) * pix + oh_lo * geo.wo + ow_lo) * prec.bytes
+                copy_nd(ctx, src, (geo.h * geo.w, geo.sy * geo.w, geo.sx), dst, (kk * pix, geo.wo, 1),
+                        (cin_g, oh_hi - oh_lo, ow_hi - ow_lo), prec)
+        return base
+
+
+def _valid(out: int, stride: int, offset: int, size: int) -> tuple[int, int]:
+    """Output positions o in [lo, hi) with 0 <= o*stride + offset < size."""
+    lo = max(0, -(-(-offset) // stride)) if offset < 0 else 0
+    hi = min(out, (size - 1 - offset) // stride + 1) if size - 1 - offset >= 0 else 0
+    return lo, max(lo, hi)
+
+
+TILE_EMITTERS = {"matmul": TileMatmulEmitter, "conv": TileConvEmitter}
