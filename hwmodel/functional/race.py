@@ -31,9 +31,9 @@ ENGINE_INDEX = {e: i for i, e in enumerate(ENGINES)}
 
 
 class RaceDetector:
-    def __init__(self, program: Program, bucket_bytes: int = BUCKET_BYTES):
+    def __init__(self, program: Program, bucket_bytes: int | None = None):
         self.program = program
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes = bucket_bytes or BUCKET_BYTES
         self.sizes = [len(program.queue(e)) for e in ENGINES]
         self.clocks: list[list[tuple[int, int, int]]] = [[] for _ in ENGINES]
         self.buckets: dict[int, list[tuple]] = {}

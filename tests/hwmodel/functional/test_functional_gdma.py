@@ -109,6 +109,24 @@ def test_tensor_transpose_ddr_to_lmem():
     assert (m.read_local(dst) == values.transpose(0, 3, 2, 1)).all()
 
 
+@pytest.mark.parametrize("src_kind,dst_kind", [("lmem", "ddr"), ("lmem", "lmem"), ("ddr", "ddr")])
+def test_tensor_transpose_other_endpoints(src_kind, dst_kind):
+    m = _machine(27)
+    shape, dst_shape = (1, 7, 2, 66), (1, 66, 2, 7)
+    src = gaddr(3, 0x100) if src_kind == "lmem" else 0x100
+    src_strides = local(flat(3, 0x100), shape).strides if src_kind == "lmem" else _row_major(shape)
+    dst = gaddr(50, 0x4000) if dst_kind == "lmem" else 0x8000
+    dst_strides = local(flat(50, 0x4000), dst_shape).strides if dst_kind == "lmem" else _row_major(dst_shape)
+    before = endpoint(m, src, shape, src_strides, Prec.FP32)
+    m.execute(_tensor(src, dst, shape, src_strides, dst_shape, dst_strides, op="transpose"))
+    assert (endpoint(m, dst, dst_shape, dst_strides, Prec.FP32) == before.transpose(0, 3, 2, 1, 4)).all()
+
+
+def _row_major(shape):
+    n, c, h, w = shape
+    return (c * h * w, h * w, w, 1)
+
+
 def test_tensor_broadcast_to_lanes():
     m = _machine(22)
     values = random_values(np.random.default_rng(1), (1, 1, 2, 8), Prec.FP16)

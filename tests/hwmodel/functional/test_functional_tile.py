@@ -124,6 +124,27 @@ def test_tmatmul_and_tgemv_with_bias_and_accumulation(c, kind):
     assert (np.abs(got - ref) <= 1e-6 * mag + 1e-30).all()
 
 
+@pytest.mark.parametrize("fn", ["TMATMUL", "TMATMUL.BIAS", "TMATMUL.ACC", "TGEMV", "TGEMV.BIAS", "TGEMV.ACC"])
+def test_each_matmul_function(fn):
+    m = Machine(CHIP, 64)
+    rng = np.random.default_rng(33)
+    a, b = rng.standard_normal((18, 10)).astype(np.float32), rng.standard_normal((10, 20)).astype(np.float32)
+    bias = rng.standard_normal((1, 20)).astype(np.float32)
+    rows = 1 if fn.startswith("TGEMV") else 18
+    prior = rng.standard_normal((rows, 20)).astype(np.float32)
+    m.tile.acc = prior.copy()
+    _put(m, "T", a, "nz", Prec.FP32)
+    _put(m, "U", b, "zn", Prec.FP32)
+    _put(m, "N", bias, "row", Prec.FP32)
+    extra = dict(bias_src=tile_ref("N", 1)) if fn.endswith(".BIAS") else {}
+    m.execute(TMatmul(fn=fn, dt="FP32", m=18, n=20, k=10, src0=tile_ref("T", 1), src1=tile_ref("U", 1),
+                      acc_size=_acc_code(rows, 20), **extra))
+    expect = a[:rows].astype(np.float64) @ b
+    expect += bias if fn.endswith(".BIAS") else prior if fn.endswith(".ACC") else 0
+    assert m.tile.acc.shape == (rows, 20)
+    np.testing.assert_allclose(m.tile.acc, expect, rtol=1e-5, atol=1e-5)
+
+
 def test_tmatmul_plain_integer_wraps_at_32_bits():
     m = Machine(CHIP, 64)
     a = np.full((16, 32), 127, np.int8)
