@@ -1,0 +1,85 @@
+"""Exact DramUnit timing: page hit, first open, row miss, read/write turnaround; latency calibration."""
+
+import numpy as np
+
+from tpuflow.chip import load_chip, replace_param
+from tpuflow.hwmodel.timing.clocks import Clocks
+from tpuflow.hwmodel.timing.gdma import GdmaModel, _DdrStream
+from tpuflow.hwmodel.timing.segments import split_bursts
+from tpuflow.hwmodel.timing.wdc import Wdc
+
+CHIP = load_chip("sg2260")
+ROW_MISS_ADDR = 2 << 20   # UMC 0, bank 0, row 1: local 128 KiB = 16 pages of 8 KiB later
+
+
+def one(wdc, addr, issue, write=False, size=64):
+    return int(wdc.service(np.array([addr]), np.array([size]), write, np.array([issue]))[0])
+
+
+def test_hit_open_miss_and_turnaround_costs():
+    """Six 64 B requests on UMC 0, each issued when the UMC is idle and timed so it reaches the UMC on a
+    400 MHz edge (sg2260 numbers):
+
+    request path 13.5 ns (writes + 1 fabric beat of data: 14.75 ns); 64 B = 2 beats x 7.5 ns = 15 ns;
+    read response = min_read 8 + 1.25 + 11 = 20.25 ns; write B response = 12.25 ns.
+      A read  addr 0, bank closed:   13.5 + open 50 + 15 + 20.25        =  98.75 ns
+      B read  addr 64, page hit:     13.5 + 15 + 20.25                  =  48.75 ns
+      C read  2 MiB, same bank, other row (miss): 13.5 + close 50 + open 50 + 15 + 20.25 = 148.75 ns
+      D write 2 MiB + 64, hit after reads: 14.75 + r->w 10 + 15 + 12.25 =  52.00 ns
+      E write 2 MiB + 128, hit, same direction: 14.75 + 15 + 12.25      =  42.00 ns
+      F read  2 MiB + 192, hit after writes: 13.5 + w->r 15 + 15 + 20.25 = 63.75 ns
+    """
+    wdc = Wdc(CHIP, Clocks.of(CHIP))
+    assert one(wdc, 0, 1_500) - 1_500 == 98_750
+    assert one(wdc, 64, 101_500) - 101_500 == 48_750
+    assert one(wdc, ROW_MISS_ADDR, 201_500) - 201_500 == 148_750
+    assert one(wdc, ROW_MISS_ADDR + 64, 350_250, write=True) - 350_250 == 52_000
+    assert one(wdc, ROW_MISS_ADDR + 128, 450_250, write=True) - 450_250 == 42_000
+    assert one(wdc, ROW_MISS_ADDR + 192, 501_500) - 501_500 == 63_750
+    st = wdc.stats
+    assert (int(st.page_opens[0]), int(st.page_misses[0]), int(st.page_hits[0])) == (1, 1, 4)
+    assert st.bytes_read == 4 * 64 and st.bytes_written == 2 * 64
+
+
+def test_requests_on_one_umc_are_served_in_order():
+    """Two 512 B reads to UMC 0 issued together: the second starts when the first ends (16 beats = 120 ns
+    each), so its response is exactly 120 ns after the first; a read to UMC 1 is not delayed."""
+    wdc = Wdc(CHIP, Clocks.of(CHIP))
+    resp = wdc.service(np.array([0, 512, 4096]), np.array([512, 512, 512]), False, np.array([1_500, 1_500, 1_500]))
+    assert resp[1] - resp[0] == 120_000
+    assert resp[2] == resp[0]
+
+
+def test_cam_groups_requests_to_the_same_page():
+    """Requests A(row 0), B(row 1), A'(row 0) of one bank handed over together: the AuxCam serves A, A'
+    then B: one first open, one hit, one miss (without reordering: open, miss, miss)."""
+    wdc = Wdc(CHIP, Clocks.of(CHIP))
+    addr = np.array([0, ROW_MISS_ADDR, 64])
+    wdc.service(addr, np.array([64, 64, 64]), False, np.array([1_500, 1_500, 1_500]))
+    st = wdc.stats
+    assert (int(st.page_opens[0]), int(st.page_hits[0]), int(st.page_misses[0])) == (1, 1, 1)
+
+
+def test_calibration_hit_50ns_miss_150ns():
+    """End to end at the GDMA (request issued -> data received over the GDMA bus) for one 64 B read
+    issued on a GDMA edge that lands it on a UMC edge (issue = 9 ns + k x 200 ns): page hit 48.75 ns ->
+    next GDMA edge 49 + 1 bus beat = 50 ns; row miss + close 50 + open 50 = 150 ns; bank closed (first
+    use) + open 50 = 100 ns."""
+    clocks = Clocks.of(CHIP)
+    wdc = Wdc(CHIP, clocks)
+    dma = GdmaModel(CHIP, clocks, wdc)
+    latencies = []
+    for addr, issue in ((0, 9_000), (64, 209_000), (ROW_MISS_ADDR, 409_000)):
+        stream = _DdrStream(dma, split_bursts(np.array([addr]), np.array([64]), 512, 128), write=False)
+        stream.step(np.array([issue]))
+        latencies.append(int(stream.done[0]) - issue)
+    assert latencies == [100_000, 50_000, 150_000]
+    assert wdc.unloaded_read_ps(64) == 48_750 and wdc.unloaded_read_ps(64, miss=True) == 148_750
+
+
+def test_beat_period_delivers_peak_bandwidth():
+    """beat period = UMCs x data width / peak: 16 x 32 B / 68.264 GB/s = 7.5 ns (whole ps); a 32 GB/s
+    DRAM takes 16 ns per beat."""
+    assert Wdc(CHIP, Clocks.of(CHIP)).beat_ps == 7_500
+    slow = replace_param(CHIP, "dram.peak_gbps", 32.0)
+    assert Wdc(slow, Clocks.of(slow)).beat_ps == 16_000
