@@ -27,6 +27,7 @@ from tpuflow import __version__
 from tpuflow.chip import ChipConfig, load_chip
 from tpuflow.errors import InputFileError
 from tpuflow.isa import Engine
+from tpuflow.isa.ids import IdFields, unwrap_queues, wrap_queues
 from tpuflow.program import ENGINES, DdrTensor, LayerInfo, MemoryPlan, Program
 
 from tpuflow.codegen.linx import decode_blocks, encode_blocks
@@ -146,7 +147,8 @@ def _write_atomically(outdir: Path, contents: dict[str, bytes]) -> None:
 def write_program(program: Program, outdir: str | os.PathLike, name: str = "model") -> Path:
     """Write the output directory of `program` (see the module docstring); returns the directory."""
     out = Path(outdir)
-    streams = {stream_file_name(name, e): encode_stream(e, program.queue(e)) for e in ENGINES}
+    wrapped = wrap_queues({e: program.queue(e) for e in ENGINES}, program.issue_order, IdFields.of(program.chip))
+    streams = {stream_file_name(name, e): encode_stream(e, wrapped[e]) for e in ENGINES}
     weights_name = f"{name}.weights.bin"
     contents = dict(streams)
     contents[weights_name] = bytes(program.memory.weight_image)
@@ -236,6 +238,12 @@ def _program_from(out: Path, manifest: dict, chip) -> Program:
     weights = _read_file(out, manifest["files"]["weights"])
     _check_file(out, manifest["files"]["weights"], weights)
     layer_map = {e: expand_runs(manifest["layer_map"][e.value]) for e in ENGINES}
+    issue_order = expand_issue_order(manifest["issue_order"])
+    for e in ENGINES:
+        if issue_order.count(e.letter) != len(queues[e]):
+            raise InputFileError(f"{out / MANIFEST}: issue_order lists {issue_order.count(e.letter)} {e.value} "
+                                 f"instructions, the stream holds {len(queues[e])}")
+    queues = unwrap_queues(queues, issue_order, IdFields.of(resolved))
     return Program(
         chip=resolved, tiu=queues[Engine.TIU], gdma=queues[Engine.GDMA], tile=queues[Engine.TILE],
         tiu_layers=layer_map[Engine.TIU], gdma_layers=layer_map[Engine.GDMA], tile_layers=layer_map[Engine.TILE],
@@ -243,4 +251,4 @@ def _program_from(out: Path, manifest: dict, chip) -> Program:
         layers={key: LayerInfo(**info) for key, info in manifest["layers"]},
         fused_groups=[tuple(g) for g in manifest["fused_groups"]],
         options=dict(manifest["options"]), model_name=manifest["model"],
-        issue_order=expand_issue_order(manifest["issue_order"]))
+        issue_order=issue_order)

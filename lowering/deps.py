@@ -8,7 +8,9 @@ engine E waits for engine O at
 
     max(last_writer[O][c] for c in reads(X) | writes(X), last_reader[O][c] for c in writes(X))
 
-(RAW, WAW, WAR), 0 if nothing conflicts. TIU <-> GDMA waits go in cmd_id_dep. TILE blocks carry
+(RAW, WAW, WAR), 0 if nothing conflicts, then moved forward into the id window of the field
+that carries it (tpuflow.isa.ids: never more than 2**bits - 1 ids behind the other engine's last
+issued instruction). TIU <-> GDMA waits go in cmd_id_dep. TILE blocks carry
 wait_tiu_id / wait_gdma_id. A TIU or GDMA instruction that conflicts with TILE chunks is preceded,
 in its own queue, by a SYS wait on that TILE block (system.wait_msg / dma.sys.sys_wait tagged
 TILE_WAIT_TAG), unless an earlier wait of the same queue already covers it. In auto mode
@@ -23,8 +25,8 @@ import dataclasses
 import numpy as np
 
 from tpuflow.chip import ChipConfig
-from tpuflow.errors import LoweringError
 from tpuflow.isa import TILE_WAIT_TAG, Engine, SysDma, SysTiu, resolve_stream
+from tpuflow.isa.ids import IdFields, clamp
 from tpuflow.lowering.emitter import Record
 
 ENGINE_INDEX = {Engine.TIU: 0, Engine.GDMA: 1, Engine.TILE: 2}
@@ -68,6 +70,7 @@ def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str =
     """Queues (tiu, gdma, tile), their layer lists and the issue order string."""
     tile_acc = iter(resolve_stream([r.instr for r in records if r.engine is Engine.TILE], chip))
     table = ChunkTable(chip)
+    widths = IdFields.of(chip)
     queues: list[list] = [[], [], []]
     layers: list[list[str]] = [[], [], []]
     order: list[str] = []
@@ -90,15 +93,17 @@ def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str =
             waits = [table.conflict(o, reads, writes) if o != e else 0 for o in range(3)]
         instr = rec.instr
         if rec.engine is Engine.TILE:
-            instr = dataclasses.replace(instr, wait_tiu_id=waits[0], wait_gdma_id=waits[1])
+            bits = widths.tile_bits
+            instr = dataclasses.replace(instr, wait_tiu_id=clamp(waits[0], len(queues[0]), bits),
+                                        wait_gdma_id=clamp(waits[1], len(queues[1]), bits))
         else:
             if waits[2] > tile_waited[e]:
                 push(rec.engine, _tile_wait(rec.engine, waits[2]), rec.layer)
                 tile_waited[e] = waits[2]
-            instr = dataclasses.replace(instr, cmd_id_dep=waits[1 - e])
+            bits = widths.tiu_bits if e == 0 else widths.gdma_bits
+            instr = dataclasses.replace(instr, cmd_id_dep=clamp(waits[1 - e], len(queues[1 - e]), bits))
         cmd_id = push(rec.engine, instr, rec.layer)
         table.record(e, cmd_id, reads, writes)
-    _check_id_widths(queues, chip)
     return queues, layers, "".join(order)
 
 
@@ -106,11 +111,3 @@ def _tile_wait(engine: Engine, tile_id: int):
     if engine is Engine.TIU:
         return SysTiu(op="wait_msg", reg_idx=TILE_WAIT_TAG, imm=tile_id)
     return SysDma(op="sys_wait", index=TILE_WAIT_TAG, constant_value=tile_id)
-
-
-def _check_id_widths(queues, chip: ChipConfig) -> None:
-    limits = ((0, chip.deps.tiu_dep_id_bits, "TIU"), (1, chip.deps.gdma_dep_id_bits, "GDMA"))
-    for e, bits, name in limits:
-        if len(queues[e]) >= 1 << bits:
-            raise LoweringError(f"{name} stream has {len(queues[e])} instructions; cmd_id_dep has "
-                                f"{bits} bits (id renumbering across barriers is not implemented)")

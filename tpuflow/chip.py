@@ -208,6 +208,7 @@ class DepConfig:
     chunk_lanes: int = p("lanes", "lanes per chunk (chunks tile lanes x per-lane offsets)", check=_power_of_two)
     tiu_dep_id_bits: int = p("bit", "usable bits of the TIU cmd_id_dep field")
     gdma_dep_id_bits: int = p("bit", "usable bits of the GDMA cmd_id_dep field")
+    tile_dep_id_bits: int = p("bit", "bits of a TILE B.IOD wait id (tpuflow's B.IOD layout)")
 
 
 SECTIONS = {
@@ -456,6 +457,7 @@ def _cross_check(chip: ChipConfig, label: str) -> None:
     need(c.ddr_bytes < c.gdma_lmem_base_address, "core.gdma_lmem_base_address", "overlaps DDR")
     need(chip.deps.gdma_dep_id_bits <= 17, "deps.gdma_dep_id_bits", "the GDMA field has 17 bits")
     need(chip.deps.tiu_dep_id_bits <= 24, "deps.tiu_dep_id_bits", "the TIU field has 24 bits")
+    need(chip.deps.tile_dep_id_bits <= 20, "deps.tile_dep_id_bits", "a B.IOD wait id has 20 bits")
 
 
 def chip_from_dict(raw: dict, label: str = "<dict>") -> ChipConfig:

@@ -16,7 +16,8 @@ from tpuflow.chip import load_chip
 from tpuflow.codegen import read_program, write_program
 from tpuflow.codegen import writer
 from tpuflow.errors import BinaryFormatError, EncodingError, InputFileError, UserError
-from tpuflow.isa import ConvTiu, Engine
+from tpuflow.isa import ConvTiu, Engine, ids
+from tpuflow.isa.ids import IdFields, window_floor
 from tpuflow.program import Program
 
 FILES = ["manifest.json", "tiny.BD.0", "tiny.GDMA.0", "tiny.TILE.0", "tiny.weights.bin"]
@@ -74,8 +75,24 @@ def test_round_trip_of_random_programs(instrs, tile, rnd):
     layers = lambda q: [rnd.choice(["a", "b", ""]) for _ in q]  # noqa: E731
     program = Program(chip=load_chip("sg2260"), tiu=tiu, gdma=gdma, tile=tile, tiu_layers=layers(tiu),
                       gdma_layers=layers(gdma), tile_layers=layers(tile), issue_order="".join(order))
+    program = legal_waits(program)
     with tempfile.TemporaryDirectory() as d:
         assert_same_program(read_program(write_program(program, d)), program)
+
+
+def legal_waits(program: Program) -> Program:
+    """Random field values with every wait inside the id window of tpuflow.isa.ids: an
+    instruction only waits for other-engine instructions issued before it."""
+    fields = IdFields.of(program.chip)
+
+    def legal(value, before, bits):
+        floor = window_floor(before, bits)
+        return floor + value % (before - floor + 1)
+
+    queues = ids._rewrite({e: program.queue(e) for e in (Engine.TIU, Engine.GDMA, Engine.TILE)},
+                          program.issue_order, fields, legal)
+    program.tiu, program.gdma, program.tile = queues[Engine.TIU], queues[Engine.GDMA], queues[Engine.TILE]
+    return program
 
 
 # ------------------------------------------------------------------------------- atomicity
