@@ -101,8 +101,8 @@ class LocalMemory:
             first += count
 
     def _views(self, tensor: LocalTensor):
-        """(first channel, channels, lane, strided view) per run, or None when the base is not
-        element aligned (then the fancy-index path handles it)."""
+        """(first channel, channels, strided view) per run, or None when the base is not element
+        aligned (then the fancy-index path handles it)."""
         dtype = tensor.prec.storage_dtype
         size = dtype.itemsize
         if tensor.addr % size:
@@ -111,8 +111,8 @@ class LocalMemory:
         flat = self.data.reshape(-1).view(dtype)
         n_str, _, h_str, w_str = (s * size for s in tensor.strides)
         n, _, h, w = tensor.shape
-        return [(first, count, origin // self.bytes_per_lane,
-                 as_strided(flat[origin // size:], (n, count, h, w), (n_str, self.bytes_per_lane, h_str, w_str)))
+        return [(first, count, as_strided(flat[origin // size:], (n, count, h, w),
+                                          (n_str, self.bytes_per_lane, h_str, w_str)))
                 for first, count, origin in self._chunks(tensor)]
 
     def index_bounds(self, tensor: LocalTensor) -> None:
@@ -133,8 +133,8 @@ class LocalMemory:
             lanes, offsets = self.index_map(tensor)
             return gather(self.data, lanes, offsets, tensor.prec.storage_dtype)
         if len(views) == 1:
-            return views[0][3].copy()
-        return np.concatenate([v for _, _, _, v in views], axis=1)
+            return views[0][2].copy()
+        return np.ascontiguousarray(np.concatenate([view for _, _, view in views], axis=1))
 
     def write(self, tensor: LocalTensor, values, lane_enable: np.ndarray | None = None) -> None:
         """Store values (the tensor's storage dtype, broadcast to its shape) into LMEM;
@@ -150,7 +150,7 @@ class LocalMemory:
         if views is None:
             self._scatter(tensor, values, lane_enable if masked else None)
             return
-        for first, count, _, view in views:
+        for first, count, view in views:
             view[...] = values[:, first:first + count]
 
     def _scatter(self, tensor: LocalTensor, values: np.ndarray, lane_enable: np.ndarray | None) -> None:

@@ -31,6 +31,8 @@ ENGINE_INDEX = {e: i for i, e in enumerate(ENGINES)}
 
 
 class RaceDetector:
+    """Checks each instruction's LMEM accesses, just before it runs, against the recorded ones."""
+
     def __init__(self, program: Program, bucket_bytes: int | None = None):
         self.program = program
         self.bucket_bytes = bucket_bytes or BUCKET_BYTES
