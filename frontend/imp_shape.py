@@ -3,8 +3,11 @@ and the ops that vanish (Identity, Dropout)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from tpuflow.errors import ModelError
 from tpuflow.frontend.onnx_view import ONode
 from tpuflow.frontend.ops import OpKind
 from tpuflow.frontend.registry import Facts, importer, unused_outputs
@@ -19,8 +22,11 @@ def _axis(value: int, rank: int) -> int:
 @importer("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 def reshape(node: ONode, ctx) -> None:
     """Row-major reshapes to the (static, inferred) output shape: views, no data movement."""
-    y = node.outputs[0]
-    ctx.emit(K.RESHAPE, node.inputs[:1], (y,), shape=ctx.shape(y), view=True)
+    x, y = node.input(0), node.outputs[0]
+    if math.prod(ctx.shape(x)) != math.prod(ctx.shape(y)):
+        raise ModelError(f"{ctx.view.label}: contradictory shapes: node '{node.name}' ({node.op_type}) turns "
+                         f"{ctx.shape(x)} into {ctx.shape(y)}, which has a different number of elements")
+    ctx.emit(K.RESHAPE, (x,), (y,), shape=ctx.shape(y), view=True)
 
 
 @importer("Identity")

@@ -80,11 +80,18 @@ def run_checker(proto: onnx.ModelProto, label: str) -> None:
         raise ModelError(f"{label}: invalid ONNX model: {one_line(exc)}") from None
 
 
+def _is_repeated(f) -> bool:
+    flag = getattr(f, "is_repeated", None)           # protobuf >= 6 (a property or a method)
+    if flag is None:
+        return f.label == f.LABEL_REPEATED
+    return bool(flag() if callable(flag) else flag)
+
+
 def _copy_fields(src, dst, skip: tuple[str, ...]) -> None:
     for f, value in src.ListFields():
         if f.name in skip:
             continue
-        if f.label == f.LABEL_REPEATED:
+        if _is_repeated(f):
             getattr(dst, f.name).extend(value)
         elif f.type == f.TYPE_MESSAGE:
             getattr(dst, f.name).CopyFrom(value)

@@ -78,12 +78,16 @@ def _weights(graph: onnx.GraphProto) -> dict[str, Weight]:
     return out
 
 
-def _use(graph: onnx.GraphProto, name: str, shapes: dict[str, tuple[int, ...]]):
-    """(consumer node, input position, shape at that input), looking through reshape-like ops."""
-    consumers = {}
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    out: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in graph.node:
         for i, t in enumerate(n.input):
-            consumers.setdefault(t, []).append((n, i))
+            out.setdefault(t, []).append((n, i))
+    return out
+
+
+def _use(consumers, name: str, shapes: dict[str, tuple[int, ...]]):
+    """(consumer node, input position, shape at that input), looking through reshape-like ops."""
     while True:
         node, pos = consumers[name][0]
         if node.op_type not in PASS_THROUGH:
@@ -146,9 +150,10 @@ def randomized_light(name: str) -> onnx.ModelProto:
     g = model.graph
     weights, shapes = _weights(g), _shapes(model)
     producers = {t: n for n in g.node for t in n.output}
+    consumers = _consumers(g)
     arrays = {}
     for w in weights.values():
-        node, pos, use_shape = _use(g, w.name, shapes)
+        node, pos, use_shape = _use(consumers, w.name, shapes)
         rng = np.random.default_rng(tensor_seed(name, w.name))
         arrays[w.name] = _sample(rng, node, pos, use_shape, w.shape, _after_relu(producers, node.input[0]))
     balance_gains(g, arrays)
