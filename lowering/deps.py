@@ -20,7 +20,6 @@ before it.
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
@@ -33,37 +32,54 @@ ENGINE_INDEX = {Engine.TIU: 0, Engine.GDMA: 1, Engine.TILE: 2}
 
 
 class ChunkTable:
-    """Per engine, the last reader and last writer id of every LMEM chunk."""
+    """Per engine, the last reader and last writer id of every LMEM chunk (flat chunk index =
+    lane group * chunks per group + offset chunk)."""
 
     def __init__(self, chip: ChipConfig):
         self.lane_div = chip.deps.chunk_lanes
         self.off_div = chip.chunk_bytes_per_lane
-        groups = chip.lanes // self.lane_div
-        per_group = chip.lmem_bytes_per_lane // self.off_div
-        self.readers = np.zeros((3, groups, per_group), np.int64)
-        self.writers = np.zeros((3, groups, per_group), np.int64)
+        self.per_group = chip.lmem_bytes_per_lane // self.off_div
+        chunks = (chip.lanes // self.lane_div) * self.per_group
+        self.readers = np.zeros((3, chunks), np.int64)
+        self.writers = np.zeros((3, chunks), np.int64)
+        self._cache: dict[tuple, np.ndarray] = {}
 
-    def boxes(self, ranges) -> list[tuple[slice, slice]]:
-        out = []
-        for r in ranges:
-            g0, g1 = r.lane // self.lane_div, (r.lane + r.lanes - 1) // self.lane_div + 1
-            c0, c1 = r.lo // self.off_div, (r.hi - 1) // self.off_div + 1
-            out.append((slice(g0, g1), slice(c0, c1)))
-        return out
+    def chunks(self, ranges) -> np.ndarray:
+        """Flat chunk indices touched by LMEM ranges (cached: programs repeat their patterns)."""
+        key = tuple((r.lane, r.lanes, r.lo, r.hi) for r in ranges)
+        hit = self._cache.get(key)
+        if hit is None:
+            parts = []
+            for lane, lanes, lo, hi in key:
+                g = np.arange(lane // self.lane_div, (lane + lanes - 1) // self.lane_div + 1)
+                c = np.arange(lo // self.off_div, (hi - 1) // self.off_div + 1)
+                parts.append((g[:, None] * self.per_group + c[None, :]).reshape(-1))
+            hit = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+            self._cache[key] = hit
+        return hit
 
-    def conflict(self, other: int, reads, writes) -> int:
-        best = 0
-        for box in reads + writes:
-            best = max(best, int(self.writers[other][box].max()))
-        for box in writes:
-            best = max(best, int(self.readers[other][box].max()))
+    def conflicts(self, touched: np.ndarray, writes: np.ndarray) -> list[int]:
+        """Per engine: the largest id that wrote a chunk in `touched` (reads and writes) or read
+        a chunk in `writes`."""
+        best = [0, 0, 0]
+        if touched.size:
+            best = self.writers[:, touched].max(axis=1).tolist()
+        if writes.size:
+            best = [max(a, b) for a, b in zip(best, self.readers[:, writes].max(axis=1).tolist())]
         return best
 
-    def record(self, engine: int, cmd_id: int, reads, writes) -> None:
-        for box in reads:
-            self.readers[engine][box] = cmd_id
-        for box in writes:
-            self.writers[engine][box] = cmd_id
+    def record(self, engine: int, cmd_id: int, reads: np.ndarray, writes: np.ndarray) -> None:
+        self.readers[engine, reads] = cmd_id
+        self.writers[engine, writes] = cmd_id
+
+
+def with_fields(instr, **changes):
+    """A copy of a frozen instruction with some wait fields changed (values are already valid,
+    so the dataclass __init__ checks are skipped: this runs once per instruction)."""
+    new = object.__new__(type(instr))
+    new.__dict__.update(instr.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str = "bitmap"):
@@ -86,22 +102,23 @@ def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str =
     for rec in records:
         e = ENGINE_INDEX[rec.engine]
         acc = next(tile_acc) if rec.engine is Engine.TILE else rec.instr.accesses(chip)
-        reads, writes = table.boxes(acc.lmem_reads), table.boxes(acc.lmem_writes)
+        reads, writes = table.chunks(acc.lmem_reads), table.chunks(acc.lmem_writes)
         if dep_mode == "auto":
             waits = [len(queues[0]), len(queues[1]), len(queues[2])]
         else:
-            waits = [table.conflict(o, reads, writes) if o != e else 0 for o in range(3)]
+            waits = table.conflicts(table.chunks(acc.lmem_reads + acc.lmem_writes), writes)
+            waits[e] = 0
         instr = rec.instr
         if rec.engine is Engine.TILE:
             bits = widths.tile_bits
-            instr = dataclasses.replace(instr, wait_tiu_id=clamp(waits[0], len(queues[0]), bits),
-                                        wait_gdma_id=clamp(waits[1], len(queues[1]), bits))
+            instr = with_fields(instr, wait_tiu_id=clamp(waits[0], len(queues[0]), bits),
+                                wait_gdma_id=clamp(waits[1], len(queues[1]), bits))
         else:
             if waits[2] > tile_waited[e]:
                 push(rec.engine, _tile_wait(rec.engine, waits[2]), rec.layer)
                 tile_waited[e] = waits[2]
             bits = widths.tiu_bits if e == 0 else widths.gdma_bits
-            instr = dataclasses.replace(instr, cmd_id_dep=clamp(waits[1 - e], len(queues[1 - e]), bits))
+            instr = with_fields(instr, cmd_id_dep=clamp(waits[1 - e], len(queues[1 - e]), bits))
         cmd_id = push(rec.engine, instr, rec.layer)
         table.record(e, cmd_id, reads, writes)
     return queues, layers, "".join(order)

@@ -50,5 +50,9 @@ class WeightImage:
         self.index[full_key] = addr
         return addr
 
+    def lookup(self, key: tuple, prec: Prec) -> int | None:
+        """Address of a blob added before under `key`, or None."""
+        return self.index.get(key + (int(prec),))
+
     def image(self) -> bytes:
         return b"".join(self.chunks)

@@ -94,10 +94,13 @@ class ConstOperand(Operand):
 
     def load(self, slot_addr, r0, r, c0, c) -> None:
         rp, cp = self.padded(r, c)
-        block = self.matrix[r0:r0 + r, c0:c0 + c]
-        flat = nz_layout(block, rp, cp, self.k0) if self.layout == "nz" else zn_layout(block, rp, cp, self.k0)
-        addr = self.ctx.const_addr(f"{self.key}:{self.layout}:{r0}:{c0}:{r}:{c}", flat)
-        self.ctx.em.general_copy(global_lmem_address(slot_addr, self.ctx.chip), addr, flat.size, self.prec)
+        key = (f"{self.key}:{self.layout}:{r0}:{c0}:{r}:{c}",)
+        addr = self.ctx.weights.lookup(key, self.prec)
+        if addr is None:
+            block = self.matrix[r0:r0 + r, c0:c0 + c]
+            flat = nz_layout(block, rp, cp, self.k0) if self.layout == "nz" else zn_layout(block, rp, cp, self.k0)
+            addr = self.ctx.weights.add(key, flat, self.prec)
+        self.ctx.em.general_copy(global_lmem_address(slot_addr, self.ctx.chip), addr, rp * cp, self.prec)
 
 
 class RowsOperand(Operand):

@@ -260,11 +260,18 @@ def resolve_stream(instrs: Iterable[TileInstruction], chip: "ChipConfig") -> lis
     """LMEM accesses of every block of a TILE stream (reads of sources; TPUSH 'reads' the slot
     GDMA filled, ACCCVT writes its destination slot)."""
     queues = TileQueues(chip.tile.queue_slots)
+    ranges: dict[tuple[int, int], LmemRange] = {}
+
+    def rng(s: TileSlot) -> LmemRange:
+        key = (s.queue, s.slot)
+        if key not in ranges:
+            ranges[key] = s.lmem_range(chip)
+        return ranges[key]
+
     out = []
     for instr in instrs:
         reads, writes = queues.step(instr)
         if isinstance(instr, TPush):
             reads, writes = writes, []
-        out.append(Accesses(lmem_reads=tuple(s.lmem_range(chip) for s in reads),
-                            lmem_writes=tuple(s.lmem_range(chip) for s in writes)))
+        out.append(Accesses(lmem_reads=tuple(rng(s) for s in reads), lmem_writes=tuple(rng(s) for s in writes)))
     return out
