@@ -4,18 +4,17 @@ One command runs at a time (the next dispatches after transfer_done), pipelined 
 
 * t0 = dispatch + cmd_setup_cycles. The read side issues its bursts in order, one every
   segment_issue_cycles (+ unaligned_penalty_cycles for a burst that does not start on a bus word).
-* DDR reads need a read credit (gdma.outstanding_reads): requests go in windows of that many; the
-  k-th request of a window takes the credit the k-th earliest response of the previous window
-  returns (a semaphore; the (outstanding+1)-th request waits for the first response). Read data
-  return over the GDMA data bus, bus_bytes per GDMA cycle, in arrival order; a credit is freed when
-  its data have arrived.
+* DDR reads need a read credit (gdma.outstanding_reads, a semaphore: the (outstanding+1)-th request
+  waits for the first response; see _DdrStream). Read data return over the GDMA data bus,
+  bus_bytes per GDMA cycle, in arrival order; a credit is freed when its data have arrived.
 * LMEM reads and writes go through the LMEM port: one burst after the other, each holding the port
   max(segment_issue_cycles, beats) cycles (+ unaligned penalty), data after lmem_access_latency_ns.
 * The write side consumes the read side's byte stream in order: a write burst is ready once every
   read burst up to its stream position (scaled by src/dst bytes for broadcasts) has delivered.
   DDR writes need write credits like reads (freed by the B response) and carry their data over the
   GDMA bus at issue (max(segment_issue_cycles, beats) cycles each).
-* DDR->DDR copies alternate read and write windows so both directions reach the UMCs in time order.
+* DDR->DDR copies: the reads are served first, then the writes (they share the same UMCs, so the
+  DRAM occupancy is the same; only one read->write turnaround per UMC is charged).
 * Completion (in order): the last write acknowledgement, on a GDMA clock edge; tdma_sync_id follows.
 """
 
@@ -42,94 +41,86 @@ class DmaTiming:
 
 
 class _DdrStream:
-    """One direction of DDR traffic of a command, processed window by window (window = credits).
+    """All DDR requests of one direction of a command, solved as one fixed point (numpy over the command).
 
-    Credits are a semaphore: request i (i >= O outstanding) may issue once i - O + 1 requests have
-    been answered, i.e. at the (i - O + 1)-th earliest response of the requests before it. Within a
-    window that depends on the window's own early responses, so the window is iterated to its fixed
-    point: credit_i = the (i - O + 1)-th smallest of all responses so far (a response of a request
-    at or after i comes after i's issue and cannot change it)."""
-
-    MAX_ITERATIONS = 64
+    Credits are a semaphore: request i (i >= O = outstanding) may issue once i - O + 1 requests have been
+    answered, i.e. at the (i - O + 1)-th earliest response among the requests before it. A response of a
+    request at or after i comes after i's issue, so the same value is the (i - O + 1)-th earliest of ALL
+    the command's responses: credit = sort(responses)[i - O]. Starting from no credits, the responses
+    are recomputed until the credits no longer change; the iteration only grows and its fixed point is
+    the unique causal solution, so the result is exact, not an approximation."""
 
     def __init__(self, dma: "GdmaModel", bursts: Bursts, write: bool):
         self.dma, self.b, self.write = dma, bursts, write
         self.window = dma.outstanding[1 if write else 0]
-        self.pos = 0
-        self.issue_free = 0
-        self.released = np.empty(0, dtype=np.int64)   # sorted responses not yet taken as credits
-        self.taken = 0                                 # credits taken so far
-        self.credit_stall = 0
-        self.iterations = 0
         p = dma.period
         gap = np.full(len(bursts), dma.issue_gap)
         if write:
             gap = np.maximum(gap, bursts.beats * p)
         self.gap = gap + bursts.unaligned * dma.unaligned
-        self.done = np.empty(len(bursts), dtype=np.int64)
+        self.done = self.issue = np.empty(0, dtype=np.int64)
+        self.credit_stall = 0
         self.ideal_end = 0
+        self.iterations = 0
 
-    @property
-    def finished(self) -> bool:
-        return self.pos >= len(self.b)
-
-    def step(self, ready: np.ndarray) -> None:
-        """Issue the next len(ready) (<= window) bursts, ready at the given times."""
-        dma, n, i = self.dma, len(ready), self.pos
-        need = np.arange(i, i + n) - self.window - self.taken     # index into the released pool
-        has = need >= 0
-        ready = dma.clock.align_array(ready)
-        credit = np.where(has, self.released[np.maximum(need, 0)] if len(self.released) else 0, 0)
-        snap = dma.wdc.snapshot() if has.any() else None
+    def run(self, ready: np.ndarray) -> np.ndarray:
+        """Data in (reads) / B response (writes) per burst (issue order), for bursts ready at `ready`."""
+        dma, b, n, o = self.dma, self.b, len(self.b), self.window
+        wdc, clock = dma.wdc, dma.clock
+        ready = clock.align_array(ready)
+        plan = wdc.plan(b.addr, b.size, self.write)
+        beats = b.beats[plan.order] * dma.period
+        before = np.cumsum(self.gap) - self.gap
+        base = ready
         while True:
             self.iterations += 1
-            base = dma.clock.align_array(np.maximum(ready, credit))
-            issue, resp = self._serve(i, n, base)
-            if snap is None:
-                pool = np.sort(np.concatenate([self.released, resp]))
+            issue = _serial(base, before)
+            arrive = wdc.arrival(plan, issue)
+            done = wdc.finish(plan, arrive)                 # service order
+            release, order = self._released(done + plan.response_ps, beats)
+            if n <= o:
                 break
-            pool = np.sort(np.concatenate([self.released, resp]))
-            better = np.where(has, pool[np.maximum(need, 0)], 0)
-            if np.array_equal(better, credit) or self.iterations > self.MAX_ITERATIONS * (1 + i // self.window):
+            credit = np.zeros(n, dtype=np.int64)
+            credit[o:] = clock.align_array(release[:n - o])
+            better = np.maximum(ready, credit)
+            if np.all(better <= issue):                     # the new credits cannot move any issue
                 break
-            credit = better
-            dma.wdc.restore(snap)
-        self._account(i, n, ready, base, issue)
-        self.done[i:i + n] = resp
-        used = int(has.sum())
-        self.released = pool[used:]
-        self.taken += used
-        self.pos += n
+            if self.iterations > 4 * n + 16:
+                raise AssertionError("GDMA credit fixed point did not converge")
+            base = better
+        wdc.commit(plan, arrive, done)
+        self._account(ready, base, issue)
+        resp = np.empty(n, dtype=np.int64)
+        resp[plan.order[order]] = release
+        self.done, self.issue = resp, issue
+        return resp
 
-    def _serve(self, i: int, n: int, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        gap = self.gap[i:i + n]
-        issue = serial_port(base, gap, self.issue_free)
-        resp = self.dma.wdc.service(self.b.addr[i:i + n], self.b.size[i:i + n], self.write, issue)
-        if not self.write:
-            resp = self._receive(resp, self.b.beats[i:i + n])
-        return issue, resp
+    def _released(self, resp: np.ndarray, beats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(release times sorted, their service positions): reads release a credit once their data have
+        crossed the GDMA data bus (bus_bytes per cycle, arrival order); writes at the B response."""
+        order = np.argsort(resp, kind="stable")           # per-UMC runs are sorted already: cheap
+        r = resp[order]
+        if self.write:
+            return r, order
+        occ = beats[order]
+        r = self.dma.clock.align_array(r)
+        data = _serial(r, np.cumsum(occ) - occ) + occ
+        if np.any(data[1:] < data[:-1]):
+            again = np.argsort(data, kind="stable")
+            return data[again], order[again]
+        return data, order
 
-    def _account(self, i: int, n: int, ready: np.ndarray, base: np.ndarray, issue: np.ndarray) -> None:
-        gap = self.gap[i:i + n]
-        free = np.empty(n, dtype=np.int64)
-        free[0] = self.issue_free
-        free[1:] = issue[:-1] + gap[:-1]
-        self.credit_stall += int(np.clip(base - np.maximum(free, ready), 0, None).sum())
-        self.issue_free = int(issue[-1] + gap[-1])
-        size = self.b.size[i:i + n]
-        self.ideal_end = max(self.ideal_end, int((issue + self.dma.ideal_latency(size, self.write)).max()))
+    def _account(self, ready: np.ndarray, base: np.ndarray, issue: np.ndarray) -> None:
+        free = np.empty(len(issue), dtype=np.int64)
+        free[0] = 0
+        free[1:] = issue[:-1] + self.gap[:-1]
+        self.credit_stall = int(np.clip(base - np.maximum(free, ready), 0, None).sum())
+        self.ideal_end = int((issue + self.dma.ideal_latency(self.b.size, self.write)).max())
 
-    def _receive(self, resp: np.ndarray, beats: np.ndarray) -> np.ndarray:
-        """Read data cross the GDMA data bus in arrival order; returns when each burst's data is in.
-        (The bus is shared in arrival order within a window; across windows arrivals interleave in
-        time and the bus, faster than the DRAM, is not a queue.)"""
-        p = self.dma.period
-        order = np.argsort(resp, kind="stable")
-        occ = beats[order] * p
-        start = serial_port(self.dma.clock.align_array(resp[order]), occ, 0)
-        out = np.empty_like(resp)
-        out[order] = start + occ
-        return out
+
+def _serial(ready: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """serial_port with the occupancy prefix sums given: start_k = max(ready_k, start_{k-1} + occ_{k-1})."""
+    return np.maximum.accumulate(ready - before) + before
 
 
 class GdmaModel:
@@ -167,8 +158,6 @@ class GdmaModel:
         streams: list[_DdrStream] = []
         if rb is None:
             done = self._write(dst.lmem, wb, np.full(len(wb), t0, dtype=np.int64), streams)
-        elif not src.lmem and not dst.lmem:
-            done = self._ddr_copy(rb, wb, t0, src.nbytes, dst.nbytes, streams)
         else:
             data = self._read(src.lmem, rb, t0, streams)
             ready = self._ready(rb, wb, data, src.nbytes, dst.nbytes)
@@ -188,24 +177,19 @@ class GdmaModel:
         return start + bursts.beats * self.period + self.lmem_latency
 
     def _read(self, lmem: bool, rb: Bursts, t0: int, streams: list) -> np.ndarray:
+        ready = np.full(len(rb), t0, dtype=np.int64)
         if lmem:
-            return self._lmem_port(0, rb, np.full(len(rb), t0, dtype=np.int64))
+            return self._lmem_port(0, rb, ready)
         stream = _DdrStream(self, rb, write=False)
         streams.append(stream)
-        while not stream.finished:
-            n = min(stream.window, len(rb) - stream.pos)
-            stream.step(np.full(n, t0, dtype=np.int64))
-        return stream.done
+        return stream.run(ready)
 
     def _write(self, lmem: bool, wb: Bursts, ready: np.ndarray, streams: list) -> np.ndarray:
         if lmem:
             return self._lmem_port(1, wb, ready)
         stream = _DdrStream(self, wb, write=True)
         streams.append(stream)
-        while not stream.finished:
-            n = min(stream.window, len(wb) - stream.pos)
-            stream.step(ready[stream.pos:stream.pos + n])
-        return stream.done
+        return stream.run(ready)
 
     @staticmethod
     def _need(rb: Bursts, wb: Bursts, src_bytes: int, dst_bytes: int) -> np.ndarray:
@@ -215,19 +199,3 @@ class GdmaModel:
 
     def _ready(self, rb: Bursts, wb: Bursts, data: np.ndarray, src_bytes: int, dst_bytes: int) -> np.ndarray:
         return np.maximum.accumulate(data)[self._need(rb, wb, src_bytes, dst_bytes)]
-
-    def _ddr_copy(self, rb: Bursts, wb: Bursts, t0: int, src_bytes: int, dst_bytes: int,
-                  streams: list) -> np.ndarray:
-        reads, writes = _DdrStream(self, rb, write=False), _DdrStream(self, wb, write=True)
-        streams += [reads, writes]
-        need = self._need(rb, wb, src_bytes, dst_bytes)
-        while not writes.finished:
-            if not reads.finished and need[writes.pos] >= reads.pos:
-                n = min(reads.window, len(rb) - reads.pos)
-                reads.step(np.full(n, t0, dtype=np.int64))
-                continue
-            available = int(np.searchsorted(need, reads.pos, side="left"))
-            n = min(writes.window, available - writes.pos)
-            data = np.maximum.accumulate(reads.done[:reads.pos])
-            writes.step(data[need[writes.pos:writes.pos + n]])
-        return writes.done

@@ -26,9 +26,9 @@ def _nchw(shape) -> tuple[int, int, int, int]:
     return (c * h * w, h * w, w, 1)
 
 
-def load(chip: ChipConfig, ddr: int, lmem: int, shape, prec: int = FP32) -> TensorDma:
-    """DDR (contiguous NCHW) -> LMEM (aligned layout at flat address `lmem`)."""
-    src, dst = _nchw(shape), lmem_strides(shape, prec, chip, lmem)
+def load(chip: ChipConfig, ddr: int, lmem: int, shape, prec: int = FP32, ddr_strides=None) -> TensorDma:
+    """DDR (NCHW strides, contiguous by default) -> LMEM (aligned layout at flat address `lmem`)."""
+    src, dst = tuple(ddr_strides or _nchw(shape)), lmem_strides(shape, prec, chip, lmem)
     return TensorDma(src_start_addr=ddr, dst_start_addr=global_lmem_address(lmem, chip),
                      src_nsize=shape[0], src_csize=shape[1], src_hsize=shape[2], src_wsize=shape[3],
                      src_nstride=src[0], src_cstride=src[1], src_hstride=src[2], src_wstride=src[3],
@@ -136,3 +136,122 @@ class ProgramBuilder:
     def build(self) -> Program:
         return Program(chip=self.chip, tiu=list(self.queues[Engine.TIU]), gdma=list(self.queues[Engine.GDMA]),
                        tile=list(self.queues[Engine.TILE]), issue_order="".join(self.order))
+
+
+# ---------------------------------------------------------------- a ResNet-50-sized synthetic program
+
+RESNET50_STAGES = ((64, 256, 3, 1), (128, 512, 4, 2), (256, 1024, 6, 2), (512, 2048, 3, 2))
+
+
+def resnet50_convs() -> list[tuple[int, int, int, int, int, bool]]:
+    """(cin, cout, input size, kernel, stride, ends_block) of ResNet-50 v1.5's convolutions, 224x224 input."""
+    convs = [(3, 64, 224, 7, 2, False)]
+    cin, size = 64, 56
+    for mid, out, blocks, stride in RESNET50_STAGES:
+        for blk in range(blocks):
+            s = stride if blk == 0 else 1
+            convs.append((cin, mid, size, 1, 1, False))
+            convs.append((mid, mid, size, 3, s, False))
+            size = size // s
+            if blk == 0:
+                convs.append((cin, out, size * s, 1, s, False))   # downsample shortcut
+            convs.append((mid, out, size, 1, 1, True))
+            cin = out
+    return convs
+
+
+class _Lowering:
+    """A small stand-in for the real lowering: output-channel chunks x output-row tiles x input-channel
+    chunks (partial sums accumulate with opt_res_add), one input and one weight slice load per chunk,
+    double-buffered LMEM slots, one store per tile (residual: load + add + relu first)."""
+
+    IN, WGT, OUT = (0, 48 << 10), (96 << 10, 128 << 10), (160 << 10, 200 << 10)
+    IN_BYTES, WGT_BYTES, OUT_BYTES = 48 << 10, 32 << 10, 40 << 10
+    COUT_CHUNK, CIN_CHUNK = 256, 64
+
+    def __init__(self, chip: ChipConfig, prec: int):
+        self.chip, self.prec, self.es = chip, prec, Prec(prec).bytes
+        self.b = ProgramBuilder(chip)
+        self.ddr = 0
+        self.turn = 0
+
+    def alloc(self, nbytes: int) -> int:
+        addr = self.ddr
+        self.ddr += -(-nbytes // 4096) * 4096
+        return addr
+
+    def conv(self, cin, cout, size, k, stride, src: int, residual: int | None) -> int:
+        pad = k // 2
+        out_size = (size + 2 * pad - k) // stride + 1
+        dst = self.alloc(cout * out_size * out_size * self.es)
+        wgt = self.alloc(cout * cin * k * k * self.es)
+        layer = (cin, cout, size, k, stride, pad, out_size, src, dst, wgt, residual)
+        rows = self._rows(cin, cout, size, out_size, k, stride)
+        for c0 in range(0, cout, self.COUT_CHUNK):
+            for r0 in range(0, out_size, rows):
+                self._tile(layer, c0, min(self.COUT_CHUNK, cout - c0), r0, min(rows, out_size - r0))
+        return dst
+
+    def _per_lane(self, channels: int, elements: int) -> int:
+        eu = self.chip.core.eu_bytes_per_lane // self.es
+        return -(-channels // self.chip.lanes) * -(-elements // eu) * eu * self.es
+
+    def _rows(self, cin, cout, size, out_size, k, stride) -> int:
+        rows = out_size
+        cc, ci = min(cout, self.COUT_CHUNK), min(cin, self.CIN_CHUNK)
+        while rows > 1 and (self._per_lane(cc, rows * out_size) > self.OUT_BYTES
+                            or self._per_lane(ci, ((rows - 1) * stride + k) * size) > self.IN_BYTES):
+            rows = -(-rows // 2)
+        return rows
+
+    def _tile(self, layer, c0: int, cc: int, r0: int, th: int) -> None:
+        cin, cout, size, k, stride, pad, out_size, src, dst, wgt, residual = layer
+        chip, es, b, prec = self.chip, self.es, self.b, self.prec
+        oslot = self.OUT[self.turn % 2]
+        top = max(0, r0 * stride - pad)
+        bottom = min(size, (r0 + th - 1) * stride - pad + k)
+        for i0 in range(0, cin, self.CIN_CHUNK):
+            ci = min(self.CIN_CHUNK, cin - i0)
+            self.turn += 1
+            islot, wslot = self.IN[self.turn % 2], self.WGT[self.turn % 2]
+            b.add(load(chip, src + (i0 * size + top) * size * es, islot, (1, ci, bottom - top, size), prec,
+                       ddr_strides=(cin * size * size, size * size, size, 1)))
+            b.add(load(chip, wgt + (c0 * cin + i0) * k * k * es, wslot, (1, cc, 1, ci * k * k), prec,
+                       ddr_strides=(cout * cin * k * k, cin * k * k, ci * k * k, 1)))
+            instr = conv(oslot, islot, wslot, n=1, cin=ci, h=bottom - top, w=size, cout=cc, k=k, stride=stride,
+                         pad=pad, prec=prec)
+            b.add(dataclasses.replace(instr, res0_h=th, opd0_up_pad=pad if r0 == 0 else 0,
+                                      opd0_dn_pad=pad if r0 + th == out_size else 0, opt_res_add=int(i0 > 0)))
+        shape = (1, cc, th, out_size)
+        base = ((c0 * out_size) + r0) * out_size * es
+        strides = (cout * out_size * out_size, out_size * out_size, out_size, 1)
+        if residual is not None:
+            islot = self.IN[(self.turn + 1) % 2]
+            b.add(load(chip, residual + base, islot, shape, prec, ddr_strides=strides))
+            b.add(ar("add", oslot, oslot, islot, shape, prec))
+            b.add(ar("max", oslot, oslot, None, shape, prec, b_const=0))
+        st = store(chip, oslot, dst + base, shape, prec)
+        b.add(dataclasses.replace(st, dst_nstride=strides[0], dst_cstride=strides[1]))
+        self.turn += 1
+
+
+def resnet50_like(chip: ChipConfig, prec: int = FP32) -> Program:
+    """A program with ResNet-50's convolutions, DMA volume and instruction mix, lowered the simple way:
+    per conv, output-channel chunks whose weights fit a 64 KiB/lane slot, output-row tiles, one input
+    load, one CONV and one store per tile (residual: load + add + relu), double-buffered LMEM slots."""
+    low = _Lowering(chip, prec)
+    x = low.alloc(3 * 224 * 224 * Prec(prec).bytes)
+    block_in = shortcut = None
+    for cin, cout, size, k, stride, ends in resnet50_convs():
+        if k == 1 and cin != cout and cout >= 256 and not ends and block_in is not None:
+            shortcut = low.conv(cin, cout, size, k, stride, block_in, None)
+            continue
+        if block_in is None or (k == 1 and not ends and shortcut is not None and cin >= 256):
+            block_in = x
+        x = low.conv(cin, cout, size, k, stride, x, shortcut if ends else None)
+        if ends:
+            block_in, shortcut = x, x
+        if cin == 3:
+            x = low.conv(64, 64, 112, 3, 2, x, None)    # stands in for the 3x3/2 max pool
+            block_in, shortcut = x, None
+    return low.b.build()

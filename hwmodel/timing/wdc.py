@@ -18,9 +18,10 @@ Path of a DDR request (sg2260 numbers; every one comes from chip.wdc / chip.dram
   shared_fab2_outstanding per fab2, shared_fab1_outstanding per channel). A request over the
   limit waits at that level until the request `limit` places before it in the same group has
   finished, and holds every later request on its channel (in-order fabric, head-of-line).
-* AuxCam (page-aware reordering): the requests one call hands a UMC are served in windows of
-  cam_table_entries; inside a window, requests to the same DRAM page are served together, pages
-  in the order they first appear, arrival order within a page.
+* AuxCam (page-aware reordering): a UMC's requests are served in windows of cam_table_entries that
+  also never mix requests more than gdma outstanding apart in issue order (those cannot sit in the
+  table together); inside a window, requests to the same DRAM page are served together, pages in
+  the order they first appear, arrival order within a page.
 * DramUnit service (beat period = U * data_width_bytes / peak_gbps, so the UMCs together deliver
   dram.peak_gbps; beats = ceil(len / data_width_bytes)):
     page hit, same direction as the UMC's previous request: beats * period
@@ -112,6 +113,12 @@ class Wdc:
         self.fabric_ps = fab
         self.cam_entries = w.cam_table_entries
         self.limits = self._limit_levels(chip)
+        pow2 = lambda v: v > 0 and v & (v - 1) == 0
+        self._pow2 = pow2(self.umcs) and pow2(self.page_bytes) and pow2(self.banks)
+        self._umc_bits = self.umcs.bit_length() - 1
+        self._page_bits = self.page_bytes.bit_length() - 1
+        self._bank_bits = self.banks.bit_length() - 1
+        self.gdma_outstanding = max(chip.gdma.outstanding_reads, chip.gdma.outstanding_writes)
         self.umc_free = np.zeros(self.umcs, dtype=np.int64)
         self.open_row = np.full(self.umcs * self.banks, -1, dtype=np.int64)
         self.last_dir = np.full(self.umcs, -1, dtype=np.int64)
@@ -126,23 +133,15 @@ class Wdc:
             levels += [(w.shared_fab2_fanout, w.shared_fab2_outstanding), (w.umcs_per_channel, w.shared_fab1_outstanding)]
         return levels
 
-    def snapshot(self) -> tuple:
-        st = self.stats
-        return (self.umc_free.copy(), self.open_row.copy(), self.last_dir.copy(), st.page_hits.copy(),
-                st.page_misses.copy(), st.page_opens.copy(), st.bytes_read, st.bytes_written, st.bursts,
-                st.first_ps, st.last_ps)
-
-    def restore(self, snap: tuple) -> None:
-        st = self.stats
-        (self.umc_free, self.open_row, self.last_dir, st.page_hits, st.page_misses, st.page_opens,
-         st.bytes_read, st.bytes_written, st.bursts, st.first_ps, st.last_ps) = snap
-        self.umc_free, self.open_row, self.last_dir = self.umc_free.copy(), self.open_row.copy(), self.last_dir.copy()
-        st.page_hits, st.page_misses, st.page_opens = st.page_hits.copy(), st.page_misses.copy(), st.page_opens.copy()
-
     # ------------------------------------------------------------------ addressing
     def decode(self, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(umc, bank key = umc * banks + bank, row) of DDR byte addresses."""
         g = addr >> self.granule_bits
+        if self._pow2:
+            umc = g & (self.umcs - 1)
+            local = ((g >> self._umc_bits) << self.granule_bits) | (addr & ((1 << self.granule_bits) - 1))
+            page = local >> self._page_bits
+            return umc, (umc << self._bank_bits) | (page & (self.banks - 1)), page >> self._bank_bits
         umc = g % self.umcs
         local = ((g // self.umcs) << self.granule_bits) | (addr & ((1 << self.granule_bits) - 1))
         page = local // self.page_bytes
@@ -157,44 +156,72 @@ class Wdc:
 
     # ------------------------------------------------------------------ service
     def service(self, addr: np.ndarray, size: np.ndarray, write: bool, issue: np.ndarray) -> np.ndarray:
-        """Serve requests issued (in array order) at `issue` ps; returns each request's response time
-        back at the GDMA port (read data / write B response)."""
-        arrive = issue + self.request_ps
-        if write:
-            arrive = arrive + -(-size // self.fabric_bytes) * self.fabric_ps
-        umc, bank_key, row = self.decode(addr)
-        split = self._limit_split(umc)
-        if split is None:
-            return self._serve(arrive, umc, bank_key, row, size, write)
-        return self._serve_limited(arrive, umc, bank_key, row, size, write, split)
+        """Serve requests issued (in array order) at `issue` ps and commit them; returns each request's
+        response time back at the GDMA port (read data / write B response), in issue order."""
+        plan = self.plan(addr, size, write)
+        arrive = self.arrival(plan, issue)
+        done = self.finish(plan, arrive)
+        self.commit(plan, arrive, done)
+        out = np.empty_like(done)
+        out[plan.order] = done + plan.response_ps
+        return out
 
-    def _serve(self, arrive, umc, bank_key, row, size, write: bool, done_out: list | None = None) -> np.ndarray:
-        order = np.argsort(umc, kind="stable")
+    def arrival(self, plan: "Plan", issue: np.ndarray) -> np.ndarray:
+        """When requests issued at `issue` reach their Fab2t1 (before outstanding limits), issue order."""
+        return issue + plan.request_ps
+
+    def plan(self, addr: np.ndarray, size: np.ndarray, write: bool) -> "Plan":
+        """Everything about serving these requests that does not depend on time: the AuxCam service
+        order, page hits / misses, service times. Commits the open rows, directions and counters."""
+        umc, bank_key, row = self.decode(addr)
+        order = np.argsort(umc.astype(np.int16), kind="stable")
         u = umc[order]
         starts, counts = _runs(u)
         order = self._cam_order(order, u, starts, bank_key[order], row[order])
         u = umc[order]
-        a = self.umc_clock.align_array(arrive[order])
         hit, closed = self._page_state(bank_key[order], row[order])
         direction = 1 if write else 0
         switch = np.zeros(len(u), dtype=bool)
         switch[starts] = self.last_dir[u[starts]] == 1 - direction
-        beats = -(-size[order] // self.beat_bytes)
-        miss_cost = np.where(closed, self.open_ps, self.close_ps[direction] + self.open_ps)
-        s = beats * self.beat_ps + np.where(hit, switch * self.turn_ps[direction], miss_cost)
-        done = segmented_fifo(starts, counts, a, s, self.umc_free[u[starts]])
-        ends = starts + counts - 1
-        self.umc_free[u[ends]] = done[ends]
         self.last_dir[u[starts]] = direction
-        self._count(u, hit, closed, size, write, a, done)
-        if done_out is not None:
-            back = np.empty_like(done)
-            back[order] = done
-            done_out.append(back)
-        resp = done + (self.response_ps if write else self.min_read_ps + self.response_ps)
-        out = np.empty_like(resp)
-        out[order] = resp
-        return out
+        size_s = size[order]
+        beats = -(-size_s // self.beat_bytes)
+        miss_cost = np.where(closed, self.open_ps, self.close_ps[direction] + self.open_ps)
+        service = beats * self.beat_ps + np.where(hit, switch * self.turn_ps[direction], miss_cost)
+        self._count(u, hit, closed, size, write)
+        request = self.request_ps + (-(-size // self.fabric_bytes) * self.fabric_ps if write else 0)
+        response = self.response_ps if write else self.min_read_ps + self.response_ps
+        return Plan(order, starts, counts, u, service, request, response, self._limit_backrefs(umc))
+
+    def finish(self, plan: "Plan", arrive: np.ndarray) -> np.ndarray:
+        """DramUnit completion times, in SERVICE order (plan.order), for requests reaching the fabric at
+        `arrive` (issue order); pure."""
+        done = self._finish_once(plan, arrive)
+        if plan.backrefs is None:
+            return done
+        for _ in range(len(arrive)):
+            by_issue = np.empty_like(done)
+            by_issue[plan.order] = done
+            again = self._finish_once(plan, self._admit(plan, arrive, by_issue))
+            if np.array_equal(again, done):
+                return done
+            done = again
+        return done
+
+    def _finish_once(self, plan: "Plan", arrive: np.ndarray) -> np.ndarray:
+        """segmented_fifo with the plan's precomputed sums: done = cummax per UMC of (a - excl) + incl."""
+        x = self.umc_clock.align_array(arrive[plan.order]) - plan.excl
+        x[plan.starts] = np.maximum(x[plan.starts], self.umc_free[plan.u[plan.starts]])
+        return np.maximum.accumulate(x + plan.offset) - plan.offset + plan.incl
+
+    def commit(self, plan: "Plan", arrive: np.ndarray, done: np.ndarray) -> None:
+        """Make the UMCs busy until these requests (done: service order) are done."""
+        ends = plan.starts + plan.counts - 1
+        self.umc_free[plan.u[ends]] = done[ends]
+        st = self.stats
+        first = int(arrive.min())
+        st.first_ps = first if st.first_ps < 0 else min(st.first_ps, first)
+        st.last_ps = max(st.last_ps, int(done.max()))
 
     def _cam_order(self, order, u, starts, bank_key, row) -> np.ndarray:
         """Service order after AuxCam's page grouping (unchanged when pages already come grouped)."""
@@ -203,8 +230,10 @@ class Wdc:
         same_umc = u[1:] == u[:-1]
         if not np.any(same_umc & (step < 0)):
             return order     # non-decreasing pages per UMC: already grouped
-        pos = np.arange(len(u)) - np.repeat(starts, np.diff(np.append(starts, len(u))))
-        window = np.repeat(starts, np.diff(np.append(starts, len(u)))) + pos // self.cam_entries
+        counts = np.diff(np.append(starts, len(u)))
+        pos = np.arange(len(u)) - np.repeat(starts, counts)
+        chunk = order // self.gdma_outstanding      # requests that can be in flight together
+        window = (np.repeat(starts, counts) + pos // self.cam_entries) * (1 << 32) + chunk
         o3 = np.lexsort((page, window))
         key3 = np.stack([window[o3], page[o3]])
         change = np.ones(len(u), dtype=bool)
@@ -216,7 +245,7 @@ class Wdc:
 
     def _page_state(self, bank_key: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(hit, bank closed) per request in service order; updates the open rows."""
-        o2 = np.argsort(bank_key, kind="stable")
+        o2 = np.argsort(bank_key.astype(np.int32), kind="stable")
         k2, r2 = bank_key[o2], row[o2]
         first = np.empty(len(k2), dtype=bool)
         first[0] = True
@@ -231,7 +260,7 @@ class Wdc:
         closed[o2] = prev < 0
         return hit, closed
 
-    def _count(self, u, hit, closed, size, write: bool, start, done) -> None:
+    def _count(self, u, hit, closed, size, write: bool) -> None:
         st = self.stats
         n = self.umcs
         st.page_hits += np.bincount(u[hit], minlength=n)
@@ -243,82 +272,81 @@ class Wdc:
         else:
             st.bytes_read += nbytes
         st.bursts += len(u)
-        first = int(start.min())
-        st.first_ps = first if st.first_ps < 0 else min(st.first_ps, first)
-        st.last_ps = max(st.last_ps, int(done.max()))
 
     # ------------------------------------------------------------------ outstanding limits
-    def _limit_split(self, umc: np.ndarray):
-        """None when no fabric level can exceed its limit in this call, else per-request part ids such
-        that the request `limit` places before any request in its group is in an earlier part."""
-        groups = []
+    def _limit_backrefs(self, umc: np.ndarray):
+        """Per limited level: for each request the index of the request `limit` places earlier in its group
+        (-1 if none). None when no level can bind: in flight are at most the GDMA's outstanding requests,
+        so a reference further back than that is always done already."""
+        refs = []
+        window = self.gdma_outstanding
         for per_group, limit in self.limits:
             group = umc // per_group
-            if np.bincount(group).max() > limit:
-                groups.append((group.tolist(), limit))
-        if not groups:
+            if not self._may_exceed(group, limit, window):
+                continue
+            order = np.argsort(group, kind="stable")
+            g = group[order]
+            starts, counts = _runs(g)
+            rank = np.arange(len(g)) - np.repeat(starts, counts)
+            back = np.full(len(g), -1, dtype=np.int64)
+            has = rank >= limit
+            back[has] = order[np.flatnonzero(has) - limit]
+            ref = np.empty(len(g), dtype=np.int64)
+            ref[order] = back
+            idx = np.arange(len(g))
+            ref[(ref >= 0) & (idx - ref >= window)] = -1
+            if np.any(ref >= 0):
+                refs.append(ref)
+        if not refs:
             return None
-        part = [0] * len(umc)
-        history = [dict() for _ in groups]   # group -> list of part ids in rank order
-        current = 0
-        for i in range(len(umc)):
-            for (group, limit), hist in zip(groups, history):
-                seen = hist.setdefault(group[i], [])
-                if len(seen) >= limit:
-                    current = max(current, seen[-limit] + 1)
-            part[i] = current
-            for (group, _), hist in zip(groups, history):
-                hist[group[i]].append(current)
-        return np.asarray(part)
-
-    def _serve_limited(self, arrive, umc, bank_key, row, size, write: bool, part: np.ndarray) -> np.ndarray:
-        """Serve in parts that stay within every limit; a request over a limit is admitted when the
-        request `limit` earlier in its group is done, and holds later requests of its channel."""
-        resp = np.empty_like(arrive)
-        done_all = np.zeros_like(arrive)
         channel = umc // self.umcs_per_channel
-        held = np.zeros(int(channel.max()) + 1, dtype=np.int64)
-        for p in range(int(part[-1]) + 1):
-            idx = np.flatnonzero(part == p)
-            a = arrive[idx].copy()
-            for per_group, limit in self.limits:
-                a = np.maximum(a, _release(umc // per_group, limit, idx, done_all))
-            a = _hold_per_channel(a, channel[idx], held)
-            out: list = []
-            resp[idx] = self._serve(a, umc[idx], bank_key[idx], row[idx], size[idx], write, out)
-            done_all[idx] = out[0]
-        return resp
+        corder = np.argsort(channel, kind="stable")
+        cstarts, ccounts = _runs(channel[corder])
+        return refs, corder, cstarts, ccounts
+
+    @staticmethod
+    def _may_exceed(group: np.ndarray, limit: int, window: int) -> bool:
+        """Whether some `window` consecutive requests hold more than `limit` of one group (any such window
+        lies within two consecutive blocks of `window` requests)."""
+        if len(group) <= limit:
+            return False
+        groups = int(group.max()) + 1
+        counts = np.bincount((np.arange(len(group)) // window) * groups + group).reshape(-1)
+        counts = np.pad(counts, (0, -len(counts) % groups)).reshape(-1, groups)
+        pairs = counts if len(counts) == 1 else counts[1:] + counts[:-1]
+        return bool(pairs.max() > limit)
+
+    def _admit(self, plan: "Plan", arrive: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Arrival held until the request `limit` earlier in each limited group is done, then in order per
+        channel (a held request blocks the ones behind it on its channel)."""
+        refs, corder, cstarts, ccounts = plan.backrefs
+        admit = arrive.copy()
+        for ref in refs:
+            has = ref >= 0
+            admit[has] = np.maximum(admit[has], done[ref[has]])
+        a = admit[corder]
+        offset = np.repeat(np.arange(len(cstarts), dtype=np.int64) * _BIG, ccounts)
+        held = np.maximum.accumulate(a + offset) - offset
+        out = np.empty_like(held)
+        out[corder] = held
+        return out
 
 
-def _rank_in_group(group: np.ndarray) -> np.ndarray:
-    """0-based position of each element among the elements of its group, in array order."""
-    order = np.argsort(group, kind="stable")
-    g = group[order]
-    starts, counts = _runs(g)
-    rank = np.empty(len(g), dtype=np.int64)
-    rank[order] = np.arange(len(g)) - np.repeat(starts, counts)
-    return rank
+class Plan:
+    """Timing-independent part of one batch of requests. Arrays are in service order (grouped by UMC,
+    AuxCam order inside a UMC) unless noted; `order[k]` = issue index of the k-th served request."""
 
+    __slots__ = ("order", "starts", "counts", "u", "service", "request_ps", "response_ps", "backrefs",
+                 "excl", "incl", "offset")
 
-def _release(group: np.ndarray, limit: int, idx: np.ndarray, done_all: np.ndarray) -> np.ndarray:
-    """For requests idx: done time of the request `limit` places earlier in the same group (0 if none)."""
-    rank = _rank_in_group(group)
-    out = np.zeros(len(idx), dtype=np.int64)
-    order = np.argsort(group, kind="stable")
-    position = np.empty(len(group), dtype=np.int64)
-    position[order] = np.arange(len(group))
-    earlier = rank[idx] >= limit
-    if np.any(earlier):
-        out[earlier] = done_all[order[position[idx[earlier]] - limit]]
-    return out
-
-
-def _hold_per_channel(admit: np.ndarray, channel: np.ndarray, held: np.ndarray) -> np.ndarray:
-    """In-order fabric per channel: a request cannot pass one admitted later before it."""
-    out = admit.copy()
-    for ch in np.unique(channel):
-        sel = np.flatnonzero(channel == ch)
-        v = np.maximum.accumulate(np.maximum(admit[sel], held[ch]))
-        out[sel] = v
-        held[ch] = v[-1]
-    return out
+    def __init__(self, order, starts, counts, u, service, request_ps, response_ps, backrefs):
+        self.order, self.starts, self.counts, self.u = order, starts, counts, u
+        self.service = service
+        self.request_ps = request_ps      # scalar or per request (issue order): issue -> fabric arrival
+        self.response_ps = response_ps    # DramUnit done -> response at the GDMA port
+        self.backrefs = backrefs
+        total = np.cumsum(service)
+        base = np.repeat(total[starts] - service[starts], counts)
+        self.incl = total - base                  # service time up to and including k, within its UMC
+        self.excl = self.incl - service
+        self.offset = np.repeat(np.arange(len(starts), dtype=np.int64) * _BIG, counts)

@@ -71,7 +71,7 @@ def test_calibration_hit_50ns_miss_150ns():
     latencies = []
     for addr, issue in ((0, 9_000), (64, 209_000), (ROW_MISS_ADDR, 409_000)):
         stream = _DdrStream(dma, split_bursts(np.array([addr]), np.array([64]), 512, 128), write=False)
-        stream.step(np.array([issue]))
+        stream.run(np.array([issue]))
         latencies.append(int(stream.done[0]) - issue)
     assert latencies == [100_000, 50_000, 150_000]
     assert wdc.unloaded_read_ps(64) == 48_750 and wdc.unloaded_read_ps(64, miss=True) == 148_750

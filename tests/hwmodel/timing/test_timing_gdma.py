@@ -117,18 +117,32 @@ def test_fifth_read_waits_for_a_credit():
 
 
 def test_129th_request_takes_the_first_returned_credit():
-    """Default 128 credits, 129 bursts of 512 B (64.5 KiB contiguous): request 128 issues exactly when
-    the earliest response (data fully received) of the first 128 is in, and not a cycle earlier."""
+    """Default 128 credits, 129 bursts of 512 B (64.5 KiB contiguous, ready at 0): requests 0..127 issue
+    one per cycle; request 128 issues exactly when the earliest response (data fully received) is in,
+    and not a cycle earlier; the credit stall is that time minus the 128 ns it would have issued at.
+    The fixed point agrees with a request-by-request semaphore replay."""
+    import heapq
     clocks = Clocks.of(CHIP)
     from tpuflow.hwmodel.timing.wdc import Wdc
     dma = GdmaModel(CHIP, clocks, Wdc(CHIP, clocks))
     bursts = split_bursts(np.array([0]), np.array([129 * 512]), 512, 128)
     stream = _DdrStream(dma, bursts, write=False)
-    stream.step(np.zeros(128, dtype=np.int64))
-    first_back = int(stream.done[:128].min())
-    stream.step(np.zeros(1, dtype=np.int64))
-    assert stream.issue_free - stream.gap[128] == first_back
-    assert stream.credit_stall == first_back - 128_000
+    resp = stream.run(np.zeros(129, dtype=np.int64))
+    assert list(stream.issue[:128]) == [1000 * k for k in range(128)]
+    assert int(stream.issue[128]) == int(resp[:128].min())
+    assert stream.credit_stall == int(resp[:128].min()) - 128_000
+    # replay: one request at a time through a fresh WDC, a heap as the semaphore
+    wdc = Wdc(CHIP, clocks)
+    replay = GdmaModel(CHIP, clocks, wdc)
+    heap, t = [], 0
+    for i in range(129):
+        if len(heap) >= 128:
+            t = max(t, heapq.heappop(heap))
+        one = _DdrStream(replay, split_bursts(bursts.addr[i:i + 1], bursts.size[i:i + 1], 512, 128), write=False)
+        heapq.heappush(heap, int(one.run(np.array([t]))[0]))
+        assert int(one.issue[0]) == t
+        t += 1000
+    assert int(stream.issue[128]) == int(one.issue[0])
 
 
 @pytest.mark.parametrize("nbytes", [64, 4096, 100_000])
