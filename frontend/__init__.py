@@ -35,7 +35,7 @@ def load(model: Any, input_shapes: Mapping[str, tuple[int, ...]] | None = None, 
     proto, label = reader.read_model(model)
     view = reader.view_of(proto, label, name or _name_of(model, label))
     legality.check_supported(view)
-    reader.run_checker(proto, label)
+    reader.run_checker(proto, label, [n.proto for n in view.nodes])
     reader.fix_input_shapes(view, input_shapes)
     view.load_constants()
     infer_types(view, declared=True)

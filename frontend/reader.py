@@ -71,11 +71,11 @@ def onnx_opset(proto: onnx.ModelProto, label: str) -> int:
     return opset
 
 
-def run_checker(proto: onnx.ModelProto, label: str) -> None:
+def run_checker(proto: onnx.ModelProto, label: str, nodes: list[onnx.NodeProto] | None = None) -> None:
     """onnx.checker on the model's skeleton (large initializers become typed inputs, so hundreds of
-    MB of weights are not serialized just to be checked)."""
+    MB of weights are not serialized just to be checked); `nodes` replaces the node order."""
     try:
-        onnx.checker.check_model(skeleton(proto))
+        onnx.checker.check_model(skeleton(proto, nodes))
     except onnx.checker.ValidationError as exc:
         raise ModelError(f"{label}: invalid ONNX model: {one_line(exc)}") from None
 
@@ -99,12 +99,14 @@ def _copy_fields(src, dst, skip: tuple[str, ...]) -> None:
             setattr(dst, f.name, value)
 
 
-def skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with initializers above SMALL_CONST_ELEMENTS replaced by graph inputs of the same type."""
+def skeleton(proto: onnx.ModelProto, nodes: list[onnx.NodeProto] | None = None) -> onnx.ModelProto:
+    """The model with initializers above SMALL_CONST_ELEMENTS replaced by graph inputs of the same
+    type (and the nodes in the order `nodes`, when given)."""
     out = onnx.ModelProto()
     _copy_fields(proto, out, ("graph",))
     g, sg = proto.graph, out.graph
-    _copy_fields(g, sg, ("initializer", "input"))
+    _copy_fields(g, sg, ("initializer", "input", "node"))
+    sg.node.extend(g.node if nodes is None else nodes)
     big = [t for t in g.initializer if math.prod(t.dims) > SMALL_CONST_ELEMENTS]
     sg.input.extend(g.input)
     listed = {vi.name for vi in g.input}

@@ -57,6 +57,10 @@ def si(value: float, unit: str = "") -> str:
     return f"{value:.3g} {unit}".rstrip()
 
 
+def us(value: float) -> str:
+    return f"{value:.1f} us" if value >= 10 else f"{value:.3g} us"
+
+
 def _shape(shape) -> str:
     return "x".join(str(d) for d in shape) or "scalar"
 
@@ -72,7 +76,7 @@ def format_summary(s: dict[str, Any]) -> str:
              f"chip {s['chip']} (fingerprint {s['chip_fingerprint']}), dtype {s['dtype']}", ""]
     shown = s["layers"][:MAX_TEXT_LAYERS]
     rows = [(l["name"], l["op"], _shape(l["output_shape"]), si(l["macs"]), si(l["params"]), si(l["weight_bytes"], "B"),
-             si(l["activation_bytes"], "B"), f"{l['lower_bound_us']:.2f}", l["bound"]) for l in shown]
+             si(l["activation_bytes"], "B"), f"{l['lower_bound_us']:.3g}", l["bound"]) for l in shown]
     lines += _table(rows, ("layer", "op", "output", "MACs", "params", "weights", "activations", "bound us", "by"))
     if len(s["layers"]) > len(shown):
         lines.append(f"... {len(s['layers']) - len(shown)} more layers (--json lists all)")
@@ -80,7 +84,7 @@ def format_summary(s: dict[str, Any]) -> str:
               f"activations {si(s['activation_bytes'], 'B')}, vector ops {si(s['vector_ops'])}",
               "ops: " + ", ".join(f"{op} {n}" for op, n in s["ops"].items()),
               f"roofline: compute {si(s['macs'], 'MAC')} / {si(s['peak_macs_per_second'], 'MAC/s')} = "
-              f"{s['compute_bound_us']:.1f} us; memory {si(s['compulsory_bytes'], 'B')} (weights + inputs + outputs)"
-              f" / {si(s['ddr_peak_bytes_per_second'], 'B/s')} = {s['memory_bound_us']:.1f} us",
-              f"lower bound {s['lower_bound_us']:.1f} us ({s['bound']}-bound)"]
+              f"{us(s['compute_bound_us'])}; memory {si(s['compulsory_bytes'], 'B')} (weights + inputs + outputs)"
+              f" / {si(s['ddr_peak_bytes_per_second'], 'B/s')} = {us(s['memory_bound_us'])}",
+              f"lower bound {us(s['lower_bound_us'])} ({s['bound']}-bound)"]
     return "\n".join(lines)

@@ -57,7 +57,7 @@ def is_bundled(name) -> bool:
     return isinstance(name, str) and name in _DESCRIPTIONS
 
 
-def build(name: str) -> onnx.ModelProto:
+def build_model(name: str) -> onnx.ModelProto:
     """Build the bundled model `name` (seeded, deterministic)."""
     if not is_bundled(name):
         raise InputFileError(f"'{name}' is not a bundled model (bundled: {', '.join(names())})")
@@ -67,12 +67,12 @@ def build(name: str) -> onnx.ModelProto:
 def resolve(name_or_path: str | Path | None = None) -> onnx.ModelProto:
     """A bundled model by name (None -> the default model), or an ONNX file by path."""
     if name_or_path is None:
-        return build(DEFAULT_MODEL)
+        return build_model(DEFAULT_MODEL)
     path = Path(name_or_path)
     if path.is_file():
         from tpuflow.frontend.reader import read_model
         return read_model(path)[0]
     if is_bundled(str(name_or_path)):
-        return build(str(name_or_path))
+        return build_model(str(name_or_path))
     raise InputFileError(f"{name_or_path}: no such file, and not a bundled model "
                          f"(bundled: {', '.join(names())})")

@@ -9,12 +9,12 @@ import tempfile
 from pathlib import Path
 
 from tpuflow.errors import TpuflowError
-from tpuflow.models import build, describe, names
+from tpuflow.models import build_model, describe, names
 
 
 def write_model(name: str, path: Path) -> int:
     """Build `name` and write it atomically (temp file in the target directory, then rename)."""
-    data = build(name).SerializeToString()
+    data = build_model(name).SerializeToString()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

@@ -41,7 +41,7 @@ def load_graph(model=None, input_shapes=None):
     from tpuflow import frontend, models
     if model is None or (isinstance(model, str) and models.is_bundled(model) and not Path(model).is_file()):
         name = model or models.DEFAULT_MODEL
-        return frontend.load(models.build(name), input_shapes, name=name)
+        return frontend.load(models.build_model(name), input_shapes, name=name)
     if isinstance(model, (str, Path)) and not Path(model).exists() and Path(model).suffix != ".onnx" \
             and len(Path(model).parts) == 1:
         models.resolve(model)               # raises: neither a file nor a bundled model

@@ -84,7 +84,7 @@ def kinds(graph: Graph) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def bundled_bytes(name: str) -> bytes:
-    return models.build(name).SerializeToString()
+    return models.build_model(name).SerializeToString()
 
 
 def bundled(name: str) -> onnx.ModelProto:
