@@ -43,7 +43,7 @@ def scratch_bytes(graph: Graph, groups: list[Group], options: CompileOptions) ->
 
 
 def lower(graph: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
-    groups = form_groups(graph)
+    groups = form_groups(graph, fuse_pool=options.matmul == "tiu")
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options))
     weights = WeightImage(ddr.weight_base)
     em = Emitter(chip)

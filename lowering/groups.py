@@ -11,6 +11,7 @@ from tpuflow.lowering.ewise import (ELEMENTWISE, ROW_NORMALIZE, ROW_REDUCE, ROWW
 
 CONV_EPILOGUE_SPLIT = 2     # NCHW: rows = (n, c), cols = (h, w)
 MOVEMENT = {"Transpose", "Concat", "Split", "Slice", "Gather", "Pad", "Cast", "Expand"}
+POOLS = {"MaxPool", "AveragePool"}
 
 
 @dataclass
@@ -31,8 +32,14 @@ class Group:
         return self.nodes[0]
 
     @property
+    def tail_pool(self) -> OpNode | None:
+        """A pooling fused after a Conv's epilogue (Conv -> Relu -> Pool), or None."""
+        last = self.nodes[-1]
+        return last if self.kind == "conv" and len(self.nodes) > 1 and last.op_type in POOLS else None
+
+    @property
     def epilogue(self) -> list[OpNode]:
-        return self.nodes[1:]
+        return self.nodes[1:-1] if self.tail_pool is not None else self.nodes[1:]
 
     def produced(self) -> set[str]:
         return {t for n in self.nodes for t in n.outputs}
@@ -121,8 +128,27 @@ def row_member_ok(graph: Graph, node: OpNode, ref: tuple[int, ...], split: int) 
     return out in (Kind.FULL, Kind.ROW)
 
 
-def form_groups(graph: Graph) -> list[Group]:
-    """Groups in topological order; every node is in exactly one group."""
+def _fusable_pool(graph: Graph, conv: OpNode, value: str, taken: set[str]) -> OpNode | None:
+    """The pooling consuming `value` when it can run on the conv's output tile: a MaxPool, or an
+    AveragePool whose every window has the same element count (no padding, no ceil overhang)."""
+    nxt = _single_use(graph, value)
+    if nxt is None or nxt.op_type not in POOLS or nxt.name in taken:
+        return None
+    if conv.attr("group", 1) > 1 and conv.attr("group", 1) == graph.tensor(conv.inputs[0]).shape[1]:
+        return None                                   # depthwise: pooled separately
+    if nxt.op_type == "AveragePool":
+        _, _, h, w = graph.tensor(value).shape
+        _, _, ho, wo = graph.tensor(nxt.outputs[0]).shape
+        kh, kw = nxt.attr("kernel_shape")
+        sy, sx = nxt.attr("strides", (1, 1))
+        if any(nxt.attr("pads", (0, 0, 0, 0))) or (ho - 1) * sy + kh > h or (wo - 1) * sx + kw > w:
+            return None
+    return nxt
+
+
+def form_groups(graph: Graph, fuse_pool: bool = True) -> list[Group]:
+    """Groups in topological order; every node is in exactly one group. `fuse_pool` lets a
+    pooling join the Conv group before it (TIU path)."""
     order = list(graph.nodes())
     taken: set[str] = set()
     groups: list[Group] = []
@@ -130,6 +156,10 @@ def form_groups(graph: Graph) -> list[Group]:
         if node.name in taken:
             continue
         group = _group_at(graph, node, order, pos, taken)
+        if fuse_pool and group.kind == "conv":
+            pool = _fusable_pool(graph, node, group.nodes[-1].outputs[0], taken | {n.name for n in group.nodes})
+            if pool is not None:
+                group.nodes.append(pool)
         taken.update(n.name for n in group.nodes)
         groups.append(group)
     for g in groups:

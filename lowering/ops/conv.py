@@ -85,6 +85,11 @@ class ConvEmitter:
         self.bias = np.asarray(ctx.const(b), np.float32) if b else None
         geo = self.geom
         self.depthwise = geo.groups == geo.cin == geo.cout and geo.groups > 1
+        self.pool = group.tail_pool
+        if self.pool is not None:
+            from tpuflow.lowering.ops.pool import pool_geometry
+            self.pgeom, self.pool_in_w = pool_geometry(ctx, self.pool)
+            self.result = self.pool.outputs[0]
 
     # ------------------------------------------------------------ public
     def emit(self) -> None:
@@ -100,7 +105,7 @@ class ConvEmitter:
                 self._emit_standard(gi * cin_g, gi * cout_g, cin_g, cout_g)
         macs = geo.n * geo.cout * geo.ho * geo.wo * (geo.cin // geo.groups) * geo.kh * geo.kw
         self.ctx.note_layer(self.node.name, "Conv", macs=macs, lmem_peak=self.arena.peak, group=self.group.name)
-        for n in self.group.epilogue:
+        for n in self.group.nodes[1:]:
             self.ctx.note_layer(n.name, n.op_type, lmem_peak=self.arena.peak, group=self.group.name)
 
     # ------------------------------------------------------------ sizing
@@ -110,19 +115,41 @@ class ConvEmitter:
     def _stage(self, ic_split: bool) -> bool:
         return self._out_prec(ic_split) != self.ctx.prec
 
+    def _conv_rows(self, final_rows: int) -> int:
+        """Conv output rows a tile of `final_rows` output rows needs (pool halo when pooled)."""
+        return min(self.geom.ho, self.pgeom.halo_rows(final_rows)) if self.pool is not None else final_rows
+
     def _set_sizes(self, ct: int, ht: int, ict: int, cin_g: int, w_resident: bool) -> tuple[list[int], list[int]]:
-        """(per-step load buffers, per-output-tile buffers) in bytes per lane."""
+        """(per-step load buffers, per-output-tile buffers) in bytes per lane; `ht` counts final
+        output rows (pool rows when a pool is fused)."""
         geo, chip, prec = self.geom, self.chip, self.ctx.prec
         split = ict < cin_g
-        load = [tile_bytes_per_lane(chip, (1, ict, geo.halo_rows(ht), geo.w), prec)]
+        conv_rows = self._conv_rows(ht)
+        load = [tile_bytes_per_lane(chip, (1, ict, geo.halo_rows(conv_rows), geo.w), prec)]
         if not w_resident:
             load.append(tile_bytes_per_lane(chip, (1, ct, 1, ict * geo.kh * geo.kw), prec, compact=True))
-        out_shape = (1, ct, ht, geo.wo)
+        out_shape = (1, ct, conv_rows, geo.wo)
         outs = [tile_bytes_per_lane(chip, out_shape, self._out_prec(split))]
         outs += self.epi.set_sizes(out_shape)
-        if self._stage(split):
+        if self.pool is not None:
+            outs.append(tile_bytes_per_lane(chip, (1, ct, ht, self.pgeom.wo), prec))
+        elif self._stage(split):
             outs.append(tile_bytes_per_lane(chip, out_shape, prec))
         return load, outs
+
+    def _final_rows(self) -> int:
+        return self.pgeom.ho if self.pool is not None else self.geom.ho
+
+    def _row_tiles(self, step: int) -> list[tuple[int, int, tuple | None]]:
+        """(conv row start, conv rows, pool part) per tile; the pool part is (first pool row,
+        pool rows, up pad, down pad) when a pool is fused."""
+        if self.pool is None:
+            return [(h0, ht, None) for h0, ht in steps(self.geom.ho, step)]
+        out = []
+        for q0, qt in steps(self.pgeom.ho, step):
+            r0, rows, up, dn = self.pgeom.input_rows(q0, qt)
+            out.append((r0, rows, (q0, qt, up, dn)))
+        return out
 
     def _resident_sizes(self, cin_g: int, cout_g: int, w_resident: bool) -> list[int]:
         geo, chip = self.geom, self.chip
@@ -138,7 +165,8 @@ class ConvEmitter:
     def _choose(self, cin_g: int, cout_g: int):
         geo, lanes = self.geom, self.chip.lanes
         c_opts = sorted({min(cout_g, lanes * k) for k in range(1, -(-cout_g // lanes) + 1)}, reverse=True)
-        h_opts = sorted({min(geo.ho, x) for x in (geo.ho, 64, 32, 16, 8, 4, 2, 1)}, reverse=True)
+        final = self._final_rows()
+        h_opts = sorted({min(final, x) for x in (final, 64, 32, 16, 8, 4, 2, 1)}, reverse=True)
         ic_opts = sorted({min(cin_g, lanes * k) for k in range(1, -(-cin_g // lanes) + 1)} | {cin_g}, reverse=True)
         for copies in (2, 1):
             for ict in ic_opts:
@@ -179,8 +207,8 @@ class ConvEmitter:
             self.w_tile = make_tile(self.chip, self.w_res_offset, (1, cout_g, 1, cin_g * geo.kh * geo.kw),
                                     self.ctx.prec, compact=True)
             self.ctx.em.load(self.w_tile, self._weight_region(oc_base, cout_g, 0, cin_g, cin_g))
-        out_tiles = [(n, c0, ct, h0, ht) for n in range(geo.n) for c0, ct in steps(cout_g, self.ct)
-                     for h0, ht in steps(geo.ho, self.ht)]
+        out_tiles = [(n, c0, ct, h0, ht, pool) for n in range(geo.n) for c0, ct in steps(cout_g, self.ct)
+                     for h0, ht, pool in self._row_tiles(self.ht)]
         ic_steps = steps(cin_g, self.ict)
         work = [(ti, t, k) for ti, t in enumerate(out_tiles) for k in range(len(ic_steps))]
         ctx = (ic_base, oc_base, cin_g, ic_steps)
@@ -205,7 +233,7 @@ class ConvEmitter:
         return self.ctx.region(tensor, (1, ct, ht, geo.wo), base, (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1))
 
     def _load_step(self, work, s: int, cctx) -> None:
-        ti, (n, c0, ct, h0, ht), k = work
+        ti, (n, c0, ct, h0, ht, pool), k = work
         ic_base, oc_base, cin_g, ic_steps = cctx
         geo, em = self.geom, self.ctx.em
         ic0, ict = ic_steps[k]
@@ -230,7 +258,7 @@ class ConvEmitter:
                        (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1), prec)
 
     def _compute_step(self, work, s: int, cctx) -> None:
-        ti, (n, c0, ct, h0, ht), k = work
+        ti, (n, c0, ct, h0, ht, pool), k = work
         ic_base, oc_base, cin_g, ic_steps = cctx
         geo, chip, em = self.geom, self.chip, self.ctx.em
         ic0, ict = ic_steps[k]
@@ -251,7 +279,7 @@ class ConvEmitter:
         em.layer = self.node.name
         em.tiu(self._conv(out, inp, wt, bias, up, dn, first=(k == 0), last=(k == len(ic_steps) - 1)))
         if k == len(ic_steps) - 1:
-            self._finish_tile(out, out_offs, n, oc_base + c0, ct, h0, ht, split)
+            self._finish_tile(out, out_offs, n, oc_base + c0, ct, h0, ht, split, pool)
 
     def _conv(self, out: LTile, inp: LTile, wt: LTile, bias: LTile | None, up: int, dn: int,
               first: bool, last: bool) -> ConvTiu:
@@ -267,15 +295,36 @@ class ConvEmitter:
                        res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1,
                        opt_res_add=0 if first else 1, opt_relu=int(relu))
 
-    def _finish_tile(self, out: LTile, out_offs, n, c0, ct, h0, ht, split: bool) -> None:
+    def _finish_tile(self, out: LTile, out_offs, n, c0, ct, h0, ht, split: bool, pool=None) -> None:
         em = self.ctx.em
         value = self.epi.apply(out, out_offs[1:], c0, 0) if not self.epi.empty else out
+        if pool is not None:
+            self._pool_and_store(value, out_offs[-1], n, c0, ct, pool)
+            return
         if self._stage(split):
             stage = make_tile(self.chip, out_offs[-1], value.shape, self.ctx.prec)
             em.ar("copy", stage, value)
             value = stage
         em.layer = self.group.nodes[-1].name
         em.store(value, self._output_region(self.result, n, c0, ct, h0, ht))
+
+    def _pool_and_store(self, value: LTile, offset: int, n, c0, ct, pool) -> None:
+        """The fused pooling over the conv tile in LMEM, then the store of the pooled rows."""
+        q0, qt, up, dn = pool
+        pg, em, prec = self.pgeom, self.ctx.em, self.ctx.prec
+        out = make_tile(self.chip, offset, (1, ct, qt, pg.wo), prec)
+        src = value if self.pool_in_w == value.w else value.with_shape((1, ct, value.h, self.pool_in_w), self.chip)
+        f = out.fields("res0", with_shape=True)
+        f.update(src.fields("opd0"))
+        is_max = self.pool.op_type == "MaxPool"
+        extra = {} if is_max else {"opd1_addr": f32_bits(1.0 / (pg.kh * pg.kw)), "opt_opd1_const": 1}
+        em.layer = self.pool.name
+        em.tiu(PordTiu(op="maxpooling" if is_max else "avgpooling", opd0_h=value.h, opd0_w=self.pool_in_w,
+                       opd1_h=pg.kh, opd1_w=pg.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=pg.pl,
+                       opd0_rt_pad=pg.pr, res_op_x_str=pg.sx, res_op_y_str=pg.sy, opd1_x_ins0=pg.dx - 1,
+                       opd1_y_ins0=pg.dy - 1, **extra, **f))
+        base = ((n * pg.cin + c0) * pg.ho + q0) * pg.wo
+        em.store(out, self.ctx.region(self.result, (1, ct, qt, pg.wo), base, (pg.cin * pg.ho * pg.wo, pg.ho * pg.wo, pg.wo, 1)))
 
     # ------------------------------------------------------------ depthwise
     def _emit_depthwise(self) -> None:
