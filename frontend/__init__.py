@@ -28,7 +28,7 @@ def load(model: Any, input_shapes: Mapping[str, tuple[int, ...]] | None = None, 
     `input_shapes` fixes the symbolic dimensions of runtime inputs; a symbolic dimension left over
     is a ModelError naming the input. Unsupported operators are rejected up front, all in one
     UnsupportedOpError."""
-    from tpuflow.frontend import canonical, folding, importing, legality, reader
+    from tpuflow.frontend import canonical, ceil_mode, folding, importing, legality, reader
     from tpuflow.frontend.onnx_view import infer_types
     from tpuflow.frontend.verify import lint
 
@@ -39,6 +39,8 @@ def load(model: Any, input_shapes: Mapping[str, tuple[int, ...]] | None = None, 
     reader.fix_input_shapes(view, input_shapes)
     view.load_constants()
     infer_types(view, declared=True)
+    if ceil_mode.clear_needless_ceil_mode(view):
+        infer_types(view)
     folding.fold_constants(view)
     draft = importing.import_view(view)
     lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "import")

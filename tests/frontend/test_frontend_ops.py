@@ -315,3 +315,22 @@ def test_identity_and_dropout_vanish(op, attrs, outputs):
     del model.graph.output[1:]                                      # the Dropout mask is not used
     g = assert_canonical_matches(model)
     assert kinds(g) == ["Reshape"] and g.outputs == ["y0"]          # graph output == graph input: a view copy
+
+
+@pytest.mark.parametrize("op,shape,attrs,out", [
+    ("MaxPool", (1, 1, 2, 2), dict(kernel_shape=[1, 1], strides=[2, 2]), (1, 1, 1, 1)),
+    ("MaxPool", (1, 1, 2, 2), dict(kernel_shape=[1, 2], strides=[2, 2], pads=[0, 1, 0, 0]), (1, 1, 1, 2)),
+    ("AveragePool", (1, 1, 2, 2), dict(kernel_shape=[1, 2], strides=[2, 2], pads=[0, 1, 0, 0]), (1, 1, 1, 2)),
+])
+def test_ceil_mode_window_starting_in_the_end_padding_is_dropped(op, shape, attrs, out):
+    """onnx shape inference says ceil((2 - 1) / 2) + 1 = 2 rows; onnxruntime drops the second window."""
+    g = assert_canonical_matches(one_op(op, dict(x=shape), ceil_mode=1, **attrs))
+    assert g.tensor(g.outputs[0]).shape == out
+
+
+def test_ceil_mode_layout_that_changes_an_average_divisor_is_unsupported():
+    from tpuflow.errors import UnsupportedOpError
+    from tpuflow.frontend import load
+    with pytest.raises(UnsupportedOpError, match="ceil_mode"):
+        load(one_op("AveragePool", dict(x=(1, 1, 2, 2)), kernel_shape=[2, 1], strides=[2, 2], pads=[1, 0, 0, 0],
+                    ceil_mode=1, count_include_pad=1))
