@@ -1,0 +1,58 @@
+"""Verify every bundled model on both matmul paths and in fp32/fp16/bf16, timing each run.
+
+    python benchmarks/verify_all.py [--models a,b] [--paths tiu,tile] [--dtypes fp32,fp16] [--no-race]
+
+Writes benchmarks/results/verify_all.json (one row per run: ok, max_rel_err, cosine, seconds,
+instruction counts) and prints a table. Exit code 1 when any run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from tpuflow.models import names
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import verify
+
+RESULTS = Path(__file__).parent / "results" / "verify_all.json"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join(names()))
+    ap.add_argument("--paths", default="tiu,tile")
+    ap.add_argument("--dtypes", default="fp32,fp16")
+    ap.add_argument("--no-race", action="store_true")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    rows, failed = [], 0
+    for model in args.models.split(","):
+        for path in args.paths.split(","):
+            for dtype in args.dtypes.split(","):
+                t0 = time.perf_counter()
+                try:
+                    r = verify(model, None, CompileOptions(dtype=dtype, matmul=path), race_check=not args.no_race)
+                    worst = max(r["outputs"], key=lambda o: o["max_rel_err"])
+                    row = {"model": model, "matmul": path, "dtype": dtype, "ok": r["ok"],
+                           "max_rel_err": worst["max_rel_err"], "cosine": worst["cosine"],
+                           "instructions": r["instructions"]}
+                except Exception as exc:  # a crash is a failure of this row, the others still run
+                    row = {"model": model, "matmul": path, "dtype": dtype, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                row["seconds"] = round(time.perf_counter() - t0, 2)
+                failed += not row["ok"]
+                rows.append(row)
+                print(f"{model:14s} {path:4s} {dtype:5s} {'ok ' if row['ok'] else 'FAIL'} "
+                      f"{row.get('max_rel_err', float('nan')):.2e} {row['seconds']:7.1f}s {row.get('error', '')}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"race_check": not args.no_race, "runs": rows}, indent=1) + "\n")
+    tmp.replace(args.out)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
