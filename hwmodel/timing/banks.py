@@ -29,10 +29,20 @@ from tpuflow.isa import ConvTiu, CwBcTiu, LocalTensor, Mm2Tiu, SfuTiu, TiuInstru
 
 def _bank_range(t: LocalTensor, chip: ChipConfig) -> tuple[int, int]:
     """(first, last) bank index the tensor's per-lane bytes touch, before the modulo."""
-    ranges = t.ranges(chip)
-    lo = min(r.lo for r in ranges)
-    hi = max(r.hi for r in ranges)
-    return lo // chip.bank_bytes, (hi - 1) // chip.bank_bytes
+    n, c, h, w = t.shape
+    lanes = chip.lanes
+    start = (t.addr // chip.lmem_bytes_per_lane) % lanes
+    groups = (start + c - 1) // lanes + 1
+    lo = hi = 0
+    for size, stride in ((n, t.strides[0]), (groups, t.strides[1]), (h, t.strides[2]), (w, t.strides[3])):
+        span = (size - 1) * stride
+        if span < 0:
+            lo += span
+        else:
+            hi += span
+    base = t.addr % chip.lmem_bytes_per_lane
+    bank = chip.bank_bytes
+    return (base + lo * t.prec.bytes) // bank, (base + (hi + 1) * t.prec.bytes - 1) // bank
 
 
 def _banks(t: LocalTensor, chip: ChipConfig, n, g, h, w) -> np.ndarray | int:

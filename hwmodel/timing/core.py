@@ -10,10 +10,9 @@ from tpuflow.hwmodel.timing.deps import Waits
 from tpuflow.hwmodel.timing.descriptors import descriptor_bits
 from tpuflow.hwmodel.timing.engines import GDMA, TILE, TIU, GdmaEngine, TiuEngine, TileEngine
 from tpuflow.hwmodel.timing.events import TRANSFER, EventQueue
-from tpuflow.hwmodel.timing.gdma import GdmaModel
+from tpuflow.hwmodel.timing.gdma import CommandModel
 from tpuflow.hwmodel.timing.ife import Ife
 from tpuflow.hwmodel.timing.result import STAGES, STALLS, DramResult, SimResult, busy_union_ps
-from tpuflow.hwmodel.timing.wdc import Wdc
 from tpuflow.program import ENGINES, Program
 
 _COLUMNS = STAGES + STALLS
@@ -26,7 +25,7 @@ class Simulator:
         self.chip = chip
         self.clocks = clocks = Clocks.of(chip)
         self.queue = EventQueue()
-        self.wdc = Wdc(chip, clocks)
+        self.commands = CommandModel(chip, clocks).table(program.gdma)
         queues = [program.queue(e) for e in ENGINES]
         self.cols = [{c: np.zeros(len(q), dtype=np.int64) for c in _COLUMNS} for q in queues]
         self.order = [(e_code(e), i) for e, i in program.issue_sequence()]
@@ -35,7 +34,7 @@ class Simulator:
             self.pos_of[code][index] = pos
         bits = [descriptor_bits(queues[code][index]) for code, index in self.order]
         self.engines = [TiuEngine(self, chip, queues[TIU], clocks.tiu.period),
-                        GdmaEngine(self, chip, queues[GDMA], clocks.gdma.period, GdmaModel(chip, clocks, self.wdc)),
+                        GdmaEngine(self, chip, queues[GDMA], clocks.gdma.period, self.commands),
                         TileEngine(self, chip, queues[TILE], clocks.tile)]
         self.ife = Ife(self, chip, clocks, self.order, bits)
 
@@ -101,9 +100,10 @@ class Simulator:
         ops = [instr.op_name for e in ENGINES for instr in program.queue(e)]
         layers = [program.layer_of(e, i) for e in ENGINES for i in range(len(program.queue(e)))]
         busy = {e.value: busy_union_ps(c["start"], c["end"]) for e, c in zip(ENGINES, self.cols)}
-        st = self.wdc.stats
+        st, g = self.commands.state, self.engines[GDMA]
+        active = g.dram_last - g.dram_first if g.dram_first >= 0 else 0
         dram = DramResult(st.bytes_read, st.bytes_written, st.bursts, st.page_hits.copy(), st.page_misses.copy(),
-                          st.page_opens.copy(), max(0, st.last_ps - max(st.first_ps, 0)), self.chip.dram.peak_gbps)
+                          st.page_opens.copy(), active, self.chip.dram.peak_gbps)
         total = int(times["end"].max()) if len(engine) else 0
         periods = (self.clocks.tiu.period, self.clocks.gdma.period, self.clocks.tile.period)
         return SimResult(engine, cmd_id, deps, ops, layers, times, stalls, periods, busy, dram, total,

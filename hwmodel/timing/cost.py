@@ -18,7 +18,7 @@ from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.clocks import Clocks, ns_to_ps
 from tpuflow.hwmodel.timing.compute import CUBE, cdiv, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.segments import transfer_sides
-from tpuflow.hwmodel.timing.wdc import Wdc
+from tpuflow.hwmodel.timing.wdc import WdcParams
 from tpuflow.isa import DmaInstruction, Instruction, SysDma, TileInstruction, TiuInstruction
 
 
@@ -39,8 +39,8 @@ def instruction_latency_cycles(instr: TiuInstruction, chip: ChipConfig) -> int:
 
 
 @lru_cache(maxsize=16)
-def _wdc(chip: ChipConfig) -> Wdc:
-    return Wdc(chip, Clocks.of(chip))
+def _wdc(chip: ChipConfig) -> WdcParams:
+    return WdcParams.of(chip, Clocks.of(chip))
 
 
 def gdma_cycles(instr: DmaInstruction, chip: ChipConfig) -> int:

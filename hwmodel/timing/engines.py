@@ -16,7 +16,8 @@ TIU DPC pipes (CUBE for CONV/MM2, VECTOR otherwise; T = TIU period; d_* = the pi
   end      = max(body_end + compute_latency*T, end_prev)                    (in-order retirement)
 Vector ARB has no fixed delay (d_arb = 0; its cost is the bubbles).
 TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period.
-GDMA: one command at a time (gdma.py), the next after the previous one's end.
+GDMA: one command at a time, the next after the previous one's end; a command's timeline relative
+to its dispatch comes from gdma.CommandTable (computed for the whole queue before the run).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH
-from tpuflow.hwmodel.timing.gdma import GdmaModel
+from tpuflow.hwmodel.timing.gdma import CommandTable
 from tpuflow.isa import Instruction
 
 TIU, GDMA, TILE = 0, 1, 2
@@ -162,10 +163,12 @@ class TiuEngine(EngineBase):
 class GdmaEngine(EngineBase):
     code = GDMA
 
-    def __init__(self, sim, chip: ChipConfig, instrs, period: int, model: GdmaModel):
+    def __init__(self, sim, chip: ChipConfig, instrs, period: int, table: CommandTable):
         super().__init__(sim, instrs, period)
-        self.model = model
+        self.table = table
         self.free = 0
+        self.dram_first = -1
+        self.dram_last = 0
 
     def waits_hold(self, index: int) -> bool:
         s = self.sim
@@ -175,14 +178,19 @@ class GdmaEngine(EngineBase):
         return max(self.free, self.arrival[index])
 
     def execute(self, index: int, now: int) -> int:
-        timing = self.model.run(self.instrs[index], now)
-        self.free = timing.end
+        t = self.table
+        end = now + int(t.end[index])
+        self.free = end
         rec = self.sim.record
         rec(GDMA, index, "start", now)
-        rec(GDMA, index, "end", timing.end)
-        rec(GDMA, index, "dma_credit", timing.credit_stall)
-        rec(GDMA, index, "dram", timing.dram_stall)
-        return timing.end
+        rec(GDMA, index, "end", end)
+        rec(GDMA, index, "dma_credit", int(t.credit_stall[index]))
+        rec(GDMA, index, "dram", int(t.dram_stall[index]))
+        if t.dram_first[index] >= 0:
+            first = now + int(t.dram_first[index])
+            self.dram_first = first if self.dram_first < 0 else min(self.dram_first, first)
+            self.dram_last = max(self.dram_last, now + int(t.dram_last[index]))
+        return end
 
     def describe_wait(self, index: int) -> str:
         s = self.sim

@@ -29,9 +29,6 @@ from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.clocks import Clocks
 from tpuflow.hwmodel.timing.events import ISSUE, TRANSFER
 
-_NEVER = 0
-
-
 class FrontEnd:
     """The recurrences of the stages before issue (everything that does not depend on engines)."""
 
@@ -49,33 +46,36 @@ class FrontEnd:
                  "dec_push", "chk_pop", "chk_push", "iss_pop", "iss_push")
         self.t = {k: [0] * n for k in names}
 
-    def _back(self, name: str, i: int, depth: int) -> int:
-        j = i - depth
-        return self.t[name][j] if j >= 0 else _NEVER
-
     def advance(self, i: int) -> int:
         """Compute instruction i's stage times (needs iss_push[i-1]); returns when issue is ready."""
         t, S = self.t, self.S
         d_cm, d_pre, d_ain, d_aout, d_dec, d_chk = self.depth
         c_pack, c_a1, c_a2, c_dec, c_chk, c_iss = self.cyc
-        prev = i - 1
-        g = (lambda k: t[k][prev]) if prev >= 0 else (lambda k: 0)
-        txi = max(g("txi") + self.words[i] * S, self._back("pack_pop", i, d_cm))
-        pack_pop = max(txi, g("pack_push"))
-        pack_push = max(pack_pop + c_pack, self._back("a1_pop", i, d_pre))
-        a1_pop = max(pack_push, g("a1_push"))
-        a1_push = max(a1_pop + c_a1, self.sys_clock.align(self._back("a2_pop", i, d_ain)))
-        a2_pop = max(self.ife_clock.align(a1_push), g("a2_push"))
-        a2_push = max(a2_pop + c_a2, self._back("dec_pop", i, d_aout))
-        dec_pop = max(a2_push, g("dec_push"))
-        dec_push = max(dec_pop + c_dec, self._back("chk_pop", i, d_dec))
-        chk_pop = max(dec_push, g("chk_push"))
-        chk_push = max(chk_pop + c_chk, self._back("iss_pop", i, d_chk))
-        iss_pop = max(chk_push, g("iss_push"))
-        for k, v in (("txi", txi), ("pack_pop", pack_pop), ("pack_push", pack_push), ("a1_pop", a1_pop),
-                     ("a1_push", a1_push), ("a2_pop", a2_pop), ("a2_push", a2_push), ("dec_pop", dec_pop),
-                     ("dec_push", dec_push), ("chk_pop", chk_pop), ("chk_push", chk_push), ("iss_pop", iss_pop)):
-            t[k][i] = v
+        txi_l, pp_l, pu_l, a1p_l, a1u_l, a2p_l, a2u_l = (t["txi"], t["pack_pop"], t["pack_push"], t["a1_pop"],
+                                                         t["a1_push"], t["a2_pop"], t["a2_push"])
+        dp_l, du_l, cp_l, cu_l, ip_l, iu_l = (t["dec_pop"], t["dec_push"], t["chk_pop"], t["chk_push"],
+                                              t["iss_pop"], t["iss_push"])
+        back = (lambda lst, d: lst[i - d] if i >= d else 0)
+        if i:
+            p = i - 1
+            prev = (txi_l[p], pu_l[p], a1u_l[p], a2u_l[p], du_l[p], cu_l[p], iu_l[p])
+        else:
+            prev = (0, 0, 0, 0, 0, 0, 0)
+        txi = max(prev[0] + self.words[i] * S, back(pp_l, d_cm))
+        pack_pop = max(txi, prev[1])
+        pack_push = max(pack_pop + c_pack, back(a1p_l, d_pre))
+        a1_pop = max(pack_push, prev[2])
+        a1_push = max(a1_pop + c_a1, self.sys_clock.align(back(a2p_l, d_ain)))
+        a2_pop = max(self.ife_clock.align(a1_push), prev[3])
+        a2_push = max(a2_pop + c_a2, back(dp_l, d_aout))
+        dec_pop = max(a2_push, prev[4])
+        dec_push = max(dec_pop + c_dec, back(cp_l, d_dec))
+        chk_pop = max(dec_push, prev[5])
+        chk_push = max(chk_pop + c_chk, back(ip_l, d_chk))
+        iss_pop = max(chk_push, prev[6])
+        txi_l[i], pp_l[i], pu_l[i], a1p_l[i], a1u_l[i], a2p_l[i], a2u_l[i] = (txi, pack_pop, pack_push, a1_pop,
+                                                                                 a1_push, a2_pop, a2_push)
+        dp_l[i], du_l[i], cp_l[i], cu_l[i], ip_l[i] = dec_pop, dec_push, chk_pop, chk_push, iss_pop
         return iss_pop + c_iss
 
 

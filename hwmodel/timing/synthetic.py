@@ -166,8 +166,8 @@ class _Lowering:
     double-buffered LMEM slots, one store per tile (residual: load + add + relu first)."""
 
     IN, WGT, OUT = (0, 48 << 10), (96 << 10, 128 << 10), (160 << 10, 200 << 10)
-    IN_BYTES, WGT_BYTES, OUT_BYTES = 48 << 10, 32 << 10, 40 << 10
-    COUT_CHUNK, CIN_CHUNK = 256, 64
+    IN_BYTES, WGT_BYTES, OUT_BYTES = 16 << 10, 32 << 10, 8 << 10
+    COUT_CHUNK, CIN_CHUNK = 128, 32
 
     def __init__(self, chip: ChipConfig, prec: int):
         self.chip, self.prec, self.es = chip, prec, Prec(prec).bytes

@@ -17,11 +17,11 @@ Path of a DDR request (sg2260 numbers; every one comes from chip.wdc / chip.dram
 * Outstanding limits: a Fab2t1 admits at most fab2t1_outstanding requests per UMC (shared path:
   shared_fab2_outstanding per fab2, shared_fab1_outstanding per channel). A request over the
   limit waits at that level until the request `limit` places before it in the same group has
-  finished, and holds every later request on its channel (in-order fabric, head-of-line).
-* AuxCam (page-aware reordering): a UMC's requests are served in windows of cam_table_entries that
-  also never mix requests more than gdma outstanding apart in issue order (those cannot sit in the
-  table together); inside a window, requests to the same DRAM page are served together, pages in
-  the order they first appear, arrival order within a page.
+  finished, and holds every later request of its stream on its channel (in-order fabric).
+* AuxCam (page-aware reordering): a UMC's requests of one stream are served in windows of
+  cam_table_entries that never mix requests more than gdma outstanding apart in issue order (those
+  cannot sit in the table together); inside a window, requests to the same DRAM page are served
+  together, pages in the order they first appear, arrival order within a page.
 * DramUnit service (beat period = U * data_width_bytes / peak_gbps, so the UMCs together deliver
   dram.peak_gbps; beats = ceil(len / data_width_bytes)):
     page hit, same direction as the UMC's previous request: beats * period
@@ -31,42 +31,30 @@ Path of a DDR request (sg2260 numbers; every one comes from chip.wdc / chip.dram
                                 + beats * period
 * Response: reads add min_read_ns (controller + PHY latency, pipelined), then X2x's r_process
   (one clk800M cycle) and the same hops back; writes return their B response the same way.
+
+Which request finds which page open, which switches direction, and in which order a UMC serves a
+stream's requests does not depend on time (one GDMA command runs at a time, in queue order), so
+DramPlan computes all of it once, vectorised over a whole program; only the in-order FIFO
+recurrence of the UMCs depends on arrival times (DramPlan.finish).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from tpuflow.chip import ChipConfig
-from tpuflow.hwmodel.timing.clocks import Clocks, ns_to_ps
+from tpuflow.hwmodel.timing.clocks import Clock, Clocks, ns_to_ps
 
-_BIG = 1 << 46   # > any time span of one call (70 s), keeps segmented cummax groups apart
-
-
-def segmented_fifo(starts: np.ndarray, counts: np.ndarray, arrive: np.ndarray, service: np.ndarray,
-                   init_free: np.ndarray) -> np.ndarray:
-    """Finish times of in-order single servers: groups are contiguous runs (starts, counts); in each,
-    done_k = max(arrive_k, done_{k-1}) + service_k with done_{-1} = init_free[group]."""
-    total = np.cumsum(service)
-    before = total - service
-    base = np.repeat(before[starts], counts)
-    x = arrive - (before - base)
-    x[starts] = np.maximum(x[starts], init_free)
-    offset = np.repeat(np.arange(len(starts), dtype=np.int64) * _BIG, counts)
-    return np.maximum.accumulate(x + offset) - offset + (total - base)
+BIG = 1 << 40   # > any time span inside one command (1.1 s): keeps segmented scans' groups apart
 
 
-def serial_port(ready: np.ndarray, occupancy: np.ndarray, free: int) -> np.ndarray:
-    """Start times of items taken in array order by one server: start_k = max(ready_k, start_{k-1}
-    + occupancy_{k-1}), start_0 >= free."""
-    before = np.cumsum(occupancy) - occupancy
-    x = ready - before
-    x[0] = max(x[0], free)
-    return np.maximum.accumulate(x) + before
-
-
-def _runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, lengths) of the runs of equal values of an array."""
     n = len(sorted_keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     change = np.empty(n, dtype=bool)
     change[0] = True
     np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=change[1:])
@@ -74,74 +62,73 @@ def _runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.diff(np.append(starts, n))
 
 
-class DramStats:
-    """Counters of the DRAM side (per UMC arrays)."""
-
-    def __init__(self, umcs: int):
-        self.page_hits = np.zeros(umcs, dtype=np.int64)
-        self.page_misses = np.zeros(umcs, dtype=np.int64)
-        self.page_opens = np.zeros(umcs, dtype=np.int64)
-        self.bytes_read = 0
-        self.bytes_written = 0
-        self.bursts = 0
-        self.first_ps = -1
-        self.last_ps = 0
+def group_rank(counts: np.ndarray) -> np.ndarray:
+    """0, 0, .., 1, 1, .. : the run number of every element, for runs of the given lengths."""
+    return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
 
 
-class Wdc:
-    """State of the memory path of one core (UMC free times, open rows, last direction)."""
+def seg_cummax(x: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Running maximum that restarts at every run (rank = run number, non-decreasing)."""
+    offset = rank * BIG
+    return np.maximum.accumulate(x + offset) - offset
 
-    def __init__(self, chip: ChipConfig, clocks: Clocks):
+
+def seg_serial(ready: np.ndarray, occupancy: np.ndarray, rank: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Start times of one server per run: start_k = max(ready_k, start_{k-1} + occupancy_{k-1}), the
+    first item of each run (indices `first`) starting at its ready time."""
+    total = np.cumsum(occupancy)
+    before = total - occupancy
+    before = before - np.repeat(before[first], np.diff(np.append(first, len(ready))))
+    return seg_cummax(ready - before, rank) + before
+
+
+@dataclass(frozen=True)
+class WdcParams:
+    """Every constant of the memory path, in ps and bytes, from the chip."""
+
+    umcs: int
+    umcs_per_channel: int
+    granule_bits: int
+    page_bytes: int
+    banks: int
+    beat_bytes: int
+    beat_ps: int
+    open_ps: int
+    close_ps: tuple[int, int]        # read, write
+    turn_ps: tuple[int, int]         # switch into read (w->r), into write (r->w)
+    min_read_ps: int
+    request_ps: int
+    response_ps: int
+    fabric_bytes: int
+    fabric_ps: int
+    cam_entries: int
+    limits: tuple[tuple[int, int], ...]   # (UMCs per group, outstanding limit) per limited level
+    outstanding: int
+    umc_clock: Clock
+
+    @classmethod
+    def of(cls, chip: ChipConfig, clocks: Clocks) -> "WdcParams":
         w, d = chip.wdc, chip.dram
-        self.umcs = chip.umc_count
-        self.umcs_per_channel = w.umcs_per_channel
-        self.granule_bits = w.interleave_bits
-        self.page_bytes, self.banks = d.page_bytes, d.banks_per_umc
-        self.beat_bytes = d.data_width_bytes
-        self.beat_ps = round(self.umcs * d.data_width_bytes * 1000 / d.peak_gbps)
-        self.open_ps = ns_to_ps(d.open_page_ns)
-        self.close_ps = (ns_to_ps(d.read_close_page_ns), ns_to_ps(d.write_close_page_ns))
-        self.turn_ps = (ns_to_ps(d.min_write_to_read_ns), ns_to_ps(d.min_read_to_write_ns))  # into read / write
-        self.min_read_ps = ns_to_ps(d.min_read_ns)
-        self.umc_clock = clocks.umc
+        umcs = chip.umc_count
         fab, fast = clocks.fabric.period, clocks.fabric_fast.period
         levels = 4 + (1 if w.shared_region else 0)   # ItlvDemux, fab level(s), Fab2t1, AuxCam
         hops = w.fabric_hop_cycles * (fast + levels * fab)
-        self.request_ps = hops + clocks.umc.period
-        self.response_ps = fab + hops
-        self.fabric_bytes = w.fabric_width_bits // 8
-        self.fabric_ps = fab
-        self.cam_entries = w.cam_table_entries
-        self.limits = self._limit_levels(chip)
-        pow2 = lambda v: v > 0 and v & (v - 1) == 0
-        self._pow2 = pow2(self.umcs) and pow2(self.page_bytes) and pow2(self.banks)
-        self._umc_bits = self.umcs.bit_length() - 1
-        self._page_bits = self.page_bytes.bit_length() - 1
-        self._bank_bits = self.banks.bit_length() - 1
-        self.gdma_outstanding = max(chip.gdma.outstanding_reads, chip.gdma.outstanding_writes)
-        self.umc_free = np.zeros(self.umcs, dtype=np.int64)
-        self.open_row = np.full(self.umcs * self.banks, -1, dtype=np.int64)
-        self.last_dir = np.full(self.umcs, -1, dtype=np.int64)
-        self.stats = DramStats(self.umcs)
-
-    def _limit_levels(self, chip: ChipConfig) -> list[tuple[int, int]]:
-        """(UMCs per group, limit) of each outstanding-limited fabric level on the path: Fab2t1 per UMC;
-        on the shared path also shared fab2 (shared_fab2_fanout UMCs) and shared fab1 (a channel)."""
-        w = chip.wdc
-        levels = [(1, w.fab2t1_outstanding)]
+        limits = [(1, w.fab2t1_outstanding)]
         if w.shared_region:
-            levels += [(w.shared_fab2_fanout, w.shared_fab2_outstanding), (w.umcs_per_channel, w.shared_fab1_outstanding)]
-        return levels
+            limits += [(w.shared_fab2_fanout, w.shared_fab2_outstanding), (w.umcs_per_channel, w.shared_fab1_outstanding)]
+        return cls(umcs=umcs, umcs_per_channel=w.umcs_per_channel, granule_bits=w.interleave_bits,
+                   page_bytes=d.page_bytes, banks=d.banks_per_umc, beat_bytes=d.data_width_bytes,
+                   beat_ps=round(umcs * d.data_width_bytes * 1000 / d.peak_gbps), open_ps=ns_to_ps(d.open_page_ns),
+                   close_ps=(ns_to_ps(d.read_close_page_ns), ns_to_ps(d.write_close_page_ns)),
+                   turn_ps=(ns_to_ps(d.min_write_to_read_ns), ns_to_ps(d.min_read_to_write_ns)),
+                   min_read_ps=ns_to_ps(d.min_read_ns), request_ps=hops + clocks.umc.period,
+                   response_ps=fab + hops, fabric_bytes=w.fabric_width_bits // 8, fabric_ps=fab,
+                   cam_entries=w.cam_table_entries, limits=tuple(limits),
+                   outstanding=max(chip.gdma.outstanding_reads, chip.gdma.outstanding_writes), umc_clock=clocks.umc)
 
-    # ------------------------------------------------------------------ addressing
     def decode(self, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(umc, bank key = umc * banks + bank, row) of DDR byte addresses."""
         g = addr >> self.granule_bits
-        if self._pow2:
-            umc = g & (self.umcs - 1)
-            local = ((g >> self._umc_bits) << self.granule_bits) | (addr & ((1 << self.granule_bits) - 1))
-            page = local >> self._page_bits
-            return umc, (umc << self._bank_bits) | (page & (self.banks - 1)), page >> self._bank_bits
         umc = g % self.umcs
         local = ((g // self.umcs) << self.granule_bits) | (addr & ((1 << self.granule_bits) - 1))
         page = local // self.page_bytes
@@ -154,199 +141,191 @@ class Wdc:
         extra = self.close_ps[0] + self.open_ps if miss else 0
         return self.request_ps + extra + beats * self.beat_ps + self.min_read_ps + self.response_ps
 
-    # ------------------------------------------------------------------ service
-    def service(self, addr: np.ndarray, size: np.ndarray, write: bool, issue: np.ndarray) -> np.ndarray:
-        """Serve requests issued (in array order) at `issue` ps and commit them; returns each request's
-        response time back at the GDMA port (read data / write B response), in issue order."""
-        plan = self.plan(addr, size, write)
-        arrive = self.arrival(plan, issue)
-        done = self.finish(plan, arrive)
-        self.commit(plan, arrive, done)
-        out = np.empty_like(done)
-        out[plan.order] = done + plan.response_ps
-        return out
-
-    def arrival(self, plan: "Plan", issue: np.ndarray) -> np.ndarray:
-        """When requests issued at `issue` reach their Fab2t1 (before outstanding limits), issue order."""
-        return issue + plan.request_ps
-
-    def plan(self, addr: np.ndarray, size: np.ndarray, write: bool) -> "Plan":
-        """Everything about serving these requests that does not depend on time: the AuxCam service
-        order, page hits / misses, service times. Commits the open rows, directions and counters."""
-        umc, bank_key, row = self.decode(addr)
-        order = np.argsort(umc.astype(np.int16), kind="stable")
-        u = umc[order]
-        starts, counts = _runs(u)
-        order = self._cam_order(order, u, starts, bank_key[order], row[order])
-        u = umc[order]
-        hit, closed = self._page_state(bank_key[order], row[order])
-        direction = 1 if write else 0
-        switch = np.zeros(len(u), dtype=bool)
-        switch[starts] = self.last_dir[u[starts]] == 1 - direction
-        self.last_dir[u[starts]] = direction
-        size_s = size[order]
-        beats = -(-size_s // self.beat_bytes)
-        miss_cost = np.where(closed, self.open_ps, self.close_ps[direction] + self.open_ps)
-        service = beats * self.beat_ps + np.where(hit, switch * self.turn_ps[direction], miss_cost)
-        self._count(u, hit, closed, size, write)
-        request = self.request_ps + (-(-size // self.fabric_bytes) * self.fabric_ps if write else 0)
-        response = self.response_ps if write else self.min_read_ps + self.response_ps
-        return Plan(order, starts, counts, u, service, request, response, self._limit_backrefs(umc))
-
-    def finish(self, plan: "Plan", arrive: np.ndarray) -> np.ndarray:
-        """DramUnit completion times, in SERVICE order (plan.order), for requests reaching the fabric at
-        `arrive` (issue order); pure."""
-        done = self._finish_once(plan, arrive)
-        if plan.backrefs is None:
-            return done
-        for _ in range(len(arrive)):
-            by_issue = np.empty_like(done)
-            by_issue[plan.order] = done
-            again = self._finish_once(plan, self._admit(plan, arrive, by_issue))
-            if np.array_equal(again, done):
-                return done
-            done = again
-        return done
-
-    def _finish_once(self, plan: "Plan", arrive: np.ndarray) -> np.ndarray:
-        """segmented_fifo with the plan's precomputed sums: done = cummax per UMC of (a - excl) + incl."""
-        x = self.umc_clock.align_array(arrive[plan.order]) - plan.excl
-        x[plan.starts] = np.maximum(x[plan.starts], self.umc_free[plan.u[plan.starts]])
-        return np.maximum.accumulate(x + plan.offset) - plan.offset + plan.incl
-
-    def commit(self, plan: "Plan", arrive: np.ndarray, done: np.ndarray) -> None:
-        """Make the UMCs busy until these requests (done: service order) are done."""
-        ends = plan.starts + plan.counts - 1
-        self.umc_free[plan.u[ends]] = done[ends]
-        st = self.stats
-        first = int(arrive.min())
-        st.first_ps = first if st.first_ps < 0 else min(st.first_ps, first)
-        st.last_ps = max(st.last_ps, int(done.max()))
-
-    def _cam_order(self, order, u, starts, bank_key, row) -> np.ndarray:
-        """Service order after AuxCam's page grouping (unchanged when pages already come grouped)."""
-        page = bank_key * (1 << 32) + row
-        step = np.diff(page)
-        same_umc = u[1:] == u[:-1]
-        if not np.any(same_umc & (step < 0)):
-            return order     # non-decreasing pages per UMC: already grouped
-        counts = np.diff(np.append(starts, len(u)))
-        pos = np.arange(len(u)) - np.repeat(starts, counts)
-        chunk = order // self.gdma_outstanding      # requests that can be in flight together
-        window = (np.repeat(starts, counts) + pos // self.cam_entries) * (1 << 32) + chunk
-        o3 = np.lexsort((page, window))
-        key3 = np.stack([window[o3], page[o3]])
-        change = np.ones(len(u), dtype=bool)
-        change[1:] = np.any(key3[:, 1:] != key3[:, :-1], axis=0)
-        run_starts = np.flatnonzero(change)
-        first = np.empty(len(u), dtype=np.int64)
-        first[o3] = np.repeat(o3[run_starts], np.diff(np.append(run_starts, len(u))))
-        return order[np.lexsort((np.arange(len(u)), first))]
-
-    def _page_state(self, bank_key: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(hit, bank closed) per request in service order; updates the open rows."""
-        o2 = np.argsort(bank_key.astype(np.int32), kind="stable")
-        k2, r2 = bank_key[o2], row[o2]
-        first = np.empty(len(k2), dtype=bool)
-        first[0] = True
-        np.not_equal(k2[1:], k2[:-1], out=first[1:])
-        prev = np.empty_like(r2)
-        prev[1:] = r2[:-1]
-        prev[first] = self.open_row[k2[first]]
-        last = np.append(first[1:], True)
-        self.open_row[k2[last]] = r2[last]
-        hit, closed = np.empty(len(k2), dtype=bool), np.empty(len(k2), dtype=bool)
-        hit[o2] = prev == r2
-        closed[o2] = prev < 0
-        return hit, closed
-
-    def _count(self, u, hit, closed, size, write: bool) -> None:
-        st = self.stats
-        n = self.umcs
-        st.page_hits += np.bincount(u[hit], minlength=n)
-        st.page_opens += np.bincount(u[closed], minlength=n)
-        st.page_misses += np.bincount(u[~hit & ~closed], minlength=n)
-        nbytes = int(size.sum())
+    def request_latency(self, size: np.ndarray, write: bool) -> np.ndarray | int:
         if write:
-            st.bytes_written += nbytes
-        else:
-            st.bytes_read += nbytes
-        st.bursts += len(u)
+            return self.request_ps + -(-size // self.fabric_bytes) * self.fabric_ps
+        return self.request_ps
 
-    # ------------------------------------------------------------------ outstanding limits
-    def _limit_backrefs(self, umc: np.ndarray):
-        """Per limited level: for each request the index of the request `limit` places earlier in its group
-        (-1 if none). None when no level can bind: in flight are at most the GDMA's outstanding requests,
-        so a reference further back than that is always done already."""
-        refs = []
-        window = self.gdma_outstanding
-        for per_group, limit in self.limits:
-            group = umc // per_group
-            if not self._may_exceed(group, limit, window):
-                continue
-            order = np.argsort(group, kind="stable")
-            g = group[order]
-            starts, counts = _runs(g)
-            rank = np.arange(len(g)) - np.repeat(starts, counts)
-            back = np.full(len(g), -1, dtype=np.int64)
-            has = rank >= limit
-            back[has] = order[np.flatnonzero(has) - limit]
-            ref = np.empty(len(g), dtype=np.int64)
-            ref[order] = back
-            idx = np.arange(len(g))
-            ref[(ref >= 0) & (idx - ref >= window)] = -1
-            if np.any(ref >= 0):
-                refs.append(ref)
-        if not refs:
-            return None
-        channel = umc // self.umcs_per_channel
-        corder = np.argsort(channel, kind="stable")
-        cstarts, ccounts = _runs(channel[corder])
-        return refs, corder, cstarts, ccounts
-
-    @staticmethod
-    def _may_exceed(group: np.ndarray, limit: int, window: int) -> bool:
-        """Whether some `window` consecutive requests hold more than `limit` of one group (any such window
-        lies within two consecutive blocks of `window` requests)."""
-        if len(group) <= limit:
-            return False
-        groups = int(group.max()) + 1
-        counts = np.bincount((np.arange(len(group)) // window) * groups + group).reshape(-1)
-        counts = np.pad(counts, (0, -len(counts) % groups)).reshape(-1, groups)
-        pairs = counts if len(counts) == 1 else counts[1:] + counts[:-1]
-        return bool(pairs.max() > limit)
-
-    def _admit(self, plan: "Plan", arrive: np.ndarray, done: np.ndarray) -> np.ndarray:
-        """Arrival held until the request `limit` earlier in each limited group is done, then in order per
-        channel (a held request blocks the ones behind it on its channel)."""
-        refs, corder, cstarts, ccounts = plan.backrefs
-        admit = arrive.copy()
-        for ref in refs:
-            has = ref >= 0
-            admit[has] = np.maximum(admit[has], done[ref[has]])
-        a = admit[corder]
-        offset = np.repeat(np.arange(len(cstarts), dtype=np.int64) * _BIG, ccounts)
-        held = np.maximum.accumulate(a + offset) - offset
-        out = np.empty_like(held)
-        out[corder] = held
-        return out
+    def response_latency(self, write: bool) -> int:
+        return self.response_ps if write else self.min_read_ps + self.response_ps
 
 
-class Plan:
-    """Timing-independent part of one batch of requests. Arrays are in service order (grouped by UMC,
-    AuxCam order inside a UMC) unless noted; `order[k]` = issue index of the k-th served request."""
+class DramState:
+    """What a DRAM remembers between plans: open row per bank, last direction per UMC, counters."""
 
-    __slots__ = ("order", "starts", "counts", "u", "service", "request_ps", "response_ps", "backrefs",
-                 "excl", "incl", "offset")
+    def __init__(self, p: WdcParams):
+        self.open_row = np.full(p.umcs * p.banks, -1, dtype=np.int64)
+        self.last_dir = np.full(p.umcs, -1, dtype=np.int64)
+        self.page_hits = np.zeros(p.umcs, dtype=np.int64)
+        self.page_misses = np.zeros(p.umcs, dtype=np.int64)
+        self.page_opens = np.zeros(p.umcs, dtype=np.int64)
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.bursts = 0
 
-    def __init__(self, order, starts, counts, u, service, request_ps, response_ps, backrefs):
-        self.order, self.starts, self.counts, self.u = order, starts, counts, u
+
+class Direction:
+    """One direction (reads or writes) of a DramPlan: its requests in service order."""
+
+    def __init__(self, p: WdcParams, pos: np.ndarray, index: np.ndarray, stream: np.ndarray, umc: np.ndarray,
+                 service: np.ndarray, size: np.ndarray, write: bool):
+        self.p, self.write = p, write
+        self.index = index            # issue-order index (into this direction's arrays) per served request
+        self.stream = stream          # stream id per served request
+        self.umc = umc
         self.service = service
-        self.request_ps = request_ps      # scalar or per request (issue order): issue -> fabric arrival
-        self.response_ps = response_ps    # DramUnit done -> response at the GDMA port
-        self.backrefs = backrefs
+        self.size = size              # per served request
+        self.starts, self.counts = runs(stream * p.umcs + umc)
+        rank = group_rank(self.counts)
         total = np.cumsum(service)
-        base = np.repeat(total[starts] - service[starts], counts)
-        self.incl = total - base                  # service time up to and including k, within its UMC
+        base = np.repeat(total[self.starts] - service[self.starts], self.counts)
+        self.incl = total - base
         self.excl = self.incl - service
-        self.offset = np.repeat(np.arange(len(starts), dtype=np.int64) * _BIG, counts)
+        self.offset = rank * BIG
+        self.run_key = (stream * p.umcs + umc)[self.starts]
+        self.response_ps = p.response_latency(write)
+
+    def finish(self, arrive_served: np.ndarray, init_free: np.ndarray | None = None) -> np.ndarray:
+        """DramUnit completion times (service order) for arrival times given in service order; each
+        (stream, UMC) run starts idle, or at init_free[run]."""
+        x = self.p.umc_clock.align_array(arrive_served) - self.excl
+        if init_free is not None:
+            x[self.starts] = np.maximum(x[self.starts], init_free)
+        return np.maximum.accumulate(x + self.offset) - self.offset + self.incl
+
+
+class DramPlan:
+    """The time-independent part of serving a sequence of request streams (a stream = the DDR reads or
+    the DDR writes of one command; streams in execution order, requests of a stream in issue order)."""
+
+    def __init__(self, p: WdcParams, addr: np.ndarray, size: np.ndarray, write: np.ndarray, stream: np.ndarray,
+                 state: DramState):
+        self.p = p
+        n = len(addr)
+        umc, bank_key, row = p.decode(addr)
+        order = _service_order(p, umc, stream, bank_key, row)
+        u, bk, r, w = umc[order], bank_key[order], row[order], write[order]
+        hit, closed = _page_state(bk, r, state)
+        switch = _direction_switch(u, w, state)
+        beats = -(-size[order] // p.beat_bytes)
+        close = np.where(w, p.close_ps[1], p.close_ps[0])
+        turn = np.where(w, p.turn_ps[1], p.turn_ps[0])
+        miss_cost = np.where(closed, p.open_ps, close + p.open_ps)
+        service = beats * p.beat_ps + np.where(hit, switch * turn, miss_cost)
+        _count(state, u, hit, closed, size, write)
+        # per-direction issue index: position of each request among the requests of its direction
+        dir_index = np.empty(n, dtype=np.int64)
+        for flag in (False, True):
+            sel = np.flatnonzero(write == flag)
+            dir_index[sel] = np.arange(len(sel))
+        self.directions = {}
+        for flag in (False, True):
+            pos = np.flatnonzero(w == flag)
+            if len(pos):
+                self.directions[flag] = Direction(p, pos, dir_index[order[pos]], stream[order[pos]], u[pos],
+                                                  service[pos], size[order[pos]], flag)
+        self.umc_issue = {flag: umc[write == flag] for flag in (False, True)}
+
+
+def _service_order(p: WdcParams, umc, stream, bank_key, row) -> np.ndarray:
+    """Issue indices in service order: by stream, then UMC (stable), then AuxCam page grouping."""
+    order = np.argsort(umc.astype(np.int16), kind="stable")
+    order = order[np.argsort(stream[order], kind="stable")]
+    s, u = stream[order], umc[order]
+    key = s * p.umcs + u
+    page = bank_key[order] * (1 << 32) + row[order]
+    same = key[1:] == key[:-1]
+    local_page = (page[1:] >> 32) % p.banks + (page[1:] & 0xFFFFFFFF) * p.banks
+    local_prev = (page[:-1] >> 32) % p.banks + (page[:-1] & 0xFFFFFFFF) * p.banks
+    if not np.any(same & (local_page < local_prev)):
+        return order             # pages never go back within a (stream, UMC): already grouped
+    starts, counts = runs(key)
+    pos = np.arange(len(order)) - np.repeat(starts, counts)
+    index_in_stream = order - np.repeat(*_stream_first(stream, order, starts, counts))
+    window = (group_rank(counts) * (1 << 20) + pos // p.cam_entries) * (1 << 20) + index_in_stream // p.outstanding
+    o3 = np.lexsort((page, window))
+    change = np.ones(len(order), dtype=bool)
+    change[1:] = (window[o3][1:] != window[o3][:-1]) | (page[o3][1:] != page[o3][:-1])
+    run_starts = np.flatnonzero(change)
+    first = np.empty(len(order), dtype=np.int64)
+    first[o3] = np.repeat(o3[run_starts], np.diff(np.append(run_starts, len(order))))
+    return order[np.lexsort((np.arange(len(order)), first))]
+
+
+def _stream_first(stream, order, starts, counts):
+    """(first issue index of each run's stream, run lengths) for index_in_stream."""
+    first_of_stream = np.searchsorted(stream, stream[order[starts]], side="left")
+    return first_of_stream, counts
+
+
+def _page_state(bank_key: np.ndarray, row: np.ndarray, state: DramState) -> tuple[np.ndarray, np.ndarray]:
+    """(hit, bank closed) per request in service order; updates the open rows."""
+    o2 = np.argsort(bank_key.astype(np.int32), kind="stable")
+    k2, r2 = bank_key[o2], row[o2]
+    first = np.empty(len(k2), dtype=bool)
+    first[0] = True
+    np.not_equal(k2[1:], k2[:-1], out=first[1:])
+    prev = np.empty_like(r2)
+    prev[1:] = r2[:-1]
+    prev[first] = state.open_row[k2[first]]
+    last = np.append(first[1:], True)
+    state.open_row[k2[last]] = r2[last]
+    hit, closed = np.empty(len(k2), dtype=bool), np.empty(len(k2), dtype=bool)
+    hit[o2] = prev == r2
+    closed[o2] = prev < 0
+    return hit, closed
+
+
+def _direction_switch(u: np.ndarray, write: np.ndarray, state: DramState) -> np.ndarray:
+    """Whether each request (service order) goes the other way than its UMC's previous one."""
+    o = np.argsort(u.astype(np.int16), kind="stable")
+    uu, ww = u[o], write[o].astype(np.int64)
+    first = np.empty(len(uu), dtype=bool)
+    first[0] = True
+    np.not_equal(uu[1:], uu[:-1], out=first[1:])
+    prev = np.empty_like(ww)
+    prev[1:] = ww[:-1]
+    prev[first] = state.last_dir[uu[first]]
+    last = np.append(first[1:], True)
+    state.last_dir[uu[last]] = ww[last]
+    out = np.empty(len(uu), dtype=bool)
+    out[o] = (prev >= 0) & (prev != ww)
+    return out
+
+
+def _count(state: DramState, u, hit, closed, size, write) -> None:
+    n = len(state.page_hits)
+    state.page_hits += np.bincount(u[hit], minlength=n)
+    state.page_opens += np.bincount(u[closed], minlength=n)
+    state.page_misses += np.bincount(u[~hit & ~closed], minlength=n)
+    state.bytes_written += int(size[write].sum())
+    state.bytes_read += int(size[~write].sum())
+    state.bursts += len(u)
+
+
+class Wdc:
+    """A stateful memory path for direct experiments: serve(addr, size, write, issue) with absolute issue
+    times, remembering open rows, directions and when each UMC is free (the simulator uses DramPlan
+    over whole programs instead; both run the same code)."""
+
+    def __init__(self, chip: ChipConfig, clocks: Clocks | None = None):
+        self.p = WdcParams.of(chip, clocks or Clocks.of(chip))
+        self.state = DramState(self.p)
+        self.umc_free = np.zeros(self.p.umcs, dtype=np.int64)
+
+    @property
+    def stats(self) -> DramState:
+        return self.state
+
+    def service(self, addr: np.ndarray, size: np.ndarray, write: bool, issue: np.ndarray) -> np.ndarray:
+        """Responses at the GDMA port (issue order) of one stream of requests issued at `issue`."""
+        n = len(addr)
+        plan = DramPlan(self.p, addr, size, np.full(n, write), np.zeros(n, dtype=np.int64), self.state)
+        d = plan.directions[write]
+        arrive = issue + self.p.request_latency(size, write)
+        done = d.finish(arrive[d.index], self.umc_free[d.umc[d.starts]])
+        ends = d.starts + d.counts - 1
+        self.umc_free[d.umc[ends]] = done[ends]
+        out = np.empty(n, dtype=np.int64)
+        out[d.index] = done + d.response_ps
+        return out

@@ -4,9 +4,9 @@ import numpy as np
 
 from tpuflow.chip import load_chip, replace_param
 from tpuflow.hwmodel.timing.clocks import Clocks
-from tpuflow.hwmodel.timing.gdma import GdmaModel, _DdrStream
-from tpuflow.hwmodel.timing.segments import split_bursts
-from tpuflow.hwmodel.timing.wdc import Wdc
+from tpuflow.hwmodel.timing.gdma import CommandModel
+from tpuflow.hwmodel.timing.synthetic import copy_bytes
+from tpuflow.hwmodel.timing.wdc import Wdc, WdcParams
 
 CHIP = load_chip("sg2260")
 ROW_MISS_ADDR = 2 << 20   # UMC 0, bank 0, row 1: local 128 KiB = 16 pages of 8 KiB later
@@ -61,25 +61,25 @@ def test_cam_groups_requests_to_the_same_page():
 
 
 def test_calibration_hit_50ns_miss_150ns():
-    """End to end at the GDMA (request issued -> data received over the GDMA bus) for one 64 B read
-    issued on a GDMA edge that lands it on a UMC edge (issue = 9 ns + k x 200 ns): page hit 48.75 ns ->
-    next GDMA edge 49 + 1 bus beat = 50 ns; row miss + close 50 + open 50 = 150 ns; bank closed (first
-    use) + open 50 = 100 ns."""
-    clocks = Clocks.of(CHIP)
-    wdc = Wdc(CHIP, clocks)
-    dma = GdmaModel(CHIP, clocks, wdc)
-    latencies = []
-    for addr, issue in ((0, 9_000), (64, 209_000), (ROW_MISS_ADDR, 409_000)):
-        stream = _DdrStream(dma, split_bursts(np.array([addr]), np.array([64]), 512, 128), write=False)
-        stream.run(np.array([issue]))
-        latencies.append(int(stream.done[0]) - issue)
-    assert latencies == [100_000, 50_000, 150_000]
-    assert wdc.unloaded_read_ps(64) == 48_750 and wdc.unloaded_read_ps(64, miss=True) == 148_750
+    """Read latency seen by the GDMA (request issued -> data received over its bus), 64 B, idle UMC.
+
+    Reaching the UMC on an edge: page hit 13.5 + 15 + 20.25 = 48.75 ns -> next GDMA edge 49 + 1 bus beat
+    = 50 ns; row miss + close 50 + open 50 = 150 ns; bank closed (first use) + open 50 = 100 ns.
+    Inside commands (edges counted from the dispatch): the request leaves at t0 = 8 ns and arrives at
+    21.5 ns, one 1-ns wait for the 400 MHz edge: 51 / 101 / 151 ns. Commands: read A (bank closed),
+    read A + 64 (hit), read 2 MiB (same bank, other row: miss)."""
+    p = WdcParams.of(CHIP, Clocks.of(CHIP))
+    assert p.unloaded_read_ps(64) == 48_750 and p.unloaded_read_ps(64, miss=True) == 148_750
+    model = CommandModel(CHIP, Clocks.of(CHIP))
+    model.table([copy_bytes(CHIP, a, 0, 64, dst_lmem=True) for a in (0, 64, ROW_MISS_ADDR)])
+    reads = model.streams[0]
+    assert list(reads.release - reads.issue) == [101_000, 51_000, 151_000]
+    assert list(reads.issue) == [8_000] * 3
 
 
 def test_beat_period_delivers_peak_bandwidth():
     """beat period = UMCs x data width / peak: 16 x 32 B / 68.264 GB/s = 7.5 ns (whole ps); a 32 GB/s
     DRAM takes 16 ns per beat."""
-    assert Wdc(CHIP, Clocks.of(CHIP)).beat_ps == 7_500
+    assert WdcParams.of(CHIP, Clocks.of(CHIP)).beat_ps == 7_500
     slow = replace_param(CHIP, "dram.peak_gbps", 32.0)
-    assert Wdc(slow, Clocks.of(slow)).beat_ps == 16_000
+    assert WdcParams.of(slow, Clocks.of(slow)).beat_ps == 16_000

@@ -6,8 +6,9 @@ import pytest
 from tpuflow.chip import load_chip, replace_param
 from tpuflow.hwmodel.timing import simulate
 from tpuflow.hwmodel.timing.clocks import Clocks
-from tpuflow.hwmodel.timing.gdma import GdmaModel, _DdrStream
+from tpuflow.hwmodel.timing.gdma import CommandModel
 from tpuflow.hwmodel.timing.segments import Side, side_bursts, split_bursts
+from tpuflow.hwmodel.timing.wdc import Wdc
 from tpuflow.hwmodel.timing.synthetic import ProgramBuilder, copy_bytes
 from tpuflow.isa import TensorDma, global_lmem_address
 
@@ -117,32 +118,29 @@ def test_fifth_read_waits_for_a_credit():
 
 
 def test_129th_request_takes_the_first_returned_credit():
-    """Default 128 credits, 129 bursts of 512 B (64.5 KiB contiguous, ready at 0): requests 0..127 issue
-    one per cycle; request 128 issues exactly when the earliest response (data fully received) is in,
-    and not a cycle earlier; the credit stall is that time minus the 128 ns it would have issued at.
-    The fixed point agrees with a request-by-request semaphore replay."""
+    """Default 128 credits, one command reading 129 bursts of 512 B (64.5 KiB contiguous): requests 0..127
+    issue one per cycle from t0 = 8 ns; request 128 issues exactly when the earliest response (data fully
+    received) is in, not a cycle earlier, and its credit stall is that time minus the 136 ns it would
+    have issued at. A request-by-request replay with a heap as the semaphore (same DRAM code, one request
+    per call) gives the same issue times."""
     import heapq
-    clocks = Clocks.of(CHIP)
-    from tpuflow.hwmodel.timing.wdc import Wdc
-    dma = GdmaModel(CHIP, clocks, Wdc(CHIP, clocks))
+    model = CommandModel(CHIP, Clocks.of(CHIP))
+    table = model.table([copy_bytes(CHIP, 0, 0, 129 * 512, dst_lmem=True)])
+    reads = model.streams[0]
+    assert list(reads.issue[:128]) == [8_000 + 1000 * k for k in range(128)]
+    first_back = int(reads.release[:128].min())
+    assert int(reads.issue[128]) == first_back
+    assert int(table.credit_stall[0]) == first_back - 136_000
+    wdc = Wdc(CHIP)
     bursts = split_bursts(np.array([0]), np.array([129 * 512]), 512, 128)
-    stream = _DdrStream(dma, bursts, write=False)
-    resp = stream.run(np.zeros(129, dtype=np.int64))
-    assert list(stream.issue[:128]) == [1000 * k for k in range(128)]
-    assert int(stream.issue[128]) == int(resp[:128].min())
-    assert stream.credit_stall == int(resp[:128].min()) - 128_000
-    # replay: one request at a time through a fresh WDC, a heap as the semaphore
-    wdc = Wdc(CHIP, clocks)
-    replay = GdmaModel(CHIP, clocks, wdc)
-    heap, t = [], 0
+    heap, t = [], 8_000
     for i in range(129):
         if len(heap) >= 128:
             t = max(t, heapq.heappop(heap))
-        one = _DdrStream(replay, split_bursts(bursts.addr[i:i + 1], bursts.size[i:i + 1], 512, 128), write=False)
-        heapq.heappush(heap, int(one.run(np.array([t]))[0]))
-        assert int(one.issue[0]) == t
+        resp = int(wdc.service(bursts.addr[i:i + 1], bursts.size[i:i + 1], False, np.array([t]))[0])
+        heapq.heappush(heap, ceil_to(resp, 1000) + 4_000)
+        assert t == int(reads.issue[i])
         t += 1000
-    assert int(stream.issue[128]) == int(one.issue[0])
 
 
 @pytest.mark.parametrize("nbytes", [64, 4096, 100_000])

@@ -1,0 +1,78 @@
+"""Speed of the timing model on a ResNet-50-sized synthetic program (until the real lowering lands).
+
+    python benchmarks/timing_bench.py [--chip sg2260] [--repeat 3] [--profile]
+
+Builds hwmodel.timing.synthetic.resnet50_like (ResNet-50's 53 convolutions lowered into output-channel
+chunks x row tiles x 32-channel input chunks: conv + input/weight loads + stores + residual adds),
+simulates it `repeat` times and writes benchmarks/results/timing.json: wall and CPU seconds (best of
+the repeats; the machine is shared, CPU time is the steadier number), simulated instructions per
+second, DRAM bursts per second, the simulated latency and the program's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+from tpuflow.chip import load_chip
+from tpuflow.hwmodel.timing import simulate
+from tpuflow.hwmodel.timing.synthetic import resnet50_like
+
+RESULTS = Path(__file__).resolve().parent / "results" / "timing.json"
+
+
+def measure(program, repeat: int) -> dict:
+    walls, cpus, result = [], [], None
+    for _ in range(repeat):
+        w, c = time.perf_counter(), time.process_time()
+        result = simulate(program)
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    wall, cpu = min(walls), min(cpus)
+    n = program.instruction_count
+    return {
+        "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "wall_s_all": [round(x, 3) for x in walls],
+        "instructions": n, "counts": program.counts(), "dram_bursts": result.dram.bursts,
+        "dram_mbytes": round((result.dram.bytes_read + result.dram.bytes_written) / 1e6, 1),
+        "instructions_per_s": round(n / cpu), "dram_bursts_per_s": round(result.dram.bursts / cpu),
+        "simulated_latency_us": round(result.total_us, 3), "events": result.events,
+        "busy_us": {k: round(v / 1e6, 3) for k, v in result.busy_ps.items()},
+        "dram_page_hit_rate": round(result.dram.page_hit_rate, 4),
+        "dram_achieved_gbps": round(result.dram.achieved_gbps(result.total_ps), 2),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chip", default="sg2260")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="print the top functions of one run (cProfile)")
+    args = ap.parse_args(argv)
+    chip = load_chip(args.chip)
+    t = time.perf_counter()
+    program = resnet50_like(chip)
+    build = time.perf_counter() - t
+    report = {"benchmark": "timing model, ResNet-50-sized synthetic program (hwmodel.timing.synthetic)",
+              "chip": chip.name, "chip_fingerprint": chip.fingerprint(), "build_s": round(build, 3),
+              "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
+    report.update(measure(program, args.repeat))
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.runcall(simulate, program)
+        pstats.Stats(prof).sort_stats("cumtime").print_stats(25)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    tmp = RESULTS.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    tmp.replace(RESULTS)
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
