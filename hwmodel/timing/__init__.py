@@ -19,8 +19,9 @@ def simulate(program: Program, *, dep_mode: str | None = None, check: bool = Tru
     """Simulate `program` on its chip; see the package docstring."""
     from tpuflow.hwmodel.timing.core import Simulator
 
-    waits = resolve_waits(program, dep_mode, check=check)
-    return Simulator(program, waits).run()
+    accesses: list = [[], [], []]
+    waits = resolve_waits(program, dep_mode, check=check, keep=accesses)
+    return Simulator(program, waits, accesses).run()
 
 
 __all__ = ["simulate", "SimResult", "DramResult", "STAGES", "STALLS", "DependencyCheckError",

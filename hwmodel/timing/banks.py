@@ -167,11 +167,58 @@ def _mm2_banks(instr: Mm2Tiu, chip: ChipConfig) -> tuple[list, int]:
     return [opa, opb, _banks(res, chip, 0, mg, 0, col)], steps
 
 
-def bank_bubbles(instr: TiuInstruction, chip: ChipConfig) -> int:
-    """Bubble cycles the bank arbiter inserts into `instr`'s body (rule in the module docstring)."""
+def _operand_banks(instr: TiuInstruction, acc, chip: ChipConfig) -> list[int] | None:
+    """Banks of r0/opa (opd0), r1/opb (opd1), w0 (res0) from the instruction's access ranges when each of
+    them lies in one bank (None otherwise). reads list the non-constant read operands in order."""
+    reads = acc.lmem_reads
+    banks, pos = [], 0
+    names = [p for p, _ in instr.read_operands(chip)]
+    for prefix in ("opd0", "opd1"):
+        if prefix not in names or getattr(instr, f"opt_{prefix}_const", 0):
+            continue
+        if prefix == "opd1" and isinstance(instr, SfuTiu):
+            continue
+        if pos >= len(reads):
+            return None
+        r = reads[pos]
+        pos += 1
+        first, last = r.lo // chip.bank_bytes, (r.hi - 1) // chip.bank_bytes
+        if first != last:
+            return None
+        banks.append(first % chip.core.lmem_banks)
+    if not acc.lmem_writes:
+        return banks
+    w = acc.lmem_writes[0]
+    first, last = w.lo // chip.bank_bytes, (w.hi - 1) // chip.bank_bytes
+    if first != last:
+        return None
+    return banks + [first % chip.core.lmem_banks]
+
+
+def _steps(instr: TiuInstruction, chip: ChipConfig) -> int:
+    if isinstance(instr, ConvTiu):
+        ohow = chip.compute.cube_ohow_per_cycle[chip_dtype(instr.opt_opd0_prec)]
+        return instr.res0_n * cdiv(instr.res0_c, chip.lanes) * cdiv(instr.res0_h * instr.res0_w, ohow)
+    if isinstance(instr, Mm2Tiu):
+        ohow = chip.compute.cube_ohow_per_cycle[chip_dtype(instr.opt_opd0_prec)]
+        m, n, _ = instr.mnk
+        return cdiv(m, chip.lanes) * cdiv(n, ohow)
+    return _vector_steps_count(instr, chip)
+
+
+def bank_bubbles(instr: TiuInstruction, chip: ChipConfig, acc=None) -> int:
+    """Bubble cycles the bank arbiter inserts into `instr`'s body (rule in the module docstring).
+    `acc` (instr's accesses, if at hand) gives a fast path when every operand stays in one bank."""
     per = chip.tiu.bank_conflict_bubble_cycles
-    if per == 0:
+    if per == 0 or not hasattr(instr, "res0_n") and not isinstance(instr, Mm2Tiu):
         return 0
+    if acc is not None:
+        banks = _operand_banks(instr, acc, chip)
+        if banks is not None:
+            pairs = sum(banks[i] == banks[j] for i in range(len(banks)) for j in range(i + 1, len(banks)))
+            if not isinstance(instr, (ConvTiu, Mm2Tiu)) and pairs == 3:
+                pairs = 2          # vector: operands - distinct banks
+            return per * pairs * _steps(instr, chip) if pairs else 0
     if isinstance(instr, ConvTiu):
         banks, steps = _conv_banks(instr, chip)
         return per * _total(_extra_cube(banks), steps)

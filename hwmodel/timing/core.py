@@ -19,8 +19,9 @@ _COLUMNS = STAGES + STALLS
 
 
 class Simulator:
-    def __init__(self, program: Program, waits: Waits):
+    def __init__(self, program: Program, waits: Waits, accesses: list | None = None):
         self.program, self.waits = program, waits
+        self.accesses = accesses if accesses and len(accesses[0]) == len(program.tiu) else None
         chip = program.chip
         self.chip = chip
         self.clocks = clocks = Clocks.of(chip)

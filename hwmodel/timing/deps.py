@@ -87,14 +87,17 @@ class ChunkTables:
             self.table[2 * engine + 1, g, c] = cmd_id
 
 
-def derive_bitmap_waits(program: Program) -> tuple[Waits, list[str]]:
-    """Waits from the chunk bitmaps, and a description of every disagreement with the compiled ones."""
+def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Waits, list[str]]:
+    """Waits from the chunk bitmaps, and a description of every disagreement with the compiled ones.
+    `keep`, if given (three lists, one per engine), receives every instruction's accesses."""
     tables = ChunkTables(program)
     waits = _compiled_waits(program)
     problems: list[str] = []
     for engine, index in program.issue_sequence():
         code = ENGINE_CODE[engine]
         acc = program.accesses(engine, index)
+        if keep is not None:
+            keep[code].append(acc)
         reads, writes = acc.lmem_reads, acc.lmem_writes
         conflict = tables.conflicts(reads, writes) if (reads or writes) else np.zeros(3, dtype=np.int64)
         if code == 2:
@@ -150,8 +153,9 @@ def auto_waits(program: Program) -> Waits:
     return waits
 
 
-def resolve_waits(program: Program, dep_mode: str | None, check: bool = True) -> Waits:
-    """Waits the engines honour: compiled (checked against the bitmaps unless check=False) or auto."""
+def resolve_waits(program: Program, dep_mode: str | None, check: bool = True, keep: list | None = None) -> Waits:
+    """Waits the engines honour: compiled (checked against the bitmaps unless check=False) or auto.
+    `keep` receives the instructions' accesses when the check computes them (issue order per engine)."""
     if dep_mode == "auto":
         return auto_waits(program)
     if dep_mode not in (None, "bitmap"):
@@ -159,7 +163,7 @@ def resolve_waits(program: Program, dep_mode: str | None, check: bool = True) ->
         raise OptionError(f"option --dep-mode: '{dep_mode}' is not one of bitmap, auto")
     if not check:
         return _compiled_waits(program)
-    waits, problems = derive_bitmap_waits(program)
+    waits, problems = derive_bitmap_waits(program, keep)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise DependencyCheckError(f"IFE check: compiled dependencies disagree with the chunk bitmaps: "

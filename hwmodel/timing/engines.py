@@ -122,7 +122,8 @@ class TiuEngine(EngineBase):
         if w is None:
             instr = self.instrs[index]
             work = tiu_work(instr, self.chip)
-            w = self.work[index] = (work, bank_bubbles(instr, self.chip))
+            acc = self.sim.accesses[TIU][index] if self.sim.accesses else None
+            w = self.work[index] = (work, bank_bubbles(instr, self.chip, acc))
         return w
 
     def waits_hold(self, index: int) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,8 +22,7 @@ from tpuflow.chip import ChipConfig
 from tpuflow.isa import GeneralDma, Instruction, MatrixDma, Prec, TensorDma, is_lmem, lmem_address
 
 
-@dataclass(frozen=True)
-class Side:
+class Side(NamedTuple):
     """One endpoint of a transfer: DDR (global byte address) or LMEM (flat address)."""
 
     lmem: bool
@@ -115,18 +115,18 @@ def _relative_bursts(lmem: bool, offset_key: int, shape, strides, esize: int, la
 
 def side_bursts(side: Side, chip: ChipConfig, burst_bytes: int) -> Bursts:
     """Bursts of a side; cached on everything but the part of the address that only shifts them."""
-    bus = chip.gdma.bus_bytes
-    lane_bytes = chip.lmem_bytes_per_lane
-    if side.lmem:
+    lmem, addr, shape, strides, esize, copies = side
+    lane_bytes = chip.core.lmem_bytes_per_lane
+    if lmem:
         # keep the start lane and the offset within a burst; the rest of the offset shifts every burst
-        offset = side.addr % lane_bytes
+        offset = addr % lane_bytes
         shift = offset - offset % burst_bytes
-        key = (side.addr // lane_bytes % chip.lanes) * lane_bytes + offset % burst_bytes
+        key = (addr // lane_bytes % chip.core.lanes) * lane_bytes + offset % burst_bytes
     else:
-        shift = side.addr - side.addr % burst_bytes
-        key = side.addr % burst_bytes
-    rel = _relative_bursts(side.lmem, key, side.shape, side.strides, side.esize, side.lanes_copy,
-                           burst_bytes, bus, chip.lanes, lane_bytes)
+        shift = addr - addr % burst_bytes
+        key = addr % burst_bytes
+    rel = _relative_bursts(lmem, key, shape, strides, esize, copies, burst_bytes, chip.gdma.bus_bytes,
+                           chip.core.lanes, lane_bytes)
     if shift == 0:
         return rel
     return Bursts(rel.addr + shift, rel.size, rel.beats, rel.unaligned, rel.stream_end)

@@ -229,8 +229,9 @@ class DramPlan:
 
 def _service_order(p: WdcParams, umc, stream, bank_key, row) -> np.ndarray:
     """Issue indices in service order: by stream, then UMC (stable), then AuxCam page grouping."""
-    order = np.argsort(umc.astype(np.int16), kind="stable")
-    order = order[np.argsort(stream[order], kind="stable")]
+    order = np.argsort(umc.astype(np.int16), kind="stable")          # radix sorts (16-bit keys)
+    narrow = np.int16 if len(stream) == 0 or stream[-1] < (1 << 15) else np.int64
+    order = order[np.argsort(stream[order].astype(narrow), kind="stable")]
     s, u = stream[order], umc[order]
     key = s * p.umcs + u
     page = bank_key[order] * (1 << 32) + row[order]
@@ -260,7 +261,7 @@ def _stream_first(stream, order, starts, counts):
 
 def _page_state(bank_key: np.ndarray, row: np.ndarray, state: DramState) -> tuple[np.ndarray, np.ndarray]:
     """(hit, bank closed) per request in service order; updates the open rows."""
-    o2 = np.argsort(bank_key.astype(np.int32), kind="stable")
+    o2 = np.argsort(bank_key.astype(np.int16 if len(state.open_row) < (1 << 15) else np.int64), kind="stable")
     k2, r2 = bank_key[o2], row[o2]
     first = np.empty(len(k2), dtype=bool)
     first[0] = True
