@@ -114,10 +114,12 @@ def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str =
             instr = with_fields(instr, wait_tiu_id=clamp(waits[0], len(queues[0]), bits),
                                 wait_gdma_id=clamp(waits[1], len(queues[1]), bits))
         else:
-            if waits[2] > tile_waited[e]:
-                push(rec.engine, _tile_wait(rec.engine, waits[2]), rec.layer)
-                tile_waited[e] = waits[2]
             bits = widths.tiu_bits if e == 0 else widths.gdma_bits
+            if waits[2] > tile_waited[e]:
+                other = waits[1 - e] if dep_mode == "auto" else 0
+                wait = with_fields(_tile_wait(rec.engine, waits[2]), cmd_id_dep=clamp(other, len(queues[1 - e]), bits))
+                push(rec.engine, wait, rec.layer)
+                tile_waited[e] = waits[2]
             instr = with_fields(instr, cmd_id_dep=clamp(waits[1 - e], len(queues[1 - e]), bits))
         cmd_id = push(rec.engine, instr, rec.layer)
         table.record(e, cmd_id, reads, writes)
