@@ -15,9 +15,12 @@ MOBILENET_V2 = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 
 
 def conv_bn(b: ModelBuilder, x: str, name: str, cin: int, cout: int, k: int, stride: int = 1,
             group: int = 1, act: str | None = "Relu") -> str:
-    """Conv (no bias, He-init) -> BatchNormalization -> activation (Relu, Relu6 as Clip, or none)."""
+    """Conv (no bias) -> BatchNormalization -> activation (Relu, Relu6 as Clip, or none). Weights
+    keep the activation variance: He gain 2 before a rectifier, 1 before a linear output (the
+    projections of inverted residuals), so random-weight networks stay well conditioned."""
     fan_in = cin // group * k * k
-    w = b.normal(f"{name}.weight", (cout, cin // group, k, k), np.sqrt(2.0 / fan_in))
+    gain = 1.0 if act is None else 2.0
+    w = b.normal(f"{name}.weight", (cout, cin // group, k, k), np.sqrt(gain / fan_in))
     y = b.op("Conv", [x, w], name=f"{name}/conv", kernel_shape=[k, k], strides=[stride, stride],
              pads=[k // 2] * 4, group=group)
     bn = [b.uniform(f"{name}.bn.{p}", (cout,), lo, hi)
