@@ -1,0 +1,56 @@
+"""Fusion: the chains the lowering keeps in LMEM, on the bundled models."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpuflow.chip import load_chip
+from tpuflow.lowering import lower
+from tpuflow.lowering.groups import form_groups
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import load_graph
+
+
+def kinds(model: str) -> list[tuple[str, tuple[str, ...]]]:
+    return [(g.kind, tuple(n.op_type for n in g.nodes)) for g in form_groups(load_graph(model))]
+
+
+def test_resnet_bottleneck_conv_residual_relu_is_one_group():
+    groups = kinds("resnet50")
+    assert ("conv", ("Conv", "Add", "Relu")) in groups          # BN folded, residual Add, Relu
+    residual = [ops for kind, ops in groups if kind == "conv" and ops[:3] == ("Conv", "Add", "Relu")]
+    assert len(residual) == 16                                  # every bottleneck's Add stays in LMEM
+    assert ("conv", ("Conv", "Add", "Relu", "AveragePool")) in groups   # the last one pools too
+    assert ("conv", ("Conv", "Relu", "MaxPool")) in groups      # the stem: Conv -> Relu -> Pool
+
+
+def test_conv_relu_pool_fuses_on_tiu_not_on_tile():
+    graph = load_graph("alexnet")
+    tiu = [tuple(n.op_type for n in g.nodes) for g in form_groups(graph, fuse_pool=True)]
+    tile = [tuple(n.op_type for n in g.nodes) for g in form_groups(graph, fuse_pool=False)]
+    assert ("Conv", "Relu", "MaxPool") in tiu and ("Conv", "Relu", "MaxPool") not in tile
+
+
+def test_matmul_bias_activation_is_one_group():
+    assert ("matmul", ("MatMul", "Add", "Relu")) in kinds("mlp")
+
+
+def test_softmax_layernorm_and_gelu_are_row_groups():
+    groups = kinds("bert_layer")
+    assert ("row", ("Softmax",)) in groups or any(k == "row" and "Softmax" in ops for k, ops in groups)
+    assert any(k == "row" and "LayerNormalization" in ops for k, ops in groups)
+    gelu = [ops for k, ops in groups if k in ("row", "matmul") and "Erf" in ops]
+    assert gelu and all(op in gelu[0] for op in ("Div", "Erf", "Add", "Mul"))
+
+
+def test_decomposed_rmsnorm_is_one_row_group():
+    groups = kinds("llama_mlp")
+    assert ("row", ("Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul")) in groups
+
+
+@pytest.mark.parametrize("model", ["resnet50", "bert_layer"])
+def test_program_reports_its_fused_groups(model):
+    program = lower(load_graph(model), load_chip(), CompileOptions())
+    assert program.fused_groups and all(len(g) > 1 for g in program.fused_groups)
+    fused_layers = {name for g in program.fused_groups for name in g}
+    assert {info.fused_group for name, info in program.layers.items() if name in fused_layers} - {""}
