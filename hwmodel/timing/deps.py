@@ -6,9 +6,11 @@ LMEM byte (lane, offset) is in chunk (lane // deps.chunk_lanes, offset // chunk_
 Walking instructions in issue order with, per engine and chunk, the last reader id and last
 writer id, a TIU/GDMA instruction X with other engine O depends on
     max(last_writer[O][c] for c in reads(X) | writes(X), last_reader[O][c] for c in writes(X))
-(0 if none); TILE blocks compute wait_tiu_id / wait_gdma_id the same way against TIU / GDMA. A
-TIU or GDMA instruction whose chunks conflict with TILE blocks must directly follow, in its own
-queue, a SYS tile wait (TILE_WAIT_TAG) whose operand is the largest conflicting TILE id.
+(0 if none); TILE blocks compute wait_tiu_id / wait_gdma_id the same way against TIU / GDMA.
+Every id is then moved forward into its field's id window (tpuflow.isa.ids.clamp: never more than
+2**bits - 1 ids behind the last instruction of that engine issued before X). A TIU or GDMA
+instruction whose chunks conflict with TILE blocks must be covered by a SYS tile wait
+(TILE_WAIT_TAG) earlier in its own queue whose operand is at least the largest conflicting TILE id.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from tpuflow.errors import TpuflowError
 from tpuflow.isa import TILE_WAIT_TAG, Engine, SysDma, SysTiu
+from tpuflow.isa.ids import IdFields, clamp
 from tpuflow.program import Program
 
 ENGINE_CODE = {Engine.TIU: 0, Engine.GDMA: 1, Engine.TILE: 2}
@@ -92,7 +95,10 @@ def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Wai
     `keep`, if given (three lists, one per engine), receives every instruction's accesses."""
     tables = ChunkTables(program)
     waits = _compiled_waits(program)
+    bits = IdFields.of(program.chip)
     problems: list[str] = []
+    issued = [0, 0, 0]
+    covered = [0, 0]          # largest SYS tile wait operand seen so far in the TIU / GDMA queue
     for engine, index in program.issue_sequence():
         code = ENGINE_CODE[engine]
         acc = program.accesses(engine, index)
@@ -101,10 +107,16 @@ def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Wai
         reads, writes = acc.lmem_reads, acc.lmem_writes
         conflict = tables.conflicts(reads, writes) if (reads or writes) else np.zeros(3, dtype=np.int64)
         if code == 2:
-            _check_tile(program, index, int(conflict[0]), int(conflict[1]), problems)
+            want = (clamp(int(conflict[0]), issued[0], bits.tile_bits), clamp(int(conflict[1]), issued[1], bits.tile_bits))
+            _check_tile(program, index, *want, problems)
         else:
-            _check_tiu_gdma(program, engine, index, int(conflict[1 - code]), int(conflict[2]), problems)
+            other = 1 - code
+            width = bits.tiu_bits if code == 0 else bits.gdma_bits
+            covered[code] = max(covered[code], tile_wait_operand(program.queue(engine)[index]))
+            _check_tiu_gdma(program, engine, index, clamp(int(conflict[other]), issued[other], width),
+                            int(conflict[2]), covered[code], problems)
         tables.record(code, index + 1, reads, writes)
+        issued[code] += 1
     return waits, problems
 
 
@@ -115,18 +127,15 @@ def _check_tile(program: Program, index: int, want_tiu: int, want_gdma: int, pro
                         f"bitmaps give B{want_tiu},D{want_gdma}")
 
 
-def _check_tiu_gdma(program: Program, engine: Engine, index: int, want: int, want_tile: int,
+def _check_tiu_gdma(program: Program, engine: Engine, index: int, want: int, want_tile: int, covered: int,
                     problems: list[str]) -> None:
-    queue = program.queue(engine)
-    instr = queue[index]
+    instr = program.queue(engine)[index]
     letter, other = (("B", "D") if engine is Engine.TIU else ("D", "B"))
     if instr.cmd_id_dep != want:
         problems.append(f"{letter}{index + 1} cmd_id_dep={other}{instr.cmd_id_dep}, bitmaps give {other}{want}")
-    if want_tile:
-        before = tile_wait_operand(queue[index - 1]) if index > 0 else 0
-        if before != want_tile:
-            problems.append(f"{letter}{index + 1} conflicts with T{want_tile} but is not preceded by a SYS "
-                            f"wait for T{want_tile}" + (f" (waits for T{before})" if before else ""))
+    if want_tile > covered:
+        problems.append(f"{letter}{index + 1} conflicts with T{want_tile} but is not preceded by a SYS "
+                        f"wait for T{want_tile}" + (f" (its queue waited for T{covered})" if covered else ""))
 
 
 def _compiled_waits(program: Program) -> Waits:

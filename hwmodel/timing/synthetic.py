@@ -9,6 +9,7 @@ from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.deps import ENGINE_CODE, ChunkTables
 from tpuflow.isa import (TILE_WAIT_TAG, Accesses, ArTiu, ConvTiu, Engine, GeneralDma, Instruction, Mm2Tiu, Prec,
                          SysDma, SysTiu, TensorDma, TileQueues, TPush, aligned_strides, global_lmem_address)
+from tpuflow.isa.ids import IdFields, clamp
 from tpuflow.isa.tile import TileInstruction
 from tpuflow.program import Program
 
@@ -93,6 +94,7 @@ class ProgramBuilder:
         self.order: list[str] = []
         self.tables = ChunkTables(Program(chip=chip))
         self.tile_queues = TileQueues(chip.tile.queue_slots)
+        self.tile_waited = [0, 0]
 
     def _accesses(self, instr: Instruction) -> Accesses:
         if isinstance(instr, TileInstruction):
@@ -108,13 +110,19 @@ class ProgramBuilder:
         code = ENGINE_CODE[engine]
         acc = self._accesses(instr)
         found = self.tables.conflicts(acc.lmem_reads, acc.lmem_writes)
+        n = [len(self.queues[e]) for e in (Engine.TIU, Engine.GDMA, Engine.TILE)]
+        bits = IdFields.of(self.chip)
         if dep is None:
             if engine is Engine.TILE:
-                instr = dataclasses.replace(instr, wait_tiu_id=int(found[0]), wait_gdma_id=int(found[1]))
+                instr = dataclasses.replace(instr, wait_tiu_id=clamp(int(found[0]), n[0], bits.tile_bits),
+                                            wait_gdma_id=clamp(int(found[1]), n[1], bits.tile_bits))
             else:
-                if found[2]:
-                    self._append(self._tile_wait(engine, int(found[2])))
-                instr = dataclasses.replace(instr, cmd_id_dep=int(found[1 - code]))
+                width = bits.tiu_bits if code == 0 else bits.gdma_bits
+                if found[2] > self.tile_waited[code]:
+                    wait = self._tile_wait(engine, int(found[2]))
+                    self._append(dataclasses.replace(wait, cmd_id_dep=clamp(0, n[1 - code], width)))
+                    self.tile_waited[code] = int(found[2])
+                instr = dataclasses.replace(instr, cmd_id_dep=clamp(int(found[1 - code]), n[1 - code], width))
         elif engine is not Engine.TILE:
             instr = dataclasses.replace(instr, cmd_id_dep=dep)
         cmd_id = self._append(instr)
