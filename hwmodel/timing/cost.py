@@ -11,8 +11,6 @@ instruction_cycles(instr, chip) is in cycles of the instruction's engine clock:
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.clocks import Clocks, ns_to_ps
@@ -38,9 +36,17 @@ def instruction_latency_cycles(instr: TiuInstruction, chip: ChipConfig) -> int:
     return fill + tiu_cycles(instr, chip) + work.latency
 
 
-@lru_cache(maxsize=16)
+_PARAMS: dict[int, tuple[ChipConfig, WdcParams]] = {}
+
+
 def _wdc(chip: ChipConfig) -> WdcParams:
-    return WdcParams.of(chip, Clocks.of(chip))
+    """WdcParams of a chip, remembered per chip object (ChipConfig holds mappings: not hashable)."""
+    hit = _PARAMS.get(id(chip))
+    if hit is None or hit[0] is not chip:
+        if len(_PARAMS) > 32:
+            _PARAMS.clear()
+        hit = _PARAMS[id(chip)] = (chip, WdcParams.of(chip, Clocks.of(chip)))
+    return hit[1]
 
 
 def gdma_cycles(instr: DmaInstruction, chip: ChipConfig) -> int:
