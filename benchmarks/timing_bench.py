@@ -1,12 +1,15 @@
-"""Speed of the timing model on a ResNet-50-sized synthetic program (until the real lowering lands).
+"""Speed of the timing model: compiled models (ResNet-50, a BERT layer) and a synthetic ResNet-50-sized
+program with many small instructions.
 
-    python benchmarks/timing_bench.py [--chip sg2260] [--repeat 3] [--profile]
+    python benchmarks/timing_bench.py [--chip sg2260] [--repeat 3] [--models resnet50,bert_layer] [--profile]
 
-Builds hwmodel.timing.synthetic.resnet50_like (ResNet-50's 53 convolutions lowered into output-channel
-chunks x row tiles x 32-channel input chunks: conv + input/weight loads + stores + residual adds),
-simulates it `repeat` times and writes benchmarks/results/timing.json: wall and CPU seconds (best of
-the repeats; the machine is shared, CPU time is the steadier number), simulated instructions per
-second, DRAM bursts per second, the simulated latency and the program's size.
+Compiled models go through tpuflow.pipeline.compile_model (schedule "program", TIU matmul path,
+fp32). The synthetic program is hwmodel.timing.synthetic.resnet50_like (ResNet-50's 53 convolutions
+lowered into output-channel chunks x row tiles x 32-channel input chunks: conv + input/weight loads
++ stores + residual adds; 11k instructions). Each is simulated `repeat` times; results go to
+benchmarks/results/timing.json: wall and CPU seconds (best of the repeats; the machine is shared,
+CPU time is the steadier number), simulated instructions per second, DRAM bursts per second, the
+simulated latency and the program's size, plus the compile time of the compiled models.
 """
 
 from __future__ import annotations
@@ -48,20 +51,32 @@ def measure(program, repeat: int) -> dict:
     }
 
 
+def compiled(name: str, chip):
+    from tpuflow.options import CompileOptions
+    from tpuflow.pipeline import compile_model
+    t = time.perf_counter()
+    _, program = compile_model(name, chip, CompileOptions(schedule="program"))
+    return program, time.perf_counter() - t
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chip", default="sg2260")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--profile", action="store_true", help="print the top functions of one run (cProfile)")
+    ap.add_argument("--models", default="resnet50,bert_layer", help="compiled models to time ('' for none)")
+    ap.add_argument("--profile", action="store_true", help="print the top functions of one synthetic run")
     args = ap.parse_args(argv)
     chip = load_chip(args.chip)
+    report = {"benchmark": "timing model (hwmodel.timing.simulate)", "chip": chip.name,
+              "chip_fingerprint": chip.fingerprint(), "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+              "programs": {}}
+    for name in filter(None, args.models.split(",")):
+        program, build = compiled(name, chip)
+        report["programs"][name] = {"compile_s": round(build, 3), **measure(program, args.repeat)}
     t = time.perf_counter()
     program = resnet50_like(chip)
     build = time.perf_counter() - t
-    report = {"benchmark": "timing model, ResNet-50-sized synthetic program (hwmodel.timing.synthetic)",
-              "chip": chip.name, "chip_fingerprint": chip.fingerprint(), "build_s": round(build, 3),
-              "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
-    report.update(measure(program, args.repeat))
+    report["programs"]["synthetic_resnet50_like"] = {"build_s": round(build, 3), **measure(program, args.repeat)}
     if args.profile:
         prof = cProfile.Profile()
         prof.runcall(simulate, program)
