@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tpuflow.chip import ChipConfig
+from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph
 from tpuflow.isa import Prec, SysDma, SysTiu
 from tpuflow.lowering.context import LowerCtx
@@ -51,8 +52,8 @@ def lower(graph: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     em = Emitter(chip)
     ctx = LowerCtx(graph, chip, options, em, ddr, weights)
     _prologue(ctx)
-    for group in groups:
-        emitter_for(group, options)(ctx, group).emit()
+    for index, group in enumerate(groups):
+        _emit_group(ctx, group, options, "lower" if index % 2 == 0 else "upper")
     em.layer = ""
     em.tiu(SysTiu(op="end"))
     em.gdma(SysDma(op="chain_end"))
@@ -67,6 +68,22 @@ def lower(graph: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
                    gdma_layers=layers[1], tile_layers=layers[2], memory=memory, layers=ctx.layers,
                    fused_groups=fused, options={k: str(v) for k, v in options.as_dict().items()},
                    model_name=graph.name, issue_order=order)
+
+
+def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions, half: str) -> None:
+    """Emit a group in its half of LMEM, or in all of it when it does not fit in half."""
+    mark, pushes, layers = len(ctx.em.records), list(ctx.tile_pushes), dict(ctx.layers)
+    ctx.lmem_region = half
+    try:
+        emitter_for(group, options)(ctx, group).emit()
+        return
+    except LoweringError:
+        del ctx.em.records[mark:]
+        ctx.tile_pushes[:] = pushes
+        ctx.layers.clear()
+        ctx.layers.update(layers)
+    ctx.lmem_region = "full"
+    emitter_for(group, options)(ctx, group).emit()
 
 
 def _prologue(ctx: LowerCtx) -> None:

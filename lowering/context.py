@@ -37,10 +37,16 @@ class LowerCtx:
         """Storage precision of activations and weights."""
         return Prec.from_name(self.options.dtype)
 
+    # LMEM regions: groups alternate between the lower and the upper half of each lane (below
+    # the tile window) so one group's loads never overwrite the buffers the previous group is
+    # still computing in; a group that needs more than half gets the whole of it.
+    lmem_region: str = "lower"
+
     def arena(self) -> GroupArena:
-        arena = GroupArena(self.chip, reserve_tile_window=True)
-        arena.used = CONST_REGION_BYTES
-        return arena
+        lo, top = CONST_REGION_BYTES, self.chip.tile_window_offset
+        mid = lo + (top - lo) // 2 // self.chip.bank_bytes * self.chip.bank_bytes
+        bounds = {"lower": (lo, mid), "upper": (mid, top), "full": (lo, top)}[self.lmem_region]
+        return GroupArena(self.chip, used=bounds[0], limit=bounds[1])
 
     def ddr_addr(self, tensor: str) -> int:
         if tensor not in self.ddr.tensors:

@@ -22,14 +22,14 @@ class GroupArena:
     and output fall on different banks) when that fits, packed at the EU alignment otherwise."""
 
     chip: ChipConfig
-    reserve_tile_window: bool = True
-    used: int = 0
+    used: int = 0          # next free per-lane offset (the arena's start)
+    limit: int = 0         # end of the arena (exclusive)
     peak: int = 0
     names: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def capacity(self) -> int:
-        return self.chip.tile_window_offset if self.reserve_tile_window else self.chip.lmem_bytes_per_lane
+        return self.limit
 
     def fits(self, sizes: list[int]) -> bool:
         return self._packed_end(self.used, sizes, self.chip.core.lmem_align_bytes) <= self.capacity
@@ -55,6 +55,10 @@ class GroupArena:
             self.used = off + s
         self.peak = max(self.peak, self.used)
         return out
+
+    @property
+    def start(self) -> int:
+        return self.names[0][1] if self.names else self.used
 
     def alloc(self, size: int, label: str) -> int:
         return self.alloc_many([size], label)[0]

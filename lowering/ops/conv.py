@@ -19,6 +19,21 @@ from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_l
 from tpuflow.lowering.tiling import pipelined, steps
 
 MAX_PAD = 15        # opd0_*_pad fields are 4 bits
+PIPELINE_STEPS = 4  # split a layer that fits LMEM whole into this many row tiles, so GDMA loads and
+                    # stores of one tile overlap the compute of the next
+
+
+MIN_ROW_ELEMENTS = 256   # a row tile keeps at least this many contiguous elements per channel:
+                         # smaller DMA segments are latency-bound and cost more than the overlap wins
+
+
+def _pipelined_rows(fitting: int, total: int, width: int = 1) -> int:
+    """Rows per tile: at most what fits, few enough that the layer runs as several tiles, and
+    never so few that a channel's slice of the tile is a tiny DMA segment."""
+    steps_wanted = PIPELINE_STEPS if total >= 2 * PIPELINE_STEPS else 2 if total >= 4 else 1
+    rows = -(-total // steps_wanted)
+    rows = max(rows, -(-MIN_ROW_ELEMENTS // max(width, 1)))
+    return max(1, min(fitting, rows, total))
 
 
 @dataclass(frozen=True)
@@ -180,13 +195,34 @@ class ConvEmitter:
                                     best = (score, ct, ht)
                                 break
                     if best:
-                        return best[1], best[2], ict, w_res
+                        return self._pipelined(best[1], best[2], final, cout_g, w_res) + (ict, w_res)
         raise LoweringError(f"layer {self.node.name}: no tiling of conv {geo} fits LMEM")
+
+    def _pipelined(self, ct: int, ht: int, final: int, cout_g: int, w_res: bool) -> tuple[int, int]:
+        """Cut a layer that fits in one tile into several so loads overlap compute: by rows when
+        the weights stay resident, else by output channels (each weight slice is still loaded
+        once; the input is re-read per slice)."""
+        if w_res:
+            return ct, _pipelined_rows(ht, final, self.pgeom.wo if self.pool is not None else self.geom.wo)
+        lanes = self.chip.lanes
+        if -(-cout_g // ct) < PIPELINE_STEPS and cout_g >= PIPELINE_STEPS * lanes:
+            ct = -(-cout_g // PIPELINE_STEPS // lanes) * lanes
+        return ct, ht
 
     # ------------------------------------------------------------ standard / grouped
     def _prepare_standard(self, cin_g: int, cout_g: int) -> None:
         geo, chip, ctx = self.geom, self.chip, self.ctx
         self.ct, self.ht, self.ict, self.w_res = self._choose(cin_g, cout_g)
+        if not self.w_res and ctx.lmem_region != "full":
+            # resident weights matter more than the LMEM half: take all of LMEM when that keeps them
+            ctx.lmem_region, half = "full", ctx.lmem_region
+            self.arena = ctx.arena()
+            choice = self._choose(cin_g, cout_g)
+            if choice[3]:
+                self.ct, self.ht, self.ict, self.w_res = choice
+            else:
+                ctx.lmem_region = half
+                self.arena = ctx.arena()
         res_sizes = self._resident_sizes(cin_g, cout_g, self.w_res)
         load, outs = self._set_sizes(self.ct, self.ht, self.ict, cin_g, self.w_res)
         res, sets = self.arena.alloc_plan(res_sizes, load + outs, self.node.name)
@@ -355,7 +391,7 @@ class ConvEmitter:
                 break
         if choice is None:
             raise LoweringError(f"layer {self.node.name}: no tiling of depthwise conv fits LMEM")
-        ct, ht = choice
+        ct, ht = choice[0], _pipelined_rows(choice[1], geo.ho, geo.wo)
         res, sets = self.arena.alloc_plan(res_sizes, sizes(ct, ht), self.node.name)
         bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
         w_tile = make_tile(chip, res[1], (1, geo.cout, 1, kk), prec, compact=True)

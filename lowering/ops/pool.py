@@ -84,7 +84,8 @@ class PoolEmitter:
                 break
         if choice is None:
             raise LoweringError(f"layer {self.node.name}: no tiling of the pool fits LMEM")
-        ct, ht, copies = choice
+        from tpuflow.lowering.ops.conv import _pipelined_rows
+        ct, ht, copies = choice[0], _pipelined_rows(choice[1], geo.ho, geo.wo), choice[2]
         _, sets = arena.alloc_plan([], self._sizes(ct, ht), self.node.name, copies)
         copies = len(sets)
         if self.inv_count is not None:
