@@ -236,6 +236,8 @@ class CommandModel:
                 break
             better = np.maximum(problem.ready, credit)
             moving = np.maximum.reduceat(better - p_issue, problem.first) > 0
+            if problem.moved is not None:      # fabric admissions still changing
+                moving |= np.maximum.reduceat(problem.moved.astype(np.int64), problem.first) > 0
             if not moving.any():
                 break
             if self.iterations > 4 * n + 16:
@@ -276,7 +278,8 @@ class _Problem:
         return cls(model, write=write, first=first, counts=counts, gap=gap, ready=ready, request=request,
                    index=d.index, run_of=group_rank(d.counts), run_init=init, incl=d.incl, excl=d.excl,
                    served_beats=beats[d.index] * model.period, response=d.response_ps,
-                   outstanding=model.outstanding[1 if write else 0])._derive()
+                   outstanding=model.outstanding[1 if write else 0], limits=d.limits,
+                   held=np.zeros(len(gap), dtype=np.int64))._derive()
 
     def _derive(self) -> "_Problem":
         self.rank = group_rank(self.counts)
@@ -300,11 +303,12 @@ class _Problem:
         inverse[keep] = np.arange(len(keep))
         c = self.counts[streams]
         request = self.request[keep] if np.ndim(self.request) else self.request
+        limits = self.limits.subset(keep, inverse) if self.limits is not None else None
         return _Problem(self.model, write=self.write, first=np.cumsum(c) - c, counts=c, gap=self.gap[keep],
                         ready=self.ready[keep], request=request, index=inverse[self.index[keep]],
                         run_of=self.run_of[keep], run_init=self.run_init, incl=self.incl[keep],
                         excl=self.excl[keep], served_beats=self.served_beats[keep], response=self.response,
-                        outstanding=self.outstanding)._derive()
+                        outstanding=self.outstanding, limits=limits, held=self.held[keep])._derive()
 
     def iterate(self, base: np.ndarray):
         """One pass: issue, arrival, DramUnit done (service order), release (issue order) and the credits
@@ -312,6 +316,8 @@ class _Problem:
         m = self.model
         issue = seg_cummax(base - self.before, self.rank) + self.before
         arrive = issue + self.request
+        if self.limits is not None:    # fabric outstanding limits, against the previous pass's done times
+            arrive = self.limits.admit(arrive, self.held)
         x = m.p.umc_clock.align_array(arrive[self.index]) - self.excl
         if self.init is not None:
             x[self.run_starts] = np.maximum(x[self.run_starts], self.init)
@@ -328,7 +334,15 @@ class _Problem:
                 ordered, order = ordered[again], order[again]
         release = np.empty(len(resp), dtype=np.int64)
         release[self.index[order]] = ordered
+        self.moved = None
+        if self.limits is not None:
+            by_issue = np.empty(len(done), dtype=np.int64)
+            by_issue[self.index] = done
+            self.moved = by_issue != self.held
+            self.held = by_issue
         if not len(self.src):
+            if self.moved is not None and self.moved.any():
+                return issue, arrive, done, release, np.zeros(len(resp), dtype=np.int64)
             return issue, arrive, done, release, None
         credit = np.zeros(len(resp), dtype=np.int64)
         credit[self.credited] = m.clock.align_array(ordered[self.src])

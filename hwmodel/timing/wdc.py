@@ -184,6 +184,7 @@ class Direction:
         self.offset = rank * BIG
         self.run_key = (stream * p.umcs + umc)[self.starts]
         self.response_ps = p.response_latency(write)
+        self.limits: FabricLimits | None = None
 
     def finish(self, arrive_served: np.ndarray, init_free: np.ndarray | None = None) -> np.ndarray:
         """DramUnit completion times (service order) for arrival times given in service order; each
@@ -225,6 +226,79 @@ class DramPlan:
                 self.directions[flag] = Direction(p, pos, dir_index[order[pos]], stream[order[pos]], u[pos],
                                                   service[pos], size[order[pos]], flag)
         self.umc_issue = {flag: umc[write == flag] for flag in (False, True)}
+        for flag, d in self.directions.items():
+            d.limits = fabric_limits(p, umc[write == flag], stream[write == flag])
+
+
+class FabricLimits:
+    """Outstanding limits that can bind, in issue order of one direction: refs[level][i] = the request
+    `limit` places before i in its group (-1: none, or so far back it is surely done), and the
+    per-(stream, channel) order the in-order fabric keeps."""
+
+    def __init__(self, refs: list[np.ndarray], order: np.ndarray, rank: np.ndarray):
+        self.refs, self.order, self.rank = refs, order, rank
+
+    def admit(self, arrive: np.ndarray, done_by_issue: np.ndarray) -> np.ndarray:
+        """Arrivals held until each ref is done, then never passing an earlier request of their channel."""
+        admit = arrive.copy()
+        for ref in self.refs:
+            has = ref >= 0
+            admit[has] = np.maximum(admit[has], done_by_issue[ref[has]])
+        admit[self.order] = seg_cummax(admit[self.order], self.rank)
+        return admit
+
+    def subset(self, keep: np.ndarray, inverse: np.ndarray) -> "FabricLimits":
+        refs = []
+        for ref in self.refs:
+            r = ref[keep]
+            refs.append(np.where(r >= 0, inverse[np.maximum(r, 0)], -1))
+        order = inverse[self.order]
+        order = order[order >= 0]
+        return FabricLimits(refs, order, self.rank[np.isin(self.order, keep)])
+
+
+def _may_exceed(group: np.ndarray, limit: int, window: int) -> bool:
+    """Whether some `window` consecutive requests may hold more than `limit` of one group: any such window
+    lies within two consecutive blocks of `window` requests."""
+    groups = int(group.max()) + 1
+    blocks = -(-len(group) // window)
+    counts = np.bincount((np.arange(len(group)) // window) * groups + group, minlength=blocks * groups)
+    counts = counts.reshape(blocks, groups)
+    pairs = counts if blocks == 1 else counts[1:] + counts[:-1]
+    return bool(pairs.max() > limit)
+
+
+def fabric_limits(p: WdcParams, umc: np.ndarray, stream: np.ndarray) -> FabricLimits | None:
+    """The FabricLimits of one direction's requests (issue order), or None when no limit can bind: at
+    most `outstanding` requests are in flight, so a limit binds only if more than `limit` requests of one
+    group fall within `outstanding` consecutive requests of a stream."""
+    refs = []
+    n = len(umc)
+    index = first = None
+    for per_group, limit in p.limits:
+        if n <= limit or not _may_exceed(umc // per_group, limit, p.outstanding):
+            continue
+        if first is None:
+            index, first = np.arange(n), np.searchsorted(stream, stream, side="left")
+        group = stream * p.umcs + umc // per_group
+        order = np.argsort(group, kind="stable")
+        g = group[order]
+        starts, counts = runs(g)
+        rank = index - np.repeat(starts, counts)
+        back = np.full(n, -1, dtype=np.int64)
+        has = rank >= limit
+        back[has] = order[index[has] - limit]
+        ref = np.empty(n, dtype=np.int64)
+        ref[order] = back
+        ref[(ref >= 0) & ((index - ref >= p.outstanding) | (ref < first))] = -1
+        if np.any(ref >= 0):
+            refs.append(ref)
+    if not refs:
+        return None
+    channel = stream * p.umcs + umc // p.umcs_per_channel
+    order = np.argsort(channel, kind="stable")
+    _, counts = runs(channel[order])
+    return FabricLimits(refs, order, group_rank(counts))
 
 
 def _service_order(p: WdcParams, umc, stream, bank_key, row) -> np.ndarray:
@@ -324,7 +398,17 @@ class Wdc:
         plan = DramPlan(self.p, addr, size, np.full(n, write), np.zeros(n, dtype=np.int64), self.state)
         d = plan.directions[write]
         arrive = issue + self.p.request_latency(size, write)
-        done = d.finish(arrive[d.index], self.umc_free[d.umc[d.starts]])
+        held = np.zeros(n, dtype=np.int64)
+        while True:   # fabric admissions against the previous pass's done times, to their fixed point
+            admitted = d.limits.admit(arrive, held) if d.limits is not None else arrive
+            done = d.finish(admitted[d.index], self.umc_free[d.umc[d.starts]])
+            if d.limits is None:
+                break
+            by_issue = np.empty(n, dtype=np.int64)
+            by_issue[d.index] = done
+            if np.array_equal(by_issue, held):
+                break
+            held = by_issue
         ends = d.starts + d.counts - 1
         self.umc_free[d.umc[ends]] = done[ends]
         out = np.empty(n, dtype=np.int64)

@@ -83,3 +83,45 @@ def test_beat_period_delivers_peak_bandwidth():
     assert WdcParams.of(CHIP, Clocks.of(CHIP)).beat_ps == 7_500
     slow = replace_param(CHIP, "dram.peak_gbps", 32.0)
     assert WdcParams.of(slow, Clocks.of(slow)).beat_ps == 16_000
+
+
+def test_fab2t1_outstanding_holds_the_channel():
+    """100 reads of 512 B to UMC 0 (64 KiB apart), then 10 to UMCs 1-2 (same channel) and 10 to UMCs 8-9
+    (the other channel), issued 1 ns apart. Fab2t1 admits 32 requests per UMC: read k >= 32 of UMC 0
+    waits until read k - 32 is done and, the fabric being in order, holds everything behind it on
+    channel 0: read 99 enters when read 67 is done, so UMC 1's first read is answered after read 67's.
+    Channel 1 does not wait; with a limit of 1000, UMC 1's first read is answered before UMC 0's 6th."""
+    addr = np.concatenate([np.arange(100) * 65536, 4096 + np.arange(10) * 512, 8 * 4096 + np.arange(10) * 512])
+    size = np.full(len(addr), 512)
+    issue = np.arange(len(addr)) * 1000
+    resp = Wdc(CHIP).service(addr, size, False, issue)
+    loose = Wdc(replace_param(CHIP, "wdc.fab2t1_outstanding", 1000)).service(addr, size, False, issue)
+    umc0, umc1, umc8 = resp[:100], resp[100:110], resp[110:]
+    assert umc1.min() > umc0[67]
+    assert loose[100:110].min() < umc0[5]
+    assert (umc8 == loose[110:]).all()
+    assert (umc0 == loose[:100]).all()
+
+
+def test_fab2t1_outstanding_in_a_command():
+    """One TensorDma reading 100 rows of 512 B at 64 KiB stride from UMC 0, then 100 from UMC 1 (same
+    channel): with Fab2t1's 32-request limit UMC 1's rows wait behind UMC 0's in the in-order fabric, so
+    the command takes longer than with the limit lifted; the UMC-0-only half alone is not affected (one
+    UMC serves in order anyway)."""
+    from tpuflow.hwmodel.timing import simulate
+    from tpuflow.hwmodel.timing.synthetic import ProgramBuilder
+    from tpuflow.isa import TensorDma, global_lmem_address
+
+    def run(chip, channels):
+        dma = TensorDma(src_start_addr=0, dst_start_addr=global_lmem_address(0, chip),
+                        src_nsize=1, src_csize=channels, src_hsize=100, src_wsize=128,
+                        src_nstride=0, src_cstride=1024, src_hstride=16384, src_wstride=1,
+                        dst_nsize=1, dst_csize=channels, dst_hsize=100, dst_wsize=128,
+                        dst_nstride=12800, dst_cstride=12800, dst_hstride=128, dst_wstride=1)
+        b = ProgramBuilder(chip)
+        b.add(dma)
+        return simulate(b.build()).total_ps
+
+    loose = replace_param(CHIP, "wdc.fab2t1_outstanding", 1000)
+    assert run(CHIP, 2) > run(loose, 2) + 1_000_000
+    assert run(CHIP, 1) == run(loose, 1)
