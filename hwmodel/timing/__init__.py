@@ -1,10 +1,34 @@
 """Timing model of one core: IFE, TIU (DPC + bank arbitration), GDMA, TILE and WDC/DRAM on one event heap.
 
-    simulate(program, dep_mode=None) -> SimResult
+    simulate(program, dep_mode=None, check=True) -> SimResult
 
 dep_mode None / "bitmap": the compiled waits, after the IFE check stage has re-derived them from the
-chunk bitmaps (a disagreement raises DependencyCheckError; check=False skips the comparison);
-"auto": the serialising CSR DIS_AUTO_DEP_ID = 1 mode. Same program -> identical result.
+chunk bitmaps (deps.py; a disagreement raises DependencyCheckError, check=False skips the comparison);
+"auto": the serialising CSR DIS_AUTO_DEP_ID = 1 mode. Time is integer picoseconds, events are ordered
+by (time, priority, sequence): the same program gives the same result, bit for bit.
+
+Modules (each docstring states its exact rules, which the exact-timeline tests check):
+  clocks       clock domains, ps periods, edge alignment
+  events       the event heap
+  descriptors  descriptor sizes (TXI words, command-FIFO bytes)
+  ife          IFE stage recurrences, issue, request FIFOs, hand-over to the command lists
+  engines      TIU (vector / cube DPC pipes), GDMA, TILE as event-driven components
+  compute      TPUPerf-derived cycle formulas (TIU classes, TILE blocks)
+  banks        LMEM bank-conflict bubbles from the operands' real addresses
+  segments     GDMA segmentation and bursts
+  gdma         GDMA command timelines (credits, LMEM port, data bus), solved for a whole queue
+  wdc          memory path: fabrics, outstanding limits, interleave, AuxCam, X2x, DramUnit
+  cost         fast per-instruction cost estimates (the scheduler's durations), same formulas
+  result       SimResult (columnar) and its CSV rows
+  synthetic    hand-built programs for tests and benchmarks
+
+Modelling choices worth knowing (details in the modules):
+  * A GDMA command's timeline is computed relative to its dispatch (the memory path's clock edges
+    keep a fixed phase to the GDMA's), and the DRAM page state a command sees only depends on the
+    commands before it, so all commands are solved in one vectorised pass before the event run.
+  * Descriptors are counted at their long-form size in the command FIFOs.
+  * TIU instructions retire in order; a switch between the cube and the vector pipe waits for the
+    previous instruction to end.
 """
 
 from __future__ import annotations

@@ -125,3 +125,41 @@ def test_fab2t1_outstanding_in_a_command():
     loose = replace_param(CHIP, "wdc.fab2t1_outstanding", 1000)
     assert run(CHIP, 2) > run(loose, 2) + 1_000_000
     assert run(CHIP, 1) == run(loose, 1)
+
+
+def test_shared_region_path_adds_a_fabric_level():
+    """wdc.shared_region routes through shared fab1 -> shared fab2: one more 800 MHz level of
+    fabric_hop_cycles (2 x 1.25 ns) on the way out and on the way back: +5 ns unloaded."""
+    shared = replace_param(CHIP, "wdc.shared_region", True)
+    a, b = WdcParams.of(CHIP, Clocks.of(CHIP)), WdcParams.of(shared, Clocks.of(shared))
+    assert b.unloaded_read_ps(64) - a.unloaded_read_ps(64) == 5_000
+    assert [lim for _, lim in b.limits] == [32, 64, 128]
+
+
+def test_every_gdma_kind_moves_the_bytes_it_says():
+    """DDR bytes counted by the DRAM side for each kind of command: constant fills read nothing, a
+    DDR->DDR copy reads and writes, broadcasts read their source once, LMEM-only commands touch no DDR."""
+    from tpuflow.hwmodel.timing import simulate
+    from tpuflow.hwmodel.timing.synthetic import ProgramBuilder, copy_bytes
+    from tpuflow.isa import GeneralDma, MatrixDma, SysDma, TensorDma, global_lmem_address as g
+
+    flat = dict(src_nsize=1, src_csize=1, src_hsize=1, src_wsize=1024, src_nstride=1024, src_cstride=1024,
+                src_hstride=1024, src_wstride=1, dst_nsize=1, dst_csize=1, dst_hsize=1, dst_wsize=1024,
+                dst_nstride=1024, dst_cstride=1024, dst_hstride=1024, dst_wstride=1)
+    cases = [
+        (TensorDma(src_start_addr=0, dst_start_addr=4096, fill_constant_en=1, **flat), 0, 4096),
+        (copy_bytes(CHIP, 0, 1 << 20, 100_000), 100_000, 100_000),
+        (MatrixDma(src_start_addr=0, dst_start_addr=g(0, CHIP), src_hsize=128, src_wsize=100, src_hstride=100,
+                   dst_cstride=112), 51_200, 0),
+        (MatrixDma(src_start_addr=g(0, CHIP), dst_start_addr=1 << 20, src_hsize=128, src_wsize=100,
+                   src_hstride=100, dst_cstride=112), 0, 51_200),
+        (GeneralDma(op="broadcast", src_start_addr=0, dst_start_addr=g(0, CHIP), src_cstride=256, dst_csize=8), 1024, 0),
+        (copy_bytes(CHIP, 0, 4096, 4096, src_lmem=True, dst_lmem=True), 0, 0),
+        (SysDma(op="nop"), 0, 0),
+    ]
+    for instr, read, written in cases:
+        b = ProgramBuilder(CHIP)
+        b.add(instr)
+        r = simulate(b.build())
+        assert (r.dram.bytes_read, r.dram.bytes_written) == (read, written), instr.op_name
+        assert r.times["end"][0] > r.times["dispatch"][0]
