@@ -161,3 +161,41 @@ def cmd_verify(model, chip, options: CompileOptions, input_shapes: dict, seed: i
         print(f"{'PASS' if result['ok'] else 'FAIL'}: bounds max_rel_err <= {result['rtol']:g}, "
               f"cosine >= {result['min_cosine']:g}")
     return 0 if result["ok"] else 1
+
+
+# ------------------------------------------------------------------ estimate
+
+def estimate(model=None, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
+             input_shapes: dict | None = None, with_sim: bool = False):
+    """Compile and simulate; the estimate report dict (and the Program and SimResult if asked)."""
+    from tpuflow.estimate import estimate_report
+    from tpuflow.hwmodel.timing import simulate
+    options = options or CompileOptions()
+    graph, program = compile_model(model, chip, options, input_shapes)
+    sim = simulate(program)
+    report = estimate_report(program, sim, _bounds(program))
+    return (report, program, sim) if with_sim else report
+
+
+def _bounds(program) -> dict:
+    try:
+        from tpuflow.scheduler.bounds import lower_bounds
+    except ImportError:
+        return {}
+    return {k: v for k, v in lower_bounds(program).items() if k.endswith("_us")}
+
+
+def cmd_estimate(model, chip, options: CompileOptions, input_shapes: dict, as_json: bool,
+                 trace: Path | None, profile: Path | None) -> int:
+    from tpuflow.codegen.profile import write_profile, write_trace
+    from tpuflow.estimate import render_text
+    report, program, sim = estimate(model, chip, options, input_shapes, with_sim=True)
+    if trace is not None:
+        write_trace(trace, program, sim)
+    if profile is not None:
+        write_profile(profile, sim)
+    if as_json:
+        _print_json(report)
+    else:
+        print(render_text(report))
+    return 0

@@ -1,0 +1,147 @@
+"""The estimate: a simulated Program summarised for people and tools — latency, engines, stalls,
+DRAM, the lower bound, and a per-layer table (the data behind `tpuflow estimate` and reports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpuflow.isa import Engine, GeneralDma, MatrixDma, TensorDma, is_lmem
+from tpuflow.program import Program
+
+ENGINES = ("tiu", "gdma", "tile")
+FORMAT_VERSION = 1
+
+
+def ddr_bytes(instr, chip) -> int:
+    """DDR bytes a GDMA instruction moves (both sides count for DDR -> DDR copies)."""
+    if isinstance(instr, TensorDma):
+        sides = [] if instr.fill_constant_en else [instr.src_start_addr]
+        sides.append(instr.dst_start_addr)
+    elif isinstance(instr, (MatrixDma, GeneralDma)):
+        sides = [instr.src_start_addr, instr.dst_start_addr]
+    else:
+        return 0
+    return instr.nbytes * sum(1 for a in sides if not is_lmem(a, chip))
+
+
+def roofline_us(program: Program, macs: int) -> dict:
+    """max(MACs / peak MACs, DDR bytes / DDR peak) for the engines the program uses."""
+    chip, dtype = program.chip, program.options.get("dtype", "fp32")
+    engine = "tile" if program.tile else "tiu"
+    peak = max(chip.peak_macs_per_second(dtype, "tiu"), chip.peak_macs_per_second(dtype, engine))
+    moved = sum(ddr_bytes(i, chip) for i in program.gdma)
+    compute_us, memory_us = macs / peak * 1e6, moved / chip.ddr_peak_bytes_per_second * 1e6
+    return {"compute_us": compute_us, "memory_us": memory_us, "lower_bound_us": max(compute_us, memory_us),
+            "bound": "compute" if compute_us >= memory_us else "memory", "ddr_bytes": moved}
+
+
+@dataclass
+class LayerRow:
+    name: str
+    op: str
+    start_us: float
+    end_us: float
+    busy_us: dict
+    macs: int
+    bytes: int
+    bound: str
+    fused_group: str
+    utilisation: float
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "op": self.op, "start_us": self.start_us, "end_us": self.end_us,
+                "time_us": self.end_us - self.start_us, "busy_us": self.busy_us, "macs": self.macs,
+                "bytes": self.bytes, "bound": self.bound, "fused_group": self.fused_group,
+                "utilisation": self.utilisation}
+
+
+def _bound_of(busy: dict, span: float) -> str:
+    compute = busy["tiu"] + busy["tile"]
+    if max(compute, busy["gdma"]) < 0.5 * span:
+        return "dependency"
+    return "compute" if compute >= busy["gdma"] else "memory"
+
+
+def layer_rows(program: Program, sim) -> list[LayerRow]:
+    """One row per layer (ONNX node) with instructions, in order of first start."""
+    chip, dtype = program.chip, program.options.get("dtype", "fp32")
+    start, end = sim.times["start"] / 1e6, sim.times["end"] / 1e6
+    by_layer: dict[str, list[int]] = {}
+    for i, name in enumerate(sim.layer):
+        by_layer.setdefault(name, []).append(i)
+    gdma_bytes = {}
+    for index, instr in enumerate(program.gdma):
+        layer = program.layer_of(Engine.GDMA, index)
+        gdma_bytes[layer] = gdma_bytes.get(layer, 0) + ddr_bytes(instr, chip)
+    peak = chip.peak_macs_per_second(dtype, "tile" if program.tile else "tiu") / 1e6
+    rows = []
+    for name, idx in by_layer.items():
+        idx = np.asarray(idx)
+        s, e = float(start[idx].min()), float(end[idx].max())
+        busy = {eng: float((end[idx] - start[idx])[sim.engine[idx] == code].sum()) for code, eng in enumerate(ENGINES)}
+        info = program.layers.get(name)
+        macs = info.macs if info else 0
+        span = max(e - s, 1e-9)
+        rows.append(LayerRow(name or "(program)", info.op_type if info else "", s, e, busy, macs,
+                             gdma_bytes.get(name, 0), _bound_of(busy, span), info.fused_group if info else "",
+                             macs / (span * peak) if peak else 0.0))
+    rows.sort(key=lambda r: (r.start_us, r.name))
+    return rows
+
+
+def estimate_report(program: Program, sim, bounds: dict | None = None) -> dict:
+    """The stable --json document of `tpuflow estimate`."""
+    chip = program.chip
+    summary = sim.summary()
+    layers = layer_rows(program, sim)
+    macs = sum(info.macs for info in program.layers.values())
+    roof = roofline_us(program, macs)
+    lower = dict(bounds or {})
+    lower.setdefault("roofline_us", roof["lower_bound_us"])
+    lower_us = max(v for k, v in lower.items() if k.endswith("_us"))
+    latency_us = summary["latency_us"]
+    period_ns = 1e3 / chip.clocks.tiu_clock_mhz
+    engines = {}
+    for e in ENGINES:
+        busy = summary["busy_us"].get(e, 0.0)
+        engines[e] = {"busy_us": busy, "instructions": summary["instructions"][e],
+                      "utilisation": busy / latency_us if latency_us else 0.0}
+    top = sorted(layers, key=lambda r: r.end_us - r.start_us, reverse=True)[:10]
+    return {
+        "format_version": FORMAT_VERSION, "model": program.model_name, "chip": chip.name,
+        "chip_fingerprint": chip.fingerprint(), "options": dict(program.options),
+        "latency_us": latency_us, "latency_cycles": int(round(latency_us * 1e3 / period_ns)),
+        "clock_mhz": chip.clocks.tiu_clock_mhz, "lower_bound_us": lower_us, "bounds": lower,
+        "latency_over_bound": latency_us / lower_us if lower_us else None,
+        "macs": macs, "achieved_tops": 2 * macs / (latency_us * 1e6) if latency_us else 0.0,
+        "engines": engines, "stalls": summary["stalls_us"], "dram": summary["dram"],
+        "layers": [r.as_dict() for r in layers], "top_layers": [r.name for r in top],
+    }
+
+
+def render_text(report: dict, top: int = 10) -> str:
+    e, d = report["engines"], report["dram"]
+    lines = [
+        f"{report['model']} on {report['chip']} ({report['options'].get('dtype')}, matmul={report['options'].get('matmul')}, "
+        f"schedule={report['options'].get('schedule')})",
+        f"latency      {report['latency_us']:.1f} us  ({report['latency_cycles']} cycles at {report['clock_mhz']:g} MHz)",
+        f"lower bound  {report['lower_bound_us']:.1f} us  (latency / bound = {report['latency_over_bound']:.2f}; "
+        + ", ".join(f"{k} {v:.1f}" for k, v in report["bounds"].items()) + ")",
+        f"throughput   {report['achieved_tops']:.3f} T(FL)OPS over {report['macs'] / 1e9:.3f} GMAC",
+        "engines      " + "  ".join(f"{k} {v['busy_us']:.1f} us busy ({100 * v['utilisation']:.0f}%), {v['instructions']} instr"
+                                   for k, v in e.items() if v["instructions"]),
+        "stalls       " + "  ".join(f"{k} {v:.1f} us" for k, v in report["stalls"].items()),
+        f"dram         read {d['bytes_read'] / 1e6:.2f} MB, written {d['bytes_written'] / 1e6:.2f} MB, "
+        f"{d['achieved_gbps']:.1f} GB/s achieved of {d['peak_gbps']:g}, page hit rate {100 * d['page_hit_rate']:.1f}%",
+        "",
+        f"top {top} layers by time:",
+    ]
+    rows = sorted(report["layers"], key=lambda r: r["time_us"], reverse=True)[:top]
+    width = max([len(r["name"]) for r in rows] + [5])
+    lines.append(f"{'layer':{width}s}  {'op':18s} {'time_us':>9s} {'MMAC':>9s} {'MB':>7s}  bound")
+    for r in rows:
+        lines.append(f"{r['name']:{width}s}  {r['op']:18s} {r['time_us']:9.1f} {r['macs'] / 1e6:9.2f} "
+                     f"{r['bytes'] / 1e6:7.2f}  {r['bound']}")
+    return "\n".join(lines)
