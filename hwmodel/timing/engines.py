@@ -6,8 +6,8 @@ tiu_sync_id, TILE wait_tiu_id <= tiu_sync_id and wait_gdma_id <= tdma_sync_id, a
 wait's operand <= tile_sync_id. Sync ids advance in order at each instruction's end.
 
 TIU DPC pipes (CUBE for CONV/MM2, VECTOR otherwise; T = TIU period; d_* = the pipe's delays):
-  des_in   = dispatch (>= gen_in of the previous instruction: DES holds one descriptor; a pipe
-             switch also waits until the previous instruction has ended)
+  des_in   = dispatch (>= gen_in of the instruction vector_des_buffer places back: DES holds that
+             many descriptors; a pipe switch also waits until the previous instruction has ended)
   gen_in   = max(des_in + d_des*T, gen_release_prev)
   start    = max(gen_in + (d_gen + d_issue + d_arb)*T, body_end_prev)      (first COMPUTE cycle)
   body_end = start + (startup + body + bubbles)*T
@@ -111,6 +111,8 @@ class TiuEngine(EngineBase):
                        t.vector_issue_buffer + t.vector_arb_flow_buffer),
         }
         self.work = {}
+        self.des_buffer = t.vector_des_buffer
+        self.gen_in_history: deque[int] = deque(maxlen=self.des_buffer)
         self.gen_in = 0
         self.gen_release = 0
         self.body_end = 0
@@ -132,7 +134,8 @@ class TiuEngine(EngineBase):
 
     def earliest(self, index: int) -> int:
         work, _ = self._work(index)
-        t = self.gen_in
+        history = self.gen_in_history   # DES holds des_buffer descriptors until GEN takes them
+        t = history[0] if len(history) == self.des_buffer else 0
         if self.pipe is not None and work.pipe != self.pipe:
             t = max(t, self.end)
         return max(t, self.arrival[index])
@@ -149,6 +152,7 @@ class TiuEngine(EngineBase):
         self.gen_release = max(gen_in + cycles * p, body_end - lookahead * p)
         end = max(body_end + work.latency * p, self.end)
         self.gen_in, self.body_end, self.end, self.pipe = gen_in, body_end, end, work.pipe
+        self.gen_in_history.append(gen_in)
         rec = self.sim.record
         rec(TIU, index, "start", start)
         rec(TIU, index, "end", end)

@@ -225,7 +225,6 @@ class DramPlan:
             if len(pos):
                 self.directions[flag] = Direction(p, pos, dir_index[order[pos]], stream[order[pos]], u[pos],
                                                   service[pos], size[order[pos]], flag)
-        self.umc_issue = {flag: umc[write == flag] for flag in (False, True)}
         for flag, d in self.directions.items():
             d.limits = fabric_limits(p, umc[write == flag], stream[write == flag])
 
@@ -306,31 +305,22 @@ def _service_order(p: WdcParams, umc, stream, bank_key, row) -> np.ndarray:
     order = np.argsort(umc.astype(np.int16), kind="stable")          # radix sorts (16-bit keys)
     narrow = np.int16 if len(stream) == 0 or stream[-1] < (1 << 15) else np.int64
     order = order[np.argsort(stream[order].astype(narrow), kind="stable")]
-    s, u = stream[order], umc[order]
-    key = s * p.umcs + u
-    page = bank_key[order] * (1 << 32) + row[order]
-    same = key[1:] == key[:-1]
-    local_page = (page[1:] >> 32) % p.banks + (page[1:] & 0xFFFFFFFF) * p.banks
-    local_prev = (page[:-1] >> 32) % p.banks + (page[:-1] & 0xFFFFFFFF) * p.banks
-    if not np.any(same & (local_page < local_prev)):
+    key = stream[order] * p.umcs + umc[order]
+    page = (bank_key[order] % p.banks) + row[order] * p.banks         # the UMC-local page number
+    if not np.any((key[1:] == key[:-1]) & (page[1:] < page[:-1])):
         return order             # pages never go back within a (stream, UMC): already grouped
     starts, counts = runs(key)
-    pos = np.arange(len(order)) - np.repeat(starts, counts)
-    index_in_stream = order - np.repeat(*_stream_first(stream, order, starts, counts))
-    window = (group_rank(counts) * (1 << 20) + pos // p.cam_entries) * (1 << 20) + index_in_stream // p.outstanding
-    o3 = np.lexsort((page, window))
+    pos = np.arange(len(order)) - np.repeat(starts, counts)           # position among the UMC's requests
+    stream_first = np.searchsorted(stream, stream[order], side="left")
+    in_stream = order - stream_first                                   # issue position within the stream
+    window = (group_rank(counts) * (1 << 20) + pos // p.cam_entries) * (1 << 20) + in_stream // p.outstanding
+    by_page = np.lexsort((page, window))
     change = np.ones(len(order), dtype=bool)
-    change[1:] = (window[o3][1:] != window[o3][:-1]) | (page[o3][1:] != page[o3][:-1])
+    change[1:] = (window[by_page][1:] != window[by_page][:-1]) | (page[by_page][1:] != page[by_page][:-1])
     run_starts = np.flatnonzero(change)
-    first = np.empty(len(order), dtype=np.int64)
-    first[o3] = np.repeat(o3[run_starts], np.diff(np.append(run_starts, len(order))))
+    first = np.empty(len(order), dtype=np.int64)                       # where each page first appears
+    first[by_page] = np.repeat(by_page[run_starts], np.diff(np.append(run_starts, len(order))))
     return order[np.lexsort((np.arange(len(order)), first))]
-
-
-def _stream_first(stream, order, starts, counts):
-    """(first issue index of each run's stream, run lengths) for index_in_stream."""
-    first_of_stream = np.searchsorted(stream, stream[order[starts]], side="left")
-    return first_of_stream, counts
 
 
 def _page_state(bank_key: np.ndarray, row: np.ndarray, state: DramState) -> tuple[np.ndarray, np.ndarray]:
