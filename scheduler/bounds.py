@@ -1,0 +1,102 @@
+"""Lower bounds on the makespan of any order of a program: critical path, per-engine busy time and
+the roofline (MACs at the MAC engines' combined peak, DDR bytes at the DRAM peak).
+
+The critical path and busy times are in the scheduler's DAG model (hwmodel.timing's per-instruction
+cost estimates, precise hazards only), so they bound every schedule as that model times it; the
+roofline terms use only the chip's peaks. `bounds_summary` puts a makespan (the upper bound: an
+achieved schedule) next to them with the gap.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tpuflow.isa import Engine, GeneralDma, Prec, TensorDma
+from tpuflow.program import Program
+from tpuflow.scheduler.dag import Dag, build_dag
+from tpuflow.scheduler.listsched import EdgeTable
+
+ENGINE_NAMES = ("tiu", "gdma", "tile")
+
+
+def critical_path_ps(dag: Dag, edges: EdgeTable | None = None) -> int:
+    """Longest chain of the DAG (durations + lags), as if every node had an engine of its own."""
+    if dag.size == 0:
+        return 0
+    starts = _unconstrained_starts(dag, edges or EdgeTable(dag))
+    return int((starts + dag.duration + dag.tail).max())
+
+
+def _unconstrained_starts(dag: Dag, edges: EdgeTable) -> np.ndarray:
+    starts = [0] * dag.size
+    pp, pred, off = edges.pred_ptr, edges.pred, edges.pred_offset
+    for b in range(dag.size):
+        s = 0
+        for k in range(pp[b], pp[b + 1]):
+            v = starts[pred[k]] + off[k]
+            if v > s:
+                s = v
+        starts[b] = s
+    return np.asarray(starts, dtype=np.int64)
+
+
+def program_macs(program: Program) -> int:
+    return sum(layer.macs for layer in program.layers.values())
+
+
+def ddr_bytes(program: Program) -> int:
+    """DDR bytes the GDMA instructions read plus write (elements moved, not bounding ranges)."""
+    total = 0
+    for i, instr in enumerate(program.gdma):
+        acc = program.accesses(Engine.GDMA, i)
+        if acc.ddr_reads:
+            total += _source_bytes(instr)
+        if acc.ddr_writes:
+            total += instr.nbytes
+    return total
+
+
+def _source_bytes(instr) -> int:
+    """Bytes read at the source (a broadcast reads its source once)."""
+    if isinstance(instr, TensorDma) and instr.op == "broadcast":
+        return math.prod(instr.src_shape) * Prec(instr.src_data_format).bytes
+    if isinstance(instr, GeneralDma) and instr.op == "broadcast":
+        return instr.src_cstride * Prec(instr.src_data_format).bytes
+    return instr.nbytes
+
+
+def roofline_ps(program: Program) -> tuple[int, int]:
+    """(compute, memory) roofline bounds in ps."""
+    chip = program.chip
+    dtype = program.options.get("dtype", "fp32")
+    peak_per_ps = chip.peak_macs_per_second(dtype, "tiu") / 1e12
+    if program.tile:
+        peak_per_ps += chip.peak_macs_per_second(dtype, "tile") / 1e12
+    compute = int(program_macs(program) / peak_per_ps) if peak_per_ps else 0
+    memory = int(ddr_bytes(program) / (chip.dram.peak_gbps * 1e-3))   # GB/s = bytes per ns
+    return compute, memory
+
+
+def lower_bounds(program: Program, dag: Dag | None = None) -> dict:
+    """Every bound in ps, the binding one and its value (`lower_bound_ps`)."""
+    dag = dag or build_dag(program)
+    busy = {name: int(dag.duration[dag.engine == code].sum()) for code, name in enumerate(ENGINE_NAMES)}
+    compute, memory = roofline_ps(program)
+    bounds = {"critical_path_ps": critical_path_ps(dag), "engine_busy_ps": busy,
+              "roofline_compute_ps": compute, "roofline_ddr_ps": memory}
+    candidates = {"critical_path": bounds["critical_path_ps"], "roofline_compute": compute,
+                  "roofline_ddr": memory, **{f"{k}_busy": v for k, v in busy.items()}}
+    binding = max(candidates, key=lambda k: (candidates[k], k))
+    bounds["lower_bound_ps"] = candidates[binding]
+    bounds["binding"] = binding
+    return bounds
+
+
+def bounds_summary(program: Program, makespan_ps: int, dag: Dag | None = None) -> dict:
+    """Upper bound (the achieved makespan), lower bound, their ratio and the bound details."""
+    lb = lower_bounds(program, dag)
+    low = lb["lower_bound_ps"]
+    return {"upper_bound_ps": int(makespan_ps), "lower_bound_ps": low,
+            "gap": (makespan_ps / low - 1.0) if low else 0.0, "bounds": lb}

@@ -1,0 +1,268 @@
+"""Independent validity checker of a reordered program (uses only the ISA and Program, no scheduler code).
+
+check_schedule(original, scheduled) lists every problem found (empty = valid):
+
+1. Same instructions: per engine, the scheduled queue holds every instruction of the original
+   exactly once (compared without their dependency fields; SYS waits on TILE are derived and
+   not counted), the TILE queue keeps its order, and a queue that ended with `end` /
+   `chain_end` still does.
+2. No deadlock: the sync counters are replayed with instant execution (an engine's head runs
+   once every id it waits for has completed); all three queues must drain. Every wait must also
+   name an instruction issued earlier (the IFE delivers in issue order, so a wait on a later one
+   can hang behind a full FIFO) and lie inside the id window (tpuflow.isa.ids).
+3. Hazards: every pair of original instructions whose precise LMEM or DDR byte ranges overlap,
+   one of them writing, is ordered the original way in the scheduled program: by queue order on
+   one engine, else by happens-before through the waits (vector clocks from the replay: what an
+   instruction waits for, and everything that one waited for, transitively; sync ids advance in
+   queue order, so completing id k implies 1..k). The pairs are found by brute force over all
+   range pairs (numpy, in blocks), which bounds the program size it is meant for (tests, small
+   and medium programs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict, deque
+
+import numpy as np
+
+from tpuflow.errors import TpuflowError
+from tpuflow.isa import TILE_WAIT_TAG, Engine, SysDma, SysTiu, TileInstruction
+from tpuflow.isa.ids import IdFields, window_floor
+from tpuflow.program import Program
+
+ENGINES = (Engine.TIU, Engine.GDMA, Engine.TILE)
+LETTER = "BDT"
+DEP_FIELDS = ("cmd_id_dep", "wait_tiu_id", "wait_gdma_id")
+MAX_RANGES = 150_000
+CELLS_PER_BLOCK = 4_000_000      # range pairs compared per numpy step (memory ~ 10 bytes each)
+
+
+class ScheduleCheckError(TpuflowError):
+    """A reordered program is not equivalent to the original or cannot run."""
+
+
+def assert_valid(original: Program, scheduled: Program) -> None:
+    problems = check_schedule(original, scheduled)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ScheduleCheckError(f"schedule check: {problems[0]}{more}")
+
+
+def check_schedule(original: Program, scheduled: Program) -> list[str]:
+    problems: list[str] = []
+    mapping = _match_instructions(original, scheduled, problems)
+    if problems:
+        return problems
+    clocks = _replay(scheduled, problems)
+    _check_issue_order(scheduled, problems)
+    if problems:
+        return problems
+    _check_hazards(original, mapping, clocks, problems)
+    return problems
+
+
+# ------------------------------------------------------------------ 1. same instructions
+
+def _tile_wait_operand(instr) -> int:
+    if isinstance(instr, SysTiu) and instr.op == "wait_msg" and instr.reg_idx == TILE_WAIT_TAG:
+        return instr.imm
+    if isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG:
+        return instr.constant_value
+    return 0
+
+
+def _is_tile_wait(instr) -> bool:
+    return (isinstance(instr, SysTiu) and instr.op == "wait_msg" and instr.reg_idx == TILE_WAIT_TAG) or \
+        (isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG)
+
+
+def _identity(instr) -> tuple:
+    """The instruction without its dependency fields."""
+    return (type(instr).__name__,) + tuple((f.name, getattr(instr, f.name)) for f in dataclasses.fields(instr)
+                                           if f.name not in DEP_FIELDS)
+
+
+def _is_end(instr) -> bool:
+    return (isinstance(instr, SysTiu) and instr.op == "end") or (isinstance(instr, SysDma) and instr.op == "chain_end")
+
+
+def _match_instructions(original: Program, scheduled: Program, problems: list[str]) -> dict:
+    """(engine, original index) -> scheduled index, for every non-tile-wait instruction."""
+    mapping: dict[tuple[Engine, int], int] = {}
+    for engine in ENGINES:
+        old, new = original.queue(engine), scheduled.queue(engine)
+        waiting: dict[tuple, deque] = defaultdict(deque)
+        for i, instr in enumerate(old):
+            if not _is_tile_wait(instr):
+                waiting[_identity(instr)].append(i)
+        letter = LETTER[ENGINES.index(engine)]
+        for j, instr in enumerate(new):
+            if _is_tile_wait(instr):
+                continue
+            slots = waiting.get(_identity(instr))
+            if not slots:
+                problems.append(f"{letter}{j + 1} ({instr.op_name}) is not an instruction of the original "
+                                f"{engine.value} queue (or appears too often)")
+                continue
+            mapping[(engine, slots.popleft())] = j
+        missing = sorted(i for slots in waiting.values() for i in slots)
+        if missing:
+            problems.append(f"{len(missing)} {engine.value} instruction(s) of the original are missing, first "
+                            f"original {letter}{missing[0] + 1} ({old[missing[0]].op_name})")
+        if engine is Engine.TILE and not problems:
+            if [mapping[(engine, i)] for i in range(len(old))] != list(range(len(new))):
+                problems.append("the TILE queue is reordered (its operands are queue-relative)")
+        if old and _is_end(old[-1]) and (not new or not _is_end(new[-1])):
+            problems.append(f"the {engine.value} queue no longer ends with {old[-1].op_name}")
+    return mapping
+
+
+# ------------------------------------------------------------------ 2. replay of the sync counters
+
+def _waits(engine: Engine, instr) -> list[tuple[int, int]]:
+    """(engine code, 1-based id) pairs the instruction waits for (0 = none)."""
+    if isinstance(instr, TileInstruction):
+        return [(0, instr.wait_tiu_id), (1, instr.wait_gdma_id)]
+    other = 1 if engine is Engine.TIU else 0
+    return [(other, getattr(instr, "cmd_id_dep", 0)), (2, _tile_wait_operand(instr))]
+
+
+def _replay(program: Program, problems: list[str]) -> list[np.ndarray]:
+    """Per engine, a (queue length, 3) array: how many instructions of each engine are known complete
+    when the instruction starts (own engine: those before it in the queue)."""
+    queues = [program.queue(e) for e in ENGINES]
+    clocks = [np.zeros((len(q), 3), dtype=np.int64) for q in queues]
+    known = [[0, 0, 0] for _ in ENGINES]       # clock of the last started instruction per engine
+    done = [0, 0, 0]
+    progressed = True
+    while progressed:
+        progressed = False
+        for code, engine in enumerate(ENGINES):
+            q = queues[code]
+            while done[code] < len(q):
+                waits = [(o, w) for o, w in _waits(engine, q[done[code]]) if w > 0]
+                if any(done[o] < w for o, w in waits):
+                    break
+                vc = list(known[code])
+                vc[code] = done[code]
+                for o, w in waits:
+                    other = clocks[o][w - 1]
+                    vc = [max(a, int(b)) for a, b in zip(vc, other)]
+                    vc[o] = max(vc[o], w)
+                clocks[code][done[code]] = vc
+                known[code] = vc
+                done[code] += 1
+                progressed = True
+    stuck = [f"{LETTER[c]}{done[c] + 1} waits for " + ", ".join(f"{LETTER[o]}{w}" for o, w in
+                                                              _waits(ENGINES[c], queues[c][done[c]]) if w > done[o])
+             for c in range(3) if done[c] < len(queues[c])]
+    if stuck:
+        problems.append("deadlock: " + "; ".join(stuck))
+    return clocks
+
+
+def _check_issue_order(program: Program, problems: list[str]) -> None:
+    fields = IdFields.of(program.chip)
+    bits = {0: fields.tiu_bits, 1: fields.gdma_bits, 2: fields.tile_bits}
+    letters = {"B": 0, "D": 1, "T": 2}
+    issued = [0, 0, 0]
+    queues = [program.queue(e) for e in ENGINES]
+    if sorted(program.issue_order) != sorted("B" * len(queues[0]) + "D" * len(queues[1]) + "T" * len(queues[2])):
+        problems.append("issue order does not list every instruction exactly once")
+        return
+    for letter in program.issue_order:
+        code = letters[letter]
+        instr = queues[code][issued[code]]
+        for o, w in _waits(ENGINES[code], instr):
+            if w > issued[o]:
+                problems.append(f"{letter}{issued[code] + 1} waits for {LETTER[o]}{w}, issued after it")
+            elif w and o != 2 and w < window_floor(issued[o], bits[code]):
+                problems.append(f"{letter}{issued[code] + 1} waits for {LETTER[o]}{w}, outside the id window")
+        issued[code] += 1
+
+
+# ------------------------------------------------------------------ 3. hazards
+
+def _range_table(program: Program) -> dict[str, np.ndarray]:
+    """One row per LMEM/DDR range of every non-tile-wait instruction of `program`, in issue order."""
+    cols = defaultdict(list)
+    for pos, (engine, index) in enumerate(program.issue_sequence()):
+        instr = program.queue(engine)[index]
+        if _is_tile_wait(instr):
+            continue
+        acc = program.accesses(engine, index)
+        rows = [(0, r.lane, r.lane + r.lanes, r.lo, r.hi, 0) for r in acc.lmem_reads] + \
+               [(0, r.lane, r.lane + r.lanes, r.lo, r.hi, 1) for r in acc.lmem_writes] + \
+               [(1, 0, 1, r.lo, r.hi, 0) for r in acc.ddr_reads] + [(1, 0, 1, r.lo, r.hi, 1) for r in acc.ddr_writes]
+        for space, l0, l1, lo, hi, write in rows:
+            if hi <= lo or l1 <= l0:
+                continue
+            for name, v in zip(("pos", "engine", "index", "space", "l0", "l1", "lo", "hi", "write"),
+                               (pos, ENGINES.index(engine), index, space, l0, l1, lo, hi, write)):
+                cols[name].append(v)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
+
+
+def _check_hazards(original: Program, mapping: dict, clocks: list[np.ndarray], problems: list[str]) -> None:
+    t = _range_table(original)
+    if not t:
+        return
+    n = len(t["pos"])
+    if n > MAX_RANGES:
+        problems.append(f"hazard check skipped: {n} ranges exceed the brute-force limit {MAX_RANGES}")
+        return
+    new_index = np.array([mapping[(ENGINES[e], i)] for e, i in zip(t["engine"].tolist(), t["index"].tolist())],
+                         dtype=np.int64)
+    step = max(1, CELLS_PER_BLOCK // n)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        earlier, later = _overlapping_pairs(t, lo, hi)
+        if len(later):
+            _check_pairs(t, new_index, clocks, earlier, later, original, problems)
+        if len(problems) > 20:
+            return
+
+
+def _overlapping_pairs(t, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """(earlier row, later row) of every conflicting pair whose later row is in [lo, hi) (rows are in
+    issue order, so the earlier ones are among the first `hi`)."""
+    b, c = slice(lo, hi), slice(0, hi)
+
+    def col(name):
+        return t[name][None, c]
+
+    def row(name):
+        return t[name][b, None]
+
+    hit = ((col("pos") < row("pos")) & (col("space") == row("space")) & ((col("write") | row("write")) == 1)
+           & (col("l0") < row("l1")) & (row("l0") < col("l1")) & (col("lo") < row("hi")) & (row("lo") < col("hi")))
+    later, earlier = np.nonzero(hit)
+    return earlier, later + lo
+
+
+def _check_pairs(t, new_index, clocks, earlier, later, original, problems) -> None:
+    ea, eb = t["engine"][earlier], t["engine"][later]
+    na, nb = new_index[earlier], new_index[later]
+    same = ea == eb
+    ok = np.where(same, na < nb, False)
+    cross = ~same
+    if cross.any():
+        known = np.zeros(len(earlier), dtype=np.int64)
+        for code in range(3):
+            sel = cross & (eb == code)
+            if sel.any():
+                known[sel] = clocks[code][nb[sel], ea[sel]]
+        ok = ok | (cross & (known >= na + 1))
+    for k in np.flatnonzero(~ok)[:20].tolist():
+        a, b = earlier[k], later[k]
+        problems.append(f"hazard not ordered: original {_name(original, t, a)} "
+                        f"{'writes' if t['write'][a] else 'reads'} bytes that {_name(original, t, b)} "
+                        f"{'writes' if t['write'][b] else 'reads'}; scheduled as "
+                        f"{LETTER[t['engine'][a]]}{new_index[a] + 1} and {LETTER[t['engine'][b]]}{new_index[b] + 1}")
+
+
+def _name(program: Program, t, row) -> str:
+    engine, index = ENGINES[t["engine"][row]], int(t["index"][row])
+    layer = program.layer_of(engine, index)
+    return f"{LETTER[t['engine'][row]]}{index + 1} ({program.queue(engine)[index].op_name}{', ' + layer if layer else ''})"

@@ -1,0 +1,192 @@
+"""CP-SAT refinement of a schedule on rolling windows of its issue order.
+
+A window is `window` consecutive nodes of the current issue order. Everything before it keeps its
+start times (so each engine is free from a known time and every predecessor outside the window
+gives a release time); everything after it keeps its order and is re-timed afterwards. Inside:
+one fixed-size interval per node, NoOverlap per engine, the DAG's precedences with their lags,
+and the objective M >= start + bottom level (the rest of the longest chain after the node) and
+M >= end + the work the node's engine still has after the window. The current schedule is a
+complete hint, and the start domains are cut to [release, M_hint - bottom level] (no better
+solution lies outside). A window is kept only if the re-timed whole schedule has a smaller
+makespan.
+
+Determinism: one worker, a fixed seed and a deterministic-time budget per window (CP-SAT's
+deterministic units, roughly seconds of work) out of a total of `time_limit_s` units; no wall-clock
+limit decides anything, so the same input gives the same order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from tpuflow.scheduler.dag import Dag
+from tpuflow.scheduler.listsched import EdgeTable, Schedule, bottom_levels, retime
+
+SEED = 20260
+WINDOW = 1000
+WINDOW_STEP = 500
+WINDOW_DTIME_CAP = 5.0        # deterministic units per window at most
+MIN_WINDOW_DTIME = 0.05
+
+
+@dataclass
+class WindowStats:
+    windows: int = 0
+    improved: int = 0
+    deterministic_time: float = 0.0
+
+
+class Refiner:
+    """Holds the DAG-derived tables shared by every window."""
+
+    def __init__(self, dag: Dag, edges: EdgeTable | None = None):
+        self.dag = dag
+        self.edges = edges or EdgeTable(dag)
+        self.bl = bottom_levels(dag, self.edges)
+        self.unit = _time_unit(dag)
+
+    def refine(self, sched: Schedule, time_limit_s: float, window: int = WINDOW,
+               step: int = WINDOW_STEP) -> tuple[Schedule, WindowStats]:
+        """Improve `sched` window by window while the deterministic budget lasts."""
+        stats = WindowStats()
+        n = self.dag.size
+        best, best_span = sched, sched.makespan(self.dag)
+        budget = float(time_limit_s)
+        positions = [0] if n <= window else list(range(0, n - step, step))
+        for p in positions:
+            if budget < MIN_WINDOW_DTIME:
+                break
+            dtime = min(WINDOW_DTIME_CAP, budget) if n > window else budget
+            order, used = self.solve_window(best, p, min(n, p + window), dtime)
+            stats.windows += 1
+            stats.deterministic_time += used
+            budget -= max(used, MIN_WINDOW_DTIME)
+            if order is None:
+                continue
+            cand = self._retime_from(best, order, p)
+            span = cand.makespan(self.dag)
+            if span < best_span:
+                best, best_span = cand, span
+                stats.improved += 1
+        return best, stats
+
+    def _retime_from(self, sched: Schedule, order: np.ndarray, p: int) -> Schedule:
+        free = self._engine_free(sched, p)
+        return retime(self.dag, order, self.edges, free, sched.start, p)
+
+    def _engine_free(self, sched: Schedule, p: int) -> list[int]:
+        dag = self.dag
+        free = [0, 0, 0]
+        prefix = sched.order[:p]
+        for e in range(3):
+            mine = prefix[dag.engine[prefix] == e]
+            if len(mine):
+                free[e] = int((sched.start[mine] + dag.duration[mine]).max())
+        return free
+
+    def solve_window(self, sched: Schedule, lo: int, hi: int, dtime: float):
+        """(new issue order or None, deterministic time used) for window positions [lo, hi)."""
+        dag, unit = self.dag, self.unit
+        nodes = sched.order[lo:hi]
+        if len(nodes) < 2:
+            return None, 0.0
+        local = {int(b): k for k, b in enumerate(nodes)}
+        free = self._engine_free(sched, lo)
+        suffix = sched.order[hi:]
+        work_after = [int(dag.duration[suffix[dag.engine[suffix] == e]].sum()) for e in range(3)]
+        starts = sched.start
+        hint_obj = max(max(int(starts[b] + self.bl[b]) for b in nodes),
+                       max(int(starts[b] + dag.duration[b]) + work_after[dag.engine[b]] for b in nodes))
+        earliest = self._earliest(nodes, local, self._releases(nodes, local, free, starts))
+        model = cp_model.CpModel()
+        obj_lo = max(math.ceil((earliest[k] + int(self.bl[b])) / unit) for k, b in enumerate(nodes))
+        for e in range(3):
+            load = int(dag.duration[nodes[dag.engine[nodes] == e]].sum())
+            if load:
+                obj_lo = max(obj_lo, math.ceil((free[e] + load + work_after[e]) / unit))
+        obj_hi = hint_obj // unit + 1
+        if obj_lo >= obj_hi - 1:
+            return None, 0.0          # the current order already reaches the window's bound
+        obj = model.new_int_var(obj_lo, obj_hi, "makespan")
+        svars, intervals = [], [[], [], []]
+        for k, b in enumerate(nodes):
+            d = -(-int(dag.duration[b]) // unit)
+            r = -(-earliest[k] // unit)
+            last = max(r, obj_hi - math.ceil(int(self.bl[b]) / unit))
+            s = model.new_int_var(r, last, f"s{b}")
+            svars.append(s)
+            e = int(dag.engine[b])
+            intervals[e].append(model.new_fixed_size_interval_var(s, d, f"i{b}"))
+            model.add(obj >= s + math.ceil(int(self.bl[b]) / unit))
+            model.add(obj >= s + d + math.ceil(work_after[e] / unit))
+            model.add_hint(s, int(starts[b]) // unit)
+        for group in intervals:
+            if len(group) > 1:
+                model.add_no_overlap(group)
+        self._precedences(model, nodes, local, svars)
+        model.add_hint(obj, obj_hi - 1)
+        model.minimize(obj)
+        solver = cp_model.CpSolver()
+        _parameters(solver, dtime)
+        status = solver.solve(model)
+        used = float(solver.deterministic_time)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or solver.value(obj) >= obj_hi - 1:
+            return None, used
+        new_starts = [solver.value(s) for s in svars]
+        ranked = sorted(range(len(nodes)), key=lambda k: (new_starts[k], k))
+        order = sched.order.copy()
+        order[lo:hi] = nodes[ranked]
+        return order, used
+
+    def _releases(self, nodes, local, free, starts) -> list[int]:
+        dag, ed = self.dag, self.edges
+        out = []
+        for b in nodes.tolist():
+            r = free[dag.engine[b]]
+            for k in range(ed.pred_ptr[b], ed.pred_ptr[b + 1]):
+                a = ed.pred[k]
+                if a not in local:
+                    r = max(r, int(starts[a]) + ed.pred_offset[k])
+            out.append(r)
+        return out
+
+    def _earliest(self, nodes, local, release) -> list[int]:
+        """Release times pushed along the window's own edges (nodes are in a topological order)."""
+        ed = self.edges
+        out = list(release)
+        for k, b in enumerate(nodes.tolist()):
+            for j in range(ed.pred_ptr[b], ed.pred_ptr[b + 1]):
+                a = local.get(ed.pred[j])
+                if a is not None and out[a] + ed.pred_offset[j] > out[k]:
+                    out[k] = out[a] + ed.pred_offset[j]
+        return out
+
+    def _precedences(self, model, nodes, local, svars) -> None:
+        ed, unit = self.edges, self.unit
+        for b in nodes.tolist():
+            for k in range(ed.pred_ptr[b], ed.pred_ptr[b + 1]):
+                a = local.get(ed.pred[k])
+                if a is not None:
+                    model.add(svars[local[b]] >= svars[a] + -(-ed.pred_offset[k] // unit))
+
+
+def _parameters(solver: cp_model.CpSolver, dtime: float) -> None:
+    p = solver.parameters
+    p.num_workers = 1
+    p.random_seed = SEED
+    p.max_deterministic_time = dtime
+    p.max_time_in_seconds = 10.0 * dtime + 10.0   # safety net only: the deterministic budget binds first
+    # presolve's bound propagation crawls along long precedence chains (hundreds of fix-point loops
+    # over 1e5-1e6 time units); the domains given are already tight, so search starts at once
+    p.cp_model_presolve = False
+
+
+def _time_unit(dag: Dag) -> int:
+    """Largest unit (ps) every duration and lag is a multiple of (CP-SAT works in it exactly)."""
+    values = np.concatenate([dag.duration, dag.head, dag.tail])
+    values = values[values > 0]
+    return int(np.gcd.reduce(values)) if len(values) else 1

@@ -1,0 +1,187 @@
+"""The instruction DAG the scheduler orders: nodes, precise-hazard edges, durations and lags (arrays).
+
+Nodes are the program's instructions in original issue order, minus the SYS waits on TILE (they
+are derived from the order, lowering.deps re-inserts them) and minus each queue's trailing
+`end` / `chain_end` (kept last). Edges: RAW/WAR/WAW on precise LMEM and DDR byte ranges
+(scheduler.hazards), the TILE queue order (TILE operands are queue-relative), and the queue
+neighbours of any other SYS instruction (their effect is not described by ranges, so they stay put
+in their queue).
+
+Timing model (integer ps; cycles from hwmodel.timing.instruction_cycles in the engine's clock):
+a node occupies its engine for `duration`; an engine runs one node at a time. An edge a -> b
+means start(b) >= start(a) + duration(a) when both are on one engine (in-order pipeline), and
+start(b) >= start(a) + duration(a) + tail(a) + head(b) across engines: `tail` is the TIU compute
+latency before the sync id advances, `head` the TIU pipe fill (DES + GEN + ISSUE + ARB) paid after
+a wait. Completion (what the makespan counts) is start + duration + tail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpuflow.hwmodel.timing import instruction_cycles, instruction_latency_cycles
+from tpuflow.isa import TILE_WAIT_TAG, ConvTiu, Engine, Mm2Tiu, SysDma, SysTiu, TiuInstruction
+from tpuflow.program import Program
+from tpuflow.scheduler.hazards import HazardFinder
+
+ENGINE_CODES = {Engine.TIU: 0, Engine.GDMA: 1, Engine.TILE: 2}
+CODE_ENGINES = (Engine.TIU, Engine.GDMA, Engine.TILE)
+TILE = 2
+LMEM_LANE_BLOCK = 8          # lanes per index bucket (tile slots are single-lane: keeps buckets short)
+
+
+DEP_FIELDS = ("cmd_id_dep", "wait_tiu_id", "wait_gdma_id")
+
+
+def strip_waits(instr):
+    """The instruction with its dependency fields zeroed (a fast copy: the values stay valid)."""
+    changes = {f: 0 for f in DEP_FIELDS if getattr(instr, f, 0)}
+    if not changes:
+        return instr
+    new = object.__new__(type(instr))
+    new.__dict__.update(instr.__dict__)
+    new.__dict__.update(changes)
+    return new
+
+
+def is_tile_wait(instr) -> bool:
+    return ((isinstance(instr, SysTiu) and instr.op == "wait_msg" and instr.reg_idx == TILE_WAIT_TAG)
+            or (isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG))
+
+
+def is_stream_end(instr) -> bool:
+    return (isinstance(instr, SysTiu) and instr.op == "end") or (isinstance(instr, SysDma) and instr.op == "chain_end")
+
+
+def period_ps(mhz: float) -> int:
+    """Clock period in whole ps (the timing model's rounding)."""
+    return max(1, round(1e6 / mhz))
+
+
+@dataclass
+class Dag:
+    engine: np.ndarray        # int8 engine code per node (0 TIU, 1 GDMA, 2 TILE)
+    queue_index: np.ndarray   # 0-based index in the original engine queue
+    duration: np.ndarray      # ps the node occupies its engine (>= 1)
+    head: np.ndarray          # ps after a cross-engine wait before the node starts
+    tail: np.ndarray          # ps after the node's occupancy before it counts as done
+    pred_ptr: np.ndarray      # CSR: predecessors of node i are pred_idx[pred_ptr[i]:pred_ptr[i+1]]
+    pred_idx: np.ndarray
+    trailer: list[tuple[int, int]]   # (engine code, queue index) of the stream ends, in issue order
+
+    @property
+    def size(self) -> int:
+        return len(self.engine)
+
+    def preds(self, i: int) -> np.ndarray:
+        return self.pred_idx[self.pred_ptr[i]:self.pred_ptr[i + 1]]
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) arrays of every edge."""
+        dst = np.repeat(np.arange(self.size), np.diff(self.pred_ptr))
+        return self.pred_idx.copy(), dst
+
+    def successor_lists(self) -> list[list[int]]:
+        succ: list[list[int]] = [[] for _ in range(self.size)]
+        for b in range(self.size):
+            for a in self.pred_idx[self.pred_ptr[b]:self.pred_ptr[b + 1]].tolist():
+                succ[a].append(b)
+        return succ
+
+    def lag(self, a: int, b: int) -> int:
+        """Extra ps beyond duration(a) between start(a) and start(b) on edge a -> b."""
+        if self.engine[a] == self.engine[b]:
+            return 0
+        return int(self.tail[a] + self.head[b])
+
+
+class _HashableChip:
+    """Stands in for a ChipConfig whose hash fails (its mapping fields are mappingproxies), so that
+    hwmodel.timing.cost's per-chip lru_cache accepts it: attributes delegate, hash = fingerprint.
+    Used only while ChipConfig itself is unhashable."""
+
+    def __init__(self, chip):
+        self._chip, self._key = chip, chip.fingerprint()
+
+    def __getattr__(self, name):
+        return getattr(self._chip, name)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _HashableChip) and other._key == self._key
+
+
+def cost_chip(chip):
+    """`chip`, or a hashable stand-in for it (see _HashableChip)."""
+    try:
+        hash(chip)
+        return chip
+    except TypeError:
+        return _HashableChip(chip)
+
+
+def node_timing(instr, chip) -> tuple[int, int, int]:
+    """(duration, head, tail) in ps of one instruction (`chip` as returned by cost_chip)."""
+    clocks = chip.clocks
+    if isinstance(instr, TiuInstruction):
+        period = period_ps(clocks.tiu_clock_mhz)
+        cycles = instruction_cycles(instr, chip)
+        t = chip.tiu
+        if isinstance(instr, (ConvTiu, Mm2Tiu)):
+            fill = t.cube_des_delay_cycles + t.cube_gen_delay_cycles + t.cube_issue_delay_cycles + t.cube_arb_delay_cycles
+        else:
+            fill = t.vector_des_delay_cycles + t.vector_gen_delay_cycles + t.vector_issue_delay_cycles
+        tail = max(0, instruction_latency_cycles(instr, chip) - cycles - fill)
+        return max(1, cycles * period), fill * period, tail * period
+    mhz = clocks.gdma_clock_mhz if instr.ENGINE is Engine.GDMA else clocks.tile_clock_mhz
+    return max(1, instruction_cycles(instr, chip) * period_ps(mhz)), 0, 0
+
+
+def build_dag(program: Program) -> Dag:
+    """The DAG of `program` (see the module docstring)."""
+    chip = program.chip
+    finder = HazardFinder(chip.lanes, LMEM_LANE_BLOCK, chip.chunk_bytes_per_lane)
+    timing_chip = cost_chip(chip)
+    costs: dict = {}
+    engine, qindex, dur, head, tail, preds_of = [], [], [], [], [], []
+    trailer: list[tuple[int, int]] = []
+    last_ends = {e: len(program.queue(e)) - 1 for e in CODE_ENGINES
+                 if program.queue(e) and is_stream_end(program.queue(e)[-1])}
+    last_node = [-1, -1, -1]
+    pinned_open = [False, False, False]
+    for eng, index in program.issue_sequence():
+        instr = program.queue(eng)[index]
+        code = ENGINE_CODES[eng]
+        if last_ends.get(eng) == index:
+            trailer.append((code, index))
+            continue
+        if is_tile_wait(instr):
+            continue
+        node = len(engine)
+        key = strip_waits(instr)
+        known = costs.get(key)
+        if known is None:
+            acc = None if code == TILE else instr.accesses(chip)
+            known = costs[key] = (node_timing(instr, timing_chip), acc)
+        timing, acc = known
+        preds = finder.add(node, program.accesses(eng, index) if acc is None else acc)
+        pinned = isinstance(instr, (SysTiu, SysDma))
+        if last_node[code] >= 0 and (code == TILE or pinned or pinned_open[code]):
+            preds.add(last_node[code])
+        pinned_open[code] = pinned
+        last_node[code] = node
+        engine.append(code)
+        qindex.append(index)
+        dur.append(timing[0])
+        head.append(timing[1])
+        tail.append(timing[2])
+        preds_of.append(sorted(preds))
+    ptr = np.zeros(len(engine) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(p) for p in preds_of])
+    idx = np.fromiter((a for p in preds_of for a in p), dtype=np.int64, count=int(ptr[-1]))
+    return Dag(np.asarray(engine, np.int8), np.asarray(qindex, np.int64), np.asarray(dur, np.int64),
+               np.asarray(head, np.int64), np.asarray(tail, np.int64), ptr, idx, trailer)

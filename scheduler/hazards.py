@@ -1,0 +1,108 @@
+"""Hazard edges from precise byte ranges: a bucketed index of the live accesses of LMEM and DDR.
+
+Walking the instructions in their original issue order, an instruction X gets an edge from every
+earlier instruction A whose range overlaps one of X's ranges where at least one of the two writes
+(RAW, WAR, WAW), except where the edge is implied by a chain of other edges. The index keeps, per
+bucket (a box of rows x bytes: LMEM lane group x offset bank, or one DDR row x address block),
+the live accesses. A write W that covers an earlier access A inside a bucket retires A from that
+bucket: A -> W is an edge (they overlap and W writes), and anything that later overlaps A's part
+of the bucket overlaps W, so it is ordered after A through W. Reads of the same box are grouped
+into one entry, so a bucket holds one entry per distinct live box.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Entry:
+    """A live box in one bucket (clipped to it): its last writer or the readers since."""
+
+    row_lo: int
+    row_hi: int
+    lo: int
+    hi: int
+    writer: int                                   # node that wrote the box, -1 for a read entry
+    readers: list[int] = field(default_factory=list)
+
+
+class AccessIndex:
+    """Live accesses of one address space, bucketed by (row // row_block, byte // byte_block)."""
+
+    def __init__(self, row_block: int, byte_block: int):
+        self.row_block, self.byte_block = row_block, byte_block
+        self.buckets: dict[tuple[int, int], list[_Entry]] = {}
+
+    def pieces(self, boxes) -> list[tuple]:
+        """(bucket key, row_lo, row_hi, lo, hi) of every bucket the boxes (row, rows, lo, hi) touch,
+        each box clipped to its bucket."""
+        rb, bb = self.row_block, self.byte_block
+        out = []
+        for row, rows, lo, hi in boxes:
+            end = row + rows
+            for r in range(row // rb, (end - 1) // rb + 1):
+                r_lo, r_hi = max(row, r * rb), min(end, r * rb + rb)
+                for b in range(lo // bb, (hi - 1) // bb + 1):
+                    out.append(((r, b), r_lo, r_hi, max(lo, b * bb), min(hi, b * bb + bb)))
+        return out
+
+    def conflicts(self, pieces, is_write: bool, preds: set[int]) -> None:
+        """Add to `preds` every live access that one of `pieces` conflicts with."""
+        get = self.buckets.get
+        for key, r_lo, r_hi, b_lo, b_hi in pieces:
+            for e in get(key, ()):
+                if e.row_lo < r_hi and r_lo < e.row_hi and e.lo < b_hi and b_lo < e.hi:
+                    if e.writer >= 0:
+                        preds.add(e.writer)
+                    elif is_write:
+                        preds.update(e.readers)
+
+    def record(self, pieces, is_write: bool, node: int) -> None:
+        """Make `node`'s access of `pieces` live (after conflicts() was asked for all of them)."""
+        for key, r_lo, r_hi, b_lo, b_hi in pieces:
+            entries = self.buckets.get(key)
+            if entries is None:
+                entries = self.buckets[key] = []
+            if is_write:
+                entries[:] = [e for e in entries if not (r_lo <= e.row_lo and e.row_hi <= r_hi
+                                                         and b_lo <= e.lo and e.hi <= b_hi)]
+                entries.append(_Entry(r_lo, r_hi, b_lo, b_hi, node))
+                continue
+            for e in entries:
+                if e.writer < 0 and e.lo == b_lo and e.hi == b_hi and e.row_lo == r_lo and e.row_hi == r_hi:
+                    e.readers.append(node)
+                    break
+            else:
+                entries.append(_Entry(r_lo, r_hi, b_lo, b_hi, -1, [node]))
+
+
+class HazardFinder:
+    """Precise-range predecessors of each instruction, fed in original issue order."""
+
+    def __init__(self, lanes: int, lane_block: int, lmem_block: int, ddr_block: int = 1 << 16):
+        self.lmem = AccessIndex(min(lane_block, lanes), lmem_block)
+        self.ddr = AccessIndex(1, ddr_block)
+
+    def add(self, node: int, acc) -> set[int]:
+        """Predecessors of `node` with accesses `acc` (an isa Accesses), then record them."""
+        lmem, ddr = self.lmem, self.ddr
+        parts = (
+            (lmem, lmem.pieces([(r.lane, r.lanes, r.lo, r.hi) for r in acc.lmem_reads if r.hi > r.lo and r.lanes > 0]),
+             lmem.pieces([(r.lane, r.lanes, r.lo, r.hi) for r in acc.lmem_writes if r.hi > r.lo and r.lanes > 0])),
+            (ddr, ddr.pieces([(0, 1, r.lo, r.hi) for r in acc.ddr_reads if r.hi > r.lo]),
+             ddr.pieces([(0, 1, r.lo, r.hi) for r in acc.ddr_writes if r.hi > r.lo])),
+        )
+        preds: set[int] = set()
+        for index, reads, writes in parts:
+            if reads:
+                index.conflicts(reads, False, preds)
+            if writes:
+                index.conflicts(writes, True, preds)
+        for index, reads, writes in parts:
+            if reads:
+                index.record(reads, False, node)
+            if writes:
+                index.record(writes, True, node)
+        preds.discard(node)
+        return preds
