@@ -18,7 +18,7 @@ from tpuflow.lowering.ops.matmul import MatmulEmitter
 from tpuflow.lowering.ops.movement import MoveEmitter, ViewEmitter
 from tpuflow.lowering.ops.pool import PoolEmitter
 from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
-from tpuflow.lowering.prepare import materialize_broadcasts
+from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts
 from tpuflow.lowering.tensors import make_tile
 from tpuflow.lowering.weights import WeightImage
 from tpuflow.options import CompileOptions
@@ -45,7 +45,7 @@ def scratch_bytes(graph: Graph, groups: list[Group], options: CompileOptions) ->
 
 
 def lower(graph: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
-    graph = materialize_broadcasts(graph)
+    graph = materialize_broadcasts(fold_matmul_transposes(graph))
     groups = form_groups(graph, fuse_pool=options.matmul == "tiu")
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options))
     weights = WeightImage(ddr.weight_base)

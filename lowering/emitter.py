@@ -95,6 +95,12 @@ class Emitter:
         """One row of `dst.w` elements at src_addr, replicated into every channel of `dst`
         (DDR channel stride 0)."""
         n, c, h, w = dst.shape
+        lanes, lb = self.chip.lanes, self.chip.lmem_bytes_per_lane
+        if n == 1 and h == 1 and (dst.addr // lb) % lanes + c <= lanes:
+            # read the row once and write it into every lane (dma.general.broadcast)
+            self.gdma(GeneralDma(op="broadcast", src_start_addr=src_addr, dst_start_addr=self._lmem_side(dst)[0],
+                                 src_cstride=w, dst_csize=c, src_data_format=int(prec)))
+            return
         src_strides = (0, 0, w, 1)
         self._tensor_dma(src_addr, dst.shape, src_strides, *self._lmem_side(dst), prec)
 

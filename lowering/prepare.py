@@ -19,6 +19,41 @@ def _fits_some_view(graph: Graph, node: OpNode) -> bool:
     return False
 
 
+def fold_matmul_transposes(graph: Graph) -> Graph:
+    """MatMul operands produced by a Transpose that nothing else reads are read through the
+    permutation instead (attrs a_perm / b_perm): a batch-dim permutation is a strided view, a
+    swap of B's last two dims makes B^T rows (mm2.nt / column-major tile loads). Saves the DDR
+    round trip of the transposed copy."""
+    drop, rewrite = set(), {}
+    for node in graph.nodes():
+        if node.op_type != "MatMul":
+            continue
+        attrs = dict(node.attrs)
+        inputs = list(node.inputs)
+        for i, key in ((0, "a_perm"), (1, "b_perm")):
+            producer = graph.producer(inputs[i])
+            if producer is None or producer.op_type != "Transpose" or _escapes(graph, producer.outputs[0]):
+                continue
+            perm = tuple(producer.attr("perm"))
+            rank = len(perm)
+            if rank < 2 or graph.tensor(producer.inputs[0]).is_const:
+                continue
+            if perm[-1] != rank - 1 and not (i == 1 and perm[-2] == rank - 1):
+                continue
+            inputs[i], attrs[key] = producer.inputs[0], perm
+            drop.add(producer.name)
+        if len(drop) and inputs != list(node.inputs):
+            rewrite[node.name] = OpNode(node.name, node.op_type, tuple(inputs), node.outputs, attrs)
+    if not rewrite:
+        return graph
+    nodes = [rewrite.get(n.name, n) for n in graph.nodes() if n.name not in drop]
+    return Graph(graph.name, nodes, dict(graph.tensors), graph.inputs, graph.outputs, graph.model, graph.opset)
+
+
+def _escapes(graph: Graph, tensor: str) -> bool:
+    return tensor in graph.outputs or len(graph.consumers(tensor)) != 1
+
+
 def materialize_broadcasts(graph: Graph) -> Graph:
     """The graph with every elementwise node row-wise representable (or the graph itself)."""
     nodes, tensors, changed = [], dict(graph.tensors), False

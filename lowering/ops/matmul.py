@@ -18,13 +18,24 @@ from tpuflow.lowering.tiling import pipelined, steps
 
 
 @dataclass(frozen=True)
+class OperandView:
+    """A matmul operand as a strided view of a DDR tensor: element (batch b, row r, col c) at
+    offset(b) + r * row_stride + c (columns are contiguous). `transposed` marks B given as B^T
+    (rows = N, cols = K): a Transpose folded into the matmul."""
+
+    batch_strides: tuple[int, ...]
+    row_stride: int
+    transposed: bool = False
+
+
+@dataclass(frozen=True)
 class MatmulGeom:
     batch: tuple[int, ...]        # output batch shape
     m: int
     k: int
     n: int
-    a_batch_strides: tuple[int, ...]   # element offset of A per batch index (0 = broadcast)
-    b_batch_strides: tuple[int, ...]
+    a: OperandView
+    b: OperandView
 
     @property
     def batch_count(self) -> int:
@@ -34,37 +45,44 @@ class MatmulGeom:
         """(A offset, B offset, Y offset) in elements of batch `index`."""
         a = b = 0
         rest = index
-        for size, sa, sb in reversed(list(zip(self.batch, self.a_batch_strides, self.b_batch_strides))):
+        for size, sa, sb in reversed(list(zip(self.batch, self.a.batch_strides, self.b.batch_strides))):
             rest, i = divmod(rest, size)
             a += i * sa
             b += i * sb
         return a, b, index * self.m * self.n
 
 
+def _view(shape: list[int], perm, rank: int, role: str) -> tuple[list[int], list[int], OperandView]:
+    """Logical [batch..., rows, cols] shape and view of an operand stored as `shape`, read
+    through `perm` (a folded Transpose) when given."""
+    if len(shape) == 1:
+        shape = [1] + shape if role == "a" else shape + [1]
+    st = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        st[i] = st[i + 1] * shape[i + 1]
+    perm = list(perm) if perm is not None else list(range(len(shape)))
+    lshape, lst = [shape[p] for p in perm], [st[p] for p in perm]
+    transposed = lst[-1] != 1
+    rows_stride = lst[-1] if transposed else lst[-2]
+    pad = rank - (len(lshape) - 2)
+    dims, strides = [1] * pad + lshape[:-2], [0] * pad + lst[:-2]
+    batch = tuple(s if d > 1 else 0 for d, s in zip(dims, strides))
+    return lshape[-2:], dims, OperandView(batch, rows_stride, transposed)
+
+
 def matmul_geometry(ctx: LowerCtx, node) -> MatmulGeom:
     g = ctx.graph
     a_shape, b_shape = list(g.tensor(node.inputs[0]).shape), list(g.tensor(node.inputs[1]).shape)
-    if len(a_shape) == 1:
-        a_shape = [1] + a_shape
-    if len(b_shape) == 1:
-        b_shape = b_shape + [1]
-    m, k = a_shape[-2:]
-    k2, n = b_shape[-2:]
+    a_perm, b_perm = node.attr("a_perm"), node.attr("b_perm")
+    rank = max(len(a_shape) if len(a_shape) > 1 else 2, len(b_shape) if len(b_shape) > 1 else 2) - 2
+    (m, k), ab, a_view = _view(a_shape, a_perm, rank, "a")
+    (k2, n), bb, b_view = _view(b_shape, b_perm, rank, "b")
     if k != k2:
         raise LoweringError(f"node {node.name}: MatMul inner dimensions {k} and {k2} differ")
-    rank = max(len(a_shape), len(b_shape)) - 2
-    ab = [1] * (rank - len(a_shape) + 2) + a_shape[:-2]
-    bb = [1] * (rank - len(b_shape) + 2) + b_shape[:-2]
+    if a_view.transposed:
+        raise LoweringError(f"node {node.name}: a transposed left operand is not supported")
     batch = tuple(max(x, y) for x, y in zip(ab, bb))
-    return MatmulGeom(batch, m, k, n, _batch_strides(ab, m * k), _batch_strides(bb, k * n))
-
-
-def _batch_strides(dims: list[int], matrix: int) -> tuple[int, ...]:
-    strides, acc = [], matrix
-    for d in reversed(dims):
-        strides.append(acc if d > 1 else 0)
-        acc *= d
-    return tuple(reversed(strides))
+    return MatmulGeom(batch, m, k, n, a_view, b_view)
 
 
 class MatmulEmitter:
@@ -91,10 +109,10 @@ class MatmulEmitter:
     def _sizes(self, mt: int, nt: int, kt: int, r_resident: bool) -> tuple[list[int], list[int], list[int]]:
         chip, prec, geo = self.chip, self.ctx.prec, self.geom
         split = kt < geo.k
-        res = [tile_bytes_per_lane(chip, (1, geo.k, 1, geo.n), prec)] if r_resident else []
+        res = [tile_bytes_per_lane(chip, self._r_shape(geo.k, geo.n), prec)] if r_resident else []
         load = [tile_bytes_per_lane(chip, (1, mt, 1, kt), prec)]
         if not r_resident:
-            load.append(tile_bytes_per_lane(chip, (1, kt, 1, nt), prec))
+            load.append(tile_bytes_per_lane(chip, self._r_shape(kt, nt), prec))
         out_shape = (1, mt, 1, nt)
         outs = [tile_bytes_per_lane(chip, out_shape, self._res_prec(split))] + self.epi.set_sizes(out_shape)
         if self._res_prec(split) != prec:
@@ -132,7 +150,7 @@ class MatmulEmitter:
         self.out_sets = [s[len(load):] for s in sets]
         r_res_count = 1 if self.r_res else 0
         self.epi.load_residents(res_offs[r_res_count:], self._epi_rows(), geo.n)
-        self.r_tile = make_tile(chip, res_offs[0], (1, geo.k, 1, geo.n), ctx.prec) if self.r_res else None
+        self.r_tile = make_tile(chip, res_offs[0], self._r_shape(geo.k, geo.n), ctx.prec) if self.r_res else None
         loaded_b = None
         k_steps = steps(geo.k, self.kt)
         for b in range(geo.batch_count):
@@ -152,12 +170,18 @@ class MatmulEmitter:
             ctx.note_layer(n.name, n.op_type, lmem_peak=self.arena.peak, group=self.group.name)
 
     def _a_region(self, a_off, m0, mt, k0, kt) -> DRegion:
-        geo, prec = self.geom, self.ctx.prec
-        return DRegion(self.a_addr + (a_off + m0 * geo.k + k0) * prec.bytes, (1, mt, 1, kt), (mt * geo.k, geo.k, kt, 1), prec)
+        rs, prec = self.geom.a.row_stride, self.ctx.prec
+        return DRegion(self.a_addr + (a_off + m0 * rs + k0) * prec.bytes, (1, mt, 1, kt), (mt * rs, rs, kt, 1), prec)
 
     def _b_region(self, b_off, k0, kt, n0, nt) -> DRegion:
-        geo, prec = self.geom, self.ctx.prec
-        return DRegion(self.b_addr + (b_off + k0 * geo.n + n0) * prec.bytes, (1, kt, 1, nt), (kt * geo.n, geo.n, nt, 1), prec)
+        """B rows k0.. / cols n0.. — or, for a folded transpose, B^T rows n0.. / cols k0.."""
+        rs, prec = self.geom.b.row_stride, self.ctx.prec
+        if self.geom.b.transposed:
+            return DRegion(self.b_addr + (b_off + n0 * rs + k0) * prec.bytes, (1, nt, 1, kt), (nt * rs, rs, kt, 1), prec)
+        return DRegion(self.b_addr + (b_off + k0 * rs + n0) * prec.bytes, (1, kt, 1, nt), (kt * rs, rs, nt, 1), prec)
+
+    def _r_shape(self, kt: int, nt: int) -> tuple[int, int, int, int]:
+        return (1, nt, 1, kt) if self.geom.b.transposed else (1, kt, 1, nt)
 
     def _y_region(self, addr: int, y_off, m0, mt, n0, nt) -> DRegion:
         geo, prec = self.geom, self.ctx.prec
@@ -171,7 +195,7 @@ class MatmulEmitter:
         em.layer = self.node.name
         em.load(make_tile(chip, self.load_sets[s][0], (1, mt, 1, kt), prec), self._a_region(a_off, m0, mt, k0, kt))
         if not self.r_res:
-            em.load(make_tile(chip, self.load_sets[s][1], (1, kt, 1, nt), prec), self._b_region(b_off, k0, kt, n0, nt))
+            em.load(make_tile(chip, self.load_sets[s][1], self._r_shape(kt, nt), prec), self._b_region(b_off, k0, kt, n0, nt))
         if ks == len(k_steps) - 1 and self.epi.full:
             out_offs = self.out_sets[ti % len(self.out_sets)]
             self.epi.load_tile(out_offs[1:], (1, mt, 1, nt), lambda addr: self._y_region(addr, y_off, m0, mt, n0, nt))
@@ -188,10 +212,11 @@ class MatmulEmitter:
         if self.r_res:
             right = self.r_tile
         else:
-            right = make_tile(chip, self.load_sets[s][1], (1, kt, 1, nt), prec)
+            right = make_tile(chip, self.load_sets[s][1], self._r_shape(kt, nt), prec)
         em.layer = self.node.name
-        em.tiu(Mm2Tiu(op="nn", res0_addr=res.addr, res0_c=mt, res0_w=nt, opd0_addr=left.addr, opd0_c=mt, opd0_w=kt,
-                      opd1_addr=right.addr, opd1_c=kt, opd1_w=nt, opt_res0_prec=int(res.prec),
+        em.tiu(Mm2Tiu(op="nt" if geo.b.transposed else "nn", res0_addr=res.addr, res0_c=mt, res0_w=nt,
+                      opd0_addr=left.addr, opd0_c=mt, opd0_w=kt, opd1_addr=right.addr, opd1_c=right.c,
+                      opd1_w=right.w, opt_res0_prec=int(res.prec),
                       opt_opd0_prec=int(prec), opt_opd1_prec=int(prec), opt_res_add=0 if ks == 0 else 1))
         if ks == len(k_steps) - 1:
             value = res

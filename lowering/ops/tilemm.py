@@ -104,11 +104,12 @@ class ConstOperand(Operand):
 
 
 class RowsOperand(Operand):
-    """A runtime row-major matrix in DDR, rearranged into Nz / Zn by strided DMAs."""
+    """A runtime matrix in DDR (row-major with `row_stride`, or column-major when `col_major`:
+    element (i, j) at i + j * row_stride), rearranged into Nz / Zn by strided DMAs."""
 
-    def __init__(self, ctx, layout, addr: int, rows: int, cols: int, row_stride: int):
+    def __init__(self, ctx, layout, addr: int, rows: int, cols: int, row_stride: int, col_major: bool = False):
         super().__init__(ctx, layout, rows, cols)
-        self.addr, self.row_stride = addr, row_stride
+        self.addr, self.row_stride, self.col_major = addr, row_stride, col_major
 
     def load(self, slot_addr, r0, r, c0, c) -> None:
         ctx, e = self.ctx, self.prec.bytes
@@ -116,12 +117,12 @@ class RowsOperand(Operand):
         dst = global_lmem_address(slot_addr, ctx.chip)
         if (rp, cp) != (r, c):
             ctx.em.fill(DRegion(dst, (1, 1, 1, rp * cp), (rp * cp, rp * cp, rp * cp, 1), self.prec), 0.0)
-        src = self.addr + (r0 * self.row_stride + c0) * e
+        rs, cs = (1, self.row_stride) if self.col_major else (self.row_stride, 1)
+        src = self.addr + (r0 * rs + c0 * cs) * e
         if self.layout == "nz":      # chunks of k0 columns; inside a chunk rows then columns
-            self._chunks(dst, src, c, self.k0, (self.k0, 0, self.row_stride, 1), (rp * self.k0, 0, self.k0, 1), r)
+            self._chunks(dst, src, c, self.k0, (self.k0 * cs, 0, rs, cs), (rp * self.k0, 0, self.k0, 1), r)
         else:                        # chunks of k0 rows; inside a chunk columns then rows
-            self._chunks(dst, src, r, self.k0, (self.k0 * self.row_stride, 0, 1, self.row_stride),
-                         (cp * self.k0, 0, self.k0, 1), c)
+            self._chunks(dst, src, r, self.k0, (self.k0 * rs, 0, cs, rs), (cp * self.k0, 0, self.k0, 1), c)
 
     def _chunks(self, dst, src, extent, k0, src_st, dst_st, other) -> None:
         e = self.prec.bytes
@@ -276,8 +277,8 @@ class TileMatmulEmitter:
         prec = ctx.prec
         for b in range(geo.batch_count):
             a_off, b_off, y_off = geo.offsets(b)
-            a = self._operand(self.node.inputs[0], "nz", geo.m, geo.k, a_off, f"{self.node.name}:A{b}")
-            bop = self._operand(self.node.inputs[1], "zn", geo.k, geo.n, b_off, f"{self.node.name}:B{b}")
+            a = self._operand(self.node.inputs[0], "nz", geo.m, geo.k, a_off, geo.a, f"{self.node.name}:A{b}")
+            bop = self._operand(self.node.inputs[1], "zn", geo.k, geo.n, b_off, geo.b, f"{self.node.name}:B{b}")
             gemm = TileGemm(ctx, a, bop, geo.m, geo.n, geo.k, Prec.FP32 if out.needs_tiu else prec, self.bias,
                             self.node.name)
             if b == 0:
@@ -296,13 +297,15 @@ class TileMatmulEmitter:
         for n in self.group.epilogue:
             ctx.note_layer(n.name, n.op_type, group=self.group.name)
 
-    def _operand(self, tensor: str, layout: str, rows: int, cols: int, offset: int, key: str) -> Operand:
+    def _operand(self, tensor: str, layout: str, rows: int, cols: int, offset: int, view, key: str) -> Operand:
         info = self.ctx.graph.tensor(tensor)
         if info.const is not None:
-            full = np.asarray(info.const, np.float32).reshape(-1)[offset: offset + rows * cols].reshape(rows, cols)
-            return ConstOperand(self.ctx, layout, full, key, 0, 0)
+            flat = np.asarray(info.const, np.float32).reshape(-1)[offset:]
+            shape = (cols, rows) if view.transposed else (rows, cols)
+            full = np.lib.stride_tricks.as_strided(flat, shape, (view.row_stride * 4, 4))
+            return ConstOperand(self.ctx, layout, np.ascontiguousarray(full.T if view.transposed else full), key, 0, 0)
         addr = self.ctx.ddr_addr(tensor) + offset * self.ctx.prec.bytes
-        return RowsOperand(self.ctx, layout, addr, rows, cols, cols)
+        return RowsOperand(self.ctx, layout, addr, rows, cols, view.row_stride, col_major=view.transposed)
 
 
 def _is_col_bias(ctx: LowerCtx, node, value: str, n: int) -> bool:

@@ -54,3 +54,13 @@ def test_program_reports_its_fused_groups(model):
     assert program.fused_groups and all(len(g) > 1 for g in program.fused_groups)
     fused_layers = {name for g in program.fused_groups for name in g}
     assert {info.fused_group for name, info in program.layers.items() if name in fused_layers} - {""}
+
+
+def test_attention_transposes_fold_into_the_matmuls():
+    graph = load_graph("bert_layer")
+    program = lower(graph, load_chip(), CompileOptions())
+    transposes = [n.name for n in graph.nodes() if n.op_type == "Transpose"]
+    assert transposes
+    emitted = set(program.tiu_layers) | set(program.gdma_layers)
+    assert not emitted & set(transposes)                  # read through strided / transposed views
+    assert any(i.op_name == "mm2.nt" for i in program.tiu)
