@@ -9,7 +9,7 @@ from tpuflow.hwmodel.timing.clocks import Clocks
 from tpuflow.hwmodel.timing.deps import Waits
 from tpuflow.hwmodel.timing.descriptors import descriptor_bits
 from tpuflow.hwmodel.timing.engines import GDMA, TILE, TIU, GdmaEngine, TiuEngine, TileEngine
-from tpuflow.hwmodel.timing.events import TRANSFER, EventQueue
+from tpuflow.hwmodel.timing.events import EventQueue
 from tpuflow.hwmodel.timing.gdma import CommandModel
 from tpuflow.hwmodel.timing.ife import Ife
 from tpuflow.hwmodel.timing.result import STAGES, STALLS, DramResult, SimResult, busy_union_ps
@@ -71,7 +71,7 @@ class Simulator:
         c = self.cols[code]
         c["transfer"][index] = arrival
         c["fifo_full"][index] += max(0, now - c["issue"][index] - self.ife.handover)
-        self.queue.schedule(arrival, TRANSFER, self.engines[code].arrive, index)
+        self.engines[code].arrive(index, arrival)
 
     def cmd_taken(self, code: int, index: int) -> None:
         self.ife.cmd_taken(code, self.pos_of[code][index])
@@ -111,5 +111,8 @@ class Simulator:
                          events=self.queue.processed, chip_fingerprint=self.chip.fingerprint())
 
 
+_CODE = {e: i for i, e in enumerate(ENGINES)}
+
+
 def e_code(engine) -> int:
-    return ENGINES.index(engine)
+    return _CODE[engine]

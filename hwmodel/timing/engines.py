@@ -58,8 +58,9 @@ class EngineBase:
         raise NotImplementedError
 
     # --- shared
-    def arrive(self, index: int) -> None:
-        self.arrival[index] = self.q.now
+    def arrive(self, index: int, at: int) -> None:
+        """The IFE hands `index` over now; it is in the command list at `at` (earliest() honours it)."""
+        self.arrival[index] = at
         self.cmds.append(index)
         self.poke()
 

@@ -129,6 +129,11 @@ class WdcParams:
     def decode(self, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(umc, bank key = umc * banks + bank, row) of DDR byte addresses."""
         g = addr >> self.granule_bits
+        if all(v & (v - 1) == 0 for v in (self.umcs, self.page_bytes, self.banks)):   # shifts and masks
+            ub, pb, bb = (v.bit_length() - 1 for v in (self.umcs, self.page_bytes, self.banks))
+            umc = g & (self.umcs - 1)
+            page = (((g >> ub) << self.granule_bits) | (addr & ((1 << self.granule_bits) - 1))) >> pb
+            return umc, (umc << bb) | (page & (self.banks - 1)), page >> bb
         umc = g % self.umcs
         local = ((g // self.umcs) << self.granule_bits) | (addr & ((1 << self.granule_bits) - 1))
         page = local // self.page_bytes
@@ -256,6 +261,11 @@ class FabricLimits:
         return FabricLimits(refs, order, self.rank[np.isin(self.order, keep)])
 
 
+def _narrow(keys: np.ndarray) -> np.ndarray:
+    """16-bit keys when they fit (numpy sorts those with a stable radix sort)."""
+    return keys.astype(np.int16) if len(keys) == 0 or int(keys.max()) < (1 << 15) else keys
+
+
 def _may_exceed(group: np.ndarray, limit: int, window: int) -> bool:
     """Whether some `window` consecutive requests may hold more than `limit` of one group: any such window
     lies within two consecutive blocks of `window` requests."""
@@ -280,7 +290,8 @@ def fabric_limits(p: WdcParams, umc: np.ndarray, stream: np.ndarray) -> FabricLi
         if first is None:
             index, first = np.arange(n), np.searchsorted(stream, stream, side="left")
         group = stream * p.umcs + umc // per_group
-        order = np.argsort(group, kind="stable")
+        order = np.argsort((umc // per_group).astype(np.int16), kind="stable")
+        order = order[np.argsort(_narrow(stream[order]), kind="stable")]
         g = group[order]
         starts, counts = runs(g)
         rank = index - np.repeat(starts, counts)
@@ -295,7 +306,8 @@ def fabric_limits(p: WdcParams, umc: np.ndarray, stream: np.ndarray) -> FabricLi
     if not refs:
         return None
     channel = stream * p.umcs + umc // p.umcs_per_channel
-    order = np.argsort(channel, kind="stable")
+    order = np.argsort((umc // p.umcs_per_channel).astype(np.int16), kind="stable")
+    order = order[np.argsort(_narrow(stream[order]), kind="stable")]
     _, counts = runs(channel[order])
     return FabricLimits(refs, order, group_rank(counts))
 
@@ -303,12 +315,24 @@ def fabric_limits(p: WdcParams, umc: np.ndarray, stream: np.ndarray) -> FabricLi
 def _service_order(p: WdcParams, umc, stream, bank_key, row) -> np.ndarray:
     """Issue indices in service order: by stream, then UMC (stable), then AuxCam page grouping."""
     order = np.argsort(umc.astype(np.int16), kind="stable")          # radix sorts (16-bit keys)
-    narrow = np.int16 if len(stream) == 0 or stream[-1] < (1 << 15) else np.int64
-    order = order[np.argsort(stream[order].astype(narrow), kind="stable")]
+    order = order[np.argsort(_narrow(stream[order]), kind="stable")]
     key = stream[order] * p.umcs + umc[order]
     page = (bank_key[order] % p.banks) + row[order] * p.banks         # the UMC-local page number
-    if not np.any((key[1:] == key[:-1]) & (page[1:] < page[:-1])):
+    back = (key[1:] == key[:-1]) & (page[1:] < page[:-1])
+    if not np.any(back):
         return order             # pages never go back within a (stream, UMC): already grouped
+    starts, counts = runs(key)
+    affected = np.zeros(len(starts), dtype=bool)           # only (stream, UMC) runs whose pages go back
+    affected[np.searchsorted(starts, np.flatnonzero(back) + 1, side="right") - 1] = True
+    sel = np.repeat(affected, counts)
+    sub = _cam_reorder(p, order[sel], key[sel], page[sel], stream)
+    order = order.copy()
+    order[sel] = sub
+    return order
+
+
+def _cam_reorder(p: WdcParams, order, key, page, stream) -> np.ndarray:
+    """AuxCam page grouping of whole (stream, UMC) runs (see the module docstring)."""
     starts, counts = runs(key)
     pos = np.arange(len(order)) - np.repeat(starts, counts)           # position among the UMC's requests
     stream_first = np.searchsorted(stream, stream[order], side="left")
