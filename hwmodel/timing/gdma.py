@@ -95,22 +95,38 @@ class CommandModel:
         self.iterations = 0
 
     # ------------------------------------------------------------------ assembly
+    CHUNK_BURSTS = 1 << 21      # commands are solved in chunks of about this many bursts (memory bound)
+
     def table(self, instrs: list[Instruction]) -> CommandTable:
-        n = len(instrs)
-        reads, writes, rk, wk, src_bytes, dst_bytes = [], [], [], [], [], []
-        for instr in instrs:
-            if isinstance(instr, SysDma):
-                src, dst = None, None
-            else:
-                src, dst = transfer_sides(instr, self.chip)
-            reads.append(side_bursts(src, self.chip, self.burst_bytes) if src is not None else None)
-            writes.append(side_bursts(dst, self.chip, self.burst_bytes) if dst is not None else None)
-            rk.append(NONE if src is None else (LMEM if src.lmem else DDR))
-            wk.append(NONE if dst is None else (LMEM if dst.lmem else DDR))
-            src_bytes.append(src.nbytes if src is not None else 0)
-            dst_bytes.append(dst.nbytes if dst is not None else 0)
-        rs, ws = _Side(reads, rk), _Side(writes, wk)
+        """Every command's timeline; chunks of commands carry the DRAM page state from one to the next,
+        so chunking changes nothing but the memory used."""
         state = DramState(self.p)
+        parts, chunk, bursts = [], [], 0
+        for instr in instrs:
+            sides = self._sides(instr)
+            chunk.append(sides)
+            bursts += sum(len(b) for b in sides[:2] if b is not None)
+            if bursts >= self.CHUNK_BURSTS:
+                parts.append(self._chunk(chunk, state))
+                chunk, bursts = [], 0
+        if chunk or not parts:
+            parts.append(self._chunk(chunk, state))
+        cat = (lambda f: np.concatenate([getattr(p, f) for p in parts]))
+        return CommandTable(cat("end"), cat("credit_stall"), cat("dram_stall"), cat("ddr_bursts"), cat("nbytes"),
+                            cat("dram_first"), cat("dram_last"), state, self.iterations)
+
+    def _sides(self, instr: Instruction):
+        """(read bursts, write bursts, read kind, write kind, src bytes, dst bytes) of one command."""
+        src, dst = (None, None) if isinstance(instr, SysDma) else transfer_sides(instr, self.chip)
+        return (side_bursts(src, self.chip, self.burst_bytes) if src is not None else None,
+                side_bursts(dst, self.chip, self.burst_bytes) if dst is not None else None,
+                NONE if src is None else (LMEM if src.lmem else DDR), NONE if dst is None else (LMEM if dst.lmem else DDR),
+                src.nbytes if src is not None else 0, dst.nbytes if dst is not None else 0)
+
+    def _chunk(self, chunk: list, state: DramState) -> CommandTable:
+        n = len(chunk)
+        reads, writes, rk, wk, src_bytes, dst_bytes = (list(col) for col in zip(*chunk)) if chunk else ([],) * 6
+        rs, ws = _Side(reads, rk), _Side(writes, wk)
         plan = self._plan(rs, ws, state)
         ddr_read = self._ddr(plan, rs, False, np.full(len(rs.select(DDR)), self.setup, dtype=np.int64))
         data = np.full(len(rs.addr), self.setup, dtype=np.int64)
@@ -118,7 +134,7 @@ class CommandModel:
         data[lm] = self._lmem_port(rs, lm, np.full(len(lm), self.setup, dtype=np.int64))
         if ddr_read is not None:
             data[rs.select(DDR)] = ddr_read.release
-        ready = self._write_ready(rs, ws, data, np.asarray(src_bytes), np.asarray(dst_bytes))
+        ready = self._write_ready(rs, ws, data, np.asarray(src_bytes, dtype=np.int64), np.asarray(dst_bytes, dtype=np.int64))
         done = np.zeros(len(ws.addr), dtype=np.int64)
         lm = ws.select(LMEM)
         done[lm] = self._lmem_port(ws, lm, ready[lm])
@@ -128,7 +144,7 @@ class CommandModel:
         if ddr_write is not None:
             done[dd] = ddr_write.release
         self.streams = (ddr_read, ddr_write)
-        return self._collect(n, ws, done, self.streams, np.asarray(dst_bytes), state)
+        return self._collect(n, ws, done, self.streams, np.asarray(dst_bytes, dtype=np.int64), state)
 
     def _plan(self, rs: _Side, ws: _Side, state: DramState) -> DramPlan | None:
         r, w = rs.select(DDR), ws.select(DDR)

@@ -96,3 +96,22 @@ def test_every_builtin_chip_simulates_a_compiled_model(chip_name):
     if chip_name == "sg2262":
         _, ref = compile_model("small_cnn", CHIP, CompileOptions(schedule="program"))
         assert r.total_ps > simulate(ref).total_ps
+
+
+def test_solving_gdma_commands_in_chunks_changes_nothing():
+    """The command table is solved in chunks of commands (memory); the DRAM page state carries over, so
+    any chunk size gives the same timelines and counters."""
+    from tpuflow.hwmodel.timing.clocks import Clocks
+    from tpuflow.hwmodel.timing.gdma import CommandModel
+    b = ProgramBuilder(CHIP)
+    for k in range(12):
+        b.add(load(CHIP, k * 40_000, (k % 3) * 0x10000, (1, 64, 8, 16 + k)))
+        b.add(store(CHIP, (k % 3) * 0x10000, (1 << 24) + k * 50_000, (1, 64, 8, 16 + k)))
+    gdma = b.build().gdma
+    whole = CommandModel(CHIP, Clocks.of(CHIP)).table(gdma)
+    small = CommandModel(CHIP, Clocks.of(CHIP))
+    small.CHUNK_BURSTS = 50
+    parts = small.table(gdma)
+    for field in ("end", "credit_stall", "dram_stall", "ddr_bursts", "dram_first", "dram_last"):
+        assert (getattr(whole, field) == getattr(parts, field)).all(), field
+    assert (whole.state.page_misses == parts.state.page_misses).all()
