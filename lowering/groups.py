@@ -174,6 +174,8 @@ def _group_at(graph: Graph, node: OpNode, order: list[OpNode], pos: int, taken: 
                      CONV_EPILOGUE_SPLIT)
     if op == "MatMul":
         split = len(graph.tensor(node.outputs[0]).shape) - 1
+        if node.attr("y_perm") is not None:            # stores through a folded Transpose: no epilogue
+            return Group("matmul", [node], split)
         return Group("matmul", [node] + _absorb_epilogue(graph, node, split, True, taken), split)
     if op in ("MaxPool", "AveragePool"):
         return Group("pool", [node], CONV_EPILOGUE_SPLIT)

@@ -42,8 +42,15 @@ def fold_matmul_transposes(graph: Graph) -> Graph:
                 continue
             inputs[i], attrs[key] = producer.inputs[0], perm
             drop.add(producer.name)
-        if len(drop) and inputs != list(node.inputs):
-            rewrite[node.name] = OpNode(node.name, node.op_type, tuple(inputs), node.outputs, attrs)
+        outputs = node.outputs
+        consumer = graph.consumers(node.outputs[0])
+        if len(consumer) == 1 and consumer[0].op_type == "Transpose" and not _escapes(graph, node.outputs[0]):
+            perm = tuple(consumer[0].attr("perm"))
+            if len(perm) >= 3 and perm[-1] == len(perm) - 1:       # store straight into the permuted layout
+                outputs, attrs["y_perm"] = consumer[0].outputs, perm
+                drop.add(consumer[0].name)
+        if inputs != list(node.inputs) or outputs != node.outputs:
+            rewrite[node.name] = OpNode(node.name, node.op_type, tuple(inputs), tuple(outputs), attrs)
     if not rewrite:
         return graph
     nodes = [rewrite.get(n.name, n) for n in graph.nodes() if n.name not in drop]

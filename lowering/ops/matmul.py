@@ -36,6 +36,7 @@ class MatmulGeom:
     n: int
     a: OperandView
     b: OperandView
+    y: OperandView        # where results go: contiguous, or through a folded output Transpose
 
     @property
     def batch_count(self) -> int:
@@ -43,13 +44,15 @@ class MatmulGeom:
 
     def offsets(self, index: int) -> tuple[int, int, int]:
         """(A offset, B offset, Y offset) in elements of batch `index`."""
-        a = b = 0
+        a = b = y = 0
         rest = index
-        for size, sa, sb in reversed(list(zip(self.batch, self.a.batch_strides, self.b.batch_strides))):
+        for size, sa, sb, sy in reversed(list(zip(self.batch, self.a.batch_strides, self.b.batch_strides,
+                                                  self.y.batch_strides))):
             rest, i = divmod(rest, size)
             a += i * sa
             b += i * sb
-        return a, b, index * self.m * self.n
+            y += i * sy
+        return a, b, y
 
 
 def _view(shape: list[int], perm, rank: int, role: str) -> tuple[list[int], list[int], OperandView]:
@@ -82,7 +85,25 @@ def matmul_geometry(ctx: LowerCtx, node) -> MatmulGeom:
     if a_view.transposed:
         raise LoweringError(f"node {node.name}: a transposed left operand is not supported")
     batch = tuple(max(x, y) for x, y in zip(ab, bb))
-    return MatmulGeom(batch, m, k, n, a_view, b_view)
+    return MatmulGeom(batch, m, k, n, a_view, b_view, _output_view(g.tensor(node.outputs[0]).shape, node.attr("y_perm"),
+                                                                  batch, m, n))
+
+
+def _output_view(stored_shape, perm, batch, m: int, n: int) -> OperandView:
+    """The result [batch..., M, N] as stored: contiguous, or permuted by `perm` (the stored tensor
+    is transpose(result, perm), whose last dim stays last)."""
+    if perm is None:
+        strides, acc = [], m * n
+        for d in reversed(batch):
+            strides.append(acc)
+            acc *= d
+        return OperandView(tuple(reversed(strides)), n)
+    st = [1] * len(stored_shape)
+    for i in range(len(stored_shape) - 2, -1, -1):
+        st[i] = st[i + 1] * stored_shape[i + 1]
+    inverse = [list(perm).index(i) for i in range(len(perm))]
+    logical = [st[j] for j in inverse]
+    return OperandView(tuple(logical[:-2]), logical[-2])
 
 
 class MatmulEmitter:
@@ -184,8 +205,8 @@ class MatmulEmitter:
         return (1, nt, 1, kt) if self.geom.b.transposed else (1, kt, 1, nt)
 
     def _y_region(self, addr: int, y_off, m0, mt, n0, nt) -> DRegion:
-        geo, prec = self.geom, self.ctx.prec
-        return DRegion(addr + (y_off + m0 * geo.n + n0) * prec.bytes, (1, mt, 1, nt), (mt * geo.n, geo.n, nt, 1), prec)
+        rs, prec = self.geom.y.row_stride, self.ctx.prec
+        return DRegion(addr + (y_off + m0 * rs + n0) * prec.bytes, (1, mt, 1, nt), (mt * rs, rs, nt, 1), prec)
 
     def _load(self, work, s: int, offs) -> None:
         ti, (m0, mt, n0, nt), ks = work

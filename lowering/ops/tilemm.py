@@ -285,8 +285,9 @@ class TileMatmulEmitter:
                 out.prepare(gemm.dims.mt, gemm.dims.nt, geo.batch_count * geo.m, geo.n)
 
             def deliver(slot, m0, mt, n0, nt, b=b, y_off=y_off):
-                dst = DRegion(ctx.ddr_addr(result) + (y_off + m0 * geo.n + n0) * prec.bytes, (1, mt, 1, nt),
-                              (mt * geo.n, geo.n, nt, 1), prec)
+                rs = geo.y.row_stride
+                dst = DRegion(ctx.ddr_addr(result) + (y_off + m0 * rs + n0) * prec.bytes, (1, mt, 1, nt),
+                              (mt * rs, rs, nt, 1), prec)
                 full = lambda addr: DRegion(addr + (y_off + m0 * geo.n + n0) * prec.bytes, (1, mt, 1, nt),
                                             (mt * geo.n, geo.n, nt, 1), prec)
                 out.deliver(slot, b * geo.m + m0, mt, n0, nt, dst, full)
