@@ -102,18 +102,17 @@ class SimResult:
 
     def rows(self) -> Iterator[dict]:
         """One dict per instruction for the CSV profile (times in ns and engine cycles, stalls in cycles)."""
-        ns = {s: self.ns(s) for s in STAGES}
-        cyc = {s: self.cycles(s) for s in STAGES}
-        st = {c: self.stall_cycles(c) for c in STALLS}
-        for i in range(len(self.engine)):
-            row = {"engine": ENGINE_NAMES[self.engine[i]], "cmd_id": int(self.cmd_id[i]),
-                   "cmd_id_dep": int(self.cmd_id_dep[i]), "op": self.op[i], "layer": self.layer[i]}
-            for s in STAGES:
-                row[f"{s}_ns"] = round(float(ns[s][i]), 3)
-                row[f"{s}_cycles"] = int(cyc[s][i])
-            for c in STALLS:
-                row[f"stall_{c}_cycles"] = int(st[c][i])
-            yield row
+        names = ["engine", "cmd_id", "cmd_id_dep", "op", "layer"]
+        columns = [[ENGINE_NAMES[e] for e in self.engine.tolist()], self.cmd_id.tolist(), self.cmd_id_dep.tolist(),
+                   self.op, self.layer]
+        for s in STAGES:
+            names += [f"{s}_ns", f"{s}_cycles"]
+            columns += [np.round(self.ns(s), 3).tolist(), self.cycles(s).tolist()]
+        for c in STALLS:
+            names.append(f"stall_{c}_cycles")
+            columns.append(self.stall_cycles(c).tolist())
+        for values in zip(*columns):
+            yield dict(zip(names, values))
 
     def summary(self) -> dict:
         """Plain-dict digest (stable keys) for reports and --json."""
