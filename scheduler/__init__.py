@@ -31,7 +31,8 @@ class ScheduleReport:
     """What one scheduling did: DAG-model makespans (ps), bounds, CP-SAT work, chosen order."""
 
     method: str
-    model_ps: dict[str, int] = field(default_factory=dict)
+    model_ps: dict[str, int] = field(default_factory=dict)     # raw candidates: program, list, cpsat
+    result_model_ps: int = 0                                   # the returned order
     simulated_ps: dict[str, int] = field(default_factory=dict)
     chosen: str = "program"
     windows: int = 0
@@ -64,6 +65,7 @@ def schedule_with_report(program: Program, method: str, time_limit_s: float = 20
     if method == "cpsat":
         best, best_name = _refine(program, dag, edges, best, best_name, time_limit_s, report)
     report.chosen = best_name
+    report.result_model_ps = best.makespan(dag)
     result = program if best_name == "program" else _rebuild(program, dag, best.order)
     report.seconds = time.perf_counter() - began
     return result, report

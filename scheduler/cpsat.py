@@ -29,7 +29,7 @@ from tpuflow.scheduler.listsched import EdgeTable, Schedule, bottom_levels, reti
 SEED = 20260
 WINDOW = 1000
 WINDOW_STEP = 500
-WINDOW_DTIME_CAP = 5.0        # deterministic units per window at most
+WINDOW_DTIME_CAP = 2.0        # deterministic units per window at most
 MIN_WINDOW_DTIME = 0.05
 
 
@@ -51,32 +51,45 @@ class Refiner:
 
     def refine(self, sched: Schedule, time_limit_s: float, window: int = WINDOW,
                step: int = WINDOW_STEP) -> tuple[Schedule, WindowStats]:
-        """Improve `sched` window by window while the deterministic budget lasts."""
+        """Improve `sched` window by window, in passes over the issue order, while the deterministic
+        budget lasts and the previous pass improved something."""
         stats = WindowStats()
         n = self.dag.size
         best, best_span = sched, sched.makespan(self.dag)
         budget = float(time_limit_s)
         positions = [0] if n <= window else list(range(0, n - step, step))
-        for p in positions:
-            if budget < MIN_WINDOW_DTIME:
-                break
-            dtime = min(WINDOW_DTIME_CAP, budget) if n > window else budget
-            order, used = self.solve_window(best, p, min(n, p + window), dtime)
-            stats.windows += 1
-            stats.deterministic_time += used
-            budget -= max(used, MIN_WINDOW_DTIME)
-            if order is None:
-                continue
-            cand = self._retime_from(best, order, p)
-            span = cand.makespan(self.dag)
-            if span < best_span:
-                best, best_span = cand, span
-                stats.improved += 1
+        improved_in_pass = True
+        tried: set = set()
+        while improved_in_pass and budget >= MIN_WINDOW_DTIME:
+            improved_in_pass = False
+            for p in positions:
+                if budget < MIN_WINDOW_DTIME:
+                    break
+                key = (p, best.order[p:p + window].tobytes(), best.start[best.order[p:p + window]].tobytes())
+                if key in tried:
+                    continue            # same window in the same state: the same answer
+                tried.add(key)
+                order, used = self.solve_window(best, p, min(n, p + window), min(WINDOW_DTIME_CAP, budget))
+                stats.windows += 1
+                stats.deterministic_time += used
+                budget -= max(used, MIN_WINDOW_DTIME)
+                if order is None:
+                    continue
+                cand = self._retime_from(best, order, p)
+                span = cand.makespan(self.dag)
+                if span < best_span:
+                    best, best_span = cand, span
+                    stats.improved += 1
+                    improved_in_pass = True
         return best, stats
 
     def _retime_from(self, sched: Schedule, order: np.ndarray, p: int) -> Schedule:
+        """`order` re-timed from position p, then issued in start order (per engine the order is
+        unchanged, so the starts stay the same)."""
         free = self._engine_free(sched, p)
-        return retime(self.dag, order, self.edges, free, sched.start, p)
+        timed = retime(self.dag, order, self.edges, free, sched.start, p)
+        rank = np.lexsort((np.arange(len(order)), timed.start[order]))
+        return Schedule(order[rank], timed.start)
 
     def _engine_free(self, sched: Schedule, p: int) -> list[int]:
         dag = self.dag

@@ -1,0 +1,91 @@
+"""Scheduling compiled models: the checker accepts every method's program, the timing model never
+beats the lower bounds and never finds cpsat slower than list, the functional model still matches
+onnxruntime, and the result is the same every time."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from tpuflow.hwmodel.timing import simulate
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import compile_model, verify
+from tpuflow.scheduler import schedule, schedule_with_report
+from tpuflow.scheduler.bounds import bounds_summary, lower_bounds
+from tpuflow.scheduler.checker import check_schedule
+
+SMALL = [("small_cnn", "tiu"), ("small_cnn", "tile"), ("mlp", "tiu")]
+
+
+@functools.lru_cache(maxsize=None)
+def emitted(model: str, matmul: str):
+    return compile_model(model, None, CompileOptions(schedule="program", matmul=matmul))[1]
+
+
+@functools.lru_cache(maxsize=None)
+def scheduled(model: str, matmul: str, method: str):
+    return schedule_with_report(emitted(model, matmul), method, time_limit_s=1.0)
+
+
+@pytest.mark.parametrize("model,matmul", SMALL)
+def test_every_method_passes_the_checker(model, matmul):
+    program = emitted(model, matmul)
+    for method in ("list", "cpsat"):
+        result, _ = scheduled(model, matmul, method)
+        assert check_schedule(program, result) == []
+
+
+@pytest.mark.parametrize("model,matmul", SMALL)
+def test_simulated_makespans_respect_bounds_and_cpsat_never_loses(model, matmul):
+    program = emitted(model, matmul)
+    bound = lower_bounds(program)["lower_bound_ps"]
+    sim = {m: simulate(scheduled(model, matmul, m)[0]).total_ps for m in ("list", "cpsat")}
+    sim["program"] = simulate(program).total_ps
+    assert min(sim.values()) >= bound
+    assert sim["cpsat"] <= sim["list"]
+
+
+def test_bounds_summary_reports_upper_lower_and_gap():
+    program = emitted("small_cnn", "tiu")
+    result, report = scheduled("small_cnn", "tiu", "list")
+    summary = bounds_summary(program, report.result_model_ps)
+    b = summary["bounds"]
+    assert summary["lower_bound_ps"] == max(b["critical_path_ps"], b["roofline_compute_ps"], b["roofline_ddr_ps"],
+                                            *b["engine_busy_ps"].values())
+    assert summary["upper_bound_ps"] == report.result_model_ps >= summary["lower_bound_ps"]
+    assert summary["gap"] == pytest.approx(report.result_model_ps / summary["lower_bound_ps"] - 1)
+    assert b["binding"] in ("critical_path", "roofline_compute", "roofline_ddr", "tiu_busy", "gdma_busy", "tile_busy")
+
+
+@pytest.mark.parametrize("model,matmul,method", [("small_cnn", "tiu", "list"), ("small_cnn", "tile", "cpsat"),
+                                                 ("mlp", "tiu", "cpsat")])
+def test_reordered_programs_still_verify(model, matmul, method):
+    result = verify(model, options=CompileOptions(schedule=method, matmul=matmul, time_limit_s=1.0))
+    assert result["ok"], result["outputs"]
+    assert result["schedule"] == method
+
+
+def test_scheduling_a_model_is_deterministic():
+    program = emitted("small_cnn", "tile")
+    first, second = schedule(program, "cpsat", 1.0), schedule(program, "cpsat", 1.0)
+    assert first.issue_order == second.issue_order
+    assert first.tiu == second.tiu and first.gdma == second.gdma and first.tile == second.tile
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["resnet50", "mobilenetv2", "bert_layer", "gpt_block"])
+def test_whole_models_schedule_validly(model):
+    program = emitted(model, "tiu")
+    bound = lower_bounds(program)["lower_bound_ps"]
+    for method in ("list", "cpsat"):
+        result, report = schedule_with_report(program, method, time_limit_s=2.0)
+        assert check_schedule(program, result) == []
+        assert report.result_model_ps >= bound
+        assert simulate(result).total_ps >= bound
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,matmul", [("mobilenetv2", "tiu"), ("bert_layer", "tile"), ("mlp", "tile")])
+def test_whole_models_verify_after_list_scheduling(model, matmul):
+    assert verify(model, options=CompileOptions(schedule="list", matmul=matmul))["ok"]
