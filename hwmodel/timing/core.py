@@ -96,6 +96,11 @@ class Simulator:
         cmd_id = np.concatenate([np.arange(1, len(c["end"]) + 1, dtype=np.int64) for c in self.cols])
         deps = np.concatenate([np.asarray(waits.tiu_dep, dtype=np.int64), np.asarray(waits.gdma_dep, dtype=np.int64),
                                np.asarray(waits.tile_tiu, dtype=np.int64)])
+        arr = (lambda v: np.asarray(v, dtype=np.int64))
+        zeros = [np.zeros(len(q), dtype=np.int64) for q in (program.tiu, program.gdma, program.tile)]
+        on = {"tiu": np.concatenate([zeros[0], arr(waits.gdma_dep), arr(waits.tile_tiu)]),
+              "gdma": np.concatenate([arr(waits.tiu_dep), zeros[1], arr(waits.tile_gdma)]),
+              "tile": np.concatenate([arr(waits.tiu_tile), arr(waits.gdma_tile), zeros[2]])}
         times = {s: np.concatenate([c[s] for c in self.cols]) for s in STAGES}
         stalls = {s: np.concatenate([c[s] for c in self.cols]) for s in STALLS}
         ops = [instr.op_name for e in ENGINES for instr in program.queue(e)]
@@ -108,7 +113,7 @@ class Simulator:
         total = int(times["end"].max()) if len(engine) else 0
         periods = (self.clocks.tiu.period, self.clocks.gdma.period, self.clocks.tile.period)
         return SimResult(engine, cmd_id, deps, ops, layers, times, stalls, periods, busy, dram, total,
-                         events=self.queue.processed, chip_fingerprint=self.chip.fingerprint())
+                         events=self.queue.processed, chip_fingerprint=self.chip.fingerprint(), waits=on)
 
 
 _CODE = {e: i for i, e in enumerate(ENGINES)}

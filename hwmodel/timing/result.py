@@ -45,7 +45,10 @@ class SimResult:
     list arrival), dispatch (engine took it), start (TIU: first COMPUTE cycle), end (last done).
     Stalls: dependency (dispatch delayed by waits), bank_conflict (arbiter bubbles), dma_credit
     (issue threads waiting for outstanding credits), fifo_full (IFE held by full request FIFO /
-    command list), dram (last DDR response beyond an ideal memory's)."""
+    command list), dram (last DDR response beyond an ideal memory's).
+    cmd_id_dep: TIU/GDMA rows their cmd_id_dep (the other engine's id), TILE rows wait_tiu_id;
+    waits["tiu" | "gdma" | "tile"]: per row the id of that engine it waits for (0 = none; TIU/GDMA
+    rows wait for TILE through their SYS tile waits), all as the engines honoured them."""
 
     engine: np.ndarray
     cmd_id: np.ndarray
@@ -60,6 +63,7 @@ class SimResult:
     total_ps: int
     events: int = 0
     chip_fingerprint: str = ""
+    waits: dict[str, np.ndarray] = field(default_factory=dict)   # engine -> id of it each row waits for
     extra: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -105,6 +109,10 @@ class SimResult:
         names = ["engine", "cmd_id", "cmd_id_dep", "op", "layer"]
         columns = [[ENGINE_NAMES[e] for e in self.engine.tolist()], self.cmd_id.tolist(), self.cmd_id_dep.tolist(),
                    self.op, self.layer]
+        for e in ENGINE_NAMES:
+            if e in self.waits:
+                names.append(f"wait_{e}")
+                columns.append(self.waits[e].tolist())
         for s in STAGES:
             names += [f"{s}_ns", f"{s}_cycles"]
             columns += [np.round(self.ns(s), 3).tolist(), self.cycles(s).tolist()]

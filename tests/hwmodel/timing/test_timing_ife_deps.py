@@ -137,6 +137,8 @@ def test_tile_blocks_and_sys_tile_wait():
     assert durations == [2_000, 2_000, 66_000, 18_000]
     assert int(r.times["start"][t[2]]) == int(r.times["end"][t[1]])
     d3 = r.index("gdma", 3)
+    assert int(r.waits["gdma"][t[0]]) == 1 and int(r.waits["gdma"][t[1]]) == 2
+    assert int(r.waits["tile"][d3]) == 4 and int(r.waits["tiu"][d3]) == 0
     assert int(r.times["dispatch"][d3]) == int(r.times["end"][t[3]])
     assert int(r.times["dispatch"][r.index("gdma", 4)]) == int(r.times["end"][d3])
 
