@@ -54,7 +54,8 @@ def tile_wait_operand(instr) -> int:
 
 
 class ChunkTables:
-    """Last reader / writer id per (engine, chunk): array [engine*2 + (0 reader, 1 writer), group, chunk]."""
+    """Last reader / last writer id per (engine, chunk); chunk index = lane group * chunks per group +
+    offset chunk. The chunk sets of LMEM ranges are cached (programs reuse their buffers)."""
 
     def __init__(self, program: Program):
         chip = program.chip
@@ -62,32 +63,39 @@ class ChunkTables:
         self.chunk_bytes = chip.chunk_bytes_per_lane
         self.lane_bytes = chip.lmem_bytes_per_lane
         groups = chip.lanes // chip.deps.chunk_lanes
-        self.table = np.zeros((6, groups, chip.deps.chunk_count // groups), dtype=np.int64)
+        self.per_group = chip.deps.chunk_count // groups
+        self.readers = np.zeros((3, chip.deps.chunk_count), dtype=np.int64)
+        self.writers = np.zeros((3, chip.deps.chunk_count), dtype=np.int64)
+        self._cache: dict[tuple, np.ndarray] = {}
 
-    def _slices(self, r) -> tuple[slice, slice]:
-        hi = min(r.hi, self.lane_bytes)
-        return (slice(r.lane // self.chunk_lanes, (r.lane + r.lanes - 1) // self.chunk_lanes + 1),
-                slice(r.lo // self.chunk_bytes, (hi - 1) // self.chunk_bytes + 1))
+    def chunks(self, ranges) -> np.ndarray:
+        key = tuple((r.lane, r.lanes, r.lo, r.hi) for r in ranges)
+        hit = self._cache.get(key)
+        if hit is None:
+            parts = [np.zeros(0, dtype=np.int64)]
+            for lane, lanes, lo, hi in key:
+                hi = min(hi, self.lane_bytes)
+                g = np.arange(lane // self.chunk_lanes, (lane + lanes - 1) // self.chunk_lanes + 1)
+                c = np.arange(lo // self.chunk_bytes, (hi - 1) // self.chunk_bytes + 1)
+                parts.append((g[:, None] * self.per_group + c[None, :]).ravel())
+            hit = self._cache[key] = np.unique(np.concatenate(parts))
+        return hit
 
-    def conflicts(self, reads, writes) -> np.ndarray:
+    def conflicts(self, reads, writes) -> list[int]:
         """Per engine: the largest conflicting id (RAW/WAW on writers, WAR on readers)."""
-        best = np.zeros(6, dtype=np.int64)
-        for r in reads:
-            g, c = self._slices(r)
-            best = np.maximum(best, self.table[:, g, c].max(axis=(1, 2)))
-        best[0::2] = 0  # reads conflict with writers only
-        for r in writes:
-            g, c = self._slices(r)
-            best = np.maximum(best, self.table[:, g, c].max(axis=(1, 2)))
-        return np.maximum(best[0::2], best[1::2])
+        best = [0, 0, 0]
+        r = self.chunks(reads)
+        if len(r):
+            best = self.writers[:, r].max(axis=1).tolist()
+        w = self.chunks(writes)
+        if len(w):
+            best = [max(a, b, c) for a, b, c in zip(best, self.writers[:, w].max(axis=1).tolist(),
+                                                   self.readers[:, w].max(axis=1).tolist())]
+        return best
 
     def record(self, engine: int, cmd_id: int, reads, writes) -> None:
-        for r in reads:
-            g, c = self._slices(r)
-            self.table[2 * engine, g, c] = cmd_id
-        for r in writes:
-            g, c = self._slices(r)
-            self.table[2 * engine + 1, g, c] = cmd_id
+        self.readers[engine, self.chunks(reads)] = cmd_id
+        self.writers[engine, self.chunks(writes)] = cmd_id
 
 
 def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Waits, list[str]]:
@@ -105,7 +113,7 @@ def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Wai
         if keep is not None:
             keep[code].append(acc)
         reads, writes = acc.lmem_reads, acc.lmem_writes
-        conflict = tables.conflicts(reads, writes) if (reads or writes) else np.zeros(3, dtype=np.int64)
+        conflict = tables.conflicts(reads, writes) if (reads or writes) else [0, 0, 0]
         if code == 2:
             want = (clamp(int(conflict[0]), issued[0], bits.tile_bits), clamp(int(conflict[1]), issued[1], bits.tile_bits))
             _check_tile(program, index, *want, problems)
