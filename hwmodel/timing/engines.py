@@ -14,7 +14,8 @@ TIU DPC pipes (CUBE for CONV/MM2, VECTOR otherwise; T = TIU period; d_* = the pi
   gen_release = max(gen_in + (startup + body + bubbles)*T, body_end - lookahead*T)
              (GEN runs ahead of COMPUTE by the ISSUE + ARB buffers: lookahead)
   end      = max(body_end + compute_latency*T, end_prev)                    (in-order retirement)
-Vector ARB has no fixed delay (d_arb = 0; its cost is the bubbles).
+Vector ARB has no fixed delay (d_arb = 0; its cost is the bubbles). The per-bus GEN address FIFOs
+(vector_gen_fifo_depth) are not modelled one by one: GEN's run-ahead is bounded by lookahead.
 TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period.
 GDMA: one command at a time, the next after the previous one's end; a command's timeline relative
 to its dispatch comes from gdma.CommandTable (computed for the whole queue before the run).

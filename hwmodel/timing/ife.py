@@ -19,6 +19,7 @@ instruction i - d has left it). Times in ps, S = clk_i period, F = clk_ife perio
 
 Timestamps per instruction: txi_acq, pack (= pack_push), decode (= dec_push), check (= chk_push),
 issue (= iss_push). The IFE is one in-order pipeline: a full engine blocks everything behind it.
+The instructions arrive over TXI (the AXI input path and the move FIFO are not modelled).
 """
 
 from __future__ import annotations
