@@ -29,6 +29,7 @@ Modelling choices worth knowing (details in the modules):
   * Descriptors are counted at their long-form size in the command FIFOs.
   * TIU instructions retire in order; a switch between the cube and the vector pipe waits for the
     previous instruction to end.
+  * The TILE engine is its own engine: its CUBE is not shared with the TIU's cube pipe.
 """
 
 from __future__ import annotations

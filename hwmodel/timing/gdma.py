@@ -17,8 +17,9 @@ vectorised pass; the simulator only adds dispatch times.
   only grows and its fixed point is the unique causal solution (exact, not an approximation).
 * Read data return over the GDMA data bus, bus_bytes per GDMA cycle, in arrival order; a read
   credit is freed when its data are in.
-* LMEM reads and writes go through the LMEM port: one burst after the other, each holding it
-  max(segment_issue_cycles, beats) cycles (+ unaligned penalty), done lmem_access_latency_ns later.
+* LMEM reads go through the LMEM read port, LMEM writes through the write port: one burst after the
+  other, each holding it max(segment_issue_cycles, beats) cycles (+ unaligned penalty), done
+  lmem_access_latency_ns after its beats.
 * The write side consumes the read side's byte stream in order: a write burst is ready once every
   read burst up to its stream position (scaled by src/dst bytes for broadcasts) has delivered.
   DDR writes need write credits (freed by the B response) and carry their data over the GDMA bus at
