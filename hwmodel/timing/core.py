@@ -88,6 +88,10 @@ class Simulator:
         stuck = [e for e, q in zip(self.engines, queues) if e.sync < len(q)]
         if stuck:
             heads = "; ".join(e.blocked_on() for e in stuck)
+            if self.ife.pos < len(self.order):
+                code, index = self.order[self.ife.pos]
+                heads += (f"; the IFE cannot issue {'BDT'[code]}{index + 1}: the "
+                          f"{('TIU', 'GDMA', 'TILE')[code]} request FIFO and command list are full")
             raise DeadlockError(f"timing model: engines wait on each other forever: {heads}")
 
     def _result(self) -> SimResult:

@@ -171,3 +171,15 @@ def test_same_program_same_result():
     assert a.total_ps == b.total_ps
     assert all((a.times[s] == b.times[s]).all() for s in a.times)
     assert list(a.rows()) == list(b.rows())
+
+
+def test_full_command_fifo_behind_a_missing_producer_deadlocks():
+    """Eight adds wait for a load issued after them (check off) with a 4-descriptor TIU command FIFO: B1-B4
+    fill it, B5 and B6 fill the TIU request FIFO, B7 cannot leave the issue stage, so the IFE never
+    reaches the load: nothing moves, and the report names the blocked heads and the IFE."""
+    from tpuflow.program import Program
+    chip = replace_param(CHIP, "ife.tiu_cmd_fifo_bytes", 4 * 128)
+    adds = [dataclasses.replace(ar("add", 0x8000, 0x0, None, (1, 64, 1, 16), b_const=0), cmd_id_dep=1)] * 8
+    program = Program(chip=chip, tiu=adds, gdma=[load(chip, 0, 0, (1, 64, 1, 16))], issue_order="B" * 8 + "D")
+    with pytest.raises(DeadlockError, match=r"B1 waits for D1.*the IFE cannot issue B7"):
+        simulate(program, check=False)
