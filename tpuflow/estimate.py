@@ -26,17 +26,6 @@ def ddr_bytes(instr, chip) -> int:
     return instr.nbytes * sum(1 for a in sides if not is_lmem(a, chip))
 
 
-def roofline_us(program: Program, macs: int) -> dict:
-    """max(MACs / peak MACs, DDR bytes / DDR peak) for the engines the program uses."""
-    chip, dtype = program.chip, program.options.get("dtype", "fp32")
-    engine = "tile" if program.tile else "tiu"
-    peak = max(chip.peak_macs_per_second(dtype, "tiu"), chip.peak_macs_per_second(dtype, engine))
-    moved = sum(ddr_bytes(i, chip) for i in program.gdma)
-    compute_us, memory_us = macs / peak * 1e6, moved / chip.ddr_peak_bytes_per_second * 1e6
-    return {"compute_us": compute_us, "memory_us": memory_us, "lower_bound_us": max(compute_us, memory_us),
-            "bound": "compute" if compute_us >= memory_us else "memory", "ddr_bytes": moved}
-
-
 @dataclass
 class LayerRow:
     name: str
@@ -91,16 +80,17 @@ def layer_rows(program: Program, sim) -> list[LayerRow]:
     return rows
 
 
-def estimate_report(program: Program, sim, bounds: dict | None = None) -> dict:
-    """The stable --json document of `tpuflow estimate`."""
+def estimate_report(program: Program, sim) -> dict:
+    """The stable --json document of `tpuflow estimate`. The lower bound is the roofline (MACs at
+    the MAC engines' combined peak, DDR bytes at the DRAM peak): it holds for any schedule."""
+    from tpuflow.scheduler.bounds import program_macs, roofline_ps
     chip = program.chip
     summary = sim.summary()
     layers = layer_rows(program, sim)
-    macs = sum(info.macs for info in program.layers.values())
-    roof = roofline_us(program, macs)
-    lower = dict(bounds or {})
-    lower.setdefault("roofline_us", roof["lower_bound_us"])
-    lower_us = max(v for k, v in lower.items() if k.endswith("_us"))
+    macs = program_macs(program)
+    compute_ps, memory_ps = roofline_ps(program)
+    lower = {"roofline_compute_us": compute_ps / 1e6, "roofline_ddr_us": memory_ps / 1e6}
+    lower_us = max(lower.values())
     latency_us = summary["latency_us"]
     period_ns = 1e3 / chip.clocks.tiu_clock_mhz
     engines = {}
@@ -115,6 +105,7 @@ def estimate_report(program: Program, sim, bounds: dict | None = None) -> dict:
         "latency_us": latency_us, "latency_cycles": int(round(latency_us * 1e3 / period_ns)),
         "clock_mhz": chip.clocks.tiu_clock_mhz, "lower_bound_us": lower_us, "bounds": lower,
         "latency_over_bound": latency_us / lower_us if lower_us else None,
+        "bound": "compute" if compute_ps >= memory_ps else "memory",
         "macs": macs, "achieved_tops": 2 * macs / (latency_us * 1e6) if latency_us else 0.0,
         "engines": engines, "stalls": summary["stalls_us"], "dram": summary["dram"],
         "layers": [r.as_dict() for r in layers], "top_layers": [r.name for r in top],

@@ -173,16 +173,8 @@ def estimate(model=None, chip: ChipConfig | str | None = None, options: CompileO
     options = options or CompileOptions()
     graph, program = compile_model(model, chip, options, input_shapes)
     sim = simulate(program)
-    report = estimate_report(program, sim, _bounds(program))
+    report = estimate_report(program, sim)
     return (report, program, sim) if with_sim else report
-
-
-def _bounds(program) -> dict:
-    try:
-        from tpuflow.scheduler.bounds import lower_bounds
-    except ImportError:
-        return {}
-    return {k: v for k, v in lower_bounds(program).items() if k.endswith("_us")}
 
 
 def cmd_estimate(model, chip, options: CompileOptions, input_shapes: dict, as_json: bool,
