@@ -340,10 +340,6 @@ class TileConvEmitter:
         esize = {"fp32": 4, "fp16": 2, "bf16": 2}[options.dtype]
         return cin_g * kh * kw * ho * wo * esize
 
-    def _direct(self) -> bool:
-        g = self.geom
-        return (g.kh, g.kw, g.sy, g.sx, g.pt, g.pl, g.pb, g.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
-
     def emit(self) -> None:
         ctx, geo, prec = self.ctx, self.geom, self.ctx.prec
         ctx.em.layer = self.node.name
@@ -359,12 +355,9 @@ class TileConvEmitter:
         for n in range(geo.n):
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g
-                if self._direct():
-                    b_addr = ctx.ddr_addr(self.node.inputs[0]) + ((n * geo.cin + ic0) * geo.h * geo.w) * prec.bytes
-                else:
-                    b_addr = self._im2col(n, ic0, cin_g)
+                b_addr = self._im2col(n, ic0, cin_g)
                 a = ConstOperand(ctx, "nz", weights[oc0:oc0 + cout_g], f"{self.node.name}:W{gi}", 0, 0)
-                bop = RowsOperand(ctx, "zn", b_addr, kdim, pix, pix)
+                bop = RowsOperand(ctx, "zn", b_addr, kdim, pix, kdim, col_major=True)
                 gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, Prec.FP32 if out.needs_tiu else prec)
                 if not prepared:
                     out.prepare(gemm.dims.mt, gemm.dims.nt, geo.cout, pix)
@@ -383,16 +376,18 @@ class TileConvEmitter:
         return DRegion(addr + ((n * geo.cout + c0) * pix + p0) * prec.bytes, (1, ct, 1, pt), (ct * pix, pix, pt, 1), prec)
 
     def _im2col(self, n: int, ic0: int, cin_g: int) -> int:
-        """P^T[(c, kh, kw), (oh, ow)] in the scratch area: zero fill, then one DMA per (kh, kw)
-        over the output positions whose tap lands inside the image."""
+        """P[(oh, ow), (c, kh, kw)] in the scratch area (K contiguous, so B = P^T loads into Zn
+        tiles in runs of K0 elements): zero fill when the taps reach padding, then one DMA per
+        (kh, kw) over the output positions whose tap lands inside the image."""
         ctx, geo, prec = self.ctx, self.geom, self.ctx.prec
         pix = geo.ho * geo.wo
         kk = geo.kh * geo.kw
         rows = cin_g * kk
         base = ctx.scratch_region(0, (1, 1, rows, pix)).addr
         total = rows * pix
-        width = next(w for w in range(min(total, 65535), 0, -1) if total % w == 0)
-        ctx.em.fill(DRegion(base, (1, 1, total // width, width), (total, total, width, 1), prec), 0.0)
+        if any((geo.pt, geo.pl, geo.pb, geo.pr)):
+            width = next(w for w in range(min(total, 65535), 0, -1) if total % w == 0)
+            ctx.em.fill(DRegion(base, (1, 1, total // width, width), (total, total, width, 1), prec), 0.0)
         x_addr = ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * geo.h * geo.w * prec.bytes
         for i in range(geo.kh):
             oh_lo, oh_hi = _valid(geo.ho, geo.sy, i * geo.dy - geo.pt, geo.h)
@@ -401,8 +396,8 @@ class TileConvEmitter:
                 if oh_hi <= oh_lo or ow_hi <= ow_lo:
                     continue
                 src = x_addr + ((oh_lo * geo.sy + i * geo.dy - geo.pt) * geo.w + ow_lo * geo.sx + j * geo.dx - geo.pl) * prec.bytes
-                dst = base + ((i * geo.kw + j) * pix + oh_lo * geo.wo + ow_lo) * prec.bytes
-                copy_nd(ctx, src, (geo.h * geo.w, geo.sy * geo.w, geo.sx), dst, (kk * pix, geo.wo, 1),
+                dst = base + ((oh_lo * geo.wo + ow_lo) * rows + i * geo.kw + j) * prec.bytes
+                copy_nd(ctx, src, (geo.h * geo.w, geo.sy * geo.w, geo.sx), dst, (kk, geo.wo * rows, rows),
                         (cin_g, oh_hi - oh_lo, ow_hi - ow_lo), prec)
         return base
 
