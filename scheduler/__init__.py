@@ -38,6 +38,7 @@ class ScheduleReport:
     windows: int = 0
     windows_improved: int = 0
     deterministic_time: float = 0.0
+    proven_bound_ps: int = 0          # CP-SAT's lower bound when one window covered the whole program
     seconds: float = 0.0
 
 
@@ -84,6 +85,7 @@ def _refine(program, dag, edges, start, start_name, time_limit_s, report):
     refined, stats = Refiner(dag, edges).refine(start, time_limit_s)
     report.windows, report.windows_improved = stats.windows, stats.improved
     report.deterministic_time = stats.deterministic_time
+    report.proven_bound_ps = stats.proven_bound_ps
     report.model_ps["cpsat"] = refined.makespan(dag)
     if stats.improved == 0:
         return start, start_name

@@ -38,6 +38,7 @@ class WindowStats:
     windows: int = 0
     improved: int = 0
     deterministic_time: float = 0.0
+    proven_bound_ps: int = 0      # a makespan no order can beat, when a window covered the whole DAG
 
 
 class Refiner:
@@ -69,7 +70,8 @@ class Refiner:
                 if key in tried:
                     continue            # same window in the same state: the same answer
                 tried.add(key)
-                order, used = self.solve_window(best, p, min(n, p + window), min(WINDOW_DTIME_CAP, budget))
+                order, used, bound = self.solve_window(best, p, min(n, p + window), min(WINDOW_DTIME_CAP, budget))
+                stats.proven_bound_ps = max(stats.proven_bound_ps, bound)
                 stats.windows += 1
                 stats.deterministic_time += used
                 budget -= max(used, MIN_WINDOW_DTIME)
@@ -102,11 +104,14 @@ class Refiner:
         return free
 
     def solve_window(self, sched: Schedule, lo: int, hi: int, dtime: float):
-        """(new issue order or None, deterministic time used) for window positions [lo, hi)."""
+        """(new issue order or None, deterministic time used, proven bound) for window positions
+        [lo, hi); the bound (ps) is the solver's lower bound on the makespan when the window is the
+        whole DAG (the objective is then exactly the makespan), else 0."""
         dag, unit = self.dag, self.unit
         nodes = sched.order[lo:hi]
+        whole = lo == 0 and hi == dag.size
         if len(nodes) < 2:
-            return None, 0.0
+            return None, 0.0, sched.makespan(dag) if whole else 0
         local = {int(b): k for k, b in enumerate(nodes)}
         free = self._engine_free(sched, lo)
         suffix = sched.order[hi:]
@@ -122,8 +127,8 @@ class Refiner:
             if load:
                 obj_lo = max(obj_lo, math.ceil((free[e] + load + work_after[e]) / unit))
         obj_hi = hint_obj // unit + 1
-        if obj_lo >= obj_hi - 1:
-            return None, 0.0          # the current order already reaches the window's bound
+        if obj_lo >= obj_hi - 1:      # the current order already reaches the window's bound
+            return None, 0.0, (obj_hi - 1) * unit if whole else 0
         obj = model.new_int_var(obj_lo, obj_hi, "makespan")
         svars, intervals = [], [[], [], []]
         for k, b in enumerate(nodes):
@@ -147,13 +152,15 @@ class Refiner:
         _parameters(solver, dtime)
         status = solver.solve(model)
         used = float(solver.deterministic_time)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or solver.value(obj) >= obj_hi - 1:
-            return None, used
+        found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        bound = max(obj_lo, math.ceil(solver.best_objective_bound)) * unit if whole and found else 0
+        if not found or solver.value(obj) >= obj_hi - 1:
+            return None, used, bound
         new_starts = [solver.value(s) for s in svars]
         ranked = sorted(range(len(nodes)), key=lambda k: (new_starts[k], k))
         order = sched.order.copy()
         order[lo:hi] = nodes[ranked]
-        return order, used
+        return order, used, bound
 
     def _releases(self, nodes, local, free, starts) -> list[int]:
         dag, ed = self.dag, self.edges

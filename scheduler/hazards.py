@@ -4,10 +4,12 @@ Walking the instructions in their original issue order, an instruction X gets an
 earlier instruction A whose range overlaps one of X's ranges where at least one of the two writes
 (RAW, WAR, WAW), except where the edge is implied by a chain of other edges. The index keeps, per
 bucket (a box of rows x bytes: LMEM lane group x offset bank, or one DDR row x address block),
-the live accesses. A write W that covers an earlier access A inside a bucket retires A from that
-bucket: A -> W is an edge (they overlap and W writes), and anything that later overlaps A's part
-of the bucket overlaps W, so it is ordered after A through W. Reads of the same box are grouped
-into one entry, so a bucket holds one entry per distinct live box.
+the live accesses. A write W supersedes the part of every earlier access A it overlaps: A -> W is
+an edge (they overlap and W writes), and anything that later touches A inside W also touches W, so
+it is ordered after A through W. A's entry therefore shrinks to A minus W (up to four boxes) and
+disappears when W covers it; without this, the bounding boxes of interleaved strided tiles would
+each keep conflicting with all the others. Reads of the same box are grouped into one entry, also
+when a write's leftovers repeat a box (or buckets grow without bound on partly rewritten slots).
 """
 
 from __future__ import annotations
@@ -25,6 +27,41 @@ class _Entry:
     hi: int
     writer: int                                   # node that wrote the box, -1 for a read entry
     readers: list[int] = field(default_factory=list)
+
+
+def _minus(e: _Entry, r_lo: int, r_hi: int, lo: int, hi: int) -> list[_Entry]:
+    """`e` without the box [r_lo, r_hi) x [lo, hi)."""
+    if not (e.row_lo < r_hi and r_lo < e.row_hi and e.lo < hi and lo < e.hi):
+        return [e]
+    boxes = []
+    if e.row_lo < r_lo:
+        boxes.append((e.row_lo, r_lo, e.lo, e.hi))
+    if r_hi < e.row_hi:
+        boxes.append((r_hi, e.row_hi, e.lo, e.hi))
+    mid_lo, mid_hi = max(e.row_lo, r_lo), min(e.row_hi, r_hi)
+    if e.lo < lo:
+        boxes.append((mid_lo, mid_hi, e.lo, lo))
+    if hi < e.hi:
+        boxes.append((mid_lo, mid_hi, hi, e.hi))
+    return [_Entry(a, b, c, d, e.writer, list(e.readers)) for a, b, c, d in boxes]
+
+
+def _merge_reads(entries: list[_Entry]) -> list[_Entry]:
+    """One read entry per box: the pieces a write leaves behind often repeat a box already live
+    (a slot rewritten with the same partial size), and their readers are all readers since that
+    box was last written."""
+    seen: dict[tuple, _Entry] = {}
+    out = []
+    for e in entries:
+        if e.writer < 0:
+            box = (e.row_lo, e.row_hi, e.lo, e.hi)
+            kept = seen.get(box)
+            if kept is not None:
+                kept.readers.extend(e.readers)
+                continue
+            seen[box] = e
+        out.append(e)
+    return out
 
 
 class AccessIndex:
@@ -65,8 +102,7 @@ class AccessIndex:
             if entries is None:
                 entries = self.buckets[key] = []
             if is_write:
-                entries[:] = [e for e in entries if not (r_lo <= e.row_lo and e.row_hi <= r_hi
-                                                         and b_lo <= e.lo and e.hi <= b_hi)]
+                entries[:] = _merge_reads([piece for e in entries for piece in _minus(e, r_lo, r_hi, b_lo, b_hi)])
                 entries.append(_Entry(r_lo, r_hi, b_lo, b_hi, node))
                 continue
             for e in entries:

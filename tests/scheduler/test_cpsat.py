@@ -54,6 +54,8 @@ def test_cpsat_reaches_the_brute_force_optimum(dag):
     assert refined.makespan(dag) == optimum
     assert listed.makespan(dag) >= optimum >= critical_path_ps(dag, edges)
     assert stats.improved == (listed.makespan(dag) > optimum)
+    busiest = max(int(dag.duration[dag.engine == e].sum()) for e in range(3))
+    assert max(critical_path_ps(dag, edges), busiest) <= stats.proven_bound_ps <= optimum
 
 
 def gdma_order(dag, sched) -> list[int]:
