@@ -14,9 +14,11 @@ check_schedule(original, scheduled) lists every problem found (empty = valid):
    one of them writing, is ordered the original way in the scheduled program: by queue order on
    one engine, else by happens-before through the waits (vector clocks from the replay: what an
    instruction waits for, and everything that one waited for, transitively; sync ids advance in
-   queue order, so completing id k implies 1..k). The pairs are found by brute force over all
-   range pairs (numpy, in blocks), which bounds the program size it is meant for (tests, small
-   and medium programs).
+   queue order, so completing id k implies 1..k). Happens-before is transitive, so it is enough to
+   check, on every elementary cell (one lane x a byte span that no range boundary cuts, so all
+   its bytes see the same accesses), each access against the last write before it and each read
+   against the next write after it: every other hazard on that cell follows through them. The
+   cells are built with numpy sorts (no per-pair loop), so the check scales to whole programs.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ from tpuflow.program import Program
 ENGINES = (Engine.TIU, Engine.GDMA, Engine.TILE)
 LETTER = "BDT"
 DEP_FIELDS = ("cmd_id_dep", "wait_tiu_id", "wait_gdma_id")
-MAX_RANGES = 150_000
-CELLS_PER_BLOCK = 4_000_000      # range pairs compared per numpy step (memory ~ 10 bytes each)
 
 
 class ScheduleCheckError(TpuflowError):
@@ -208,37 +208,54 @@ def _check_hazards(original: Program, mapping: dict, clocks: list[np.ndarray], p
     t = _range_table(original)
     if not t:
         return
-    n = len(t["pos"])
-    if n > MAX_RANGES:
-        problems.append(f"hazard check skipped: {n} ranges exceed the brute-force limit {MAX_RANGES}")
-        return
     new_index = np.array([mapping[(ENGINES[e], i)] for e, i in zip(t["engine"].tolist(), t["index"].tolist())],
                          dtype=np.int64)
-    step = max(1, CELLS_PER_BLOCK // n)
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        earlier, later = _overlapping_pairs(t, lo, hi)
-        if len(later):
+    for space in (0, 1):
+        rows = np.flatnonzero(t["space"] == space)
+        if len(rows):
+            earlier, later = _adjacent_pairs(t, rows)
             _check_pairs(t, new_index, clocks, earlier, later, original, problems)
-        if len(problems) > 20:
-            return
 
 
-def _overlapping_pairs(t, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """(earlier row, later row) of every conflicting pair whose later row is in [lo, hi) (rows are in
-    issue order, so the earlier ones are among the first `hi`)."""
-    b, c = slice(lo, hi), slice(0, hi)
+def _adjacent_pairs(t, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(earlier row, later row) pairs whose ordering implies every hazard among `rows`: per
+    elementary cell (one lane x a byte span no range boundary cuts), each access after the last
+    write before it, and each read before the next write after it."""
+    lanes = t["l1"][rows] - t["l0"][rows]
+    rows = np.repeat(rows, lanes)
+    lane = t["l0"][rows] + _ramp(lanes)
+    key = lane << 46                                    # offsets and DDR addresses are < 2**46
+    lo, hi = key + t["lo"][rows], key + t["hi"][rows]
+    edges = np.unique(np.concatenate([lo, hi]))
+    first, last = np.searchsorted(edges, lo), np.searchsorted(edges, hi)
+    cells = last - first
+    rows = np.repeat(rows, cells)
+    cell = np.repeat(first, cells) + _ramp(cells)
+    pos, write = t["pos"][rows], t["write"][rows]
+    order = np.lexsort((write, pos, cell))              # per cell by issue position, reads first
+    rows, cell, pos, write = rows[order], cell[order], pos[order], write[order]
+    start = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])
+    run_start = np.repeat(start, np.diff(np.r_[start, len(cell)]))
+    k = np.arange(len(cell))
+    prev_write = np.maximum.accumulate(np.where(write == 1, k, -1))
+    prev_write = np.r_[-1, prev_write[:-1]]
+    has_prev = prev_write >= run_start
+    run_end = np.repeat(np.r_[start[1:], len(cell)], np.diff(np.r_[start, len(cell)]))
+    next_write = np.minimum.accumulate(np.where(write == 1, k, len(k))[::-1])[::-1]
+    next_write = np.r_[next_write[1:], len(k)]
+    has_next = (next_write < run_end) & (write == 0)
+    a = np.concatenate([prev_write[has_prev], k[has_next]])
+    b = np.concatenate([k[has_prev], next_write[has_next]])
+    keep = pos[a] != pos[b]
+    a, b = rows[a[keep]], rows[b[keep]]
+    _, unique = np.unique(t["pos"][a] * (int(t["pos"].max()) + 1) + t["pos"][b], return_index=True)
+    return a[unique], b[unique]
 
-    def col(name):
-        return t[name][None, c]
 
-    def row(name):
-        return t[name][b, None]
-
-    hit = ((col("pos") < row("pos")) & (col("space") == row("space")) & ((col("write") | row("write")) == 1)
-           & (col("l0") < row("l1")) & (row("l0") < col("l1")) & (col("lo") < row("hi")) & (row("lo") < col("hi")))
-    later, earlier = np.nonzero(hit)
-    return earlier, later + lo
+def _ramp(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., c-1 for every c in counts, concatenated."""
+    total = int(counts.sum())
+    return np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _check_pairs(t, new_index, clocks, earlier, later, original, problems) -> None:

@@ -41,6 +41,16 @@ class WindowStats:
     proven_bound_ps: int = 0      # a makespan no order can beat, when a window covered the whole DAG
 
 
+@dataclass
+class _Window:
+    nodes: np.ndarray          # node ids in the current issue order
+    local: dict[int, int]      # node id -> position in the window
+    earliest: list[int]        # ps: release by the fixed prefix, pushed along the window's edges
+    work_after: list[int]      # ps per engine still to run after the window
+    hint: int                  # objective of the current schedule (units)
+    bound: int                 # a lower bound of the objective (units)
+
+
 class Refiner:
     """Holds the DAG-derived tables shared by every window."""
 
@@ -107,60 +117,71 @@ class Refiner:
         """(new issue order or None, deterministic time used, proven bound) for window positions
         [lo, hi); the bound (ps) is the solver's lower bound on the makespan when the window is the
         whole DAG (the objective is then exactly the makespan), else 0."""
-        dag, unit = self.dag, self.unit
-        nodes = sched.order[lo:hi]
-        whole = lo == 0 and hi == dag.size
-        if len(nodes) < 2:
-            return None, 0.0, sched.makespan(dag) if whole else 0
-        local = {int(b): k for k, b in enumerate(nodes)}
-        free = self._engine_free(sched, lo)
-        suffix = sched.order[hi:]
-        work_after = [int(dag.duration[suffix[dag.engine[suffix] == e]].sum()) for e in range(3)]
-        starts = sched.start
-        hint_obj = max(max(int(starts[b] + self.bl[b]) for b in nodes),
-                       max(int(starts[b] + dag.duration[b]) + work_after[dag.engine[b]] for b in nodes))
-        earliest = self._earliest(nodes, local, self._releases(nodes, local, free, starts))
-        model = cp_model.CpModel()
-        obj_lo = max(math.ceil((earliest[k] + int(self.bl[b])) / unit) for k, b in enumerate(nodes))
-        for e in range(3):
-            load = int(dag.duration[nodes[dag.engine[nodes] == e]].sum())
-            if load:
-                obj_lo = max(obj_lo, math.ceil((free[e] + load + work_after[e]) / unit))
-        obj_hi = hint_obj // unit + 1
-        if obj_lo >= obj_hi - 1:      # the current order already reaches the window's bound
-            return None, 0.0, (obj_hi - 1) * unit if whole else 0
-        obj = model.new_int_var(obj_lo, obj_hi, "makespan")
-        svars, intervals = [], [[], [], []]
-        for k, b in enumerate(nodes):
-            d = -(-int(dag.duration[b]) // unit)
-            r = -(-earliest[k] // unit)
-            last = max(r, obj_hi - math.ceil(int(self.bl[b]) / unit))
-            s = model.new_int_var(r, last, f"s{b}")
-            svars.append(s)
-            e = int(dag.engine[b])
-            intervals[e].append(model.new_fixed_size_interval_var(s, d, f"i{b}"))
-            model.add(obj >= s + math.ceil(int(self.bl[b]) / unit))
-            model.add(obj >= s + d + math.ceil(work_after[e] / unit))
-            model.add_hint(s, int(starts[b]) // unit)
-        for group in intervals:
-            if len(group) > 1:
-                model.add_no_overlap(group)
-        self._precedences(model, nodes, local, svars)
-        model.add_hint(obj, obj_hi - 1)
-        model.minimize(obj)
+        whole = lo == 0 and hi == self.dag.size
+        if hi - lo < 2:
+            return None, 0.0, sched.makespan(self.dag) if whole else 0
+        win = self._window(sched, lo, hi)
+        if win.bound >= win.hint:          # the current order already reaches the window's bound
+            return None, 0.0, win.hint * self.unit if whole else 0
+        model, obj, svars = self._model(win, sched.start)
         solver = cp_model.CpSolver()
         _parameters(solver, dtime)
         status = solver.solve(model)
         used = float(solver.deterministic_time)
         found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        bound = max(obj_lo, math.ceil(solver.best_objective_bound)) * unit if whole and found else 0
-        if not found or solver.value(obj) >= obj_hi - 1:
+        bound = max(win.bound, math.ceil(solver.best_objective_bound)) * self.unit if whole and found else 0
+        if not found or solver.value(obj) >= win.hint:
             return None, used, bound
-        new_starts = [solver.value(s) for s in svars]
-        ranked = sorted(range(len(nodes)), key=lambda k: (new_starts[k], k))
+        new_starts = [solver.value(v) for v in svars]
+        ranked = sorted(range(len(win.nodes)), key=lambda k: (new_starts[k], k))
         order = sched.order.copy()
-        order[lo:hi] = nodes[ranked]
+        order[lo:hi] = win.nodes[ranked]
         return order, used, bound
+
+    def _window(self, sched: Schedule, lo: int, hi: int) -> "_Window":
+        """Everything the window's model needs, in CP-SAT time units where it says so."""
+        dag, unit, bl = self.dag, self.unit, self.bl
+        nodes = sched.order[lo:hi]
+        local = {int(b): k for k, b in enumerate(nodes)}
+        free = self._engine_free(sched, lo)
+        suffix = sched.order[hi:]
+        work_after = [int(dag.duration[suffix[dag.engine[suffix] == e]].sum()) for e in range(3)]
+        starts = sched.start
+        hint_ps = max(max(int(starts[b] + bl[b]) for b in nodes),
+                      max(int(starts[b] + dag.duration[b]) + work_after[dag.engine[b]] for b in nodes))
+        earliest = self._earliest(nodes, local, self._releases(nodes, local, free, starts))
+        bound = max(math.ceil((earliest[k] + int(bl[b])) / unit) for k, b in enumerate(nodes))
+        for e in range(3):
+            load = int(dag.duration[nodes[dag.engine[nodes] == e]].sum())
+            if load:
+                bound = max(bound, math.ceil((free[e] + load + work_after[e]) / unit))
+        return _Window(nodes, local, earliest, work_after, hint_ps // unit, bound)
+
+    def _model(self, win: "_Window", starts: np.ndarray):
+        """(model, objective var, start vars): intervals, NoOverlap per engine, precedences, the
+        objective's two kinds of terms, start domains [earliest, hint - bottom level], full hint."""
+        dag, unit = self.dag, self.unit
+        model = cp_model.CpModel()
+        obj = model.new_int_var(win.bound, win.hint, "makespan")
+        svars, intervals = [], [[], [], []]
+        for k, b in enumerate(win.nodes.tolist()):
+            d = -(-int(dag.duration[b]) // unit)
+            first = -(-win.earliest[k] // unit)
+            tail = math.ceil(int(self.bl[b]) / unit)
+            s = model.new_int_var(first, max(first, win.hint - tail), f"s{b}")
+            svars.append(s)
+            e = int(dag.engine[b])
+            intervals[e].append(model.new_fixed_size_interval_var(s, d, f"i{b}"))
+            model.add(obj >= s + tail)
+            model.add(obj >= s + d + math.ceil(win.work_after[e] / unit))
+            model.add_hint(s, int(starts[b]) // unit)
+        for group in intervals:
+            if len(group) > 1:
+                model.add_no_overlap(group)
+        self._precedences(model, win.nodes, win.local, svars)
+        model.add_hint(obj, win.hint)
+        model.minimize(obj)
+        return model, obj, svars
 
     def _releases(self, nodes, local, free, starts) -> list[int]:
         dag, ed = self.dag, self.edges
