@@ -84,7 +84,8 @@ class Refiner:
                 stats.proven_bound_ps = max(stats.proven_bound_ps, bound)
                 stats.windows += 1
                 stats.deterministic_time += used
-                budget -= max(used, MIN_WINDOW_DTIME)
+                if used:
+                    budget -= max(used, MIN_WINDOW_DTIME)     # windows decided without a solve are free
                 if order is None:
                     continue
                 cand = self._retime_from(best, order, p)

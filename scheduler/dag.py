@@ -97,35 +97,8 @@ class Dag:
         return int(self.tail[a] + self.head[b])
 
 
-class _HashableChip:
-    """Stands in for a ChipConfig whose hash fails (its mapping fields are mappingproxies), so that
-    hwmodel.timing.cost's per-chip lru_cache accepts it: attributes delegate, hash = fingerprint.
-    Used only while ChipConfig itself is unhashable."""
-
-    def __init__(self, chip):
-        self._chip, self._key = chip, chip.fingerprint()
-
-    def __getattr__(self, name):
-        return getattr(self._chip, name)
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _HashableChip) and other._key == self._key
-
-
-def cost_chip(chip):
-    """`chip`, or a hashable stand-in for it (see _HashableChip)."""
-    try:
-        hash(chip)
-        return chip
-    except TypeError:
-        return _HashableChip(chip)
-
-
 def node_timing(instr, chip) -> tuple[int, int, int]:
-    """(duration, head, tail) in ps of one instruction (`chip` as returned by cost_chip)."""
+    """(duration, head, tail) in ps of one instruction."""
     clocks = chip.clocks
     if isinstance(instr, TiuInstruction):
         period = period_ps(clocks.tiu_clock_mhz)
@@ -145,7 +118,6 @@ def build_dag(program: Program) -> Dag:
     """The DAG of `program` (see the module docstring)."""
     chip = program.chip
     finder = HazardFinder(chip.lanes, LMEM_LANE_BLOCK, chip.chunk_bytes_per_lane)
-    timing_chip = cost_chip(chip)
     costs: dict = {}
     engine, qindex, dur, head, tail, preds_of = [], [], [], [], [], []
     trailer: list[tuple[int, int]] = []
@@ -166,7 +138,7 @@ def build_dag(program: Program) -> Dag:
         known = costs.get(key)
         if known is None:
             acc = None if code == TILE else instr.accesses(chip)
-            known = costs[key] = (node_timing(instr, timing_chip), acc)
+            known = costs[key] = (node_timing(instr, chip), acc)
         timing, acc = known
         preds = finder.add(node, program.accesses(eng, index) if acc is None else acc)
         pinned = isinstance(instr, (SysTiu, SysDma))

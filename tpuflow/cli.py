@@ -41,7 +41,7 @@ def _add_chip(p: argparse.ArgumentParser) -> None:
 def _add_compile(p: argparse.ArgumentParser) -> None:
     _add_chip(p)
     p.add_argument("--matmul", default="tiu", help="tiu | tile: engine for MatMul/Gemm")
-    p.add_argument("--schedule", default="program", help="program | list | cpsat")
+    p.add_argument("--schedule", default="list", help="program | list (default) | cpsat")
     p.add_argument("--dep-mode", default="bitmap", help="bitmap | auto: how cmd_id_dep is computed")
     p.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT budget in seconds (deterministic)")
 

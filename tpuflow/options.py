@@ -20,7 +20,7 @@ class CompileOptions:
     dtype: str = "fp32"          # compute and storage precision of activations and weights
     matmul: str = "tiu"          # MatMul/Gemm (and im2col Conv) on TIU MM2/CONV or on the TILE engine
     dep_mode: str = "bitmap"     # cmd_id_dep from chunk bitmaps, or the serialising auto mode
-    schedule: str = "program"    # instruction order: emission order, list scheduling, CP-SAT windows
+    schedule: str = "list"       # instruction order: emission order, list scheduling (default), CP-SAT windows
     time_limit_s: float = 20.0   # CP-SAT total budget (deterministic time units)
 
     def __post_init__(self) -> None:
