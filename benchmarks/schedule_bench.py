@@ -7,7 +7,7 @@ Each model is compiled (fp32, schedule "program") and scheduled by every method.
 the DAG-model makespan (the scheduler's own timing: hwmodel.timing's per-instruction cost
 estimates, precise hazards), the simulated makespan (hwmodel.timing.simulate of the reordered
 program, the real judge), both divided by the lower bound (scheduler.bounds: max of critical path,
-per-engine busy time, compute and DDR roofline), the simulated per-engine busy time and the
+per-engine busy time, per-engine heads-and-tails relaxation, compute and DDR roofline), the simulated per-engine busy time and the
 simulated makespan over the busiest simulated engine (how much idle the order leaves where the
 simulator, not the cost model, says the work is), wall and CPU seconds of the scheduling (the
 machine is shared: CPU is the steadier number) and whether the independent checker accepts it.
@@ -76,7 +76,8 @@ def bench_model(model: str, matmul: str, time_limit: float, max_instructions: in
              "bounds_us": {"critical_path": round(bounds["critical_path_ps"] / 1e6, 3),
                            "roofline_compute": round(bounds["roofline_compute_ps"] / 1e6, 3),
                            "roofline_ddr": round(bounds["roofline_ddr_ps"] / 1e6, 3),
-                           **{f"{k}_busy": round(v / 1e6, 3) for k, v in bounds["engine_busy_ps"].items()}},
+                           **{f"{k}_busy": round(v / 1e6, 3) for k, v in bounds["engine_busy_ps"].items()},
+                           **{f"{k}_relaxation": round(v / 1e6, 3) for k, v in bounds["engine_relaxation_ps"].items()}},
              "methods": {}}
     for method in ("program", "list", "cpsat"):
         entry["methods"][method] = run_method(program, method, time_limit, bound)

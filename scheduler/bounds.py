@@ -1,14 +1,16 @@
-"""Lower bounds on the makespan of any order of a program: critical path, per-engine busy time and
+"""Lower bounds on the makespan of any order of a program: critical path, per-engine busy time, the
+per-engine one-machine relaxation (busy time with heads and tails, Jackson's preemptive rule) and
 the roofline (MACs at the MAC engines' combined peak, DDR bytes at the DRAM peak).
 
-The critical path and busy times are in the scheduler's DAG model (hwmodel.timing's per-instruction
-cost estimates, precise hazards only), so they bound every schedule as that model times it; the
-roofline terms use only the chip's peaks. `bounds_summary` puts a makespan (the upper bound: an
+The critical path, busy times and relaxations are in the scheduler's DAG model (hwmodel.timing's
+per-instruction cost estimates, precise hazards only), so they bound every schedule as that model
+times it; the roofline terms use only the chip's peaks. `bounds_summary` puts a makespan (the upper bound: an
 achieved schedule) next to them with the gap.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -16,7 +18,7 @@ import numpy as np
 from tpuflow.isa import Engine, GeneralDma, Prec, TensorDma
 from tpuflow.program import Program
 from tpuflow.scheduler.dag import Dag, build_dag
-from tpuflow.scheduler.listsched import EdgeTable
+from tpuflow.scheduler.listsched import EdgeTable, bottom_levels
 
 ENGINE_NAMES = ("tiu", "gdma", "tile")
 
@@ -27,6 +29,45 @@ def critical_path_ps(dag: Dag, edges: EdgeTable | None = None) -> int:
         return 0
     starts = _unconstrained_starts(dag, edges or EdgeTable(dag))
     return int((starts + dag.duration + dag.tail).max())
+
+
+def engine_relaxation_ps(dag: Dag, edges: EdgeTable | None = None) -> dict[str, int]:
+    """Per engine, the optimum of its one-machine relaxation with heads and tails: its nodes may
+    not start before their longest chain from the sources (head) and are followed by their longest
+    chain to the end (tail), and may be preempted; Jackson's rule (run the released node with the
+    longest tail) solves that exactly, and no real schedule can beat it. It is at least the
+    engine's busy time plus the smallest head and tail."""
+    edges = edges or EdgeTable(dag)
+    heads = _unconstrained_starts(dag, edges)
+    tails = bottom_levels(dag, edges) - dag.duration
+    out = {}
+    for code, name in enumerate(ENGINE_NAMES):
+        mine = np.flatnonzero(dag.engine == code)
+        out[name] = _jackson(heads[mine].tolist(), dag.duration[mine].tolist(), tails[mine].tolist())
+    return out
+
+
+def _jackson(release: list[int], work: list[int], tail: list[int]) -> int:
+    """Makespan of Jackson's preemptive schedule on one machine (0 without jobs)."""
+    jobs = sorted(range(len(release)), key=lambda j: release[j])
+    left = list(work)
+    ready: list[tuple[int, int]] = []
+    t, best, k = 0, 0, 0
+    while k < len(jobs) or ready:
+        if not ready and release[jobs[k]] > t:
+            t = release[jobs[k]]
+        while k < len(jobs) and release[jobs[k]] <= t:
+            heapq.heappush(ready, (-tail[jobs[k]], jobs[k]))
+            k += 1
+        _, j = ready[0]
+        horizon = release[jobs[k]] if k < len(jobs) else t + left[j]
+        run = min(left[j], horizon - t)
+        t += run
+        left[j] -= run
+        if left[j] == 0:
+            heapq.heappop(ready)
+            best = max(best, t + tail[j])
+    return best
 
 
 def _unconstrained_starts(dag: Dag, edges: EdgeTable) -> np.ndarray:
@@ -82,12 +123,15 @@ def roofline_ps(program: Program) -> tuple[int, int]:
 def lower_bounds(program: Program, dag: Dag | None = None) -> dict:
     """Every bound in ps, the binding one and its value (`lower_bound_ps`)."""
     dag = dag or build_dag(program)
+    edges = EdgeTable(dag)
     busy = {name: int(dag.duration[dag.engine == code].sum()) for code, name in enumerate(ENGINE_NAMES)}
+    relaxed = engine_relaxation_ps(dag, edges)
     compute, memory = roofline_ps(program)
-    bounds = {"critical_path_ps": critical_path_ps(dag), "engine_busy_ps": busy,
-              "roofline_compute_ps": compute, "roofline_ddr_ps": memory}
+    bounds = {"critical_path_ps": critical_path_ps(dag, edges), "engine_busy_ps": busy,
+              "engine_relaxation_ps": relaxed, "roofline_compute_ps": compute, "roofline_ddr_ps": memory}
     candidates = {"critical_path": bounds["critical_path_ps"], "roofline_compute": compute,
-                  "roofline_ddr": memory, **{f"{k}_busy": v for k, v in busy.items()}}
+                  "roofline_ddr": memory, **{f"{k}_busy": v for k, v in busy.items()},
+                  **{f"{k}_relaxation": v for k, v in relaxed.items()}}
     binding = max(candidates, key=lambda k: (candidates[k], k))
     bounds["lower_bound_ps"] = candidates[binding]
     bounds["binding"] = binding

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_schedules import assert_model_valid, make_dag
 
-from tpuflow.scheduler.bounds import critical_path_ps
+from tpuflow.scheduler.bounds import critical_path_ps, engine_relaxation_ps
 from tpuflow.scheduler.cpsat import Refiner
 from tpuflow.scheduler.listsched import EdgeTable, list_schedule, retime
 
@@ -55,7 +55,20 @@ def test_cpsat_reaches_the_brute_force_optimum(dag):
     assert listed.makespan(dag) >= optimum >= critical_path_ps(dag, edges)
     assert stats.improved == (listed.makespan(dag) > optimum)
     busiest = max(int(dag.duration[dag.engine == e].sum()) for e in range(3))
+    relaxed = max(engine_relaxation_ps(dag, edges).values())
+    assert busiest <= relaxed <= optimum
     assert max(critical_path_ps(dag, edges), busiest) <= stats.proven_bound_ps <= optimum
+
+
+def test_engine_relaxation_is_jacksons_preemptive_schedule():
+    # GDMA only: node 0 (10 ns) released at 0 with no tail; node 2 (4 ns) released at 3 ns (after
+    # TIU node 1) with a 20 ns tail (TIU node 3). Jackson preempts 0 at 3 for 2: 2 ends at 7 -> 27.
+    dag = make_dag([1, 0, 1, 0], [10_000, 3_000, 4_000, 20_000], [(1, 2), (2, 3)])
+    relaxed = engine_relaxation_ps(dag)
+    assert relaxed["gdma"] == 27_000          # busy time alone says 14 ns
+    assert relaxed["tiu"] == 3_000 + 4_000 + 20_000
+    assert relaxed["tile"] == 0
+    assert relaxed["gdma"] <= brute_force_optimum(dag) == 27_000
 
 
 def gdma_order(dag, sched) -> list[int]:

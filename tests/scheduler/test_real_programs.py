@@ -52,10 +52,11 @@ def test_bounds_summary_reports_upper_lower_and_gap():
     summary = bounds_summary(program, report.result_model_ps)
     b = summary["bounds"]
     assert summary["lower_bound_ps"] == max(b["critical_path_ps"], b["roofline_compute_ps"], b["roofline_ddr_ps"],
-                                            *b["engine_busy_ps"].values())
+                                            *b["engine_busy_ps"].values(), *b["engine_relaxation_ps"].values())
     assert summary["upper_bound_ps"] == report.result_model_ps >= summary["lower_bound_ps"]
     assert summary["gap"] == pytest.approx(report.result_model_ps / summary["lower_bound_ps"] - 1)
-    assert b["binding"] in ("critical_path", "roofline_compute", "roofline_ddr", "tiu_busy", "gdma_busy", "tile_busy")
+    assert b["binding"] in ("critical_path", "roofline_compute", "roofline_ddr", "tiu_busy", "gdma_busy", "tile_busy",
+                            "tiu_relaxation", "gdma_relaxation", "tile_relaxation")
 
 
 @pytest.mark.parametrize("model,matmul,method", [("small_cnn", "tiu", "list"), ("small_cnn", "tile", "cpsat"),
