@@ -1,4 +1,4 @@
-"""List scheduling on the DAG: bottom-level priority, one ready queue per engine, event-driven; and
+"""List scheduling on the DAG: critical-path priorities, one ready queue per engine, event-driven; and
 `retime`, the earliest-start timing of a given issue order (how every schedule is evaluated).
 
 A schedule is an issue order (node ids, a topological order of the DAG) plus start times. Each
@@ -82,12 +82,26 @@ def retime(dag: Dag, order, edges: EdgeTable | None = None, engine_free=(0, 0, 0
     return Schedule(order, np.asarray(starts, dtype=np.int64))
 
 
-def list_schedule(dag: Dag, edges: EdgeTable | None = None, priority: np.ndarray | None = None) -> Schedule:
-    """Non-delay list schedule: whenever an engine is free it starts, among its nodes whose
-    predecessors allow a start now, the one with the largest priority (default: bottom level;
-    ties: original order). Engines are served in time order, so the issue order is the start order."""
+def list_schedule(dag: Dag, edges: EdgeTable | None = None) -> Schedule:
+    """The better (smaller makespan; ties: the first) of two critical-path list schedules: priority
+    = the longest chain after a node ends (its bottom level minus its duration: Schrage's rule,
+    which favours what feeds long chains on other engines), and priority = the bottom level."""
     edges = edges or EdgeTable(dag)
-    prio = (bottom_levels(dag, edges) if priority is None else priority).tolist()
+    bl = bottom_levels(dag, edges)
+    best = None
+    for priority in (bl - dag.duration, bl):
+        sched = priority_schedule(dag, priority, edges)
+        if best is None or sched.makespan(dag) < best.makespan(dag):
+            best = sched
+    return best
+
+
+def priority_schedule(dag: Dag, priority: np.ndarray, edges: EdgeTable | None = None) -> Schedule:
+    """Non-delay list schedule: whenever an engine is free it starts, among its nodes whose
+    predecessors allow a start now, the one with the largest priority (ties: original order).
+    Engines are served in time order, so the issue order is the start order."""
+    edges = edges or EdgeTable(dag)
+    prio = priority.tolist()
     n = dag.size
     eng, dur = dag.engine.tolist(), dag.duration.tolist()
     missing = np.diff(dag.pred_ptr).tolist()

@@ -12,7 +12,7 @@ from test_schedules import assert_model_valid, make_dag
 
 from tpuflow.scheduler.bounds import critical_path_ps, engine_relaxation_ps
 from tpuflow.scheduler.cpsat import Refiner
-from tpuflow.scheduler.listsched import EdgeTable, list_schedule, retime
+from tpuflow.scheduler.listsched import EdgeTable, bottom_levels, list_schedule, priority_schedule, retime
 
 
 @st.composite
@@ -79,11 +79,13 @@ def test_cpsat_fixes_a_bottom_level_mistake():
     # GDMA 0 (12 ns) feeds TIU 3 (1 ns); GDMA 1 (2 ns) feeds TIU 2 (9 ns). Bottom levels 13 > 11
     # send 0 first and TIU waits until 12 + 2: 23 ns. Loading 1 first overlaps TIU 2 with load 0: 15 ns.
     dag = make_dag([1, 1, 0, 0], [12_000, 2_000, 9_000, 1_000], [(1, 2), (0, 3)])
-    listed = list_schedule(dag)
-    assert gdma_order(dag, listed) == [0, 1] and listed.makespan(dag) == 23_000
-    refined, stats = Refiner(dag).refine(listed, time_limit_s=5.0)
+    by_bottom_level = priority_schedule(dag, bottom_levels(dag))
+    assert gdma_order(dag, by_bottom_level) == [0, 1] and by_bottom_level.makespan(dag) == 23_000
+    refined, stats = Refiner(dag).refine(by_bottom_level, time_limit_s=5.0)
     assert stats.improved == 1
     assert gdma_order(dag, refined) == [1, 0] and refined.makespan(dag) == 15_000 == brute_force_optimum(dag)
+    # the tail priority (longest chain after the node ends: 1 vs 9 ns) gets it right at once
+    assert list_schedule(dag).makespan(dag) == 15_000
 
 
 @settings(max_examples=20, deadline=None)
