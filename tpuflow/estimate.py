@@ -39,16 +39,24 @@ class LayerRow:
     fused_group: str
     utilisation: float
 
+    @property
+    def time_us(self) -> float:
+        """The layer's cost: the busy time of its busiest engine (spans of reordered layers overlap)."""
+        return max(self.busy_us.values())
+
     def as_dict(self) -> dict:
         return {"name": self.name, "op": self.op, "start_us": self.start_us, "end_us": self.end_us,
-                "time_us": self.end_us - self.start_us, "busy_us": self.busy_us, "macs": self.macs,
+                "span_us": self.end_us - self.start_us, "time_us": self.time_us, "busy_us": self.busy_us,
+                "macs": self.macs,
                 "bytes": self.bytes, "bound": self.bound, "fused_group": self.fused_group,
                 "utilisation": self.utilisation}
 
 
-def _bound_of(busy: dict, span: float) -> str:
+def _bound_of(busy: dict, waited: float) -> str:
+    """compute / memory by the busier side; dependency when the layer's instructions spent longer
+    waiting for other engines than its busiest engine spent working."""
     compute = busy["tiu"] + busy["tile"]
-    if max(compute, busy["gdma"]) < 0.5 * span:
+    if waited > max(compute, busy["gdma"]):
         return "dependency"
     return "compute" if compute >= busy["gdma"] else "memory"
 
@@ -57,6 +65,7 @@ def layer_rows(program: Program, sim) -> list[LayerRow]:
     """One row per layer (ONNX node) with instructions, in order of first start."""
     chip, dtype = program.chip, program.options.get("dtype", "fp32")
     start, end = sim.times["start"] / 1e6, sim.times["end"] / 1e6
+    waited = sim.stalls["dependency"] / 1e6
     by_layer: dict[str, list[int]] = {}
     for i, name in enumerate(sim.layer):
         by_layer.setdefault(name, []).append(i)
@@ -72,10 +81,11 @@ def layer_rows(program: Program, sim) -> list[LayerRow]:
         busy = {eng: float((end[idx] - start[idx])[sim.engine[idx] == code].sum()) for code, eng in enumerate(ENGINES)}
         info = program.layers.get(name)
         macs = info.macs if info else 0
-        span = max(e - s, 1e-9)
+        engine_time = max(max(busy.values()), 1e-9)
         rows.append(LayerRow(name or "(program)", info.op_type if info else "", s, e, busy, macs,
-                             gdma_bytes.get(name, 0), _bound_of(busy, span), info.fused_group if info else "",
-                             macs / (span * peak) if peak else 0.0))
+                             gdma_bytes.get(name, 0), _bound_of(busy, float(waited[idx].sum())),
+                             info.fused_group if info else "",
+                             macs / (engine_time * peak) if peak else 0.0))
     rows.sort(key=lambda r: (r.start_us, r.name))
     return rows
 
@@ -98,7 +108,7 @@ def estimate_report(program: Program, sim) -> dict:
         busy = summary["busy_us"].get(e, 0.0)
         engines[e] = {"busy_us": busy, "instructions": summary["instructions"][e],
                       "utilisation": busy / latency_us if latency_us else 0.0}
-    top = sorted(layers, key=lambda r: r.end_us - r.start_us, reverse=True)[:10]
+    top = sorted(layers, key=lambda r: r.time_us, reverse=True)[:10]
     return {
         "format_version": FORMAT_VERSION, "model": program.model_name, "chip": chip.name,
         "chip_fingerprint": chip.fingerprint(), "options": dict(program.options),
@@ -127,12 +137,12 @@ def render_text(report: dict, top: int = 10) -> str:
         f"dram         read {d['bytes_read'] / 1e6:.2f} MB, written {d['bytes_written'] / 1e6:.2f} MB, "
         f"{d['achieved_gbps']:.1f} GB/s achieved of {d['peak_gbps']:g}, page hit rate {100 * d['page_hit_rate']:.1f}%",
         "",
-        f"top {top} layers by time:",
+        f"top {top} layers by time (busy time of the layer's busiest engine; span = first start to last end):",
     ]
     rows = sorted(report["layers"], key=lambda r: r["time_us"], reverse=True)[:top]
     width = max([len(r["name"]) for r in rows] + [5])
-    lines.append(f"{'layer':{width}s}  {'op':18s} {'time_us':>9s} {'MMAC':>9s} {'MB':>7s}  bound")
+    lines.append(f"{'layer':{width}s}  {'op':18s} {'time_us':>9s} {'span_us':>9s} {'MMAC':>9s} {'MB':>7s} {'util':>5s}  bound")
     for r in rows:
-        lines.append(f"{r['name']:{width}s}  {r['op']:18s} {r['time_us']:9.1f} {r['macs'] / 1e6:9.2f} "
-                     f"{r['bytes'] / 1e6:7.2f}  {r['bound']}")
+        lines.append(f"{r['name']:{width}s}  {r['op']:18s} {r['time_us']:9.1f} {r['span_us']:9.1f} {r['macs'] / 1e6:9.2f} "
+                     f"{r['bytes'] / 1e6:7.2f} {100 * r['utilisation']:4.0f}%  {r['bound']}")
     return "\n".join(lines)
