@@ -52,13 +52,14 @@ class LayerRow:
                 "utilisation": self.utilisation}
 
 
-def _bound_of(busy: dict, waited: float) -> str:
-    """compute / memory by the busier side; dependency when the layer's instructions spent longer
-    waiting for other engines than its busiest engine spent working."""
+def _bound_of(busy: dict, compute_waited: float, dma_waited: float) -> str:
+    """memory when GDMA is the busier side or the compute instructions spent longer waiting for
+    their data than computing; compute when TIU/TILE is the busier side; dependency when the
+    DMAs spent longer waiting for other instructions than moving data."""
     compute = busy["tiu"] + busy["tile"]
-    if waited > max(compute, busy["gdma"]):
-        return "dependency"
-    return "compute" if compute >= busy["gdma"] else "memory"
+    if compute >= busy["gdma"]:
+        return "memory" if compute_waited > compute else "compute"
+    return "dependency" if dma_waited > busy["gdma"] and compute_waited <= compute else "memory"
 
 
 def layer_rows(program: Program, sim) -> list[LayerRow]:
@@ -83,7 +84,8 @@ def layer_rows(program: Program, sim) -> list[LayerRow]:
         macs = info.macs if info else 0
         engine_time = max(max(busy.values()), 1e-9)
         rows.append(LayerRow(name or "(program)", info.op_type if info else "", s, e, busy, macs,
-                             gdma_bytes.get(name, 0), _bound_of(busy, float(waited[idx].sum())),
+                             gdma_bytes.get(name, 0), _bound_of(busy, float(waited[idx][sim.engine[idx] != 1].sum()),
+                                                                float(waited[idx][sim.engine[idx] == 1].sum())),
                              info.fused_group if info else "",
                              macs / (engine_time * peak) if peak else 0.0))
     rows.sort(key=lambda r: (r.start_us, r.name))
