@@ -185,9 +185,34 @@ def cmd_estimate(model, chip, options: CompileOptions, input_shapes: dict, as_js
     if trace is not None:
         write_trace(trace, program, sim)
     if profile is not None:
-        write_profile(profile, sim)
+        write_profile(profile, sim, program)
     if as_json:
         _print_json(report)
     else:
         print(render_text(report))
+    return 0
+
+
+# ------------------------------------------------------------------ report
+
+def cmd_report(model, chip, options: CompileOptions, input_shapes: dict, output: Path,
+               trace: Path | None, profile: Path | None) -> int:
+    """Compile in emission order, run every schedule for the comparison, and write the HTML report of
+    the requested one (and its trace / profile)."""
+    from dataclasses import replace
+    from tpuflow.codegen.profile import write_profile, write_trace
+    from tpuflow.codegen.report import compare_schedules, write_report
+    from tpuflow.estimate import estimate_report
+    graph, emitted = compile_model(model, chip, replace(options, schedule="program"), input_shapes)
+    runs = compare_schedules(emitted, options.schedule, options.time_limit_s)
+    program, sim = runs[options.schedule].program, runs[options.schedule].sim
+    program.options["schedule"] = options.schedule
+    report = estimate_report(program, sim)
+    size = write_report(output, program, sim, report, runs)
+    if trace is not None:
+        write_trace(trace, program, sim)
+    if profile is not None:
+        write_profile(profile, sim, program)
+    print(f"report of {graph.name} on {program.chip.name} ({options.schedule} schedule, {sim.total_us:.1f} us, "
+          f"{program.instruction_count} instructions) -> {output} ({size / 1e6:.2f} MB)")
     return 0
