@@ -105,8 +105,9 @@ def write_profile(path: Path, sim, program=None) -> None:
 # ------------------------------------------------------------------ trace
 
 def overlap_lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Greedy track per interval (in start order) so that intervals on one track never overlap;
-    0 for all when none overlaps (the usual case for GDMA and TILE)."""
+    """Greedy track per interval (in start order) so that intervals on one track never overlap
+    (zero-length ones stay on track 0: they nest in whatever runs there); 0 for all when none
+    overlaps (the usual case for GDMA and TILE)."""
     lanes = np.zeros(len(start), dtype=np.int64)
     if len(start) < 2:
         return lanes
@@ -116,6 +117,8 @@ def overlap_lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
         return lanes
     free_at: list[int] = []
     for k, (a, b) in enumerate(zip(s.tolist(), e.tolist())):
+        if a == b:
+            continue
         for lane, t in enumerate(free_at):
             if t <= a:
                 free_at[lane], lanes[order[k]] = b, lane

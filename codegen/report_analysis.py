@@ -27,10 +27,11 @@ def wait_kinds(sim, classes: np.ndarray) -> np.ndarray:
         ends = np.where(rows >= 0, end[np.maximum(rows, 0)], -1)
         better = ends > best_end
         best_row, best_end = np.where(better, rows, best_row), np.where(better, ends, best_end)
+    table = np.asarray([[WAIT_KINDS.index(_kind_of(code, cls)) for cls in OP_CLASSES] for code in range(3)])
     kinds = np.full(len(sim.engine), -1, dtype=np.int64)
     stalled = np.flatnonzero((sim.stalls["dependency"] > 0) & (best_row >= 0))
-    for i in stalled.tolist():
-        kinds[i] = WAIT_KINDS.index(_kind_of(int(sim.engine[best_row[i]]), OP_CLASSES[classes[best_row[i]]]))
+    target = best_row[stalled]
+    kinds[stalled] = table[sim.engine[target].astype(np.int64), classes[target].astype(np.int64)]
     return kinds
 
 

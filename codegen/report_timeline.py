@@ -32,6 +32,7 @@ class Rect:
     h: int
     css: str
     title: str
+    count: int = 0      # instructions the rectangle stands for
 
 
 @dataclass
@@ -76,7 +77,7 @@ def build_timeline(program, sim, classes: np.ndarray, nbytes: np.ndarray, layer_
         members = np.flatnonzero(sim.engine == code)
         if not len(members) and engine == "tile":
             continue
-        row = Row(engine.upper(), f"{len(members)} instructions", y)
+        row = Row(engine.upper(), f"{len(members)} instr.", y)
         context = _Context(sim, classes, layer, layer_names, waited, bins, y)
         row.rects = context.single_bars(members) + context.aggregated(members)
         rows.append(row)
@@ -117,7 +118,7 @@ class _Context:
             x = self.start[i] / self.bins.width_ps
             w = (self.end[i] - self.start[i]) / self.bins.width_ps
             rects.append(Rect(round(x, 2), self.y, round(w, 2), ROW_HEIGHT, self._css(self.classes[i], self.layer[i]),
-                              self._bar_title(i)))
+                              self._bar_title(i), 1))
         return rects
 
     def _css(self, cls: int, layer: int) -> str:
@@ -184,7 +185,7 @@ class _Context:
                      f"busy {100 * busy[a:z].mean():.0f}% · mostly {OP_CLASSES[cls[a]]} ({op_names[op[a]]}) · "
                      f"layer {self.layer_names[lay[a]] or '(program)'}")
             rects.append(Rect(a, self.y + ROW_HEIGHT - h, z - a, h, self._css(cls[a], lay[a]),
-                              title + self._stall_text(members)))
+                              title + self._stall_text(members), int(count[a:z].sum())))
         return rects
 
 
