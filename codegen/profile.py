@@ -35,7 +35,9 @@ Trace (open in ui.perfetto.dev or chrome://tracing): one process; one thread tra
 (TIU, GDMA, TILE) and, where an engine's pipelined instructions overlap in time, extra
 "(overlap n)" tracks so that slices on a track never partially overlap; every instruction exactly
 once as a complete ("X") event with ts/dur in microseconds at nanosecond resolution (no
-displayTimeUnit: its meaning differs between viewers); a "DRAM GB/s" counter track.
+displayTimeUnit: its meaning differs between viewers), name = op, cat = op class, args = cmd_id,
+cmd_id_dep, layer, cycles and the non-zero stalls in ns; the engine is the track (tid // 1000:
+1 TIU, 2 GDMA, 3 TILE); a "DRAM GB/s" counter track.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ PROFILE_COLUMNS = ["engine", "cmd_id", "cmd_id_dep", "op", "op_class", "layer", 
                    "stall_dependency_cycles", "stall_bank_conflict_cycles", "stall_dma_credit_cycles",
                    "stall_fifo_full_cycles", "stall_dram_cycles"]
 TRACE_PID = 1
-TRACK_BASE = {"tiu": 10, "gdma": 20, "tile": 30}     # tid of an engine's first track; overlap tracks follow
+TRACK_BASE = {"tiu": 1000, "gdma": 2000, "tile": 3000}   # tid of an engine's first track; overlap tracks follow
 BANDWIDTH_BINS = 400
 
 
@@ -162,13 +164,12 @@ def _instruction_events(sim, start_ns, end_ns, tids, classes) -> list[dict]:
     periods = np.asarray(sim.periods_ps, dtype=np.int64)[sim.engine]
     cycles = ((sim.times["end"] - sim.times["start"]) // periods).tolist()
     stall_ns = {cause: (sim.stalls[cause] // 1000).tolist() for cause in sim.stalls}
-    engine, cmd_id = sim.engine.tolist(), sim.cmd_id.tolist()
+    cmd_id = sim.cmd_id.tolist()
     dep, starts, ends, tid = sim.cmd_id_dep.tolist(), start_ns.tolist(), end_ns.tolist(), tids.tolist()
     cls = classes.tolist()
     events = []
-    for i in range(len(engine)):
-        args = {"engine": ENGINE_NAMES[engine[i]], "cmd_id": cmd_id[i], "cmd_id_dep": dep[i],
-                "layer": sim.layer[i], "class": OP_CLASSES[cls[i]], "cycles": cycles[i]}
+    for i in range(len(cmd_id)):
+        args = {"cmd_id": cmd_id[i], "cmd_id_dep": dep[i], "layer": sim.layer[i], "cycles": cycles[i]}
         for cause, values in stall_ns.items():
             if values[i]:
                 args[f"stall_{cause}_ns"] = values[i]

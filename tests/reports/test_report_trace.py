@@ -58,8 +58,12 @@ def validate_trace(doc: dict) -> list[dict]:
     return complete
 
 
+def engine_of(event: dict) -> str:
+    return {1: "tiu", 2: "gdma", 3: "tile"}[event["tid"] // 1000]
+
+
 def _every_instruction_once(complete: list[dict], sim) -> None:
-    seen = [(e["args"]["engine"], e["args"]["cmd_id"]) for e in complete]
+    seen = [(engine_of(e), e["args"]["cmd_id"]) for e in complete]
     expected = [(("tiu", "gdma", "tile")[c], int(i)) for c, i in zip(sim.engine, sim.cmd_id)]
     assert len(seen) == len(set(seen)) == len(sim.engine)
     assert set(seen) == set(expected)
@@ -70,15 +74,16 @@ def test_bert_trace_follows_the_format_and_covers_each_instruction_once(bert_run
     doc = json.loads(json.dumps(trace_events(program, sim)))
     complete = validate_trace(doc)
     _every_instruction_once(complete, sim)
-    tiu_tracks = {e["tid"] for e in complete if e["args"]["engine"] == "tiu"}
+    tiu_tracks = {e["tid"] for e in complete if engine_of(e) == "tiu"}
     starts, ends = sim.times["start"][sim.engine == 0], sim.times["end"][sim.engine == 0]
     assert (len(tiu_tracks) > 1) == bool(np.any(starts[1:] < ends[:-1]))   # pipelined TIU: overlap tracks
-    by_row = {(e["args"]["engine"], e["args"]["cmd_id"]): e for e in complete}
+    by_row = {(engine_of(e), e["args"]["cmd_id"]): e for e in complete}
     row = int(np.flatnonzero(sim.engine == 1)[3])
     event = by_row[("gdma", int(sim.cmd_id[row]))]
     assert event["ts"] == sim.times["start"][row] // 1000 / 1000
     assert event["dur"] == pytest.approx((sim.times["end"][row] // 1000 - sim.times["start"][row] // 1000) / 1000)
     assert event["name"] == sim.op[row] and event["args"]["layer"] == sim.layer[row]
+    assert event["cat"] in OP_CLASSES
 
 
 def test_counter_track_carries_the_ddr_bytes(bert_run):
