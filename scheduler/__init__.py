@@ -10,12 +10,13 @@
   (hwmodel.timing.simulate) and the refined order is kept only if it is not slower than the
   list order, so `cpsat` is never worse than `list` on the simulated makespan.
 
-Default (`--schedule`, CompileOptions.schedule): `list`, the best quality for a short time. On
-benchmarks/schedule_bench.py it takes about a second of CPU on the TIU path (ResNet-50: 0.5 s) and
-seconds on TILE paths, and it takes most of the simulated gain over the emission order (ResNet-50
-TIU path 13 % faster, the BERT layer 11 %, MobileNetV2 6 %); `cpsat` adds 0-5 % more for seconds
-to a minute of CP-SAT plus two full simulations, and nothing on programs one engine already bounds
-(every TILE path is GDMA-bound). See benchmarks/results/schedule.json for the numbers.
+Default (`--schedule`, CompileOptions.schedule): `list`, the best quality for a short time.
+Measured with benchmarks/schedule_bench.py (fp32, sg2260; simulated makespans, emission -> list):
+ResNet-50 7958 -> 6738 us (-15 %) in 0.35 s of CPU, BERT layer 181 -> 157 us (-13 %), MobileNetV2
+1113 -> 1055 us (-5 %), GPT block 183 -> 177 us (-3 %), each in under 0.2 s. `cpsat` (20 units)
+then adds 0 % (ResNet-50), 0.02 % (MobileNetV2), 0.4 % (BERT) and 3.6 % (GPT) for 1.7-7 s plus two
+full simulations, and nothing on the TILE paths, which are GDMA-bound (list already keeps GDMA
+busy 100 % of the simulated time there). benchmarks/results/schedule.json has every number.
 
 The result's issue order is the scheduled start order; cmd_ids are renumbered and every
 dependency recomputed from the chunk bitmaps for that order (scheduler.rebuild).

@@ -114,46 +114,54 @@ def node_timing(instr, chip) -> tuple[int, int, int]:
     return max(1, instruction_cycles(instr, chip) * period_ps(mhz)), 0, 0
 
 
+class _Builder:
+    """Collects the nodes of build_dag in issue order."""
+
+    def __init__(self, program: Program):
+        self.program, self.chip = program, program.chip
+        self.finder = HazardFinder(self.chip.lanes, LMEM_LANE_BLOCK, self.chip.chunk_bytes_per_lane)
+        self.known: dict = {}                 # instruction without waits -> (timing, accesses or None)
+        self.columns: list[list] = [[], [], [], [], []]   # engine, queue index, duration, head, tail
+        self.preds: list[list[int]] = []
+        self.last_node = [-1, -1, -1]
+        self.pinned_open = [False, False, False]
+
+    def add(self, code: int, index: int, instr) -> None:
+        node = len(self.preds)
+        key = strip_waits(instr)
+        known = self.known.get(key)
+        if known is None:
+            acc = None if code == TILE else instr.accesses(self.chip)
+            known = self.known[key] = (node_timing(instr, self.chip), acc)
+        timing, acc = known
+        preds = self.finder.add(node, self.program.accesses(CODE_ENGINES[code], index) if acc is None else acc)
+        pinned = isinstance(instr, (SysTiu, SysDma))
+        if self.last_node[code] >= 0 and (code == TILE or pinned or self.pinned_open[code]):
+            preds.add(self.last_node[code])
+        self.pinned_open[code], self.last_node[code] = pinned, node
+        for column, value in zip(self.columns, (code, index, *timing)):
+            column.append(value)
+        self.preds.append(sorted(preds))
+
+    def dag(self, trailer: list[tuple[int, int]]) -> Dag:
+        ptr = np.zeros(len(self.preds) + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum([len(p) for p in self.preds])
+        idx = np.fromiter((a for p in self.preds for a in p), dtype=np.int64, count=int(ptr[-1]))
+        engine, qindex, dur, head, tail = self.columns
+        return Dag(np.asarray(engine, np.int8), np.asarray(qindex, np.int64), np.asarray(dur, np.int64),
+                   np.asarray(head, np.int64), np.asarray(tail, np.int64), ptr, idx, trailer)
+
+
 def build_dag(program: Program) -> Dag:
     """The DAG of `program` (see the module docstring)."""
-    chip = program.chip
-    finder = HazardFinder(chip.lanes, LMEM_LANE_BLOCK, chip.chunk_bytes_per_lane)
-    costs: dict = {}
-    engine, qindex, dur, head, tail, preds_of = [], [], [], [], [], []
+    builder = _Builder(program)
     trailer: list[tuple[int, int]] = []
     last_ends = {e: len(program.queue(e)) - 1 for e in CODE_ENGINES
                  if program.queue(e) and is_stream_end(program.queue(e)[-1])}
-    last_node = [-1, -1, -1]
-    pinned_open = [False, False, False]
     for eng, index in program.issue_sequence():
         instr = program.queue(eng)[index]
-        code = ENGINE_CODES[eng]
         if last_ends.get(eng) == index:
-            trailer.append((code, index))
-            continue
-        if is_tile_wait(instr):
-            continue
-        node = len(engine)
-        key = strip_waits(instr)
-        known = costs.get(key)
-        if known is None:
-            acc = None if code == TILE else instr.accesses(chip)
-            known = costs[key] = (node_timing(instr, chip), acc)
-        timing, acc = known
-        preds = finder.add(node, program.accesses(eng, index) if acc is None else acc)
-        pinned = isinstance(instr, (SysTiu, SysDma))
-        if last_node[code] >= 0 and (code == TILE or pinned or pinned_open[code]):
-            preds.add(last_node[code])
-        pinned_open[code] = pinned
-        last_node[code] = node
-        engine.append(code)
-        qindex.append(index)
-        dur.append(timing[0])
-        head.append(timing[1])
-        tail.append(timing[2])
-        preds_of.append(sorted(preds))
-    ptr = np.zeros(len(engine) + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum([len(p) for p in preds_of])
-    idx = np.fromiter((a for p in preds_of for a in p), dtype=np.int64, count=int(ptr[-1]))
-    return Dag(np.asarray(engine, np.int8), np.asarray(qindex, np.int64), np.asarray(dur, np.int64),
-               np.asarray(head, np.int64), np.asarray(tail, np.int64), ptr, idx, trailer)
+            trailer.append((ENGINE_CODES[eng], index))
+        elif not is_tile_wait(instr):
+            builder.add(ENGINE_CODES[eng], index, instr)
+    return builder.dag(trailer)
