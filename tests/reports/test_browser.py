@@ -75,7 +75,7 @@ def test_timeline_is_drawn(loaded, bert_run):
     total = sum(colours.values())
     background = max(colours.values())
     assert background < 0.9 * total, "the timeline screenshot is (almost) blank"
-    for rgb in ((0xe8, 0x88, 0x3a), (0x2c, 0xa5, 0x8d), (0x7b, 0x61, 0xc9)):   # matmul, dma load, DRAM
+    for rgb in ((0xe8, 0x88, 0x3a), (0x2c, 0xa5, 0x8d), (0x3d, 0x4a, 0x5c)):   # matmul, dma load, DRAM
         assert colours.get(rgb, 0) > 50, f"colour {rgb} hardly appears in the timeline"
 
 
