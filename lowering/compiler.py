@@ -13,6 +13,7 @@ from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.groups import Group, form_groups
 from tpuflow.lowering.mathops import CONST_REGION_BYTES, const_region_image
 from tpuflow.lowering.ops.conv import ConvEmitter
+from tpuflow.lowering.ops.gemv import GemvEmitter, is_gemv
 from tpuflow.lowering.ops.lrn import LrnEmitter
 from tpuflow.lowering.ops.matmul import MatmulEmitter
 from tpuflow.lowering.ops.movement import MoveEmitter, ViewEmitter
@@ -28,10 +29,12 @@ TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": MatmulEmi
                 "lrn": LrnEmitter, "move": MoveEmitter, "view": ViewEmitter}
 
 
-def emitter_for(group: Group, options: CompileOptions):
+def emitter_for(group: Group, options: CompileOptions, ctx: LowerCtx | None = None):
     if options.matmul == "tile" and group.kind in ("matmul", "conv"):
         from tpuflow.lowering.ops.tilemm import TILE_EMITTERS
         return TILE_EMITTERS[group.kind]
+    if group.kind == "matmul" and ctx is not None and is_gemv(ctx, group):
+        return GemvEmitter
     return TIU_EMITTERS[group.kind]
 
 
@@ -75,7 +78,7 @@ def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions, half: str)
     mark, pushes, layers = len(ctx.em.records), list(ctx.tile_pushes), dict(ctx.layers)
     ctx.lmem_region = half
     try:
-        emitter_for(group, options)(ctx, group).emit()
+        emitter_for(group, options, ctx)(ctx, group).emit()
         return
     except LoweringError:
         del ctx.em.records[mark:]
@@ -83,7 +86,7 @@ def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions, half: str)
         ctx.layers.clear()
         ctx.layers.update(layers)
     ctx.lmem_region = "full"
-    emitter_for(group, options)(ctx, group).emit()
+    emitter_for(group, options, ctx)(ctx, group).emit()
 
 
 def _prologue(ctx: LowerCtx) -> None:

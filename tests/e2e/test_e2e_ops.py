@@ -197,3 +197,17 @@ def test_channel_shuffle_and_concat_of_convs():
     t = b.node("Transpose", [r], "t", perm=[0, 2, 1, 3, 4])
     b.output(b.node("Reshape", [t, b.const("s2", np.array([1, 12, 6, 6], np.int64))], "y"))
     check(b.model())
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_matrix_vector_product_on_the_vector_unit(dtype):
+    """M = 1 with constant weights runs as a GEMV (weights across lanes, row reductions), over
+    several K steps and N tiles, with the bias and activation fused after it."""
+    b = ModelBuilder()
+    g = b.node("Gemm", [b.input("x", [1, 3000]), b.weight("w", [300, 3000]), b.weight("c", [300], 0.1)], "g", transB=1)
+    b.output(b.node("Relu", [g], "r"))
+    model = b.model()
+    from tpuflow.pipeline import compile_model
+    _, program = compile_model(model)
+    assert any(i.op_name == "tsbc.cw_ts" for i in program.tiu) and not any(i.op_name.startswith("mm2") for i in program.tiu)
+    check(model, "tiu", dtype)
