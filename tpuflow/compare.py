@@ -9,13 +9,15 @@ import numpy as np
 
 # Pass bounds, per storage dtype. max_rel_err = max |ours - ref| / max |ref| over an output.
 # fp32: the 1e-4. fp16 / bf16 store every tensor between fused groups in 11 / 8 mantissa
-# bits; the error then grows with depth, so besides a relative bound (about 30 / 250 half-ulps of
-# the storage format) the direction of the output must agree (cosine similarity, the metric
-# tpu-mlir's npz comparison uses for low-precision models).
+# bits and the error grows with depth: measured worst cases over every bundled model on both
+# matmul paths (benchmarks/verify_all.py) are 8e-3 (fp16) and 4e-2 (bf16), so the bounds are
+# 2e-2 and 8e-2 (about 40 and 20 half-ulps of the storage format), and the direction of the
+# output must agree too (cosine similarity, the metric tpu-mlir's npz comparison uses for
+# low-precision models; measured worst 0.99998 and 0.9993).
 TOLERANCES = {
     "fp32": {"rtol": 1e-4, "min_cosine": 0.999999},
-    "fp16": {"rtol": 3e-2, "min_cosine": 0.999},
-    "bf16": {"rtol": 2.5e-1, "min_cosine": 0.99},
+    "fp16": {"rtol": 2e-2, "min_cosine": 0.9999},
+    "bf16": {"rtol": 8e-2, "min_cosine": 0.999},
 }
 
 
