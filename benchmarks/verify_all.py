@@ -1,6 +1,6 @@
 """Verify every bundled model on both matmul paths and in fp32/fp16/bf16, timing each run.
 
-    python benchmarks/verify_all.py [--models a,b] [--paths tiu,tile] [--dtypes fp32,fp16] [--no-race]
+    python benchmarks/verify_all.py [--models a,b] [--paths tiu,tile] [--dtypes fp32,fp16] [--schedule list] [--no-race]
 
 Writes benchmarks/results/verify_all.json (one row per run: ok, max_rel_err, cosine, seconds,
 instruction counts) and prints a table. Exit code 1 when any run fails.
@@ -26,6 +26,7 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(names()))
     ap.add_argument("--paths", default="tiu,tile")
     ap.add_argument("--dtypes", default="fp32,fp16")
+    ap.add_argument("--schedule", default="list", help="program | list | cpsat")
     ap.add_argument("--no-race", action="store_true")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
@@ -35,7 +36,8 @@ def main() -> int:
             for dtype in args.dtypes.split(","):
                 t0 = time.perf_counter()
                 try:
-                    r = verify(model, None, CompileOptions(dtype=dtype, matmul=path), race_check=not args.no_race)
+                    options = CompileOptions(dtype=dtype, matmul=path, schedule=args.schedule)
+                    r = verify(model, None, options, race_check=not args.no_race)
                     worst = max(r["outputs"], key=lambda o: o["max_rel_err"])
                     row = {"model": model, "matmul": path, "dtype": dtype, "ok": r["ok"],
                            "max_rel_err": worst["max_rel_err"], "cosine": worst["cosine"],
@@ -49,7 +51,7 @@ def main() -> int:
                       f"{row.get('max_rel_err', float('nan')):.2e} {row['seconds']:7.1f}s {row.get('error', '')}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"race_check": not args.no_race, "runs": rows}, indent=1) + "\n")
+    tmp.write_text(json.dumps({"race_check": not args.no_race, "schedule": args.schedule, "runs": rows}, indent=1) + "\n")
     tmp.replace(args.out)
     return 1 if failed else 0
 
