@@ -93,11 +93,6 @@ def node_fits(graph: Graph, node: OpNode, split: int) -> bool:
     return all(classify(graph.tensor(t).shape, out, split) is not None for t in node.inputs if t)
 
 
-def node_view(graph: Graph, node: OpNode, split: int) -> RowView:
-    ref = node.inputs[0] if node.op_type in set(ROW_REDUCE) | ROW_NORMALIZE else node.outputs[0]
-    return view_of(graph.tensor(ref).shape, split)
-
-
 # ---------------------------------------------------------------- emission of one node
 
 def apply_elementwise(em: Emitter, node: OpNode, dst: LTile, ins: list, scratch: mathops.Scratch) -> None:

@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 
 from tpuflow.frontend.graph import Graph, OpNode
 from tpuflow.lowering.ewise import (ELEMENTWISE, ROW_NORMALIZE, ROW_REDUCE, ROWWISE, Kind, classify,
-                                    node_fits, node_split_candidates, node_view)
+                                    node_fits, node_split_candidates)
 
 CONV_EPILOGUE_SPLIT = 2     # NCHW: rows = (n, c), cols = (h, w)
-MOVEMENT = {"Transpose", "Concat", "Split", "Slice", "Gather", "Pad", "Cast", "Expand"}
 POOLS = {"MaxPool", "AveragePool"}
 
 

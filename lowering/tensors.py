@@ -70,11 +70,6 @@ class LTile:
         mode = StrideMode.FREE
         return LTile(lane * lb + off, (self.n, count, self.h, self.w), self.prec, self.strides, mode)
 
-    def sub_rows(self, h0: int, count: int) -> "LTile":
-        """Rows [h0, h0+count) of every channel."""
-        addr = self.addr + h0 * self.strides[2] * self.prec.bytes
-        return LTile(addr, (self.n, self.c, count, self.w), self.prec, self.strides, StrideMode.FREE)
-
     def as_prec(self, prec: Prec) -> "LTile":
         return replace(self, prec=prec)
 
@@ -108,8 +103,3 @@ class DRegion:
     @property
     def count(self) -> int:
         return math.prod(self.shape)
-
-
-def contiguous_region(addr: int, shape4, prec: Prec) -> DRegion:
-    n, c, h, w = shape4
-    return DRegion(addr, tuple(shape4), (c * h * w, h * w, w, 1), prec)
