@@ -10,8 +10,7 @@ from tpuflow.errors import LoweringError
 from tpuflow.isa import CwBcTiu, Prec, StrideMode
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.groups import Group
-from tpuflow.lowering.ops.epilogue import Epilogue
-from tpuflow.lowering.ops.matmul import matmul_geometry
+from tpuflow.lowering.ops.matmul import MatmulGroup, matmul_geometry
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import largest_fitting, pipelined, steps
 
@@ -23,13 +22,9 @@ def is_gemv(ctx: LowerCtx, group: Group) -> bool:
     return geo.m == 1 and geo.batch_count == 1 and weights.is_const and not geo.b.transposed and geo.n > 1
 
 
-class GemvEmitter:
+class GemvEmitter(MatmulGroup):
     def __init__(self, ctx: LowerCtx, group: Group):
-        self.ctx, self.group, self.chip = ctx, group, ctx.chip
-        self.node = group.anchor
-        self.geom = matmul_geometry(ctx, self.node)
-        out = self.node.outputs[0]
-        self.epi = Epilogue(ctx, out, group.epilogue, ctx.graph.tensor(out).shape, group.split)
+        super().__init__(ctx, group)
         k, n = self.geom.k, self.geom.n
         w = np.asarray(ctx.const(self.node.inputs[1]), np.float32).reshape(k, n)
         self.wt_addr = ctx.const_addr(f"gemv:{self.node.name}", np.ascontiguousarray(w.T))   # [N, K]

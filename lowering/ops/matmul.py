@@ -106,7 +106,9 @@ def _output_view(stored_shape, perm, batch, m: int, n: int) -> OperandView:
     return OperandView(tuple(logical[:-2]), logical[-2])
 
 
-class MatmulEmitter:
+class MatmulGroup:
+    """What every MatMul group emitter starts from: the node, its geometry, its epilogue."""
+
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group, self.chip = ctx, group, ctx.chip
         self.node = group.anchor
@@ -114,6 +116,11 @@ class MatmulEmitter:
         out = self.node.outputs[0]
         self.epi = Epilogue(ctx, out, group.epilogue, ctx.graph.tensor(out).shape, group.split)
         self.result = self.epi.output
+
+
+class MatmulEmitter(MatmulGroup):
+    def __init__(self, ctx: LowerCtx, group: Group):
+        super().__init__(ctx, group)
         self.a_addr = self._operand_addr(self.node.inputs[0])
         self.b_addr = self._operand_addr(self.node.inputs[1])
 
