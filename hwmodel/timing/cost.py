@@ -15,7 +15,7 @@ from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.clocks import Clocks, ns_to_ps
 from tpuflow.hwmodel.timing.compute import CUBE, cdiv, tile_cycles, tiu_work
-from tpuflow.hwmodel.timing.segments import transfer_sides
+from tpuflow.hwmodel.timing.segments import side_bursts, transfer_sides
 from tpuflow.hwmodel.timing.wdc import WdcParams
 from tpuflow.isa import DmaInstruction, Instruction, SysDma, TileInstruction, TiuInstruction
 
@@ -59,11 +59,20 @@ def gdma_cycles(instr: DmaInstruction, chip: ChipConfig) -> int:
     ddr = sum(s.nbytes for s in (src, dst) if s is not None and not s.lmem)
     bus = cdiv(nbytes, g.bus_bytes)
     ddr_cycles = cdiv(round(ddr / chip.dram.peak_gbps * 1000), period)
+    bus = max(bus, max(_issue_cycles(side, chip) for side in (src, dst) if side is not None))
     if ddr:
         latency = _wdc(chip).unloaded_read_ps(g.bus_bytes * g.max_burst_beats)
     else:
         latency = ns_to_ps(g.lmem_access_latency_ns)
     return g.cmd_setup_cycles + max(bus, ddr_cycles) + cdiv(latency, period)
+
+
+def _issue_cycles(side, chip: ChipConfig) -> int:
+    """Cycles to issue a side's bursts one by one: the per-burst issue cost, plus the unaligned
+    penalty of bursts that do not start on the bus width (small strided segments pay it each)."""
+    g = chip.gdma
+    bursts = side_bursts(side, chip, g.bus_bytes * g.max_burst_beats)
+    return int(len(bursts.size) * g.segment_issue_cycles + int(bursts.unaligned.sum()) * g.unaligned_penalty_cycles)
 
 
 def instruction_cycles(instr: Instruction, chip: ChipConfig) -> int:
