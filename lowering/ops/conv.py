@@ -213,7 +213,7 @@ class ConvEmitter:
     def _prepare_standard(self, cin_g: int, cout_g: int) -> None:
         geo, chip, ctx = self.geom, self.chip, self.ctx
         self.ct, self.ht, self.ict, self.w_res = self._choose(cin_g, cout_g)
-        if not self.w_res and ctx.lmem_region != "full":
+        if not self.w_res and ctx.lmem_region != "full" and self.ct == cout_g:
             # resident weights matter more than the LMEM half: take all of LMEM when that keeps them
             ctx.lmem_region, half = "full", ctx.lmem_region
             self.arena = ctx.arena()
