@@ -26,8 +26,19 @@ class GemvEmitter(MatmulGroup):
     def __init__(self, ctx: LowerCtx, group: Group):
         super().__init__(ctx, group)
         k, n = self.geom.k, self.geom.n
-        w = np.asarray(ctx.const(self.node.inputs[1]), np.float32).reshape(k, n)
-        self.wt_addr = ctx.const_addr(f"gemv:{self.node.name}", np.ascontiguousarray(w.T))   # [N, K]
+        self.wt = np.asarray(ctx.const(self.node.inputs[1]), np.float32).reshape(k, n).T   # [N, K]
+
+    def _weight_blocks(self, work) -> dict[tuple[int, int], int]:
+        """Place W^T in the weight image block by block in load order, each (n-tile, k-tile)
+        block contiguous, so every weight load is one sequential DDR stream (rows of W^T strided
+        by K would each open a DRAM page of their own). Returns the block addresses."""
+        blocks = [np.ascontiguousarray(self.wt[n0:n0 + n, k0:k0 + k]).reshape(-1) for n0, n, k0, k, _, _ in work]
+        base = self.ctx.const_addr(f"gemv:{self.node.name}", np.concatenate(blocks))
+        addrs, offset = {}, 0
+        for (n0, _, k0, _, _, _), block in zip(work, blocks):
+            addrs[(n0, k0)] = base + offset * self.ctx.prec.bytes
+            offset += block.size
+        return addrs
 
     def _sizes(self, nt: int, kt: int) -> tuple[list[int], list[int]]:
         chip, prec = self.chip, self.ctx.prec
@@ -60,13 +71,14 @@ class GemvEmitter(MatmulGroup):
         k_steps = steps(geo.k, kt)
         work = [(n0, n, k0, k, i == len(k_steps) - 1, i == 0) for n0, n in steps(geo.n, nt)
                 for i, (k0, k) in enumerate(k_steps)]
+        w_addr = self._weight_blocks(work)
 
         def load_step(w, s):
             n0, n, k0, k, last, first = w
             offs = sets[s]
             ctx.em.layer = self.node.name
             ctx.em.load(make_tile(chip, offs[0], (1, n, 1, k), prec),
-                        DRegion(self.wt_addr + (n0 * geo.k + k0) * prec.bytes, (1, n, 1, k), (n * geo.k, geo.k, k, 1), prec))
+                        DRegion(w_addr[(n0, k0)], (1, n, 1, k), (n * k, k, k, 1), prec))
             ctx.em.broadcast_load(make_tile(chip, offs[1], (1, min(n, chip.lanes), 1, k), prec),
                                   x_addr + k0 * prec.bytes, prec)
             if last and self.epi.full:
