@@ -1,5 +1,6 @@
 """DDR placement: graph inputs and outputs, activations with reuse of dead space (first fit over
-lifetimes), views aliasing their source, one scratch area, then the weight image."""
+lifetimes), views aliasing their source, Concat inputs placed inside their Concat's output, one
+scratch area, then the weight image."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ class DdrPlan:
     scratch_base: int
     scratch_bytes: int
     weight_base: int
+    concat_members: dict[str, tuple[str, int]]   # tensor -> (Concat output it lives in, byte offset)
+
+    def alias_root(self, name: str) -> tuple[str, int]:
+        """The buffer a tensor lives in and its byte offset there (itself at 0 when not aliased)."""
+        offset = 0
+        while name in self.concat_members:
+            name, off = self.concat_members[name]
+            offset += off
+        return name, offset
 
 
 class FirstFit:
@@ -72,25 +82,60 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
         if name not in tensors:
             fixed(name, "output")
     pool = FirstFit(align_up(cursor, align), align)
-    last_use = _last_use(graph, groups)
+    plan = DdrPlan(tensors, 0, scratch_bytes, 0, _concat_members(graph, groups, esize))
+    last_use = _last_use(graph, groups, plan)
+
+    def place(name: str) -> None:
+        root, offset = plan.alias_root(name)
+        if root not in tensors:
+            shape = graph.tensor(root).shape
+            nbytes = _count(shape) * esize
+            tensors[root] = DdrTensor(root, pool.alloc(nbytes), shape, dtype, "activation", nbytes)
+        if name != root:
+            shape = graph.tensor(name).shape
+            tensors[name] = DdrTensor(name, tensors[root].addr + offset, shape, dtype, "alias", _count(shape) * esize)
+
     for index, group in enumerate(groups):
         if group.kind == "view":
             _alias_view(graph, group, tensors)
         else:
             for name in group.stored:
-                if name in tensors:
-                    continue
-                shape = graph.tensor(name).shape
-                nbytes = _count(shape) * esize
-                tensors[name] = DdrTensor(name, pool.alloc(nbytes), shape, dtype, "activation", nbytes)
+                if name not in tensors:
+                    place(name)
         for name in _dying(group, index, last_use, tensors):
             t = tensors[name]
             pool.release(t.addr, t.nbytes)
-    scratch_base = align_up(pool.end, align)
-    weight_base = align_up(scratch_base + scratch_bytes, 4096)
-    if weight_base > chip.core.ddr_bytes:
-        raise LoweringError(f"activations need {weight_base} B of DDR, the chip has {chip.core.ddr_bytes} B")
-    return DdrPlan(tensors, scratch_base, scratch_bytes, weight_base)
+    plan.scratch_base = align_up(pool.end, align)
+    plan.weight_base = align_up(plan.scratch_base + scratch_bytes, 4096)
+    if plan.weight_base > chip.core.ddr_bytes:
+        raise LoweringError(f"activations need {plan.weight_base} B of DDR, the chip has {chip.core.ddr_bytes} B")
+    return plan
+
+
+def _concat_members(graph: Graph, groups: list[Group], esize: int) -> dict[str, tuple[str, int]]:
+    """Concat inputs that can be written straight into their slice of the Concat's output, so the
+    Concat copies nothing for them: the output must be one contiguous slice per input (every dim
+    before the axis is 1), and the input a runtime activation of its own (not a graph input or
+    output, not a view, not used twice by this Concat, not claimed by another Concat)."""
+    producer = {t: g for g in groups for n in g.nodes for t in n.outputs}
+    members: dict[str, tuple[str, int]] = {}
+    for group in groups:
+        node = group.anchor
+        if node.op_type != "Concat" or len(group.nodes) != 1:
+            continue
+        out_shape = graph.tensor(node.outputs[0]).shape
+        axis = node.attr("axis") % len(out_shape)
+        if any(d != 1 for d in out_shape[:axis]):
+            continue
+        offset = 0
+        for x in node.inputs:
+            info = graph.tensor(x)
+            slice_bytes = _count(info.shape) * esize
+            if (not info.is_const and x not in graph.inputs and x not in graph.outputs and x not in members
+                    and node.inputs.count(x) == 1 and x in producer and producer[x].kind != "view"):
+                members[x] = (node.outputs[0], offset)
+            offset += slice_bytes
+    return members
 
 
 def _count(shape) -> int:
@@ -113,8 +158,9 @@ def _alias_view(graph: Graph, group: Group, tensors: dict[str, DdrTensor]) -> No
                              src.nbytes)
 
 
-def _last_use(graph: Graph, groups: list[Group]) -> dict[str, int]:
-    """Index of the last group reading each tensor (views extend the life of their source)."""
+def _last_use(graph: Graph, groups: list[Group], plan: DdrPlan) -> dict[str, int]:
+    """Index of the last group reading each buffer (views extend the life of their source, Concat
+    members the life of the Concat output they live in)."""
     last: dict[str, int] = {}
     alias_root: dict[str, str] = {}
     for i, g in enumerate(groups):
@@ -124,8 +170,8 @@ def _last_use(graph: Graph, groups: list[Group]) -> dict[str, int]:
         for n in g.nodes:
             for t in n.inputs:
                 if t:
-                    root = alias_root.get(t, t)
-                    last[root] = i
+                    root = plan.alias_root(alias_root.get(t, t))[0]
+                    last[root] = max(last.get(root, i), i)
     return last
 
 

@@ -113,9 +113,11 @@ class MoveEmitter:
         offset = 0
         for x in self.node.inputs:
             shape = self.shape(x)
-            copy_nd(self.ctx, self.src_addr(x), contiguous_strides(shape),
-                    self.ctx.ddr_addr(y) + offset * out_st[axis] * self.prec.bytes, out_st, shape, self.prec)
+            dst = self.ctx.ddr_addr(y) + offset * out_st[axis] * self.prec.bytes
             offset += shape[axis]
+            if x in self.ctx.ddr.concat_members and self.ctx.ddr_addr(x) == dst:
+                continue                      # its producer wrote it in place (ddrplan)
+            copy_nd(self.ctx, self.src_addr(x), contiguous_strides(shape), dst, out_st, shape, self.prec)
 
     def _emit_split(self) -> None:
         x = self.node.inputs[0]

@@ -101,7 +101,7 @@ def test_a_large_conv_is_tiled_and_still_exact():
     assert result["ok"], result["outputs"]
 
 
-@pytest.mark.parametrize("model", ["resnet50", "bert_layer", "densenet121"])
+@pytest.mark.parametrize("model", ["resnet50", "bert_layer", "densenet121", "inception_v1", "squeezenet"])
 def test_live_ddr_tensors_never_overlap(model):
     graph = load_graph(model)
     groups = form_groups(graph)
@@ -113,13 +113,13 @@ def test_live_ddr_tensors_never_overlap(model):
                 first.setdefault(t, i)
             for t in n.inputs:
                 last[t] = i
-    real = [t for t in plan.tensors.values() if t.role in ("activation", "input", "output")]
+    real = [t for t in plan.tensors.values() if t.role in ("activation", "input", "output", "alias")]
     for a in real:
         for b in real:
-            if a.name >= b.name:
+            if a.name >= b.name or plan.alias_root(a.name)[0] == plan.alias_root(b.name)[0]:
                 continue
-            live_a = (first.get(a.name, -1), last.get(a.name, len(groups)) if a.role == "activation" else len(groups))
-            live_b = (first.get(b.name, -1), last.get(b.name, len(groups)) if b.role == "activation" else len(groups))
+            live_a = (first.get(a.name, -1), last.get(a.name, len(groups)) if a.role in ("activation", "alias") else len(groups))
+            live_b = (first.get(b.name, -1), last.get(b.name, len(groups)) if b.role in ("activation", "alias") else len(groups))
             if live_a[0] <= live_b[1] and live_b[0] <= live_a[1]:
                 assert a.addr + a.nbytes <= b.addr or b.addr + b.nbytes <= a.addr, (a.name, b.name)
 
