@@ -65,6 +65,12 @@ class TileDims:
     mt: int
     nt: int
     kt: int
+    resident: str = ""    # "a": A's K tiles stay in T across the N tiles; "b": B's stay in U across M
+
+
+TILE_SIDES = (64, 32, 16)      # M and N tile sizes tried (multiples of the 16 x 16 output fractal)
+RUNTIME_BYTE_WEIGHT = 12       # a runtime operand reaches Nz / Zn through K0-element (32 B) DMA pieces:
+                               # on the sg2260 timing model that costs ~12x a contiguous constant tile per byte
 
 
 class Operand:
@@ -148,36 +154,79 @@ class TileGemm:
         self.dt = TILE_DT[ctx.prec]
 
     def _dims(self) -> TileDims:
-        """Largest tiles whose A, B and converted result each fit one tile slot."""
-        tile, e = self.ctx.chip.tile, self.ctx.prec.bytes
-        slot, fm, fn = tile.slot_bytes, tile.fractal_m, tile.fractal_n
-        mt = min(ceil_to(self.m, fm), 64)
-        kt = max(self.a.k0, slot // (mt * e) // self.a.k0 * self.a.k0)
-        nt = min(64, slot // (kt * e), slot // (mt * self.out_prec.bytes)) // fn * fn
-        return TileDims(mt, max(fn, nt), kt)
+        """The tiling with the least estimated time: tile sides whose A, B and converted result
+        each fit one tile slot, and whether one operand's K tiles stay resident in their queue
+        (loaded once per row / column of output tiles, read with .reuse) while the other streams."""
+        tile, e, oe = self.ctx.chip.tile, self.ctx.prec.bytes, self.out_prec.bytes
+        k0 = self.a.k0
+        best = None
+        for mt in sorted({min(ceil_to(self.m, tile.fractal_m), side) for side in TILE_SIDES}, reverse=True):
+            for nt in sorted({min(ceil_to(self.n, tile.fractal_n), side) for side in TILE_SIDES}, reverse=True):
+                if mt * nt * oe > tile.slot_bytes:
+                    continue
+                kt = min(tile.slot_bytes // (mt * e), tile.slot_bytes // (nt * e)) // k0 * k0
+                kt = max(k0, min(kt, ceil_to(self.k, k0)))
+                for resident in ("", "a", "b"):
+                    if resident and -(-self.k // kt) > tile.queue_slots:
+                        continue
+                    dims = TileDims(mt, nt, kt, resident)
+                    key = (self._estimate_ns(dims), -mt * nt, resident)
+                    if best is None or key < best[0]:
+                        best = (key, dims)
+        return best[1]
+
+    def _estimate_ns(self, d: TileDims) -> float:
+        """max(GDMA time of the operand loads, TILE time of the blocks), roughly."""
+        chip, e = self.ctx.chip, self.ctx.prec.bytes
+        tm, tn, tk = -(-self.m // d.mt), -(-self.n // d.nt), -(-self.k // d.kt)
+        a_loads = tm * tk * (1 if d.resident == "a" else tn)
+        b_loads = tn * tk * (1 if d.resident == "b" else tm)
+        weight = lambda op: RUNTIME_BYTE_WEIGHT if isinstance(op, RowsOperand) else 1
+        dma_bytes = a_loads * d.mt * d.kt * e * weight(self.a) + b_loads * d.kt * d.nt * e * weight(self.b)
+        macs = chip.compute.tile_macs_per_cycle[self.ctx.options.dtype]
+        block = chip.tile.block_overhead_cycles + chip.tile.fill_latency_cycles + d.mt * d.nt * d.kt / macs
+        return max(dma_bytes / chip.dram.peak_gbps, tm * tn * tk * block * 1e3 / chip.clocks.tile_clock_mhz)
 
     def run(self, deliver: Callable[[int, int, int, int, int], None]) -> None:
         d = self.dims
-        for m0, mt in steps(self.m, d.mt):
-            for n0, nt in steps(self.n, d.nt):
-                self._tile(m0, mt, n0, nt)
-                deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
-                                                           self.ctx.chip.tile.queue_slots), m0, mt, n0, nt)
+        m_steps, n_steps, k_steps = steps(self.m, d.mt), steps(self.n, d.nt), steps(self.k, d.kt)
+        if d.resident == "b":
+            order = [(m, n, i == len(m_steps) - 1) for n in n_steps for i, m in enumerate(m_steps)]
+        else:
+            order = [(m, n, j == len(n_steps) - 1) for m in m_steps for j, n in enumerate(n_steps)]
+        for index, ((m0, mt), (n0, nt), last_use) in enumerate(order):
+            first_use = index == 0 or order[index - 1][2]
+            if d.resident and first_use:
+                self._load_panel(k_steps, m0, mt, n0, nt)
+            self._tile(m0, mt, n0, nt, k_steps, keep_panel=not last_use)
+            deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
+                                                       self.ctx.chip.tile.queue_slots), m0, mt, n0, nt)
 
     def _push(self, queue: int, nbytes: int) -> None:
         self.ctx.em.tile(TPush(dst_queue=queue, dst_size=size_code(nbytes), dt=self.dt))
         self.cursor.push(queue)
 
-    def _tile(self, m0: int, mt: int, n0: int, nt: int) -> None:
-        em, cur, e = self.ctx.em, self.cursor, self.ctx.prec.bytes
-        k_steps = steps(self.k, self.dims.kt)
+    def _load_panel(self, k_steps, m0: int, mt: int, n0: int, nt: int) -> None:
+        """The resident operand's K tiles for this row (A) or column (B) of output tiles."""
+        e = self.ctx.prec.bytes
+        for k0, kt in k_steps:
+            if self.dims.resident == "a":
+                self.a.load(self.cursor.next_slot_addr(Q_T), m0, mt, k0, kt)
+                self._push(Q_T, mt * kt * e)
+            else:
+                self.b.load(self.cursor.next_slot_addr(Q_U), k0, kt, n0, nt)
+                self._push(Q_U, kt * nt * e)
+
+    def _tile(self, m0: int, mt: int, n0: int, nt: int, k_steps, keep_panel: bool) -> None:
+        em, cur, e, res = self.ctx.em, self.cursor, self.ctx.prec.bytes, self.dims.resident
+        depth = len(k_steps)
         for i, (k0, kt) in enumerate(k_steps):
-            a_slot = cur.next_slot_addr(Q_T)
-            self.a.load(a_slot, m0, mt, k0, kt)
-            self._push(Q_T, mt * kt * e)
-            b_slot = cur.next_slot_addr(Q_U)
-            self.b.load(b_slot, k0, kt, n0, nt)
-            self._push(Q_U, kt * nt * e)
+            if res != "a":
+                self.a.load(cur.next_slot_addr(Q_T), m0, mt, k0, kt)
+                self._push(Q_T, mt * kt * e)
+            if res != "b":
+                self.b.load(cur.next_slot_addr(Q_U), k0, kt, n0, nt)
+                self._push(Q_U, kt * nt * e)
             bias_src = -1
             if i == 0 and self.bias is not None:
                 self._load_bias(cur.next_slot_addr(Q_N), n0, nt)
@@ -185,7 +234,10 @@ class TileGemm:
                 bias_src = tile_ref("N", 1)
             gemv = "TGEMV" if mt == 1 else "TMATMUL"
             fn = gemv + (".ACC" if i else ".BIAS" if bias_src >= 0 else "")
-            em.tile(TMatmul(fn=fn, dt=self.dt, m=mt, n=nt, k=kt, src0=tile_ref("T", 1), src1=tile_ref("U", 1),
+            em.tile(TMatmul(fn=fn, dt=self.dt, m=mt, n=nt, k=kt,
+                            src0=tile_ref("T", depth - i if res == "a" else 1),
+                            src1=tile_ref("U", depth - i if res == "b" else 1),
+                            reuse0=int(res == "a" and keep_panel), reuse1=int(res == "b" and keep_panel),
                             acc_size=size_code(ceil_to(mt, 16) * ceil_to(nt, 16) * 4), bias_src=bias_src))
         em.tile(AccCvt(layout="NZ2ND", row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
                        dst_dt=TILE_DT[self.out_prec]))

@@ -93,6 +93,45 @@ def test_matmul(shapes, matmul):
     check(b.model(), matmul)
 
 
+def _tile_pushes(model):
+    """(TPUSHes on T, TPUSHes on U, TMATMULs reading with .reuse) of the compiled TILE stream."""
+    from tpuflow.isa import TMatmul, TPush
+    from tpuflow.pipeline import compile_model
+    _, program = compile_model(model, None, CompileOptions(matmul="tile"))
+    pushes = [i.dst_queue for i in program.tile if isinstance(i, TPush)]
+    reused = [i for i in program.tile if isinstance(i, TMatmul) and (i.reuse0 or i.reuse1)]
+    return pushes.count(0), pushes.count(1), reused
+
+
+@pytest.mark.parametrize("m,k,n,resident", [(128, 256, 512, "a"), (100, 2304, 40, ""), (40, 200, 300, "a")])
+def test_tile_matmul_keeps_the_runtime_operand_resident(m, k, n, resident):
+    """A runtime A (K tiles reach Nz through 32 B DMA pieces) is loaded once per row of output
+    tiles and read with .reuse while the constant B streams, when its K tiles fit one queue; a K
+    too deep for the queue streams both. Numerics against onnxruntime either way."""
+    b = ModelBuilder()
+    b.output(b.node("MatMul", [b.input("x", [m, k]), b.weight("w", [k, n])], "y"))
+    model = b.model()
+    t_pushes, u_pushes, reused = _tile_pushes(model)
+    check(model, "tile")
+    if resident == "a":
+        # A tiles loaded once each (T pushes = row tiles x K tiles), B once per output tile and
+        # K step: U pushes = T pushes x column tiles, at least ceil(n / 64) of them
+        assert reused and u_pushes % t_pushes == 0 and u_pushes // t_pushes >= -(-n // 64)
+    else:
+        assert not reused and t_pushes == u_pushes
+
+
+def test_tile_matmul_keeps_a_runtime_b_resident():
+    """Constant A times runtime B: B's K tiles stay in U (.reuse on src1) while A streams."""
+    b = ModelBuilder()
+    b.output(b.node("MatMul", [b.weight("w", [200, 96]), b.input("x", [96, 48])], "y"))
+    model = b.model()
+    t_pushes, u_pushes, reused = _tile_pushes(model)
+    check(model, "tile")
+    assert reused and all(i.reuse1 and not i.reuse0 for i in reused)
+    assert t_pushes % u_pushes == 0 and t_pushes // u_pushes >= -(-200 // 64)
+
+
 @pytest.mark.parametrize("matmul", ["tiu", "tile"])
 def test_gemm_bias_activation(matmul):
     b = ModelBuilder()
