@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from tpuflow.errors import LoweringError
-from tpuflow.isa import AccCvt, Prec, StrideMode, TMatmul, TPush, global_lmem_address, size_code, tile_ref
+from tpuflow.isa import AccCvt, CwBcTiu, Prec, StrideMode, TMatmul, TPush, global_lmem_address, size_code, tile_ref
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.conv import conv_geometry
@@ -21,7 +21,7 @@ from tpuflow.lowering.ops.epilogue import Epilogue
 from tpuflow.lowering.ops.matmul import matmul_geometry
 from tpuflow.lowering.ops.movement import copy_nd
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
-from tpuflow.lowering.tiling import steps
+from tpuflow.lowering.tiling import pipelined, steps
 
 Q_T, Q_U, Q_M, Q_N = 0, 1, 2, 3
 TILE_DT = {Prec.FP32: "FP32", Prec.FP16: "FP16", Prec.BF16: "BF16"}
@@ -53,8 +53,8 @@ class QueueCursor:
         self.chip = ctx.chip
         self.pushes = ctx.tile_pushes
 
-    def next_slot_addr(self, queue: int) -> int:
-        return self.chip.tile_slot_address(queue, self.pushes[queue] % self.chip.tile.queue_slots)
+    def next_slot_addr(self, queue: int, ahead: int = 0) -> int:
+        return self.chip.tile_slot_address(queue, (self.pushes[queue] + ahead) % self.chip.tile.queue_slots)
 
     def push(self, queue: int) -> None:
         self.pushes[queue] += 1
@@ -69,6 +69,8 @@ class TileDims:
 
 
 TILE_SIDES = (64, 32, 16)      # M and N tile sizes tried (multiples of the 16 x 16 output fractal)
+NHWC_BLOCK = 256               # channels and pixels per block of the NHWC staging transpose
+STREAM_BATCH = 8               # constant K tiles loaded per DMA (half a queue: the next run loads while this one is read)
 RUNTIME_BYTE_WEIGHT = 12       # a runtime operand reaches Nz / Zn through K0-element (32 B) DMA pieces:
                                # on the sg2260 timing model that costs ~12x a contiguous constant tile per byte
 
@@ -90,6 +92,11 @@ class Operand:
     def load(self, slot_addr: int, r0: int, r: int, c0: int, c: int) -> None:
         raise NotImplementedError
 
+    def load_slots(self, slot_addrs: list[int], blocks: list[tuple[int, int, int, int]]) -> None:
+        """Fill slot_addrs[i] with block (r0, r, c0, c) i."""
+        for addr, block in zip(slot_addrs, blocks):
+            self.load(addr, *block)
+
 
 class ConstOperand(Operand):
     """A constant matrix pre-arranged tile by tile in the weight image (one contiguous copy each)."""
@@ -107,6 +114,35 @@ class ConstOperand(Operand):
             flat = nz_layout(block, rp, cp, self.k0) if self.layout == "nz" else zn_layout(block, rp, cp, self.k0)
             addr = self.ctx.weights.add(key, flat, self.prec)
         self.ctx.em.general_copy(global_lmem_address(slot_addr, self.ctx.chip), addr, rp * cp, self.prec)
+
+    def load_slots(self, slot_addrs, blocks) -> None:
+        """Runs of equal-sized tiles bound for neighbouring lanes' slots come from one contiguous
+        stretch of the weight image in one DMA (one lane per tile): a single tile is too small
+        to spread over the DRAM interleave, a run of them is not."""
+        lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
+        while i < len(blocks):
+            j = i + 1
+            while (j < len(blocks) and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes
+                   and self.padded(*blocks[j][1::2]) == self.padded(*blocks[i][1::2])):
+                j += 1
+            if j - i == 1:
+                self.load(slot_addrs[i], *blocks[i])
+            else:
+                self._load_run(slot_addrs[i], blocks[i:j])
+            i = j
+
+    def _load_run(self, slot_addr: int, blocks) -> None:
+        rp, cp = self.padded(*blocks[0][1::2])
+        key = (f"{self.key}:{self.layout}:run:" + ";".join(f"{r0}:{r}:{c0}:{c}" for r0, r, c0, c in blocks),)
+        addr = self.ctx.weights.lookup(key, self.prec)
+        if addr is None:
+            layout = nz_layout if self.layout == "nz" else zn_layout
+            flat = np.concatenate([layout(self.matrix[r0:r0 + r, c0:c0 + c], rp, cp, self.k0) for r0, r, c0, c in blocks])
+            addr = self.ctx.weights.add(key, flat, self.prec)
+        elems, count = rp * cp, len(blocks)
+        self.ctx.em.region_copy(
+            DRegion(global_lmem_address(slot_addr, self.ctx.chip), (1, count, 1, elems), (count * elems, elems, elems, 1), self.prec),
+            DRegion(addr, (1, count, 1, elems), (count * elems, elems, elems, 1), self.prec))
 
 
 class RowsOperand(Operand):
@@ -208,25 +244,36 @@ class TileGemm:
 
     def _load_panel(self, k_steps, m0: int, mt: int, n0: int, nt: int) -> None:
         """The resident operand's K tiles for this row (A) or column (B) of output tiles."""
+        self._load_k_tiles(self.dims.resident, k_steps, m0, mt, n0, nt)
+
+    def _load_k_tiles(self, side: str, k_steps, m0: int, mt: int, n0: int, nt: int) -> None:
+        """Load and push A's (side "a") or B's tiles for the K steps `k_steps`."""
+        queue, op = (Q_T, self.a) if side == "a" else (Q_U, self.b)
+        blocks = [(m0, mt, k0, kt) if side == "a" else (k0, kt, n0, nt) for k0, kt in k_steps]
+        op.load_slots([self.cursor.next_slot_addr(queue, j) for j in range(len(blocks))], blocks)
         e = self.ctx.prec.bytes
-        for k0, kt in k_steps:
-            if self.dims.resident == "a":
-                self.a.load(self.cursor.next_slot_addr(Q_T), m0, mt, k0, kt)
-                self._push(Q_T, mt * kt * e)
-            else:
-                self.b.load(self.cursor.next_slot_addr(Q_U), k0, kt, n0, nt)
-                self._push(Q_U, kt * nt * e)
+        for r0, r, c0, c in blocks:
+            self._push(queue, r * c * e)
+
+    def _batch(self, side: str) -> int:
+        """K tiles of a streaming operand loaded and pushed together: constant tiles in runs
+        (one DMA each), runtime tiles one by one."""
+        op = self.a if side == "a" else self.b
+        return STREAM_BATCH if isinstance(op, ConstOperand) else 1
 
     def _tile(self, m0: int, mt: int, n0: int, nt: int, k_steps, keep_panel: bool) -> None:
-        em, cur, e, res = self.ctx.em, self.cursor, self.ctx.prec.bytes, self.dims.resident
+        em, cur, res = self.ctx.em, self.cursor, self.dims.resident
         depth = len(k_steps)
+        distance = {}
         for i, (k0, kt) in enumerate(k_steps):
-            if res != "a":
-                self.a.load(cur.next_slot_addr(Q_T), m0, mt, k0, kt)
-                self._push(Q_T, mt * kt * e)
-            if res != "b":
-                self.b.load(cur.next_slot_addr(Q_U), k0, kt, n0, nt)
-                self._push(Q_U, kt * nt * e)
+            for side in ("a", "b"):
+                if side == res:
+                    distance[side] = depth - i
+                    continue
+                batch = self._batch(side)
+                if i % batch == 0:
+                    self._load_k_tiles(side, k_steps[i:i + batch], m0, mt, n0, nt)
+                distance[side] = min(i - i % batch + batch, depth) - i
             bias_src = -1
             if i == 0 and self.bias is not None:
                 self._load_bias(cur.next_slot_addr(Q_N), n0, nt)
@@ -235,8 +282,7 @@ class TileGemm:
             gemv = "TGEMV" if mt == 1 else "TMATMUL"
             fn = gemv + (".ACC" if i else ".BIAS" if bias_src >= 0 else "")
             em.tile(TMatmul(fn=fn, dt=self.dt, m=mt, n=nt, k=kt,
-                            src0=tile_ref("T", depth - i if res == "a" else 1),
-                            src1=tile_ref("U", depth - i if res == "b" else 1),
+                            src0=tile_ref("T", distance["a"]), src1=tile_ref("U", distance["b"]),
                             reuse0=int(res == "a" and keep_panel), reuse1=int(res == "b" and keep_panel),
                             acc_size=size_code(ceil_to(mt, 16) * ceil_to(nt, 16) * 4), bias_src=bias_src))
         em.tile(AccCvt(layout="NZ2ND", row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
@@ -390,7 +436,7 @@ class TileConvEmitter:
         cout, cin_g, kh, kw = graph.tensor(node.inputs[1]).shape
         _, _, ho, wo = graph.tensor(node.outputs[0]).shape
         esize = {"fp32": 4, "fp16": 2, "bf16": 2}[options.dtype]
-        return cin_g * kh * kw * ho * wo * esize
+        return _nhwc_offset(cin_g * kh * kw * ho * wo * esize) + cin_g * h * w * esize
 
     def emit(self) -> None:
         ctx, geo, prec = self.ctx, self.geom, self.ctx.prec
@@ -401,7 +447,9 @@ class TileConvEmitter:
             return
         cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
         kdim, pix = cin_g * geo.kh * geo.kw, geo.ho * geo.wo
-        weights = np.asarray(ctx.const(self.node.inputs[1]), np.float32).reshape(geo.cout, kdim)
+        # K runs (kh, kw, c) so im2col copies runs of channels from the NHWC staging copy
+        weights = np.asarray(ctx.const(self.node.inputs[1]), np.float32).reshape(
+            geo.cout, cin_g, geo.kh, geo.kw).transpose(0, 2, 3, 1).reshape(geo.cout, kdim)
         out = _TileOutput(ctx, self.epi, self.bias, self.node.name)
         prepared = False
         for n in range(geo.n):
@@ -428,30 +476,73 @@ class TileConvEmitter:
         return DRegion(addr + ((n * geo.cout + c0) * pix + p0) * prec.bytes, (1, ct, 1, pt), (ct * pix, pix, pt, 1), prec)
 
     def _im2col(self, n: int, ic0: int, cin_g: int) -> int:
-        """P[(oh, ow), (c, kh, kw)] in the scratch area (K contiguous, so B = P^T loads into Zn
-        tiles in runs of K0 elements): zero fill when the taps reach padding, then one DMA per
-        (kh, kw) over the output positions whose tap lands inside the image."""
+        """P[(oh, ow), (kh, kw, c)] in the scratch area (K contiguous, so B = P^T loads into Zn
+        tiles in runs of K0 elements), built from an NHWC copy of the input: zero fill when the
+        taps reach padding, then one DMA per (kh, kw) copying runs of cin_g channels. A 1x1
+        stride-1 unpadded convolution uses the NHWC copy itself."""
         ctx, geo, prec = self.ctx, self.geom, self.ctx.prec
         pix = geo.ho * geo.wo
         kk = geo.kh * geo.kw
         rows = cin_g * kk
         base = ctx.scratch_region(0, (1, 1, rows, pix)).addr
+        nhwc = self._to_nhwc(n, ic0, cin_g, ctx.ddr.scratch_base + _nhwc_offset(rows * pix * prec.bytes))
+        padded = any((geo.pt, geo.pl, geo.pb, geo.pr))
+        if kk == 1 and geo.sy == geo.sx == 1 and not padded:
+            return nhwc
         total = rows * pix
-        if any((geo.pt, geo.pl, geo.pb, geo.pr)):
+        if padded:
             width = next(w for w in range(min(total, 65535), 0, -1) if total % w == 0)
             ctx.em.fill(DRegion(base, (1, 1, total // width, width), (total, total, width, 1), prec), 0.0)
-        x_addr = ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * geo.h * geo.w * prec.bytes
         for i in range(geo.kh):
             oh_lo, oh_hi = _valid(geo.ho, geo.sy, i * geo.dy - geo.pt, geo.h)
             for j in range(geo.kw):
                 ow_lo, ow_hi = _valid(geo.wo, geo.sx, j * geo.dx - geo.pl, geo.w)
                 if oh_hi <= oh_lo or ow_hi <= ow_lo:
                     continue
-                src = x_addr + ((oh_lo * geo.sy + i * geo.dy - geo.pt) * geo.w + ow_lo * geo.sx + j * geo.dx - geo.pl) * prec.bytes
-                dst = base + ((oh_lo * geo.wo + ow_lo) * rows + i * geo.kw + j) * prec.bytes
-                copy_nd(ctx, src, (geo.h * geo.w, geo.sy * geo.w, geo.sx), dst, (kk, geo.wo * rows, rows),
-                        (cin_g, oh_hi - oh_lo, ow_hi - ow_lo), prec)
+                src = nhwc + ((oh_lo * geo.sy + i * geo.dy - geo.pt) * geo.w + ow_lo * geo.sx + j * geo.dx - geo.pl) * cin_g * prec.bytes
+                dst = base + ((oh_lo * geo.wo + ow_lo) * rows + (i * geo.kw + j) * cin_g) * prec.bytes
+                copy_nd(ctx, src, (geo.sy * geo.w * cin_g, geo.sx * cin_g, 1), dst, (geo.wo * rows, rows, 1),
+                        (oh_hi - oh_lo, ow_hi - ow_lo, cin_g), prec)
         return base
+
+    def _to_nhwc(self, n: int, ic0: int, cin_g: int, dst_addr: int) -> int:
+        """Channels [ic0, ic0 + cin_g) of image n, transposed to pixel-major (NHWC) at dst_addr
+        through LMEM: load (channels on lanes, pixels along W), TIU C<->W transpose, store runs
+        of channels per pixel. Double-buffered over (channel, pixel) blocks."""
+        ctx, geo, chip, prec = self.ctx, self.geom, self.ctx.chip, self.ctx.prec
+        pix_in = geo.h * geo.w
+        arena = ctx.arena()
+        sizes = lambda ct, pt: [tile_bytes_per_lane(chip, (1, ct, 1, pt), prec),
+                                tile_bytes_per_lane(chip, (1, pt, 1, ct), prec)]
+        ct = min(cin_g, NHWC_BLOCK)
+        pt = next((p for p in (NHWC_BLOCK, NHWC_BLOCK // 2, NHWC_BLOCK // 4, chip.lanes)
+                   if arena.fits(sizes(ct, min(p, pix_in)) * 2)), chip.lanes)
+        pt = min(pt, pix_in)
+        _, sets = arena.alloc_plan([], sizes(ct, pt), f"{self.node.name}:nhwc")
+        x_addr = ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * pix_in * prec.bytes
+        blocks = [(c0, c, p0, p) for c0, c in steps(cin_g, ct) for p0, p in steps(pix_in, pt)]
+
+        def load(block, s):
+            c0, c, p0, p = block
+            ctx.em.load(make_tile(chip, sets[s][0], (1, c, 1, p), prec),
+                        DRegion(x_addr + (c0 * pix_in + p0) * prec.bytes, (1, c, 1, p), (cin_g * pix_in, pix_in, p, 1), prec))
+
+        def transpose_store(block, s):
+            c0, c, p0, p = block
+            src = make_tile(chip, sets[s][0], (1, c, 1, p), prec)
+            out = make_tile(chip, sets[s][1], (1, p, 1, c), prec)
+            f = out.fields("res0", with_shape=True)
+            f.update(src.fields("opd0"))
+            ctx.em.tiu(CwBcTiu(op="cw_ts", opd0_c=c, opd0_w=p, **{k: v for k, v in f.items() if k != "opt_opd0_prec"}))
+            ctx.em.store(out, DRegion(dst_addr + (p0 * cin_g + c0) * prec.bytes, (1, p, 1, c), (pix_in * cin_g, cin_g, c, 1), prec))
+
+        pipelined(blocks, len(sets), load, transpose_store)
+        return dst_addr
+
+
+def _nhwc_offset(p_bytes: int) -> int:
+    """Scratch offset of the NHWC staging copy: after P, 4 KiB aligned."""
+    return -(-p_bytes // 4096) * 4096
 
 
 def _valid(out: int, stride: int, offset: int, size: int) -> tuple[int, int]:

@@ -94,13 +94,18 @@ def test_matmul(shapes, matmul):
 
 
 def _tile_pushes(model):
-    """(TPUSHes on T, TPUSHes on U, TMATMULs reading with .reuse) of the compiled TILE stream."""
+    """(TPUSHes on T, TPUSHes on U, TMATMULs reading with .reuse, GDMA instructions writing tile
+    slots, those of them writing several slots) of the compiled TILE-path program."""
     from tpuflow.isa import TMatmul, TPush
     from tpuflow.pipeline import compile_model
     _, program = compile_model(model, None, CompileOptions(matmul="tile"))
     pushes = [i.dst_queue for i in program.tile if isinstance(i, TPush)]
     reused = [i for i in program.tile if isinstance(i, TMatmul) and (i.reuse0 or i.reuse1)]
-    return pushes.count(0), pushes.count(1), reused
+    chip = program.chip
+    writes = [i.accesses(chip).lmem_writes for i in program.gdma]
+    fills = [w for w in writes if any(r.lo >= chip.tile_window_offset for r in w)]
+    runs = [w for w in fills if max(r.lanes for r in w) > 1]
+    return pushes.count(0), pushes.count(1), reused, fills, runs
 
 
 @pytest.mark.parametrize("m,k,n,resident", [(128, 256, 512, "a"), (100, 2304, 40, ""), (40, 200, 300, "a")])
@@ -111,8 +116,10 @@ def test_tile_matmul_keeps_the_runtime_operand_resident(m, k, n, resident):
     b = ModelBuilder()
     b.output(b.node("MatMul", [b.input("x", [m, k]), b.weight("w", [k, n])], "y"))
     model = b.model()
-    t_pushes, u_pushes, reused = _tile_pushes(model)
+    t_pushes, u_pushes, reused, fills, runs = _tile_pushes(model)
     check(model, "tile")
+    # the constant B's tiles arrive in runs, several neighbouring slots (lanes) per DMA
+    assert runs and len(fills) < t_pushes + u_pushes
     if resident == "a":
         # A tiles loaded once each (T pushes = row tiles x K tiles), B once per output tile and
         # K step: U pushes = T pushes x column tiles, at least ceil(n / 64) of them
@@ -126,7 +133,7 @@ def test_tile_matmul_keeps_a_runtime_b_resident():
     b = ModelBuilder()
     b.output(b.node("MatMul", [b.weight("w", [200, 96]), b.input("x", [96, 48])], "y"))
     model = b.model()
-    t_pushes, u_pushes, reused = _tile_pushes(model)
+    t_pushes, u_pushes, reused, _, _ = _tile_pushes(model)
     check(model, "tile")
     assert reused and all(i.reuse1 and not i.reuse0 for i in reused)
     assert t_pushes % u_pushes == 0 and t_pushes // u_pushes >= -(-200 // 64)
