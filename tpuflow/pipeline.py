@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tpuflow.chip import ChipConfig, builtin_chip_names, load_chip
 from tpuflow.options import CompileOptions
+from tpuflow.progress import step
 
 
 def _print_json(obj) -> None:
@@ -100,11 +101,14 @@ def compile_model(model, chip: ChipConfig | str | None = None, options: CompileO
     from tpuflow.lowering import lower
     chip = chip if isinstance(chip, ChipConfig) else load_chip(chip)
     options = options or CompileOptions()
-    graph = load_graph(model, input_shapes)
-    program = lower(graph, chip, options)
+    with step("import and canonicalise the model"):
+        graph = load_graph(model, input_shapes)
+    with step(f"lower {graph.name} for {chip.name} ({options.dtype}, matmul={options.matmul})"):
+        program = lower(graph, chip, options)
     if options.schedule != "program":
         from tpuflow.scheduler import schedule
-        program = schedule(program, options.schedule, time_limit_s=options.time_limit_s)
+        with step(f"{options.schedule} schedule of {program.instruction_count} instructions"):
+            program = schedule(program, options.schedule, time_limit_s=options.time_limit_s)
     return graph, program
 
 
@@ -135,8 +139,10 @@ def verify(model=None, chip: ChipConfig | str | None = None, options: CompileOpt
         write_program(program, Path(tmp), name=graph.name)
         decoded = read_program(Path(tmp), program.chip)
     inputs = random_inputs(graph, seed)
-    ours = run(decoded, inputs, race_check=race_check)
-    ref = reference_outputs(graph, inputs)
+    with step("functional model" + (" with the race detector" if race_check else "")):
+        ours = run(decoded, inputs, race_check=race_check)
+    with step("onnxruntime reference"):
+        ref = reference_outputs(graph, inputs)
     errors = [compare(name, ours[name], ref[name]) for name in graph.outputs]
     tol = TOLERANCES[options.dtype]
     return {"ok": all(e.ok(options.dtype) for e in errors), "model": graph.name, "chip": program.chip.name,
@@ -172,7 +178,8 @@ def estimate(model=None, chip: ChipConfig | str | None = None, options: CompileO
     from tpuflow.hwmodel.timing import simulate
     options = options or CompileOptions()
     graph, program = compile_model(model, chip, options, input_shapes)
-    sim = simulate(program)
+    with step("timing simulation"):
+        sim = simulate(program)
     report = estimate_report(program, sim)
     return (report, program, sim) if with_sim else report
 
@@ -204,11 +211,13 @@ def cmd_report(model, chip, options: CompileOptions, input_shapes: dict, output:
     from tpuflow.codegen.report import compare_schedules, write_report
     from tpuflow.estimate import estimate_report
     graph, emitted = compile_model(model, chip, replace(options, schedule="program"), input_shapes)
-    runs = compare_schedules(emitted, options.schedule, options.time_limit_s)
+    with step("program / list / cpsat schedules, each simulated"):
+        runs = compare_schedules(emitted, options.schedule, options.time_limit_s)
     program, sim = runs[options.schedule].program, runs[options.schedule].sim
     program.options["schedule"] = options.schedule
     report = estimate_report(program, sim)
-    size = write_report(output, program, sim, report, runs)
+    with step("HTML report"):
+        size = write_report(output, program, sim, report, runs)
     if trace is not None:
         write_trace(trace, program, sim)
     if profile is not None:
