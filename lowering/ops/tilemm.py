@@ -16,6 +16,7 @@ from tpuflow.errors import LoweringError
 from tpuflow.isa import AccCvt, CwBcTiu, Prec, StrideMode, TMatmul, TPush, global_lmem_address, size_code, tile_ref
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.groups import Group
+from tpuflow.lowering.lmem import GroupArena
 from tpuflow.lowering.ops.conv import conv_geometry
 from tpuflow.lowering.ops.epilogue import Epilogue
 from tpuflow.lowering.ops.matmul import matmul_geometry
@@ -305,6 +306,7 @@ class _TileOutput:
         self.needs_tiu = not epi.empty or extra_row_bias is not None
 
     def prepare(self, mt: int, nt: int, rows_total: int, cols_total: int) -> None:
+        self.arena = None
         if not self.needs_tiu:
             return
         chip, arena = self.ctx.chip, self.ctx.arena()
@@ -315,6 +317,7 @@ class _TileOutput:
         per = [tile_bytes_per_lane(chip, shape, Prec.FP32)] + self.epi.set_sizes(shape) + [
             tile_bytes_per_lane(chip, shape, self.ctx.prec)]
         res_offs, self.sets = arena.alloc_plan(res, per, self.label)
+        self.arena = arena
         self.epi.load_residents(res_offs[:len(self.epi.resident)], rows_total, cols_total)
         if self.row_bias is not None:
             self.bias_tile = make_tile(chip, res_offs[-1], (1, rows_total, 1, 1), Prec.FP32, compact=True)
@@ -455,13 +458,15 @@ class TileConvEmitter:
         for n in range(geo.n):
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g
-                b_addr = self._im2col(n, ic0, cin_g)
                 a = ConstOperand(ctx, "nz", weights[oc0:oc0 + cout_g], f"{self.node.name}:W{gi}", 0, 0)
-                bop = RowsOperand(ctx, "zn", b_addr, kdim, pix, kdim, col_major=True)
+                bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
                 gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, Prec.FP32 if out.needs_tiu else prec)
                 if not prepared:
                     out.prepare(gemm.dims.mt, gemm.dims.nt, geo.cout, pix)
                     prepared = True
+                # the staging buffers sit above the output's resident buffers (the bias row,
+                # epilogue operands), which every image and group still needs
+                self._im2col(n, ic0, cin_g, out.arena)
                 gemm.run(lambda slot, m0, mt, n0, nt, n=n, oc0=oc0: out.deliver(
                     slot, oc0 + m0, mt, n0, nt, self._y_region(ctx.ddr_addr(self.epi.output), n, oc0 + m0, mt, n0, nt),
                     lambda addr, n=n, c=oc0 + m0, mt=mt, n0=n0, nt=nt: self._y_region(addr, n, c, mt, n0, nt)))
@@ -475,7 +480,19 @@ class TileConvEmitter:
         pix = geo.ho * geo.wo
         return DRegion(addr + ((n * geo.cout + c0) * pix + p0) * prec.bytes, (1, ct, 1, pt), (ct * pix, pix, pt, 1), prec)
 
-    def _im2col(self, n: int, ic0: int, cin_g: int) -> int:
+    def _nhwc_address(self, cin_g: int) -> int:
+        geo = self.geom
+        p_bytes = cin_g * geo.kh * geo.kw * geo.ho * geo.wo * self.ctx.prec.bytes
+        return self.ctx.ddr.scratch_base + _nhwc_offset(p_bytes)
+
+    def _p_address(self, cin_g: int) -> int:
+        """Where P lives: the scratch area, or the NHWC copy itself when im2col is the identity."""
+        geo = self.geom
+        if geo.kh * geo.kw == 1 and geo.sy == geo.sx == 1 and not any((geo.pt, geo.pl, geo.pb, geo.pr)):
+            return self._nhwc_address(cin_g)
+        return self.ctx.ddr.scratch_base
+
+    def _im2col(self, n: int, ic0: int, cin_g: int, arena) -> int:
         """P[(oh, ow), (kh, kw, c)] in the scratch area (K contiguous, so B = P^T loads into Zn
         tiles in runs of K0 elements), built from an NHWC copy of the input: zero fill when the
         taps reach padding, then one DMA per (kh, kw) copying runs of cin_g channels. A 1x1
@@ -485,9 +502,9 @@ class TileConvEmitter:
         kk = geo.kh * geo.kw
         rows = cin_g * kk
         base = ctx.scratch_region(0, (1, 1, rows, pix)).addr
-        nhwc = self._to_nhwc(n, ic0, cin_g, ctx.ddr.scratch_base + _nhwc_offset(rows * pix * prec.bytes))
+        nhwc = self._to_nhwc(n, ic0, cin_g, self._nhwc_address(cin_g), arena)
         padded = any((geo.pt, geo.pl, geo.pb, geo.pr))
-        if kk == 1 and geo.sy == geo.sx == 1 and not padded:
+        if self._p_address(cin_g) == nhwc:
             return nhwc
         total = rows * pix
         if padded:
@@ -505,13 +522,13 @@ class TileConvEmitter:
                         (oh_hi - oh_lo, ow_hi - ow_lo, cin_g), prec)
         return base
 
-    def _to_nhwc(self, n: int, ic0: int, cin_g: int, dst_addr: int) -> int:
+    def _to_nhwc(self, n: int, ic0: int, cin_g: int, dst_addr: int, above: GroupArena | None) -> int:
         """Channels [ic0, ic0 + cin_g) of image n, transposed to pixel-major (NHWC) at dst_addr
         through LMEM: load (channels on lanes, pixels along W), TIU C<->W transpose, store runs
         of channels per pixel. Double-buffered over (channel, pixel) blocks."""
         ctx, geo, chip, prec = self.ctx, self.geom, self.ctx.chip, self.ctx.prec
         pix_in = geo.h * geo.w
-        arena = ctx.arena()
+        arena = ctx.arena() if above is None else GroupArena(chip, used=above.used, limit=above.limit)
         sizes = lambda ct, pt: [tile_bytes_per_lane(chip, (1, ct, 1, pt), prec),
                                 tile_bytes_per_lane(chip, (1, pt, 1, ct), prec)]
         ct = min(cin_g, NHWC_BLOCK)

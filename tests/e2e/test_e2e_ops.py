@@ -35,6 +35,8 @@ CONVS = {
     "depthwise": dict(cin=16, group=16), "no_bias_1x1": dict(k=1, pad=0, bias=False),
     "relu_maxpool": dict(act="Relu", pool="MaxPool"), "relu_avgpool": dict(act="Relu", pool="AveragePool"),
     "wide": dict(cin=70, cout=130, hw=9),
+    # several staging blocks per group on the TILE path, and a bias row every group still needs
+    "grouped_large": dict(cin=96, cout=64, hw=27, k=5, pad=2, group=2, act="Relu"),
 }
 
 
