@@ -15,7 +15,7 @@ from tpuflow.lowering.ddrplan import DdrPlan
 from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.lmem import GroupArena
 from tpuflow.lowering.mathops import CONST_REGION_BYTES
-from tpuflow.lowering.tensors import DRegion
+from tpuflow.lowering.tensors import DRegion, LTile, make_tile
 from tpuflow.lowering.weights import WeightImage
 from tpuflow.options import CompileOptions
 from tpuflow.program import LayerInfo
@@ -73,6 +73,23 @@ class LowerCtx:
         addr = self.weights.add((key,), np.asarray(array).reshape(-1), p)
         n, c, h, w = shape4
         return DRegion(addr, tuple(shape4), (c * h * w, h * w, w, 1), p)
+
+    def load_const_channels(self, tile: LTile, key: str, rows: np.ndarray, prec: Prec) -> None:
+        """Load a constant (C x W) matrix into `tile`, a compact (1, C, 1, W) tile starting on lane
+        0, with one DMA run per lane: the weight image holds the rows lane-major (lane l: rows
+        l, l + lanes, ..., the last group zero-padded), so the DMA writes one contiguous run per
+        lane instead of C short, unaligned ones."""
+        lanes = self.chip.lanes
+        count, width = rows.shape
+        groups = -(-count // lanes)
+        padded = np.zeros((groups * lanes, width), rows.dtype)
+        padded[:count] = rows
+        lane_major = padded.reshape(groups, lanes, width).transpose(1, 0, 2).reshape(lanes, groups * width)
+        used = min(count, lanes)
+        addr = self.const_addr(f"{key}:lanes", lane_major[:used], prec)
+        shape = (1, used, 1, groups * width)
+        self.em.load(make_tile(self.chip, tile.addr, shape, prec, compact=True),
+                     DRegion(addr, shape, (used * groups * width, groups * width, groups * width, 1), prec))
 
     def scratch_region(self, offset_bytes: int, shape4, prec: Prec | None = None) -> DRegion:
         p = prec or self.prec

@@ -230,8 +230,7 @@ class ConvEmitter:
         self.out_sets = [s[len(load):] for s in sets]
         self.bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
         if self.bias is not None:
-            ctx.em.load(self.bias_tile, DRegion(ctx.const_addr(f"bias:{self.node.name}", self.bias, Prec.FP32),
-                                                (1, geo.cout, 1, 1), (geo.cout, 1, 1, 1), Prec.FP32))
+            ctx.load_const_channels(self.bias_tile, f"bias:{self.node.name}", self.bias.reshape(-1, 1), Prec.FP32)
         self.w_res_offset = res[1] if self.w_res else None
         self.epi.load_residents(res[2 if self.w_res else 1:], geo.cout, geo.wo)
         flatw = self.weights.reshape(geo.cout, -1)
@@ -395,11 +394,9 @@ class ConvEmitter:
         res, sets = self.arena.alloc_plan(res_sizes, sizes(ct, ht), self.node.name)
         bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
         w_tile = make_tile(chip, res[1], (1, geo.cout, 1, kk), prec, compact=True)
-        w_addr = ctx.const_addr(f"dww:{self.node.name}", self.weights.reshape(geo.cout, kk))
-        ctx.em.load(w_tile, DRegion(w_addr, (1, geo.cout, 1, kk), (geo.cout * kk, kk, kk, 1), prec))
+        ctx.load_const_channels(w_tile, f"dww:{self.node.name}", self.weights.reshape(geo.cout, kk), prec)
         if self.bias is not None:
-            ctx.em.load(bias_tile, DRegion(ctx.const_addr(f"bias:{self.node.name}", self.bias, Prec.FP32),
-                                           (1, geo.cout, 1, 1), (geo.cout, 1, 1, 1), Prec.FP32))
+            ctx.load_const_channels(bias_tile, f"bias:{self.node.name}", self.bias.reshape(-1, 1), Prec.FP32)
         self.epi.load_residents(res[2:], geo.cout, geo.wo)
         tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cout, ct) for h0, h in steps(geo.ho, ht)]
 

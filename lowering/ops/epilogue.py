@@ -80,14 +80,16 @@ class Epilogue:
         ctx, chip, prec = self.ctx, self.ctx.chip, self.ctx.prec
         for op, off in zip(self.resident, offsets):
             ctx.em.layer = op.node
-            addr = self._ddr(op)
             if op.kind is Kind.ROW:
                 t = make_tile(chip, off, (1, row_count, 1, 1), prec, compact=True)
-                ctx.em.load(t, DRegion(addr, (1, row_count, 1, 1), (row_count, 1, 1, 1), prec))
+                if op.const is not None:
+                    ctx.load_const_channels(t, f"epi:{op.tensor}", np.asarray(op.const).reshape(row_count, 1), prec)
+                else:
+                    ctx.em.load(t, DRegion(self._ddr(op), (1, row_count, 1, 1), (row_count, 1, 1, 1), prec))
             else:
                 width = col_count if op.kind is Kind.COL else 1
                 t = make_tile(chip, off, (1, chip.lanes, 1, width), prec)
-                ctx.em.broadcast_load(t, addr, prec)
+                ctx.em.broadcast_load(t, self._ddr(op), prec)
             self.res_tiles[op.tensor] = t
 
     def _ddr(self, op: EpiOperand) -> int:

@@ -46,6 +46,20 @@ def test_conv(case, matmul):
     check(conv_model(**CONVS[case]), matmul)
 
 
+def test_per_channel_constants_load_one_run_per_lane():
+    """Depthwise weights and the bias of 150 channels (3 per lane, the last group partial) come
+    from a lane-major copy in the weight image: one DMA writing a 3 x 9-element run into each of
+    64 lanes, not 150 short unaligned ones; numerics on both dtypes."""
+    from tpuflow.isa import TensorDma
+    from tpuflow.pipeline import compile_model
+    model = conv_model(cin=150, cout=150, hw=8, group=150)
+    _, program = compile_model(model)
+    shapes = [(i.dst_csize, i.dst_wsize) for i in program.gdma if isinstance(i, TensorDma)]
+    assert (64, 3 * 9) in shapes and (64, 3) in shapes
+    for dtype in ("fp32", "fp16"):
+        check(model, "tiu", dtype)
+
+
 def test_conv_bn_residual_relu_fp16():
     b = ModelBuilder()
     x = b.input("x", [1, 16, 10, 10])
