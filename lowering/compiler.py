@@ -25,16 +25,19 @@ from tpuflow.lowering.weights import WeightImage
 from tpuflow.options import CompileOptions
 from tpuflow.program import DdrTensor, MemoryPlan, Program
 
-TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": MatmulEmitter, "pool": PoolEmitter,
+def tiu_matmul_emitter(ctx: LowerCtx, group: Group):
+    """A MatMul group on the TIU: a matrix-vector product on the vector unit when it is one, else MM2."""
+    return (GemvEmitter if is_gemv(ctx, group) else MatmulEmitter)(ctx, group)
+
+
+TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": tiu_matmul_emitter, "pool": PoolEmitter,
                 "lrn": LrnEmitter, "move": MoveEmitter, "view": ViewEmitter}
 
 
-def emitter_for(group: Group, options: CompileOptions, ctx: LowerCtx | None = None):
+def emitter_for(group: Group, options: CompileOptions):
     if options.matmul == "tile" and group.kind in ("matmul", "conv"):
         from tpuflow.lowering.ops.tilemm import TILE_EMITTERS
         return TILE_EMITTERS[group.kind]
-    if group.kind == "matmul" and ctx is not None and is_gemv(ctx, group):
-        return GemvEmitter
     return TIU_EMITTERS[group.kind]
 
 
@@ -78,7 +81,7 @@ def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions, half: str)
     mark, pushes, layers = len(ctx.em.records), list(ctx.tile_pushes), dict(ctx.layers)
     ctx.lmem_region = half
     try:
-        emitter_for(group, options, ctx)(ctx, group).emit()
+        emitter_for(group, options)(ctx, group).emit()
         return
     except LoweringError:
         del ctx.em.records[mark:]
@@ -86,7 +89,7 @@ def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions, half: str)
         ctx.layers.clear()
         ctx.layers.update(layers)
     ctx.lmem_region = "full"
-    emitter_for(group, options, ctx)(ctx, group).emit()
+    emitter_for(group, options)(ctx, group).emit()
 
 
 def _prologue(ctx: LowerCtx) -> None:

@@ -23,12 +23,16 @@ class DdrPlan:
     concat_members: dict[str, tuple[str, int]]   # tensor -> (Concat output it lives in, byte offset)
 
     def alias_root(self, name: str) -> tuple[str, int]:
-        """The buffer a tensor lives in and its byte offset there (itself at 0 when not aliased)."""
-        offset = 0
-        while name in self.concat_members:
-            name, off = self.concat_members[name]
-            offset += off
-        return name, offset
+        return alias_root(self.concat_members, name)
+
+
+def alias_root(members: dict[str, tuple[str, int]], name: str) -> tuple[str, int]:
+    """The buffer a tensor lives in and its byte offset there (itself at 0 when not aliased)."""
+    offset = 0
+    while name in members:
+        name, off = members[name]
+        offset += off
+    return name, offset
 
 
 class FirstFit:
@@ -82,11 +86,11 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
         if name not in tensors:
             fixed(name, "output")
     pool = FirstFit(align_up(cursor, align), align)
-    plan = DdrPlan(tensors, 0, scratch_bytes, 0, _concat_members(graph, groups, esize))
-    last_use = _last_use(graph, groups, plan)
+    members = _concat_members(graph, groups, esize)
+    last_use = _last_use(graph, groups, members)
 
     def place(name: str) -> None:
-        root, offset = plan.alias_root(name)
+        root, offset = alias_root(members, name)
         if root not in tensors:
             shape = graph.tensor(root).shape
             nbytes = _count(shape) * esize
@@ -105,11 +109,11 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
         for name in _dying(group, index, last_use, tensors):
             t = tensors[name]
             pool.release(t.addr, t.nbytes)
-    plan.scratch_base = align_up(pool.end, align)
-    plan.weight_base = align_up(plan.scratch_base + scratch_bytes, 4096)
-    if plan.weight_base > chip.core.ddr_bytes:
-        raise LoweringError(f"activations need {plan.weight_base} B of DDR, the chip has {chip.core.ddr_bytes} B")
-    return plan
+    scratch_base = align_up(pool.end, align)
+    weight_base = align_up(scratch_base + scratch_bytes, 4096)
+    if weight_base > chip.core.ddr_bytes:
+        raise LoweringError(f"activations need {weight_base} B of DDR, the chip has {chip.core.ddr_bytes} B")
+    return DdrPlan(tensors, scratch_base, scratch_bytes, weight_base, members)
 
 
 def _concat_members(graph: Graph, groups: list[Group], esize: int) -> dict[str, tuple[str, int]]:
@@ -158,20 +162,19 @@ def _alias_view(graph: Graph, group: Group, tensors: dict[str, DdrTensor]) -> No
                              src.nbytes)
 
 
-def _last_use(graph: Graph, groups: list[Group], plan: DdrPlan) -> dict[str, int]:
+def _last_use(graph: Graph, groups: list[Group], members: dict[str, tuple[str, int]]) -> dict[str, int]:
     """Index of the last group reading each buffer (views extend the life of their source, Concat
     members the life of the Concat output they live in)."""
     last: dict[str, int] = {}
-    alias_root: dict[str, str] = {}
+    view_source: dict[str, str] = {}
     for i, g in enumerate(groups):
         if g.kind == "view":
             src, out = g.anchor.inputs[0], g.anchor.outputs[0]
-            alias_root[out] = alias_root.get(src, src)
+            view_source[out] = view_source.get(src, src)
         for n in g.nodes:
             for t in n.inputs:
                 if t:
-                    root = plan.alias_root(alias_root.get(t, t))[0]
-                    last[root] = max(last.get(root, i), i)
+                    last[alias_root(members, view_source.get(t, t))[0]] = i
     return last
 
 

@@ -115,9 +115,10 @@ class MoveEmitter:
             shape = self.shape(x)
             dst = self.ctx.ddr_addr(y) + offset * out_st[axis] * self.prec.bytes
             offset += shape[axis]
-            if x in self.ctx.ddr.concat_members and self.ctx.ddr_addr(x) == dst:
+            src = self.src_addr(x)
+            if src == dst:
                 continue                      # its producer wrote it in place (ddrplan)
-            copy_nd(self.ctx, self.src_addr(x), contiguous_strides(shape), dst, out_st, shape, self.prec)
+            copy_nd(self.ctx, src, contiguous_strides(shape), dst, out_st, shape, self.prec)
 
     def _emit_split(self) -> None:
         x = self.node.inputs[0]

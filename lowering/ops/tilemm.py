@@ -233,8 +233,8 @@ class TileGemm:
             order = [(m, n, j == len(n_steps) - 1) for m in m_steps for j, n in enumerate(n_steps)]
         for index, ((m0, mt), (n0, nt), last_use) in enumerate(order):
             first_use = index == 0 or order[index - 1][2]
-            if d.resident and first_use:
-                self._load_panel(k_steps, m0, mt, n0, nt)
+            if d.resident and first_use:         # the resident operand's K tiles for this row / column
+                self._load_k_tiles(d.resident, k_steps, m0, mt, n0, nt)
             self._tile(m0, mt, n0, nt, k_steps, keep_panel=not last_use)
             deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
                                                        self.ctx.chip.tile.queue_slots), m0, mt, n0, nt)
@@ -242,10 +242,6 @@ class TileGemm:
     def _push(self, queue: int, nbytes: int) -> None:
         self.ctx.em.tile(TPush(dst_queue=queue, dst_size=size_code(nbytes), dt=self.dt))
         self.cursor.push(queue)
-
-    def _load_panel(self, k_steps, m0: int, mt: int, n0: int, nt: int) -> None:
-        """The resident operand's K tiles for this row (A) or column (B) of output tiles."""
-        self._load_k_tiles(self.dims.resident, k_steps, m0, mt, n0, nt)
 
     def _load_k_tiles(self, side: str, k_steps, m0: int, mt: int, n0: int, nt: int) -> None:
         """Load and push A's (side "a") or B's tiles for the K steps `k_steps`."""
