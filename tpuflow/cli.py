@@ -44,6 +44,8 @@ def _add_compile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", default="list", help="program | list (default) | cpsat")
     p.add_argument("--dep-mode", default="bitmap", help="bitmap | auto: how cmd_id_dep is computed")
     p.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT budget in seconds (deterministic)")
+    p.add_argument("--layer-group", default="on",
+                   help="on (default) | off: keep activations in LMEM across fused groups, or round-trip DDR")
 
 
 def _add_outputs(p: argparse.ArgumentParser) -> None:
@@ -107,7 +109,8 @@ def _print_json(obj) -> None:
 def _options(args):
     from tpuflow.options import CompileOptions
     return CompileOptions(dtype=args.dtype, matmul=args.matmul, dep_mode=args.dep_mode,
-                          schedule=args.schedule, time_limit_s=args.time_limit)
+                          schedule=args.schedule, time_limit_s=args.time_limit,
+                          layer_group=args.layer_group)
 
 
 def _shapes(args) -> dict[str, tuple[int, ...]]:

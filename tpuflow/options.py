@@ -12,6 +12,7 @@ DTYPES = ("fp32", "fp16", "bf16")
 MATMUL_PATHS = ("tiu", "tile")
 DEP_MODES = ("bitmap", "auto")
 SCHEDULES = ("program", "list", "cpsat")
+LAYER_GROUP = ("on", "off")
 DTYPE_ALIASES = {"f32": "fp32", "float32": "fp32", "f16": "fp16", "float16": "fp16", "bfloat16": "bf16"}
 
 
@@ -22,11 +23,12 @@ class CompileOptions:
     dep_mode: str = "bitmap"     # cmd_id_dep from chunk bitmaps, or the serialising auto mode
     schedule: str = "list"       # instruction order: emission order, list scheduling (default), CP-SAT windows
     time_limit_s: float = 20.0   # CP-SAT total budget (deterministic time units)
+    layer_group: str = "on"      # on: activations stay in LMEM across fused groups when they fit; off: every group round-trips DDR
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
         for name, allowed in (("dtype", DTYPES), ("matmul", MATMUL_PATHS), ("dep_mode", DEP_MODES),
-                              ("schedule", SCHEDULES)):
+                              ("schedule", SCHEDULES), ("layer_group", LAYER_GROUP)):
             value = getattr(self, name)
             if value not in allowed:
                 raise OptionError(f"option --{name.replace('_', '-')}: '{value}' is not one of {', '.join(allowed)}")
