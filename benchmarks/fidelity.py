@@ -1,0 +1,84 @@
+"""Calibration benchmark: ResNet-50 on BM1684X (default compile) against the public silicon numbers.
+
+    python benchmarks/fidelity.py [--dtypes fp32,fp16] [--out benchmarks/results/fidelity.json]
+
+The calibration set is the sophon-demo ResNet sample README's `bmrt_test` TPU time on BM1684X,
+batch 1: ResNet-50 fp32 9.14 ms, fp16 1.62 ms (int8 1.10 ms, once tpuflow compiles int8). Each
+point is compiled with the default options (only the dtype set), simulated, and printed next to
+the measurement with its relative error; tpu-mlir 1.30.2's own static estimate for the same model
+(compiler_profile.txt TCYC of ../shared/peers/tpu-mlir/resnet50/bm1684x_*) is shown for reference.
+Other models' silicon numbers are deliberately not here: they check that the calibration generalises.
+Writes benchmarks/results/fidelity.json (temp file, then rename).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import estimate
+
+RESULTS = Path(__file__).parent / "results" / "fidelity.json"
+SOURCE = "sophon-demo sample/ResNet README, BM1684X, bmrt_test TPU time, batch 1"
+# (model, chip, dtype) -> measured ms on silicon
+SILICON_MS = {("resnet50", "bm1684x", "fp32"): 9.14, ("resnet50", "bm1684x", "fp16"): 1.62,
+              ("resnet50", "bm1684x", "int8"): 1.10}
+# tpu-mlir 1.30.2 compiler_profile.txt TCYC / 1e6 (its static estimate at 1 GHz), peers/tpu-mlir/SUMMARY.md
+TPU_MLIR_MS = {("resnet50", "bm1684x", "fp32"): 5.014417, ("resnet50", "bm1684x", "fp16"): 1.450846}
+
+
+def point(model: str, chip: str, dtype: str) -> dict:
+    began = time.perf_counter()
+    options = CompileOptions(dtype=dtype)
+    report = estimate(model, chip, options)
+    measured = SILICON_MS[(model, chip, dtype)]
+    ours = report["latency_us"] / 1e3
+    vendor = TPU_MLIR_MS.get((model, chip, dtype))
+    return {"model": model, "chip": chip, "dtype": dtype, "options": options.as_dict(),
+            "silicon_ms": measured, "estimate_ms": round(ours, 4), "error": round(ours / measured - 1.0, 4),
+            "tpu_mlir_ms": vendor, "tpu_mlir_error": round(vendor / measured - 1.0, 4) if vendor else None,
+            "busy_us": {k: round(v["busy_us"], 1) for k, v in report["engines"].items()},
+            "bounds_us": {k: round(v, 1) for k, v in report["bounds"].items()},
+            "wall_s": round(time.perf_counter() - began, 1)}
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, check=False)
+        return out.stdout.strip()
+    except OSError:
+        return ""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtypes", default="fp32,fp16")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    rows = []
+    print(f"{'model':9s} {'chip':8s} {'dtype':5s} {'silicon ms':>10s} {'ours ms':>8s} {'error':>7s} "
+          f"{'tpu-mlir ms':>11s} {'error':>7s}")
+    for dtype in args.dtypes.split(","):
+        r = point("resnet50", "bm1684x", dtype)
+        rows.append(r)
+        vendor = f"{r['tpu_mlir_ms']:11.3f} {100 * r['tpu_mlir_error']:+6.1f}%" if r["tpu_mlir_ms"] else f"{'-':>11s}"
+        print(f"{r['model']:9s} {r['chip']:8s} {dtype:5s} {r['silicon_ms']:10.2f} {r['estimate_ms']:8.3f} "
+              f"{100 * r['error']:+6.1f}% {vendor}", flush=True)
+    worst = max(abs(r["error"]) for r in rows)
+    print(f"worst |error| {100 * worst:.1f}%")
+    doc = {"source": SOURCE, "commit": git_commit(), "points": rows, "worst_abs_error": worst}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
