@@ -1,0 +1,101 @@
+"""Data-movement worst cases (transposes and concats that move the innermost axis): simulated latency
+against the DRAM bound.
+
+    python benchmarks/movement_bench.py --label before|after [--chip sg2260] [--dtype fp32]
+
+Each case is a one-node model; its estimate gives latency_us and lower_bound_us (the estimator's
+bound), and the row records bytes moved (input + output) and the achieved GB/s. Results are merged
+into benchmarks/results/movement.json under the label, so "before" and "after" sit side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import estimate
+
+RESULTS = Path(__file__).parent / "results" / "movement.json"
+
+
+def _model(op: str, in_shapes: list[tuple], out_shape: tuple, **attrs) -> onnx.ModelProto:
+    names = [f"x{i}" for i in range(len(in_shapes))]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in zip(names, in_shapes)]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))
+    node = helper.make_node(op, names, ["y"], name=op.lower(), **attrs)
+    graph = helper.make_graph([node], f"move_{op.lower()}", inputs, [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _transpose(shape: tuple, perm: tuple):
+    return _model("Transpose", [shape], tuple(shape[p] for p in perm), perm=list(perm))
+
+
+def _concat(shapes: list[tuple], axis: int):
+    out = list(shapes[0])
+    out[axis] = sum(s[axis] for s in shapes)
+    return _model("Concat", shapes, tuple(out), axis=axis)
+
+
+CASES = {
+    # the issue's case: a Transpose moving the innermost axis, 1x40x120 fp32 (38 kB)
+    "transpose_1x40x120_021": lambda: _transpose((1, 40, 120), (0, 2, 1)),
+    "transpose_nchw_nhwc_1x64x56x56": lambda: _transpose((1, 64, 56, 56), (0, 2, 3, 1)),
+    "transpose_nhwc_nchw_1x56x56x64": lambda: _transpose((1, 56, 56, 64), (0, 3, 1, 2)),
+    "transpose_1x8x128x64_0213": lambda: _transpose((1, 8, 128, 64), (0, 2, 1, 3)),
+    # the issue's case: a Concat along a size-1 innermost axis (0.82 MB moved)
+    "concat_last_axis_2x1x102400x1": lambda: _concat([(1, 102400, 1), (1, 102400, 1)], 2),
+    "concat_last_axis_1x4x8400_and_1x80x8400": lambda: _concat([(1, 8400, 4), (1, 8400, 80)], 2),
+}
+
+
+def run_case(name: str, chip: str, dtype: str) -> dict:
+    model = CASES[name]()
+    began = time.perf_counter()
+    report = estimate(model, chip, CompileOptions(dtype=dtype))
+    esize = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
+    elems = sum(math.prod(d.dim_value for d in v.type.tensor_type.shape.dim) for v in model.graph.input)
+    moved = 2 * elems * esize
+    lat = report["latency_us"]
+    return {"case": name, "latency_us": round(lat, 3), "lower_bound_us": round(report["lower_bound_us"], 3),
+            "over_bound": round(lat / report["lower_bound_us"], 2), "bytes_moved": moved,
+            "gb_per_s": round(moved / lat / 1e3, 2),
+            "instructions": sum(v["instructions"] for v in report["engines"].values()),
+            "wall_s": round(time.perf_counter() - began, 2)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--label", required=True, help="key the rows are stored under (before / after)")
+    ap.add_argument("--chip", default="sg2260")
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    rows = []
+    for name in args.cases.split(","):
+        r = run_case(name, args.chip, args.dtype)
+        rows.append(r)
+        print(f"{name:42s} {r['latency_us']:10.2f} us  bound {r['lower_bound_us']:8.2f}  x{r['over_bound']:<7}"
+              f" {r['gb_per_s']:7.2f} GB/s  {r['instructions']:6d} instr", flush=True)
+    data = json.loads(args.out.read_text()) if args.out.exists() else {}
+    data[args.label] = {"chip": args.chip, "dtype": args.dtype, "runs": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
