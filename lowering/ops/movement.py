@@ -11,6 +11,7 @@ from tpuflow.errors import LoweringError
 from tpuflow.isa import Prec
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.groups import Group
+from tpuflow.lowering.ops import lmem_move
 from tpuflow.lowering.tensors import DRegion
 
 MAX_DIM = 65535
@@ -102,14 +103,21 @@ class MoveEmitter:
         perm = self.node.attr("perm")
         in_st = contiguous_strides(self.shape(x))
         out_shape = self.shape(y)
-        copy_nd(self.ctx, self.src_addr(x), [in_st[p] for p in perm], self.ctx.ddr_addr(y),
-                contiguous_strides(out_shape), out_shape, self.prec)
+        src_st, dst_st = [in_st[p] for p in perm], contiguous_strides(out_shape)
+        batched = lmem_move.as_batched_transpose(merge_dims(out_shape, src_st, dst_st))
+        if batched is not None:          # the innermost axis moves: through LMEM, long DMA runs
+            lmem_move.emit_batched_transpose(self.ctx, self.node.name, self.src_addr(x), self.ctx.ddr_addr(y),
+                                             *batched, self.prec)
+            return
+        copy_nd(self.ctx, self.src_addr(x), src_st, self.ctx.ddr_addr(y), dst_st, out_shape, self.prec)
 
     def _emit_concat(self) -> None:
         y = self.node.outputs[0]
         axis = self.node.attr("axis")
         out_shape = self.shape(y)
         out_st = contiguous_strides(out_shape)
+        if self._concat_through_lmem(axis, out_shape):
+            return
         offset = 0
         for x in self.node.inputs:
             shape = self.shape(x)
@@ -119,6 +127,21 @@ class MoveEmitter:
             if src == dst:
                 continue                      # its producer wrote it in place (ddrplan)
             copy_nd(self.ctx, src, contiguous_strides(shape), dst, out_st, shape, self.prec)
+
+    def _concat_through_lmem(self, axis: int, out_shape) -> bool:
+        """A concat whose pieces are short runs (e.g. along a small innermost axis) interleaves
+        rows in LMEM; True when it did."""
+        rows = math.prod(out_shape[:axis])
+        inner = math.prod(out_shape[axis + 1:])
+        widths = [self.shape(x)[axis] * inner for x in self.node.inputs]
+        if rows <= 1 or min(widths) * self.prec.bytes >= lmem_move.SHORT_RUN_BYTES:
+            return False
+        if sum(widths) > lmem_move.MAX_DMA:
+            return False
+        srcs = [(self.src_addr(x), w) for x, w in zip(self.node.inputs, widths)]
+        lmem_move.interleave_rows(self.ctx, self.node.name, srcs, self.ctx.ddr_addr(self.node.outputs[0]),
+                                  rows, self.prec)
+        return True
 
     def _emit_split(self) -> None:
         x = self.node.inputs[0]

@@ -1,0 +1,125 @@
+"""Data movement through LMEM for the cases a DDR -> DDR DMA would do element by element: transposes
+that move the innermost axis (load rows, TIU C<->W transpose, store rows) and concats whose pieces
+are short runs (load each input's rows, TIU strided copy into the interleaved row, store the rows).
+Both keep every DMA segment a long run, so they run near DRAM bandwidth."""
+
+from __future__ import annotations
+
+import math
+
+from tpuflow.isa import CwBcTiu, Prec, StrideMode
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tiling import largest_fitting, pipelined, steps
+
+BLOCK_OPTIONS = (1024, 512, 256, 128, 64, 32, 16)   # transpose block edges tried, largest first
+SHORT_RUN_BYTES = 128                               # DMA runs shorter than this go through LMEM
+MAX_DMA = 65535
+
+
+def cw_transpose(ctx: LowerCtx, dst: LTile, src: LTile) -> None:
+    """dst (1, W, 1, C) = src (1, C, 1, W) with C and W swapped (tsbc.cw_ts)."""
+    f = dst.fields("res0", with_shape=True)
+    f.update(src.fields("opd0"))
+    f.pop("opt_opd0_prec", None)
+    ctx.em.tiu(CwBcTiu(op="cw_ts", opd0_c=src.c, opd0_w=src.w, **f))
+
+
+def transpose_2d(ctx: LowerCtx, label: str, src: int, src_row: int, dst: int, dst_row: int,
+                 rows: int, cols: int, prec: Prec) -> None:
+    """dst[c, r] = src[r, c] for r < rows, c < cols; element (r, c) of src at src + r*src_row + c,
+    element (c, r) of dst at dst + c*dst_row + r (element strides). Blocks of rows x cols go
+    DDR -> LMEM (rows on lanes), through a CW transpose and back, double-buffered."""
+    chip = ctx.chip
+    arena = ctx.arena()
+    sizes = lambda rt, ct: [tile_bytes_per_lane(chip, (1, rt, 1, ct), prec), tile_bytes_per_lane(chip, (1, ct, 1, rt), prec)]
+    rt = largest_fitting([min(rows, b) for b in BLOCK_OPTIONS], lambda r: arena.fits(sizes(r, min(cols, r)) * 2))
+    rt = rt or min(rows, chip.lanes)
+    ct = largest_fitting([min(cols, b) for b in BLOCK_OPTIONS], lambda c: arena.fits(sizes(rt, c) * 2)) or min(cols, chip.lanes)
+    _, sets = arena.alloc_plan([], sizes(rt, ct), label)
+    blocks = [(r0, r, c0, c) for r0, r in steps(rows, rt) for c0, c in steps(cols, ct)]
+    b = prec.bytes
+
+    def load(block, s):
+        r0, r, c0, c = block
+        ctx.em.load(make_tile(chip, sets[s][0], (1, r, 1, c), prec),
+                    DRegion(src + (r0 * src_row + c0) * b, (1, r, 1, c), (r * src_row, src_row, c, 1), prec))
+
+    def transpose_store(block, s):
+        r0, r, c0, c = block
+        out = make_tile(chip, sets[s][1], (1, c, 1, r), prec)
+        cw_transpose(ctx, out, make_tile(chip, sets[s][0], (1, r, 1, c), prec))
+        ctx.em.store(out, DRegion(dst + (c0 * dst_row + r0) * b, (1, c, 1, r), (c * dst_row, dst_row, r, 1), prec))
+
+    pipelined(blocks, len(sets), load, transpose_store)
+
+
+def as_batched_transpose(dims: list[list[int]]) -> tuple[list[list[int]], tuple[int, int, int, int]] | None:
+    """A merged copy (see movement.merge_dims: [size, src stride, dst stride] in dst order) that is
+    a batch of 2-D transposes moving the innermost axis: (outer dims, (rows, src_row, cols,
+    dst_row)), or None. The last dim is dst-contiguous with a src stride; the one before is
+    src-contiguous."""
+    if len(dims) < 2:
+        return None
+    (cols, a1, b1), (rows, a2, b2) = dims[-2], dims[-1]
+    if b2 != 1 or a1 != 1 or a2 == 1 or a2 < cols or b1 < rows:
+        return None
+    return dims[:-2], (rows, a2, cols, b1)
+
+
+def emit_batched_transpose(ctx: LowerCtx, label: str, src: int, dst: int, outer: list[list[int]],
+                           geometry: tuple[int, int, int, int], prec: Prec) -> None:
+    rows, src_row, cols, dst_row = geometry
+    for index in range(math.prod(d[0] for d in outer)):
+        s_off = d_off = 0
+        rest = index
+        for size, a, b in reversed(outer):
+            rest, i = divmod(rest, size)
+            s_off, d_off = s_off + i * a, d_off + i * b
+        transpose_2d(ctx, label, src + s_off * prec.bytes, src_row, dst + d_off * prec.bytes, dst_row,
+                     rows, cols, prec)
+
+
+def interleave_rows(ctx: LowerCtx, label: str, srcs: list[tuple[int, int]], dst: int, rows: int,
+                    prec: Prec) -> None:
+    """Concat of row-major (rows, width_k) matrices along their columns into dst (rows, sum width):
+    blocks of rows spread over lanes (q consecutive rows per lane, so every DMA run is a lane's q
+    rows), each input loaded contiguously, TIU-copied into its columns of the output block, and the
+    block stored in one run per lane. `srcs` are (address, width) in column order."""
+    chip, em = ctx.chip, ctx.em
+    total = sum(w for _, w in srcs)
+    arena = ctx.arena()
+    per_row = lambda q: [tile_bytes_per_lane(chip, (1, 1, 1, q * w), prec) for _, w in srcs] + \
+        [tile_bytes_per_lane(chip, (1, 1, 1, q * total), prec)]
+    q_max = max(1, min(-(-rows // chip.lanes), MAX_DMA // total))
+    options = sorted({max(1, q_max >> k) for k in range(16)}, reverse=True)
+    q = largest_fitting(options, lambda v: arena.fits(per_row(v) * 2)) or 1
+    _, sets = arena.alloc_plan([], per_row(q), label)
+    blocks = []
+    for r0, r in steps(rows, chip.lanes * q):
+        full, rem = divmod(r, q)
+        if full:
+            blocks.append((r0, full, q))
+        if rem:
+            blocks.append((r0 + full * q, 1, rem))
+    b = prec.bytes
+
+    def load(block, s):
+        r0, lanes, qq = block
+        for (addr, w), off in zip(srcs, sets[s]):
+            em.load(make_tile(chip, off, (1, lanes, 1, qq * w), prec),
+                    DRegion(addr + r0 * w * b, (1, lanes, 1, qq * w), (lanes * qq * w, qq * w, qq * w, 1), prec))
+
+    def copy_store(block, s):
+        r0, lanes, qq = block
+        out = make_tile(chip, sets[s][-1], (1, lanes, 1, qq * total), prec)
+        col = 0
+        for (addr, w), off in zip(srcs, sets[s]):
+            piece = make_tile(chip, off, (1, lanes, 1, qq * w), prec)
+            src_view = LTile(piece.addr, (1, lanes, qq, w), prec, (0, piece.strides[1], w, 1), StrideMode.FREE)
+            dst_view = LTile(out.addr + col * b, (1, lanes, qq, w), prec, (0, out.strides[1], total, 1), StrideMode.FREE)
+            em.ar("copy", dst_view, src_view)
+            col += w
+        em.store(out, DRegion(dst + r0 * total * b, out.shape, (lanes * qq * total, qq * total, qq * total, 1), prec))
+
+    pipelined(blocks, len(sets), load, copy_store)
