@@ -11,6 +11,7 @@ from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.groups import Group, form_groups
+from tpuflow.lowering.layergroup import ResidencyPlan, plan_residency
 from tpuflow.lowering.mathops import CONST_REGION_BYTES, const_region_image
 from tpuflow.lowering.ops.conv import ConvEmitter
 from tpuflow.lowering.ops.gemv import GemvEmitter, is_gemv
@@ -50,15 +51,31 @@ def scratch_bytes(graph: Graph, groups: list[Group], options: CompileOptions) ->
     return need
 
 
+def resident_ports(graph: Graph, group: Group, options: CompileOptions) -> tuple[set[str], set[str]]:
+    """(activations the group's emitter can read from LMEM, those it can write there)."""
+    ports = getattr(emitter_for(group, options), "resident_ports", None)
+    return ports(graph, group) if ports is not None else (set(), set())
+
+
+def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions) -> ResidencyPlan:
+    if options.layer_group == "off":
+        return ResidencyPlan()
+    return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
+                          lambda g: resident_ports(graph, g, options))
+
+
 def lower(graph: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     graph = materialize_broadcasts(fold_matmul_transposes(graph))
     groups = form_groups(graph, fuse_pool=options.matmul == "tiu")
-    ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options))
+    residency = plan_layer_groups(graph, groups, chip, options)
+    ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
+                   in_lmem=set(residency.tensors))
     weights = WeightImage(ddr.weight_base)
     em = Emitter(chip)
-    ctx = LowerCtx(graph, chip, options, em, ddr, weights)
+    ctx = LowerCtx(graph, chip, options, em, ddr, weights, residency=residency)
     _prologue(ctx)
     for index, group in enumerate(groups):
+        ctx.group_index = index
         _emit_group(ctx, group, options, "lower" if index % 2 == 0 else "upper")
     em.layer = ""
     em.tiu(SysTiu(op="end"))

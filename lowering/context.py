@@ -13,6 +13,7 @@ from tpuflow.frontend.graph import Graph
 from tpuflow.isa import Prec
 from tpuflow.lowering.ddrplan import DdrPlan
 from tpuflow.lowering.emitter import Emitter
+from tpuflow.lowering.layergroup import ResidencyPlan, ResidentTensor
 from tpuflow.lowering.lmem import GroupArena
 from tpuflow.lowering.mathops import CONST_REGION_BYTES
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile
@@ -31,6 +32,8 @@ class LowerCtx:
     weights: WeightImage
     layers: dict[str, LayerInfo] = field(default_factory=dict)
     tile_pushes: list[int] = field(default_factory=lambda: [0, 0, 0, 0])   # TILE queue pushes so far
+    residency: ResidencyPlan = field(default_factory=ResidencyPlan)      # activations kept in LMEM
+    group_index: int = 0                                                 # the group being emitted
 
     @property
     def prec(self) -> Prec:
@@ -43,10 +46,15 @@ class LowerCtx:
     lmem_region: str = "lower"
 
     def arena(self) -> GroupArena:
-        lo, top = CONST_REGION_BYTES, self.chip.tile_window_offset
+        lo = CONST_REGION_BYTES
+        top = self.residency.arena_top(self.group_index, self.chip.tile_window_offset)
         mid = lo + (top - lo) // 2 // self.chip.bank_bytes * self.chip.bank_bytes
         bounds = {"lower": (lo, mid), "upper": (mid, top), "full": (lo, top)}[self.lmem_region]
         return GroupArena(self.chip, used=bounds[0], limit=bounds[1])
+
+    def resident(self, tensor: str | None) -> ResidentTensor | None:
+        """The LMEM-resident buffer of an activation, or None when it lives in DDR."""
+        return self.residency.tensors.get(tensor) if tensor else None
 
     def ddr_addr(self, tensor: str) -> int:
         if tensor not in self.ddr.tensors:

@@ -67,7 +67,9 @@ class FirstFit:
         self.free = merged
 
 
-def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, scratch_bytes: int) -> DdrPlan:
+def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, scratch_bytes: int,
+             in_lmem: set[str] = frozenset()) -> DdrPlan:
+    """`in_lmem`: activations that live in LMEM only (layer groups) and get no DDR buffer."""
     align = chip.core.ddr_align_bytes
     esize = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
     tensors: dict[str, DdrTensor] = {}
@@ -104,7 +106,7 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
             _alias_view(graph, group, tensors)
         else:
             for name in group.stored:
-                if name not in tensors:
+                if name not in tensors and name not in in_lmem:
                     place(name)
         for name in _dying(group, index, last_use, tensors):
             t = tensors[name]

@@ -14,7 +14,7 @@ from tpuflow.isa import ConvTiu, PordTiu, Prec
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitter import f32_bits
 from tpuflow.lowering.groups import Group
-from tpuflow.lowering.ops.epilogue import Epilogue
+from tpuflow.lowering.ops.epilogue import Epilogue, full_epilogue_operands
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
 
@@ -105,6 +105,21 @@ class ConvEmitter:
             from tpuflow.lowering.ops.pool import pool_geometry
             self.pgeom, self.pool_in_w = pool_geometry(ctx, self.pool)
             self.result = self.pool.outputs[0]
+        self.in_res = ctx.resident(self.node.inputs[0])      # layer groups: input kept in LMEM
+        self.out_res = ctx.resident(self.result)             # layer groups: result kept in LMEM
+
+    @staticmethod
+    def resident_ports(graph, group: Group) -> tuple[set[str], set[str]]:
+        """Plain and depthwise convs read their input and full-size epilogue operands from LMEM
+        and write their result there (every channel tile then starts on lane 0)."""
+        node = group.anchor
+        cin = graph.tensor(node.inputs[0]).shape[1]
+        cout = graph.tensor(node.inputs[1]).shape[0]
+        groups = node.attr("group", 1)
+        if not (groups == 1 or groups == cin == cout):
+            return set(), set()
+        readable = {node.inputs[0]} | full_epilogue_operands(graph, group)
+        return readable, {group.nodes[-1].outputs[0]}
 
     # ------------------------------------------------------------ public
     def emit(self) -> None:
@@ -130,6 +145,10 @@ class ConvEmitter:
     def _stage(self, ic_split: bool) -> bool:
         return self._out_prec(ic_split) != self.ctx.prec
 
+    def _direct(self, ic_split: bool) -> bool:
+        """The conv (and its epilogue) can write the resident result in place."""
+        return self.out_res is not None and self.pool is None and not self._stage(ic_split)
+
     def _conv_rows(self, final_rows: int) -> int:
         """Conv output rows a tile of `final_rows` output rows needs (pool halo when pooled)."""
         return min(self.geom.ho, self.pgeom.halo_rows(final_rows)) if self.pool is not None else final_rows
@@ -140,16 +159,17 @@ class ConvEmitter:
         geo, chip, prec = self.geom, self.chip, self.ctx.prec
         split = ict < cin_g
         conv_rows = self._conv_rows(ht)
-        load = [tile_bytes_per_lane(chip, (1, ict, geo.halo_rows(conv_rows), geo.w), prec)]
+        load = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ict, geo.halo_rows(conv_rows), geo.w), prec)]
         if not w_resident:
             load.append(tile_bytes_per_lane(chip, (1, ct, 1, ict * geo.kh * geo.kw), prec, compact=True))
         out_shape = (1, ct, conv_rows, geo.wo)
-        outs = [tile_bytes_per_lane(chip, out_shape, self._out_prec(split))]
+        outs = [0 if self._direct(split) else tile_bytes_per_lane(chip, out_shape, self._out_prec(split))]
         outs += self.epi.set_sizes(out_shape)
+        final = 0 if self.out_res else None
         if self.pool is not None:
-            outs.append(tile_bytes_per_lane(chip, (1, ct, ht, self.pgeom.wo), prec))
+            outs.append(tile_bytes_per_lane(chip, (1, ct, ht, self.pgeom.wo), prec) if final is None else final)
         elif self._stage(split):
-            outs.append(tile_bytes_per_lane(chip, out_shape, prec))
+            outs.append(tile_bytes_per_lane(chip, out_shape, prec) if final is None else final)
         return load, outs
 
     def _final_rows(self) -> int:
@@ -275,7 +295,7 @@ class ConvEmitter:
         r0, rows, _, _ = geo.input_rows(h0, ht)
         em.layer = self.node.name
         offs = self.load_sets[s]
-        if rows:
+        if rows and self.in_res is None:
             em.load(make_tile(self.chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec),
                     self._input_region(n, ic_base + ic0, ict, r0, rows))
         if not self.w_res:
@@ -284,7 +304,8 @@ class ConvEmitter:
         if k == len(ic_steps) - 1 and self.epi.full:
             out_offs = self.out_sets[ti % len(self.out_sets)]
             self.epi.load_tile(out_offs[1:], (1, ct, ht, geo.wo),
-                               lambda addr: self._epi_region(addr, n, oc_base + c0, ct, h0, ht))
+                               lambda addr: self._epi_region(addr, n, oc_base + c0, ct, h0, ht),
+                               (n, oc_base + c0, ct, h0, ht))
 
     def _epi_region(self, addr: int, n, c0, ct, h0, ht) -> DRegion:
         geo, prec = self.geom, self.ctx.prec
@@ -300,10 +321,16 @@ class ConvEmitter:
         split = len(ic_steps) > 1
         offs, out_offs = self.load_sets[s], self.out_sets[ti % len(self.out_sets)]
         r0, rows, up, dn = geo.input_rows(h0, ht)
-        out = make_tile(chip, out_offs[0], (1, ct, ht, geo.wo), self._out_prec(split))
+        if self._direct(split):
+            out = self.out_res.view(chip, n, oc_base + c0, ct, h0, ht)
+        else:
+            out = make_tile(chip, out_offs[0], (1, ct, ht, geo.wo), self._out_prec(split))
         if not rows:
             raise LoweringError(f"layer {self.node.name}: an output tile reads only padding")
-        inp = make_tile(chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec)
+        if self.in_res is not None:
+            inp = self.in_res.view(chip, n, ic_base + ic0, ict, r0, rows)
+        else:
+            inp = make_tile(chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec)
         if self.w_res:
             wt = self.w_tile.sub_channels(c0, ct, chip)
             kk = geo.kh * geo.kw
@@ -332,14 +359,20 @@ class ConvEmitter:
 
     def _finish_tile(self, out: LTile, out_offs, n, c0, ct, h0, ht, split: bool, pool=None) -> None:
         em = self.ctx.em
-        value = self.epi.apply(out, out_offs[1:], c0, 0) if not self.epi.empty else out
+        value = self.epi.apply(out, out_offs[1:], c0, 0, (n, c0, ct, h0, ht)) if not self.epi.empty else out
         if pool is not None:
             self._pool_and_store(value, out_offs[-1], n, c0, ct, pool)
             return
         if self._stage(split):
-            stage = make_tile(self.chip, out_offs[-1], value.shape, self.ctx.prec)
+            if self.out_res is not None:
+                stage = self.out_res.view(self.chip, n, c0, ct, h0, ht)
+            else:
+                stage = make_tile(self.chip, out_offs[-1], value.shape, self.ctx.prec)
+            em.layer = self.group.nodes[-1].name
             em.ar("copy", stage, value)
             value = stage
+        if self.out_res is not None:
+            return
         em.layer = self.group.nodes[-1].name
         em.store(value, self._output_region(self.result, n, c0, ct, h0, ht))
 
@@ -347,7 +380,10 @@ class ConvEmitter:
         """The fused pooling over the conv tile in LMEM, then the store of the pooled rows."""
         q0, qt, up, dn = pool
         pg, em, prec = self.pgeom, self.ctx.em, self.ctx.prec
-        out = make_tile(self.chip, offset, (1, ct, qt, pg.wo), prec)
+        if self.out_res is not None:
+            out = self.out_res.view(self.chip, n, c0, ct, q0, qt)
+        else:
+            out = make_tile(self.chip, offset, (1, ct, qt, pg.wo), prec)
         src = value if self.pool_in_w == value.w else value.with_shape((1, ct, value.h, self.pool_in_w), self.chip)
         f = out.fields("res0", with_shape=True)
         f.update(src.fields("opd0"))
@@ -358,6 +394,8 @@ class ConvEmitter:
                        opd1_h=pg.kh, opd1_w=pg.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=pg.pl,
                        opd0_rt_pad=pg.pr, res_op_x_str=pg.sx, res_op_y_str=pg.sy, opd1_x_ins0=pg.dx - 1,
                        opd1_y_ins0=pg.dy - 1, **extra, **f))
+        if self.out_res is not None:
+            return
         base = ((n * pg.cin + c0) * pg.ho + q0) * pg.wo
         em.store(out, self.ctx.region(self.result, (1, ct, qt, pg.wo), base, (pg.cin * pg.ho * pg.wo, pg.ho * pg.wo, pg.wo, 1)))
 
@@ -373,11 +411,11 @@ class ConvEmitter:
 
         def sizes(ct, ht):
             out_shape = (1, ct, ht, geo.wo)
-            s = [tile_bytes_per_lane(chip, (1, ct, geo.halo_rows(ht), geo.w), prec),
-                 tile_bytes_per_lane(chip, out_shape, self._out_prec(False))]
+            s = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ct, geo.halo_rows(ht), geo.w), prec),
+                 0 if self._direct(False) else tile_bytes_per_lane(chip, out_shape, self._out_prec(False))]
             s += self.epi.set_sizes(out_shape)
             if self._stage(False):
-                s.append(tile_bytes_per_lane(chip, out_shape, prec))
+                s.append(0 if self.out_res else tile_bytes_per_lane(chip, out_shape, prec))
             return s
 
         choice = None
@@ -404,15 +442,24 @@ class ConvEmitter:
             n, c0, c, h0, h = t
             r0, rows, _, _ = geo.input_rows(h0, h)
             ctx.em.layer = self.node.name
-            ctx.em.load(make_tile(chip, sets[s][0], (1, c, rows, geo.w), prec), self._input_region(n, c0, c, r0, rows))
+            if self.in_res is None:
+                ctx.em.load(make_tile(chip, sets[s][0], (1, c, rows, geo.w), prec),
+                            self._input_region(n, c0, c, r0, rows))
             if self.epi.full:
-                self.epi.load_tile(sets[s][2:], (1, c, h, geo.wo), lambda addr: self._epi_region(addr, n, c0, c, h0, h))
+                self.epi.load_tile(sets[s][2:], (1, c, h, geo.wo), lambda addr: self._epi_region(addr, n, c0, c, h0, h),
+                                   (n, c0, c, h0, h))
 
         def compute(t, s):
             n, c0, c, h0, h = t
             r0, rows, up, dn = geo.input_rows(h0, h)
-            out = make_tile(chip, sets[s][1], (1, c, h, geo.wo), self._out_prec(False))
-            inp = make_tile(chip, sets[s][0], (1, c, rows, geo.w), prec)
+            if self._direct(False):
+                out = self.out_res.view(chip, n, c0, c, h0, h)
+            else:
+                out = make_tile(chip, sets[s][1], (1, c, h, geo.wo), self._out_prec(False))
+            if self.in_res is not None:
+                inp = self.in_res.view(chip, n, c0, c, r0, rows)
+            else:
+                inp = make_tile(chip, sets[s][0], (1, c, rows, geo.w), prec)
             f = out.fields("res0", with_shape=True)
             f.update(inp.fields("opd0"))
             wt = w_tile.sub_channels(c0, c, chip)

@@ -25,6 +25,19 @@ class EpiOperand:
     const: np.ndarray | None
 
 
+def full_epilogue_operands(graph: Graph, group) -> set[str]:
+    """Runtime operands of a group's epilogue that have the full output shape (loaded per tile,
+    or read in place when they are resident in LMEM)."""
+    out, value = set(), group.anchor.outputs[0]
+    for n in group.nodes[1:]:
+        shape = graph.tensor(n.outputs[0]).shape
+        for t in n.inputs:
+            if t and t != value and not graph.tensor(t).is_const and graph.tensor(t).shape == shape:
+                out.add(t)
+        value = n.outputs[0]
+    return out
+
+
 class Epilogue:
     """Plan and emission of an epilogue chain. The anchor result tile (n, c, h, w) is the chain's
     value; nodes write their result over it. FULL operands are loaded per tile; ROW (one value
@@ -60,7 +73,8 @@ class Epilogue:
     def set_sizes(self, tile_shape) -> list[int]:
         """Per-lane bytes of the per-tile buffers (FULL operands, scratch, staging)."""
         chip, prec = self.ctx.chip, self.ctx.prec
-        full = [tile_bytes_per_lane(chip, tile_shape, prec) for _ in self.full]
+        full = [0 if self.ctx.resident(op.tensor) else tile_bytes_per_lane(chip, tile_shape, prec)
+                for op in self.full]
         scratch = [tile_bytes_per_lane(chip, tile_shape, Prec.FP32)] * self.scratch
         return full + scratch
 
@@ -97,17 +111,22 @@ class Epilogue:
             return self.ctx.const_addr(f"epi:{op.tensor}", op.const)
         return self.ctx.ddr_addr(op.tensor)
 
-    def load_tile(self, offsets: list[int], tile_shape, region_of: Callable[[str, int], DRegion]) -> None:
-        """Per-tile loads of FULL operands; region_of(ddr_addr, elem_bytes) gives the tile's DDR view."""
+    def load_tile(self, offsets: list[int], tile_shape, region_of: Callable[[str, int], DRegion],
+                  window=None) -> None:
+        """Per-tile loads of FULL operands; region_of(ddr_addr, elem_bytes) gives the tile's DDR view.
+        Operands resident in LMEM (layer groups) are not loaded: apply() reads them in place."""
         for op, off in zip(self.full, offsets):
+            if self.ctx.resident(op.tensor) is not None:
+                continue
             self.ctx.em.layer = op.node
             dst = make_tile(self.ctx.chip, off, tile_shape, self.ctx.prec)
             self.ctx.em.load(dst, region_of(self._ddr(op)))
 
-    def apply(self, value: LTile, offsets: list[int], row0: int, col0: int) -> LTile:
-        """Run the chain over `value` (updated in place); returns the final value tile."""
+    def apply(self, value: LTile, offsets: list[int], row0: int, col0: int, window=None) -> LTile:
+        """Run the chain over `value` (updated in place); returns the final value tile. `window`
+        (n, c0, c, h0, h) locates the tile in NCHW outputs whose FULL operands are resident."""
         ctx = self.ctx
-        full_tiles = {op.tensor: make_tile(ctx.chip, off, value.shape, ctx.prec) for op, off in zip(self.full, offsets)}
+        full_tiles = {op.tensor: self._full_tile(op, off, value, window) for op, off in zip(self.full, offsets)}
         base = len(self.full)
         scratch = mathops.Scratch([make_tile(ctx.chip, offsets[base + i], value.shape, Prec.FP32)
                                    for i in range(self.scratch)])
@@ -119,6 +138,13 @@ class Epilogue:
                 ins.append(value if op is None else self._operand(op, value, full_tiles, row0, col0))
             ewise.apply_elementwise(ctx.em, n, value, ins, scratch)
         return value
+
+    def _full_tile(self, op: EpiOperand, offset: int, value: LTile, window) -> LTile:
+        res = self.ctx.resident(op.tensor)
+        if res is None:
+            return make_tile(self.ctx.chip, offset, value.shape, self.ctx.prec)
+        n, c0, c, h0, h = window
+        return res.view(self.ctx.chip, n, c0, c, h0, h)
 
     def _operand(self, op: EpiOperand, value: LTile, full_tiles, row0: int, col0: int):
         if op.kind is Kind.SCALAR and op.const is not None:

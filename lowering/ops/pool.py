@@ -58,11 +58,17 @@ class PoolEmitter:
             else:
                 self.scale = 1.0
                 self.inv_count = 1.0 / counts
+        self.in_res = ctx.resident(self.node.inputs[0])      # layer groups: operands kept in LMEM
+        self.out_res = ctx.resident(self.node.outputs[0])
+
+    @staticmethod
+    def resident_ports(graph, group: Group) -> tuple[set[str], set[str]]:
+        return {group.anchor.inputs[0]}, {group.anchor.outputs[0]}
 
     def _sizes(self, ct: int, ht: int) -> list[int]:
         geo, chip, prec = self.geom, self.chip, self.ctx.prec
-        s = [tile_bytes_per_lane(chip, (1, ct, geo.halo_rows(ht), self.in_w), prec),
-             tile_bytes_per_lane(chip, (1, ct, ht, geo.wo), prec)]
+        s = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ct, geo.halo_rows(ht), self.in_w), prec),
+             0 if self.out_res else tile_bytes_per_lane(chip, (1, ct, ht, geo.wo), prec)]
         if self.inv_count is not None:
             s.append(tile_bytes_per_lane(chip, (1, chip.lanes, ht, geo.wo), Prec.FP32))
         return s
@@ -100,8 +106,10 @@ class PoolEmitter:
         r0, rows, _, _ = geo.input_rows(h0, h)
         ctx.em.layer = self.node.name
         base = ((n * geo.cin + c0) * geo.h + r0) * geo.w
-        src = ctx.region(self.node.inputs[0], (1, c, rows, self.in_w), base, (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))
-        ctx.em.load(make_tile(self.chip, offs[0], (1, c, rows, self.in_w), prec), src)
+        if self.in_res is None:
+            src = ctx.region(self.node.inputs[0], (1, c, rows, self.in_w), base,
+                             (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))
+            ctx.em.load(make_tile(self.chip, offs[0], (1, c, rows, self.in_w), prec), src)
         if self.inv_count is not None:
             t = make_tile(self.chip, offs[2], (1, min(c, self.chip.lanes), h, geo.wo), Prec.FP32)
             ctx.em.load(t, DRegion(self.map_addr + h0 * geo.wo * 4, t.shape, (0, 0, geo.wo, 1), Prec.FP32))
@@ -110,8 +118,14 @@ class PoolEmitter:
         n, c0, c, h0, h = tile
         geo, ctx, prec, chip = self.geom, self.ctx, self.ctx.prec, self.chip
         r0, rows, up, dn = geo.input_rows(h0, h)
-        out = make_tile(chip, offs[1], (1, c, h, geo.wo), prec)
-        inp = make_tile(chip, offs[0], (1, c, rows, self.in_w), prec)
+        if self.out_res is not None:
+            out = self.out_res.view(chip, n, c0, c, h0, h)
+        else:
+            out = make_tile(chip, offs[1], (1, c, h, geo.wo), prec)
+        if self.in_res is not None:
+            inp = self.in_res.view(chip, n, c0, c, r0, rows, self.in_w)
+        else:
+            inp = make_tile(chip, offs[0], (1, c, rows, self.in_w), prec)
         f = out.fields("res0", with_shape=True)
         f.update(inp.fields("opd0"))
         extra = {} if self.is_max else {"opd1_addr": f32_bits(self.scale), "opt_opd1_const": 1}
@@ -123,6 +137,8 @@ class PoolEmitter:
         if self.inv_count is not None:
             m = make_tile(chip, offs[2], (1, min(c, chip.lanes), h, geo.wo), Prec.FP32)
             ctx.em.ar("mul", out, out, LTile(m.addr, out.shape, Prec.FP32, (0, 0, m.strides[2], 1), StrideMode.FREE))
+        if self.out_res is not None:
+            return
         base = ((n * geo.cin + c0) * geo.ho + h0) * geo.wo
         ctx.em.store(out, ctx.region(self.node.outputs[0], (1, c, h, geo.wo), base,
                                      (geo.cin * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1)))

@@ -1,0 +1,169 @@
+"""Layer groups: which activations stay resident in LMEM between fused groups (planned over their
+lifetimes, like the DDR plan), where they live, and the layer groups that result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tpuflow.chip import ChipConfig
+from tpuflow.frontend.graph import Graph
+from tpuflow.isa import Prec, StrideMode
+from tpuflow.lowering.groups import Group
+from tpuflow.lowering.lmem import align_up
+from tpuflow.lowering.tensors import LTile, make_tile, tile_bytes_per_lane
+
+# Share of the usable LMEM (below the tile window, above the constant region) that resident
+# activations may take; the rest stays the working area of the group being emitted (weight
+# slices, partial sums, double buffers). A compiler policy, not a hardware number.
+RESIDENT_SHARE = 0.5
+
+Ports = Callable[[Graph, Group], tuple[set[str], set[str]]]
+
+
+@dataclass(frozen=True)
+class ResidentTensor:
+    """An activation kept whole in LMEM from its producer to its last consumer, in the aligned
+    layout of its (N, C, H, W) shape, channel 0 on lane 0."""
+
+    name: str
+    shape: tuple[int, int, int, int]
+    prec: Prec
+    addr: int            # per-lane offset (lane 0), i.e. the flat address of channel 0
+    size: int            # bytes per lane
+    first: int           # index of the producing group
+    last: int            # index of the last consuming group
+
+    def tile(self, chip: ChipConfig) -> LTile:
+        return make_tile(chip, self.addr, self.shape, self.prec)
+
+    def view(self, chip: ChipConfig, n: int, c0: int, c: int, h0: int, h: int, w: int | None = None) -> LTile:
+        """Sample n, channels [c0, c0+c), rows [h0, h0+h) and the first `w` columns, as a
+        free-strided tile over the resident buffer."""
+        whole = self.tile(chip)
+        sub = whole.sub_channels(c0, c, chip)
+        st = whole.strides
+        addr = sub.addr + (n * st[0] + h0 * st[2]) * self.prec.bytes
+        return LTile(addr, (1, c, h, self.shape[3] if w is None else w), self.prec, st, StrideMode.FREE)
+
+    def live_at(self, index: int) -> bool:
+        return self.first <= index <= self.last
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """Consecutive fused groups joined by resident activations: only weights and the boundary
+    tensors touch DDR."""
+
+    index: int
+    members: tuple[str, ...]          # fused-group names (their anchor nodes), in order
+    resident: tuple[str, ...]         # activations kept in LMEM inside it
+    lmem_peak_bytes: int              # resident bytes per lane at the busiest point
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "members": list(self.members), "resident": list(self.resident),
+                "lmem_resident_peak_bytes_per_lane": self.lmem_peak_bytes}
+
+
+@dataclass
+class ResidencyPlan:
+    tensors: dict[str, ResidentTensor] = field(default_factory=dict)
+    region_top: int = 0               # per-lane offset: resident buffers live below it
+    consumers: dict[str, tuple[int, ...]] = field(default_factory=dict)   # tensor -> consuming groups
+
+    def arena_top(self, index: int, default_top: int) -> int:
+        """Where the working area of group `index` ends: below every buffer live at that group."""
+        live = [t.addr for t in self.tensors.values() if t.live_at(index)]
+        return min(live + [default_top])
+
+    def layer_groups(self, groups: list[Group]) -> list[LayerGroup]:
+        """Maximal runs of fused groups connected by resident tensors."""
+        parent = list(range(len(groups)))
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for t in self.tensors.values():
+            for j in self.consumers.get(t.name, ()):
+                parent[find(j)] = find(t.first)
+        runs: dict[int, list[int]] = {}
+        for i in range(len(groups)):
+            runs.setdefault(find(i), []).append(i)
+        out = []
+        for members in sorted(runs.values()):
+            if len(members) < 2:
+                continue
+            inside = [t for t in self.tensors.values() if find(t.first) == find(members[0])]
+            peak = max((sum(t.size for t in inside if t.live_at(i)) for i in members), default=0)
+            out.append(LayerGroup(len(out), tuple(groups[i].name for i in members),
+                                  tuple(sorted(t.name for t in inside)), peak))
+        return out
+
+
+def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
+                   ports: Callable[[Group], tuple[set[str], set[str]]]) -> ResidencyPlan:
+    """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
+    to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it is
+    a 4-D activation that is neither a graph input nor output, and it fits the resident share
+    of LMEM for its whole lifetime (first fit over offsets, as the DDR plan does over addresses)."""
+    top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
+    budget = int((top - lo) * RESIDENT_SHARE) // chip.bank_bytes * chip.bank_bytes
+    producer, consumers = _producers_and_consumers(graph, groups)
+    readable, writable = zip(*(ports(g) for g in groups)) if groups else ((), ())
+    plan = ResidencyPlan(region_top=top)
+    placed: list[tuple[int, int, ResidentTensor]] = []       # (offset from top, end offset, tensor)
+    for index, group in enumerate(groups):
+        for name in group.stored:
+            users = consumers.get(name, ())
+            info = graph.tensor(name)
+            if (not users or name in graph.outputs or len(info.shape) != 4 or name not in writable[index]
+                    or any(name not in readable[j] for j in users)):
+                continue
+            size = _resident_bytes(chip, info.shape, prec)
+            first, last = index, max(users)
+            offset = _first_fit(placed, size, first, last)
+            if offset + size > budget:
+                continue
+            tensor = ResidentTensor(name, tuple(info.shape), prec, top - offset - size, size, first, last)
+            placed.append((offset, offset + size, tensor))
+            plan.tensors[name] = tensor
+            plan.consumers[name] = tuple(users)
+    return plan
+
+
+def _resident_bytes(chip: ChipConfig, shape, prec: Prec) -> int:
+    """Per-lane bytes, rounded to whole banks when the tensor is at least half a bank (so the
+    buffers an instruction reads and writes tend to sit on different banks)."""
+    size = tile_bytes_per_lane(chip, tuple(shape), prec)
+    bank = chip.bank_bytes
+    return align_up(size, bank) if 2 * size >= bank else align_up(size, chip.core.lmem_align_bytes)
+
+
+def _first_fit(placed, size: int, first: int, last: int) -> int:
+    """Lowest offset from the top where `size` bytes are free during [first, last]."""
+    busy = sorted((lo, hi) for lo, hi, t in placed if not (t.last < first or t.first > last))
+    offset = 0
+    for lo, hi in busy:
+        if offset + size <= lo:
+            break
+        offset = max(offset, hi)
+    return offset
+
+
+def _producers_and_consumers(graph: Graph, groups: list[Group]):
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        inside = g.produced()
+        for n in g.nodes:
+            for t in n.outputs:
+                if t:
+                    producer[t] = i
+        for n in g.nodes:
+            for t in n.inputs:
+                if t and t not in inside and i not in consumers.setdefault(t, []):
+                    consumers[t].append(i)
+    return producer, {k: tuple(v) for k, v in consumers.items()}
