@@ -25,6 +25,10 @@ canonical form (what the lowering receives):
 - GlobalAveragePool (NCHW -> NC11); LRN size, alpha, beta, bias; LayerNormalization axis
   (non-negative), epsilon, constant scale (and bias when present).
 - Pow: (X, exponent); the exponent is usually a constant scalar.
+- Comparisons (Equal, Less, Greater, LessOrEqual, GreaterOrEqual) and logic (Not, And, Or, Xor)
+  broadcast like Add; their bool results are 0/1 values of the activation dtype. Where's
+  condition may be a runtime tensor (nonzero = true). Max / Min are binary (variadic forms are
+  chained). Mod fmod (0: sign of the divisor, 1: C fmod); ThresholdedRelu alpha.
 """
 
 from __future__ import annotations
@@ -77,6 +81,25 @@ class OpKind(str, Enum):
     SLICE = "Slice"
     GATHER = "Gather"
     PAD = "Pad"
+    EQUAL = "Equal"
+    LESS = "Less"
+    GREATER = "Greater"
+    LESS_OR_EQUAL = "LessOrEqual"
+    GREATER_OR_EQUAL = "GreaterOrEqual"
+    NOT = "Not"
+    AND = "And"
+    OR = "Or"
+    XOR = "Xor"
+    MAX = "Max"
+    MIN = "Min"
+    MOD = "Mod"
+    FLOOR = "Floor"
+    CEIL = "Ceil"
+    ROUND = "Round"
+    SIGN = "Sign"
+    SIN = "Sin"
+    COS = "Cos"
+    THRESHOLDED_RELU = "ThresholdedRelu"
 
     def __str__(self) -> str:
         return self.value
@@ -84,9 +107,14 @@ class OpKind(str, Enum):
 
 K = OpKind
 
+# Elementwise kinds with their own TIU kernels (lowering/ewise.py, mathops.py).
+COMPARE = frozenset({K.EQUAL, K.LESS, K.GREATER, K.LESS_OR_EQUAL, K.GREATER_OR_EQUAL})
+LOGIC = frozenset({K.AND, K.OR, K.XOR})
+KERNEL_UNARY = frozenset({K.NOT, K.FLOOR, K.CEIL, K.ROUND, K.SIGN, K.SIN, K.COS, K.THRESHOLDED_RELU})
+KERNEL_BINARY = COMPARE | LOGIC | {K.MAX, K.MIN, K.MOD}
 UNARY = frozenset({K.SQRT, K.RECIPROCAL, K.NEG, K.ABS, K.EXP, K.LOG, K.ERF, K.TANH, K.SIGMOID,
-                   K.RELU, K.LEAKY_RELU, K.CLIP, K.HARD_SIGMOID, K.HARD_SWISH, K.CAST})
-BINARY = frozenset({K.ADD, K.SUB, K.MUL, K.DIV, K.POW})
+                   K.RELU, K.LEAKY_RELU, K.CLIP, K.HARD_SIGMOID, K.HARD_SWISH, K.CAST}) | KERNEL_UNARY
+BINARY = frozenset({K.ADD, K.SUB, K.MUL, K.DIV, K.POW}) | KERNEL_BINARY
 ELEMENTWISE = UNARY | BINARY | {K.WHERE}
 CONTRACTION = frozenset({K.CONV, K.MATMUL})            # the ops that count MACs
 REDUCE = frozenset({K.REDUCE_MEAN, K.REDUCE_SUM, K.REDUCE_MAX})
@@ -111,9 +139,10 @@ REQUIRED_ATTRS: dict[OpKind, tuple[str, ...]] = {
     K.AVERAGE_POOL: ("kernel_shape", "strides", "dilations", "pads", "count_include_pad"),
     K.LRN: ("size", "alpha", "beta", "bias"),
     K.LAYER_NORM: ("axis", "epsilon"),
+    K.MOD: ("fmod",), K.THRESHOLDED_RELU: ("alpha",),
 }
 
 # Inputs (by position) that must be constant after the frontend.
 CONST_INPUTS: dict[OpKind, tuple[int, ...]] = {
-    K.CONV: (1, 2), K.GATHER: (1,), K.WHERE: (0,), K.LAYER_NORM: (1, 2),
+    K.CONV: (1, 2), K.GATHER: (1,), K.LAYER_NORM: (1, 2),
 }

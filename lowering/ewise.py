@@ -14,9 +14,16 @@ from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.tensors import LTile
 
 UNARY = {"Relu", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "Exp", "Log", "Erf",
-         "Sqrt", "Reciprocal", "Neg", "Abs", "Cast", "Identity"}
-BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
-ELEMENTWISE = UNARY | set(BINARY) | {"Pow", "Where"}
+         "Sqrt", "Reciprocal", "Neg", "Abs", "Cast", "Identity", "Not", "Floor", "Ceil", "Round", "Sign",
+         "Sin", "Cos", "ThresholdedRelu"}
+BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min",
+          "And": "mul", "Or": "max"}          # And / Or of 0/1 values
+COMMUTATIVE = {"Add", "Mul", "Max", "Min", "And", "Or"}
+# comparisons (and Xor of 0/1 values) as compare-selects: (cmp op, value when true, when false)
+SELECTS = {"Equal": ("sel_eq", 1.0, 0.0), "Greater": ("sel_gt", 1.0, 0.0), "Less": ("sel_lt", 1.0, 0.0),
+           "GreaterOrEqual": ("sel_lt", 0.0, 1.0), "LessOrEqual": ("sel_gt", 0.0, 1.0),
+           "Xor": ("sel_eq", 0.0, 1.0)}
+ELEMENTWISE = UNARY | set(BINARY) | set(SELECTS) | {"Pow", "Where", "Mod"}
 ROW_REDUCE = {"ReduceMean": ("avgpooling", True), "ReduceSum": ("avgpooling", False),
               "ReduceMax": ("maxpooling", False), "GlobalAveragePool": ("avgpooling", True)}
 ROW_NORMALIZE = {"Softmax", "LogSoftmax", "LayerNormalization"}
@@ -24,7 +31,8 @@ ROWWISE = ELEMENTWISE | set(ROW_REDUCE) | ROW_NORMALIZE
 # fp32 scratch tiles each op's TIU sequence clobbers (see mathops)
 SCRATCH_NEED = {"Exp": 3, "Sigmoid": 4, "Tanh": 5, "Erf": 6, "Log": 4, "Pow": 6, "Softmax": 4,
                 "LogSoftmax": 4, "LayerNormalization": 1, "LeakyRelu": 1, "HardSwish": 1, "Sqrt": 1,
-                "Where": 2}
+                "Where": 2, "Floor": 3, "Ceil": 3, "Round": 3, "Sign": 2, "Sin": 4, "Cos": 4, "Mod": 4,
+                "Cast": 3}
 
 
 class Kind(enum.Enum):
@@ -103,7 +111,7 @@ def apply_elementwise(em: Emitter, node: OpNode, dst: LTile, ins: list, scratch:
         mathops.emit_unary(em, op, node.attrs, dst, ins[0], scratch)
     elif op in BINARY:
         a, b = ins
-        if not isinstance(a, LTile) and op in ("Add", "Mul"):
+        if not isinstance(a, LTile) and op in COMMUTATIVE:
             a, b = b, a
         if not isinstance(a, LTile) and op == "Sub":           # c - x = -(x) + c
             em.lin("mac", dst, b, -1.0, float(a))
@@ -118,10 +126,16 @@ def apply_elementwise(em: Emitter, node: OpNode, dst: LTile, ins: list, scratch:
             mathops.emit_exp(em, dst, lg, scratch)
         else:
             mathops.emit_pow_const(em, dst, base, float(expo), scratch)
+    elif op in SELECTS:
+        cmp_op, yes, no = SELECTS[op]
+        em.cmp(cmp_op, dst, ins[0], ins[1], yes, no)
+    elif op == "Mod":
+        mathops.emit_mod(em, dst, ins[0], ins[1], int(node.attr("fmod", 0)), scratch)
     elif op == "Where":
         cond, x, y = ins
-        if not isinstance(x, LTile) and not isinstance(y, LTile):
-            raise LoweringError(f"node {node.name}: Where of two constants should have been folded")
+        if not isinstance(x, LTile) and not isinstance(y, LTile):   # a live condition selects constants
+            em.cmp("sel_gt", dst, cond, 0.5, float(x), float(y))
+            return
         if not isinstance(x, LTile):                    # opd2 must be the tensor: cond < 0.5 ? y : x
             em.cmp("sel_lt", dst, cond, 0.5, y, x)
             return

@@ -21,6 +21,10 @@ EXP2_COEFFS = [LN2 ** k / math.factorial(k) for k in range(11)]          # 2**f 
 ERF_P = 0.3275911                                                          # Abramowitz-Stegun 7.1.26
 ERF_COEFFS = [0.0, 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429]
 LOG_COEFFS = [2.0 / (2 * k + 1) for k in range(10)]                        # 2*atanh(z)/z in z**2
+SIN_COEFFS = [(-1) ** k / math.factorial(2 * k + 1) for k in range(9)]      # sin(r)/r in r**2, |r| <= pi
+COS_COEFFS = [(-1) ** k / math.factorial(2 * k) for k in range(10)]          # cos(r) in r**2
+TWO_PI_HI, TWO_PI_LO = 6.28125, 2 * math.pi - 6.28125    # 2*pi in two parts: k * HI is exact for |k| < 2**16
+EXACT_INT = float(2 ** 23)      # |x| >= 2**23: every fp32 value is an integer already
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,8 @@ class Table:
 
 
 TABLES = {"exp2": Table(0, tuple(EXP2_COEFFS)), "erf": Table(64, tuple(ERF_COEFFS)),
-          "log": Table(128, tuple(LOG_COEFFS))}
+          "log": Table(128, tuple(LOG_COEFFS)), "sin": Table(168, tuple(SIN_COEFFS)),
+          "cos": Table(204, tuple(COS_COEFFS))}
 CONST_REGION_BYTES = 256   # per lane, at offset 0 of every lane
 
 
@@ -124,6 +129,63 @@ def emit_sqrt(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
     em.ar("mul", dst, src, r)
 
 
+def emit_round(em: Emitter, dst: LTile, src: LTile, mode: int, s: Scratch) -> None:
+    """Round to an integer value by the AR cast modes (0 half-even, 2 toward zero, 3 floor, 4 ceil)
+    through int32; values with |x| >= 2**23 are integers already and pass through."""
+    n_int, r, a = s.get(0, Prec.INT32), s.get(1), s.get(2)
+    em.ar("cast", n_int, src, round_mode=mode)
+    em.ar("cast", r, n_int)
+    em.ar("abs", a, src)
+    em.ar("copy", n_int.as_prec(Prec.FP32), src)        # src in r's layout (opd3 shares opd2's strides)
+    em.cmp("sel_lt", dst, a, EXACT_INT, r, n_int.as_prec(Prec.FP32))
+
+
+def emit_sign(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
+    pos, neg = s.get(0), s.get(1)
+    em.cmp("sel_gt", pos, src, 0.0, 1.0, 0.0)
+    em.cmp("sel_lt", neg, src, 0.0, 1.0, 0.0)
+    em.ar("sub", dst, pos, neg)
+
+
+def emit_sin_cos(em: Emitter, dst: LTile, src: LTile, cosine: bool, s: Scratch) -> None:
+    """r = x - k*2pi with k = round(x / 2pi) (2pi in two parts), then sin(r) = r * P(r*r) or
+    cos(r) = Q(r*r) by SFU Taylor tables (|r| <= pi: truncation below 3e-8)."""
+    t, k_int, r, r2 = s.get(0), s.get(1, Prec.INT32), s.get(2), s.get(3)
+    em.ar("mul", t, src, 1.0 / (2 * math.pi))
+    em.ar("cast", k_int, t, round_mode=0)
+    em.ar("cast", t, k_int)
+    em.lin("mac", r, t, -TWO_PI_HI, src)
+    em.lin("mac", r, t, -TWO_PI_LO, r)
+    em.ar("mul", r2, r, r)
+    table = TABLES["cos" if cosine else "sin"]
+    if cosine:
+        em.sfu("taylor_4x", dst, r2, table.offset, len(table.coeffs))
+        return
+    em.sfu("taylor_4x", t, r2, table.offset, len(table.coeffs))
+    em.ar("mul", dst, t, r)
+
+
+def emit_mod(em: Emitter, dst: LTile, a, b, fmod: int, s: Scratch) -> None:
+    """a - q*b with q = a/b rounded toward zero (fmod 1) or down (fmod 0, the divisor's sign)."""
+    q, prod = s.get(3), s.get(3)
+    em.ar("div", q, a, b)
+    emit_round(em, q, q, 2 if fmod else 3, s)
+    em.ar("mul", prod, q, b)
+    em.ar("sub", dst, a, prod)
+
+
+def emit_cast(em: Emitter, dst: LTile, src: LTile, target: str, s: Scratch) -> None:
+    """Cast of values held in the activation dtype: to an integer type truncates toward zero,
+    to bool gives x != 0 as 0/1, to a float type keeps the value."""
+    kind = np.dtype(target).kind
+    if kind == "b":
+        em.cmp("sel_eq", dst, src, 0.0, 0.0, 1.0)
+    elif kind in "iu":
+        emit_round(em, dst, src, 2, s)
+    else:
+        em.ar("copy", dst, src)
+
+
 def emit_rsqrt(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
     em.sfu("rsqrt", dst, src)
 
@@ -156,6 +218,7 @@ def emit_pow_const(em: Emitter, dst: LTile, src: LTile, exponent: float, s: Scra
 UNARY_EMITTERS = {"Exp": emit_exp, "Sigmoid": emit_sigmoid, "Tanh": emit_tanh, "Erf": emit_erf,
                   "Log": emit_log, "Sqrt": emit_sqrt}
 SCRATCH_TILES = 6
+ROUND_MODES = {"Round": 0, "Floor": 3, "Ceil": 4}
 
 
 def emit_unary(em: Emitter, op: str, attrs, dst: LTile, src: LTile, s: Scratch) -> None:
@@ -182,8 +245,20 @@ def emit_unary(em: Emitter, op: str, attrs, dst: LTile, src: LTile, s: Scratch) 
         t = s.get(0)
         _hard_sigmoid(em, t, src, 1.0 / 6.0, 0.5)
         em.ar("mul", dst, src, t)
-    elif op in ("Cast", "Identity"):
+    elif op == "Cast":
+        emit_cast(em, dst, src, str(attrs.get("to", "float32")), s)
+    elif op == "Identity":
         em.ar("copy", dst, src)
+    elif op == "Not":
+        em.cmp("sel_eq", dst, src, 0.0, 1.0, 0.0)
+    elif op in ROUND_MODES:
+        emit_round(em, dst, src, ROUND_MODES[op], s)
+    elif op == "Sign":
+        emit_sign(em, dst, src, s)
+    elif op in ("Sin", "Cos"):
+        emit_sin_cos(em, dst, src, op == "Cos", s)
+    elif op == "ThresholdedRelu":
+        em.cmp("sel_gt", dst, src, float(attrs.get("alpha", 1.0)), src, 0.0)
     else:
         raise LoweringError(f"internal: no elementwise emitter for {op}")
 
