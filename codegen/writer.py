@@ -102,6 +102,8 @@ def manifest_dict(program: Program, files: dict[str, dict]) -> dict:
         "layer_map": {e.value: run_length(program.layer_names(e)) for e in ENGINES},
         "layers": [[key, dataclasses.asdict(info)] for key, info in program.layers.items()],
         "fused_groups": [list(g) for g in program.fused_groups],
+        "layer_groups": program.layer_groups,
+        "compulsory_ddr_bytes": program.compulsory_ddr_bytes,
     }
 
 
@@ -250,5 +252,6 @@ def _program_from(out: Path, manifest: dict, chip) -> Program:
         memory=_memory_plan(manifest, weights),
         layers={key: LayerInfo(**info) for key, info in manifest["layers"]},
         fused_groups=[tuple(g) for g in manifest["fused_groups"]],
+        layer_groups=manifest.get("layer_groups", []), compulsory_ddr_bytes=manifest.get("compulsory_ddr_bytes", 0),
         options=dict(manifest["options"]), model_name=manifest["model"],
         issue_order=issue_order)

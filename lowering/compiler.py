@@ -5,6 +5,7 @@ from __future__ import annotations
 from tpuflow.chip import ChipConfig
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph
+from tpuflow.frontend.stats import graph_stats, layer_stats
 from tpuflow.isa import Prec, SysDma, SysTiu
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.ddrplan import plan_ddr
@@ -31,6 +32,17 @@ def tiu_matmul_emitter(ctx: LowerCtx, group: Group):
     return (GemvEmitter if is_gemv(ctx, group) else MatmulEmitter)(ctx, group)
 
 
+def _tiu_matmul_ports(graph: Graph, group: Group, chip: ChipConfig) -> tuple[set[str], set[str]]:
+    """MM2 groups keep activations in LMEM; single-row products (the GEMV path) use DDR."""
+    out = graph.tensor(group.anchor.outputs[0]).shape
+    if len(out) < 2 or out[-2] == 1:
+        return set(), set()
+    return MatmulEmitter.resident_ports(graph, group, chip)
+
+
+tiu_matmul_emitter.resident_ports = _tiu_matmul_ports
+
+
 TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": tiu_matmul_emitter, "pool": PoolEmitter,
                 "lrn": LrnEmitter, "move": MoveEmitter, "view": ViewEmitter}
 
@@ -51,21 +63,21 @@ def scratch_bytes(graph: Graph, groups: list[Group], options: CompileOptions) ->
     return need
 
 
-def resident_ports(graph: Graph, group: Group, options: CompileOptions) -> tuple[set[str], set[str]]:
+def resident_ports(graph: Graph, group: Group, chip: ChipConfig, options: CompileOptions) -> tuple[set[str], set[str]]:
     """(activations the group's emitter can read from LMEM, those it can write there)."""
     ports = getattr(emitter_for(group, options), "resident_ports", None)
-    return ports(graph, group) if ports is not None else (set(), set())
+    return ports(graph, group, chip) if ports is not None else (set(), set())
 
 
 def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions) -> ResidencyPlan:
     if options.layer_group == "off":
         return ResidencyPlan()
     return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
-                          lambda g: resident_ports(graph, g, options))
+                          lambda g: resident_ports(graph, g, chip, options))
 
 
-def lower(graph: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
-    graph = materialize_broadcasts(fold_matmul_transposes(graph))
+def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
+    graph = materialize_broadcasts(fold_matmul_transposes(source))
     groups = form_groups(graph, fuse_pool=options.matmul == "tiu")
     residency = plan_layer_groups(graph, groups, chip, options)
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
@@ -87,9 +99,11 @@ def lower(graph: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     memory = MemoryPlan(tensors=tensors, weight_base=weights.base, weight_image=image,
                         ddr_bytes_used=weights.base + len(image))
     fused = [tuple(n.name for n in g.nodes) for g in groups if len(g.nodes) > 1]
+    stats = graph_stats(source, layer_stats(source, options.dtype), options.dtype)
     return Program(chip=chip, tiu=queues[0], gdma=queues[1], tile=queues[2], tiu_layers=layers[0],
                    gdma_layers=layers[1], tile_layers=layers[2], memory=memory, layers=ctx.layers,
-                   fused_groups=fused, options={k: str(v) for k, v in options.as_dict().items()},
+                   fused_groups=fused, layer_groups=[lg.as_dict() for lg in residency.layer_groups(groups)],
+                   compulsory_ddr_bytes=stats.compulsory_bytes, options={k: str(v) for k, v in options.as_dict().items()},
                    model_name=graph.name, issue_order=order)
 
 

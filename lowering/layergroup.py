@@ -46,6 +46,14 @@ class ResidentTensor:
         addr = sub.addr + (n * st[0] + h0 * st[2]) * self.prec.bytes
         return LTile(addr, (1, c, h, self.shape[3] if w is None else w), self.prec, st, StrideMode.FREE)
 
+    def rows_view(self, chip: ChipConfig, r0: int, rows: int, col0: int, cols: int) -> LTile:
+        """Rows [r0, r0+rows) x columns [col0, col0+cols) of the (rows on lanes, columns along
+        the lane) view: a row is a channel of (1, C, H, W) (columns = H*W) or a matrix row."""
+        whole = self.tile(chip)
+        sub = whole.sub_channels(r0, rows, chip)
+        return LTile(sub.addr + col0 * self.prec.bytes, (1, rows, 1, cols), self.prec,
+                     (whole.strides[0], whole.strides[1], cols, 1), StrideMode.FREE)
+
     def live_at(self, index: int) -> bool:
         return self.first <= index <= self.last
 
@@ -57,11 +65,15 @@ class LayerGroup:
 
     index: int
     members: tuple[str, ...]          # fused-group names (their anchor nodes), in order
+    nodes: tuple[str, ...]            # every ONNX node of the member groups
     resident: tuple[str, ...]         # activations kept in LMEM inside it
     lmem_peak_bytes: int              # resident bytes per lane at the busiest point
 
     def as_dict(self) -> dict:
-        return {"index": self.index, "members": list(self.members), "resident": list(self.resident),
+        """Slicing: resident activations are kept whole (one slice); each member tiles its own
+        work over output channels and rows inside the group's working area."""
+        return {"index": self.index, "members": list(self.members), "nodes": list(self.nodes),
+                "resident": list(self.resident), "slicing": "whole tensors (1 slice)", "slices": 1,
                 "lmem_resident_peak_bytes_per_lane": self.lmem_peak_bytes}
 
 
@@ -99,15 +111,30 @@ class ResidencyPlan:
             inside = [t for t in self.tensors.values() if find(t.first) == find(members[0])]
             peak = max((sum(t.size for t in inside if t.live_at(i)) for i in members), default=0)
             out.append(LayerGroup(len(out), tuple(groups[i].name for i in members),
+                                  tuple(n.name for i in members for n in groups[i].nodes),
                                   tuple(sorted(t.name for t in inside)), peak))
         return out
+
+
+def resident_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+    """The 4-D layout an activation is kept in: NCHW as it is (channels on lanes); a matrix
+    [..., rows, cols] as (1, rows, 1, cols) with its leading dims folded into the rows (rows on
+    lanes, as MatMul and row groups use it); None when it has no such layout here."""
+    if len(shape) == 4 and shape[0] == 1:
+        return tuple(shape)
+    if 2 <= len(shape) <= 3:
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+        return (1, rows, 1, shape[-1])
+    return None
 
 
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
                    ports: Callable[[Group], tuple[set[str], set[str]]]) -> ResidencyPlan:
     """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
     to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it is
-    a 4-D activation that is neither a graph input nor output, and it fits the resident share
+    an activation with a resident layout that is neither a graph input nor output, and it fits the resident share
     of LMEM for its whole lifetime (first fit over offsets, as the DDR plan does over addresses)."""
     top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
     budget = int((top - lo) * RESIDENT_SHARE) // chip.bank_bytes * chip.bank_bytes
@@ -119,15 +146,16 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
         for name in group.stored:
             users = consumers.get(name, ())
             info = graph.tensor(name)
-            if (not users or name in graph.outputs or len(info.shape) != 4 or name not in writable[index]
+            shape = resident_shape(info.shape)
+            if (not users or name in graph.outputs or shape is None or name not in writable[index]
                     or any(name not in readable[j] for j in users)):
                 continue
-            size = _resident_bytes(chip, info.shape, prec)
+            size = _resident_bytes(chip, shape, prec)
             first, last = index, max(users)
             offset = _first_fit(placed, size, first, last)
             if offset + size > budget:
                 continue
-            tensor = ResidentTensor(name, tuple(info.shape), prec, top - offset - size, size, first, last)
+            tensor = ResidentTensor(name, shape, prec, top - offset - size, size, first, last)
             placed.append((offset, offset + size, tensor))
             plan.tensors[name] = tensor
             plan.consumers[name] = tuple(users)

@@ -26,6 +26,36 @@ def ddr_bytes(instr, chip) -> int:
     return instr.nbytes * sum(1 for a in sides if not is_lmem(a, chip))
 
 
+def ddr_traffic(program: Program) -> dict:
+    """DDR bytes GDMA moves, split into weight-image reads and activation traffic, with the
+    compulsory bytes (weights, graph inputs and outputs) they compare against."""
+    chip, base = program.chip, program.memory.weight_base
+    weights = activations = 0
+    for instr in program.gdma:
+        moved = ddr_bytes(instr, chip)
+        src = getattr(instr, "src_start_addr", None)
+        from_weights = src is not None and not is_lmem(src, chip) and src >= base and not getattr(instr, "fill_constant_en", 0)
+        weights += instr.nbytes if from_weights and moved else 0
+        activations += moved - (instr.nbytes if from_weights and moved else 0)
+    return {"weight_bytes": weights, "activation_bytes": activations,
+            "compulsory_bytes": program.compulsory_ddr_bytes}
+
+
+def layer_group_rows(program: Program) -> list[dict]:
+    """Each layer group of the program with the DDR bytes its instructions load and store."""
+    chip = program.chip
+    owner = {node: lg["index"] for lg in program.layer_groups for node in lg["nodes"]}
+    moved = {lg["index"]: [0, 0] for lg in program.layer_groups}
+    for index, instr in enumerate(program.gdma):
+        lg = owner.get(program.layer_of(Engine.GDMA, index))
+        if lg is None:
+            continue
+        dst = getattr(instr, "dst_start_addr", None)
+        moved[lg][0 if dst is not None and is_lmem(dst, chip) else 1] += ddr_bytes(instr, chip)
+    return [dict(lg, ddr_bytes_in=moved[lg["index"]][0], ddr_bytes_out=moved[lg["index"]][1])
+            for lg in program.layer_groups]
+
+
 @dataclass
 class LayerRow:
     name: str
@@ -119,7 +149,8 @@ def estimate_report(program: Program, sim) -> dict:
         "latency_over_bound": latency_us / lower_us if lower_us else None,
         "bound": "compute" if compute_ps >= memory_ps else "memory",
         "macs": macs, "achieved_tops": 2 * macs / (latency_us * 1e6) if latency_us else 0.0,
-        "engines": engines, "stalls": summary["stalls_us"], "dram": summary["dram"],
+        "engines": engines, "stalls": summary["stalls_us"], "dram": dict(summary["dram"], **ddr_traffic(program)),
+        "layer_groups": layer_group_rows(program),
         "layers": [r.as_dict() for r in layers], "top_layers": [r.name for r in top],
     }
 

@@ -63,6 +63,11 @@ class Program:
     memory: MemoryPlan = field(default_factory=MemoryPlan)
     layers: dict[str, LayerInfo] = field(default_factory=dict)
     fused_groups: list[tuple[str, ...]] = field(default_factory=list)
+    # Layer groups: runs of fused groups joined by LMEM-resident activations (dicts as
+    # lowering.layergroup.LayerGroup.as_dict gives them), and the compulsory DDR bytes (weights,
+    # graph inputs and outputs at the compute dtype) the DDR traffic is measured against.
+    layer_groups: list[dict] = field(default_factory=list)
+    compulsory_ddr_bytes: int = 0
     options: dict[str, str] = field(default_factory=dict)
     model_name: str = ""
     # Global issue order: one letter per instruction ('B' TIU, 'D' GDMA, 'T' TILE); the k-th
@@ -119,4 +124,5 @@ class Program:
         return Program(chip=self.chip, tiu=list(tiu), gdma=list(gdma), tile=list(tile),
                        tiu_layers=list(tiu_layers), gdma_layers=list(gdma_layers), tile_layers=list(tile_layers),
                        memory=self.memory, layers=self.layers, fused_groups=self.fused_groups,
+                       layer_groups=self.layer_groups, compulsory_ddr_bytes=self.compulsory_ddr_bytes,
                        options=dict(self.options), model_name=self.model_name, issue_order=issue_order)

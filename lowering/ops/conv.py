@@ -109,7 +109,7 @@ class ConvEmitter:
         self.out_res = ctx.resident(self.result)             # layer groups: result kept in LMEM
 
     @staticmethod
-    def resident_ports(graph, group: Group) -> tuple[set[str], set[str]]:
+    def resident_ports(graph, group: Group, chip) -> tuple[set[str], set[str]]:
         """Plain and depthwise convs read their input and full-size epilogue operands from LMEM
         and write their result there (every channel tile then starts on lane 0)."""
         node = group.anchor
@@ -304,8 +304,7 @@ class ConvEmitter:
         if k == len(ic_steps) - 1 and self.epi.full:
             out_offs = self.out_sets[ti % len(self.out_sets)]
             self.epi.load_tile(out_offs[1:], (1, ct, ht, geo.wo),
-                               lambda addr: self._epi_region(addr, n, oc_base + c0, ct, h0, ht),
-                               (n, oc_base + c0, ct, h0, ht))
+                               lambda addr: self._epi_region(addr, n, oc_base + c0, ct, h0, ht))
 
     def _epi_region(self, addr: int, n, c0, ct, h0, ht) -> DRegion:
         geo, prec = self.geom, self.ctx.prec
@@ -359,7 +358,8 @@ class ConvEmitter:
 
     def _finish_tile(self, out: LTile, out_offs, n, c0, ct, h0, ht, split: bool, pool=None) -> None:
         em = self.ctx.em
-        value = self.epi.apply(out, out_offs[1:], c0, 0, (n, c0, ct, h0, ht)) if not self.epi.empty else out
+        window = lambda res: res.view(self.chip, n, c0, ct, h0, ht)      # noqa: E731
+        value = self.epi.apply(out, out_offs[1:], c0, 0, window) if not self.epi.empty else out
         if pool is not None:
             self._pool_and_store(value, out_offs[-1], n, c0, ct, pool)
             return
@@ -446,8 +446,7 @@ class ConvEmitter:
                 ctx.em.load(make_tile(chip, sets[s][0], (1, c, rows, geo.w), prec),
                             self._input_region(n, c0, c, r0, rows))
             if self.epi.full:
-                self.epi.load_tile(sets[s][2:], (1, c, h, geo.wo), lambda addr: self._epi_region(addr, n, c0, c, h0, h),
-                                   (n, c0, c, h0, h))
+                self.epi.load_tile(sets[s][2:], (1, c, h, geo.wo), lambda addr: self._epi_region(addr, n, c0, c, h0, h))
 
         def compute(t, s):
             n, c0, c, h0, h = t

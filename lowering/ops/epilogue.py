@@ -111,8 +111,7 @@ class Epilogue:
             return self.ctx.const_addr(f"epi:{op.tensor}", op.const)
         return self.ctx.ddr_addr(op.tensor)
 
-    def load_tile(self, offsets: list[int], tile_shape, region_of: Callable[[str, int], DRegion],
-                  window=None) -> None:
+    def load_tile(self, offsets: list[int], tile_shape, region_of: Callable[[str, int], DRegion]) -> None:
         """Per-tile loads of FULL operands; region_of(ddr_addr, elem_bytes) gives the tile's DDR view.
         Operands resident in LMEM (layer groups) are not loaded: apply() reads them in place."""
         for op, off in zip(self.full, offsets):
@@ -124,7 +123,7 @@ class Epilogue:
 
     def apply(self, value: LTile, offsets: list[int], row0: int, col0: int, window=None) -> LTile:
         """Run the chain over `value` (updated in place); returns the final value tile. `window`
-        (n, c0, c, h0, h) locates the tile in NCHW outputs whose FULL operands are resident."""
+        maps a resident FULL operand (a ResidentTensor) to its view at this tile."""
         ctx = self.ctx
         full_tiles = {op.tensor: self._full_tile(op, off, value, window) for op, off in zip(self.full, offsets)}
         base = len(self.full)
@@ -143,8 +142,7 @@ class Epilogue:
         res = self.ctx.resident(op.tensor)
         if res is None:
             return make_tile(self.ctx.chip, offset, value.shape, self.ctx.prec)
-        n, c0, c, h0, h = window
-        return res.view(self.ctx.chip, n, c0, c, h0, h)
+        return window(res)
 
     def _operand(self, op: EpiOperand, value: LTile, full_tiles, row0: int, col0: int):
         if op.kind is Kind.SCALAR and op.const is not None:

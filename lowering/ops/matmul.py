@@ -118,10 +118,42 @@ class MatmulGroup:
         self.result = self.epi.output
 
 
+def _matrix_rows_aligned(graph, node, lanes: int) -> bool:
+    """A's and Y's rows are the rows of their resident matrix layout, and every M tile of every
+    batch starts on lane 0 (one batch, or M a multiple of the lane count)."""
+    a = graph.tensor(node.inputs[0]).shape
+    y = graph.tensor(node.outputs[0]).shape
+    batch = 1
+    for d in y[:-2]:
+        batch *= d
+    m = y[-2] if len(y) >= 2 else 1
+    return (len(a) in (2, 3) and len(y) in (2, 3) and node.attr("a_perm") is None and node.attr("y_perm") is None
+            and (batch == 1 or m % lanes == 0))
+
+
 class MatmulEmitter(MatmulGroup):
+    @staticmethod
+    def resident_ports(graph, group: Group, chip) -> tuple[set[str], set[str]]:
+        """A (runtime, untransposed, rows contiguous) and full-size epilogue operands are read
+        from LMEM, and the result written there, when their matrix layout is the one MM2 uses
+        (rows on lanes) and every M tile starts on lane 0."""
+        from tpuflow.lowering.layergroup import resident_shape
+        from tpuflow.lowering.ops.epilogue import full_epilogue_operands
+        node = group.anchor
+        if not _matrix_rows_aligned(graph, node, chip.lanes):
+            return set(), set()
+        y = graph.tensor(group.nodes[-1].outputs[0]).shape
+        readable = {t for t in full_epilogue_operands(graph, group) if len(graph.tensor(t).shape) in (2, 3)}
+        a = node.inputs[0]
+        if not graph.tensor(a).is_const and resident_shape(graph.tensor(a).shape) is not None:
+            readable.add(a)
+        return readable, ({group.nodes[-1].outputs[0]} if len(y) in (2, 3) else set())
+
     def __init__(self, ctx: LowerCtx, group: Group):
         super().__init__(ctx, group)
-        self.a_addr = self._operand_addr(self.node.inputs[0])
+        self.a_res = ctx.resident(self.node.inputs[0])           # layer groups: operands kept in LMEM
+        self.y_res = ctx.resident(self.result)
+        self.a_addr = None if self.a_res else self._operand_addr(self.node.inputs[0])
         self.b_addr = self._operand_addr(self.node.inputs[1])
 
     def _operand_addr(self, tensor: str) -> int:
@@ -138,7 +170,7 @@ class MatmulEmitter(MatmulGroup):
         chip, prec, geo = self.chip, self.ctx.prec, self.geom
         split = kt < geo.k
         res = [tile_bytes_per_lane(chip, self._r_shape(geo.k, geo.n), prec)] if r_resident else []
-        load = [tile_bytes_per_lane(chip, (1, mt, 1, kt), prec)]
+        load = [0 if self.a_res else tile_bytes_per_lane(chip, (1, mt, 1, kt), prec)]
         if not r_resident:
             load.append(tile_bytes_per_lane(chip, self._r_shape(kt, nt), prec))
         out_shape = (1, mt, 1, nt)
@@ -156,6 +188,8 @@ class MatmulEmitter(MatmulGroup):
         m_opts = sorted({min(geo.m, lanes * i) for i in range(1, -(-geo.m // lanes) + 1)}, reverse=True)
         n_opts = sorted({geo.n} | {min(geo.n, eu * 2 ** i) for i in range(12)}, reverse=True)
         k_opts = sorted({geo.k} | {min(geo.k, lanes * 2 ** i) for i in range(10)}, reverse=True)
+        if self.a_res is not None:
+            k_opts = [geo.k]           # MM2 reads A with its aligned row stride: whole rows only
         for copies in (2, 1):
             for kt in k_opts:
                 for r_res in ((True, False) if kt == geo.k else (False,)):
@@ -221,7 +255,8 @@ class MatmulEmitter(MatmulGroup):
         k0, kt = k_steps[ks]
         em, chip, prec = self.ctx.em, self.chip, self.ctx.prec
         em.layer = self.node.name
-        em.load(make_tile(chip, self.load_sets[s][0], (1, mt, 1, kt), prec), self._a_region(a_off, m0, mt, k0, kt))
+        if self.a_res is None:
+            em.load(make_tile(chip, self.load_sets[s][0], (1, mt, 1, kt), prec), self._a_region(a_off, m0, mt, k0, kt))
         if not self.r_res:
             em.load(make_tile(chip, self.load_sets[s][1], self._r_shape(kt, nt), prec), self._b_region(b_off, k0, kt, n0, nt))
         if ks == len(k_steps) - 1 and self.epi.full:
@@ -236,7 +271,10 @@ class MatmulEmitter(MatmulGroup):
         split = len(k_steps) > 1
         out_offs = self.out_sets[ti % len(self.out_sets)]
         res = make_tile(chip, out_offs[0], (1, mt, 1, nt), self._res_prec(split))
-        left = make_tile(chip, self.load_sets[s][0], (1, mt, 1, kt), prec)
+        if self.a_res is not None:
+            left = self.a_res.rows_view(chip, a_off // geo.k + m0, mt, 0, kt)
+        else:
+            left = make_tile(chip, self.load_sets[s][0], (1, mt, 1, kt), prec)
         if self.r_res:
             right = self.r_tile
         else:
@@ -248,11 +286,16 @@ class MatmulEmitter(MatmulGroup):
                       opt_opd0_prec=int(prec), opt_opd1_prec=int(prec), opt_res_add=0 if ks == 0 else 1))
         if ks == len(k_steps) - 1:
             value = res
+            row0 = b * geo.m + m0
             if not self.epi.empty:
-                value = self.epi.apply(res, out_offs[1:], b * geo.m + m0, n0)
+                window = lambda r: r.rows_view(chip, row0, mt, n0, nt)       # noqa: E731
+                value = self.epi.apply(res, out_offs[1:], row0, n0, window)
+            em.layer = self.group.nodes[-1].name
+            if self.y_res is not None:                # layer groups: the result stays in LMEM
+                em.ar("copy", self.y_res.rows_view(chip, row0, mt, n0, nt), value)
+                return
             if value.prec != prec:
                 stage = make_tile(chip, out_offs[-1], value.shape, prec)
                 em.ar("copy", stage, value)
                 value = stage
-            em.layer = self.group.nodes[-1].name
             em.store(value, self._y_region(self.ctx.ddr_addr(self.result), y_off, m0, mt, n0, nt))

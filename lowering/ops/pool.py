@@ -62,7 +62,7 @@ class PoolEmitter:
         self.out_res = ctx.resident(self.node.outputs[0])
 
     @staticmethod
-    def resident_ports(graph, group: Group) -> tuple[set[str], set[str]]:
+    def resident_ports(graph, group: Group, chip) -> tuple[set[str], set[str]]:
         return {group.anchor.inputs[0]}, {group.anchor.outputs[0]}
 
     def _sizes(self, ct: int, ht: int) -> list[int]:

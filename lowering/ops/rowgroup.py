@@ -158,7 +158,26 @@ class SetLayout:
         return self.row_index(self.row + self.stage)
 
 
+def rows_layout_matches(shape: tuple[int, ...], full_shape: tuple[int, ...], split: int) -> bool:
+    """Whether a tensor's resident layout (layergroup.resident_shape) is this group's rows x
+    columns view: NCHW cut after C, or a matrix cut before its last dim."""
+    if tuple(shape) != tuple(full_shape):
+        return False
+    if len(shape) == 4:
+        return shape[0] == 1 and split == 2
+    return 2 <= len(shape) <= 3 and split == len(shape) - 1
+
+
 class RowGroupEmitter:
+    @staticmethod
+    def resident_ports(graph, group: Group, chip) -> tuple[set[str], set[str]]:
+        """Full-size runtime inputs and stored outputs whose resident layout is the group's view."""
+        made = group.produced()
+        matches = lambda t: rows_layout_matches(graph.tensor(t).shape, group.full_shape, group.split)  # noqa: E731
+        readable = {t for n in group.nodes for t in n.inputs
+                    if t and t not in made and not graph.tensor(t).is_const and matches(t)}
+        return readable, {t for t in group.stored if matches(t)}
+
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group, self.chip = ctx, group, ctx.chip
         self.planner = RowPlanner(ctx, group)
@@ -243,6 +262,8 @@ class RowGroupEmitter:
         r0, rt, d0, dt = tile
         em, prec = self.ctx.em, self.ctx.prec
         for op in self.planner.plan.loads:
+            if self.ctx.resident(op.tensor) is not None:
+                continue                       # read in place (layer groups)
             index = self.planner.plan.slot[op.tensor]
             width = dt if op.kind is Kind.FULL else 1
             dst = self._value_tile(offsets, op.kind, index, rt, width, prec)
@@ -289,6 +310,9 @@ class RowGroupEmitter:
             st = (0, 0, 0, 1 if op.kind is Kind.COL else 0)
             addr = res.addr + (d0 * res.prec.bytes if op.kind is Kind.COL else 0)
             return LTile(addr, dst.shape, res.prec, st, StrideMode.FREE)
+        res = self.ctx.resident(t) if t in loaded else None
+        if res is not None:
+            return res.rows_view(self.chip, r0, rt, d0, dt)
         prec = self.ctx.prec if t in loaded else Prec.FP32
         width = dt if op.kind is Kind.FULL else 1
         src = self._value_tile(offsets, op.kind, self.planner.plan.slot[t], rt, width, prec)
@@ -319,6 +343,10 @@ class RowGroupEmitter:
         if kind is Kind.ROW and d0:
             return                      # ROW values are complete after the first column step
         em, prec = self.ctx.em, self.ctx.prec
+        res = self.ctx.resident(tensor)
+        if res is not None:                    # layer groups: the value stays in LMEM
+            em.ar("copy", res.rows_view(self.chip, r0, rt, d0, dt), value)
+            return
         src = value
         if self.layout.stage:
             index = self.layout.stage_row_index() if kind is Kind.ROW else self.layout.stage_full_index()

@@ -1,0 +1,78 @@
+"""Layer groups on and off, side by side in one run: DDR traffic over the compulsory bytes, latency,
+compile time.
+
+    python benchmarks/layergroup_bench.py [--models resnet50,mobilenetv2,...] [--chip sg2260] [--dtype fp16]
+
+Compulsory bytes are those of `tpuflow inspect --json` (weights + graph inputs + outputs at the
+compute dtype). Writes benchmarks/results/layergroup.json and prints a table; the geometric mean
+of DDR / compulsory is over the models run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from tpuflow.frontend.stats import graph_stats, layer_stats
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import compile_model, load_graph
+
+RESULTS = Path(__file__).parent / "results" / "layergroup.json"
+MODELS = ("resnet50", "mobilenetv2", "inception_v1", "bert_layer", "gpt_block")
+
+
+def measure(model: str, chip: str, dtype: str, layer_group: str) -> dict:
+    from tpuflow.estimate import estimate_report
+    from tpuflow.hwmodel.timing import simulate
+    began = time.process_time()
+    _, program = compile_model(model, chip, CompileOptions(dtype=dtype, layer_group=layer_group))
+    compile_s = time.process_time() - began
+    report = estimate_report(program, simulate(program))
+    dram = report["dram"]
+    return {"latency_us": report["latency_us"], "ddr_bytes": dram["bytes_read"] + dram["bytes_written"],
+            "layer_groups": len(program.layer_groups), "compile_cpu_s": round(compile_s, 3)}
+
+
+def row(model: str, chip: str, dtype: str) -> dict:
+    graph = load_graph(model)
+    compulsory = graph_stats(graph, layer_stats(graph, dtype), dtype).compulsory_bytes
+    on, off = measure(model, chip, dtype, "on"), measure(model, chip, dtype, "off")
+    return {"model": model, "chip": chip, "dtype": dtype, "compulsory_bytes": compulsory,
+            "on": on, "off": off,
+            "ddr_over_compulsory_on": round(on["ddr_bytes"] / compulsory, 3),
+            "ddr_over_compulsory_off": round(off["ddr_bytes"] / compulsory, 3),
+            "speedup": round(off["latency_us"] / on["latency_us"], 3),
+            "compile_time_ratio": round(on["compile_cpu_s"] / max(off["compile_cpu_s"], 1e-9), 3)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--chip", default="sg2260")
+    ap.add_argument("--dtype", default="fp16")
+    args = ap.parse_args()
+    rows = [row(m, args.chip, args.dtype) for m in args.models.split(",")]
+    geo = math.exp(sum(math.log(r["ddr_over_compulsory_on"]) for r in rows) / len(rows))
+    geo_off = math.exp(sum(math.log(r["ddr_over_compulsory_off"]) for r in rows) / len(rows))
+    doc = {"chip": args.chip, "dtype": args.dtype, "rows": rows,
+           "geomean_ddr_over_compulsory_on": round(geo, 3), "geomean_ddr_over_compulsory_off": round(geo_off, 3)}
+    RESULTS.parent.mkdir(exist_ok=True)
+    tmp = RESULTS.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(RESULTS)
+    print(f"{'model':14s} {'DDR/comp on':>11s} {'off':>6s} {'lat on us':>10s} {'off us':>9s} {'speedup':>7s} "
+          f"{'LGs':>4s} {'compile x':>9s}")
+    for r in rows:
+        print(f"{r['model']:14s} {r['ddr_over_compulsory_on']:11.3f} {r['ddr_over_compulsory_off']:6.2f} "
+              f"{r['on']['latency_us']:10.1f} {r['off']['latency_us']:9.1f} {r['speedup']:7.2f} "
+              f"{r['on']['layer_groups']:4d} {r['compile_time_ratio']:9.2f}")
+    print(f"geomean DDR/compulsory: on {geo:.3f}, off {geo_off:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
