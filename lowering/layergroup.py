@@ -172,7 +172,12 @@ def _resident_bytes(chip: ChipConfig, shape, prec: Prec) -> int:
 
 def _first_fit(placed, size: int, first: int, last: int) -> int:
     """Lowest offset from the top where `size` bytes are free during [first, last]."""
-    busy = sorted((lo, hi) for lo, hi, t in placed if not (t.last < first or t.first > last))
+    return lowest_free_offset([(lo, hi) for lo, hi, t in placed if not (t.last < first or t.first > last)], size)
+
+
+def lowest_free_offset(busy: list[tuple[int, int]], size: int) -> int:
+    """The lowest offset >= 0 where [offset, offset + size) overlaps none of the `busy` ranges."""
+    busy = sorted(busy)
     offset = 0
     for lo, hi in busy:
         if offset + size <= lo:

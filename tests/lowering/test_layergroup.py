@@ -1,0 +1,126 @@
+"""Layer groups: the residency plan (activations kept in LMEM across fused groups) is valid, the
+emitted programs compute the right numbers, and DDR traffic drops to the compulsory bytes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tpuflow.chip import load_chip
+from tpuflow.isa import Prec
+from tpuflow.lowering.compiler import plan_layer_groups
+from tpuflow.lowering.groups import form_groups
+from tpuflow.lowering.layergroup import RESIDENT_SHARE, lowest_free_offset
+from tpuflow.lowering.mathops import CONST_REGION_BYTES
+from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import compile_model, load_graph, verify
+
+
+# ---------------------------------------------------------------- the allocator
+
+ranges = st.lists(st.tuples(st.integers(0, 200), st.integers(1, 60)).map(lambda t: (t[0], t[0] + t[1])),
+                  max_size=12)
+
+
+@given(ranges, st.integers(1, 80))
+def test_lowest_free_offset_is_free_and_lowest(busy, size):
+    offset = lowest_free_offset(busy, size)
+    overlaps = lambda o: any(o < hi and lo < o + size for lo, hi in busy)  # noqa: E731
+    assert offset >= 0 and not overlaps(offset)
+    assert all(overlaps(o) for o in range(offset)), "a lower free offset exists"
+
+
+# ---------------------------------------------------------------- the plan on real models
+
+def _plan(model: str, dtype: str, chip_name: str = "sg2260"):
+    chip = load_chip(chip_name)
+    graph = materialize_broadcasts(fold_matmul_transposes(load_graph(model)))
+    groups = form_groups(graph)
+    return chip, graph, groups, plan_layer_groups(graph, groups, chip, CompileOptions(dtype=dtype))
+
+
+@pytest.mark.parametrize("model,dtype", [("resnet50", "fp32"), ("mobilenetv2", "fp16"), ("bert_layer", "fp16"),
+                                         ("gpt_block", "fp32"), ("squeezenet", "fp16")])
+def test_resident_tensors_never_overlap_while_live_and_stay_in_their_share(model, dtype):
+    chip, graph, groups, plan = _plan(model, dtype)
+    assert plan.tensors, "nothing was kept in LMEM"
+    floor = plan.region_top - int((plan.region_top - CONST_REGION_BYTES) * RESIDENT_SHARE)
+    items = list(plan.tensors.values())
+    for t in items:
+        assert floor - chip.bank_bytes < t.addr and t.addr + t.size <= plan.region_top
+        assert t.prec == Prec.from_name(dtype) and t.first < t.last
+    for i, a in enumerate(items):
+        for b in items[i + 1:]:
+            if a.first <= b.last and b.first <= a.last:
+                assert a.addr + a.size <= b.addr or b.addr + b.size <= a.addr, (a.name, b.name)
+
+
+@pytest.mark.parametrize("model", ["resnet50", "bert_layer"])
+def test_each_group_works_below_every_buffer_live_during_it(model):
+    chip, graph, groups, plan = _plan(model, "fp16")
+    for index in range(len(groups)):
+        top = plan.arena_top(index, chip.tile_window_offset)
+        assert all(top <= t.addr for t in plan.tensors.values() if t.live_at(index))
+
+
+def test_graph_inputs_outputs_and_tensors_of_unaware_consumers_stay_in_ddr():
+    chip, graph, groups, plan = _plan("inception_v1", "fp16")
+    assert not set(plan.tensors) & (set(graph.inputs) | set(graph.outputs))
+    concat_inputs = {t for g in groups if g.anchor.op_type == "Concat" for t in g.anchor.inputs}
+    assert not set(plan.tensors) & concat_inputs
+
+
+def test_off_keeps_nothing_in_lmem():
+    chip = load_chip("sg2260")
+    graph = load_graph("small_cnn")
+    groups = form_groups(graph)
+    assert not plan_layer_groups(graph, groups, chip, CompileOptions(layer_group="off")).tensors
+
+
+# ---------------------------------------------------------------- programs
+
+def _ddr(program) -> int:
+    from tpuflow.estimate import ddr_traffic
+    t = ddr_traffic(program)
+    return t["weight_bytes"] + t["activation_bytes"]
+
+
+def test_resnet50_fp16_moves_about_its_compulsory_bytes_and_forms_one_group():
+    graph, on = compile_model("resnet50", "sg2260", CompileOptions(dtype="fp16", schedule="program"))
+    _, off = compile_model("resnet50", "sg2260", CompileOptions(dtype="fp16", schedule="program", layer_group="off"))
+    assert _ddr(on) <= 1.10 * on.compulsory_ddr_bytes
+    assert _ddr(off) >= 1.8 * off.compulsory_ddr_bytes
+    assert not off.layer_groups
+    (group,) = on.layer_groups
+    convs = {n.name for n in graph.nodes() if n.op_type == "Conv"}
+    assert len(convs) == 53 and convs <= set(group["nodes"]) and group["lmem_resident_peak_bytes_per_lane"] > 0
+
+
+def test_estimate_json_lists_layer_groups_with_their_ddr_bytes():
+    from tpuflow.pipeline import estimate
+    report = estimate("small_cnn", "sg2260", CompileOptions(dtype="fp16"))
+    dram = report["dram"]
+    assert {"weight_bytes", "activation_bytes", "compulsory_bytes"} <= set(dram)
+    assert 0 < dram["weight_bytes"] and 0 <= dram["activation_bytes"] and 0 < dram["compulsory_bytes"]
+    for lg in report["layer_groups"]:
+        assert {"members", "nodes", "resident", "slices", "ddr_bytes_in", "ddr_bytes_out"} <= set(lg)
+        assert len(lg["members"]) >= 2 and lg["resident"]
+
+
+def test_manifest_records_layer_groups(tmp_path):
+    import json
+    from tpuflow.codegen.writer import read_program, write_program
+    _, program = compile_model("small_cnn", "sg2260", CompileOptions(dtype="fp16"))
+    out = write_program(program, tmp_path / "out", name="small_cnn")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["layer_groups"] == program.layer_groups and manifest["compulsory_ddr_bytes"] > 0
+    assert read_program(out).layer_groups == program.layer_groups
+
+
+@pytest.mark.parametrize("model,dtype,layer_group", [("small_cnn", "fp32", "off"), ("bert_layer", "fp16", "on"),
+                                                     ("gpt_block", "fp32", "on")])
+def test_layer_group_programs_match_onnxruntime(model, dtype, layer_group):
+    result = verify(model, "sg2260", CompileOptions(dtype=dtype, layer_group=layer_group), race_check=True)
+    assert result["ok"], result
