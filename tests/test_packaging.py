@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -62,7 +61,8 @@ def test_installed_wheel_runs_estimate_outside_the_repo(wheel, tmp_path):
     site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path).stdout.strip())
     # the dependencies (onnx, numpy, ...) come from this environment; its .pth files (our own
     # editable install among them) are not processed, so tpuflow can only come from the wheel
-    (site / "reused_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    reused = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    (site / "reused_dependencies.pth").write_text("".join(p + "\n" for p in reused))
     _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel], tmp_path)
     where = _run([python, "-c", "import tpuflow.lowering.ops, sys; print(tpuflow.lowering.ops.__file__)"], tmp_path)
     assert Path(where.stdout.strip()).is_relative_to(site)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 from tpuflow import __version__
 from tpuflow.errors import OptionError, TpuflowError
 
+NODE_IN_MESSAGE = re.compile(r"\bnode '([^']+)'")
 DEFAULT_MODEL_HELP = "model file (.onnx) or bundled model name (see `tpuflow models`); default: the default model"
 
 
@@ -54,7 +56,7 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tpuflow", description="ONNX compiler and performance estimator "
+    parser = _Parser(prog="tpuflow", description="ONNX compiler and performance estimator "
                                      "for TPU-class accelerators (SG2260 family).")
     parser.add_argument("--version", action="version", version=f"tpuflow {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -67,6 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="compile to instruction binaries + manifest.json")
     _add_model(p, optional=True)
+class UsageError(OptionError):
+    """A command line argparse rejects; carries the usage line of the (sub)command."""
+
+    def __init__(self, message: str, usage: str):
+        super().__init__(message)
+        self.usage = usage
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so a bad command line is reported like any other error."""
+
+    def error(self, message: str):
+        raise UsageError(message, self.format_usage())
+
+
     _add_compile(p)
     p.add_argument("-o", "--output", type=Path, required=True, help="output directory")
 
@@ -143,26 +160,52 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in argv
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        sys.stderr.write(exc.usage)
+        return _report_error(exc, exc.exit_code, "error", str(exc), as_json)
+    debug, as_json = args.debug, getattr(args, "json", False)
     try:
         return run(args)
     except TpuflowError as exc:
-        if args.debug:
+        if debug:
             traceback.print_exc()
-        print(f"tpuflow: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _report_error(exc, exc.exit_code, "error", str(exc), as_json)
     except KeyboardInterrupt:
         print("tpuflow: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+def error_document(exc: BaseException, code: int, message: str) -> dict:
+    """The --json form of an error: {"ok": false, "error": {"code", "message", "node", ...}}. `node` names
+    the ONNX node at fault when the error knows one (its `node` attribute, the first of a list of
+    unsupported operators, or the node the message names as "node 'NAME'"), else null; an unsupported-operator error also lists them all as {op: [node, ...]}."""
+    named = NODE_IN_MESSAGE.search(message)
+    error = {"code": code, "message": message, "type": type(exc).__name__,
+             "node": getattr(exc, "node", None) or (named.group(1) if named else None)}
+    unsupported = getattr(exc, "unsupported", None)
+    if unsupported:
+        error["unsupported"] = unsupported
+        error["node"] = error["node"] or next(iter(unsupported.values()))[0]
+    return {"ok": False, "error": error}
+
+
+def _report_error(exc: BaseException, code: int, prefix: str, message: str, as_json: bool) -> int:
+    """One line on stderr always; with --json also the error document on stdout."""
+    print(f"tpuflow: {prefix}: {message}", file=sys.stderr)
+    if as_json:      # a command's partial result (inspect of a rejected model) joins the document
+        _print_json({**error_document(exc, code, message), **getattr(exc, "partial_result", {})})
+    return code
+
+
         return 0
     except Exception as exc:  # an internal error: one line unless --debug
-        if args.debug:
+        if debug:
             traceback.print_exc()
-        print(f"tpuflow: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
-              file=sys.stderr)
-        return 1
+        return _report_error(exc, 1, "internal error", f"{type(exc).__name__}: {exc} "
+                             "(rerun with --debug for the traceback)", as_json)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -51,7 +51,21 @@ def load_graph(model=None, input_shapes=None):
 
 def cmd_inspect(model, chip: str | None, dtype: str, input_shapes, as_json: bool) -> int:
     from tpuflow.frontend.summary import format_summary, inspect_summary
-    summary = inspect_summary(load_graph(model, input_shapes), load_chip(chip), dtype)
+    """Print the summary. A model with unsupported operators still gets one (tpuflow.partial_inspect),
+    its unsupported nodes marked, and then fails like compile does (exit code 2, the one-line error);
+    with --json the summary's keys go into the error document (the CLI prints it)."""
+    from tpuflow.errors import UnsupportedOpError
+    from tpuflow.partial_inspect import format_partial, partial_summary
+    chip = load_chip(chip)
+    try:
+        summary = dict(inspect_summary(load_graph(model, input_shapes), chip, dtype), supported=True, unsupported={})
+    except UnsupportedOpError as exc:
+        summary = partial_summary(model, input_shapes, chip, dtype, exc)
+        if as_json:
+            exc.partial_result = summary
+        else:
+            print(format_partial(summary), flush=True)
+        raise
     if as_json:
         _print_json(summary)
     else:
