@@ -64,6 +64,8 @@ class _Exporter:
             dtype = self.graph.tensor(n.inputs[0]).dtype
             self.add("Pad", n, [n.inputs[0], self.const(n, "pads", np.asarray(a["pads"], np.int64)),
                                 self.const(n, "value", np.asarray(a["value"], dtype))], mode="constant")
+        elif k == K.EXPAND:
+            self.add("Expand", n, [n.inputs[0], self.const(n, "shape", np.asarray(a["shape"], np.int64))])
         elif k in (K.MAX_POOL, K.AVERAGE_POOL):
             self.pool(n, k)
         else:  # pragma: no cover - every OpKind is handled above

@@ -1,4 +1,4 @@
-"""Importers of the convolution family: Conv, BatchNormalization, MaxPool, AveragePool, GlobalAveragePool, LRN."""
+"""Importers of the convolution family: Conv, BatchNormalization, MaxPool, AveragePool, LRN (2-D)."""
 
 from __future__ import annotations
 
@@ -104,15 +104,6 @@ def average_pool(node: ONode, ctx) -> None:
         return
     ctx.emit(OpKind.AVERAGE_POOL, (x,), node.outputs, **_pool_attrs(node, ctx, x),
              count_include_pad=bool(node.attr("count_include_pad", 0)))
-
-
-@importer("GlobalAveragePool", check=rank_is(4))
-def global_average_pool(node: ONode, ctx) -> None:
-    x = node.input(0)
-    if ctx.rank(x) != 4:
-        ctx.unsupported(f"{ctx.rank(x)}-D input")
-        return
-    ctx.emit(OpKind.GLOBAL_AVERAGE_POOL, (x,), node.outputs)
 
 
 @importer("LRN", check=rank_is(4))

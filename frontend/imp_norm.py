@@ -7,6 +7,7 @@ import math
 from tpuflow.frontend.onnx_view import ONode
 from tpuflow.frontend.ops import OpKind
 from tpuflow.frontend.registry import importer, unused_outputs
+from tpuflow.frontend.rewrite import Rewriter
 
 K = OpKind
 SOFTMAX = {"Softmax": K.SOFTMAX, "LogSoftmax": K.LOG_SOFTMAX}
@@ -25,7 +26,7 @@ def softmax(node: ONode, ctx) -> None:
     axis = int(node.attr("axis", -1 if ctx.opset >= 13 else 1))
     axis = axis + rank if axis < 0 else axis
     if ctx.opset >= 13 or axis == rank - 1:
-        ctx.emit(kind, (x,), (y,), axis=axis)
+        Rewriter(ctx).last_axis(kind, x, axis, out=y)
         return
     flat = (math.prod(shape[:axis]), math.prod(shape[axis:]))
     dtype = ctx.dtype(x)
@@ -65,4 +66,4 @@ def reduce(node: ONode, ctx) -> None:
             return
         axes = list(range(rank))
     axes = tuple(sorted({a + rank if a < 0 else a for a in axes}))
-    ctx.emit(REDUCE[node.op_type], (x,), (y,), axes=axes, keepdims=bool(node.attr("keepdims", 1)))
+    Rewriter(ctx).reduce(REDUCE[node.op_type], x, axes, bool(node.attr("keepdims", 1)), out=y)

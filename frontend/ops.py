@@ -9,14 +9,17 @@ canonical form (what the lowering receives):
 - MatMul: numpy matmul semantics (batched, broadcast); Gemm arrives as MatMul (+ Add of a bias).
 - Reshape: attrs shape (static tuple) and view=True (row-major, no data movement). Flatten,
   Squeeze and Unsqueeze arrive as Reshape.
-- Softmax / LogSoftmax: axis (non-negative, opset-13 semantics: normalise along that one axis).
+- Softmax / LogSoftmax: axis, always the input's last axis (other axes are swapped last by a
+  Transpose, or viewed as last when every later axis has size 1).
 - Clip: min / max floats (-inf / +inf when absent). LeakyRelu alpha; HardSigmoid alpha, beta.
 - Cast: to (numpy dtype name). Same-type casts never appear.
-- ReduceMean / ReduceSum / ReduceMax: axes (sorted, non-negative tuple), keepdims (bool).
+- ReduceMean / ReduceSum / ReduceMax: axes (sorted, non-negative tuple), keepdims (bool); the axes
+  are the input's trailing ones (others are moved last by a Transpose and flattened).
 - Transpose perm; Concat axis; Split axis + sizes; Slice starts / ends / steps, one entry per
   axis of the input, clamped into [0, dim], steps positive; Gather axis, indices a constant
   input with non-negative values; Where with a constant condition; Pad pads (begin of every axis,
-  then end of every axis, non-negative) and value (float), constant mode.
+  then end of every axis, non-negative) and value (float), constant mode. Expand shape: the
+  output shape (numpy broadcast of the input to it; a stride-0 copy).
 - MaxPool / AveragePool: kernel_shape, strides, dilations, pads (t, l, b, r), and for
   AveragePool count_include_pad. ceil_mode is resolved into the output tensor's shape: output
   positions come from that shape, and windows are clipped to the padded input (so the divisor of
@@ -29,6 +32,9 @@ canonical form (what the lowering receives):
   broadcast like Add; their bool results are 0/1 values of the activation dtype. Where's
   condition may be a runtime tensor (nonzero = true). Max / Min are binary (variadic forms are
   chained). Mod fmod (0: sign of the divisor, 1: C fmod); ThresholdedRelu alpha.
+- Resize: nearest-neighbour upsampling by integer `repeats` (one per axis, >1 only on the last
+  two); every other Resize / Upsample arrives as strided Slices or MatMuls with constant
+  interpolation matrices. Pad may carry mode "reflect" or "edge" (default constant).
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ class OpKind(str, Enum):
     SLICE = "Slice"
     GATHER = "Gather"
     PAD = "Pad"
+    EXPAND = "Expand"
     EQUAL = "Equal"
     LESS = "Less"
     GREATER = "Greater"
@@ -100,6 +107,7 @@ class OpKind(str, Enum):
     SIN = "Sin"
     COS = "Cos"
     THRESHOLDED_RELU = "ThresholdedRelu"
+    RESIZE = "Resize"
 
     def __str__(self) -> str:
         return self.value
@@ -121,7 +129,7 @@ REDUCE = frozenset({K.REDUCE_MEAN, K.REDUCE_SUM, K.REDUCE_MAX})
 POOL = frozenset({K.MAX_POOL, K.AVERAGE_POOL, K.GLOBAL_AVERAGE_POOL})
 NORMALIZE = frozenset({K.SOFTMAX, K.LOG_SOFTMAX, K.LAYER_NORM, K.LRN})
 VIEW = frozenset({K.RESHAPE})                          # no data movement
-MOVEMENT = frozenset({K.TRANSPOSE, K.CONCAT, K.SPLIT, K.SLICE, K.GATHER, K.PAD})
+MOVEMENT = frozenset({K.TRANSPOSE, K.CONCAT, K.SPLIT, K.SLICE, K.GATHER, K.PAD, K.EXPAND})
 ALL = frozenset(OpKind)
 
 # Attributes every node of a kind carries after the frontend (the verifier checks them).
@@ -134,12 +142,12 @@ REQUIRED_ATTRS: dict[OpKind, tuple[str, ...]] = {
     K.REDUCE_MEAN: ("axes", "keepdims"), K.REDUCE_SUM: ("axes", "keepdims"),
     K.REDUCE_MAX: ("axes", "keepdims"),
     K.TRANSPOSE: ("perm",), K.CONCAT: ("axis",), K.SPLIT: ("axis", "sizes"),
-    K.SLICE: ("starts", "ends", "steps"), K.GATHER: ("axis",), K.PAD: ("pads", "value"),
+    K.SLICE: ("starts", "ends", "steps"), K.GATHER: ("axis",), K.PAD: ("pads", "value"), K.EXPAND: ("shape",),
     K.MAX_POOL: ("kernel_shape", "strides", "dilations", "pads"),
     K.AVERAGE_POOL: ("kernel_shape", "strides", "dilations", "pads", "count_include_pad"),
     K.LRN: ("size", "alpha", "beta", "bias"),
     K.LAYER_NORM: ("axis", "epsilon"),
-    K.MOD: ("fmod",), K.THRESHOLDED_RELU: ("alpha",),
+    K.MOD: ("fmod",), K.THRESHOLDED_RELU: ("alpha",), K.RESIZE: ("repeats",),
 }
 
 # Inputs (by position) that must be constant after the frontend.

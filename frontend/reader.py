@@ -14,7 +14,7 @@ from onnx import helper
 from tpuflow.errors import InputFileError, ModelError, OptionError
 from tpuflow.frontend.onnx_view import SMALL_CONST_ELEMENTS, Dims, ONode, OnnxView, one_line
 
-MIN_OPSET, MAX_OPSET = 9, 18
+MIN_OPSET, MAX_OPSET = 9, 21
 
 
 def read_model(model: Any) -> tuple[onnx.ModelProto, str]:

@@ -100,6 +100,7 @@ SHAPE_FNS: dict[str, Callable[[OpNode, list[Shape]], list[Shape]]] = {
     K.RESHAPE: _reshape,
     K.TRANSPOSE: lambda n, ins: [tuple(ins[0][p] for p in n.attrs["perm"])],
     K.CONCAT: _concat, K.SPLIT: _split, K.SLICE: _slice, K.GATHER: _gather, K.PAD: _pad,
+    K.EXPAND: lambda n, ins: [tuple(np.broadcast_shapes(ins[0], tuple(n.attrs["shape"])))],
 }
 for _k in UNARY | NORMALIZE:
     SHAPE_FNS[_k] = lambda n, ins: [ins[0]]

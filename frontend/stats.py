@@ -24,7 +24,7 @@ import numpy as np
 from tpuflow.chip import DTYPE_BYTES
 from tpuflow.errors import OptionError
 from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
-from tpuflow.frontend.ops import NORMALIZE, OpKind, REDUCE, VIEW
+from tpuflow.frontend.ops import MOVEMENT, NORMALIZE, OpKind, REDUCE, VIEW
 from tpuflow.options import DTYPE_ALIASES, DTYPES as COMPUTE_DTYPES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,7 +81,7 @@ def node_vector_ops(node: OpNode, graph: Graph) -> int:
         return graph.tensor(node.outputs[0]).size * math.prod(node.attrs["kernel_shape"])
     if kind in REDUCE or kind in NORMALIZE or kind == OpKind.GLOBAL_AVERAGE_POOL:
         return graph.tensor(node.inputs[0]).size
-    if kind in (OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SPLIT, OpKind.SLICE, OpKind.GATHER, OpKind.PAD):
+    if kind in MOVEMENT:
         return 0
     return sum(graph.tensor(t).size for t in node.outputs)
 

@@ -1,0 +1,136 @@
+"""Rewriter: builds canonical-op decompositions of one ONNX node with inferred intermediate shapes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tpuflow.frontend.ops import OpKind
+from tpuflow.frontend.shapes import matmul_shape
+
+K = OpKind
+
+
+class Rewriter:
+    """Emits canonical nodes for the importer's current node. Every method returns the name of the
+    produced tensor; `out=` names the tensor to write instead of a new intermediate (the node's own
+    output for the last step). Constants take the dtype of the value they meet."""
+
+    def __init__(self, ctx, dtype: str | None = None):
+        self.ctx = ctx
+        self.dtype = dtype or ctx.dtype(ctx.node.outputs[0])
+        self.count = 0
+
+    # ---- basics
+    def shape(self, t: str) -> tuple[int, ...]:
+        return self.ctx.shape(t)
+
+    def op(self, kind: OpKind, inputs, out_shape, out: str | None = None, dtype: str | None = None,
+           **attrs) -> str:
+        self.count += 1
+        tag = f"{kind.value.lower()}{self.count}"
+        y = out or self.ctx.temp(tag, tuple(int(d) for d in out_shape), dtype or self.dtype)
+        self.ctx.emit(kind, tuple(inputs), (y,), suffix=tag, **attrs)
+        return y
+
+    def const(self, value, dtype: str | None = None, tag: str = "c") -> str:
+        return self.ctx.add_const(tag, np.asarray(value, dtype or self.dtype))
+
+    def scalar(self, value: float) -> str:
+        return self.const(value, tag="k")
+
+    # ---- elementwise
+    def unary(self, kind: OpKind, x: str, out: str | None = None, **attrs) -> str:
+        return self.op(kind, (x,), self.shape(x), out, **attrs)
+
+    def binary(self, kind: OpKind, a: str, b: str | float, out: str | None = None) -> str:
+        if not isinstance(b, str):
+            b = self.scalar(b)
+        shape = np.broadcast_shapes(self.shape(a), self.shape(b))
+        return self.op(kind, (a, b), shape, out)
+
+    def add(self, a, b, out=None): return self.binary(K.ADD, a, b, out)
+    def sub(self, a, b, out=None): return self.binary(K.SUB, a, b, out)
+    def mul(self, a, b, out=None): return self.binary(K.MUL, a, b, out)
+    def div(self, a, b, out=None): return self.binary(K.DIV, a, b, out)
+
+    def rsub(self, value: float, x: str, out: str | None = None) -> str:
+        """value - x."""
+        return self.op(K.SUB, (self.scalar(value), x), self.shape(x), out)
+
+    def relu(self, x, out=None): return self.unary(K.RELU, x, out)
+    def neg(self, x, out=None): return self.unary(K.NEG, x, out)
+
+    def min0(self, x: str, out: str | None = None) -> str:
+        """min(x, 0) = -relu(-x)."""
+        return self.neg(self.relu(self.neg(x)), out)
+
+    # ---- layout
+    def reshape(self, x: str, shape, out: str | None = None) -> str:
+        shape = tuple(int(d) for d in shape)
+        if shape == self.shape(x) and out is None:
+            return x
+        return self.op(K.RESHAPE, (x,), shape, out, shape=shape, view=True)
+
+    def transpose(self, x: str, perm, out: str | None = None) -> str:
+        perm = tuple(int(p) for p in perm)
+        if perm == tuple(range(len(perm))) and out is None:
+            return x
+        return self.op(K.TRANSPOSE, (x,), tuple(self.shape(x)[p] for p in perm), out, perm=perm)
+
+    def slice(self, x: str, axis: int, start: int, end: int, step: int = 1, out: str | None = None) -> str:
+        dims = self.shape(x)
+        starts, ends, steps = [0] * len(dims), list(dims), [1] * len(dims)
+        starts[axis], ends[axis], steps[axis] = start, end, step
+        shape = tuple(len(range(s, e, st)) for s, e, st in zip(starts, ends, steps))
+        if shape == dims and out is None:
+            return x
+        return self.op(K.SLICE, (x,), shape, out, starts=tuple(starts), ends=tuple(ends), steps=tuple(steps))
+
+    def concat(self, xs: list[str], axis: int, out: str | None = None) -> str:
+        if len(xs) == 1 and out is None:
+            return xs[0]
+        shape = list(self.shape(xs[0]))
+        shape[axis] = sum(self.shape(x)[axis] for x in xs)
+        return self.op(K.CONCAT, xs, shape, out, axis=axis)
+
+    def pad(self, x: str, pads, value: float = 0.0, out: str | None = None) -> str:
+        rank = len(self.shape(x))
+        shape = tuple(d + pads[i] + pads[rank + i] for i, d in enumerate(self.shape(x)))
+        return self.op(K.PAD, (x,), shape, out, pads=tuple(int(p) for p in pads), value=float(value))
+
+    # ---- contractions and reductions
+    def matmul(self, a: str, b: str, out: str | None = None) -> str:
+        return self.op(K.MATMUL, (a, b), matmul_shape(self.shape(a), self.shape(b)), out)
+
+    def reduce(self, kind: OpKind, x: str, axes, keepdims: bool = True, out: str | None = None) -> str:
+        """A reduction over any axes: non-trailing axes are moved last first (the lowering reduces
+        trailing axes)."""
+        dims, axes = self.shape(x), tuple(sorted(axes))
+        rank = len(dims)
+        keep = [a for a in range(rank) if a not in axes]
+        out_shape = tuple(1 if a in axes else d for a, d in enumerate(dims))
+        final = out_shape if keepdims else tuple(d for a, d in enumerate(dims) if a not in axes)
+        if axes == tuple(range(rank - len(axes), rank)):
+            return self.op(kind, (x,), final, out, axes=axes, keepdims=keepdims)
+        moved = self.transpose(x, keep + list(axes))
+        flat = self.reshape(moved, tuple(dims[a] for a in keep) + (math.prod(dims[a] for a in axes),))
+        r = self.op(kind, (flat,), tuple(dims[a] for a in keep) + (1,), axes=(len(keep),), keepdims=True)
+        return self.reshape(r, final, out)
+
+    def last_axis(self, kind: OpKind, x: str, axis: int, out: str | None = None, **attrs) -> str:
+        """A shape-preserving op that works along the last axis (Softmax ...), applied along `axis`
+        by swapping it with the last one (a pure view when every axis after `axis` has size 1)."""
+        dims = self.shape(x)
+        rank = len(dims)
+        if axis == rank - 1:
+            return self.op(kind, (x,), dims, out, axis=axis, **attrs)
+        if all(d == 1 for d in dims[axis + 1:]):
+            flat = self.reshape(x, dims[:axis] + (dims[axis],))
+            y = self.op(kind, (flat,), self.shape(flat), axis=axis, **attrs)
+            return self.reshape(y, dims, out)
+        perm = list(range(rank))
+        perm[axis], perm[-1] = perm[-1], perm[axis]
+        y = self.op(kind, (self.transpose(x, perm),), tuple(dims[p] for p in perm), axis=rank - 1, **attrs)
+        return self.transpose(y, perm, out)
