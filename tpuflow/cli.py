@@ -55,20 +55,6 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", type=Path, default=None, help="write one CSV row per instruction")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tpuflow", description="ONNX compiler and performance estimator "
-                                     "for TPU-class accelerators (SG2260 family).")
-    parser.add_argument("--version", action="version", version=f"tpuflow {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    p = sub.add_parser("inspect", help="graph summary: ops, shapes, MACs, bytes, roofline bound")
-    _add_model(p, optional=True)
-    _add_chip(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-
-    p = sub.add_parser("compile", help="compile to instruction binaries + manifest.json")
-    _add_model(p, optional=True)
 class UsageError(OptionError):
     """A command line argparse rejects; carries the usage line of the (sub)command."""
 
@@ -84,6 +70,20 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message, self.format_usage())
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tpuflow", description="ONNX compiler and performance estimator "
+                                     "for TPU-class accelerators (SG2260 family).")
+    parser.add_argument("--version", action="version", version=f"tpuflow {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("inspect", help="graph summary: ops, shapes, MACs, bytes, roofline bound")
+    _add_model(p, optional=True)
+    _add_chip(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("compile", help="compile to instruction binaries + manifest.json")
+    _add_model(p, optional=True)
     _add_compile(p)
     p.add_argument("-o", "--output", type=Path, required=True, help="output directory")
 
@@ -159,25 +159,6 @@ def run(args) -> int:
     raise OptionError("no command given (try `tpuflow --help`)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    as_json = "--json" in argv
-    try:
-        args = build_parser().parse_args(argv)
-    except UsageError as exc:
-        sys.stderr.write(exc.usage)
-        return _report_error(exc, exc.exit_code, "error", str(exc), as_json)
-    debug, as_json = args.debug, getattr(args, "json", False)
-    try:
-        return run(args)
-    except TpuflowError as exc:
-        if debug:
-            traceback.print_exc()
-        return _report_error(exc, exc.exit_code, "error", str(exc), as_json)
-    except KeyboardInterrupt:
-        print("tpuflow: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
 def error_document(exc: BaseException, code: int, message: str) -> dict:
     """The --json form of an error: {"ok": false, "error": {"code", "message", "node", ...}}. `node` names
     the ONNX node at fault when the error knows one (its `node` attribute, the first of a list of
@@ -200,6 +181,25 @@ def _report_error(exc: BaseException, code: int, prefix: str, message: str, as_j
     return code
 
 
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in argv
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        sys.stderr.write(exc.usage)
+        return _report_error(exc, exc.exit_code, "error", str(exc), as_json)
+    debug, as_json = args.debug, getattr(args, "json", False)
+    try:
+        return run(args)
+    except TpuflowError as exc:
+        if debug:
+            traceback.print_exc()
+        return _report_error(exc, exc.exit_code, "error", str(exc), as_json)
+    except KeyboardInterrupt:
+        print("tpuflow: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
         return 0
     except Exception as exc:  # an internal error: one line unless --debug
         if debug:

@@ -50,11 +50,11 @@ def load_graph(model=None, input_shapes=None):
 
 
 def cmd_inspect(model, chip: str | None, dtype: str, input_shapes, as_json: bool) -> int:
-    from tpuflow.frontend.summary import format_summary, inspect_summary
     """Print the summary. A model with unsupported operators still gets one (tpuflow.partial_inspect),
     its unsupported nodes marked, and then fails like compile does (exit code 2, the one-line error);
     with --json the summary's keys go into the error document (the CLI prints it)."""
     from tpuflow.errors import UnsupportedOpError
+    from tpuflow.frontend.summary import format_summary, inspect_summary
     from tpuflow.partial_inspect import format_partial, partial_summary
     chip = load_chip(chip)
     try:
