@@ -1,11 +1,16 @@
 """Importers of ops lowered by their own TIU/GDMA kernels: comparisons, logic, Where on a live
-condition, rounding, Sign, Mod, Sin/Cos, ThresholdedRelu."""
+condition, rounding, Sign, Mod, Sin/Cos, ThresholdedRelu, Resize / Upsample."""
 
 from __future__ import annotations
 
-from tpuflow.frontend.onnx_view import ONode
+import numpy as np
+from onnx import helper, numpy_helper
+
+from tpuflow.errors import ModelError
+from tpuflow.frontend.onnx_view import ONode, one_line
 from tpuflow.frontend.ops import OpKind
 from tpuflow.frontend.registry import IMPORTERS, Importer, importer
+from tpuflow.frontend.shapes import SHAPE_FNS
 
 K = OpKind
 SAME = {k.value: k for k in (K.EQUAL, K.LESS, K.GREATER, K.LESS_OR_EQUAL, K.GREATER_OR_EQUAL, K.NOT, K.AND,
@@ -35,3 +40,222 @@ def where(node: ONode, ctx) -> None:
 
 # Where's condition no longer has to be constant: this importer replaces the constant-condition one.
 IMPORTERS["Where"] = Importer(where)
+
+
+# ---------------------------------------------------------------- Resize / Upsample
+
+def _resize_matrix(node: ONode, ctx, axis: int) -> np.ndarray:
+    """The (out, in) interpolation matrix of one axis: the node itself (same op, attributes and
+    opset, run by onnxruntime, the numerical reference) applied to an identity probe whose other
+    resized axes are left alone. Resize is separable, so these matrices are all there is to it."""
+    in_shape, out_shape = ctx.shape(node.input(0)), ctx.shape(node.outputs[0])
+    rank, n_in, n_out = len(in_shape), in_shape[axis], out_shape[axis]
+    basis = next(a for a in range(rank) if a != axis)
+    probe_shape = [1] * rank
+    probe_shape[axis], probe_shape[basis] = n_in, n_in
+    probe = np.eye(n_in, dtype=np.float32).reshape(probe_shape)      # symmetric: axis order is moot
+    attrs = dict(node.attrs)
+    inputs, inits = ["p"], []
+
+    def const(name: str, value) -> None:
+        inputs.append(name)
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+
+    scales, sizes = _resize_targets(node, ctx)
+    probe_scales = [1.0] * rank
+    probe_scales[axis] = scales[axis]
+    probe_sizes = list(probe_shape)
+    probe_sizes[axis] = n_out
+    if node.op_type == "Upsample":
+        if ctx.opset < 9:
+            attrs["scales"] = probe_scales
+        else:
+            const("s", np.asarray(probe_scales, np.float32))
+    elif ctx.opset < 11:
+        const("s", np.asarray(probe_scales, np.float32))
+    else:
+        attrs.pop("axes", None)
+        roi = np.asarray([0.0] * rank + [1.0] * rank, np.float32)
+        given_roi = ctx.const(node.input(1))
+        if given_roi is not None and given_roi.size == 2 * rank:
+            roi[axis], roi[rank + axis] = given_roi.reshape(-1)[axis], given_roi.reshape(-1)[rank + axis]
+        const("roi", roi)
+        if sizes is None:
+            const("s", np.asarray(probe_scales, np.float32))
+        else:
+            inputs.append("")
+            const("z", np.asarray(probe_sizes, np.int64))
+    proto = helper.make_node(node.op_type, inputs, ["o"], **attrs)
+    graph = helper.make_graph([proto], "probe", [helper.make_tensor_value_info("p", 1, probe_shape)],
+                              [helper.make_tensor_value_info("o", 1, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ctx.opset)])
+    try:
+        out = _run_probe(model, probe)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own objection to the attributes
+        raise ModelError(f"{ctx.view.label}: node '{node.name}' ({node.op_type}): onnxruntime cannot run its "
+                         f"attributes: {one_line(exc, 200)}") from None
+    return np.moveaxis(out, (basis, axis), (1, 0)).reshape(n_out, n_in).astype(np.float64)
+
+
+def _run_probe(model, probe: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return np.asarray(sess.run(None, {"p": probe})[0])
+
+
+def _resize_targets(node: ONode, ctx) -> tuple[list[float], list[int] | None]:
+    """Per-axis scales (and the sizes when the node gives sizes instead)."""
+    x = node.input(0)
+    rank = ctx.rank(x)
+    in_shape, out_shape = ctx.shape(x), ctx.shape(node.outputs[0])
+    if node.op_type == "Upsample" and ctx.opset < 9:
+        return [float(s) for s in node.attr("scales")], None
+    if node.op_type == "Upsample" or ctx.opset < 11:
+        return [float(s) for s in ctx.const(node.input(1)).reshape(-1)], None
+    axes = [int(a) % rank for a in node.attr("axes", list(range(rank)))]
+    scales_in, sizes_in = ctx.const(node.input(2)), ctx.const(node.input(3))
+    if sizes_in is not None and sizes_in.size:
+        sizes = list(in_shape)
+        for a, s in zip(axes, sizes_in.reshape(-1)):
+            sizes[a] = int(s)
+        return [o / i for o, i in zip(out_shape, in_shape)], sizes
+    scales = [1.0] * rank
+    for a, s in zip(axes, scales_in.reshape(-1)):
+        scales[a] = float(s)
+    return scales, None
+
+
+def _resize_check(node: ONode, facts) -> str | None:
+    if node.attr("mode", "nearest") == "cubic":
+        return "mode=cubic"
+    if node.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        return f"keep_aspect_ratio_policy={node.attr('keep_aspect_ratio_policy')}"
+    if node.attr("antialias", 0):
+        return "antialias=1"
+    return None
+
+
+def _nearest_pattern(matrix: np.ndarray) -> tuple[str, int, int] | None:
+    """('repeat', factor, 0) when row o selects input o // factor, ('step', step, start) when it
+    selects start + o * step (an integer downsample), else None."""
+    n_out, n_in = matrix.shape
+    if not np.all((matrix == 0) | (matrix == 1)) or not np.all(matrix.sum(axis=1) == 1):
+        return None
+    src = matrix.argmax(axis=1)
+    o = np.arange(n_out)
+    if n_out % n_in == 0 and np.array_equal(src, o // (n_out // n_in)):
+        return "repeat", n_out // n_in, 0
+    if n_out > 1 and np.all(np.diff(src) == src[1] - src[0]) and src[1] > src[0]:
+        return "step", int(src[1] - src[0]), int(src[0])
+    if n_out == 1:
+        return "step", 1, int(src[0])
+    return None
+
+
+@importer("Resize", "Upsample", const_inputs=((1, "roi or scales"), (2, "scales"), (3, "sizes")),
+          check=_resize_check)
+def resize(node: ONode, ctx) -> None:
+    """Separable resampling. Integer nearest upsampling of the last two axes -> a Resize kernel
+    (repeats); integer nearest downsampling -> a strided Slice; anything else (linear, every
+    coordinate transformation and nearest mode) -> one MatMul per resized axis with its constant
+    interpolation matrix."""
+    x, y = node.input(0), node.outputs[0]
+    in_shape, out_shape = ctx.shape(x), ctx.shape(y)
+    rank = len(in_shape)
+    if rank < 2:
+        ctx.unsupported(f"{rank}-D input")
+        return
+    mats = {a: _resize_matrix(node, ctx, a) for a in range(rank)}
+    mats = {a: m for a, m in mats.items() if m.shape[0] != m.shape[1] or not np.array_equal(m, np.eye(m.shape[0]))}
+    if not mats:
+        ctx.alias(x, y)
+        return
+    patterns = {a: _nearest_pattern(m) for a, m in mats.items()}
+    if all(p is not None and p[0] == "repeat" for p in patterns.values()) and min(mats) >= rank - 2:
+        repeats = tuple(patterns[a][1] if a in patterns else 1 for a in range(rank))
+        ctx.emit(K.RESIZE, (x,), (y,), repeats=repeats)
+        return
+    if all(p is not None and p[0] == "step" for p in patterns.values()):
+        starts = [patterns[a][2] if a in patterns else 0 for a in range(rank)]
+        steps = [patterns[a][1] if a in patterns else 1 for a in range(rank)]
+        ends = [min(d, s + (o - 1) * k + 1) for d, s, o, k in zip(in_shape, starts, out_shape, steps)]
+        ctx.emit(K.SLICE, (x,), (y,), starts=tuple(starts), ends=tuple(ends), steps=tuple(steps))
+        return
+    current, shape = x, list(in_shape)
+    order = sorted(mats, reverse=True)                  # the innermost axis first (no transposes)
+    for i, axis in enumerate(order):
+        last = i == len(order) - 1
+        current, shape = _resample_axis(ctx, current, shape, axis, mats[axis], y if last else None, i)
+
+
+def _resample_axis(ctx, x: str, shape: list[int], axis: int, matrix: np.ndarray, out: str | None, step: int):
+    """x resampled along `axis` by `matrix` (out, in): MatMul with matrix^T, moving the axis last
+    and back when it is not the last one."""
+    rank = len(shape)
+    dtype = ctx.dtype(x)
+    weights = ctx.add_const(f"resize_w{axis}", matrix.T.astype(np.dtype(dtype) if np.dtype(dtype).kind == "f" else np.float32))
+    new_shape = list(shape)
+    new_shape[axis] = matrix.shape[0]
+    if axis == rank - 1:
+        y = out or ctx.temp(f"resize{step}", tuple(new_shape), dtype)
+        ctx.emit(K.MATMUL, (x, weights), (y,), suffix=f"resize{step}")
+        return y, new_shape
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    moved = ctx.temp(f"resize{step}_t", tuple(shape[p] for p in perm), dtype)
+    ctx.emit(K.TRANSPOSE, (x,), (moved,), suffix=f"resize{step}_t", perm=tuple(perm))
+    mixed_shape = [shape[p] for p in perm]
+    mixed_shape[-1] = matrix.shape[0]
+    mixed = ctx.temp(f"resize{step}_m", tuple(mixed_shape), dtype)
+    ctx.emit(K.MATMUL, (moved, weights), (mixed,), suffix=f"resize{step}_m")
+    y = out or ctx.temp(f"resize{step}", tuple(new_shape), dtype)
+    ctx.emit(K.TRANSPOSE, (mixed,), (y,), suffix=f"resize{step}", perm=tuple(perm))
+    return y, new_shape
+
+
+SHAPE_FNS[K.RESIZE] = lambda n, ins: [tuple(d * r for d, r in zip(ins[0], n.attrs["repeats"]))]
+
+
+# ---------------------------------------------------------------- Pad reflect / edge
+
+_PAD_CONSTANT = IMPORTERS["Pad"]
+PAD_MODES = ("reflect", "edge")
+
+
+def _pad_check(node: ONode, facts) -> str | None:
+    if node.attr("mode", "constant") in PAD_MODES:
+        return None
+    return _PAD_CONSTANT.check(node, facts) if _PAD_CONSTANT.check else None
+
+
+def pad(node: ONode, ctx) -> None:
+    """Constant mode as before; reflect / edge keep pads (begin of every axis, then end) and mode."""
+    mode = node.attr("mode", "constant")
+    if mode not in PAD_MODES:
+        _PAD_CONSTANT.run(node, ctx)
+        return
+    x = node.input(0)
+    shape = ctx.shape(x)
+    rank = len(shape)
+    if ctx.opset < 11:
+        given, axes = list(node.attr("pads")), list(range(rank))
+    else:
+        given = ctx.const(node.input(1)).reshape(-1).tolist()
+        a = ctx.const(node.input(3))
+        axes = [int(i) % rank for i in a.reshape(-1)] if a is not None else list(range(rank))
+    pads = [0] * (2 * rank)
+    for i, axis in enumerate(axes):
+        pads[axis], pads[rank + axis] = int(given[i]), int(given[len(axes) + i])
+    if min(pads) < 0:
+        ctx.unsupported("negative pads")
+        return
+    if mode == "reflect" and any(max(pads[a], pads[rank + a]) >= shape[a] for a in range(rank) if pads[a] or pads[rank + a]):
+        ctx.unsupported("reflect pads not smaller than the axis")
+        return
+    ctx.emit(K.PAD, (x,), node.outputs, pads=tuple(pads), value=0.0, mode=mode)
+
+
+IMPORTERS["Pad"] = Importer(pad, _PAD_CONSTANT.const_inputs, _pad_check)

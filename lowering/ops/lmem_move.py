@@ -123,3 +123,43 @@ def interleave_rows(ctx: LowerCtx, label: str, srcs: list[tuple[int, int]], dst:
         em.store(out, DRegion(dst + r0 * total * b, out.shape, (lanes * qq * total, qq * total, qq * total, 1), prec))
 
     pipelined(blocks, len(sets), load, copy_store)
+
+
+def upsample_nearest(ctx: LowerCtx, label: str, src: int, dst: int, rows: int, h: int, w: int, rh: int, rw: int,
+                     prec: Prec) -> None:
+    """dst[r, y, x] = src[r, y // rh, x // rw] for `rows` planes of h x w: blocks of planes on lanes
+    (and of their rows), loaded in one run per plane, replicated by rh TIU copies whose source
+    strides repeat each element rw times, stored in one run per plane."""
+    chip, em, b = ctx.chip, ctx.em, prec.bytes
+    ho, wo = h * rh, w * rw
+    arena = ctx.arena()
+    sizes = lambda rt, ht: [tile_bytes_per_lane(chip, (1, rt, ht, w), prec),
+                            tile_bytes_per_lane(chip, (1, rt, ht * rh, wo), prec)]
+    row_options = [min(rows, chip.lanes * k) for k in (8, 4, 2, 1)]
+    rt = largest_fitting(row_options, lambda r: arena.fits(sizes(r, h) * 2))
+    if rt is None:
+        rt = min(rows, chip.lanes)
+        ht = largest_fitting(list(range(1, h + 1)), lambda t: arena.fits(sizes(rt, t) * 2)) or 1
+    else:
+        ht = h
+    _, sets = arena.alloc_plan([], sizes(rt, ht), label)
+    blocks = [(r0, r, h0, hh) for r0, r in steps(rows, rt) for h0, hh in steps(h, ht)]
+
+    def load(block, s):
+        r0, r, h0, hh = block
+        em.load(make_tile(chip, sets[s][0], (1, r, hh, w), prec),
+                DRegion(src + (r0 * h * w + h0 * w) * b, (1, r, hh, w), (r * h * w, h * w, w, 1), prec))
+
+    def replicate_store(block, s):
+        r0, r, h0, hh = block
+        inp = make_tile(chip, sets[s][0], (1, r, hh, w), prec)
+        out = make_tile(chip, sets[s][1], (1, r, hh * rh, wo), prec)
+        src_view = LTile(inp.addr, (hh, r, w, rw), prec, (w, inp.strides[1], 1, 0), StrideMode.FREE)
+        for dy in range(rh):
+            dst_view = LTile(out.addr + dy * wo * b, (hh, r, w, rw), prec, (rh * wo, out.strides[1], rw, 1),
+                             StrideMode.FREE)
+            em.ar("copy", dst_view, src_view)
+        em.store(out, DRegion(dst + (r0 * ho * wo + h0 * rh * wo) * b, (1, r, hh * rh, wo),
+                              (r * ho * wo, ho * wo, wo, 1), prec))
+
+    pipelined(blocks, len(sets), load, replicate_store)

@@ -189,6 +189,9 @@ class MoveEmitter:
         pads = self.node.attr("pads")
         value = float(self.node.attr("value", 0.0))
         out_shape = self.shape(y)
+        if self.node.attr("mode", "constant") != "constant":
+            self._pad_from_inside(x, y, pads, self.node.attr("mode"))
+            return
         total = math.prod(out_shape)
         rows = next((r for r in range(max(1, -(-total // MAX_DIM)), total + 1) if total % r == 0 and total // r <= MAX_DIM), total)
         self.ctx.em.fill(DRegion(self.ctx.ddr_addr(y), (1, 1, rows, total // rows), (total, total, total // rows, 1),
@@ -199,6 +202,41 @@ class MoveEmitter:
         in_shape = self.shape(x)
         copy_nd(self.ctx, self.src_addr(x), contiguous_strides(in_shape), self.ctx.ddr_addr(y) + base * self.prec.bytes,
                 out_st, in_shape, self.prec)
+
+    def _pad_from_inside(self, x: str, y: str, pads, mode: str) -> None:
+        """Reflect / edge padding: the input into the middle, then axis by axis (innermost first)
+        each pad slab copied from the output position it mirrors (reflect) or repeats (edge); a slab
+        spans the padded extent of the inner axes and the interior of the outer ones."""
+        in_shape, out_shape = self.shape(x), self.shape(y)
+        rank = len(out_shape)
+        out_st = contiguous_strides(out_shape)
+        dst, b = self.ctx.ddr_addr(y), self.prec.bytes
+        base = sum(pads[i] * out_st[i] for i in range(rank))
+        copy_nd(self.ctx, self.src_addr(x), contiguous_strides(in_shape), dst + base * b, out_st, in_shape, self.prec)
+        for axis in range(rank - 1, -1, -1):
+            begin, end, d = pads[axis], pads[rank + axis], in_shape[axis]
+            slab = [in_shape[j] if j < axis else out_shape[j] for j in range(rank)]
+            slab[axis] = 1
+            outer = sum(pads[j] * out_st[j] for j in range(axis))
+            for o in list(range(begin)) + list(range(begin + d, begin + d + end)):
+                i = o - begin
+                if mode == "reflect":
+                    src_i = -i if i < 0 else 2 * (d - 1) - i
+                else:
+                    src_i = min(max(i, 0), d - 1)
+                src = dst + (outer + (begin + src_i) * out_st[axis]) * b
+                copy_nd(self.ctx, src, out_st, dst + (outer + o * out_st[axis]) * b, out_st, slab, self.prec)
+
+    def _emit_resize(self) -> None:
+        """Nearest-neighbour upsampling by integer repeats of the last two axes (lmem_move)."""
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        repeats = tuple(self.node.attr("repeats"))
+        in_shape = self.shape(x)
+        if any(r != 1 for r in repeats[:-2]):
+            raise LoweringError(f"node {self.node.name}: Resize repeats {repeats} on a leading axis")
+        lmem_move.upsample_nearest(self.ctx, self.node.name, self.src_addr(x), self.ctx.ddr_addr(y),
+                                   math.prod(in_shape[:-2]), in_shape[-2], in_shape[-1], repeats[-2], repeats[-1],
+                                   self.prec)
 
     def _emit_expand(self) -> None:
         x, y = self.node.inputs[0], self.node.outputs[0]

@@ -5,6 +5,8 @@ broadcast shapes come from hypothesis; inputs of integer or bool type get values
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -202,3 +204,93 @@ def test_low_precision_compare_where_round_sin(dtype, tmp_path):
     model = make_model(nodes, {"a": ("float32", a.shape), "b": ("float32", b.shape)},
                        {"y": ("float32", a.shape), "c": ("bool", a.shape)})
     check(model, {"a": a, "b": b}, dtype=dtype)
+
+
+# ---------------------------------------------------------------- Resize / Upsample / Pad
+
+def resize_model(shape, mode, ctm, nearest_mode, scales=None, sizes=None, opset=13, roi=None):
+    inits = [onnx.numpy_helper.from_array(np.asarray(roi if roi is not None else [], np.float32), "roi")]
+    names = ["x", "roi"]
+    if sizes is None:
+        inits.append(onnx.numpy_helper.from_array(np.asarray(scales, np.float32), "scales"))
+        names.append("scales")
+        out = [int(np.floor(d * s)) for d, s in zip(shape, scales)]
+    else:
+        inits += [onnx.numpy_helper.from_array(np.asarray(sizes, np.int64), "sizes")]
+        names += ["", "sizes"]
+        out = list(sizes)
+    attrs = dict(mode=mode, coordinate_transformation_mode=ctm)
+    if mode == "nearest":
+        attrs["nearest_mode"] = nearest_mode
+    node = helper.make_node("Resize", names, ["y"], **attrs)
+    return make_model([node], {"x": ("float32", shape)}, {"y": ("float32", out)}, opset, inits)
+
+
+CTMS = ["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel", "tf_crop_and_resize"]
+
+
+@settings(max_examples=int(os.environ.get("TPUFLOW_RESIZE_EXAMPLES", 30)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(mode=st.sampled_from(["nearest", "linear"]),
+       ctm=st.sampled_from(CTMS + ["half_pixel_symmetric"]),
+       nearest_mode=st.sampled_from(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]),
+       factors=st.sampled_from([(2, 2), (3, 1), (0.5, 0.5), (1.5, 2.5), (2, 0.75)]), use_sizes=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_resize_every_mode(mode, ctm, nearest_mode, factors, use_sizes, seed):
+    shape = (1, 3, 6, 8)
+    scales = [1.0, 1.0, *factors]
+    sizes = [int(np.floor(d * s)) for d, s in zip(shape, scales)] if use_sizes else None
+    roi = [0, 0, 0.1, 0.2, 1, 1, 0.9, 0.7] if ctm == "tf_crop_and_resize" else None
+    opset = 19 if ctm == "half_pixel_symmetric" else 13
+    model = resize_model(shape, mode, ctm, nearest_mode, None if use_sizes else scales, sizes, opset, roi)
+    x = sample(np.random.default_rng(seed), "float32", shape)
+    check(model, {"x": x}, exact=False)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("shape,factors", [((1, 70, 5, 7), (2, 2)), ((2, 3, 9, 4), (3, 2)), ((1, 8, 40, 40), (2, 2))])
+def test_resize_nearest_integer_upsample_kernel(shape, factors, dtype):
+    """Integer nearest upsampling (YOLO / FPN necks) is the LMEM replication kernel, exact."""
+    from tpuflow.isa import ArTiu, Mm2Tiu
+    model = resize_model(shape, "nearest", "asymmetric", "floor", [1, 1, *factors])
+    x = sample(np.random.default_rng(0), "float32", shape)
+    check(model, {"x": x}, dtype=dtype, exact=dtype == "fp32")
+    _, program = compile_model(model)
+    assert not any(isinstance(i, Mm2Tiu) for i in program.tiu)
+    assert any(isinstance(i, ArTiu) and i.op == "copy" for i in program.tiu)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsample_opset9(mode):
+    shape = (1, 4, 5, 6)
+    inits = [onnx.numpy_helper.from_array(np.asarray([1, 1, 2, 3], np.float32), "s")]
+    model = make_model([helper.make_node("Upsample", ["x", "s"], ["y"], mode=mode)], {"x": ("float32", shape)},
+                       {"y": ("float32", (1, 4, 10, 18))}, 9, inits)
+    check(model, {"x": sample(np.random.default_rng(2), "float32", shape)})
+
+
+def test_resize_cubic_is_rejected_naming_the_node():
+    from tpuflow.errors import UnsupportedOpError
+    model = resize_model((1, 2, 4, 4), "cubic", "half_pixel", "floor", [1, 1, 2, 2])
+    with pytest.raises(UnsupportedOpError, match=r"Resize\[mode=cubic\].*resize|Resize\[mode=cubic\]"):
+        compile_model(model)
+
+
+def test_resize_modes_onnxruntime_cannot_run_are_a_one_line_model_error():
+    from tpuflow.errors import ModelError
+    model = resize_model((1, 2, 4, 4), "nearest", "tf_half_pixel_for_nearest", "floor", [1, 1, 2, 2], opset=13)
+    with pytest.raises(ModelError, match=r"node 'Resize_0' \(Resize\): onnxruntime cannot run its attributes"):
+        compile_model(model)
+
+
+@SETTINGS
+@given(mode=st.sampled_from(["reflect", "edge"]), pads=st.lists(st.integers(0, 3), min_size=8, max_size=8),
+       seed=st.integers(0, 2 ** 16))
+def test_pad_reflect_edge(mode, pads, seed):
+    shape = (1, 4, 5, 6)                            # reflect pads stay below every axis
+    pads[0] = pads[4] = 0
+    out = [d + pads[i] + pads[4 + i] for i, d in enumerate(shape)]
+    inits = [onnx.numpy_helper.from_array(np.asarray(pads, np.int64), "p")]
+    model = make_model([helper.make_node("Pad", ["x", "p"], ["y"], mode=mode)], {"x": ("float32", shape)},
+                       {"y": ("float32", out)}, 13, inits)
+    check(model, {"x": sample(np.random.default_rng(seed), "float32", shape)}, exact=True)
