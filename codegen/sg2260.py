@@ -29,6 +29,19 @@ documented implied fields, the value implied by the others. The only implied fie
 opd0_c / opd0_w (absent from the short layout): nn: (res0_c, opd1_c), nt: (res0_c, opd1_w),
 tt: (opd1_w, res0_c), i.e. L's rows and columns follow from res0 and R. Otherwise the long form.
 
+Hardware-meaning fields: descriptor fields the dataclass does not carry but whose value follows
+from the instruction (`DERIVED` below) are written as tpu-mlir 1.30.2's bm1690 decoder reads them
+and checked on decode: arith `tsk_opd_num` (1 for unary ops, 2 otherwise) and cast's round mode in
+`opd2_n_str`; the `opt_X_sign` flags (1 for integer precisions, all tpuflow integers are signed;
+cast's result sign in `opt_opd2_sign`); conv/pool `opt_opd3_const = 1` with the padding value in
+`opd3_addr` (0, or -inf / +inf in opd0's precision for max / min pooling); `stride_enable = 1` on
+tensor and matrix DMAs (they use their strides), `nchw_copy = 1` on plain tensor copies whose
+shapes agree, and `localmem_mask` all lanes on DMAs without one in the dataclass.
+GDMA addresses carry tpu-mlir's memory tag in bits 40-44 (table `address_tags`): an ISA address
+below 2**40 is DDR and is written with tag 1 when it lies in the coefficient range given to the
+encoder (the weight image) and tag 2 otherwise; L2 (30) and LMEM (31) addresses are written as
+they are (the chip's gdma_lmem_base_address is tag 31). The decoder strips DDR tags.
+
 Stream decoding reads each record's head (TIU: cmd_short bit 0, tsk_typ bits 41-44,
 tsk_eu_typ bits 45-49, 45-47 for SYS_TR_ACC; GDMA: cmd_short bit 3, cmd_type bits 32-36,
 cmd_special_function bits 37-39), looks it up in the table's op lists to get the layout and
@@ -90,7 +103,7 @@ KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
     ArTiu: (("sAR", {}), ("AR", {})),
     PordTiu: (("sPorD", {}), ("PorD", {})),
     SfuTiu: (("sSFU", {}), ("SFU", {})),
-    LinTiu: (("sLIN", {}), ("LIN", {})),
+    LinTiu: (("LIN", {}),),  # sLIN is inconsistent in tpu-mlir 1.30.2 (see the table's packing note)
     CmpTiu: (("sCMP", {}), ("CMP", {})),
     CwBcTiu: (("sCW&sBC", {}), ("CW&BC", {})),
     SysTiu: (("SYS", {}),),
@@ -99,6 +112,92 @@ KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
     GeneralDma: (("DMA_general", {}),),
     SysDma: (("sDMA_sys", {}),),
 }
+
+
+OPERANDS = ("res0", "opd0", "opd1", "opd2")
+ALL_LANES = (1 << 64) - 1
+ADDRESS_FIELDS = ("src_start_addr", "dst_start_addr")
+CAST_ROUND_MODES = range(5)  # ArTiu cast's opd2 (see its docstring); tpu-mlir's round_mode numbering
+# padding value of max / min pooling (-inf / +inf, or the integer extremes) per opd0 precision
+POOL_PAD = {
+    "maxpooling": {int(Prec.FP32): 0xFF800000, int(Prec.FP16): 0xFC00, int(Prec.BF16): 0xFF80,
+                   int(Prec.INT8): -(1 << 7), int(Prec.INT16): -(1 << 15), int(Prec.INT32): -(1 << 31)},
+    "minpooling": {int(Prec.FP32): 0x7F800000, int(Prec.FP16): 0x7C00, int(Prec.BF16): 0x7F80,
+                   int(Prec.INT8): (1 << 7) - 1, int(Prec.INT16): (1 << 15) - 1, int(Prec.INT32): (1 << 31) - 1},
+}
+
+
+def _signs(v: dict) -> dict[str, int]:
+    """opt_X_sign = 1 for integer precisions (tpuflow's integers are signed)."""
+    return {f"opt_{x}_sign": int(v[f"opt_{x}_prec"] in INTEGER_PRECS) for x in OPERANDS if f"opt_{x}_prec" in v}
+
+
+def _arith_fields(v: dict) -> dict[str, int]:
+    out = _signs(v)
+    out["tsk_opd_num"] = 1 if v["op"] in ArTiu.UNARY else 2
+    cast = v["op"] == "cast"
+    out["opt_opd2_sign"] = int(cast and v["opt_res0_prec"] in INTEGER_PRECS)
+    mode = v["opd2_addr"] if cast and v["opt_opd2_const"] else 0
+    out["opd2_n_str"] = mode if mode in CAST_ROUND_MODES else 0
+    return out
+
+
+def _conv_fields(v: dict) -> dict[str, int]:
+    return {**_signs(v), "opt_opd3_const": 1, "opd3_addr": 0}
+
+
+def _pool_fields(v: dict) -> dict[str, int]:
+    pad = POOL_PAD.get(v["op"], {}).get(v["opt_opd0_prec"], 0)
+    return {**_signs(v), "opt_opd3_const": 1, "opd3_addr": pad & 0xFFFFFFFF}
+
+
+def _tensor_dma_fields(v: dict) -> dict[str, int]:
+    same = all(v[f"src_{d}size"] == v[f"dst_{d}size"] for d in "nchw")
+    return {"stride_enable": 1, "nchw_copy": int(v["op"] == "tensor" and same and not v["fill_constant_en"])}
+
+
+# dataclass kind -> descriptor fields it lacks, as functions of its field values (only the
+# fields a register has are written; the decoder checks them)
+DERIVED: dict[type, Callable[[dict], dict[str, int]]] = {
+    ArTiu: _arith_fields,
+    ConvTiu: _conv_fields,
+    PordTiu: _pool_fields,
+    Mm2Tiu: _signs,
+    CmpTiu: _signs,
+    SfuTiu: _signs,
+    TensorDma: _tensor_dma_fields,
+    MatrixDma: lambda v: {"stride_enable": 1, "localmem_mask": ALL_LANES},
+    GeneralDma: lambda v: {"localmem_mask": ALL_LANES},
+}
+
+
+class AddressTags:
+    """tpu-mlir's memory tags of 45-bit GDMA addresses (the table's address_tags)."""
+
+    def __init__(self, spec: dict):
+        self.shift, self.ddr_coeff, self.ddr_act = spec["tag_shift"], spec["ddr_coeff"], spec["ddr_activation"]
+        self.kept = frozenset((spec["l2"], spec["lmem"]))
+        self.low_mask = (1 << self.shift) - 1
+
+    def tag(self, addr: int, coeff: tuple[int, int] | None) -> int | None:
+        """The descriptor address of ISA address `addr` (None: no tpu-mlir tag fits)."""
+        tag = addr >> self.shift
+        if tag == 0:
+            in_coeff = coeff is not None and coeff[0] <= addr < coeff[1]
+            return addr | (self.ddr_coeff if in_coeff else self.ddr_act) << self.shift
+        return addr if tag in self.kept else None
+
+    def untag(self, raw: int) -> int | None:
+        """The ISA address of descriptor address `raw` (None: not a tpu-mlir memory tag)."""
+        tag = raw >> self.shift
+        if tag in (self.ddr_coeff, self.ddr_act):
+            return raw & self.low_mask
+        return raw if tag in self.kept else None
+
+
+@lru_cache(maxsize=1)
+def address_tags() -> AddressTags:
+    return AddressTags(register_table()["address_tags"])
 
 
 @lru_cache(maxsize=1)
@@ -112,11 +211,13 @@ def register_table() -> dict:
 def register_layout(register: str) -> Layout:
     """The Layout of one register of the table, with tpuflow's logical GDMA fields."""
     spec = register_table()["registers"][register]
-    names = {name for name, _ in spec["fields"]}
+    names = {f[0] for f in spec["fields"]}
     logical = {k: parts for k, parts in GDMA_LOGICAL.items() if all(p in names for p in parts)}
-    # signedness follows the table's name: "src_cstride(move length)" is a length, not a stride
+    # signedness follows the table's name: "src_cstride(move length)" is a length, not a stride;
+    # the 3-bit opd2_n_str of short registers is a mode (round mode, divide iterations), not a stride
+    narrow = {f[0] for f in spec["fields"] if f[1] < 8}
     return Layout(register, spec["fields"], length_bits=spec["length_bits"], logical=logical,
-                  signed=lambda name: bool(SIGNED_FIELD.match(logical.get(name, (name,))[0])))
+                  signed=lambda name: bool(SIGNED_FIELD.match(logical.get(name, (name,))[0])) and name not in narrow)
 
 
 def _head_spec(engine: Engine) -> dict[str, tuple[int, int]]:
@@ -154,17 +255,20 @@ class Form:
             self.head["cmd_short"] = self.cmd_short
         self.head_bits = self.layout.const_bits | sum(lf[n].place(v) for n, v in self.head.items())
         self.op_field = lf[codec.op_field]
+        dataclass_names = set(codec.field_names)
+        self.derived: tuple[tuple[str, LogicalField], ...] = tuple(
+            (name, lf[name]) for name in codec.derived_names if name in lf and name not in dataclass_names)
         self.unmodelled_mask = self._unmodelled_mask()
 
     def _unmodelled_mask(self) -> int:
         used = 0
-        for _, lfield in self.present:
+        for _, lfield in self.present + self.derived:
             used |= lfield.mask
         for offset, width in _head_spec(self.codec.engine).values():
             used |= ((1 << width) - 1) << offset
         return ((1 << self.layout.length_bits) - 1) & ~used
 
-    def try_pack(self, values: dict, op_code: int, strict: bool) -> int | None:
+    def try_pack(self, values: dict, derived: dict, op_code: int, strict: bool) -> int | None:
         """The descriptor integer, or None if this form cannot hold `values` (strict: raise)."""
         for name, default, implied in self.absent:
             wanted = implied(values) if implied is not None else default
@@ -183,7 +287,24 @@ class Form:
                         raise self.codec.error(name, f"= {value} does not fit {self.register}'s "
                                                f"{lfield.describe()}") from None
                     return None
+        for name, lfield in self.derived:
+            if derived[name]:
+                try:
+                    raw |= lfield.place(derived[name])
+                except FieldRangeError:
+                    if strict:
+                        raise self.codec.error(name, f"= {derived[name]} (implied by the instruction) does not fit "
+                                               f"{self.register}'s {lfield.describe()}") from None
+                    return None
         return raw
+
+    def check_derived(self, raw: int, derived: dict, where: str) -> None:
+        """The hardware-meaning fields of a decoded record are what tpuflow writes for it."""
+        for name, lfield in self.derived:
+            value = lfield.take(raw)
+            if value != derived[name]:
+                raise BinaryFormatError(f"{where}: {self.register} field {name} is {value:#x}; tpuflow writes "
+                                        f"{derived[name]:#x} for this instruction")
 
 
 def _ops_entries(engine: Engine, register: str) -> list[dict]:
@@ -207,7 +328,17 @@ class KindCodec:
         self.op_codes = dict(cls.OPS)
         self.op_names = {code: op for op, code in cls.OPS.items()}
         self.const_operands = self._const_operands()
+        self.derive = DERIVED.get(cls, lambda values: {})
+        self.derived_names = tuple(self.derive(self._sample_values()))
+        self.addresses = tuple(a for a in ADDRESS_FIELDS if a in self.field_names)
         self.forms = tuple(Form(self, reg, implied) for reg, implied in KIND_REGISTERS[cls])
+
+    def _sample_values(self) -> dict:
+        """Field values of some instruction of this kind (the derived fields' names do not depend on them)."""
+        values = {name: self.defaults.get(name, 0) for name in self.field_names}
+        if "op" in values:
+            values["op"] = next(iter(self.op_codes))
+        return values
 
     def _const_operands(self) -> tuple[ConstOperand, ...]:
         names = set(self.field_names)
@@ -225,8 +356,13 @@ class KindCodec:
     def _int_const(self, values: dict, c: ConstOperand) -> bool:
         return bool(values[c.const]) and c.prec is not None and values[c.prec] in INTEGER_PRECS
 
-    def encode_int(self, instr: Instruction) -> tuple[int, Form]:
+    def encode_int(self, instr: Instruction, coeff: tuple[int, int] | None = None) -> tuple[int, Form]:
         values = {name: getattr(instr, name) for name in self.field_names}
+        for name in self.addresses:
+            tagged = address_tags().tag(values[name], coeff)
+            if tagged is None:
+                raise self.error(name, f"= {values[name]:#x} is neither DDR (below 2**40) nor tagged L2 / LMEM")
+            values[name] = tagged
         op_code = self.op_codes[values["op"]] if "op" in values else 0
         for c in self.const_operands:
             if self._int_const(values, c):
@@ -235,8 +371,9 @@ class KindCodec:
                 if not lo <= value <= hi:
                     raise self.error(c.addr, f"= {value} is an integer constant outside the signed 32-bit range")
                 values[c.addr] = value & 0xFFFFFFFF
+        derived = self.derive(values)
         for i, form in enumerate(self.forms):
-            raw = form.try_pack(values, op_code, strict=(i == len(self.forms) - 1))
+            raw = form.try_pack(values, derived, op_code, strict=(i == len(self.forms) - 1))
             if raw is not None:
                 return raw, form
         raise AssertionError("unreachable: the last form packs strictly")
@@ -255,10 +392,26 @@ class KindCodec:
         for c in self.const_operands:
             if self._int_const(values, c) and values[c.addr] >= 1 << 31:
                 values[c.addr] -= 1 << 32
+        for name in self.addresses:
+            address = address_tags().untag(values[name])
+            if address is None:
+                raise BinaryFormatError(f"{where}: {form.register} {name} {values[name]:#x} has memory tag "
+                                        f"{values[name] >> address_tags().shift}, not DDR (1, 2), L2 (30) or LMEM (31)")
+            values[name] = address
         try:
-            return self.cls(**values)
+            instr = self.cls(**values)
         except (TypeError, ValueError) as exc:
             raise BinaryFormatError(f"{where}: {form.register} does not decode: {exc}") from None
+        form.check_derived(raw, self.derive(self._wire_values(values)), where)
+        return instr
+
+    def _wire_values(self, values: dict) -> dict:
+        """`values` with integer constants as their 32-bit field bits (as the derived rules see them on encode)."""
+        out = dict(values)
+        for c in self.const_operands:
+            if self._int_const(out, c):
+                out[c.addr] &= 0xFFFFFFFF
+        return out
 
 
 @lru_cache(maxsize=None)
@@ -266,9 +419,12 @@ def codec_for(cls: type) -> KindCodec:
     return KindCodec(cls)
 
 
-def encode_descriptor(instr: Instruction) -> bytes:
-    """The SG2260 descriptor bytes of a TIU or GDMA instruction (short form when it fits)."""
-    raw, form = codec_for(type(instr)).encode_int(instr)
+def encode_descriptor(instr: Instruction, coeff: tuple[int, int] | None = None) -> bytes:
+    """The SG2260 descriptor bytes of a TIU or GDMA instruction (short form when it fits).
+
+    `coeff`: the DDR range [lo, hi) of coefficients (weights): DMA addresses inside it get
+    memory tag 1, other DDR addresses tag 2."""
+    raw, form = codec_for(type(instr)).encode_int(instr, coeff)
     return raw.to_bytes(form.layout.nbytes, "little")
 
 
@@ -351,8 +507,8 @@ def decode_descriptors(data: bytes, engine: Engine, source: str = "<bytes>") -> 
     return out
 
 
-def encode_descriptors(instrs) -> bytes:
-    return b"".join(encode_descriptor(i) for i in instrs)
+def encode_descriptors(instrs, coeff: tuple[int, int] | None = None) -> bytes:
+    return b"".join(encode_descriptor(i, coeff) for i in instrs)
 
 
 def check_table_heads() -> None:

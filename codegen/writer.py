@@ -44,9 +44,9 @@ def stream_file_name(name: str, engine: Engine, core: int = CORE) -> str:
     return f"{name}.{STREAM_SUFFIX[Engine(engine)]}.{core}"
 
 
-def encode_stream(engine: Engine, instrs) -> bytes:
-    """The bytes of one engine's queue."""
-    return encode_blocks(instrs) if Engine(engine) is Engine.TILE else encode_descriptors(instrs)
+def encode_stream(engine: Engine, instrs, coeff: tuple[int, int] | None = None) -> bytes:
+    """The bytes of one engine's queue (`coeff`: the weight image's DDR range, DMA memory tag 1)."""
+    return encode_blocks(instrs) if Engine(engine) is Engine.TILE else encode_descriptors(instrs, coeff)
 
 
 def decode_stream(engine: Engine, data: bytes, source: str = "<bytes>") -> list:
@@ -150,7 +150,9 @@ def write_program(program: Program, outdir: str | os.PathLike, name: str = "mode
     """Write the output directory of `program` (see the module docstring); returns the directory."""
     out = Path(outdir)
     wrapped = wrap_queues({e: program.queue(e) for e in ENGINES}, program.issue_order, IdFields.of(program.chip))
-    streams = {stream_file_name(name, e): encode_stream(e, wrapped[e]) for e in ENGINES}
+    mem = program.memory
+    coeff = (mem.weight_base, mem.weight_base + len(mem.weight_image))
+    streams = {stream_file_name(name, e): encode_stream(e, wrapped[e], coeff) for e in ENGINES}
     weights_name = f"{name}.weights.bin"
     contents = dict(streams)
     contents[weights_name] = bytes(program.memory.weight_image)

@@ -7,7 +7,7 @@ import dataclasses
 from hypothesis import strategies as st
 
 from tpuflow.codegen import linx
-from tpuflow.codegen.sg2260 import INT32_CONST_RANGE, KIND_REGISTERS, codec_for
+from tpuflow.codegen.sg2260 import ADDRESS_FIELDS, INT32_CONST_RANGE, KIND_REGISTERS, codec_for
 from tpuflow.isa import GDMA_KINDS, TIU_KINDS, AccCvt, Mm2Tiu, Prec, TMatmul, TPush
 from tpuflow.isa.tile import DT_CODES, LAYOUT_CODES, ROUND_MODES
 
@@ -44,7 +44,11 @@ def descriptor_instruction(draw, cls):
             values[f.name] = default
             continue
         lfield = _long_field(cls, f.name)
-        if (f.name.startswith("opt_") and f.name.endswith("_prec")) or f.name == "src_data_format":
+        if f.name in ADDRESS_FIELDS:  # DDR, or tpu-mlir's L2 / LMEM memory tags
+            values[f.name] = draw(st.one_of(value_strategy(0, (1 << 40) - 1, default),
+                                            st.sampled_from([30, 31]).map(lambda t: t << 40),
+                                            st.integers(0, (1 << 40) - 1).map(lambda a: a | 31 << 40)))
+        elif (f.name.startswith("opt_") and f.name.endswith("_prec")) or f.name == "src_data_format":
             values[f.name] = draw(st.sampled_from(PRECS))
         else:
             values[f.name] = draw(value_strategy(lfield.lo, lfield.hi, default))

@@ -1,9 +1,11 @@
-"""An independent SG2260 reader parses the .BD/.GDMA bytes record by record and agrees field by field.
+"""tpu-mlir 1.30.2's reading of our .BD/.GDMA bytes, record by record, agrees with what we mean.
 
-The reader uses only the JSON register table and ctypes: one LittleEndianStructure of c_uint64
-bit-fields per register, generated from the field list (the packing note says this layout is
-exactly the descriptor's), and head structures for the TIU/GDMA heads. It shares no code with
-tpuflow.codegen.
+The reader shares no code with tpuflow.codegen: its register layouts are the ctypes c_uint64
+bit-field declarations of tpu-mlir 1.30.2's bm1690 regdef.py, kept as data in
+data/tpu_mlir_1_30_2_bm1690.json (ctypes places word-boundary padding exactly as tpu-mlir's
+decoder does), and the same file lists the hardware meaning tpu-mlir gives to fields our
+dataclasses do not carry (operand counts, const flags, stride enables, memory tags, lane masks).
+Only the op lists (head -> register) come from tpuflow's table.
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ from tpuflow.program import Program
 
 TABLE = json.loads((Path(__file__).resolve().parents[2] / "codegen" / "tables" / "sg2260_regs.json")
                    .read_text(encoding="utf-8"))
+VENDOR = json.loads((Path(__file__).resolve().parent / "data" / "tpu_mlir_1_30_2_bm1690.json").read_text(encoding="utf-8"))
+TAGS = VENDOR["memory_tags"]
+ALL_LANES = (1 << 64) - 1
+INTEGER_PRECS = {0, 3, 4}  # int8, int16, int32 (tpuflow's integers are signed)
+# padding value of max (eu 4) / min (eu 3) pooling as 32-bit field bits per opd0 precision: -inf / +inf,
+# or the integer extremes (fp32 2, fp16 1, bf16 5, int8 0, int16 3, int32 4)
+POOL_PAD = {4: {2: 0xFF800000, 1: 0xFC00, 5: 0xFF80, 0: 0xFFFFFF80, 3: 0xFFFF8000, 4: 0x80000000},
+            3: {2: 0x7F800000, 1: 0x7C00, 5: 0x7F80, 0: 0x7F, 3: 0x7FFF, 4: 0x7FFFFFFF}}
 REGISTERS = {  # the brief's kind -> register mapping (long, short)
     ConvTiu: {"CONV", "sCONV"}, Mm2Tiu: {"MM2", "sMM2"}, ArTiu: {"AR", "sAR"}, PordTiu: {"PorD", "sPorD"},
     SfuTiu: {"SFU", "sSFU"}, LinTiu: {"LIN", "sLIN"}, CmpTiu: {"CMP", "sCMP"}, CwBcTiu: {"CW&BC", "sCW&sBC"},
@@ -52,11 +62,11 @@ class GdmaHead(ctypes.LittleEndianStructure):
 @lru_cache(maxsize=None)
 def structure(register: str):
     """(ctypes Structure class, [(attribute, table field name, width)]) of a register."""
-    spec = TABLE["registers"][register]
-    attrs = [(f"f{i}", name, width) for i, (name, width) in enumerate(spec["fields"])]
+    spec = VENDOR["registers"][register]
+    attrs = [(f"f{i}", name, width) for i, (name, width) in enumerate(spec["declared"])]
     cls = type(f"Reg{abs(hash(register))}", (ctypes.LittleEndianStructure,),
                {"_fields_": [(a, ctypes.c_uint64, w) for a, _, w in attrs]})
-    assert ctypes.sizeof(cls) * 8 == spec["length_bits"], register
+    assert ctypes.sizeof(cls) * 8 == spec["length_bits"], register  # sLIN (320 != 288) is never written
     return cls, attrs
 
 
@@ -74,7 +84,7 @@ def _entry(engine: Engine, head: bytes) -> dict:
 
 
 def _width(register: str, name: str) -> int:
-    return next(w for n, w in TABLE["registers"][register]["fields"] if n == name)
+    return next(w for n, w in VENDOR["registers"][register]["declared"] if n == name)
 
 
 def read_records(data: bytes, engine: Engine) -> list[tuple[dict, list[tuple[str, int]]]]:
@@ -91,6 +101,51 @@ def read_records(data: bytes, engine: Engine) -> list[tuple[dict, list[tuple[str
     return out
 
 
+def semantic_value(rule, got: dict) -> int | None:
+    """The value tpu-mlir needs in a field (None: any value it reads as we mean it)."""
+    if isinstance(rule, int):
+        return rule
+    if rule == "operand_count":
+        return 1 if got["tsk_eu_typ"] in VENDOR["arith_unary_eu_types"].values() else 2
+    if rule.startswith("signed("):
+        prec = got.get(rule[len("signed("):-1])
+        return None if prec is None else int(prec in INTEGER_PRECS)
+    if rule == "all_lanes":
+        return ALL_LANES
+    cast = got.get("tsk_eu_typ") == VENDOR["arith_unary_eu_types"]["cast"]
+    if rule == "cast_result_sign":
+        return int(cast and got["opt_res0_prec"] in INTEGER_PRECS)
+    if rule == "cast_round_mode":
+        mode = got["opd2_addr"] if cast and got["opt_opd2_const"] else 0
+        return mode if mode <= 4 else 0
+    if rule == "pad_value":
+        return POOL_PAD.get(got["tsk_eu_typ"] if got["tsk_typ"] == 1 else None, {}).get(got["opt_opd0_prec"], 0)
+    if rule == "same_shape":
+        same = all(got[f"src_{d}size"] == got[f"dst_{d}size"] for d in "nchw")
+        return int(got["cmd_special_function"] == 0 and same and not got["fill_constant_en"])
+    assert rule == "tagged", rule
+    return None
+
+
+def check_semantics(instr, reg: str, got: dict) -> set[str]:
+    """Every semantic rule of the data file that applies to `reg` holds; returns the fields it covers."""
+    covered = set()
+    for rule in VENDOR["semantics"]:
+        field = rule["field"]
+        parts = SPLIT[field][:2] if field in SPLIT else (field,)
+        if reg not in rule["registers"] or not all(p in got for p in parts):
+            continue
+        value = got[parts[0]] | (got[parts[1]] << 32 if len(parts) > 1 else 0)
+        if rule["equals"] == "tagged":
+            assert value >> TAGS["shift"] in (TAGS["ddr_coeff"], TAGS["ddr_activation"], TAGS["l2"], TAGS["lmem"]), \
+                f"{reg}.{field} = {value:#x} has no tpu-mlir memory tag"
+        want = semantic_value(rule["equals"], got)
+        if want is not None:
+            assert value == want, f"{reg}.{field} = {value}, tpu-mlir needs {want} for {instr}"
+        covered |= set(parts)
+    return covered
+
+
 def _expected_bits(value: int, width: int) -> int:
     assert -(1 << width) < value < 1 << width
     return value & ((1 << width) - 1)
@@ -101,7 +156,7 @@ def check_agrees(instr, entry: dict, fields: list[tuple[str, int]]) -> None:
     reg = entry["reg"]
     assert reg in REGISTERS[cls]
     got = dict(fields)
-    widths = dict(TABLE["registers"][reg]["fields"])
+    widths = dict(VENDOR["registers"][reg]["declared"])
     tiu = cls.ENGINE is Engine.TIU
     op_field = "tsk_eu_typ" if tiu else "cmd_special_function"
     assert got[op_field] == cls.OPS[instr.op]
@@ -113,7 +168,11 @@ def check_agrees(instr, entry: dict, fields: list[tuple[str, int]]) -> None:
             continue
         if f.name in SPLIT:
             lo, hi, shift = SPLIT[f.name]
-            assert got[lo] | got[hi] << shift == value, f.name
+            wire = got[lo] | got[hi] << shift
+            if f.name in ("src_start_addr", "dst_start_addr") and value >> TAGS["shift"] == 0:  # DDR: tag 1 or 2
+                assert wire >> TAGS["shift"] in (TAGS["ddr_coeff"], TAGS["ddr_activation"]), f.name
+                wire &= (1 << TAGS["shift"]) - 1
+            assert wire == value, f.name
             explained |= {lo, hi}
             continue
         name = RENAMED.get(f.name, f.name) if RENAMED.get(f.name) in got else f.name
@@ -122,6 +181,7 @@ def check_agrees(instr, entry: dict, fields: list[tuple[str, int]]) -> None:
             explained.add(name)
         else:
             assert reg.startswith("s"), f"{f.name} missing from long form {reg}"
+    explained |= check_semantics(instr, reg, got)
     for name, value in fields:
         if name not in explained and not (reg == "SYS" and name == "rsvd0"):
             assert value == 0, f"{reg}.{name} = {value} is not a field of {cls.__name__}"
