@@ -12,7 +12,9 @@ from typing import Any, Mapping
 from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
 from tpuflow.frontend.ops import OpKind
 
-__all__ = ["load", "Graph", "OpNode", "TensorInfo", "OpKind"]
+from tpuflow.frontend.pinning import InputValue
+
+__all__ = ["load", "Graph", "OpNode", "TensorInfo", "OpKind", "InputValue"]
 
 
 def _name_of(model: Any, label: str) -> str:
@@ -22,26 +24,36 @@ def _name_of(model: Any, label: str) -> str:
     return graph_name or label.strip("<>")
 
 
-def load(model: Any, input_shapes: Mapping[str, tuple[int, ...]] | None = None, name: str | None = None) -> Graph:
+def load(model: Any, input_shapes: Mapping[str, Any] | None = None, name: str | None = None,
+         input_values: Mapping[str, Any] | None = None) -> Graph:
     """Model path, onnx.ModelProto or serialized bytes -> canonical static-shape Graph.
 
     `input_shapes` fixes the symbolic dimensions of runtime inputs; a symbolic dimension left over
-    is a ModelError naming the input. Unsupported operators are rejected up front, all in one
-    UnsupportedOpError."""
-    from tpuflow.frontend import canonical, ceil_mode, folding, importing, legality, reader
+    is a ModelError naming the input. `input_values` pins inputs to constants (InputValue or
+    array-likes; InputValue entries of `input_shapes` count too): the Graph's model then has them
+    as initializers. Unsupported operators are rejected up front, all in one UnsupportedOpError."""
+    from tpuflow.frontend import canonical, ceil_mode, control, folding, importing, legality, pinning, quirks, reader
     from tpuflow.frontend.onnx_view import infer_types
     from tpuflow.frontend.verify import lint
 
     proto, label = reader.read_model(model)
+    input_shapes, pinned = pinning.split_inputs(input_shapes)
+    proto = pinning.pin_inputs(proto, label, {**pinned, **(input_values or {})})
     view = reader.view_of(proto, label, name or _name_of(model, label))
     legality.check_supported(view)
     reader.run_checker(proto, label, [n.proto for n in view.nodes])
     reader.fix_input_shapes(view, input_shapes)
     view.load_constants()
+    quirks.fill_default_attrs(view)
     infer_types(view, declared=True)
     if ceil_mode.clear_needless_ceil_mode(view):
         infer_types(view)
     folding.fold_constants(view)
+    if any(n.op_type in legality.CONTROL for n in view.nodes):
+        while control.inline_control_flow(view):
+            infer_types(view)
+            folding.fold_constants(view)
+        legality.check_supported(view)
     draft = importing.import_view(view)
     lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "import")
     if canonical.fold_affine_into_conv(draft):

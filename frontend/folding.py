@@ -9,7 +9,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from tpuflow.errors import ModelError
-from tpuflow.frontend.onnx_view import ONode, OnnxView, infer_types, one_line
+from tpuflow.frontend.onnx_view import ONode, OnnxView, infer_types, node_reads, one_line
 from tpuflow.frontend.registry import NEVER_FOLD, SHAPE_ONLY
 
 MAX_ROUNDS = 8
@@ -77,7 +77,7 @@ def fold_pass(view: OnnxView) -> int:
 def drop_dead_nodes(view: OnnxView) -> None:
     """Remove nodes none of whose outputs is used (after folding, shape chains leave some)."""
     while True:
-        used = {t for n in view.nodes for t in n.inputs} | set(view.outputs)
+        used = {t for n in view.nodes for t in node_reads(n.proto)} | set(view.outputs)
         kept = [n for n in view.nodes if any(t in used for t in n.outputs if t)]
         if len(kept) == len(view.nodes):
             return
@@ -85,7 +85,7 @@ def drop_dead_nodes(view: OnnxView) -> None:
 
 
 def _all_static(view: OnnxView) -> bool:
-    used = {t for n in view.nodes for t in n.inputs} | set(view.outputs)
+    used = {t for n in view.nodes for t in node_reads(n.proto)} | set(view.outputs)
     return all(view.static_shape(t) is not None for n in view.nodes for t in n.outputs if t in used)
 
 

@@ -21,6 +21,16 @@ def one_line(exc: BaseException | str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Tensors a node reads, including the outer-scope reads of its subgraphs (If / Loop bodies)."""
+    names = list(node.input)
+    for a in node.attribute:
+        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for n in g.node:
+                names += node_reads(n)
+    return names
+
+
 @dataclass
 class ONode:
     """An ONNX node with a unique name and parsed attributes; `proto` is the original NodeProto."""

@@ -26,6 +26,17 @@ def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
         raise argparse.ArgumentTypeError(f"--input-shape expects name=d0,d1,..., got '{text}'") from None
 
 
+def _value_arg(text: str):
+    from tpuflow.frontend.pinning import InputValue
+    name, sep, value = text.partition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, InputValue.parse(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--input-value expects name=value or name=v0,v1,..., got '{text}'") from None
+
+
 def _add_model(p: argparse.ArgumentParser, optional: bool = False) -> None:
     if optional:
         p.add_argument("model", nargs="?", default=None, help=DEFAULT_MODEL_HELP)
@@ -33,6 +44,9 @@ def _add_model(p: argparse.ArgumentParser, optional: bool = False) -> None:
         p.add_argument("model", help=DEFAULT_MODEL_HELP.replace("; default: the default model", ""))
     p.add_argument("--input-shape", action="append", type=_shape_arg, default=[], metavar="NAME=D0,D1,...",
                    help="fix the shape of a graph input with symbolic dimensions (repeatable)")
+    p.add_argument("--input-value", action="append", type=_value_arg, default=[], metavar="NAME=VALUE",
+                   help="pin a graph input to a constant (scalar or comma list, e.g. sr=16000) before "
+                        "folding, so branches that depend on it fold away (repeatable)")
 
 
 def _add_chip(p: argparse.ArgumentParser) -> None:
@@ -131,7 +145,7 @@ def _options(args):
 
 
 def _shapes(args) -> dict[str, tuple[int, ...]]:
-    return dict(args.input_shape)
+    return {**dict(args.input_shape), **dict(getattr(args, "input_value", []))}
 
 
 def run(args) -> int:

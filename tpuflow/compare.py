@@ -39,9 +39,11 @@ class OutputError:
 
 
 def random_inputs(graph, seed: int) -> dict[str, np.ndarray]:
-    """Standard-normal fp32 arrays for every runtime input, reproducible from `seed`."""
-    rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(graph.tensor(name).shape).astype(np.float32) for name in graph.inputs}
+    """Seeded arrays for every runtime input in its own dtype: floats standard-normal (the same
+    values as before for fp32 inputs), integers in a range valid for their consumers (indices),
+    booleans fair coins (tpuflow.frontend.inputs)."""
+    from tpuflow.frontend.inputs import random_inputs as typed_random_inputs
+    return typed_random_inputs(graph, seed)
 
 
 def reference_outputs(graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -118,3 +118,47 @@ def test_broadcasts_and_masks(op, inputs, consts, opset, attrs):
 @pytest.mark.parametrize("matmul", ["tiu", "tile"])
 def test_cumsum_both_matmul_paths(matmul):
     check(behind_neg(node_model("CumSum", {"x": (3, 16)}, {"a": np.array(-1)}, opset=14)), matmul)
+
+
+# ------------------------------------------------------------------ control flow and typed inputs
+
+def test_if_on_a_pinned_input_verifies_and_estimates():
+    from control_models import sample_rate_if
+    from tpuflow.frontend import InputValue
+    from tpuflow.pipeline import estimate
+    pinned = {"sr": InputValue(np.array(16000))}
+    check(sample_rate_if(nested=True), input_shapes=pinned)
+    assert estimate(sample_rate_if(nested=True), None, CompileOptions(), pinned)["latency_us"] > 0
+
+
+def test_unrolled_loop_verifies():
+    from control_models import counting_loop
+    check(counting_loop(3))
+
+
+def _typed_model(elem, cast_to_float=True):
+    from control_models import model, vi
+    from onnx import TensorProto as T
+    nodes = [helper.make_node("Cast", ["i"], ["f"], to=T.FLOAT), helper.make_node("Mul", ["f", "x"], ["y"])]
+    return model(nodes, [vi("i", [2, 3], elem), vi("x", [2, 3])], [vi("y", [2, 3])])
+
+
+@pytest.mark.parametrize("elem", ["INT64", "INT32", "BOOL"])
+def test_integer_and_boolean_inputs(elem):
+    from onnx import TensorProto as T
+    from tpuflow.pipeline import estimate
+    model = _typed_model(getattr(T, elem))
+    check(model)
+    assert estimate(model, None, CompileOptions())["latency_us"] > 0
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_fp16_inputs_and_weights(dtype):
+    """An fp16 model (inputs, outputs, weights): at fp32 the reference's own fp16 rounding sets the bound."""
+    from control_models import model, vi
+    from onnx import TensorProto as T
+    w = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float16)
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+              [vi("x", [1, 3, 6, 6], T.FLOAT16)], [vi("y", [1, 4, 6, 6], T.FLOAT16)], [("w", w)])
+    result = check(m, dtype=dtype)
+    assert result["rtol"] == 2e-2

@@ -1,0 +1,104 @@
+"""If / Loop removed at compile time, pinned inputs (--input-value), and the one error that lists
+unsupported ops inside every subgraph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from control_models import counting_loop, sample_rate_if, scan_model
+from frontend_util import kinds, random_feeds, run_ort
+
+from tpuflow import cli
+from tpuflow.errors import OptionError, UnsupportedOpError
+from tpuflow.frontend import InputValue, load
+from tpuflow.frontend.export import graph_to_onnx
+
+
+def matches_reference(graph, rtol=1e-5):
+    """The canonical graph computes what onnxruntime computes on the graph's (pinned) model."""
+    feeds = random_feeds(graph)
+    expected = run_ort(graph.model, feeds)
+    actual = run_ort(graph_to_onnx(graph), dict(feeds))
+    for e, a in zip(expected, actual):
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=1e-6)
+
+
+def test_runtime_if_is_rejected_with_the_ops_of_both_branches():
+    with pytest.raises(UnsupportedOpError) as info:
+        load(sample_rate_if())
+    assert info.value.unsupported == {"If[runtime condition]": ["rate_if"],
+                                      "Gather[runtime indices]": ["rate_if/else_branch/gather_rt"]}
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_pinned_input_inlines_the_taken_branch(nested):
+    graph = load(sample_rate_if(nested=nested), {"sr": InputValue(np.array(16000))})
+    assert "sr" not in graph.inputs
+    assert kinds(graph) == (["Mul", "Sigmoid"] if nested else ["Mul"])
+    matches_reference(graph)
+
+
+def test_branch_taken_is_checked_after_inlining():
+    with pytest.raises(UnsupportedOpError, match=r"Gather\[runtime indices\] \(rate_if/else/gather_rt\)"):
+        load(sample_rate_if(), input_values={"sr": 8000})
+    graph = load(sample_rate_if("Softsign"), input_values={"sr": 8000})
+    assert kinds(graph) == ["Abs", "Add", "Div"]
+    matches_reference(graph)
+
+
+def test_other_problems_list_removable_branches_too():
+    """Fixing one error never reveals the next: a top-level problem lists the branch problems too."""
+    m = sample_rate_if()
+    m.graph.node.append(m.graph.node[0].__class__())
+    m.graph.node[-1].CopyFrom(__import__("onnx").helper.make_node("NonZero", ["x"], ["nz"], name="nz"))
+    with pytest.raises(UnsupportedOpError) as info:
+        load(m, {"sr": InputValue(np.array(16000))})
+    assert info.value.unsupported == {"NonZero": ["nz"], "Gather[runtime indices]": ["rate_if/else_branch/gather_rt"]}
+
+
+@pytest.mark.parametrize("trip", [1, 4])
+def test_loop_with_constant_trip_count_is_unrolled(trip):
+    graph = load(counting_loop(trip))
+    assert kinds(graph).count("Add") == trip and "Concat" in kinds(graph)
+    matches_reference(graph)
+
+
+@pytest.mark.parametrize("kw,reason", [(dict(runtime_cond=True), "Loop[runtime condition]"),
+                                       (dict(body_cond="data"), "Loop[condition computed in the body]")])
+def test_loops_that_cannot_be_unrolled_are_rejected(kw, reason):
+    with pytest.raises(UnsupportedOpError) as info:
+        load(counting_loop(**kw))
+    assert info.value.unsupported[reason] == ["the_loop"]
+
+
+def test_scan_is_rejected_with_its_body_ops_and_the_rest_in_one_error():
+    with pytest.raises(UnsupportedOpError) as info:
+        load(scan_model())
+    assert info.value.unsupported == {"Scan": ["the_scan"], "NonZero": ["the_scan/body/nonzero_in_scan"],
+                                      "Unique": ["top_unique"]}
+
+
+def test_input_value_errors():
+    with pytest.raises(OptionError, match="'rate', which is not a runtime graph input"):
+        load(sample_rate_if(), input_values={"rate": 16000})
+    with pytest.raises(OptionError, match="is int64, the value"):
+        load(sample_rate_if(), input_values={"sr": 0.5})
+    with pytest.raises(OptionError, match=r"has shape \[2, 3\], the value has 2 element"):
+        load(sample_rate_if("Softsign"), input_values={"x": [1, 2], "sr": 1})
+
+
+@pytest.mark.parametrize("text,value", [("16000", 16000.0), ("1,2,3", [1.0, 2.0, 3.0]), ("true", True),
+                                        ("-0.5", -0.5)])
+def test_input_value_parsing(text, value):
+    assert np.asarray(InputValue.parse(text).value).tolist() == value
+
+
+def test_cli_input_value(tmp_path, capsys):
+    path = tmp_path / "vad.onnx"
+    path.write_bytes(sample_rate_if().SerializeToString())
+    assert cli.main(["inspect", str(path), "--input-value", "sr=16000", "--json"]) == 0
+    assert '"Mul"' in capsys.readouterr().out
+    assert cli.main(["verify", str(path), "--input-value", "sr=16000", "--no-race-check"]) == 0
+    capsys.readouterr()
+    assert cli.main(["estimate", str(path), "--input-value", "sr=bad=1"]) == 2
+    assert "--input-value" in capsys.readouterr().err
