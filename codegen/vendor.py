@@ -1,0 +1,259 @@
+"""tpu-mlir's SG2260 (bm1690) command streams read as tpuflow instructions, for disassembly and timing.
+
+tpu-mlir writes records tpuflow's own decoder rejects (kinds tpuflow never emits, such as sMM and
+SYS_TR_ACC, ops outside tpuflow's op sets, flags tpuflow writes differently). This reader takes
+every register of the table (tpu-mlir 1.30.2's layouts), reads each record's fields by name and
+builds the tpuflow instruction that does the same work on the same operands, so that the timing
+model can simulate the vendor's program as it is:
+
+* sCONV / sPorD / sAR / sMM2 / sCMP / sSFU / sCW&sBC / DMA_tensor / DMA_matrix / DMA_general /
+  sDMA_sys / SYS: the dataclass of the same kind, its fields copied by name. Ops outside the
+  dataclass's op set become the op of equal cost: saturating add/sub/mul -> add/sub/mul, other
+  binary arith -> max, other unary arith -> copy, other pooling -> maxpooling, other compares
+  -> sel_gt, other SFU -> taylor, other lane copies -> l_copy.
+* sMM (tpu-mlir's older matmul, L rows opd0_n, K = opd0_w * (opd0_c - 1) + opd1_w, N = res0_c *
+  res0_w, L transposed when opt_left_tran): the MM2 of the same M, K, N.
+* SYS_TR_ACC (writes immediates into TIU registers, no data): a TIU nop.
+* DMA addresses lose their memory tag (DDR tags 1 / 2); L2 (tag 30) is taken as DDR at its
+  offset; LMEM (tag 31) is kept (tpuflow's LMEM window). With nchw_copy the destination takes
+  the source's shape. DMA_tensor transposes keep their bytes (tpuflow's transpose op).
+Each stream ends at the end command (SYS end / sDMA_sys chain_end) followed by zero padding.
+Unknown heads, kinds no rule covers and truncated records raise BinaryFormatError naming the
+byte offset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+
+from tpuflow.errors import BinaryFormatError
+from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GeneralDma, Instruction, MatrixDma, Mm2Tiu,
+                         PordTiu, Prec, SfuTiu, SysDma, SysTiu, TensorDma)
+
+from tpuflow.codegen.sg2260 import HEAD_BYTES, INTEGER_PRECS, address_tags, head_table, register_layout
+
+L2_TAG = 30
+ARITH_SAME_COST = {15: "add", 16: "sub", 20: "mul"}  # add_satu, sub_satu, mul_satu
+ARITH_UNARY_CODES = frozenset({1, 14, 19, 26})
+
+
+@dataclass
+class VendorStream:
+    """One decoded vendor stream: instructions, the register of each record, and its size in bytes."""
+
+    engine: Engine
+    instructions: list[Instruction] = field(default_factory=list)
+    registers: list[str] = field(default_factory=list)
+    consumed_bytes: int = 0
+    padding_bytes: int = 0
+
+    def register_counts(self) -> dict[str, int]:
+        return dict(Counter(self.registers))
+
+
+def _copy(cls, values: dict, **override) -> Instruction:
+    """An instance of `cls` with every field it shares with `values` (then `override`)."""
+    kw = {}
+    for f in dataclasses.fields(cls):
+        if f.name in override:
+            kw[f.name] = override[f.name]
+        elif f.name in values:
+            kw[f.name] = values[f.name]
+    return cls(**kw)
+
+
+def _op(cls, code: int, fallback: str) -> str:
+    return next((op for op, c in cls.OPS.items() if c == code), fallback)
+
+
+def _prec(code: int) -> int:
+    return code if code in {int(p) for p in Prec} else int(Prec.FP32)
+
+
+def _precs(values: dict) -> dict:
+    return {k: _prec(v) for k, v in values.items() if k.startswith("opt_") and k.endswith("_prec")}
+
+
+def _signed_consts(values: dict) -> dict:
+    """Integer constant operands as signed 32-bit values (as tpuflow's dataclasses hold them)."""
+    out = {}
+    for x in ("opd0", "opd1", "opd2", "opd3"):
+        prec = values.get(f"opt_{x}_prec", values.get("opt_opd2_prec"))
+        if values.get(f"opt_{x}_const") and prec in INTEGER_PRECS and values.get(f"{x}_addr", 0) >= 1 << 31:
+            out[f"{x}_addr"] = values[f"{x}_addr"] - (1 << 32)
+    return out
+
+
+def _tiu(cls, values: dict, op: str | None, **override) -> Instruction:
+    extra = {**_precs(values), **_signed_consts(values), **override}
+    if op is not None:
+        extra["op"] = op
+    return _copy(cls, values, **extra)
+
+
+def _conv(v: dict) -> Instruction:
+    return _tiu(ConvTiu, v, "normal")
+
+
+def _pord(v: dict) -> Instruction:
+    return _tiu(PordTiu, v, _op(PordTiu, v["tsk_eu_typ"], "maxpooling"))
+
+
+def _arith(v: dict) -> Instruction:
+    code = v["tsk_eu_typ"]
+    unary = code in ARITH_UNARY_CODES or v.get("tsk_opd_num") == 1
+    op = _op(ArTiu, code, ARITH_SAME_COST.get(code, "copy" if unary else "max"))
+    return _tiu(ArTiu, v, op)
+
+
+def _mm(v: dict) -> Instruction:
+    rows, k, cols = v["opd0_n"], v["opd0_w"] * max(v["opd0_c"] - 1, 0) + v["opd1_w"], v["res0_c"] * v["res0_w"]
+    if v["opt_left_tran"]:
+        rows, k = k, rows
+    return _tiu(Mm2Tiu, v, "nn", res0_c=rows, res0_w=cols, opd0_c=rows, opd0_w=k, opd1_c=k, opd1_w=cols,
+                opt_opd1_prec=_prec(v["opt_opd0_prec"]), opt_opd2_prec=_prec(v["opt_opd0_prec"]))
+
+
+def _mm2(v: dict) -> Instruction:
+    op = _op(Mm2Tiu, v["tsk_eu_typ"], "nn")
+    opd0 = {}
+    if "opd0_c" not in v:  # sMM2: L's shape follows from res0 and R
+        opd0 = {"opd0_c": v["res0_c"] if op != "tt" else v["opd1_w"],
+                "opd0_w": v["opd1_c"] if op == "nn" else v["opd1_w"] if op == "nt" else v["res0_c"]}
+    return _tiu(Mm2Tiu, v, op, **opd0)
+
+
+def _cmp(v: dict) -> Instruction:
+    return _tiu(CmpTiu, v, _op(CmpTiu, v["tsk_eu_typ"], "sel_gt"))
+
+
+def _sfu(v: dict) -> Instruction:
+    return _tiu(SfuTiu, v, _op(SfuTiu, v["tsk_eu_typ"], "taylor"))
+
+
+def _cwbc(v: dict) -> Instruction:
+    return _tiu(CwBcTiu, v, _op(CwBcTiu, v["tsk_eu_typ"], "l_copy"))
+
+
+def _sys(v: dict) -> Instruction:
+    return _copy(SysTiu, v, op=_op(SysTiu, v["tsk_eu_typ"], "nop"), reg_idx=v.get("reg_idx", 0) & 0xFF)
+
+
+def _tr_acc(v: dict) -> Instruction:
+    return SysTiu(op="nop")
+
+
+def _address(raw: int, where: str) -> int:
+    tags = address_tags()
+    if raw >> tags.shift == L2_TAG:
+        return raw & tags.low_mask
+    address = tags.untag(raw)
+    if address is None:
+        raise BinaryFormatError(f"{where}: address {raw:#x} has memory tag {raw >> tags.shift}, "
+                                "not DDR (1, 2), L2 (30) or LMEM (31)")
+    return address
+
+
+def _dma_values(v: dict, where: str) -> dict:
+    out = dict(v, src_data_format=_prec(v["src_data_format"]))
+    for name in ("src_start_addr", "dst_start_addr"):
+        out[name] = _address(v[name], where)
+    if v.get("nchw_copy"):
+        for d in "nchw":
+            out[f"dst_{d}size"] = v[f"src_{d}size"]
+    return out
+
+
+def _tensor_dma(v: dict, where: str) -> Instruction:
+    op = _op(TensorDma, v["cmd_special_function"], "tensor")
+    return _copy(TensorDma, _dma_values(v, where), op=op)
+
+
+def _matrix_dma(v: dict, where: str) -> Instruction:
+    return _copy(MatrixDma, _dma_values(v, where), op=_op(MatrixDma, v["cmd_special_function"], "matrix"))
+
+
+def _general_dma(v: dict, where: str) -> Instruction:
+    return _copy(GeneralDma, _dma_values(v, where), op=_op(GeneralDma, v["cmd_special_function"], "general"))
+
+
+def _sys_dma(v: dict, where: str) -> Instruction:
+    op = _op(SysDma, v["cmd_special_function"], "nop")
+    return SysDma(op=op, cmd_id_dep=v.get("cmd_id_dep", 0))
+
+
+TIU_RULES = {"sCONV": _conv, "CONV": _conv, "sPorD": _pord, "PorD": _pord, "sAR": _arith, "AR": _arith,
+             "sMM": _mm, "MM": _mm, "sMM2": _mm2, "MM2": _mm2, "sCMP": _cmp, "CMP": _cmp, "sSFU": _sfu,
+             "SFU": _sfu, "sCW&sBC": _cwbc, "CW&BC": _cwbc, "SYS": _sys, "SYS_TR_ACC": _tr_acc}
+DMA_RULES = {"DMA_tensor（0x000）": _tensor_dma, "DMA_matrix": _matrix_dma, "DMA_general": _general_dma,
+             "sDMA_sys": _sys_dma}
+END_OPS = {Engine.TIU: ("SYS", 31), Engine.GDMA: ("sDMA_sys", 0)}
+
+
+def _is_end(engine: Engine, register: str, values: dict) -> bool:
+    reg, code = END_OPS[engine]
+    op = values.get("tsk_eu_typ", values.get("cmd_special_function"))
+    return register == reg and op == code
+
+
+def decode_vendor_stream(data: bytes, engine: Engine, source: str = "<bytes>") -> VendorStream:
+    """Every record of a tpu-mlir bm1690 .BD (TIU) or .GDMA stream, up to its end command."""
+    engine = Engine(engine)
+    heads = head_table(engine)
+    rules = TIU_RULES if engine is Engine.TIU else DMA_RULES
+    out = VendorStream(engine)
+    pos, size = 0, len(data)
+    while pos < size:
+        if size - pos < HEAD_BYTES:
+            raise BinaryFormatError(f"{source}: truncated record at byte offset {pos}")
+        key = heads.head(int.from_bytes(data[pos:pos + HEAD_BYTES], "little"))
+        entry = heads.entries.get(key)
+        where = f"{source}: byte offset {pos}"
+        if entry is None:
+            raise BinaryFormatError(f"{where}: unknown {engine.name} descriptor head {key}")
+        _, register, _ = entry
+        rule = rules.get(register)
+        if rule is None:
+            raise BinaryFormatError(f"{where}: {register} records are not read (no rule for this kind)")
+        layout = register_layout(register)
+        end = pos + layout.nbytes
+        if end > size:
+            raise BinaryFormatError(f"{where}: truncated {register} record ({layout.nbytes} bytes, {size - pos} left)")
+        values = layout.unpack_int(int.from_bytes(data[pos:end], "little"))
+        try:
+            instr = rule(values) if engine is Engine.TIU else rule(values, where)
+        except (TypeError, ValueError) as exc:
+            raise BinaryFormatError(f"{where}: {register} does not map onto a tpuflow instruction: {exc}") from None
+        out.instructions.append(instr)
+        out.registers.append(register)
+        pos = end
+        if _is_end(engine, register, values):
+            if any(data[pos:]):
+                raise BinaryFormatError(f"{source}: byte offset {pos}: non-zero bytes after the end command")
+            break
+    out.consumed_bytes, out.padding_bytes = pos, size - pos
+    return out
+
+
+def issue_order(tiu: list[Instruction], gdma: list[Instruction]) -> str:
+    """A global issue order ('B' TIU, 'D' GDMA) in which each command follows the one it waits for.
+
+    TIU cmd_id_dep names a GDMA command (1-based) and GDMA cmd_id_dep a TIU command; a command is
+    issued as soon as what it waits for has been issued, TIU first on ties (as tpu-mlir's
+    merge_instruction orders them)."""
+    order, t, g = [], 0, 0
+    while t < len(tiu) or g < len(gdma):
+        tiu_ready = t < len(tiu) and tiu[t].cmd_id_dep <= g
+        gdma_ready = g < len(gdma) and gdma[g].cmd_id_dep <= t
+        if tiu_ready or (not gdma_ready and t < len(tiu) and g >= len(gdma)):
+            order.append("B")
+            t += 1
+        elif gdma_ready or g < len(gdma):
+            order.append("D")
+            g += 1
+        else:
+            order.append("B")
+            t += 1
+    return "".join(order)
