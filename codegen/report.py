@@ -111,9 +111,9 @@ def report_context(program, sim, report: dict, runs: dict[str, ScheduleRun]) -> 
     stats = layer_stats(sim, report["layers"], wait_kinds(sim, classes))
     schedules = [runs[m].as_dict(report["lower_bound_us"]) for m in METHODS if m in runs]
     timeline = build_timeline(program, sim, classes, nbytes, layer_ids)
+    longest = max([row["time_us"] for row in report["layers"]] + [1e-12])
     layers = [{**row, "stats": stat, "colour": layer_ids[""if row["name"] == "(program)" else row["name"]]
-               % LAYER_COLOURS, "share": (row["end_us"] - row["start_us"]) / report["latency_us"]
-               if report["latency_us"] else 0.0}
+               % LAYER_COLOURS, "time_of_longest": row["time_us"] / longest}
               for row, stat in zip(report["layers"], stats)]
     return {"version": __version__, "report": report, "timeline": timeline, "layers": layers,
             "schedules": schedules, "current_schedule": report["options"].get("schedule", "program"),

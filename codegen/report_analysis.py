@@ -172,9 +172,11 @@ def bottlenecks(report: dict, stats: list[dict], schedules: list[dict], top: int
 def _gap_sentence(report: dict) -> str:
     bound_name = max(report["bounds"], key=lambda k: report["bounds"][k])
     ratio = report["latency_over_bound"] or 0.0
-    return (f"The run takes {report['latency_us']:.1f} us, {ratio:.2f}x its lower bound of "
-            f"{report['lower_bound_us']:.1f} us ({bound_name.replace('_us', '').replace('_', ' ')}): "
-            f"the model is {report.get('bound', 'memory')}-bound at the chip's peaks.")
+    text = (f"The run takes {report['latency_us']:.1f} us, {ratio:.2f}x its program bound of "
+            f"{report['lower_bound_us']:.1f} us ({bound_name.replace('_us', '').replace('_', ' ')})")
+    if report.get("model_bound_us"):
+        text += f" and {report['latency_us'] / report['model_bound_us']:.2f}x the model bound of {report['model_bound_us']:.1f} us"
+    return text + f": the model is {report.get('bound', 'memory')}-bound at the chip's peaks."
 
 
 def _engine_sentence(report: dict) -> str:

@@ -373,7 +373,19 @@ def _resolve(raw: dict, label: str, seen: tuple[str, ...] = ()) -> dict:
     if base in seen:
         raise ConfigError(f"chip file {label}: 'base' chain loops through '{base}'")
     parent = _resolve(_read_toml(_builtin_path(base), base), base, seen + (base,))
-    return _merge(parent, raw)
+    return _merge(parent, _own_identity(raw, base, label))
+
+
+def _own_identity(raw: dict, base: str, label: str) -> dict:
+    """A file built on `base` is not `base`: unless it says otherwise, its name is the file's stem and
+    its description says what it changes, so outputs never show the base chip's name for it."""
+    changed = sorted(f"{sec}.{k} = {v}" for sec, table in raw.items() if isinstance(table, dict)
+                     for k, v in table.items() if (sec, k) not in (("core", "name"), ("core", "description")))
+    shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+    core = dict(raw.get("core", {}))
+    core.setdefault("name", Path(label).stem or label)
+    core.setdefault("description", f"{base} with {shown or 'no changes'} (from {Path(label).name})")
+    return {**raw, "core": core}
 
 
 def _check_value(key: str, f: dataclasses.Field, value: Any, label: str) -> Any:

@@ -143,7 +143,8 @@ def estimate_report(program: Program, sim) -> dict:
     top = sorted(layers, key=lambda r: r.time_us, reverse=True)[:10]
     return {
         "format_version": FORMAT_VERSION, "model": program.model_name, "chip": chip.name,
-        "chip_fingerprint": chip.fingerprint(), "options": dict(program.options),
+        "chip_fingerprint": chip.fingerprint(), "chip_description": chip.core.description,
+        "options": typed_options(program.options), **model_bound(program),
         "latency_us": latency_us, "latency_cycles": int(round(latency_us * 1e3 / period_ns)),
         "clock_mhz": chip.clocks.tiu_clock_mhz, "lower_bound_us": lower_us, "bounds": lower,
         "latency_over_bound": latency_us / lower_us if lower_us else None,
@@ -155,19 +156,57 @@ def estimate_report(program: Program, sim) -> dict:
     }
 
 
+def typed_options(options: dict) -> dict:
+    """Program.options (kept as strings) with CompileOptions' types: time_limit_s is a number in JSON."""
+    from dataclasses import fields
+    from tpuflow.options import CompileOptions
+    casts = {f.name: {"float": float, "int": int}.get(str(f.type)) for f in fields(CompileOptions)}
+    return {k: casts[k](v) if casts.get(k) and isinstance(v, str) else v for k, v in options.items()}
+
+
+def model_bound(program: Program) -> dict:
+    """The model's roofline exactly as `tpuflow inspect` computes its lower bound (frontend.stats.roofline
+    on the model's MACs and its compulsory DDR bytes: weights, graph inputs and outputs), so both
+    commands print one number, whatever --matmul, --schedule or --layer-group say. None for
+    programs without a model (vendor streams). It counts the MACs at one MAC engine's peak (TIU)."""
+    from tpuflow.frontend.stats import roofline
+    from tpuflow.scheduler.bounds import program_macs
+    if not program.compulsory_ddr_bytes:
+        return {"model_bound_us": None, "model_bounds": None}
+    r = roofline(program_macs(program), program.compulsory_ddr_bytes, program.chip, program.options.get("dtype", "fp32"))
+    return {"model_bound_us": r.lower_bound_s * 1e6,
+            "model_bounds": {"compute_us": r.compute_s * 1e6, "compulsory_ddr_us": r.memory_s * 1e6}}
+
+
+def _bound_lines(report: dict) -> list[str]:
+    """The two bounds under different names: the model's (as inspect) and this program's."""
+    latency, lines = report["latency_us"], []
+    if report.get("model_bound_us"):
+        b = report["model_bounds"]
+        lines.append(f"model bound    {report['model_bound_us']:.1f} us  latency / bound = {latency / report['model_bound_us']:.2f}"
+                     f"  (the model's roofline, `tpuflow inspect`'s lower bound: compute {b['compute_us']:.1f} us, "
+                     f"weights + inputs + outputs over DDR {b['compulsory_ddr_us']:.1f} us; the same for every --matmul)")
+    lines.append(f"program bound  {report['lower_bound_us']:.1f} us  latency / bound = {report['latency_over_bound']:.2f}"
+                 "  (no order of this program's instructions is faster: "
+                 + ", ".join(f"{k.removesuffix('_us')} {v:.1f}" for k, v in report["bounds"].items()) + ")")
+    return lines
+
+
 def render_text(report: dict, top: int = 10) -> str:
-    e, d = report["engines"], report["dram"]
+    e, d, opts = report["engines"], report["dram"], report["options"]
     lines = [
-        f"{report['model']} on {report['chip']} ({report['options'].get('dtype')}, matmul={report['options'].get('matmul')}, "
-        f"schedule={report['options'].get('schedule')})",
-        f"latency      {report['latency_us']:.1f} us  ({report['latency_cycles']} cycles at {report['clock_mhz']:g} MHz)",
-        f"lower bound  {report['lower_bound_us']:.1f} us  (latency / bound = {report['latency_over_bound']:.2f}; "
-        + ", ".join(f"{k} {v:.1f}" for k, v in report["bounds"].items()) + ")",
-        f"throughput   {report['achieved_tops']:.3f} T(FL)OPS over {report['macs'] / 1e9:.3f} GMAC",
-        "engines      " + "  ".join(f"{k} {v['busy_us']:.1f} us busy ({100 * v['utilisation']:.0f}%), {v['instructions']} instr"
-                                   for k, v in e.items() if v["instructions"]),
-        "stalls       " + "  ".join(f"{k} {v:.1f} us" for k, v in report["stalls"].items()),
-        f"dram         read {d['bytes_read'] / 1e6:.2f} MB, written {d['bytes_written'] / 1e6:.2f} MB, "
+        f"{report['model']} on {report['chip']} (fingerprint {report['chip_fingerprint']}; {opts.get('dtype')}, "
+        f"matmul={opts.get('matmul')}, schedule={opts.get('schedule')})",
+        f"chip           {report.get('chip_description', '')}",
+        f"latency        {report['latency_us']:.1f} us  ({report['latency_cycles']} cycles at {report['clock_mhz']:g} MHz)",
+        *_bound_lines(report),
+        f"throughput     {report['achieved_tops']:.3f} T(FL)OPS over {report['macs'] / 1e9:.3f} GMAC",
+        "engines        " + "  ".join(f"{k} {v['busy_us']:.1f} us busy ({100 * v['utilisation']:.0f}%), {v['instructions']} instr"
+                                     for k, v in e.items() if v["instructions"]),
+        "stalls         " + "  ".join(f"{k} {v:.1f} us" for k, v in report["stalls"].items())
+        + f"  (summed over instructions, {sum(report['stalls'].values()):.1f} us in all: engines and queued "
+        "instructions stall at the same time, so the total can exceed the latency)",
+        f"dram           read {d['bytes_read'] / 1e6:.2f} MB, written {d['bytes_written'] / 1e6:.2f} MB, "
         f"{d['achieved_gbps']:.1f} GB/s achieved of {d['peak_gbps']:g}, page hit rate {100 * d['page_hit_rate']:.1f}%",
         "",
         f"top {top} layers by time (busy time of the layer's busiest engine; span = first start to last end):",
