@@ -30,6 +30,7 @@ from tpuflow.isa.tile import QUEUES, size_text
 from tpuflow.program import ENGINES, Program
 
 from tpuflow.codegen.writer import MANIFEST, STREAM_SUFFIX, decode_stream, read_manifest, read_program
+from tpuflow.codegen.vendor import is_stream_dir, read_stream_dir
 
 SHAPE_FIELD = re.compile(r"^(res[01]|opd[0-3])_[nchw]$")
 CAST_ROUNDING = {0: "rne", 1: "rna", 2: "rtz", 3: "floor", 4: "ceil"}
@@ -290,9 +291,24 @@ def file_lines(path: Path, chip=None) -> Iterator[str]:
         yield instruction_line(engine, index + 1, instr, resolved)
 
 
+def stream_dir_lines(path: Path, chip=None) -> Iterator[str]:
+    """Listing of a folder of raw streams (no manifest): each record as the instruction it reads as,
+    with the register it was read from (tpu-mlir's streams included, see codegen.vendor)."""
+    program, streams = read_stream_dir(path, _file_chip(path / "x", chip))
+    for engine in (Engine.TIU, Engine.GDMA):
+        stream = streams[engine]
+        yield (f"# {engine.name}: {len(stream.instructions)} records, {stream.consumed_bytes} bytes + "
+               f"{stream.padding_bytes} bytes of zero padding; " +
+               ", ".join(f"{reg} {n}" for reg, n in sorted(stream.register_counts().items())))
+        for index, (instr, reg) in enumerate(zip(stream.instructions, stream.registers)):
+            yield f"{instruction_line(engine, index + 1, instr, program.chip)}    ; {reg}"
+
+
 def path_lines(path: str | Path, chip=None) -> Iterator[str]:
     """Listing of an output directory (all streams, layer comments) or of one stream file."""
     p = Path(path)
+    if is_stream_dir(p):
+        return stream_dir_lines(p, chip)
     if p.is_dir():
         return program_lines(read_program(p, chip))
     if not p.exists():

@@ -14,6 +14,7 @@ model can simulate the vendor's program as it is:
 * sMM (tpu-mlir's older matmul, L rows opd0_n, K = opd0_w * (opd0_c - 1) + opd1_w, N = res0_c *
   res0_w, L transposed when opt_left_tran): the MM2 of the same M, K, N.
 * SYS_TR_ACC (writes immediates into TIU registers, no data): a TIU nop.
+* cmd_id_dep: the low 20 bits (tpu-mlir sets bit 20 in every dependency id of the corpus).
 * DMA addresses lose their memory tag (DDR tags 1 / 2); L2 (tag 30) is taken as DDR at its
   offset; LMEM (tag 31) is kept (tpuflow's LMEM window). With nchw_copy the destination takes
   the source's shape. DMA_tensor transposes keep their bytes (tpuflow's transpose op).
@@ -35,6 +36,9 @@ from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GeneralDma, In
 from tpuflow.codegen.sg2260 import HEAD_BYTES, INTEGER_PRECS, address_tags, head_table, register_layout
 
 L2_TAG = 30
+# Every cmd_id_dep tpu-mlir 1.30.2 writes in the corpus streams (TIU and GDMA) has bit 20 set
+# (0x100000 | id); the waited-for id is the low 20 bits.
+VENDOR_DEP_ID_BITS = 20
 ARITH_SAME_COST = {15: "add", 16: "sub", 20: "mul"}  # add_satu, sub_satu, mul_satu
 ARITH_UNARY_CODES = frozenset({1, 14, 19, 26})
 
@@ -86,8 +90,12 @@ def _signed_consts(values: dict) -> dict:
     return out
 
 
+def _dep(values: dict) -> dict:
+    return {"cmd_id_dep": values.get("cmd_id_dep", 0) & ((1 << VENDOR_DEP_ID_BITS) - 1)}
+
+
 def _tiu(cls, values: dict, op: str | None, **override) -> Instruction:
-    extra = {**_precs(values), **_signed_consts(values), **override}
+    extra = {**_precs(values), **_signed_consts(values), **_dep(values), **override}
     if op is not None:
         extra["op"] = op
     return _copy(cls, values, **extra)
@@ -105,6 +113,8 @@ def _arith(v: dict) -> Instruction:
     code = v["tsk_eu_typ"]
     unary = code in ARITH_UNARY_CODES or v.get("tsk_opd_num") == 1
     op = _op(ArTiu, code, ARITH_SAME_COST.get(code, "copy" if unary else "max"))
+    if op == "cast":  # tpu-mlir keeps the round mode in opd2_n_str, tpuflow in a constant opd2
+        return _tiu(ArTiu, v, op, opd2_addr=v["opd2_n_str"], opt_opd2_const=1)
     return _tiu(ArTiu, v, op)
 
 
@@ -138,7 +148,7 @@ def _cwbc(v: dict) -> Instruction:
 
 
 def _sys(v: dict) -> Instruction:
-    return _copy(SysTiu, v, op=_op(SysTiu, v["tsk_eu_typ"], "nop"), reg_idx=v.get("reg_idx", 0) & 0xFF)
+    return _copy(SysTiu, v, op=_op(SysTiu, v["tsk_eu_typ"], "nop"), reg_idx=v.get("reg_idx", 0) & 0xFF, **_dep(v))
 
 
 def _tr_acc(v: dict) -> Instruction:
@@ -157,7 +167,7 @@ def _address(raw: int, where: str) -> int:
 
 
 def _dma_values(v: dict, where: str) -> dict:
-    out = dict(v, src_data_format=_prec(v["src_data_format"]))
+    out = dict(v, src_data_format=_prec(v["src_data_format"]), **_dep(v))
     for name in ("src_start_addr", "dst_start_addr"):
         out[name] = _address(v[name], where)
     if v.get("nchw_copy"):
@@ -181,7 +191,7 @@ def _general_dma(v: dict, where: str) -> Instruction:
 
 def _sys_dma(v: dict, where: str) -> Instruction:
     op = _op(SysDma, v["cmd_special_function"], "nop")
-    return SysDma(op=op, cmd_id_dep=v.get("cmd_id_dep", 0))
+    return SysDma(op=op, **_dep(v))
 
 
 TIU_RULES = {"sCONV": _conv, "CONV": _conv, "sPorD": _pord, "PorD": _pord, "sAR": _arith, "AR": _arith,
@@ -257,3 +267,43 @@ def issue_order(tiu: list[Instruction], gdma: list[Instruction]) -> str:
             order.append("B")
             t += 1
     return "".join(order)
+
+
+def stream_files(directory) -> dict[str, dict[Engine, "Path"]]:
+    """{name: {engine: path}} of the core-0 `<name>.BD.0` / `<name>.GDMA.0` files of a folder."""
+    from pathlib import Path
+    out: dict[str, dict[Engine, Path]] = {}
+    for path in sorted(Path(directory).iterdir()):
+        for suffix, engine in ((".BD.0", Engine.TIU), (".GDMA.0", Engine.GDMA)):
+            if path.name.endswith(suffix) and path.is_file():
+                out.setdefault(path.name[:-len(suffix)], {})[engine] = path
+    return out
+
+
+def is_stream_dir(path) -> bool:
+    """A folder of raw streams without a manifest.json (tpuflow's compile output has one)."""
+    from pathlib import Path
+    p = Path(path)
+    return p.is_dir() and not (p / "manifest.json").exists() and bool(stream_files(p))
+
+
+def read_stream_dir(directory, chip) -> tuple["Program", dict[Engine, VendorStream]]:
+    """The Program of a folder of raw streams (one `<name>` pair; no graph, no layers)."""
+    from tpuflow.errors import InputFileError
+    from tpuflow.program import Program
+    found = stream_files(directory)
+    if len(found) != 1:
+        raise InputFileError(f"{directory}: expected the streams of one program (<name>.BD.0 / <name>.GDMA.0), "
+                             f"found {sorted(found) or 'none'}")
+    (name, files), = found.items()
+    streams = {}
+    for engine in (Engine.TIU, Engine.GDMA):
+        path = files.get(engine)
+        data = path.read_bytes() if path is not None else b""
+        streams[engine] = decode_vendor_stream(data, engine, str(path))
+    tiu, gdma = streams[Engine.TIU].instructions, streams[Engine.GDMA].instructions
+    program = Program(chip=chip, tiu=list(tiu), gdma=list(gdma), model_name=name,
+                      tiu_layers=list(streams[Engine.TIU].registers),
+                      gdma_layers=list(streams[Engine.GDMA].registers),
+                      issue_order=issue_order(tiu, gdma))
+    return program, streams

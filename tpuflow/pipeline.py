@@ -142,15 +142,23 @@ def cmd_compile(model, chip, options: CompileOptions, input_shapes: dict, output
 
 def verify(model=None, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
            input_shapes: dict | None = None, seed: int = 0, race_check: bool = True) -> dict:
-    """Compile, write the binaries, read and decode them back, run them on the functional model
-    (race detector on) with seeded random inputs, and compare every output with onnxruntime."""
+    """Compile, then verify_program: the binaries, run on the functional model, against onnxruntime."""
+    graph, program = compile_model(model, chip, options or CompileOptions(), input_shapes)
+    return verify_program(graph, program, seed, race_check)
+
+
+def verify_program(graph, program, seed: int = 0, race_check: bool = True) -> dict:
+    """Verify a program compile_model gave (with its graph): write its binaries, read and decode
+    them back, run them on the functional model (race detector on) with seeded random inputs, and
+    compare every output with onnxruntime."""
     import tempfile
     from tpuflow.codegen import read_program, write_program
     from tpuflow.compare import TOLERANCES, compare, random_inputs, reference_outputs
+    from tpuflow.estimate import typed_options
     from tpuflow.frontend.inputs import tolerance_dtype
     from tpuflow.hwmodel.functional import run
-    options = options or CompileOptions()
-    graph, program = compile_model(model, chip, options, input_shapes)
+    options = CompileOptions(**{k: v for k, v in typed_options(program.options).items()
+                                if k in CompileOptions.__dataclass_fields__})
     with tempfile.TemporaryDirectory(prefix="tpuflow-verify-") as tmp:
         write_program(program, Path(tmp), name=graph.name)
         decoded = read_program(Path(tmp), program.chip)
@@ -190,9 +198,19 @@ def cmd_verify(model, chip, options: CompileOptions, input_shapes: dict, seed: i
 
 def estimate(model=None, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
              input_shapes: dict | None = None, with_sim: bool = False):
-    """Compile and simulate; the estimate report dict (and the Program and SimResult if asked)."""
+    """Compile and simulate; the estimate report dict (and the Program and SimResult if asked).
+    `model` may be a folder of raw <name>.BD.0 / <name>.GDMA.0 streams (no manifest, e.g. tpu-mlir's):
+    they are simulated as they are (codegen.vendor; no graph, no compile)."""
+    from tpuflow.codegen.vendor import is_stream_dir, read_stream_dir
     from tpuflow.estimate import estimate_report
     from tpuflow.hwmodel.timing import simulate
+    if model is not None and isinstance(model, (str, Path)) and is_stream_dir(model):
+        chip_config = chip if isinstance(chip, ChipConfig) else load_chip(chip)
+        program, _ = read_stream_dir(model, chip_config)
+        with step("timing simulation"):
+            sim = simulate(program, check=False)  # the streams' own dependencies, no bitmap check
+        report = estimate_report(program, sim)
+        return (report, program, sim) if with_sim else report
     options = options or CompileOptions()
     graph, program = compile_model(model, chip, options, input_shapes)
     with step("timing simulation"):
