@@ -35,12 +35,13 @@ def pool_sizes(size: int, k: int, s: int, d: int, begin: int, end: int) -> tuple
 
 def _rewritten_pads(node: ONode, shape: tuple[int, ...]) -> list[int] | None:
     """New pads for a ceil_mode=0 version of `node`, or None when the node is fine as it is."""
-    if not node.attr("ceil_mode", 0) or node.attr("auto_pad", "NOTSET") != "NOTSET" or len(shape) != 4:
+    if not node.attr("ceil_mode", 0) or node.attr("auto_pad", "NOTSET") != "NOTSET" or len(shape) < 3:
         return None
     kernel = node.attr("kernel_shape")
-    strides, dilations = node.attr("strides") or [1, 1], node.attr("dilations") or [1, 1]
-    pads = list(node.attr("pads") or [0, 0, 0, 0])
-    sizes = [pool_sizes(shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[2 + i]) for i in range(2)]
+    n = len(kernel)
+    strides, dilations = node.attr("strides") or [1] * n, node.attr("dilations") or [1] * n
+    pads = list(node.attr("pads") or [0] * (2 * n))
+    sizes = [pool_sizes(shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[n + i]) for i in range(n)]
     if all(naive == ceil for _, naive, ceil in sizes):
         return None                                         # onnx and onnxruntime agree
     if any(ceil > floor for floor, _, ceil in sizes) and node.op_type == "AveragePool" \
@@ -48,8 +49,8 @@ def _rewritten_pads(node: ONode, shape: tuple[int, ...]) -> list[int] | None:
         raise _Unsupported
     for i, (floor, _, ceil) in enumerate(sizes):
         if ceil > floor:
-            span = shape[2 + i] + pads[i] + pads[2 + i] - dilations[i] * (kernel[i] - 1) - 1
-            pads[2 + i] += (ceil - 1) * strides[i] - span
+            span = shape[2 + i] + pads[i] + pads[n + i] - dilations[i] * (kernel[i] - 1) - 1
+            pads[n + i] += (ceil - 1) * strides[i] - span
     return pads
 
 

@@ -1,9 +1,11 @@
-"""Importers of the convolution family: Conv, BatchNormalization, MaxPool, AveragePool, LRN (2-D)."""
+"""Importers of the convolution family: Conv, BatchNormalization, MaxPool, AveragePool (1-D and 3-D
+through imp_spatial), LRN."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from tpuflow.frontend import imp_spatial
 from tpuflow.frontend.onnx_view import ONode
 from tpuflow.frontend.ops import OpKind
 from tpuflow.frontend.registry import Facts, all_of, importer, rank_is, unused_outputs
@@ -37,7 +39,7 @@ def _conv_check(node: ONode, facts: Facts) -> str | None:
     ks = node.attr("kernel_shape")
     w_rank = facts.rank(node.input(1))
     dims = len(ks) if ks else (w_rank - 2 if w_rank else None)
-    if dims is not None and dims != 2:
+    if dims is not None and dims not in (1, 2, 3):
         return f"{dims}-D convolution"
     return None
 
@@ -45,6 +47,9 @@ def _conv_check(node: ONode, facts: Facts) -> str | None:
 @importer("Conv", const_inputs=((1, "weights"), (2, "bias")), check=_conv_check)
 def conv(node: ONode, ctx) -> None:
     x, w = node.input(0), node.input(1)
+    if ctx.rank(x) in (3, 5):
+        (imp_spatial.conv_1d if ctx.rank(x) == 3 else imp_spatial.conv_3d)(node, ctx)
+        return
     if ctx.rank(x) != 4:
         ctx.unsupported(f"{ctx.rank(x) - 2}-D convolution")
         return
@@ -87,18 +92,29 @@ def _pool_attrs(node: ONode, ctx, x: str) -> dict:
     return dict(kernel_shape=kernel, strides=strides, dilations=dilations, pads=pads)
 
 
-@importer("MaxPool", check=all_of(rank_is(4), unused_outputs(1, "indices output used")))
+def _pool_rank(node: ONode, facts: Facts) -> str | None:
+    r = facts.rank(node.input(0))
+    return f"{r}-D input" if r is not None and r not in (3, 4, 5) else None
+
+
+@importer("MaxPool", check=all_of(_pool_rank, unused_outputs(1, "indices output used")))
 def max_pool(node: ONode, ctx) -> None:
     x = node.input(0)
+    if ctx.rank(x) in (3, 5):
+        imp_spatial.pool_nd(OpKind.MAX_POOL, node, ctx)
+        return
     if ctx.rank(x) != 4:
         ctx.unsupported(f"{ctx.rank(x)}-D input")
         return
     ctx.emit(OpKind.MAX_POOL, (x,), node.outputs[:1], **_pool_attrs(node, ctx, x))
 
 
-@importer("AveragePool", check=rank_is(4))
+@importer("AveragePool", check=_pool_rank)
 def average_pool(node: ONode, ctx) -> None:
     x = node.input(0)
+    if ctx.rank(x) in (3, 5):
+        imp_spatial.pool_nd(OpKind.AVERAGE_POOL, node, ctx)
+        return
     if ctx.rank(x) != 4:
         ctx.unsupported(f"{ctx.rank(x)}-D input")
         return

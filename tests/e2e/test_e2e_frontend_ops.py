@@ -162,3 +162,36 @@ def test_fp16_inputs_and_weights(dtype):
               [vi("x", [1, 3, 6, 6], T.FLOAT16)], [vi("y", [1, 4, 6, 6], T.FLOAT16)], [("w", w)])
     result = check(m, dtype=dtype)
     assert result["rtol"] == 2e-2
+
+
+# ------------------------------------------------------------------ spatial ops off 2-D
+
+SPATIAL = [
+    ("Conv", {"x": (1, 4, 11)}, {"w": weights(rng, 6, 2, 3), "b": weights(rng, 6)},
+     dict(group=2, strides=[2], pads=[1, 2], dilations=[2])),
+    ("Conv", {"x": (1, 4, 11)}, {"w": weights(rng, 6, 4, 3)}, dict(auto_pad="SAME_UPPER")),
+    ("Conv", {"x": (2, 4, 5, 6, 7)}, {"w": weights(rng, 6, 2, 3, 3, 2), "b": weights(rng, 6)},
+     dict(group=2, strides=[2, 1, 2], pads=[1, 1, 0, 1, 0, 1], dilations=[1, 2, 1])),
+    ("MaxPool", {"x": (1, 3, 10)}, {}, dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
+    ("AveragePool", {"x": (1, 3, 10)}, {}, dict(kernel_shape=[3], strides=[2], pads=[1, 1], count_include_pad=1)),
+    ("MaxPool", {"x": (1, 3, 5, 6, 7)}, {}, dict(kernel_shape=[2, 3, 3], strides=[2, 2, 1], pads=[0, 1, 1, 1, 1, 1])),
+    ("AveragePool", {"x": (1, 3, 5, 6, 7)}, {}, dict(kernel_shape=[2, 3, 3], strides=[2, 2, 1], pads=[0, 1, 1, 1, 1, 1])),
+    ("MaxPool", {"x": (1, 3, 7, 6, 5)}, {}, dict(kernel_shape=[1, 1, 1], strides=[2, 2, 2], ceil_mode=1)),
+    ("DepthToSpace", {"x": (1, 8, 3, 4)}, {}, dict(blocksize=2)),
+    ("DepthToSpace", {"x": (1, 8, 3, 4)}, {}, dict(blocksize=2, mode="CRD")),
+    ("SpaceToDepth", {"x": (1, 2, 4, 6)}, {}, dict(blocksize=2)),
+    ("ConvTranspose", {"x": (1, 16, 10, 12)}, {"w": weights(rng, 16, 8, 2, 2), "b": weights(rng, 8)},
+     dict(strides=[2, 2])),                                            # the YOLO / DB-neck k2 s2 shape
+    ("ConvTranspose", {"x": (1, 4, 5, 6)}, {"w": weights(rng, 4, 3, 2, 2)}, dict(strides=[2, 2], group=2)),
+    ("ConvTranspose", {"x": (1, 4, 5, 6)}, {"w": weights(rng, 4, 3, 3, 3), "b": weights(rng, 3)},
+     dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])),
+    ("ConvTranspose", {"x": (1, 4, 5, 6)}, {"w": weights(rng, 4, 2, 3, 2)},
+     dict(strides=[1, 3], pads=[2, 0, 0, 1], dilations=[2, 1], group=2)),
+    ("ConvTranspose", {"x": (1, 4, 5, 6)}, {"w": weights(rng, 4, 2, 3, 3)}, dict(strides=[2, 2], output_shape=[10, 12])),
+    ("ConvTranspose", {"x": (1, 4, 9)}, {"w": weights(rng, 4, 2, 4), "b": weights(rng, 2)}, dict(strides=[2], pads=[1, 1])),
+]
+
+
+@pytest.mark.parametrize("op,inputs,consts,attrs", SPATIAL, ids=[f"{c[0]}{c[3]}" for c in SPATIAL])
+def test_spatial(op, inputs, consts, attrs):
+    check(behind_neg(node_model(op, inputs, consts, **attrs)))

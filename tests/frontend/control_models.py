@@ -17,8 +17,9 @@ def model(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
-def sample_rate_if(else_op: str = "Gather", nested: bool = False) -> onnx.ModelProto:
-    """y = If(sr == 16000) then x * 2 (+ a nested If on sr > 8000) else <else_op> of x; x is [2, 3]."""
+def sample_rate_if(else_op: str = "Shrink", nested: bool = False) -> onnx.ModelProto:
+    """y = If(sr == 16000) then x * 2 (+ a nested If on sr > 8000) else <else_op> of x (Shrink: an op
+    tpuflow does not support; Gather: a runtime-index Gather); x is [2, 3]."""
     then_nodes = [helper.make_node("Mul", ["x", "two"], ["t_out"], name="double")]
     if nested:
         inner_then = helper.make_graph([helper.make_node("Sigmoid", ["t_out"], ["it"], name="sig")], "it", [],

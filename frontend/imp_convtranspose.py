@@ -1,0 +1,128 @@
+"""ConvTranspose (1-D and 2-D) as canonical Convs: when kernel == stride (no dilation, no output
+padding) a 1x1 Conv producing every kernel tap, then a pixel shuffle and a crop; otherwise zero
+insertion between input elements, then a stride-1 Conv with the flipped, transposed kernel whose
+padding is (k - 1) * d - pad (negative parts cropped from the output)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpuflow.frontend.imp_spatial import conv2d
+from tpuflow.frontend.onnx_view import ONode
+from tpuflow.frontend.ops import OpKind
+from tpuflow.frontend.registry import Facts, importer
+from tpuflow.frontend.rewrite import Rewriter
+
+K = OpKind
+
+
+def _geometry(node: ONode, in_hw, kernel, out_hw):
+    """(strides, dilations, output_padding, begins, ends) per axis; pads derived from output_shape /
+    auto_pad the way onnxruntime does (the output shape inferred by onnx is authoritative)."""
+    n = len(kernel)
+    strides = [int(s) for s in node.attr("strides") or [1] * n]
+    dil = [int(d) for d in node.attr("dilations") or [1] * n]
+    extra = [int(p) for p in node.attr("output_padding") or [0] * n]
+    pads = [int(p) for p in node.attr("pads") or [0] * (2 * n)]
+    begins, ends = pads[:n], pads[n:]
+    if node.attr("output_shape") is not None or node.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
+        for i in range(n):
+            total = strides[i] * (in_hw[i] - 1) + extra[i] + (kernel[i] - 1) * dil[i] + 1 - out_hw[i]
+            small = total // 2
+            lower = node.attr("auto_pad", "NOTSET") != "SAME_UPPER"
+            begins[i], ends[i] = (total - small, small) if lower else (small, total - small)
+    return strides, dil, extra, begins, ends
+
+
+def _as_conv_weights(w: np.ndarray, group: int, flip: bool) -> np.ndarray:
+    """[Cin, Cout/g, kh, kw] -> [Cout, Cin/g, kh, kw] (group-major), optionally spatially flipped."""
+    cin, og = w.shape[:2]
+    cg = cin // group
+    out = w.reshape(group, cg, og, *w.shape[2:]).swapaxes(1, 2).reshape(group * og, cg, *w.shape[2:])
+    return np.ascontiguousarray(out[:, :, ::-1, ::-1] if flip else out)
+
+
+def _crop(rw: Rewriter, x: str, begins, ends, out: str | None) -> str:
+    dims = rw.shape(x)
+    for i, (b, e) in enumerate(zip(begins, ends)):
+        axis = 2 + i
+        if b or e:
+            x = rw.slice(x, axis, b, dims[axis] - e)
+    return rw.reshape(x, rw.shape(x), out=out) if out else x
+
+
+def _pixel_shuffle(rw, x, w, bias, group, begins, ends, out):
+    """kernel == stride: y[n, o, i*kh + a, j*kw + b] = sum_c x[n, c, i, j] W[c, o, a, b] (+ B[o])."""
+    n, c, h, wd = rw.shape(x)
+    kh, kw = w.shape[2:]
+    conv_w = _as_conv_weights(w, group, flip=False)                  # [O, Cg, kh, kw]
+    o = conv_w.shape[0]
+    taps = conv_w.transpose(0, 2, 3, 1).reshape(o * kh * kw, -1, 1, 1)
+    tap_bias = None if bias is None else np.repeat(bias, kh * kw)
+    y = conv2d(rw, x, np.ascontiguousarray(taps), tap_bias, (n, o * kh * kw, h, wd), (1, 1), (1, 1), (0, 0, 0, 0), group)
+    y = rw.transpose(rw.reshape(y, (n, o, kh, kw, h, wd)), (0, 1, 4, 2, 5, 3))
+    return _crop(rw, rw.reshape(y, (n, o, h * kh, wd * kw)), begins, ends, out)
+
+
+def _zero_insertion(rw, x, w, bias, group, strides, dil, extra, begins, ends, out):
+    n, c, h, wd = rw.shape(x)
+    kh, kw = w.shape[2:]
+    if strides != [1, 1]:
+        sh, sw = strides
+        spread = rw.reshape(x, (n, c, h, 1, wd, 1))
+        spread = rw.pad(spread, (0, 0, 0, 0, 0, 0, 0, 0, 0, sh - 1, 0, sw - 1))
+        x = rw.slice(rw.slice(rw.reshape(spread, (n, c, h * sh, wd * sw)), 2, 0, (h - 1) * sh + 1), 3, 0,
+                     (wd - 1) * sw + 1)
+    full = [(k - 1) * d for k, d in zip((kh, kw), dil)]
+    lo = [f - b for f, b in zip(full, begins)]
+    hi = [f - e + p for f, e, p in zip(full, ends, extra)]
+    conv_w = _as_conv_weights(w, group, flip=True)
+    _, _, hx, wx = rw.shape(x)
+    pads = (max(lo[0], 0), max(lo[1], 0), max(hi[0], 0), max(hi[1], 0))
+    oh = hx + pads[0] + pads[2] - full[0]
+    ow = wx + pads[1] + pads[3] - full[1]
+    y = conv2d(rw, x, conv_w, bias, (n, conv_w.shape[0], oh, ow), (1, 1), tuple(dil), pads, group)
+    return _crop(rw, y, [max(-v, 0) for v in lo], [max(-v, 0) for v in hi], out)
+
+
+def _check(node: ONode, facts: Facts) -> str | None:
+    r = facts.rank(node.input(0))
+    return f"{r - 2}-D input" if r is not None and r not in (3, 4) else None
+
+
+@importer("ConvTranspose", const_inputs=((1, "weights"), (2, "bias")), check=_check)
+def conv_transpose(node: ONode, ctx) -> None:
+    x, y = node.input(0), node.outputs[0]
+    w = ctx.const(node.input(1))
+    bias = ctx.const(node.input(2)) if ctx.has_input(2) else None
+    group = int(node.attr("group", 1))
+    rw = Rewriter(ctx)
+    one_d = ctx.rank(x) == 3
+    if ctx.rank(x) not in (3, 4):
+        ctx.unsupported(f"{ctx.rank(x) - 2}-D input")
+        return
+    if one_d:
+        n, c, length = ctx.shape(x)
+        x, w = rw.reshape(x, (n, c, 1, length)), w[:, :, None, :]
+    kernel, out_shape = list(w.shape[2:]), ctx.shape(y)
+    in_hw, out_hw = ctx.shape(x)[2:], (out_shape[2:] if not one_d else (1, out_shape[2]))
+    strides, dil, extra, begins, ends = _geometry(_as_2d(node) if one_d else node, in_hw, kernel, out_hw)
+    target = None if one_d else y
+    if strides == kernel and dil == [1, 1] and extra == [0, 0]:
+        result = _pixel_shuffle(rw, x, w, bias, group, begins, ends, target)
+    else:
+        result = _zero_insertion(rw, x, w, bias, group, strides, dil, extra, begins, ends, target)
+    if one_d:
+        rw.reshape(result, out_shape, out=y)
+
+
+def _as_2d(node: ONode) -> ONode:
+    """The node's 1-D window attributes with a leading unit axis."""
+    attrs = dict(node.attrs)
+    for key, unit in (("strides", 1), ("dilations", 1), ("output_padding", 0), ("output_shape", 1)):
+        if attrs.get(key) is not None:
+            attrs[key] = [unit, *attrs[key]]
+    if attrs.get("pads") is not None:
+        b, e = attrs["pads"]
+        attrs["pads"] = [0, b, 0, e]
+    return ONode(node.name, node.op_type, node.domain, node.inputs, node.outputs, attrs, node.proto)

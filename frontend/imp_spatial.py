@@ -1,0 +1,125 @@
+"""Convolutions and pools off 2-D, built from 2-D ones: 1-D as 2-D with H = 1; 3-D Conv as a sum of
+2-D Convs over the depth taps; 3-D pools as a 2-D pool over (H, W) then one over depth (max and
+box averages compose exactly); ConvTranspose as a 1x1 Conv + pixel shuffle when kernel == stride,
+else zero insertion + a Conv with the flipped kernel; DepthToSpace / SpaceToDepth as views + Transpose."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpuflow.frontend.onnx_view import ONode
+from tpuflow.frontend.ops import OpKind
+from tpuflow.frontend.registry import importer
+from tpuflow.frontend.rewrite import Rewriter
+
+K = OpKind
+
+
+def nd_window(node: ONode, spatial: tuple[int, ...], kernel: tuple[int, ...]):
+    """(strides, dilations, begins, ends) of an N-d sliding window, auto_pad resolved."""
+    n = len(kernel)
+    strides = tuple(int(s) for s in node.attr("strides") or (1,) * n)
+    dilations = tuple(int(d) for d in node.attr("dilations") or (1,) * n)
+    auto = node.attr("auto_pad", "NOTSET")
+    if auto in ("NOTSET", "VALID"):
+        pads = [int(p) for p in node.attr("pads") or [0] * (2 * n)] if auto == "NOTSET" else [0] * (2 * n)
+        return strides, dilations, tuple(pads[:n]), tuple(pads[n:])
+    begins, ends = [], []
+    for size, k, s, d in zip(spatial, kernel, strides, dilations):
+        total = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+        begin = total // 2 if auto == "SAME_UPPER" else total - total // 2
+        begins.append(begin)
+        ends.append(total - begin)
+    return strides, dilations, tuple(begins), tuple(ends)
+
+
+def conv2d(rw: Rewriter, x: str, weights: np.ndarray, bias: np.ndarray | None, out_shape, strides, dilations,
+           pads, group: int, out: str | None = None) -> str:
+    """A canonical Conv with constant weights (and bias)."""
+    inputs = [x, rw.const(weights, tag="W")] + ([rw.const(bias, tag="B")] if bias is not None else [])
+    return rw.op(K.CONV, inputs, out_shape, out, kernel_shape=tuple(weights.shape[2:]), strides=tuple(strides),
+                 dilations=tuple(dilations), group=int(group), pads=tuple(pads))
+
+
+def conv_1d(node: ONode, ctx) -> None:
+    x, y = node.input(0), node.outputs[0]
+    w = ctx.const(node.input(1))
+    b = ctx.const(node.input(2)) if ctx.has_input(2) else None
+    (n, c, length), (_, o, lo) = ctx.shape(x), ctx.shape(y)
+    s, d, (pb,), (pe,) = nd_window(node, (length,), tuple(w.shape[2:]))
+    rw = Rewriter(ctx)
+    y2 = conv2d(rw, rw.reshape(x, (n, c, 1, length)), w[:, :, None, :], b, (n, o, 1, lo), (1, *s), (1, *d),
+                (0, pb, 0, pe), int(node.attr("group", 1)))
+    rw.reshape(y2, (n, o, lo), out=y)
+
+
+def conv_3d(node: ONode, ctx) -> None:
+    """Sum over depth taps t of Conv2D(x[:, :, t*dd + z*sd], W[:, :, t]) with depth folded into the batch."""
+    x, y = node.input(0), node.outputs[0]
+    w = ctx.const(node.input(1))
+    b = ctx.const(node.input(2)) if ctx.has_input(2) else None
+    (n, c, depth, h, wd), (_, o, do, ho, wo) = ctx.shape(x), ctx.shape(y)
+    kd = w.shape[2]
+    (sd, sh, sw), (dd, dh, dw), begins, ends = nd_window(node, (depth, h, wd), tuple(w.shape[2:]))
+    rw = Rewriter(ctx)
+    if begins[0] or ends[0]:
+        x = rw.pad(x, (0, 0, begins[0], 0, 0, 0, 0, ends[0], 0, 0))
+    xt = rw.transpose(x, (0, 2, 1, 3, 4))                                   # N, D, C, H, W
+    total = None
+    for t in range(kd):
+        taps = rw.slice(xt, 1, t * dd, t * dd + (do - 1) * sd + 1, sd)        # N, Do, C, H, W
+        part = conv2d(rw, rw.reshape(taps, (n * do, c, h, wd)), np.ascontiguousarray(w[:, :, t]),
+                      b if t == 0 else None, (n * do, o, ho, wo), (sh, sw), (dh, dw),
+                      (begins[1], begins[2], ends[1], ends[2]), int(node.attr("group", 1)))
+        total = part if total is None else rw.add(total, part)
+    rw.transpose(rw.reshape(total, (n, do, o, ho, wo)), (0, 2, 1, 3, 4), out=y)
+
+
+def _pool_attrs(kind: OpKind, node: ONode, kernel, strides, dilations, pads) -> dict:
+    attrs = dict(kernel_shape=tuple(kernel), strides=tuple(strides), dilations=tuple(dilations), pads=tuple(pads))
+    if kind == K.AVERAGE_POOL:
+        attrs["count_include_pad"] = bool(node.attr("count_include_pad", 0))
+    return attrs
+
+
+def pool_nd(kind: OpKind, node: ONode, ctx) -> None:
+    """1-D pools as 2-D with H = 1; 3-D pools as a 2-D pool over (H, W) then one over depth."""
+    x, y = node.input(0), node.outputs[0]
+    kernel = tuple(int(k) for k in node.attr("kernel_shape"))
+    dims, out_dims = ctx.shape(x), ctx.shape(y)
+    s, d, begins, ends = nd_window(node, dims[2:], kernel)
+    rw = Rewriter(ctx)
+    n, c = dims[:2]
+    if len(kernel) == 1:
+        y2 = rw.op(kind, (rw.reshape(x, (n, c, 1, dims[2])),), (n, c, 1, out_dims[2]),
+                   **_pool_attrs(kind, node, (1, *kernel), (1, *s), (1, *d), (0, begins[0], 0, ends[0])))
+        rw.reshape(y2, out_dims, out=y)
+        return
+    depth, h, w = dims[2:]
+    do, ho, wo = out_dims[2:]
+    plane = rw.op(kind, (rw.reshape(x, (n, c * depth, h, w)),), (n, c * depth, ho, wo),
+                  **_pool_attrs(kind, node, kernel[1:], s[1:], d[1:], (begins[1], begins[2], ends[1], ends[2])))
+    deep = rw.op(kind, (rw.reshape(plane, (n, c, depth, ho * wo)),), (n, c, do, ho * wo),
+                 **_pool_attrs(kind, node, (kernel[0], 1), (s[0], 1), (d[0], 1), (begins[0], 0, ends[0], 0)))
+    rw.reshape(deep, out_dims, out=y)
+
+
+@importer("DepthToSpace")
+def depth_to_space(node: ONode, ctx) -> None:
+    x, y = node.input(0), node.outputs[0]
+    (n, c, h, w), b = ctx.shape(x), int(node.attr("blocksize"))
+    rw = Rewriter(ctx)
+    if node.attr("mode", "DCR") == "CRD":
+        split, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+    else:
+        split, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+    rw.reshape(rw.transpose(rw.reshape(x, split), perm), ctx.shape(y), out=y)
+
+
+@importer("SpaceToDepth")
+def space_to_depth(node: ONode, ctx) -> None:
+    x, y = node.input(0), node.outputs[0]
+    (n, c, h, w), b = ctx.shape(x), int(node.attr("blocksize"))
+    rw = Rewriter(ctx)
+    moved = rw.transpose(rw.reshape(x, (n, c, h // b, b, w // b, b)), (0, 3, 5, 1, 2, 4))
+    rw.reshape(moved, ctx.shape(y), out=y)
