@@ -2,10 +2,10 @@
 per-engine one-machine relaxation (busy time with heads and tails, Jackson's preemptive rule) and
 the roofline (MACs at the MAC engines' combined peak, DDR bytes at the DRAM peak).
 
-The critical path, busy times and relaxations are in the scheduler's DAG model (hwmodel.timing's
-per-instruction cost estimates, precise hazards only), so they bound every schedule as that model
-times it; the roofline terms use only the chip's peaks. `bounds_summary` puts a makespan (the upper bound: an
-achieved schedule) next to them with the gap.
+The critical path, busy times and relaxations are in the scheduler's DAG model (hwmodel.timing.cost,
+the one per-instruction cost model; precise hazards only), so they bound every schedule as that model
+times it (schedule_bound_ps: their maximum); the roofline terms use only the chip's peaks.
+`bounds_summary` puts a makespan (the upper bound: an achieved schedule) next to them with the gap.
 """
 
 from __future__ import annotations
@@ -136,6 +136,18 @@ def lower_bounds(program: Program, dag: Dag | None = None) -> dict:
     bounds["lower_bound_ps"] = candidates[binding]
     bounds["binding"] = binding
     return bounds
+
+
+def schedule_bound_ps(program: Program, dag: Dag | None = None) -> int:
+    """The scheduler's lower bound for the program in its DAG model (hwmodel.timing.cost's costs,
+    precise hazards): max of the critical path and every engine's one-machine relaxation. No order
+    of the program's instructions finishes sooner in that model, and the simulator charges every
+    instruction at least its cost, so it never exceeds the simulated makespan either."""
+    dag = dag or build_dag(program)
+    if dag.size == 0:
+        return 0
+    edges = EdgeTable(dag)
+    return max(critical_path_ps(dag, edges), *engine_relaxation_ps(dag, edges).values())
 
 
 def bounds_summary(program: Program, makespan_ps: int, dag: Dag | None = None) -> dict:

@@ -7,7 +7,8 @@ are derived from the order, lowering.deps re-inserts them) and minus each queue'
 neighbours of any other SYS instruction (their effect is not described by ranges, so they stay put
 in their queue).
 
-Timing model (integer ps; cycles from hwmodel.timing.instruction_cycles in the engine's clock):
+Timing model (integer ps, hwmodel.timing.cost.instruction_timing_ps: the cost model the bounds and
+the lowering's tiling choices use too):
 a node occupies its engine for `duration`; an engine runs one node at a time. An edge a -> b
 means start(b) >= start(a) + duration(a) when both are on one engine (in-order pipeline), and
 start(b) >= start(a) + duration(a) + tail(a) + head(b) across engines: `tail` is the TIU compute
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpuflow.hwmodel.timing import instruction_cycles, instruction_latency_cycles
-from tpuflow.isa import TILE_WAIT_TAG, ConvTiu, Engine, Mm2Tiu, SysDma, SysTiu, TiuInstruction
+from tpuflow.hwmodel.timing.cost import instruction_timing_ps
+from tpuflow.isa import TILE_WAIT_TAG, Engine, SysDma, SysTiu
 from tpuflow.program import Program
 from tpuflow.scheduler.hazards import HazardFinder
 
@@ -53,11 +54,6 @@ def is_tile_wait(instr) -> bool:
 
 def is_stream_end(instr) -> bool:
     return (isinstance(instr, SysTiu) and instr.op == "end") or (isinstance(instr, SysDma) and instr.op == "chain_end")
-
-
-def period_ps(mhz: float) -> int:
-    """Clock period in whole ps (the timing model's rounding)."""
-    return max(1, round(1e6 / mhz))
 
 
 @dataclass
@@ -98,20 +94,8 @@ class Dag:
 
 
 def node_timing(instr, chip) -> tuple[int, int, int]:
-    """(duration, head, tail) in ps of one instruction."""
-    clocks = chip.clocks
-    if isinstance(instr, TiuInstruction):
-        period = period_ps(clocks.tiu_clock_mhz)
-        cycles = instruction_cycles(instr, chip)
-        t = chip.tiu
-        if isinstance(instr, (ConvTiu, Mm2Tiu)):
-            fill = t.cube_des_delay_cycles + t.cube_gen_delay_cycles + t.cube_issue_delay_cycles + t.cube_arb_delay_cycles
-        else:
-            fill = t.vector_des_delay_cycles + t.vector_gen_delay_cycles + t.vector_issue_delay_cycles
-        tail = max(0, instruction_latency_cycles(instr, chip) - cycles - fill)
-        return max(1, cycles * period), fill * period, tail * period
-    mhz = clocks.gdma_clock_mhz if instr.ENGINE is Engine.GDMA else clocks.tile_clock_mhz
-    return max(1, instruction_cycles(instr, chip) * period_ps(mhz)), 0, 0
+    """(duration, head, tail) in ps of one instruction: hwmodel.timing.cost's, the one cost model."""
+    return instruction_timing_ps(instr, chip)
 
 
 class _Builder:

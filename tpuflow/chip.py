@@ -37,13 +37,23 @@ def _power_of_two(v: Any) -> bool:
     return isinstance(v, int) and v > 0 and v & (v - 1) == 0
 
 
-def p(unit: str, doc: str, check=_positive):
-    """A config parameter: its unit, a one-line meaning and a validity check."""
-    return field(metadata={"unit": unit, "doc": doc, "check": check})
+def p(unit: str, doc: str, check=_positive, **extra):
+    """A config parameter: its unit, a one-line meaning and a validity check (optionally a `source`
+    and a `default` for keys added after user chip files were written)."""
+    default = extra.pop("default", dataclasses.MISSING)
+    return field(default=default, metadata={"unit": unit, "doc": doc, "check": check, **extra})
 
 
-def per_dtype(unit: str, doc: str, check=_positive):
-    return field(metadata={"unit": unit, "doc": doc, "check": check, "keys": DTYPES})
+def per_dtype(unit: str, doc: str, check=_positive, **extra):
+    default = extra.pop("default", None)
+    if default is not None:
+        return field(default_factory=lambda: types.MappingProxyType(dict(default)),
+                     metadata={"unit": unit, "doc": doc, "check": check, "keys": DTYPES, **extra})
+    return field(metadata={"unit": unit, "doc": doc, "check": check, "keys": DTYPES, **extra})
+
+
+def _fraction(v: Any) -> bool:
+    return 0 < v <= 1
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,12 @@ class ComputeConfig:
     cube_ic_per_cycle: Mapping[str, int] = per_dtype("channels/cycle", "input channels a lane's cube consumes per cycle")
     cube_ohow_per_cycle: Mapping[str, int] = per_dtype("pixels/cycle", "output pixels a lane's cube produces per cycle")
     tile_macs_per_cycle: Mapping[str, int] = per_dtype("MAC/cycle", "tile-matmul CUBE peak (16x16 output fractals)")
+    cube_cycles_per_step: Mapping[str, int] = per_dtype(
+        "cycles", "cycles the cube pipe spends on one (ic x ohow) step of CONV / MM2 (1 = the nominal peak)",
+        default={d: 1 for d in DTYPES},
+        source="1: TPUPerf CONV/MM2 formulas (hardware.md); bm1684x fp32 = 2: calibrated on ResNet-50 BM1684X fp32 "
+               "silicon (sophon-demo ResNet README, 9.14 ms) against tpu-mlir's 1-cycle-per-step CONV cost "
+               "(compiler_profile.txt, see benchmarks/vendor_profile.py)")
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,17 @@ class GdmaConfig:
     unaligned_penalty_cycles: int = p("cycles", "extra cycles for a burst not aligned to the bus", check=_non_negative)
     cmd_setup_cycles: int = p("cycles", "dispatch to first request of a command", check=_non_negative)
     segment_issue_cycles: int = p("cycles", "cycles to issue one burst request", check=_non_negative)
+    s2l_gbps: float = p("GB/s", "DDR -> LMEM rate limit of one command (0: none, the memory path decides)",
+                        check=_non_negative, default=0.0,
+                        source="bm1684x: tpu-mlir profile helpers, DDR->LMEM 58 GB/s at 1 GHz")
+    l2s_gbps: float = p("GB/s", "LMEM -> DDR rate limit of one command (0: none)", check=_non_negative, default=0.0,
+                        source="bm1684x: tpu-mlir profile helpers, LMEM->DDR 44 GB/s at 1 GHz")
+    s2s_gbps: float = p("GB/s", "DDR -> DDR rate limit of one command (0: none)", check=_non_negative, default=0.0,
+                        source="bm1684x: tpu-mlir profile helpers, DDR->DDR 28 GB/s at 1 GHz")
+    direction_efficiency: float = p(
+        "", "fraction of the per-direction rate a long transfer sustains (DRAM efficiency)", check=_fraction,
+        default=1.0, source="bm1684x: tpu-mlir 1.30.2 compiler_profile.txt, contiguous loads >= 64 KiB run at "
+                            "54.02 B/cycle = 0.931 x 58, stores at 40.98 B/cycle = 0.931 x 44")
 
 
 @dataclass(frozen=True)

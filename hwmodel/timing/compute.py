@@ -3,9 +3,10 @@
 TIU (cycles of the TIU clock; `eu` = vector EU elements per lane of the dtype, `ic`/`ohow` =
 chip.compute.cube_ic_per_cycle / cube_ohow_per_cycle of the dtype, `L` = lanes):
 
-  CONV  steps = N * ceil(Cout/L) * ceil(Ho*Wo/ohow);  body = steps * (kh*kw*ceil(Cin/ic) + psum)
+  CONV  steps = N * ceil(Cout/L) * ceil(Ho*Wo/ohow);  body = steps * (kh*kw*ceil(Cin/ic)*s + psum)
         psum = tiu.psum_add_delay_cycles when opt_res_add, else 0
-  MM2   steps = ceil(M/L) * ceil(N/ohow);            body = steps * (ceil(K/ic) + bias + psum)
+  MM2   steps = ceil(M/L) * ceil(N/ohow);            body = steps * (ceil(K/ic)*s + bias + psum)
+        s = chip.compute.cube_cycles_per_step of the dtype (1 = nominal peak; BM1684X fp32 runs at 2)
         bias = 1 when the bias row is a tensor (hardware.md's MM2.nn term); nn/nt/tt differ in startup
   AR, LIN, CMP, SFU, CW/BC   body = N * ceil(C/L) * ceil(H*W/eu) * passes  (of res0's shape)
         passes: SFU taylor = opd1_n terms, taylor_4x = ceil(opd1_n/4), otherwise 1
@@ -13,8 +14,8 @@ chip.compute.cube_ic_per_cycle / cube_ohow_per_cycle of the dtype, `L` = lanes):
   SYS   body = 0
 
 cycles = startup (tiu.startup_cycles of the class) + body + bank-conflict bubbles (see banks.py).
-The cube pipe (CONV, MM2) consumes `ic` input channels for `ohow` output pixels on each lane per
-cycle, so its MACs/cycle never exceed chip.peak_macs_per_cycle (the roofline bound holds).
+The cube pipe (CONV, MM2) consumes `ic` input channels for `ohow` output pixels on each lane every
+`s` cycles, so its MACs/cycle never exceed chip.peak_macs_per_cycle (the roofline bound holds).
 fp32 "cube" work runs at ic = 1, ohow = 16 (the vector EU), as the chip files state.
 
 TILE (cycles of the tile clock): TMATMUL/TGEMV do ceil(M/fm)*ceil(N/fn)*ceil(K/K0) fractal steps
@@ -76,7 +77,7 @@ def _conv(instr: ConvTiu, chip: ChipConfig) -> tuple[int, int]:
     ic, ohow = chip.compute.cube_ic_per_cycle[dt], chip.compute.cube_ohow_per_cycle[dt]
     steps = instr.res0_n * cdiv(instr.res0_c, chip.lanes) * cdiv(instr.res0_h * instr.res0_w, ohow)
     psum = chip.tiu.psum_add_delay_cycles if instr.opt_res_add else 0
-    return steps, instr.opd1_h * instr.opd1_w * cdiv(instr.opd0_c, ic) + psum
+    return steps, instr.opd1_h * instr.opd1_w * cdiv(instr.opd0_c, ic) * chip.compute.cube_cycles_per_step[dt] + psum
 
 
 def _mm2(instr: Mm2Tiu, chip: ChipConfig) -> tuple[int, int]:
@@ -85,7 +86,7 @@ def _mm2(instr: Mm2Tiu, chip: ChipConfig) -> tuple[int, int]:
     m, n, k = instr.mnk
     bias = 0 if instr.opt_opd2_const else 1
     psum = chip.tiu.psum_add_delay_cycles if instr.opt_res_add else 0
-    return cdiv(m, chip.lanes) * cdiv(n, ohow), cdiv(k, ic) + bias + psum
+    return cdiv(m, chip.lanes) * cdiv(n, ohow), cdiv(k, ic) * chip.compute.cube_cycles_per_step[dt] + bias + psum
 
 
 def _passes(instr: TiuInstruction) -> int:

@@ -26,7 +26,10 @@ vectorised pass; the simulator only adds dispatch times.
   issue (max(segment_issue_cycles, beats) cycles each).
 * DDR->DDR copies: the writes are served after the command's reads on each UMC (they share the
   UMCs, so the DRAM occupancy is the same; one read->write turnaround per UMC is charged).
-* Completion (in order): the last write acknowledgement, on a GDMA edge. tdma_sync_id follows.
+* Completion (in order): the last write acknowledgement, on a GDMA edge, but not before
+  setup + DDR-side bytes / (direction rate x gdma.direction_efficiency): the direction rate is
+  gdma.s2l_gbps (DDR -> LMEM, bytes read), l2s_gbps (LMEM -> DDR, bytes written) or s2s_gbps
+  (DDR -> DDR); 0 means no such limit. tdma_sync_id follows.
 """
 
 from __future__ import annotations
@@ -58,6 +61,20 @@ class CommandTable:
     dram_last: np.ndarray      # last DramUnit completion
     state: DramState
     iterations: int
+
+
+def direction_floor_ps(chip: ChipConfig, read_kinds, write_kinds, src_bytes, dst_bytes) -> np.ndarray:
+    """Least ps each command's data need at its direction's rate (see the module docstring)."""
+    g = chip.gdma
+    rk, wk = np.asarray(read_kinds, dtype=np.int64), np.asarray(write_kinds, dtype=np.int64)
+    gbps = np.zeros(len(rk))
+    gbps[(rk == DDR) & (wk == LMEM)] = g.s2l_gbps
+    gbps[(rk == LMEM) & (wk == DDR)] = g.l2s_gbps
+    gbps[(rk == DDR) & (wk == DDR)] = g.s2s_gbps
+    nbytes = np.where((rk == LMEM) & (wk == DDR), np.asarray(dst_bytes, dtype=np.int64),
+                      np.asarray(src_bytes, dtype=np.int64))
+    rate = gbps * g.direction_efficiency * 1e-3            # bytes per ps
+    return np.where(rate > 0, np.ceil(nbytes / np.where(rate > 0, rate, 1.0)), 0).astype(np.int64)
 
 
 class _Side:
@@ -145,7 +162,11 @@ class CommandModel:
         if ddr_write is not None:
             done[dd] = ddr_write.release
         self.streams = (ddr_read, ddr_write)
-        return self._collect(n, ws, done, self.streams, np.asarray(dst_bytes, dtype=np.int64), state)
+        table = self._collect(n, ws, done, self.streams, np.asarray(dst_bytes, dtype=np.int64), state)
+        floor = direction_floor_ps(self.chip, rk, wk, src_bytes, dst_bytes)
+        capped = np.flatnonzero(floor > 0)
+        table.end[capped] = np.maximum(table.end[capped], self.clock.align_array(self.setup + floor[capped]))
+        return table
 
     def _plan(self, rs: _Side, ws: _Side, state: DramState) -> DramPlan | None:
         r, w = rs.select(DDR), ws.select(DDR)

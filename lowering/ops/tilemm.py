@@ -14,6 +14,7 @@ import numpy as np
 
 from tpuflow.errors import LoweringError
 from tpuflow.isa import AccCvt, CwBcTiu, Prec, StrideMode, TMatmul, TPush, global_lmem_address, size_code, tile_ref
+from tpuflow.hwmodel.timing.cost import tile_load_cycles
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.lmem import GroupArena
@@ -72,8 +73,9 @@ class TileDims:
 TILE_SIDES = (64, 32, 16)      # M and N tile sizes tried (multiples of the 16 x 16 output fractal)
 NHWC_BLOCK = 256               # channels and pixels per block of the NHWC staging transpose
 STREAM_BATCH = 8               # constant K tiles loaded per DMA (half a queue: the next run loads while this one is read)
-RUNTIME_BYTE_WEIGHT = 12       # a runtime operand reaches Nz / Zn through K0-element (32 B) DMA pieces:
-                               # on the sg2260 timing model that costs ~12x a contiguous constant tile per byte
+# Operand tile loads are priced by hwmodel.timing.cost.tile_load_cycles (the scheduler's per-instruction cost):
+# a runtime operand reaches Nz / Zn through K0-element (32 B) or single-element DMA pieces, a constant one
+# arrives pre-arranged, STREAM_BATCH tiles per contiguous DMA.
 
 
 class Operand:
@@ -218,11 +220,16 @@ class TileGemm:
         tm, tn, tk = -(-self.m // d.mt), -(-self.n // d.nt), -(-self.k // d.kt)
         a_loads = tm * tk * (1 if d.resident == "a" else tn)
         b_loads = tn * tk * (1 if d.resident == "b" else tm)
-        weight = lambda op: RUNTIME_BYTE_WEIGHT if isinstance(op, RowsOperand) else 1
-        dma_bytes = a_loads * d.mt * d.kt * e * weight(self.a) + b_loads * d.kt * d.nt * e * weight(self.b)
+        def load_ns(op, rows, cols):   # one tile load, priced by hwmodel.timing.cost
+            runtime = isinstance(op, RowsOperand)
+            along_k = (op.layout == "nz") != op.col_major if runtime else True
+            cycles = tile_load_cycles(chip, rows, cols, e, runtime=runtime, piece_elems=None if along_k else 1,
+                                      batch=1 if runtime else STREAM_BATCH)
+            return cycles * 1e3 / chip.clocks.gdma_clock_mhz
+        dma_ns = a_loads * load_ns(self.a, d.mt, d.kt) + b_loads * load_ns(self.b, d.nt, d.kt)
         macs = chip.compute.tile_macs_per_cycle[self.ctx.options.dtype]
         block = chip.tile.block_overhead_cycles + chip.tile.fill_latency_cycles + d.mt * d.nt * d.kt / macs
-        return max(dma_bytes / chip.dram.peak_gbps, tm * tn * tk * block * 1e3 / chip.clocks.tile_clock_mhz)
+        return max(dma_ns, tm * tn * tk * block * 1e3 / chip.clocks.tile_clock_mhz)
 
     def run(self, deliver: Callable[[int, int, int, int, int], None]) -> None:
         d = self.dims

@@ -1,0 +1,222 @@
+"""Per-command comparison of tpu-mlir's static cost model (compiler_profile.txt) with tpuflow's cost model.
+
+    python benchmarks/vendor_profile.py [--corpus ../shared/peers/tpu-mlir] [--out benchmarks/results/vendor_profile.json]
+
+For every `<model>/<chip>_<dtype>/compiler_profile.txt` of the tpu-mlir 1.30.2 corpus (format in its HOWTO.md),
+each command cell (`<Op>_<line>|<kind>|s:..|e:..|t:<cycles>[|dr:<dir>|sz:<bytes>]`) is paired with an equivalent
+tpuflow instruction and costed by hwmodel.timing.cost (the one per-instruction cost the scheduler, the bounds
+and the tiler use) and, for GDMA, also by the simulator's own command timeline (gdma.CommandModel) alone on an
+idle memory system:
+  * GDMA_TENSOR / GDMA_MATRIX: a transfer of `sz` bytes in direction `dr` (S2L: DDR NCHW -> LMEM spread over
+    the lanes; L2S the reverse; S2S / L2L one contiguous run), bucketed by size;
+  * CONV: the tpu.Conv2D at that line of final.mlir, with the output slice of its `ginfo` (commands of one op
+    take the slices in n, c, h, w order) and the input channels / kernel of the op;
+  * MM / MM2: the tpu.MatMul at that line (M x K x N from its operand types);
+  * AR: an elementwise op over the op's output slice (the profile does not say which operand shapes it used).
+Chip pairing: bm1684x -> tpuflow's bm1684x, bm1690 -> sg2260. Results: per class the median, p10 and p90 of
+ours / tpu-mlir's cycles and the cycle totals; written to benchmarks/results/vendor_profile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from tpuflow.chip import load_chip
+from tpuflow.hwmodel.timing.clocks import Clocks
+from tpuflow.hwmodel.timing.cost import instruction_cycles
+from tpuflow.hwmodel.timing.gdma import CommandModel
+from tpuflow.hwmodel.timing.synthetic import ar, conv, copy_bytes, load, matmul, store
+from tpuflow.isa import Prec
+
+ROOT = Path(__file__).resolve().parent
+CORPUS = ROOT.parent.parent / "shared" / "peers" / "tpu-mlir"
+RESULTS = ROOT / "results" / "vendor_profile.json"
+OUR_CHIP = {"bm1684x": "bm1684x", "bm1690": "sg2260"}
+PREC = {"f32": int(Prec.FP32), "f16": int(Prec.FP16)}
+DIRECTIONS = {0: "S2L", 1: "L2S", 2: "S2S", 3: "L2L"}
+SIZE_BUCKETS = ((1024, "<=1K"), (16384, "1K-16K"), (262144, "16K-256K"), (1 << 62, ">256K"))
+CELL = re.compile(r"^(?P<op>[A-Za-z0-9]+)_(?P<line>\d+)\|(?P<kind>[A-Z0-9_]+)\|(?P<fields>.*)$")
+TENSOR = re.compile(r"tensor<([0-9x]+)x(f32|f16|bf16|i8|si8|ui8|i32|si32)")
+DDR_BASE = 1 << 30
+MIN_LANE_BYTES = 512           # one full GDMA burst (bus_bytes x max_burst_beats) per lane
+BANK = 1 << 14                 # operands of the synthetic TIU commands sit in different LMEM banks (no conflicts)
+RES, OPD0, OPD1 = 0, 4 * BANK, 8 * BANK
+PER_OP = ("MM", "MM2")         # matmul commands are compared per op: the profile does not say how it was split
+
+
+def parse_profile(path: Path) -> list[dict]:
+    """Every command cell of a compiler_profile.txt: op, line, kind, t and (GDMA) dr, sz."""
+    cells = []
+    for token in path.read_text().split():
+        m = CELL.match(token)
+        if not m:
+            continue
+        fields = dict(f.split(":", 1) for f in m["fields"].split("|") if ":" in f)
+        cell = {"op": m["op"], "line": int(m["line"]), "kind": m["kind"], "t": int(fields["t"])}
+        if "dr" in fields:
+            cell.update(dr=int(fields["dr"]), sz=int(fields["sz"]))
+        cells.append(cell)
+    return cells
+
+
+def _ints(text: str, key: str) -> list[int]:
+    m = re.search(rf"\b{key} = \[([^\]]*)\]", text)
+    return [int(v) for v in m[1].replace(" : i64", "").split(",") if v.strip()] if m else []
+
+
+def op_info(line_text: str) -> dict:
+    """Shapes, kernel and output slices of one final.mlir op line."""
+    types = [(tuple(int(d) for d in s.split("x")), dt) for s, dt in TENSOR.findall(line_text)]
+    out_shape = types[-1][0] if types else ()
+    slices = {d: _ints(line_text, f"{d}_slice") for d in "nchw"}
+    return {"types": types, "out": out_shape, "kernel": _ints(line_text, "kernel_shape"),
+            "strides": _ints(line_text, "strides"), "slices": slices}
+
+
+def _nchw(shape: tuple) -> tuple[int, int, int, int]:
+    shape = tuple(shape) + (1,) * (4 - len(shape))
+    return shape[0], shape[1], shape[2], int(np.prod(shape[3:]))
+
+
+def slice_shape(info: dict, index: int) -> tuple[int, int, int, int]:
+    """Output (n, c, h, w) of the index-th command of an op (its ginfo slices in n, c, h, w order)."""
+    full = _nchw(info["out"])
+    lists = [info["slices"][d] or [full[i]] for i, d in enumerate("nchw")]
+    combos = math.prod(len(v) for v in lists)
+    k, dims = index % combos, []
+    for v in reversed(lists):
+        dims.append(v[k % len(v)])
+        k //= len(v)
+    return tuple(reversed(dims))
+
+
+def tiu_instr(kind: str, info: dict, index: int, prec: int):
+    """The tpuflow TIU instruction equivalent to the index-th `kind` command of an op (None if unknown)."""
+    n, c, h, w = slice_shape(info, index)
+    if kind == "CONV" and len(info["kernel"]) == 2 and len(info["types"]) >= 2:
+        cin = info["types"][0][0][1]
+        base = conv(RES, OPD0, OPD1, n=n, cin=cin, h=h, w=w, cout=c, k=1, pad=0, prec=prec)
+        return dataclasses.replace(base, opd1_h=info["kernel"][0], opd1_w=info["kernel"][1])
+    if kind in PER_OP and len(info["types"]) >= 2:
+        left, right = info["types"][0][0], info["types"][1][0]
+        return matmul(RES, OPD0, OPD1, m=int(np.prod(left[:-1])), k=left[-1], n=right[-1], prec=prec)
+    if kind == "AR":
+        return ar("add", RES, OPD0, OPD1, (n, c, h, w), prec=prec)
+    return None
+
+
+def gdma_instr(chip, direction: int, nbytes: int, prec: int):
+    """A contiguous transfer of nbytes in the given direction: one DDR run; the LMEM side spread over
+    as many lanes as keep at least MIN_LANE_BYTES in each (one contiguous run per lane)."""
+    elem = Prec(prec).bytes
+    count = max(1, nbytes // elem)
+    lanes = math.gcd(count, max(1, min(chip.lanes, nbytes // MIN_LANE_BYTES)))
+    shape = (1, lanes, 1, count // lanes)
+    if direction == 0:
+        return load(chip, DDR_BASE, 0, shape, prec)
+    if direction == 1:
+        return store(chip, 0, DDR_BASE, shape, prec)
+    if direction == 2:
+        return copy_bytes(chip, DDR_BASE, DDR_BASE + (1 << 28), nbytes)
+    return copy_bytes(chip, 0, chip.lmem_bytes_per_lane // 2, min(nbytes, chip.lmem_bytes_per_lane // 2),
+                      src_lmem=True, dst_lmem=True)
+
+
+def bucket(nbytes: int) -> str:
+    return next(name for limit, name in SIZE_BUCKETS if nbytes <= limit)
+
+
+def simulated_cycles(chip, instr) -> int:
+    """Cycles of one GDMA command alone on the simulator's command model (idle memory)."""
+    clocks = Clocks.of(chip)
+    table = CommandModel(chip, clocks).table([instr])
+    return -(-int(table.end[0]) // clocks.gdma.period)
+
+
+def compare_run(run_dir: Path) -> list[dict]:
+    chip_name, dtype = run_dir.name.split("_")
+    chip, prec = load_chip(OUR_CHIP[chip_name]), PREC[dtype]
+    lines = (run_dir / "final.mlir").read_text().splitlines()
+    seen: dict[int, int] = defaultdict(int)
+    per_op: dict[tuple[int, str], dict] = {}
+    rows = []
+    for cell in parse_profile(run_dir / "compiler_profile.txt"):
+        index = seen[cell["line"]]
+        seen[cell["line"]] += 1
+        if "dr" in cell:
+            instr = gdma_instr(chip, cell["dr"], cell["sz"], prec)
+            klass = f"{cell['kind']} {DIRECTIONS[cell['dr']]} {bucket(cell['sz'])}"
+            sim = simulated_cycles(chip, instr)
+        else:
+            info = op_info(lines[cell["line"] - 1]) if cell["line"] <= len(lines) else None
+            instr = tiu_instr(cell["kind"], info, index, prec) if info else None
+            klass, sim = cell["kind"], None
+        if instr is None:
+            continue
+        row = {"class": klass, "op": f"{cell['op']}_{cell['line']}", "theirs": cell["t"],
+               "ours": instruction_cycles(instr, chip), "ours_sim": sim, "sz": cell.get("sz")}
+        if cell["kind"] in PER_OP:
+            key = (cell["line"], cell["kind"])
+            if key in per_op:
+                per_op[key]["theirs"] += cell["t"]
+                continue
+            per_op[key] = row
+        rows.append(row)
+    return rows
+
+
+def summarise(rows: list[dict]) -> dict:
+    ratio = np.asarray([r["ours"] / r["theirs"] for r in rows if r["theirs"] > 0])
+    out = {"count": len(rows), "theirs_cycles": int(sum(r["theirs"] for r in rows)),
+           "ours_cycles": int(sum(r["ours"] for r in rows)),
+           "median_ratio": float(np.median(ratio)), "p10_ratio": float(np.percentile(ratio, 10)),
+           "p90_ratio": float(np.percentile(ratio, 90))}
+    sims = [r for r in rows if r["ours_sim"] is not None]
+    if sims:
+        out["median_sim_ratio"] = float(np.median([r["ours_sim"] / r["theirs"] for r in sims if r["theirs"] > 0]))
+        out["ours_sim_cycles"] = int(sum(r["ours_sim"] for r in sims))
+        out["bytes"] = int(sum(r["sz"] for r in sims))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", type=Path, default=CORPUS)
+    ap.add_argument("--chips", default="bm1684x,bm1690")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    runs = sorted(p.parent for p in args.corpus.glob("*/*/compiler_profile.txt")
+                  if p.parent.name.split("_")[0] in args.chips.split(","))
+    by_class: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+    for run in runs:
+        for r in compare_run(run):
+            chip, dtype = run.name.split("_")
+            by_class[(chip, dtype, r["class"])].append(r)
+    table = [{"chip": c, "dtype": d, "class": k, **summarise(rows)} for (c, d, k), rows in sorted(by_class.items())]
+    print(f"{'chip':8s} {'dt':3s} {'class':28s} {'n':>5s} {'ours/theirs p50':>15s} {'p10':>6s} {'p90':>6s} "
+          f"{'sim/theirs':>10s} {'theirs Mcyc':>11s} {'ours Mcyc':>9s}")
+    for r in table:
+        sim = f"{r['median_sim_ratio']:10.2f}" if "median_sim_ratio" in r else f"{'':10s}"
+        print(f"{r['chip']:8s} {r['dtype']:3s} {r['class']:28s} {r['count']:5d} {r['median_ratio']:15.2f} "
+              f"{r['p10_ratio']:6.2f} {r['p90_ratio']:6.2f} {sim} {r['theirs_cycles'] / 1e6:11.3f} "
+              f"{r['ours_cycles'] / 1e6:9.3f}")
+    doc = {"corpus": "tpu-mlir 1.30.2 compiler_profile.txt (peers/tpu-mlir)", "chip_pairing": OUR_CHIP,
+           "runs": [f"{p.parent.name}/{p.name}" for p in runs], "classes": table}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
