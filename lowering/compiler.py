@@ -14,6 +14,7 @@ from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.groups import Group, form_groups
 from tpuflow.lowering.layergroup import ResidencyPlan, plan_residency
 from tpuflow.lowering.mathops import CONST_REGION_BYTES, const_region_image
+from tpuflow.lowering.ops.concat_lmem import ConcatLmemEmitter, concat_ports, uses_lmem
 from tpuflow.lowering.ops.conv import ConvEmitter
 from tpuflow.lowering.ops.gemv import GemvEmitter, is_gemv
 from tpuflow.lowering.ops.lrn import LrnEmitter
@@ -43,8 +44,20 @@ def _tiu_matmul_ports(graph: Graph, group: Group, chip: ChipConfig) -> tuple[set
 tiu_matmul_emitter.resident_ports = _tiu_matmul_ports
 
 
+def move_emitter(ctx: LowerCtx, group: Group):
+    """Data movement in DDR, or a channel Concat into an LMEM-resident output (layer groups)."""
+    if group.anchor.op_type == "Concat" and uses_lmem(ctx, group):
+        return ConcatLmemEmitter(ctx, group)
+    return MoveEmitter(ctx, group)
+
+
+move_emitter.resident_ports = concat_ports
+if hasattr(MoveEmitter, "scratch_bytes"):
+    move_emitter.scratch_bytes = MoveEmitter.scratch_bytes
+
+
 TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": tiu_matmul_emitter, "pool": PoolEmitter,
-                "lrn": LrnEmitter, "move": MoveEmitter, "view": ViewEmitter}
+                "lrn": LrnEmitter, "move": move_emitter, "view": ViewEmitter}
 
 
 def emitter_for(group: Group, options: CompileOptions):

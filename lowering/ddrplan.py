@@ -88,7 +88,7 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
         if name not in tensors:
             fixed(name, "output")
     pool = FirstFit(align_up(cursor, align), align)
-    members = _concat_members(graph, groups, esize)
+    members = _concat_members(graph, groups, esize, in_lmem)
     last_use = _last_use(graph, groups, members)
 
     def place(name: str) -> None:
@@ -118,7 +118,8 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
     return DdrPlan(tensors, scratch_base, scratch_bytes, weight_base, members)
 
 
-def _concat_members(graph: Graph, groups: list[Group], esize: int) -> dict[str, tuple[str, int]]:
+def _concat_members(graph: Graph, groups: list[Group], esize: int,
+                    in_lmem: set[str] = frozenset()) -> dict[str, tuple[str, int]]:
     """Concat inputs that can be written straight into their slice of the Concat's output, so the
     Concat copies nothing for them: the output must be one contiguous slice per input (every dim
     before the axis is 1), and the input a runtime activation of its own (not a graph input or
@@ -127,7 +128,7 @@ def _concat_members(graph: Graph, groups: list[Group], esize: int) -> dict[str, 
     members: dict[str, tuple[str, int]] = {}
     for group in groups:
         node = group.anchor
-        if node.op_type != "Concat" or len(group.nodes) != 1:
+        if node.op_type != "Concat" or len(group.nodes) != 1 or node.outputs[0] in in_lmem:
             continue
         out_shape = graph.tensor(node.outputs[0]).shape
         axis = node.attr("axis") % len(out_shape)

@@ -18,6 +18,8 @@ from tpuflow.lowering.tensors import LTile, make_tile, tile_bytes_per_lane
 # slices, partial sums, double buffers). A compiler policy, not a hardware number.
 RESIDENT_SHARE = 0.5
 
+MAX_GROUP_STRIDE = 1 << 15     # TIU n/c stride fields are 16-bit signed (sg2260_regs.json)
+
 Ports = Callable[[Graph, Group], tuple[set[str], set[str]]]
 
 
@@ -33,6 +35,7 @@ class ResidentTensor:
     size: int            # bytes per lane
     first: int           # index of the producing group
     last: int            # index of the last consuming group
+    inside: str | None = None   # the Concat output whose buffer this tensor is a channel slice of
 
     def tile(self, chip: ChipConfig) -> LTile:
         return make_tile(chip, self.addr, self.shape, self.prec)
@@ -44,7 +47,8 @@ class ResidentTensor:
         sub = whole.sub_channels(c0, c, chip)
         st = whole.strides
         addr = sub.addr + (n * st[0] + h0 * st[2]) * self.prec.bytes
-        return LTile(addr, (1, c, h, self.shape[3] if w is None else w), self.prec, st, StrideMode.FREE)
+        return LTile(addr, (1, c, h, self.shape[3] if w is None else w), self.prec,
+                     (0, self._group_stride(chip, sub, c), st[2], st[3]), StrideMode.FREE)
 
     def rows_view(self, chip: ChipConfig, r0: int, rows: int, col0: int, cols: int) -> LTile:
         """Rows [r0, r0+rows) x columns [col0, col0+cols) of the (rows on lanes, columns along
@@ -52,7 +56,17 @@ class ResidentTensor:
         whole = self.tile(chip)
         sub = whole.sub_channels(r0, rows, chip)
         return LTile(sub.addr + col0 * self.prec.bytes, (1, rows, 1, cols), self.prec,
-                     (whole.strides[0], whole.strides[1], cols, 1), StrideMode.FREE)
+                     (0, self._group_stride(chip, sub, rows), cols, 1), StrideMode.FREE)
+
+    def _group_stride(self, chip: ChipConfig, sub: LTile, channels: int) -> int:
+        """The channel-group stride, 0 when the view's channels sit in one group of lanes (the
+        descriptors' c strides are 16-bit; a view then needs none)."""
+        start = (sub.addr // chip.lmem_bytes_per_lane) % chip.lanes
+        return 0 if start + channels <= chip.lanes else sub.strides[1]
+
+    def strides_fit(self, chip: ChipConfig) -> bool:
+        """Whether a view over several channel groups can name its group stride (16-bit signed)."""
+        return self.shape[1] <= chip.lanes or self.tile(chip).strides[1] < MAX_GROUP_STRIDE
 
     def live_at(self, index: int) -> bool:
         return self.first <= index <= self.last
@@ -130,36 +144,92 @@ def resident_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
     return None
 
 
+@dataclass
+class _Unit:
+    """One LMEM allocation: a tensor, or a Concat output with the inputs written in place into
+    their channel slices of it (`members`: (tensor, channel offset, first, last))."""
+
+    shape: tuple[int, int, int, int]
+    first: int
+    last: int
+    members: list[tuple[str, int, int, int]]
+
+
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
                    ports: Callable[[Group], tuple[set[str], set[str]]]) -> ResidencyPlan:
     """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
-    to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it is
-    an activation with a resident layout that is neither a graph input nor output, and it fits the resident share
-    of LMEM for its whole lifetime (first fit over offsets, as the DDR plan does over addresses)."""
+    to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it has
+    a resident layout, it is neither a graph input nor output, and it fits the resident share of
+    LMEM for its whole lifetime (first fit over offsets, as the DDR plan does over addresses).
+    A channel Concat's inputs whose slice starts on lane 0 live inside the Concat's buffer."""
     top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
     budget = int((top - lo) * RESIDENT_SHARE) // chip.bank_bytes * chip.bank_bytes
     producer, consumers = _producers_and_consumers(graph, groups)
     readable, writable = zip(*(ports(g) for g in groups)) if groups else ((), ())
+
+    def eligible(name: str) -> bool:
+        users = consumers.get(name, ())
+        shape = resident_shape(graph.tensor(name).shape)
+        return (bool(users) and name not in graph.outputs and name in producer and shape is not None
+                and ResidentTensor(name, shape, prec, 0, 0, 0, 0).strides_fit(chip)
+                and name in writable[producer[name]] and all(name in readable[j] for j in users))
+
+    units = _concat_units(graph, groups, chip, producer, consumers, eligible)
+    claimed = {m[0] for u in units for m in u.members}
+    for name in producer:
+        if name not in claimed and eligible(name):
+            users = consumers[name]
+            units.append(_Unit(resident_shape(graph.tensor(name).shape), producer[name], max(users),
+                               [(name, 0, producer[name], max(users))]))
+    units.sort(key=lambda u: (u.first, u.last, u.members[0][0]))
     plan = ResidencyPlan(region_top=top)
-    placed: list[tuple[int, int, ResidentTensor]] = []       # (offset from top, end offset, tensor)
-    for index, group in enumerate(groups):
-        for name in group.stored:
-            users = consumers.get(name, ())
-            info = graph.tensor(name)
-            shape = resident_shape(info.shape)
-            if (not users or name in graph.outputs or shape is None or name not in writable[index]
-                    or any(name not in readable[j] for j in users)):
-                continue
-            size = _resident_bytes(chip, shape, prec)
-            first, last = index, max(users)
-            offset = _first_fit(placed, size, first, last)
-            if offset + size > budget:
-                continue
-            tensor = ResidentTensor(name, shape, prec, top - offset - size, size, first, last)
-            placed.append((offset, offset + size, tensor))
-            plan.tensors[name] = tensor
-            plan.consumers[name] = tuple(users)
+    placed: list[tuple[int, int, _Unit]] = []
+    for unit in units:
+        size = _resident_bytes(chip, unit.shape, prec)
+        offset = _first_fit(placed, size, unit.first, unit.last)
+        if offset + size > budget:
+            continue
+        placed.append((offset, offset + size, unit))
+        base = make_tile(chip, top - offset - size, unit.shape, prec)
+        for name, c0, first, last in unit.members:
+            shape = resident_shape(graph.tensor(name).shape)
+            addr = base.sub_channels(c0, shape[1], chip).addr
+            owner = unit.members[0][0]
+            plan.tensors[name] = ResidentTensor(name, shape, prec, addr, size if name == owner else 0, first, last,
+                                                None if name == owner else owner)
+            plan.consumers[name] = consumers[name]
     return plan
+
+
+def _concat_units(graph: Graph, groups: list[Group], chip: ChipConfig, producer, consumers,
+                  eligible: Callable[[str], bool]) -> list[_Unit]:
+    """Channel Concats kept in LMEM, each with the inputs that can be written in place."""
+    units, claimed = [], set()
+    for j, group in enumerate(groups):
+        node = group.anchor
+        out = node.outputs[0]
+        if not is_lmem_concat(graph, group) or not eligible(out):
+            continue
+        members, offset = [(out, 0, j, max(consumers[out]))], 0
+        for x in node.inputs:
+            if (offset % chip.lanes == 0 and x not in claimed and node.inputs.count(x) == 1 and eligible(x)
+                    and consumers[x] == (j,) and groups[producer[x]].anchor.op_type != "Concat"):
+                members.append((x, offset, producer[x], j))
+                claimed.add(x)
+            offset += graph.tensor(x).shape[1]
+        units.append(_Unit(resident_shape(graph.tensor(out).shape), min(m[2] for m in members),
+                           members[0][3], members))
+    return units
+
+
+def is_lmem_concat(graph: Graph, group: Group) -> bool:
+    """A Concat of NCHW activations along channels (N = 1): its LMEM buffer holds its inputs'
+    channel slices one after another, each starting where the previous one ends."""
+    node = group.anchor
+    if node.op_type != "Concat" or len(group.nodes) != 1:
+        return False
+    shape = graph.tensor(node.outputs[0]).shape
+    return len(shape) == 4 and shape[0] == 1 and node.attr("axis") % 4 == 1
 
 
 def _resident_bytes(chip: ChipConfig, shape, prec: Prec) -> int:
