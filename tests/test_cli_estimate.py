@@ -70,3 +70,13 @@ def test_a_user_chip_file_that_names_itself_keeps_its_name(tmp_path):
     chip = load_chip(path)
     assert (chip.name, chip.core.description) == ("lab-board", "our bring-up board")
     assert load_chip("sg2262").name == "sg2262"               # built-ins built on a base keep theirs
+
+
+def test_compile_verify_and_inspect_text_show_the_user_chip_and_its_fingerprint(capsys, user_chip, tmp_path):
+    fingerprint = load_chip(user_chip).fingerprint()
+    assert cli.main(["compile", "mlp", "--chip", str(user_chip), "-o", str(tmp_path / "out")]) == 0
+    assert f"compiled mlp for fastdram (fingerprint {fingerprint};" in capsys.readouterr().out
+    assert cli.main(["verify", "mlp", "--chip", str(user_chip), "--no-race-check"]) == 0
+    assert f"verify mlp on fastdram (fingerprint {fingerprint};" in capsys.readouterr().out
+    assert cli.main(["inspect", "mlp", "--chip", str(user_chip)]) == 0
+    assert f"chip fastdram (fingerprint {fingerprint})" in capsys.readouterr().out

@@ -132,7 +132,8 @@ def cmd_compile(model, chip, options: CompileOptions, input_shapes: dict, output
     graph, program = compile_model(model, chip, options, input_shapes)
     path = write_program(program, output, name=graph.name)
     counts = program.counts()
-    print(f"compiled {graph.name} for {program.chip.name} ({options.dtype}, matmul={options.matmul}, "
+    print(f"compiled {graph.name} for {program.chip.name} (fingerprint {program.chip.fingerprint()}; "
+          f"{options.dtype}, matmul={options.matmul}, "
           f"schedule={options.schedule}): {counts['tiu']} TIU, {counts['gdma']} GDMA, {counts['tile']} TILE "
           f"instructions -> {path}")
     return 0
@@ -186,7 +187,8 @@ def cmd_verify(model, chip, options: CompileOptions, input_shapes: dict, seed: i
         rows = [(o["name"], f"{o['max_abs_err']:.3e}", f"{o['max_rel_err']:.3e}", f"{o['cosine']:.6f}",
                  "ok" if o["max_rel_err"] <= result["rtol"] and o["cosine"] >= result["min_cosine"] else "FAIL")
                 for o in result["outputs"]]
-        print(f"verify {result['model']} on {result['chip']} ({result['dtype']}, matmul={result['matmul']}, "
+        print(f"verify {result['model']} on {result['chip']} (fingerprint {result['chip_fingerprint']}; "
+              f"{result['dtype']}, matmul={result['matmul']}, "
               f"seed {result['seed']}, race check {'on' if race_check else 'off'})")
         print(_table(rows, ("output", "max_abs_err", "max_rel_err", "cosine", "")))
         print(f"{'PASS' if result['ok'] else 'FAIL'}: bounds max_rel_err <= {result['rtol']:g}, "
