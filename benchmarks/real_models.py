@@ -147,10 +147,12 @@ def run_step(step: str, model: Path, shapes: list[str], values: list[str], timeo
     if proc.stdout.lstrip().startswith("{"):
         try:
             doc = json.loads(proc.stdout)
-            if "error" not in doc:
-                row.update(_headline(step, doc))
-        except (ValueError, KeyError, TypeError):
-            pass
+        except ValueError:
+            return row
+        if "error" in doc:                   # the --json error document: which ops, by type
+            row["unsupported_ops"] = sorted(doc["error"].get("unsupported", {}))
+        else:
+            row.update(_headline(step, doc))
     return row
 
 

@@ -22,6 +22,7 @@ from onnx import helper
 
 from tpuflow.chip import ChipConfig
 from tpuflow.errors import TpuflowError, UnsupportedOpError
+from tpuflow.options import DTYPE_ALIASES
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MAX_TEXT_LAYERS = 400
@@ -69,7 +70,7 @@ def _io(view, names) -> list[dict[str, Any]]:
 def partial_summary(model: Any, input_shapes, chip: ChipConfig, dtype: str, error: UnsupportedOpError) -> dict:
     """The inspect summary of a rejected model (see the module docstring for its keys)."""
     view, notes = _view(model, input_shapes)
-    dtype = {"f32": "fp32", "f16": "fp16", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
     reason = {node: key for key, nodes in error.unsupported.items() for node in nodes}
     top_level = {n.name for n in view.proto.graph.node} | {n.name for n in view.nodes}
     rows, ops = [], {}
