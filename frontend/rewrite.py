@@ -12,6 +12,28 @@ from tpuflow.frontend.shapes import matmul_shape
 K = OpKind
 
 
+def _slice(v, a):
+    return v[tuple(slice(s, e, st) for s, e, st in zip(a["starts"], a["ends"], a["steps"]))]
+
+
+# Canonical ops evaluated at rewrite time when every input is a constant (initial RNN states ...).
+FOLDERS = {
+    K.RESHAPE: lambda v, a: v[0].reshape(a["shape"]),
+    K.TRANSPOSE: lambda v, a: v[0].transpose(a["perm"]),
+    K.SLICE: lambda v, a: _slice(v[0], a),
+    K.CONCAT: lambda v, a: np.concatenate(v, a["axis"]),
+    K.MATMUL: lambda v, a: np.matmul(v[0], v[1]),
+    K.ADD: lambda v, a: v[0] + v[1], K.SUB: lambda v, a: v[0] - v[1],
+    K.MUL: lambda v, a: v[0] * v[1], K.DIV: lambda v, a: v[0] / v[1],
+    K.NEG: lambda v, a: -v[0], K.ABS: lambda v, a: np.abs(v[0]), K.EXP: lambda v, a: np.exp(v[0]),
+    K.RELU: lambda v, a: np.maximum(v[0], 0), K.TANH: lambda v, a: np.tanh(v[0]),
+    K.SIGMOID: lambda v, a: 1 / (1 + np.exp(-v[0])),
+    K.CLIP: lambda v, a: np.clip(v[0], a["min"], a["max"]),
+    K.LEAKY_RELU: lambda v, a: np.where(v[0] >= 0, v[0], v[0] * a["alpha"]),
+    K.HARD_SIGMOID: lambda v, a: np.clip(v[0] * a["alpha"] + a["beta"], 0, 1),
+}
+
+
 class Rewriter:
     """Emits canonical nodes for the importer's current node. Every method returns the name of the
     produced tensor; `out=` names the tensor to write instead of a new intermediate (the node's own
@@ -28,6 +50,10 @@ class Rewriter:
 
     def op(self, kind: OpKind, inputs, out_shape, out: str | None = None, dtype: str | None = None,
            **attrs) -> str:
+        values = [self.ctx.const(t) for t in inputs]
+        if out is None and kind in FOLDERS and all(v is not None for v in values):
+            result = np.asarray(FOLDERS[kind](values, attrs))
+            return self.const(result.reshape(tuple(out_shape)), result.dtype.name, tag="folded")
         self.count += 1
         tag = f"{kind.value.lower()}{self.count}"
         y = out or self.ctx.temp(tag, tuple(int(d) for d in out_shape), dtype or self.dtype)

@@ -34,7 +34,7 @@ def behind_neg(model: onnx.ModelProto, name: str = "x") -> onnx.ModelProto:
     for vi in out.graph.input:
         if vi.name == name:
             vi.name = f"{name}_raw"
-    out.graph.node.insert(0, helper.make_node("Neg", [f"{name}_raw"], [name], name="pre_neg"))
+    out.graph.node.insert(0, helper.make_node("Neg", [f"{name}_raw"], [name], name=f"pre_neg_{name}"))
     return out
 
 
@@ -195,3 +195,23 @@ SPATIAL = [
 @pytest.mark.parametrize("op,inputs,consts,attrs", SPATIAL, ids=[f"{c[0]}{c[3]}" for c in SPATIAL])
 def test_spatial(op, inputs, consts, attrs):
     check(behind_neg(node_model(op, inputs, consts, **attrs)))
+
+
+# ------------------------------------------------------------------ recurrent networks
+
+RECURRENT = [
+    ("LSTM", {}), ("LSTM", dict(direction="bidirectional", init="const", peepholes=True)),
+    ("LSTM", dict(direction="reverse", init="runtime", clip=0.5)),
+    ("GRU", dict(linear_before_reset=1, direction="bidirectional")), ("GRU", dict(init="runtime")),
+    ("RNN", dict(direction="bidirectional", init="const", activations=["Relu", "Tanh"])),
+]
+
+
+@pytest.mark.parametrize("matmul", ["tiu", "tile"])
+@pytest.mark.parametrize("op,kw", RECURRENT, ids=[f"{c[0]}{c[1]}" for c in RECURRENT])
+def test_recurrent(op, kw, matmul):
+    from rnn_models import rnn_model
+    model = behind_neg(rnn_model(op, **kw))
+    if kw.get("init") == "runtime":
+        model = behind_neg(behind_neg(model, "h0"), "c0") if op == "LSTM" else behind_neg(model, "h0")
+    check(model, matmul)
