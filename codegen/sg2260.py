@@ -60,7 +60,7 @@ from importlib import resources
 from typing import Callable, Mapping
 
 from tpuflow.errors import BinaryFormatError, EncodingError
-from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GeneralDma, Instruction, LinTiu, MatrixDma,
+from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GatherDma, GeneralDma, Instruction, LinTiu, MatrixDma,
                          Mm2Tiu, PordTiu, Prec, SfuTiu, SysDma, SysTiu, TensorDma)
 
 from tpuflow.codegen.bitfields import FieldRangeError, Layout, LogicalField
@@ -71,6 +71,7 @@ GDMA_LOGICAL = {
     "src_start_addr": ("src_start_addr_l32", "src_start_addr_h13"),
     "dst_start_addr": ("dst_start_addr_l32", "dst_start_addr_h13"),
     "localmem_mask": ("localmem_mask_l32", "localmem_mask_h32"),
+    "index_start_addr": ("index_start_addr_l32", "index_start_addr_h13"),
     "src_cstride": ("src_cstride(move length)",),
 }
 INT32_CONST_RANGE = (-(1 << 31), (1 << 31) - 1)
@@ -110,13 +111,14 @@ KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
     TensorDma: (("DMA_tensor（0x000）", {}),),
     MatrixDma: (("DMA_matrix", {}),),
     GeneralDma: (("DMA_general", {}),),
+    GatherDma: (("DMA_gather", {}),),
     SysDma: (("sDMA_sys", {}),),
 }
 
 
 OPERANDS = ("res0", "opd0", "opd1", "opd2")
 ALL_LANES = (1 << 64) - 1
-ADDRESS_FIELDS = ("src_start_addr", "dst_start_addr")
+ADDRESS_FIELDS = ("src_start_addr", "dst_start_addr", "index_start_addr")
 CAST_ROUND_MODES = range(5)  # ArTiu cast's opd2 (see its docstring); tpu-mlir's round_mode numbering
 # padding value of max / min pooling (-inf / +inf, or the integer extremes) per opd0 precision
 POOL_PAD = {

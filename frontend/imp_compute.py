@@ -1,7 +1,10 @@
 """Importers of ops lowered by their own TIU/GDMA kernels: comparisons, logic, Where on a live
-condition, rounding, Sign, Mod, Sin/Cos, ThresholdedRelu, Resize / Upsample."""
+condition, rounding, Sign, Mod, Sin/Cos, ThresholdedRelu, Resize / Upsample, Pad reflect / edge,
+Gather / GatherND / GatherElements on runtime indices."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from onnx import helper, numpy_helper
@@ -10,6 +13,7 @@ from tpuflow.errors import ModelError
 from tpuflow.frontend.onnx_view import ONode, one_line
 from tpuflow.frontend.ops import OpKind
 from tpuflow.frontend.registry import IMPORTERS, Importer, importer
+from tpuflow.frontend.rewrite import Rewriter
 from tpuflow.frontend.shapes import SHAPE_FNS
 
 K = OpKind
@@ -259,3 +263,96 @@ def pad(node: ONode, ctx) -> None:
 
 
 IMPORTERS["Pad"] = Importer(pad, _PAD_CONSTANT.const_inputs, _pad_check)
+
+
+# ---------------------------------------------------------------- Gather family on runtime indices
+
+_GATHER_CONST = IMPORTERS["Gather"]
+
+
+def gather(node: ONode, ctx) -> None:
+    """Constant indices as before; runtime indices -> Gather with a runtime index input (the
+    lowering's gdma.gather; negative indices count from the end there)."""
+    if ctx.const(node.input(1)) is not None:
+        _GATHER_CONST.run(node, ctx)
+        return
+    data = node.input(0)
+    ctx.emit(K.GATHER, (data, node.input(1)), node.outputs, axis=int(node.attr("axis", 0)) % ctx.rank(data))
+
+
+IMPORTERS["Gather"] = Importer(gather, (), _GATHER_CONST.check)
+
+
+def _rows_view(rw: Rewriter, data: str, k: int) -> str:
+    """data (d0, ..., dk-1, rest...) viewed as (d0*...*dk-1, rest...)."""
+    dims = rw.shape(data)
+    return rw.reshape(data, (math.prod(dims[:k]),) + tuple(dims[k:]))
+
+
+def _non_negative(rw: Rewriter, idx: str, dim: int) -> str:
+    """idx + dim where idx < 0 (runtime)."""
+    negative = rw.op(K.LESS, (idx, rw.scalar(0.0)), rw.shape(idx))
+    return rw.op(K.WHERE, (negative, rw.add(idx, float(dim)), idx), rw.shape(idx))
+
+
+def _gather_rows(rw: Rewriter, ctx, table: str, linear, out: str) -> None:
+    """Gather along axis 0 of `table` by `linear` (a numpy array: constant, or a tensor name)."""
+    if isinstance(linear, np.ndarray):
+        linear = ctx.add_const("linear_index", linear.astype(np.int64))
+    shape = rw.shape(linear) + rw.shape(table)[1:]
+    rw.op(K.GATHER, (table, linear), shape, out, axis=0)
+
+
+@importer("GatherND")
+def gather_nd(node: ONode, ctx) -> None:
+    """GatherND (batch_dims 0) = Gather along axis 0 of data viewed as (d0*...*dk-1, rest) by the
+    linear index sum_j idx[..., j] * stride_j."""
+    if int(node.attr("batch_dims", 0)):
+        ctx.unsupported("batch_dims > 0")
+        return
+    data, idx, y = node.input(0), node.input(1), node.outputs[0]
+    dims, k = ctx.shape(data), ctx.shape(idx)[-1]
+    strides = [math.prod(dims[j + 1:k]) for j in range(k)]
+    rw = Rewriter(ctx, dtype="float32")
+    table = _rows_view(rw, data, k) if k > 1 else data
+    value = ctx.const(idx)
+    if value is not None:
+        comps = np.where(value < 0, value + np.asarray(dims[:k]), value)
+        _gather_rows(rw, ctx, table, (comps * strides).sum(axis=-1), y)
+        return
+    lead = ctx.shape(idx)[:-1]
+    if k == 1:                   # the (..., 1) index tensor as it is (no view of a graph input)
+        picked = rw.op(K.GATHER, (data, idx), ctx.shape(idx) + tuple(dims[1:]), axis=0)
+        rw.reshape(picked, ctx.shape(y), out=y)
+        return
+    linear = None
+    for j in range(k):
+        comp = rw.reshape(rw.slice(idx, len(lead), j, j + 1), lead)
+        comp = _non_negative(rw, comp, dims[j])
+        term = rw.mul(comp, float(strides[j])) if strides[j] != 1 else comp
+        linear = term if linear is None else rw.add(linear, term)
+    _gather_rows(rw, ctx, table, linear, y)
+
+
+@importer("GatherElements")
+def gather_elements(node: ONode, ctx) -> None:
+    """out[p] = data[p with p[axis] = idx[p]]: a Gather of single elements of the flattened data by
+    the linear index idx * stride_axis + base(p) (base: the other coordinates' offset, constant)."""
+    data, idx, y = node.input(0), node.input(1), node.outputs[0]
+    dims, ishape = ctx.shape(data), ctx.shape(idx)
+    rank = len(dims)
+    axis = int(node.attr("axis", 0)) % rank
+    strides = [math.prod(dims[j + 1:]) for j in range(rank)]
+    grid = np.indices(ishape)
+    base = sum(grid[j] * strides[j] for j in range(rank) if j != axis)
+    rw = Rewriter(ctx, dtype="float32")
+    table = rw.reshape(data, (math.prod(dims), 1))
+    value = ctx.const(idx)
+    if value is not None:
+        linear = np.where(value < 0, value + dims[axis], value) * strides[axis] + base
+        flat = rw.op(K.GATHER, (table, ctx.add_const("linear_index", linear.astype(np.int64))), ishape + (1,), axis=0)
+    else:
+        linear = rw.add(rw.mul(_non_negative(rw, idx, dims[axis]), float(strides[axis])),
+                        rw.const(base.astype(np.float32)))
+        flat = rw.op(K.GATHER, (table, linear), ishape + (1,), axis=0)
+    rw.reshape(flat, ishape, out=y)

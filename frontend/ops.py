@@ -17,8 +17,9 @@ canonical form (what the lowering receives):
   are the input's trailing ones (others are moved last by a Transpose and flattened).
 - Transpose perm; Concat axis; Split axis + sizes; Slice starts / ends / steps, one entry per
   axis of the input, clamped into [0, dim], steps positive; Gather axis, indices a constant
-  input with non-negative values; Where with a constant condition; Pad pads (begin of every axis,
-  then end of every axis, non-negative) and value (float), constant mode. Expand shape: the
+  with non-negative values or a runtime tensor (negative values count from the end); Pad pads
+  (begin of every axis, then end of every axis, non-negative) and value (float), constant mode
+  unless `mode` says otherwise (see below). Expand shape: the
   output shape (numpy broadcast of the input to it; a stride-0 copy).
 - MaxPool / AveragePool: kernel_shape, strides, dilations, pads (t, l, b, r), and for
   AveragePool count_include_pad. ceil_mode is resolved into the output tensor's shape: output
@@ -152,5 +153,5 @@ REQUIRED_ATTRS: dict[OpKind, tuple[str, ...]] = {
 
 # Inputs (by position) that must be constant after the frontend.
 CONST_INPUTS: dict[OpKind, tuple[int, ...]] = {
-    K.CONV: (1, 2), K.GATHER: (1,), K.LAYER_NORM: (1, 2),
+    K.CONV: (1, 2), K.LAYER_NORM: (1, 2),
 }

@@ -8,7 +8,7 @@ import functools
 import numpy as np
 
 from tpuflow.isa.base import LocalTensor, Prec
-from tpuflow.isa.gdma import GeneralDma, MatrixDma, SysDma, TensorDma, is_lmem, lmem_address
+from tpuflow.isa.gdma import GatherDma, GeneralDma, MatrixDma, SysDma, TensorDma, is_lmem, lmem_address
 
 from tpuflow.hwmodel.functional.errors import ExecutionError
 
@@ -110,8 +110,27 @@ def execute_general(m, ins: GeneralDma) -> None:
     m.lmem.data[lane:lane + lanes, span] = data
 
 
+def execute_gather(m, ins: GatherDma) -> None:
+    """dst[c, h, :] = src[c, index[c, h] - start_pos, :], constant_value where out of range."""
+    prec = Prec(ins.src_data_format)
+    if (ins.dst_csize, ins.dst_hsize, ins.dst_wsize) != (ins.src_csize, ins.index_hsize, ins.src_wsize) \
+            or ins.index_csize not in (1, ins.src_csize):
+        raise ExecutionError(f"gdma.gather: dst {ins.dst_shape} is not (src_c, index_h, src_w) of src "
+                             f"{ins.src_shape} / index {ins.index_shape}")
+    src = read_endpoint(m, ins.src_start_addr, ins.src_shape, ins.src_strides, prec)
+    index = read_endpoint(m, ins.index_start_addr, ins.index_shape, ins.index_strides, Prec.INT32)
+    rows = index.view(np.uint32).astype(np.int64)[0, :, :, 0] - ins.start_pos      # (index_csize, H)
+    rows = np.broadcast_to(rows, (ins.dst_csize, ins.index_hsize))
+    valid = (rows >= 0) & (rows < ins.src_hsize)
+    picked = np.take_along_axis(src[0], np.where(valid, rows, 0)[:, :, None], axis=1)
+    fill = fill_value(ins.constant_value, prec)
+    data = np.where(valid[:, :, None], picked, fill)[None].astype(prec.storage_dtype)
+    write_endpoint(m, ins.dst_start_addr, ins.dst_shape, ins.dst_strides, prec, data)
+
+
 def execute_sys(m, ins: SysDma) -> None:
     """chain_end, nop, send and wait change no data; waits are the engines' business."""
 
 
-HANDLERS = {TensorDma: execute_tensor, MatrixDma: execute_matrix, GeneralDma: execute_general, SysDma: execute_sys}
+HANDLERS = {TensorDma: execute_tensor, MatrixDma: execute_matrix, GeneralDma: execute_general,
+            GatherDma: execute_gather, SysDma: execute_sys}

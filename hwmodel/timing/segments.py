@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tpuflow.chip import ChipConfig
-from tpuflow.isa import GeneralDma, Instruction, MatrixDma, Prec, TensorDma, is_lmem, lmem_address
+from tpuflow.isa import GatherDma, GeneralDma, Instruction, MatrixDma, Prec, TensorDma, is_lmem, lmem_address
 
 
 class Side(NamedTuple):
@@ -160,4 +160,17 @@ def transfer_sides(instr: Instruction, chip: ChipConfig) -> tuple[Side | None, S
         src = _side(instr.src_start_addr, flat, unit, es, chip)
         dst = _side(instr.dst_start_addr, flat, unit, es, chip, lanes_copy=copies if is_lmem(instr.dst_start_addr, chip) else 1)
         return src, dst
+    if isinstance(instr, GatherDma):
+        return _gather_sides(instr, chip)
     raise TypeError(f"not a GDMA data command: {type(instr).__name__}")
+
+
+def _gather_sides(instr: GatherDma, chip: ChipConfig) -> tuple[Side, Side]:
+    """gdma.gather reads one src row per index; which rows is data dependent, so the read side is
+    modelled as index_hsize rows spread evenly over the table (each its own segment, as random
+    rows are). The index reads (4 B per row) are not modelled."""
+    es = Prec(instr.src_data_format).bytes
+    spread = max(1, instr.src_hsize // max(1, instr.index_hsize))
+    rows = (1, instr.src_csize, instr.index_hsize, instr.src_wsize)
+    src = _side(instr.src_start_addr, rows, (0, instr.src_cstride, instr.src_hstride * spread, 1), es, chip)
+    return src, _side(instr.dst_start_addr, instr.dst_shape, instr.dst_strides, es, chip)

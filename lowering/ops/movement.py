@@ -1,5 +1,6 @@
-"""Data movement as GDMA DDR -> DDR transfers: Transpose, Concat, Split, Slice, Gather with
-constant indices, Pad, Expand, Cast, and copies for views that must own their buffer."""
+"""Data movement as GDMA DDR -> DDR transfers: Transpose, Concat, Split, Slice, Gather (constant
+indices; runtime ones in ops/gather.py), Pad, Resize, Expand, Cast, and copies for views that must
+own their buffer (innermost-axis moves go through LMEM, ops/lmem_move.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tpuflow.isa import Prec
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops import lmem_move
+from tpuflow.lowering.ops.gather import emit_runtime_gather
 from tpuflow.lowering.tensors import DRegion
 
 MAX_DIM = 65535
@@ -167,6 +169,9 @@ class MoveEmitter:
 
     def _emit_gather(self) -> None:
         x, idx_name = self.node.inputs[0], self.node.inputs[1]
+        if not self.ctx.graph.tensor(idx_name).is_const:
+            emit_runtime_gather(self.ctx, self.node, self.src_addr(x))
+            return
         y = self.node.outputs[0]
         axis = self.node.attr("axis", 0)
         x_shape = self.shape(x)

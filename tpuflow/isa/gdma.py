@@ -221,6 +221,95 @@ class GeneralDma(DmaInstruction):
 
 
 @dataclass(frozen=True)
+class GatherDma(DmaInstruction):
+    """gdma.gather: rows of src picked by a runtime index tensor (embedding lookups).
+
+    For c < dst_csize, h < index_hsize, w < src_wsize:
+        i = index[c', h] - start_pos      (c' = 0 when index_csize == 1, else c)
+        dst[c, h, w] = src[c, i, w] if 0 <= i < src_hsize, else constant_value (its bits in
+        src_data_format).
+    Index elements are uint32, contiguous along h: index[c, h] at index_start_addr +
+    (c*index_cstride + h) * 4. src (c, i, w) is at src_start_addr + (c*src_cstride + i*src_hstride +
+    w) * bytes, dst (c, h, w) at dst_start_addr + (c*dst_cstride + h*dst_hstride + w) * bytes
+    (w stride 1 on both). src and index may be DDR or LMEM (LMEM: channel c on lane
+    (start_lane + c) % lanes, as for dma.tensor); dst is DDR (the descriptor's localmem_mask,
+    which would gate LMEM writes, is written 0). A well-formed command has dst_hsize =
+    index_hsize, dst_wsize = src_wsize, src_csize = dst_csize and index_csize 1 or src_csize (the
+    functional model rejects others). The DDR rows read are data dependent: accesses() reports the
+    whole src tensor.
+    """
+
+    CMD_TYPE: ClassVar[int] = 7
+    PREFIX: ClassVar[str] = "gdma.gather"
+    OPS: ClassVar[dict] = {"gather": 0}
+    src_start_addr: int
+    dst_start_addr: int
+    index_start_addr: int
+    src_csize: int
+    src_hsize: int
+    src_wsize: int
+    src_cstride: int
+    src_hstride: int
+    dst_cstride: int
+    dst_hstride: int
+    index_csize: int
+    index_hsize: int
+    index_cstride: int
+    dst_csize: int = 0
+    dst_hsize: int = 0
+    dst_wsize: int = 0
+    start_pos: int = 0
+    constant_value: int = 0
+    op: str = "gather"
+    src_data_format: int = FP32
+    cmd_id_dep: int = 0
+
+    @property
+    def op_name(self) -> str:
+        return "gdma.gather"
+
+    @property
+    def src_shape(self):
+        return (1, self.src_csize, self.src_hsize, self.src_wsize)
+
+    @property
+    def src_strides(self):
+        return (0, self.src_cstride, self.src_hstride, 1)
+
+    @property
+    def dst_shape(self):
+        return (1, self.dst_csize, self.dst_hsize, self.dst_wsize)
+
+    @property
+    def dst_strides(self):
+        return (0, self.dst_cstride, self.dst_hstride, 1)
+
+    @property
+    def index_shape(self):
+        return (1, self.index_csize, self.index_hsize, 1)
+
+    @property
+    def index_strides(self):
+        return (0, self.index_cstride, 1, 1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.dst_csize * self.dst_hsize * self.dst_wsize * Prec(self.src_data_format).bytes
+
+    def _endpoint_of(self, addr, shape, strides, esize, chip):
+        if is_lmem(addr, chip):
+            return lmem_ranges(lmem_address(addr, chip), shape, strides, esize, chip), ()
+        return (), ddr_range(addr, shape, strides, esize)
+
+    def accesses(self, chip: "ChipConfig") -> Accesses:
+        esize = Prec(self.src_data_format).bytes
+        src_l, src_d = self._endpoint_of(self.src_start_addr, self.src_shape, self.src_strides, esize, chip)
+        idx_l, idx_d = self._endpoint_of(self.index_start_addr, self.index_shape, self.index_strides, 4, chip)
+        dst_l, dst_d = self._endpoint_of(self.dst_start_addr, self.dst_shape, self.dst_strides, esize, chip)
+        return Accesses(lmem_reads=src_l + idx_l, lmem_writes=dst_l, ddr_reads=src_d + idx_d, ddr_writes=dst_d)
+
+
+@dataclass(frozen=True)
 class SysDma(DmaInstruction):
     """dma.sys.*: chain_end (last command of a stream), nop, sys_send, sys_wait.
     sys_wait with index == TILE_WAIT_TAG waits until the TILE engine completed block
@@ -242,4 +331,4 @@ class SysDma(DmaInstruction):
         return Accesses()
 
 
-GDMA_KINDS: tuple[type[DmaInstruction], ...] = (TensorDma, MatrixDma, GeneralDma, SysDma)
+GDMA_KINDS: tuple[type[DmaInstruction], ...] = (TensorDma, MatrixDma, GeneralDma, GatherDma, SysDma)

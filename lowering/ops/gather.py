@@ -1,0 +1,57 @@
+"""Gather with runtime indices (embedding lookups): the indices are loaded into one lane, made
+non-negative and converted to uint32 on the TIU, and one gdma.gather per block of indices copies
+the selected rows straight from the table to the output."""
+
+from __future__ import annotations
+
+import math
+
+from tpuflow.errors import LoweringError
+from tpuflow.isa import GatherDma, Prec, global_lmem_address
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.tensors import DRegion, make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tiling import steps
+
+INDEX_BLOCK = 4096          # indices converted and gathered per block (one lane, uint32)
+MAX_ROW = 65535             # src_wsize / csize are 16-bit descriptor fields
+
+
+def gather_rows(ctx: LowerCtx, label: str, table: int, outer: int, rows: int, inner: int, indices: int,
+                count: int, dst: int) -> None:
+    """dst[o, n, :] = table[o, idx[n], :] for o < outer, n < count; table (outer, rows, inner),
+    dst (outer, count, inner), idx the `count` activation-dtype values at DDR `indices`
+    (negative values count from the end, as ONNX Gather's)."""
+    if inner > MAX_ROW or outer > MAX_ROW:
+        raise LoweringError(f"node {label}: gather rows of {inner} elements x {outer} exceed the DMA size fields")
+    chip, em, prec = ctx.chip, ctx.em, ctx.prec
+    block = min(count, INDEX_BLOCK)
+    arena = ctx.arena()
+    raw_b = tile_bytes_per_lane(chip, (1, 1, 1, block), prec)
+    f32_b = tile_bytes_per_lane(chip, (1, 1, 1, block), Prec.FP32)
+    raw_off, a_off, b_off, c_off, i_off = arena.alloc_many([raw_b] + [f32_b] * 4, label)
+    for n0, n in steps(count, block):
+        shape = (1, 1, 1, n)
+        raw = make_tile(chip, raw_off, shape, prec)
+        a, b, c = (make_tile(chip, off, shape, Prec.FP32) for off in (a_off, b_off, c_off))
+        index = make_tile(chip, i_off, shape, Prec.FP32).as_prec(Prec.INT32)     # same 4-byte layout
+        em.load(raw, DRegion(indices + n0 * prec.bytes, shape, (n, n, n, 1), prec))
+        em.ar("copy", a, raw)
+        em.ar("add", b, a, float(rows))
+        em.cmp("sel_lt", c, a, 0.0, b, a)                      # negative: count from the end
+        em.ar("cast", index, c, round_mode=0)
+        em.gdma(GatherDma(src_start_addr=table, dst_start_addr=dst + n0 * inner * prec.bytes,
+                          index_start_addr=global_lmem_address(index.addr, chip),
+                          src_csize=outer, src_hsize=rows, src_wsize=inner, src_cstride=rows * inner,
+                          src_hstride=inner, dst_cstride=count * inner, dst_hstride=inner,
+                          index_csize=1, index_hsize=n, index_cstride=0,
+                          dst_csize=outer, dst_hsize=n, dst_wsize=inner, src_data_format=int(prec)))
+    ctx.note_layer(label, "Gather", lmem_peak=arena.peak)
+
+
+def emit_runtime_gather(ctx: LowerCtx, node, table: int) -> None:
+    """A Gather node whose indices are a runtime tensor."""
+    x_shape = ctx.graph.tensor(node.inputs[0]).shape
+    axis = node.attr("axis", 0)
+    count = math.prod(ctx.graph.tensor(node.inputs[1]).shape)
+    gather_rows(ctx, node.name, table, math.prod(x_shape[:axis]), x_shape[axis], math.prod(x_shape[axis + 1:]),
+                ctx.ddr_addr(node.inputs[1]), count, ctx.ddr_addr(node.outputs[0]))
