@@ -34,7 +34,8 @@ from the instruction (`DERIVED` below) are written as tpu-mlir 1.30.2's bm1690 d
 and checked on decode: arith `tsk_opd_num` (1 for unary ops, 2 otherwise) and cast's round mode in
 `opd2_n_str`; the `opt_X_sign` flags (1 for integer precisions, all tpuflow integers are signed;
 cast's result sign in `opt_opd2_sign`); conv/pool `opt_opd3_const = 1` with the padding value in
-`opd3_addr` (0, or -inf / +inf in opd0's precision for max / min pooling); `stride_enable = 1` on
+`opd3_addr` (0, or -inf / +inf in opd0's precision for max / min pooling) and, in the long forms,
+their weight / bias layouts `short_opd1_str` / `short_opd2_str` (compact); `stride_enable = 1` on
 tensor and matrix DMAs (they use their strides), `nchw_copy = 1` on plain tensor copies whose
 shapes agree, and `localmem_mask` all lanes on DMAs without one in the dataclass.
 GDMA addresses carry tpu-mlir's memory tag in bits 40-44 (table `address_tags`): an ISA address
@@ -144,13 +145,18 @@ def _arith_fields(v: dict) -> dict[str, int]:
     return out
 
 
+# the layouts ConvTiu / PordTiu fix for their weights and bias (class constants; long forms carry them)
+CONSTANT_LAYOUTS = {"short_opd1_str": int(ConvTiu.short_opd1_str), "short_opd2_str": int(ConvTiu.short_opd2_str)}
+assert CONSTANT_LAYOUTS == {"short_opd1_str": int(PordTiu.short_opd1_str), "short_opd2_str": int(PordTiu.short_opd2_str)}
+
+
 def _conv_fields(v: dict) -> dict[str, int]:
-    return {**_signs(v), "opt_opd3_const": 1, "opd3_addr": 0}
+    return {**_signs(v), **CONSTANT_LAYOUTS, "opt_opd3_const": 1, "opd3_addr": 0}
 
 
 def _pool_fields(v: dict) -> dict[str, int]:
     pad = POOL_PAD.get(v["op"], {}).get(v["opt_opd0_prec"], 0)
-    return {**_signs(v), "opt_opd3_const": 1, "opd3_addr": pad & 0xFFFFFFFF}
+    return {**_signs(v), **CONSTANT_LAYOUTS, "opt_opd3_const": 1, "opd3_addr": pad & 0xFFFFFFFF}
 
 
 def _tensor_dma_fields(v: dict) -> dict[str, int]:

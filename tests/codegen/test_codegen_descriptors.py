@@ -93,7 +93,8 @@ def test_every_descriptor_field_the_dataclass_lacks_is_zero_or_its_hardware_mean
     raw = int.from_bytes(blob, "little")
     head = {"cmd_short", "tsk_typ", "tsk_eu_typ"}
     names = {f.name for f in dataclasses.fields(ConvTiu)} | head
-    implied = {"opt_opd3_const": 1}  # opd3 (the padding value) is the constant 0, not an LMEM operand
+    # opd3 (the padding value) is the constant 0, not an LMEM operand; weights and bias are compact
+    implied = {"opt_opd3_const": 1, "short_opd1_str": 1, "short_opd2_str": 1}
     for bit in layout.bits:
         if bit.name not in names:
             assert bit.extract(raw) == implied.get(bit.name, 0), bit.name

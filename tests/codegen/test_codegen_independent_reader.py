@@ -37,13 +37,14 @@ INTEGER_PRECS = {0, 3, 4}  # int8, int16, int32 (tpuflow's integers are signed)
 # or the integer extremes (fp32 2, fp16 1, bf16 5, int8 0, int16 3, int32 4)
 POOL_PAD = {4: {2: 0xFF800000, 1: 0xFC00, 5: 0xFF80, 0: 0xFFFFFF80, 3: 0xFFFF8000, 4: 0x80000000},
             3: {2: 0x7F800000, 1: 0x7C00, 5: 0x7F80, 0: 0x7F, 3: 0x7FFF, 4: 0x7FFFFFFF}}
-REGISTERS = {  # the brief's kind -> register mapping (long, short)
-    ConvTiu: {"CONV", "sCONV"}, Mm2Tiu: {"MM2", "sMM2"}, ArTiu: {"AR", "sAR"}, PordTiu: {"PorD", "sPorD"},
-    SfuTiu: {"SFU", "sSFU"}, LinTiu: {"LIN", "sLIN"}, CmpTiu: {"CMP", "sCMP"}, CwBcTiu: {"CW&BC", "sCW&sBC"},
-    SysTiu: {"SYS"}, TensorDma: {"DMA_tensor（0x000）"}, MatrixDma: {"DMA_matrix"}, GeneralDma: {"DMA_general"},
-    SysDma: {"sDMA_sys"},
+REGISTERS = {  # kind (class name) -> its registers (long, short)
+    "ConvTiu": {"CONV", "sCONV"}, "Mm2Tiu": {"MM2", "sMM2"}, "ArTiu": {"AR", "sAR"}, "PordTiu": {"PorD", "sPorD"},
+    "SfuTiu": {"SFU", "sSFU"}, "LinTiu": {"LIN"}, "CmpTiu": {"CMP", "sCMP"}, "CwBcTiu": {"CW&BC", "sCW&sBC"},
+    "SysTiu": {"SYS"}, "TensorDma": {"DMA_tensor（0x000）"}, "MatrixDma": {"DMA_matrix"},
+    "GeneralDma": {"DMA_general"}, "GatherDma": {"DMA_gather"}, "SysDma": {"sDMA_sys"},
 }
 SPLIT = {"src_start_addr": ("src_start_addr_l32", "src_start_addr_h13", 32),
+         "index_start_addr": ("index_start_addr_l32", "index_start_addr_h13", 32),
          "dst_start_addr": ("dst_start_addr_l32", "dst_start_addr_h13", 32),
          "localmem_mask": ("localmem_mask_l32", "localmem_mask_h32", 32)}
 RENAMED = {"src_cstride": "src_cstride(move length)"}
@@ -154,7 +155,7 @@ def _expected_bits(value: int, width: int) -> int:
 def check_agrees(instr, entry: dict, fields: list[tuple[str, int]]) -> None:
     cls = type(instr)
     reg = entry["reg"]
-    assert reg in REGISTERS[cls]
+    assert reg in REGISTERS[cls.__name__]
     got = dict(fields)
     widths = dict(VENDOR["registers"][reg]["declared"])
     tiu = cls.ENGINE is Engine.TIU
@@ -169,7 +170,7 @@ def check_agrees(instr, entry: dict, fields: list[tuple[str, int]]) -> None:
         if f.name in SPLIT:
             lo, hi, shift = SPLIT[f.name]
             wire = got[lo] | got[hi] << shift
-            if f.name in ("src_start_addr", "dst_start_addr") and value >> TAGS["shift"] == 0:  # DDR: tag 1 or 2
+            if f.name.endswith("_start_addr") and value >> TAGS["shift"] == 0:  # DDR: tag 1 or 2
                 assert wire >> TAGS["shift"] in (TAGS["ddr_coeff"], TAGS["ddr_activation"]), f.name
                 wire &= (1 << TAGS["shift"]) - 1
             assert wire == value, f.name
