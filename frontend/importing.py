@@ -15,7 +15,7 @@ from tpuflow.frontend.ops import OpKind
 from tpuflow.frontend.registry import IMPORTERS
 from tpuflow.frontend import imp_conv, imp_elementwise, imp_matmul, imp_norm, imp_shape  # noqa: F401 (registers)
 from tpuflow.frontend import imp_activation, imp_broadcast, imp_norm2, imp_reduce  # noqa: F401 (registers)
-from tpuflow.frontend import imp_convtranspose, imp_rnn, imp_spatial  # noqa: F401 (registers)
+from tpuflow.frontend import imp_convtranspose, imp_einsum, imp_rnn, imp_spatial  # noqa: F401 (registers)
 from tpuflow.frontend import imp_compute  # noqa: F401,E402 (registers; after imp_elementwise: replaces Where)
 
 

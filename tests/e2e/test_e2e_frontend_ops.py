@@ -215,3 +215,20 @@ def test_recurrent(op, kw, matmul):
     if kw.get("init") == "runtime":
         model = behind_neg(behind_neg(model, "h0"), "c0") if op == "LSTM" else behind_neg(model, "h0")
     check(model, matmul)
+
+
+# ------------------------------------------------------------------ einsum
+
+EINSUMS = [("bhqd,bhkd->bhqk", [(2, 3, 4, 5), (2, 3, 6, 5)]), ("bld,dh->blh", [(2, 4, 5), None]),
+           ("nchw,nc->nhw", [(2, 3, 4, 5), (2, 3)]), ("i,j->ij", [(3,), (4,)]), ("ijk->i", [(3, 4, 5)])]
+
+
+@pytest.mark.parametrize("matmul", ["tiu", "tile"])
+@pytest.mark.parametrize("equation,shapes", EINSUMS, ids=[e for e, _ in EINSUMS])
+def test_einsum(equation, shapes, matmul):
+    runtime = {f"x{i}": s for i, s in enumerate(shapes) if s is not None}
+    consts = {"w": weights(rng, 5, 3)} if None in shapes else {}
+    model = node_model("Einsum", runtime, consts, equation=equation)
+    for name in runtime:
+        model = behind_neg(model, name)
+    check(model, matmul)
