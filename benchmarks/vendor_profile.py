@@ -14,7 +14,9 @@ idle memory system:
   * MM / MM2: the tpu.MatMul at that line (M x K x N from its operand types);
   * AR: an elementwise op over the op's output slice (the profile does not say which operand shapes it used).
 Chip pairing: bm1684x -> tpuflow's bm1684x, bm1690 -> sg2260. Results: per class the median, p10 and p90 of
-ours / tpu-mlir's cycles and the cycle totals; written to benchmarks/results/vendor_profile.json.
+ours / tpu-mlir's cycles and the cycle totals; and per ResNet-50 conv layer on bm1684x (each compiler's own
+program: tpu-mlir's TIU cycles of the op against tpuflow's simulated TIU busy time of the same layer);
+written to benchmarks/results/vendor_profile.json.
 """
 
 from __future__ import annotations
@@ -174,6 +176,54 @@ def compare_run(run_dir: Path) -> list[dict]:
     return rows
 
 
+LOC_DEF = re.compile(r'^#(loc\d+) = loc\("([^"]*)"\)')
+LOC_USE = re.compile(r"loc\(#(loc\d+)\)\s*$")
+TENSOR_NAME = re.compile(r"^r(\d+)_")
+
+
+def layer_names(lines: list[str]) -> dict[int, str]:
+    """final.mlir line -> the ONNX tensor its op's location names (e.g. 'r2_Relu_filter_reorderd' -> r2)."""
+    locs = {m[1]: m[2] for m in map(LOC_DEF.match, lines) if m}
+    out = {}
+    for number, text in enumerate(lines, 1):
+        m = LOC_USE.search(text)
+        name = locs.get(m[1], "") if m else ""
+        t = TENSOR_NAME.match(name)
+        if t:
+            out[number] = f"r{t[1]}"
+    return out
+
+
+def compare_layers(run_dir: Path, model: str) -> list[dict]:
+    """Per conv layer of a tpuflow-built model: tpu-mlir's TIU cycles (CONV and AR cells of the op)
+    against the TIU busy time of tpuflow's layer that computes the same tensor (the first Conv at or
+    before it: tpuflow names node nK's output rK), both compiled and costed by their own compiler."""
+    from tpuflow.options import CompileOptions
+    from tpuflow.pipeline import estimate
+    chip_name, dtype = run_dir.name.split("_")
+    lines = (run_dir / "final.mlir").read_text().splitlines()
+    names = layer_names(lines)
+    theirs: dict[int, int] = defaultdict(int)
+    for cell in parse_profile(run_dir / "compiler_profile.txt"):
+        if cell["op"] == "Conv2D" and "dr" not in cell and cell["line"] in names:
+            theirs[int(names[cell["line"]][1:])] += cell["t"]
+    report = estimate(model, OUR_CHIP[chip_name], CompileOptions(dtype={"f32": "fp32", "f16": "fp16"}[dtype]))
+    ours = {int(r["name"][1:]): r for r in report["layers"] if r["op"] == "Conv" and r["name"][1:].isdigit()}
+    rows = []
+    for tensor, cycles in sorted(theirs.items()):
+        node = max((k for k in ours if k <= tensor), default=None)
+        if node is None:
+            continue
+        busy = ours[node]["busy_us"]["tiu"] * chip_clock_mhz(OUR_CHIP[chip_name])
+        rows.append({"layer": f"n{node}", "macs": ours[node]["macs"], "theirs": cycles, "ours": int(round(busy)),
+                     "ratio": busy / cycles})
+    return rows
+
+
+def chip_clock_mhz(name: str) -> float:
+    return load_chip(name).clocks.tiu_clock_mhz
+
+
 def summarise(rows: list[dict]) -> dict:
     ratio = np.asarray([r["ours"] / r["theirs"] for r in rows if r["theirs"] > 0])
     out = {"count": len(rows), "theirs_cycles": int(sum(r["theirs"] for r in rows)),
@@ -209,8 +259,21 @@ def main() -> int:
         print(f"{r['chip']:8s} {r['dtype']:3s} {r['class']:28s} {r['count']:5d} {r['median_ratio']:15.2f} "
               f"{r['p10_ratio']:6.2f} {r['p90_ratio']:6.2f} {sim} {r['theirs_cycles'] / 1e6:11.3f} "
               f"{r['ours_cycles'] / 1e6:9.3f}")
+    layers = {}
+    for run in runs:
+        if run.parent.name == "resnet50" and run.name.startswith("bm1684x"):
+            rows = compare_layers(run, "resnet50")
+            ratio = np.asarray([r["ratio"] for r in rows])
+            layers[run.name] = {"layers": rows, "count": len(rows), "median_ratio": float(np.median(ratio)),
+                                "p10_ratio": float(np.percentile(ratio, 10)), "p90_ratio": float(np.percentile(ratio, 90)),
+                                "theirs_cycles": int(sum(r["theirs"] for r in rows)),
+                                "ours_cycles": int(sum(r["ours"] for r in rows))}
+            w = layers[run.name]
+            print(f"resnet50 {run.name}: {w['count']} conv layers, TIU ours/theirs median {w['median_ratio']:.2f} "
+                  f"(p10 {w['p10_ratio']:.2f}, p90 {w['p90_ratio']:.2f}), total {w['ours_cycles'] / 1e6:.3f} vs "
+                  f"{w['theirs_cycles'] / 1e6:.3f} Mcycles")
     doc = {"corpus": "tpu-mlir 1.30.2 compiler_profile.txt (peers/tpu-mlir)", "chip_pairing": OUR_CHIP,
-           "runs": [f"{p.parent.name}/{p.name}" for p in runs], "classes": table}
+           "runs": [f"{p.parent.name}/{p.name}" for p in runs], "classes": table, "resnet50_layers": layers}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
