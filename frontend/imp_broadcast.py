@@ -1,4 +1,5 @@
-"""Importers of broadcasting and masking ops on live tensors: Expand, Tile, Mean, Trilu, CumSum."""
+"""Importers of broadcasting and masking ops on live tensors: Expand, Tile, variadic Max / Min / Mean,
+Trilu, CumSum."""
 
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ def tile(node: ONode, ctx) -> None:
     target = [v for d, r in zip(dims, reps) for v in (r, d)]
     wide = rw.op(K.EXPAND, (rw.reshape(x, split),), target, shape=tuple(target))
     rw.reshape(wide, ctx.shape(y), out=y)
+
+
+@importer("Max", "Min")
+def max_min(node: ONode, ctx) -> None:
+    """Max(a, b, c, ...) -> Max(Max(a, b), c) ... with broadcasting (binary Max / Min kernels)."""
+    kind, y = (K.MAX if node.op_type == "Max" else K.MIN), node.outputs[0]
+    terms = list(node.inputs)
+    if len(terms) == 1:
+        ctx.alias(terms[0], y)
+        return
+    rw = Rewriter(ctx)
+    current = terms[0]
+    for i, term in enumerate(terms[1:], start=1):
+        current = rw.binary(kind, current, term, out=y if i == len(terms) - 1 else None)
 
 
 @importer("Mean")

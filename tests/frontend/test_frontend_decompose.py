@@ -152,8 +152,8 @@ def test_tile(reps):
 
 
 @FAST
-@given(count=st.integers(1, 4), op=st.sampled_from(["Mean", "Sum"]))
-def test_variadic_mean_sum_broadcast(count, op):
+@given(count=st.integers(1, 4), op=st.sampled_from(["Mean", "Sum", "Max", "Min"]))
+def test_variadic_broadcast(count, op):
     shapes = [(2, 3, 4), (3, 1), (4,), (1, 3, 4)][:count]
     check(node_model(op, {f"x{i}": s for i, s in enumerate(shapes)}))
 
@@ -170,3 +170,27 @@ def test_cumsum(axis, exclusive, reverse):
     graph = check(node_model("CumSum", {"x": (2, 3, 4)}, {"a": np.asarray(axis, np.int64)}, opset=14,
                              exclusive=exclusive, reverse=reverse))
     assert "MatMul" in kinds(graph)
+
+
+def test_shape_size_range_constant_of_shape_fold_on_static_shapes():
+    """Shape arithmetic (Shape, Size, Gather, Concat, Range, ConstantOfShape) folds away; only the
+    data path is left."""
+    from control_models import model, vi
+    from onnx import TensorProto as T, helper
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Size", ["x"], ["n"]),
+             helper.make_node("Gather", ["s", "zero"], ["d0"], axis=0),
+             helper.make_node("Unsqueeze", ["d0", "zero1"], ["d0v"]),
+             helper.make_node("Concat", ["d0v", "minus1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["flat"]),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=T.FLOAT),
+             helper.make_node("Reshape", ["rf", "target"], ["rf2"]),
+             helper.make_node("ConstantOfShape", ["target2"], ["half"],
+                              value=helper.make_tensor("v", T.FLOAT, [1], [0.5])),
+             helper.make_node("Shape", ["flat"], ["target2"]),
+             helper.make_node("Mul", ["flat", "half"], ["m"]), helper.make_node("Add", ["m", "rf2"], ["y"])]
+    m = model(nodes, [vi("x", [2, 3, 4])], [vi("y", [2, 12])],
+              [("zero", np.array(0)), ("zero1", np.array([0])), ("minus1", np.array([-1])), ("one", np.array(1))],
+              opset=13)
+    graph = check(m)
+    assert kinds(graph) == ["Reshape", "Mul", "Add"]
