@@ -356,3 +356,128 @@ def gather_elements(node: ONode, ctx) -> None:
                         rw.const(base.astype(np.float32)))
         flat = rw.op(K.GATHER, (table, linear), ishape + (1,), axis=0)
     rw.reshape(flat, ishape, out=y)
+
+
+# ---------------------------------------------------------------- ArgMax / ArgMin / Hardmax / TopK
+
+NEG_BIG = -3.0e38           # below every finite value of the activation dtypes (-inf in fp16/bf16)
+
+
+def _last_axis_view(rw: Rewriter, x: str, axis: int) -> tuple[str, list[int] | None]:
+    """x with `axis` moved last (None when it already is) and the permutation used."""
+    rank = len(rw.shape(x))
+    if axis == rank - 1:
+        return x, None
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    return rw.transpose(x, perm), perm
+
+
+def _iota(rw: Rewriter, n: int, scale: float = 1.0) -> str:
+    """The constant [0, scale, 2*scale, ...) of length n, made once per importer call (each distinct
+    constant operand of a row group takes its own LMEM row)."""
+    cache = rw.__dict__.setdefault("_iotas", {})
+    if (n, scale) not in cache:
+        cache[(n, scale)] = rw.const(np.arange(n, dtype=np.float32) * scale)
+    return cache[(n, scale)]
+
+
+def _first_max_index(rw: Rewriter, x: str, last: bool = False) -> tuple[str, str]:
+    """(max, index of its first (or last) occurrence) along the last axis of x, keepdims."""
+    dims = rw.shape(x)
+    m = rw.op(K.REDUCE_MAX, (x,), dims[:-1] + (1,), axes=(len(dims) - 1,), keepdims=True)
+    hit = rw.op(K.EQUAL, (x, m), dims)
+    if last:                                   # largest index among the hits
+        picked = rw.op(K.WHERE, (hit, _iota(rw, dims[-1]), rw.scalar(-1.0)), dims)
+        return m, rw.op(K.REDUCE_MAX, (picked,), dims[:-1] + (1,), axes=(len(dims) - 1,), keepdims=True)
+    picked = rw.op(K.WHERE, (hit, _iota(rw, dims[-1], -1.0), rw.scalar(NEG_BIG)), dims)
+    neg = rw.op(K.REDUCE_MAX, (picked,), dims[:-1] + (1,), axes=(len(dims) - 1,), keepdims=True)
+    return m, rw.neg(neg)
+
+
+def _restore(rw: Rewriter, x: str, perm: list[int] | None, shape, out: str | None) -> str:
+    """Undo _last_axis_view and view as `shape` (into `out`)."""
+    if perm is not None:
+        moved = tuple(rw.shape(x)[p] for p in perm)
+        if moved == tuple(shape):
+            return rw.transpose(x, perm, out=out)
+        x = rw.transpose(x, perm)
+    return rw.reshape(x, tuple(shape), out=out)
+
+
+@importer("ArgMax", "ArgMin")
+def arg_extreme(node: ONode, ctx) -> None:
+    """max (of x, or of -x for ArgMin) along the axis, the hits, and the smallest (largest with
+    select_last_index) hit position by a max-reduction over -position (position)."""
+    x, y = node.input(0), node.outputs[0]
+    dims = ctx.shape(x)
+    axis = int(node.attr("axis", 0)) % len(dims)
+    rw = Rewriter(ctx, dtype="float32")
+    work, perm = _last_axis_view(rw, x, axis)
+    if node.op_type == "ArgMin":
+        work = rw.neg(work)
+    _, index = _first_max_index(rw, work, bool(node.attr("select_last_index", 0)))
+    _restore(rw, index, perm, ctx.shape(y), y)
+
+
+@importer("Hardmax")
+def hardmax(node: ONode, ctx) -> None:
+    """1 at the first maximum along the axis (opset < 13: of the input flattened to 2-D at axis)."""
+    x, y = node.input(0), node.outputs[0]
+    dims = ctx.shape(x)
+    rw = Rewriter(ctx, dtype="float32")
+    if ctx.opset < 13:
+        axis = int(node.attr("axis", 1)) % len(dims)
+        work, perm = rw.reshape(x, (math.prod(dims[:axis]), math.prod(dims[axis:]))), None
+    else:
+        work, perm = _last_axis_view(rw, x, int(node.attr("axis", -1)) % len(dims))
+    _, index = _first_max_index(rw, work)
+    iota = _iota(rw, rw.shape(work)[-1])
+    onehot = rw.op(K.EQUAL, (iota, index), rw.shape(work))
+    _restore(rw, onehot, perm, dims, y)
+
+
+def _topk_k(node: ONode, ctx) -> int:
+    if ctx.opset < 10:
+        return int(node.attr("k"))
+    return int(ctx.const(node.input(1)).reshape(-1)[0])
+
+
+MAX_TOPK = 64
+
+
+@importer("TopK", const_inputs=((1, "K"),))
+def topk(node: ONode, ctx) -> None:
+    """k rounds of (max, first position of the max, mask that position out) along the axis; the
+    values and indices are the rounds' results concatenated (sorted, ties to the lower index)."""
+    x = node.input(0)
+    values_out, indices_out = node.outputs[0], node.outputs[1] if len(node.outputs) > 1 else ""
+    dims = ctx.shape(x)
+    axis = int(node.attr("axis", -1)) % len(dims)
+    k = _topk_k(node, ctx)
+    if k > MAX_TOPK:
+        ctx.unsupported(f"k={k} > {MAX_TOPK}")
+        return
+    largest = bool(node.attr("largest", 1))
+    rw = Rewriter(ctx, dtype="float32")
+    work, perm = _last_axis_view(rw, x, axis)
+    if not largest:
+        work = rw.neg(work)
+    shape = rw.shape(work)
+    iota = _iota(rw, shape[-1])
+    values, indices = [], []
+    for i in range(k):
+        m, index = _first_max_index(rw, work)
+        values.append(m)
+        indices.append(index)
+        if i < k - 1:
+            taken = rw.op(K.EQUAL, (iota, index), shape)
+            work = rw.op(K.WHERE, (taken, rw.scalar(NEG_BIG), work), shape)
+    out_shape = list(dims)
+    out_shape[axis] = k
+    vals = rw.concat(values, len(shape) - 1)
+    if not largest:
+        vals = rw.neg(vals)
+    _restore(rw, vals, perm, out_shape, values_out)
+    if indices_out:
+        _restore(rw, rw.concat(indices, len(shape) - 1), perm, out_shape, indices_out)

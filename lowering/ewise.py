@@ -62,10 +62,10 @@ def classify(shape: tuple[int, ...], out_shape: tuple[int, ...], split: int) -> 
     s = (1,) * (rank - len(shape)) + tuple(shape)
     lead, tail = s[:split], s[split:]
     olead, otail = out_shape[:split], out_shape[split:]
+    if s == tuple(out_shape):           # before SCALAR: a one-element output is computed, not constant
+        return Kind.FULL
     if math.prod(s) == 1:
         return Kind.SCALAR
-    if s == tuple(out_shape):
-        return Kind.FULL
     if lead == olead and all(d == 1 for d in tail):
         return Kind.ROW
     if all(d == 1 for d in lead) and tail == otail:

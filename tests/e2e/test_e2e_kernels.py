@@ -400,3 +400,57 @@ def test_gather_dma_descriptor_round_trip(rows, width, count, index_lmem, start_
                   dst_cstride=count * width, dst_hstride=width, index_csize=1, index_hsize=count, index_cstride=0,
                   dst_csize=1, dst_hsize=count, dst_wsize=width, start_pos=start_pos)
     assert decode_descriptors(encode_descriptor(g), Engine.GDMA) == [g]
+
+
+# ---------------------------------------------------------------- ArgMax / ArgMin / Hardmax / TopK
+
+def _with_ties(rng, shape):
+    """Values on a coarse grid, so maxima repeat and the tie rules matter."""
+    return (rng.integers(-4, 5, shape) * 0.5).astype(np.float32)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@SETTINGS
+@given(shape=st.sampled_from([(3, 7), (2, 5, 6), (2, 3, 4, 5)]), axis_pick=st.integers(0, 3), keepdims=st.booleans(),
+       last=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_arg_extreme(op, shape, axis_pick, keepdims, last, seed):
+    rng = np.random.default_rng(seed)
+    axis = axis_pick % len(shape)
+    x = _with_ties(rng, shape)
+    out = tuple(1 if i == axis else d for i, d in enumerate(shape) if keepdims or i != axis)
+    node = helper.make_node(op, ["x"], ["y"], axis=axis, keepdims=int(keepdims), select_last_index=int(last))
+    check(make_model([node], {"x": ("float32", shape)}, {"y": ("int64", out)}, 13), {"x": x}, exact=True)
+
+
+@SETTINGS
+@given(shape=st.sampled_from([(3, 7), (2, 5, 6)]), axis_pick=st.integers(0, 2), seed=st.integers(0, 2 ** 16))
+def test_hardmax(shape, axis_pick, seed):
+    axis = axis_pick % len(shape)
+    x = _with_ties(np.random.default_rng(seed), shape)
+    model = make_model([helper.make_node("Hardmax", ["x"], ["y"], axis=axis)], {"x": ("float32", shape)},
+                       {"y": ("float32", shape)}, 13)
+    check(model, {"x": x}, exact=True)
+
+
+@SETTINGS
+@given(shape=st.sampled_from([(3, 9), (2, 4, 10), (1, 70)]), axis_pick=st.integers(0, 2), k=st.integers(1, 6),
+       largest=st.booleans(), ties=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_topk(shape, axis_pick, k, largest, ties, seed):
+    rng = np.random.default_rng(seed)
+    axis = axis_pick % len(shape)
+    k = min(k, shape[axis])
+    x = _with_ties(rng, shape) if ties else sample(rng, "float32", shape)
+    out = tuple(k if i == axis else d for i, d in enumerate(shape))
+    kk = onnx.numpy_helper.from_array(np.asarray([k], np.int64), "k")
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=int(largest), sorted=1)
+    model = make_model([node], {"x": ("float32", shape)}, {"v": ("float32", out), "i": ("int64", out)}, 13, [kk])
+    check(model, {"x": x}, exact=True)
+
+
+@pytest.mark.slow
+def test_topk_64_of_a_row_of_1000():
+    x = sample(np.random.default_rng(0), "float32", (2, 1000))
+    kk = onnx.numpy_helper.from_array(np.asarray([64], np.int64), "k")
+    model = make_model([helper.make_node("TopK", ["x", "k"], ["v", "i"])], {"x": ("float32", x.shape)},
+                       {"v": ("float32", (2, 64)), "i": ("int64", (2, 64))}, 13, [kk])
+    check(model, {"x": x}, exact=True)
