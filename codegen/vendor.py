@@ -6,8 +6,9 @@ every register of the table (tpu-mlir 1.30.2's layouts), reads each record's fie
 builds the tpuflow instruction that does the same work on the same operands, so that the timing
 model can simulate the vendor's program as it is:
 
-* sCONV / sPorD / sAR / sMM2 / sCMP / sSFU / sCW&sBC / DMA_tensor / DMA_matrix / DMA_general /
-  sDMA_sys / SYS: the dataclass of the same kind, its fields copied by name. Ops outside the
+* sCONV / sPorD / sAR / sMM2 / sCMP / sSFU / LIN / sCW&sBC / DMA_tensor / DMA_matrix /
+  DMA_general / DMA_gather / sDMA_sys / SYS (and the long forms): the dataclass of the same kind,
+  its fields copied by name. Ops outside the
   dataclass's op set become the op of equal cost: saturating add/sub/mul -> add/sub/mul, other
   binary arith -> max, other unary arith -> copy, other pooling -> maxpooling, other compares
   -> sel_gt, other SFU -> taylor, other lane copies -> l_copy.
@@ -30,8 +31,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tpuflow.errors import BinaryFormatError
-from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GeneralDma, Instruction, MatrixDma, Mm2Tiu,
-                         PordTiu, Prec, SfuTiu, SysDma, SysTiu, TensorDma)
+from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GatherDma, GeneralDma, Instruction, LinTiu,
+                         MatrixDma, Mm2Tiu, PordTiu, Prec, SfuTiu, SysDma, SysTiu, TensorDma)
 
 from tpuflow.codegen.sg2260 import HEAD_BYTES, INTEGER_PRECS, address_tags, head_table, register_layout
 
@@ -143,6 +144,10 @@ def _sfu(v: dict) -> Instruction:
     return _tiu(SfuTiu, v, _op(SfuTiu, v["tsk_eu_typ"], "taylor"))
 
 
+def _lin(v: dict) -> Instruction:
+    return _tiu(LinTiu, v, _op(LinTiu, v["tsk_eu_typ"], "mac"))
+
+
 def _cwbc(v: dict) -> Instruction:
     return _tiu(CwBcTiu, v, _op(CwBcTiu, v["tsk_eu_typ"], "l_copy"))
 
@@ -189,6 +194,12 @@ def _general_dma(v: dict, where: str) -> Instruction:
     return _copy(GeneralDma, _dma_values(v, where), op=_op(GeneralDma, v["cmd_special_function"], "general"))
 
 
+def _gather_dma(v: dict, where: str) -> Instruction:
+    values = _dma_values(v, where)
+    values["index_start_addr"] = _address(v["index_start_addr"], where)
+    return _copy(GatherDma, values, op="gather")
+
+
 def _sys_dma(v: dict, where: str) -> Instruction:
     op = _op(SysDma, v["cmd_special_function"], "nop")
     return SysDma(op=op, **_dep(v))
@@ -196,9 +207,10 @@ def _sys_dma(v: dict, where: str) -> Instruction:
 
 TIU_RULES = {"sCONV": _conv, "CONV": _conv, "sPorD": _pord, "PorD": _pord, "sAR": _arith, "AR": _arith,
              "sMM": _mm, "MM": _mm, "sMM2": _mm2, "MM2": _mm2, "sCMP": _cmp, "CMP": _cmp, "sSFU": _sfu,
-             "SFU": _sfu, "sCW&sBC": _cwbc, "CW&BC": _cwbc, "SYS": _sys, "SYS_TR_ACC": _tr_acc}
+             "SFU": _sfu, "LIN": _lin, "sLIN": _lin, "sCW&sBC": _cwbc, "CW&BC": _cwbc, "SYS": _sys,
+             "SYS_TR_ACC": _tr_acc}
 DMA_RULES = {"DMA_tensor（0x000）": _tensor_dma, "DMA_matrix": _matrix_dma, "DMA_general": _general_dma,
-             "sDMA_sys": _sys_dma}
+             "DMA_gather": _gather_dma, "sDMA_sys": _sys_dma}
 END_OPS = {Engine.TIU: ("SYS", 31), Engine.GDMA: ("sDMA_sys", 0)}
 
 
