@@ -481,3 +481,26 @@ def topk(node: ONode, ctx) -> None:
     _restore(rw, vals, perm, out_shape, values_out)
     if indices_out:
         _restore(rw, rw.concat(indices, len(shape) - 1), perm, out_shape, indices_out)
+
+
+# ---------------------------------------------------------------- ScatterND (constant indices)
+
+def _scatter_check(node: ONode, facts) -> str | None:
+    reduction = node.attr("reduction", "none")
+    return f"reduction={reduction}" if reduction != "none" else None
+
+
+@importer("ScatterND", const_inputs=((1, "indices"),), check=_scatter_check)
+def scatter_nd(node: ONode, ctx) -> None:
+    """Rows of data (viewed as (d0*...*dk-1, rest)) overwritten by the updates, in index order."""
+    data, updates = node.input(0), node.input(2)
+    idx = ctx.const(node.input(1)).astype(np.int64)
+    dims = ctx.shape(data)
+    k = idx.shape[-1]
+    comps = np.where(idx < 0, idx + np.asarray(dims[:k]), idx).reshape(-1, k)
+    strides = [math.prod(dims[j + 1:k]) for j in range(k)]
+    rows = tuple(int(r) for r in (comps * strides).sum(axis=1))
+    ctx.emit(K.SCATTER_ND, (data, updates), node.outputs, rows=rows)
+
+
+SHAPE_FNS[K.SCATTER_ND] = lambda n, ins: [tuple(ins[0])]

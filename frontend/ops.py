@@ -36,6 +36,8 @@ canonical form (what the lowering receives):
 - Resize: nearest-neighbour upsampling by integer `repeats` (one per axis, >1 only on the last
   two); every other Resize / Upsample arrives as strided Slices or MatMuls with constant
   interpolation matrices. Pad may carry mode "reflect" or "edge" (default constant).
+- ScatterND (data, updates): rows = the constant linear row indices (non-negative) of data viewed
+  as (rows, row elements); update i overwrites row rows[i], in order (the last write wins).
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class OpKind(str, Enum):
     COS = "Cos"
     THRESHOLDED_RELU = "ThresholdedRelu"
     RESIZE = "Resize"
+    SCATTER_ND = "ScatterND"
 
     def __str__(self) -> str:
         return self.value
@@ -148,7 +151,7 @@ REQUIRED_ATTRS: dict[OpKind, tuple[str, ...]] = {
     K.AVERAGE_POOL: ("kernel_shape", "strides", "dilations", "pads", "count_include_pad"),
     K.LRN: ("size", "alpha", "beta", "bias"),
     K.LAYER_NORM: ("axis", "epsilon"),
-    K.MOD: ("fmod",), K.THRESHOLDED_RELU: ("alpha",), K.RESIZE: ("repeats",),
+    K.MOD: ("fmod",), K.THRESHOLDED_RELU: ("alpha",), K.RESIZE: ("repeats",), K.SCATTER_ND: ("rows",),
 }
 
 # Inputs (by position) that must be constant after the frontend.

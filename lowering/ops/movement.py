@@ -243,6 +243,22 @@ class MoveEmitter:
                                    math.prod(in_shape[:-2]), in_shape[-2], in_shape[-1], repeats[-2], repeats[-1],
                                    self.prec)
 
+    def _emit_scatternd(self) -> None:
+        """data copied to the output, then each run of consecutive update rows copied over its rows."""
+        data, updates = self.node.inputs
+        y = self.node.outputs[0]
+        rows = list(self.node.attr("rows"))
+        inner = math.prod(self.shape(updates)) // len(rows) if rows else 0
+        self._copy_whole(data, y)
+        dst, src, b = self.ctx.ddr_addr(y), self.src_addr(updates), self.prec.bytes
+        i = 0
+        while i < len(rows):
+            run = 1
+            while i + run < len(rows) and rows[i + run] == rows[i] + run:
+                run += 1
+            copy_nd(self.ctx, src + i * inner * b, (1,), dst + rows[i] * inner * b, (1,), (run * inner,), self.prec)
+            i += run
+
     def _emit_expand(self) -> None:
         x, y = self.node.inputs[0], self.node.outputs[0]
         out_shape = self.shape(y)

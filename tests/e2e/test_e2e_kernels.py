@@ -454,3 +454,36 @@ def test_topk_64_of_a_row_of_1000():
     model = make_model([helper.make_node("TopK", ["x", "k"], ["v", "i"])], {"x": ("float32", x.shape)},
                        {"v": ("float32", (2, 64)), "i": ("int64", (2, 64))}, 13, [kk])
     check(model, {"x": x}, exact=True)
+
+
+# ---------------------------------------------------------------- ScatterND (constant indices)
+
+@SETTINGS
+@given(data_shape=st.sampled_from([(8, 5), (4, 3, 6), (2, 3, 4, 5)]), k_pick=st.integers(1, 3),
+       count=st.integers(1, 6), const_data=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_scatter_nd_constant_indices(data_shape, k_pick, count, const_data, seed):
+    """Rows overwritten in index order (duplicates: the last wins), negative indices, live updates."""
+    rng = np.random.default_rng(seed)
+    k = min(k_pick, len(data_shape))
+    idx = np.stack([rng.integers(-d, d, (count,)) for d in data_shape[:k]], axis=-1).astype(np.int64)
+    upd_shape = (count,) + data_shape[k:]
+    data, upd = sample(rng, "float32", data_shape), sample(rng, "float32", upd_shape)
+    inits = [onnx.numpy_helper.from_array(idx, "i")]
+    inputs, feeds = {"u": ("float32", upd_shape)}, {"u": upd}
+    if const_data:
+        inits.append(onnx.numpy_helper.from_array(data, "d"))
+    else:
+        inputs["d"] = ("float32", data_shape)
+        feeds["d"] = data
+    model = make_model([helper.make_node("ScatterND", ["d", "i", "u"], ["y"])], inputs,
+                       {"y": ("float32", data_shape)}, 13, inits)
+    check(model, feeds, exact=True)
+
+
+def test_scatter_nd_reduction_is_rejected_naming_the_node():
+    from tpuflow.errors import UnsupportedOpError
+    inits = [onnx.numpy_helper.from_array(np.asarray([[1]], np.int64), "i")]
+    model = make_model([helper.make_node("ScatterND", ["d", "i", "u"], ["y"], reduction="add")],
+                       {"d": ("float32", (4, 3)), "u": ("float32", (1, 3))}, {"y": ("float32", (4, 3))}, 16, inits)
+    with pytest.raises(UnsupportedOpError, match=r"ScatterND\[reduction=add\]"):
+        compile_model(model)
