@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpuflow.errors import LoweringError
-from tpuflow.isa import ConvTiu, PordTiu, Prec
+from tpuflow.isa import ConvTiu, PordTiu, Prec, StrideMode
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitter import f32_bits
 from tpuflow.lowering.groups import Group
@@ -68,6 +68,15 @@ class ConvGeom:
         return (count - 1) * self.sy + (self.kh - 1) * self.dy + 1
 
 
+def fold_kernel_rows(geo: ConvGeom) -> ConvGeom:
+    """The same conv after stacking the kh row-shifted (strided, padded) copies of each input
+    channel as channels: cin*kh input channels, a 1 x kw kernel, no vertical stride or padding.
+    A conv with few input channels then fills kh times more lanes (the weights keep their
+    [oc][ic][kh][kw] order, which is [oc][ic*kh][1][kw])."""
+    return ConvGeom(geo.n, geo.cin * geo.kh, geo.ho, geo.w, geo.cout, 1, geo.kw, geo.ho, geo.wo, 1, geo.sx, 1, geo.dx,
+                    0, geo.pl, 0, geo.pr, 1)
+
+
 def conv_geometry(ctx: LowerCtx, node) -> ConvGeom:
     g = ctx.graph
     n, cin, h, w = g.tensor(node.inputs[0]).shape
@@ -107,6 +116,12 @@ class ConvEmitter:
             self.result = self.pool.outputs[0]
         self.in_res = ctx.resident(self.node.inputs[0])      # layer groups: input kept in LMEM
         self.out_res = ctx.resident(self.result)             # layer groups: result kept in LMEM
+        self.unfolded = None                                 # the original geometry when rows are folded
+        geo = self.geom
+        if (self.in_res is None and geo.groups == 1 and geo.kh > 1 and geo.cin * geo.kh <= self.chip.lanes
+                and geo.cin * 2 <= self.chip.lanes):
+            self.unfolded, self.geom = geo, fold_kernel_rows(geo)
+            self.weights = self.weights.reshape(geo.cout, geo.cin * geo.kh, 1, geo.kw)
 
     @staticmethod
     def resident_ports(graph, group: Group, chip) -> tuple[set[str], set[str]]:
@@ -162,6 +177,9 @@ class ConvEmitter:
         load = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ict, geo.halo_rows(conv_rows), geo.w), prec)]
         if not w_resident:
             load.append(tile_bytes_per_lane(chip, (1, ct, 1, ict * geo.kh * geo.kw), prec, compact=True))
+        if self.unfolded is not None:        # the raw input rows the folded rows are copied from
+            raw = self.unfolded
+            load.append(tile_bytes_per_lane(chip, (1, raw.cin, raw.halo_rows(conv_rows), raw.w), prec))
         out_shape = (1, ct, conv_rows, geo.wo)
         outs = [0 if self._direct(split) else tile_bytes_per_lane(chip, out_shape, self._out_prec(split))]
         outs += self.epi.set_sizes(out_shape)
@@ -295,7 +313,9 @@ class ConvEmitter:
         r0, rows, _, _ = geo.input_rows(h0, ht)
         em.layer = self.node.name
         offs = self.load_sets[s]
-        if rows and self.in_res is None:
+        if self.unfolded is not None:
+            self._load_folded_rows(make_tile(self.chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec), offs[-1], n, h0, ht)
+        elif rows and self.in_res is None:
             em.load(make_tile(self.chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec),
                     self._input_region(n, ic_base + ic0, ict, r0, rows))
         if not self.w_res:
@@ -305,6 +325,34 @@ class ConvEmitter:
             out_offs = self.out_sets[ti % len(self.out_sets)]
             self.epi.load_tile(out_offs[1:], (1, ct, ht, geo.wo),
                                lambda addr: self._epi_region(addr, n, oc_base + c0, ct, h0, ht))
+
+    def _load_folded_rows(self, dst: LTile, raw_offset: int, n: int, h0: int, ht: int) -> None:
+        """Channel c*kh + i of `dst`, row k = input row (h0+k)*sy + i*dy - pad_top of channel c
+        (zero where that row is padding): the tile's raw input rows arrive in one DMA, then one
+        LMEM-to-LMEM strided copy per (c, i) (no DRAM traffic)."""
+        geo, em, prec, chip = self.unfolded, self.ctx.em, self.ctx.prec, self.chip
+        lo, rows, _, _ = geo.input_rows(h0, ht)
+        raw = make_tile(chip, raw_offset, (1, geo.cin, rows, geo.w), prec)
+        em.load(raw, self.ctx.region(self.node.inputs[0], raw.shape, (n * geo.cin * geo.h + lo) * geo.w,
+                                     (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1)))
+        for c in range(geo.cin):
+            for i in range(geo.kh):
+                lane_tile = dst.sub_channels(c * geo.kh + i, 1, chip)
+                first = next((k for k in range(ht) if (h0 + k) * geo.sy + i * geo.dy - geo.pt >= 0), ht)
+                last = next((k for k in range(ht - 1, -1, -1) if (h0 + k) * geo.sy + i * geo.dy - geo.pt < geo.h), -1)
+                for k0, k1 in ((0, first), (max(last + 1, first), ht)):
+                    if k1 > k0:
+                        em.fill(self._rows_of(lane_tile, k0, k1 - k0), 0.0)
+                if last >= first:
+                    r0 = (h0 + first) * geo.sy + i * geo.dy - geo.pt - lo
+                    src = raw.sub_channels(c, 1, chip)
+                    src = LTile(src.addr + r0 * src.strides[2] * prec.bytes, (1, 1, last - first + 1, geo.w), prec,
+                                (src.strides[0], src.strides[1], geo.sy * src.strides[2], 1), StrideMode.FREE)
+                    em.lmem_copy(self._rows_of(lane_tile, first, last - first + 1), src)
+
+    def _rows_of(self, tile: LTile, k0: int, count: int) -> LTile:
+        return LTile(tile.addr + k0 * tile.strides[2] * tile.prec.bytes, (1, 1, count, tile.w), tile.prec,
+                     tile.strides, tile.mode)
 
     def _epi_region(self, addr: int, n, c0, ct, h0, ht) -> DRegion:
         geo, prec = self.geom, self.ctx.prec
