@@ -12,6 +12,16 @@ from tpuflow.frontend.shapes import matmul_shape
 K = OpKind
 
 
+UNROLL_AXIS_MAX = 32      # Softmax over a non-last axis of at most this size: elementwise over its slices
+UNROLL_INNER_MIN = 16     # ... when each slice is a contiguous run at least this long (else Transpose)
+
+
+def square_rows(count: int) -> int:
+    """The largest divisor of `count` up to its square root: rows of a near-square 2-D view (the
+    lowering spreads rows across lanes, so a [1, n] slice would keep one lane busy)."""
+    return max(d for d in range(1, math.isqrt(count) + 1) if count % d == 0)
+
+
 def _slice(v, a):
     return v[tuple(slice(s, e, st) for s, e, st in zip(a["starts"], a["ends"], a["steps"]))]
 
@@ -145,6 +155,31 @@ class Rewriter:
         r = self.op(kind, (flat,), tuple(dims[a] for a in keep) + (1,), axes=(len(keep),), keepdims=True)
         return self.reshape(r, final, out)
 
+    def softmax_unrolled(self, kind: OpKind, x: str, axis: int, out: str | None = None) -> str:
+        """(Log)Softmax along a non-last `axis` as elementwise ops over its slices (each a contiguous
+        block when viewed as [outer, axis, inner]): no Transpose of the innermost axis."""
+        dims = self.shape(x)
+        outer, size, inner = math.prod(dims[:axis]), dims[axis], math.prod(dims[axis + 1:])
+        view = self.reshape(x, (outer, size, inner))
+        rows = square_rows(outer * inner)
+        parts = [self.reshape(self.slice(view, 1, i, i + 1), (rows, outer * inner // rows)) for i in range(size)]
+        top = parts[0]
+        for p in parts[1:]:
+            top = self.binary(K.MAX, top, p)
+        shifted = [self.sub(p, top) for p in parts]
+        exps = [self.unary(K.EXP, s) for s in shifted]
+        total = exps[0]
+        for e in exps[1:]:
+            total = self.add(total, e)
+        if kind == K.LOG_SOFTMAX:
+            log_total = self.unary(K.LOG, total)
+            results = [self.sub(s, log_total) for s in shifted]
+        else:
+            inverse = self.unary(K.RECIPROCAL, total)
+            results = [self.mul(e, inverse) for e in exps]
+        results = [self.reshape(r, (outer, 1, inner)) for r in results]
+        return self.reshape(self.concat(results, 1), dims, out)
+
     def last_axis(self, kind: OpKind, x: str, axis: int, out: str | None = None, **attrs) -> str:
         """A shape-preserving op that works along the last axis (Softmax ...), applied along `axis`
         by swapping it with the last one (a pure view when every axis after `axis` has size 1)."""
@@ -152,6 +187,9 @@ class Rewriter:
         rank = len(dims)
         if axis == rank - 1:
             return self.op(kind, (x,), dims, out, axis=axis, **attrs)
+        if kind in (K.SOFTMAX, K.LOG_SOFTMAX) and dims[axis] <= UNROLL_AXIS_MAX \
+                and math.prod(dims[axis + 1:]) >= UNROLL_INNER_MIN:
+            return self.softmax_unrolled(kind, x, axis, out)
         if all(d == 1 for d in dims[axis + 1:]):
             flat = self.reshape(x, dims[:axis] + (dims[axis],))
             y = self.op(kind, (flat,), self.shape(flat), axis=axis, **attrs)

@@ -70,6 +70,8 @@ REDUCTIONS = [
     ("Softmax", {"x": (1, 4, 16, 8)}, {}, 17, dict(axis=1)),          # YOLOv8's DFL head shape family
     ("Softmax", {"x": (2, 64, 1, 1)}, {}, 13, dict(axis=1)),
     ("LogSoftmax", {"x": (2, 5, 3)}, {}, 13, dict(axis=0)),
+    ("LogSoftmax", {"x": (1, 16, 4, 40)}, {}, 13, dict(axis=1)),    # elementwise over the axis' slices
+    ("Softmax", {"x": (2, 40, 3, 8)}, {}, 13, dict(axis=1)),         # axis too long to unroll: Transpose
     ("ReduceMean", {"x": (2, 5, 3)}, {}, 13, dict(axes=[1])),
     ("ReduceL1", {"x": (2, 5, 3)}, {}, 13, dict(axes=[0, 2])),
     ("ReduceL2", {"x": (2, 5, 3)}, {}, 13, dict(axes=[1], keepdims=0)),

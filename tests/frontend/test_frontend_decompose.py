@@ -92,8 +92,20 @@ def test_reduce_prod_too_many_elements_is_rejected():
        shape=st.sampled_from([(2, 3, 4, 5), (1, 4, 16, 1), (2, 64, 1, 1)]))
 def test_softmax_any_axis(op, axis, opset, shape):
     graph = check(node_model(op, {"x": shape}, opset=opset, axis=axis))
-    sm = next(n for n in graph.nodes() if n.op_type == op)
-    assert sm.attrs["axis"] == len(graph.tensor(sm.inputs[0]).shape) - 1
+    sm = next((n for n in graph.nodes() if n.op_type == op), None)
+    if sm is None:                    # a short axis over long contiguous slices: elementwise, no Transpose
+        assert "Transpose" not in kinds(graph) and "Max" in kinds(graph) and "Exp" in kinds(graph)
+    else:
+        assert sm.attrs["axis"] == len(graph.tensor(sm.inputs[0]).shape) - 1
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("shape,axis,unrolled", [((1, 16, 4, 400), 1, True), ((1, 64, 4, 400), 1, False),
+                                                 ((2, 5, 3), 1, False), ((2, 5, 3), 2, False)])
+def test_softmax_form_follows_the_axis_and_slice_length(op, shape, axis, unrolled):
+    graph = check(node_model(op, {"x": shape}, opset=13, axis=axis))
+    assert ("Transpose" in kinds(graph)) == (not unrolled and axis != len(shape) - 1)
+    assert (op in kinds(graph)) == (not unrolled)
 
 
 @pytest.mark.parametrize("op,rank", [("GlobalMaxPool", 4), ("GlobalMaxPool", 3), ("GlobalAveragePool", 5),
