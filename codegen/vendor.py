@@ -16,6 +16,9 @@ model can simulate the vendor's program as it is:
   res0_w, L transposed when opt_left_tran): the MM2 of the same M, K, N.
 * SYS_TR_ACC (writes immediates into TIU registers, no data): a TIU nop.
 * cmd_id_dep: the low 20 bits (tpu-mlir sets bit 20 in every dependency id of the corpus).
+* DMA_matrix: the DDR matrix (rows, columns, row stride) is read from the DDR side's fields (src
+  on loads, dst on stores); tpu-mlir spreads column blocks of dst_wsize / src_wsize over the lanes
+  where tpuflow's MatrixDma puts rows on lanes: same bytes and DDR pattern, other LMEM placement.
 * DMA addresses lose their memory tag (DDR tags 1 / 2); L2 (tag 30) is taken as DDR at its
   offset; LMEM (tag 31) is kept (tpuflow's LMEM window). With nchw_copy the destination takes
   the source's shape. DMA_tensor transposes keep their bytes (tpuflow's transpose op).
@@ -37,6 +40,7 @@ from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GatherDma, Gen
 from tpuflow.codegen.sg2260 import HEAD_BYTES, INTEGER_PRECS, address_tags, head_table, register_layout
 
 L2_TAG = 30
+LMEM_TAG = 31
 # Every cmd_id_dep tpu-mlir 1.30.2 writes in the corpus streams (TIU and GDMA) has bit 20 set
 # (0x100000 | id); the waited-for id is the low 20 bits.
 VENDOR_DEP_ID_BITS = 20
@@ -187,7 +191,13 @@ def _tensor_dma(v: dict, where: str) -> Instruction:
 
 
 def _matrix_dma(v: dict, where: str) -> Instruction:
-    return _copy(MatrixDma, _dma_values(v, where), op=_op(MatrixDma, v["cmd_special_function"], "matrix"))
+    """The DDR matrix's rows / columns / row stride are the DDR side's fields (src on loads, dst on
+    stores); the LMEM side's c stride is tpuflow's lmem_cstride."""
+    values = _dma_values(v, where)
+    if v["src_start_addr"] >> address_tags().shift == LMEM_TAG:  # a store: the DDR matrix is dst
+        values.update(src_hsize=v["dst_hsize"], src_wsize=v["dst_wsize"], src_hstride=v["dst_hstride"],
+                      dst_cstride=v["src_cstride"])
+    return _copy(MatrixDma, values, op=_op(MatrixDma, v["cmd_special_function"], "matrix"))
 
 
 def _general_dma(v: dict, where: str) -> Instruction:
