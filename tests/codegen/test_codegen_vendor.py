@@ -137,3 +137,20 @@ def test_a_broken_raw_stream_is_a_clean_error(tmp_path):
     (tmp_path / "other.BD.0").write_bytes(bd)
     with pytest.raises(InputFileError, match="one program"):
         read_stream_dir(tmp_path, load_chip("sg2260"))
+
+
+@needs_corpus
+@pytest.mark.parametrize("bd", PAIRS, ids=lambda p: f"{p.parts[-3]}/{p.parts[-2]}")
+def test_vendor_dma_bytes_per_direction_equal_tpu_mlirs_gdma_summary(bd: Path):
+    """The DMAs read from tpu-mlir's stream move exactly the bytes its compiler_profile.txt counts
+    per direction (S = DDR or L2, L = local memory)."""
+    gdma_path = bd.with_name(bd.name.replace(".BD.0", ".GDMA.0"))
+    stream = decode_vendor_stream(gdma_path.read_bytes(), Engine.GDMA, str(gdma_path))
+    base = load_chip("sg2260").core.gdma_lmem_base_address
+    moved = {"S2L": 0, "L2S": 0, "S2S": 0, "L2L": 0}
+    for instr in stream.instructions:
+        if not isinstance(instr, SysDma):
+            side = ("L" if instr.src_start_addr >= base else "S") + "2" + ("L" if instr.dst_start_addr >= base else "S")
+            moved[side] += instr.nbytes
+    summary = (bd.parent / "compiler_profile.txt").read_text(encoding="utf-8").split("GDMA SUMMARY")[1]
+    assert moved == {k: int(v) for k, v in re.findall(r"(S2L|L2S|S2S|L2L):(\d+)", summary)}
