@@ -1,11 +1,15 @@
 """Data-movement worst cases (transposes and concats that move the innermost axis): simulated latency
 against the DRAM bound.
 
-    python benchmarks/movement_bench.py --label before|after [--chip sg2260] [--dtype fp32]
+    python benchmarks/movement_bench.py --label after [--chip sg2260] [--dtype fp32]
+    python benchmarks/movement_bench.py --label before --baseline
 
 Each case is a one-node model; its estimate gives latency_us and lower_bound_us (the estimator's
-bound), and the row records bytes moved (input + output) and the achieved GB/s. Results are merged
-into benchmarks/results/movement.json under the label, so "before" and "after" sit side by side.
+bound), and the row records bytes moved (2 x output bytes: each output element read and written
+once), the DRAM bound (those bytes at the chip's peak DRAM bandwidth) and the achieved GB/s. --baseline turns the LMEM paths of
+lowering/ops/lmem_move.py off, i.e. measures the plain DDR -> DDR DMAs they replaced. Results are
+merged into benchmarks/results/movement.json under the label, so "before" and "after" sit side by
+side.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
+from tpuflow.chip import load_chip
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import estimate
 
@@ -47,6 +53,28 @@ def _concat(shapes: list[tuple], axis: int):
     return _model("Concat", shapes, tuple(out), axis=axis)
 
 
+def _with_consts(op: str, shape: tuple, consts: dict, outs: dict, **attrs) -> onnx.ModelProto:
+    """One `op` node on input x0 plus constant inputs (name -> int64 values, '' = absent)."""
+    inits = [numpy_helper.from_array(np.asarray(v, np.int64), n) for n, v in consts.items() if n]
+    node = helper.make_node(op, ["x0"] + list(consts), list(outs), name=op.lower(), **attrs)
+    graph = helper.make_graph([node], f"move_{op.lower()}", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(o)) for n, o in outs.items()], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _slice(shape: tuple, steps):
+    out = tuple(len(range(0, d, st)) for d, st in zip(shape, steps))
+    return _with_consts("Slice", shape, {"starts": [0] * len(shape), "ends": list(shape), "": None, "steps": steps},
+                        {"y": out})
+
+
+def _split(shape: tuple, axis: int, sizes):
+    outs = {f"y{i}": tuple(s if a == axis else d for a, d in enumerate(shape)) for i, s in enumerate(sizes)}
+    return _with_consts("Split", shape, {"split": sizes}, outs, axis=axis)
+
+
 CASES = {
     # the issue's case: a Transpose moving the innermost axis, 1x40x120 fp32 (38 kB)
     "transpose_1x40x120_021": lambda: _transpose((1, 40, 120), (0, 2, 1)),
@@ -56,6 +84,9 @@ CASES = {
     # the issue's case: a Concat along a size-1 innermost axis (0.82 MB moved)
     "concat_last_axis_2x1x102400x1": lambda: _concat([(1, 102400, 1), (1, 102400, 1)], 2),
     "concat_last_axis_1x4x8400_and_1x80x8400": lambda: _concat([(1, 8400, 4), (1, 8400, 80)], 2),
+    # a strided slice of the innermost axis (YOLOv5 Focus: x[..., ::2, ::2])
+    "slice_step2_hw_1x32x320x320": lambda: _slice((1, 32, 320, 320), [1, 1, 2, 2]),
+    "split_last_axis_1x8400x84_into_4_80": lambda: _split((1, 8400, 84), 2, [4, 80]),
 }
 
 
@@ -64,14 +95,23 @@ def run_case(name: str, chip: str, dtype: str) -> dict:
     began = time.perf_counter()
     report = estimate(model, chip, CompileOptions(dtype=dtype))
     esize = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
-    elems = sum(math.prod(d.dim_value for d in v.type.tensor_type.shape.dim) for v in model.graph.input)
-    moved = 2 * elems * esize
+    # the least DRAM traffic: every output element read once and written once
+    moved = 2 * sum(math.prod(d.dim_value for d in v.type.tensor_type.shape.dim) for v in model.graph.output) * esize
+    dram_bound = moved / (load_chip(chip).dram.peak_gbps * 1e3)
     lat = report["latency_us"]
     return {"case": name, "latency_us": round(lat, 3), "lower_bound_us": round(report["lower_bound_us"], 3),
-            "over_bound": round(lat / report["lower_bound_us"], 2), "bytes_moved": moved,
-            "gb_per_s": round(moved / lat / 1e3, 2),
+            "dram_bound_us": round(dram_bound, 3), "over_dram_bound": round(lat / dram_bound, 2),
+            "bytes_moved": moved, "gb_per_s": round(moved / lat / 1e3, 2),
             "instructions": sum(v["instructions"] for v in report["engines"].values()),
             "wall_s": round(time.perf_counter() - began, 2)}
+
+
+def _disable_lmem_paths() -> None:
+    from tpuflow.lowering.ops import lmem_move, movement
+    lmem_move.as_batched_transpose = lambda dims: None
+    lmem_move.as_strided_rows = lambda dims, prec: None
+    movement.MoveEmitter._concat_through_lmem = lambda self, axis, shape: False
+    movement.MoveEmitter._split_through_lmem = lambda self, x, axis: False
 
 
 def main() -> int:
@@ -81,15 +121,18 @@ def main() -> int:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--baseline", action="store_true", help="LMEM movement paths off (the DDR -> DDR DMAs)")
     args = ap.parse_args()
+    if args.baseline:
+        _disable_lmem_paths()
     rows = []
     for name in args.cases.split(","):
         r = run_case(name, args.chip, args.dtype)
         rows.append(r)
-        print(f"{name:42s} {r['latency_us']:10.2f} us  bound {r['lower_bound_us']:8.2f}  x{r['over_bound']:<7}"
+        print(f"{name:42s} {r['latency_us']:10.2f} us  DRAM bound {r['dram_bound_us']:8.2f}  x{r['over_dram_bound']:<7}"
               f" {r['gb_per_s']:7.2f} GB/s  {r['instructions']:6d} instr", flush=True)
     data = json.loads(args.out.read_text()) if args.out.exists() else {}
-    data[args.label] = {"chip": args.chip, "dtype": args.dtype, "runs": rows}
+    data[args.label] = {"chip": args.chip, "dtype": args.dtype, "baseline": args.baseline, "runs": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

@@ -70,12 +70,7 @@ def as_batched_transpose(dims: list[list[int]]) -> tuple[list[list[int]], tuple[
 def emit_batched_transpose(ctx: LowerCtx, label: str, src: int, dst: int, outer: list[list[int]],
                            geometry: tuple[int, int, int, int], prec: Prec) -> None:
     rows, src_row, cols, dst_row = geometry
-    for index in range(math.prod(d[0] for d in outer)):
-        s_off = d_off = 0
-        rest = index
-        for size, a, b in reversed(outer):
-            rest, i = divmod(rest, size)
-            s_off, d_off = s_off + i * a, d_off + i * b
+    for s_off, d_off in _outer_offsets(outer):
         transpose_2d(ctx, label, src + s_off * prec.bytes, src_row, dst + d_off * prec.bytes, dst_row,
                      rows, cols, prec)
 
@@ -163,3 +158,116 @@ def upsample_nearest(ctx: LowerCtx, label: str, src: int, dst: int, rows: int, h
                               (r * ho * wo, ho * wo, wo, 1), prec))
 
     pipelined(blocks, len(sets), load, replicate_store)
+
+
+def as_strided_rows(dims: list[list[int]], prec: Prec) -> tuple[list[list[int]], tuple[int, int, int, int, int]] | None:
+    """A merged copy (movement.merge_dims form) whose innermost dim reads every step-th element
+    (step > 1, an element-granular DMA): (outer dims, (rows, src_row, step, width, dst_row)) with
+    the innermost dim (width, step, 1) and the one before it the rows, or None."""
+    width, step, dstep = dims[-1]
+    if dstep != 1 or step <= 1:
+        return None
+    rows, src_row, dst_row = dims[-2] if len(dims) >= 2 else (1, (width - 1) * step + 1, width)
+    if rows == 1 or src_row < (width - 1) * step + 1 or dst_row < width:
+        return None
+    return dims[:-2], (rows, src_row, step, width, dst_row)
+
+
+def deinterleave_rows(ctx: LowerCtx, label: str, src: int, dsts: list[tuple[int, int]], rows: int,
+                      prec: Prec) -> None:
+    """Split of a row-major (rows, sum width) matrix along its columns into (rows, width_k) matrices
+    at `dsts` ((address, width) in column order): the inverse of interleave_rows (blocks of q rows
+    per lane loaded in one run, each piece's columns TIU-copied out, stored in one run per lane)."""
+    chip, em = ctx.chip, ctx.em
+    total = sum(w for _, w in dsts)
+    arena = ctx.arena()
+    per_row = lambda q: [tile_bytes_per_lane(chip, (1, 1, 1, q * total), prec)] + \
+        [tile_bytes_per_lane(chip, (1, 1, 1, q * w), prec) for _, w in dsts]
+    q_max = max(1, min(-(-rows // chip.lanes), MAX_DMA // total))
+    options = sorted({max(1, q_max >> k) for k in range(16)}, reverse=True)
+    q = largest_fitting(options, lambda v: arena.fits(per_row(v) * 2)) or 1
+    _, sets = arena.alloc_plan([], per_row(q), label)
+    blocks = []
+    for r0, r in steps(rows, chip.lanes * q):
+        full, rem = divmod(r, q)
+        if full:
+            blocks.append((r0, full, q))
+        if rem:
+            blocks.append((r0 + full * q, 1, rem))
+    b = prec.bytes
+
+    def load(block, s):
+        r0, lanes, qq = block
+        em.load(make_tile(chip, sets[s][0], (1, lanes, 1, qq * total), prec),
+                DRegion(src + r0 * total * b, (1, lanes, 1, qq * total), (lanes * qq * total, qq * total, qq * total, 1), prec))
+
+    def copy_store(block, s):
+        r0, lanes, qq = block
+        whole = make_tile(chip, sets[s][0], (1, lanes, 1, qq * total), prec)
+        col = 0
+        for (addr, w), off in zip(dsts, sets[s][1:]):
+            piece = make_tile(chip, off, (1, lanes, 1, qq * w), prec)
+            src_view = LTile(whole.addr + col * b, (1, lanes, qq, w), prec, (0, whole.strides[1], total, 1), StrideMode.FREE)
+            dst_view = LTile(piece.addr, (1, lanes, qq, w), prec, (0, piece.strides[1], w, 1), StrideMode.FREE)
+            em.ar("copy", dst_view, src_view)
+            em.store(piece, DRegion(addr + r0 * w * b, piece.shape, (lanes * qq * w, qq * w, qq * w, 1), prec))
+            col += w
+
+    pipelined(blocks, len(sets), load, copy_store)
+
+
+def emit_strided_rows(ctx: LowerCtx, label: str, src: int, dst: int, outer: list[list[int]],
+                      geometry: tuple[int, int, int, int, int], prec: Prec) -> None:
+    for s_off, d_off in _outer_offsets(outer):
+        strided_rows(ctx, label, src + s_off * prec.bytes, dst + d_off * prec.bytes, geometry, prec)
+
+
+def _outer_offsets(outer: list[list[int]]):
+    """(src, dst) element offsets of every index of the outer dims ([size, src stride, dst stride])."""
+    for index in range(math.prod(d[0] for d in outer)):
+        s_off = d_off = 0
+        rest = index
+        for size, a, b in reversed(outer):
+            rest, i = divmod(rest, size)
+            s_off, d_off = s_off + i * a, d_off + i * b
+        yield s_off, d_off
+
+
+def strided_rows(ctx: LowerCtx, label: str, src: int, dst: int, geometry: tuple[int, int, int, int, int],
+                 prec: Prec) -> None:
+    """dst[r*dst_row + j] = src[r*src_row + j*step] for r < rows, j < width: each row's span
+    ((width-1)*step + 1 elements) loaded in one run (q consecutive rows per lane), the columns picked
+    by a TIU copy with source stride `step`, the compact rows stored in one run per lane."""
+    rows, src_row, step, width, dst_row = geometry
+    chip, em, b = ctx.chip, ctx.em, prec.bytes
+    span = (width - 1) * step + 1
+    arena = ctx.arena()
+    per_set = lambda q: [tile_bytes_per_lane(chip, (1, 1, q, span), prec), tile_bytes_per_lane(chip, (1, 1, 1, q * width), prec)]
+    q_max = max(1, min(-(-rows // chip.lanes), MAX_DMA // max(span, width)))
+    options = sorted({max(1, q_max >> k) for k in range(16)}, reverse=True)
+    q = largest_fitting(options, lambda v: arena.fits(per_set(v) * 2)) or 1
+    _, sets = arena.alloc_plan([], per_set(q), label)
+    blocks = []
+    for r0, r in steps(rows, chip.lanes * q):
+        full, rem = divmod(r, q)
+        if full:
+            blocks.append((r0, full, q))
+        if rem:
+            blocks.append((r0 + full * q, 1, rem))
+
+    def load(block, s):
+        r0, lanes, qq = block
+        em.load(make_tile(chip, sets[s][0], (1, lanes, qq, span), prec),
+                DRegion(src + r0 * src_row * b, (1, lanes, qq, span), (lanes * qq * src_row, qq * src_row, src_row, 1), prec))
+
+    def pick_store(block, s):
+        r0, lanes, qq = block
+        rows_in = make_tile(chip, sets[s][0], (1, lanes, qq, span), prec)
+        out = make_tile(chip, sets[s][1], (1, lanes, 1, qq * width), prec)
+        picked = LTile(rows_in.addr, (1, lanes, qq, width), prec, (0, rows_in.strides[1], span, step), StrideMode.FREE)
+        packed = LTile(out.addr, (1, lanes, qq, width), prec, (0, out.strides[1], width, 1), StrideMode.FREE)
+        em.ar("copy", packed, picked)
+        em.store(packed, DRegion(dst + r0 * dst_row * b, (1, lanes, qq, width),
+                                 (lanes * qq * dst_row, qq * dst_row, dst_row, 1), prec))
+
+    pipelined(blocks, len(sets), load, pick_store)

@@ -149,12 +149,25 @@ class MoveEmitter:
         x = self.node.inputs[0]
         axis = self.node.attr("axis")
         in_st = contiguous_strides(self.shape(x))
+        if self._split_through_lmem(x, axis):
+            return
         offset = 0
         for y in self.node.outputs:
             shape = self.shape(y)
             copy_nd(self.ctx, self.src_addr(x) + offset * in_st[axis] * self.prec.bytes, in_st,
                     self.ctx.ddr_addr(y), contiguous_strides(shape), shape, self.prec)
             offset += shape[axis]
+
+    def _split_through_lmem(self, x: str, axis: int) -> bool:
+        """A split into short runs (e.g. along a small innermost axis) de-interleaves rows in LMEM."""
+        shape = self.shape(x)
+        rows, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        widths = [self.shape(y)[axis] * inner for y in self.node.outputs]
+        if rows <= 1 or min(widths) * self.prec.bytes >= lmem_move.SHORT_RUN_BYTES or sum(widths) > lmem_move.MAX_DMA:
+            return False
+        dsts = [(self.ctx.ddr_addr(y), w) for y, w in zip(self.node.outputs, widths)]
+        lmem_move.deinterleave_rows(self.ctx, self.node.name, self.src_addr(x), dsts, rows, self.prec)
+        return True
 
     def _emit_slice(self) -> None:
         x, y = self.node.inputs[0], self.node.outputs[0]
@@ -164,8 +177,13 @@ class MoveEmitter:
             raise LoweringError(f"node {self.node.name}: negative Slice steps are not supported")
         base = sum(s * st for s, st in zip(starts, in_st))
         out_shape = self.shape(y)
-        copy_nd(self.ctx, self.src_addr(x) + base * self.prec.bytes, [st * k for st, k in zip(in_st, steps_)],
-                self.ctx.ddr_addr(y), contiguous_strides(out_shape), out_shape, self.prec)
+        src, src_st, dst_st = self.src_addr(x) + base * self.prec.bytes, [st * k for st, k in zip(in_st, steps_)], \
+            contiguous_strides(out_shape)
+        strided = lmem_move.as_strided_rows(merge_dims(out_shape, src_st, dst_st), self.prec)
+        if strided is not None:           # every step-th element of the innermost axis: via LMEM
+            lmem_move.emit_strided_rows(self.ctx, self.node.name, src, self.ctx.ddr_addr(y), *strided, self.prec)
+            return
+        copy_nd(self.ctx, src, src_st, self.ctx.ddr_addr(y), dst_st, out_shape, self.prec)
 
     def _emit_gather(self) -> None:
         x, idx_name = self.node.inputs[0], self.node.inputs[1]

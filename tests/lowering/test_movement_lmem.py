@@ -66,6 +66,8 @@ def test_concat_of_short_runs_matches_onnxruntime(rows, widths, inner_axis):
 def test_low_precision_transpose_and_concat_exact(dtype):
     check(transpose_model((1, 40, 120), (0, 2, 1)), dtype)
     check(concat_model([(1, 700, 1), (1, 700, 3)], 2), dtype)
+    check(slice_model((1, 4, 30, 30), [0, 0, 1, 0], [1, 4, 30, 30], [1, 1, 2, 2]), dtype)
+    check(split_model((1, 500, 7), 2, [2, 5]), dtype)
 
 
 def _dma_runs(program):
@@ -88,3 +90,51 @@ def test_size1_axis_concat_moves_long_runs():
     _, program = compile_model(concat_model([(1, 102400, 1), (1, 102400, 1)], 2))
     assert _dma_runs(program) >= 1000
     assert sum(isinstance(i, TensorDma) for i in program.gdma) <= 8
+
+
+def slice_model(shape, starts, ends, steps):
+    from onnx import numpy_helper
+    inits = [numpy_helper.from_array(np.asarray(v, np.int64), n) for n, v in
+             (("s", starts), ("e", ends), ("a", list(range(len(shape)))), ("t", steps))]
+    out = [len(range(s, e, t)) for s, e, t in zip(starts, ends, steps)]
+    graph = helper.make_graph([helper.make_node("Slice", ["x", "s", "e", "a", "t"], ["y"], name="n0")], "m",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def split_model(shape, axis, sizes):
+    from onnx import numpy_helper
+    outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT,
+                                          [s if a == axis else d for a, d in enumerate(shape)]) for i, s in enumerate(sizes)]
+    graph = helper.make_graph([helper.make_node("Split", ["x", "sp"], [f"y{i}" for i in range(len(sizes))], axis=axis,
+                                                name="n0")], "m",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))], outs,
+                              [numpy_helper.from_array(np.asarray(sizes, np.int64), "sp")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(2, 40), min_size=2, max_size=4), data=st.data())
+def test_strided_slices_match_onnxruntime(shape, data):
+    steps = [data.draw(st.integers(1, 3)) for _ in shape]
+    steps[-1] = data.draw(st.integers(2, 4))                   # the innermost axis strided: the LMEM path
+    starts = [data.draw(st.integers(0, d - 1)) for d in shape]
+    ends = [data.draw(st.integers(s + 1, d)) for s, d in zip(starts, shape)]
+    check(slice_model(tuple(shape), starts, ends, steps))
+
+
+@SETTINGS
+@given(rows=st.integers(2, 300), sizes=st.lists(st.integers(1, 40), min_size=2, max_size=4), inner_axis=st.booleans())
+def test_split_into_short_runs_matches_onnxruntime(rows, sizes, inner_axis):
+    shape = (1, rows, sum(sizes)) if inner_axis else (rows, sum(sizes), 1)
+    check(split_model(shape, 2 if inner_axis else 1, sizes))
+
+
+def test_focus_slice_loads_rows_not_elements():
+    _, program = compile_model(slice_model((1, 8, 64, 64), [0, 0, 0, 1], [1, 8, 64, 64], [1, 1, 2, 2]))
+    assert _dma_runs(program) >= 32
