@@ -237,3 +237,8 @@ def test_einsum(equation, shapes, matmul):
     for name in runtime:
         model = behind_neg(model, name)
     check(model, matmul)
+
+
+@pytest.mark.parametrize("op,keepdims", [("ReduceMean", 1), ("ReduceMax", 0), ("ReduceL2", 1)])
+def test_channel_reductions(op, keepdims):
+    check(behind_neg(node_model(op, {"x": (1, 8, 16, 16)}, axes=[1], keepdims=keepdims)))

@@ -206,3 +206,12 @@ def test_shape_size_range_constant_of_shape_fold_on_static_shapes():
               opset=13)
     graph = check(m)
     assert kinds(graph) == ["Reshape", "Mul", "Add"]
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceMax", "ReduceSum", "ReduceL2", "ReduceMin"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_channel_reductions_are_elementwise_chains(op, keepdims):
+    """A short non-trailing block (channels of a spatial-attention map) over long slices: no Transpose."""
+    consts, attrs = ({"axes": np.array([1])}, {}) if op == "ReduceSum" else ({}, {"axes": [1]})
+    graph = check(node_model(op, {"x": (2, 8, 6, 5)}, consts, opset=13, keepdims=keepdims, **attrs))
+    assert "Transpose" not in kinds(graph) and not any(k.startswith("Reduce") for k in kinds(graph))
