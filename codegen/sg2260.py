@@ -35,7 +35,8 @@ and checked on decode: arith `tsk_opd_num` (1 for unary ops, 2 otherwise) and ca
 `opd2_n_str`; the `opt_X_sign` flags (1 for integer precisions, all tpuflow integers are signed;
 cast's result sign in `opt_opd2_sign`); conv/pool `opt_opd3_const = 1` with the padding value in
 `opd3_addr` (0, or -inf / +inf in opd0's precision for max / min pooling) and, in the long forms,
-their weight / bias layouts `short_opd1_str` / `short_opd2_str` (compact); `stride_enable = 1` on
+their weight / bias layouts `short_opd1_str` / `short_opd2_str` (compact); sfu.rsqrt's Newton
+steps in `opd2_n_str` (3 steps, as tpu-mlir writes); `stride_enable = 1` on
 tensor and matrix DMAs (they use their strides), `nchw_copy = 1` on plain tensor copies whose
 shapes agree, and `localmem_mask` all lanes on DMAs without one in the dataclass.
 GDMA addresses carry tpu-mlir's memory tag in bits 40-44 (table `address_tags`): an ISA address
@@ -120,6 +121,9 @@ KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
 OPERANDS = ("res0", "opd0", "opd1", "opd2")
 ALL_LANES = (1 << 64) - 1
 ADDRESS_FIELDS = ("src_start_addr", "dst_start_addr", "index_start_addr")
+# sfu.rsqrt: opd2_n_str + 1 Newton steps (tpu-mlir's sSFU_converter); tpu-mlir writes 3 steps for fp32 and
+# fp16 in every corpus program, tpuflow's rsqrt is the exact fp32 result
+RSQRT_NEWTON_STEPS = 3
 CAST_ROUND_MODES = range(5)  # ArTiu cast's opd2 (see its docstring); tpu-mlir's round_mode numbering
 # padding value of max / min pooling (-inf / +inf, or the integer extremes) per opd0 precision
 POOL_PAD = {
@@ -172,7 +176,7 @@ DERIVED: dict[type, Callable[[dict], dict[str, int]]] = {
     PordTiu: _pool_fields,
     Mm2Tiu: _signs,
     CmpTiu: _signs,
-    SfuTiu: _signs,
+    SfuTiu: lambda v: {**_signs(v), "opd2_n_str": RSQRT_NEWTON_STEPS - 1 if v["op"] == "rsqrt" else 0},
     TensorDma: _tensor_dma_fields,
     MatrixDma: lambda v: {"stride_enable": 1, "localmem_mask": ALL_LANES},
     GeneralDma: lambda v: {"localmem_mask": ALL_LANES},

@@ -122,6 +122,8 @@ def semantic_value(rule, got: dict) -> int | None:
         return mode if mode <= 4 else 0
     if rule == "pad_value":
         return POOL_PAD.get(got["tsk_eu_typ"] if got["tsk_typ"] == 1 else None, {}).get(got["opt_opd0_prec"], 0)
+    if rule == "rsqrt_steps":
+        return 2 if got["tsk_eu_typ"] == 17 else 0
     if rule == "same_shape":
         same = all(got[f"src_{d}size"] == got[f"dst_{d}size"] for d in "nchw")
         return int(got["cmd_special_function"] == 0 and same and not got["fill_constant_en"])
