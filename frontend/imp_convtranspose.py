@@ -1,4 +1,4 @@
-"""ConvTranspose (1-D and 2-D) as canonical Convs: when kernel == stride (no dilation, no output
+"""ConvTranspose (1-D, 2-D and 3-D) as canonical Convs: when kernel == stride (no dilation, no output
 padding) a 1x1 Conv producing every kernel tap, then a pixel shuffle and a crop; otherwise zero
 insertion between input elements, then a stride-1 Conv with the flipped, transposed kernel whose
 padding is (k - 1) * d - pad (negative parts cropped from the output)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tpuflow.frontend.imp_spatial import conv2d
+from tpuflow.frontend.imp_spatial import conv2d, conv3d
 from tpuflow.frontend.onnx_view import ONode
 from tpuflow.frontend.ops import OpKind
 from tpuflow.frontend.registry import Facts, importer
@@ -39,7 +39,8 @@ def _as_conv_weights(w: np.ndarray, group: int, flip: bool) -> np.ndarray:
     cin, og = w.shape[:2]
     cg = cin // group
     out = w.reshape(group, cg, og, *w.shape[2:]).swapaxes(1, 2).reshape(group * og, cg, *w.shape[2:])
-    return np.ascontiguousarray(out[:, :, ::-1, ::-1] if flip else out)
+    return np.ascontiguousarray(out[(slice(None), slice(None)) + (slice(None, None, -1),) * (w.ndim - 2)] if flip
+                                else out)
 
 
 def _crop(rw: Rewriter, x: str, begins, ends, out: str | None) -> str:
@@ -64,30 +65,43 @@ def _pixel_shuffle(rw, x, w, bias, group, begins, ends, out):
     return _crop(rw, rw.reshape(y, (n, o, h * kh, wd * kw)), begins, ends, out)
 
 
+def _spread(rw: Rewriter, x: str, strides) -> str:
+    """stride - 1 zeros between neighbours on every spatial axis: view [.., d, 1, ..], Pad, view, crop."""
+    n, c, *sizes = rw.shape(x)
+    if all(s == 1 for s in strides):
+        return x
+    split = (n, c) + tuple(v for d in sizes for v in (d, 1))
+    rank = len(split)
+    ends = [0] * rank
+    for i, s in enumerate(strides):
+        ends[3 + 2 * i] = s - 1
+    spread = rw.reshape(rw.pad(rw.reshape(x, split), [0] * rank + ends), (n, c) + tuple(d * s for d, s in zip(sizes, strides)))
+    for i, (d, s) in enumerate(zip(sizes, strides)):
+        spread = rw.slice(spread, 2 + i, 0, (d - 1) * s + 1)
+    return spread
+
+
 def _zero_insertion(rw, x, w, bias, group, strides, dil, extra, begins, ends, out):
-    n, c, h, wd = rw.shape(x)
-    kh, kw = w.shape[2:]
-    if strides != [1, 1]:
-        sh, sw = strides
-        spread = rw.reshape(x, (n, c, h, 1, wd, 1))
-        spread = rw.pad(spread, (0, 0, 0, 0, 0, 0, 0, 0, 0, sh - 1, 0, sw - 1))
-        x = rw.slice(rw.slice(rw.reshape(spread, (n, c, h * sh, wd * sw)), 2, 0, (h - 1) * sh + 1), 3, 0,
-                     (wd - 1) * sw + 1)
-    full = [(k - 1) * d for k, d in zip((kh, kw), dil)]
+    x = _spread(rw, x, strides)
+    full = [(k - 1) * d for k, d in zip(w.shape[2:], dil)]
     lo = [f - b for f, b in zip(full, begins)]
     hi = [f - e + p for f, e, p in zip(full, ends, extra)]
     conv_w = _as_conv_weights(w, group, flip=True)
-    _, _, hx, wx = rw.shape(x)
-    pads = (max(lo[0], 0), max(lo[1], 0), max(hi[0], 0), max(hi[1], 0))
-    oh = hx + pads[0] + pads[2] - full[0]
-    ow = wx + pads[1] + pads[3] - full[1]
-    y = conv2d(rw, x, conv_w, bias, (n, conv_w.shape[0], oh, ow), (1, 1), tuple(dil), pads, group)
+    n, _, *sizes = rw.shape(x)
+    pb, pe = [max(v, 0) for v in lo], [max(v, 0) for v in hi]
+    out_sizes = tuple(d + b + e - f for d, b, e, f in zip(sizes, pb, pe, full))
+    out_shape = (n, conv_w.shape[0]) + out_sizes
+    ones = (1,) * len(sizes)
+    if len(sizes) == 3:
+        y = conv3d(rw, x, conv_w, bias, out_shape, ones, tuple(dil), pb, pe, group)
+    else:
+        y = conv2d(rw, x, conv_w, bias, out_shape, ones, tuple(dil), (*pb, *pe), group)
     return _crop(rw, y, [max(-v, 0) for v in lo], [max(-v, 0) for v in hi], out)
 
 
 def _check(node: ONode, facts: Facts) -> str | None:
     r = facts.rank(node.input(0))
-    return f"{r - 2}-D input" if r is not None and r not in (3, 4) else None
+    return f"{r - 2}-D input" if r is not None and r not in (3, 4, 5) else None
 
 
 @importer("ConvTranspose", const_inputs=((1, "weights"), (2, "bias")), check=_check)
@@ -98,7 +112,7 @@ def conv_transpose(node: ONode, ctx) -> None:
     group = int(node.attr("group", 1))
     rw = Rewriter(ctx)
     one_d = ctx.rank(x) == 3
-    if ctx.rank(x) not in (3, 4):
+    if ctx.rank(x) not in (3, 4, 5):
         ctx.unsupported(f"{ctx.rank(x) - 2}-D input")
         return
     if one_d:
@@ -108,7 +122,7 @@ def conv_transpose(node: ONode, ctx) -> None:
     in_hw, out_hw = ctx.shape(x)[2:], (out_shape[2:] if not one_d else (1, out_shape[2]))
     strides, dil, extra, begins, ends = _geometry(_as_2d(node) if one_d else node, in_hw, kernel, out_hw)
     target = None if one_d else y
-    if strides == kernel and dil == [1, 1] and extra == [0, 0]:
+    if strides == kernel and dil == [1, 1] and extra == [0, 0] and len(kernel) == 2:
         result = _pixel_shuffle(rw, x, w, bias, group, begins, ends, target)
     else:
         result = _zero_insertion(rw, x, w, bias, group, strides, dil, extra, begins, ends, target)

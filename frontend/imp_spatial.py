@@ -54,25 +54,29 @@ def conv_1d(node: ONode, ctx) -> None:
 
 
 def conv_3d(node: ONode, ctx) -> None:
-    """Sum over depth taps t of Conv2D(x[:, :, t*dd + z*sd], W[:, :, t]) with depth folded into the batch."""
     x, y = node.input(0), node.outputs[0]
     w = ctx.const(node.input(1))
     b = ctx.const(node.input(2)) if ctx.has_input(2) else None
-    (n, c, depth, h, wd), (_, o, do, ho, wo) = ctx.shape(x), ctx.shape(y)
-    kd = w.shape[2]
-    (sd, sh, sw), (dd, dh, dw), begins, ends = nd_window(node, (depth, h, wd), tuple(w.shape[2:]))
-    rw = Rewriter(ctx)
+    strides, dilations, begins, ends = nd_window(node, ctx.shape(x)[2:], tuple(w.shape[2:]))
+    conv3d(Rewriter(ctx), x, w, b, ctx.shape(y), strides, dilations, begins, ends, int(node.attr("group", 1)), y)
+
+
+def conv3d(rw: Rewriter, x: str, w: np.ndarray, b, out_shape, strides, dilations, begins, ends, group: int,
+           out: str | None = None) -> str:
+    """Sum over depth taps t of Conv2D(x[:, :, t*dd + z*sd], W[:, :, t]) with depth folded into the batch."""
+    (n, c, _, h, wd), (_, o, do, ho, wo) = rw.shape(x), out_shape
+    (sd, sh, sw), (dd, dh, dw) = strides, dilations
     if begins[0] or ends[0]:
         x = rw.pad(x, (0, 0, begins[0], 0, 0, 0, 0, ends[0], 0, 0))
     xt = rw.transpose(x, (0, 2, 1, 3, 4))                                   # N, D, C, H, W
     total = None
-    for t in range(kd):
+    for t in range(w.shape[2]):
         taps = rw.slice(xt, 1, t * dd, t * dd + (do - 1) * sd + 1, sd)        # N, Do, C, H, W
         part = conv2d(rw, rw.reshape(taps, (n * do, c, h, wd)), np.ascontiguousarray(w[:, :, t]),
                       b if t == 0 else None, (n * do, o, ho, wo), (sh, sw), (dh, dw),
-                      (begins[1], begins[2], ends[1], ends[2]), int(node.attr("group", 1)))
+                      (begins[1], begins[2], ends[1], ends[2]), group)
         total = part if total is None else rw.add(total, part)
-    rw.transpose(rw.reshape(total, (n, do, o, ho, wo)), (0, 2, 1, 3, 4), out=y)
+    return rw.transpose(rw.reshape(total, (n, do, o, ho, wo)), (0, 2, 1, 3, 4), out=out)
 
 
 def _pool_attrs(kind: OpKind, node: ONode, kernel, strides, dilations, pads) -> dict:

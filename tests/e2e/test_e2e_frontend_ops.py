@@ -194,6 +194,10 @@ SPATIAL = [
      dict(strides=[1, 3], pads=[2, 0, 0, 1], dilations=[2, 1], group=2)),
     ("ConvTranspose", {"x": (1, 4, 5, 6)}, {"w": weights(rng, 4, 2, 3, 3)}, dict(strides=[2, 2], output_shape=[10, 12])),
     ("ConvTranspose", {"x": (1, 4, 9)}, {"w": weights(rng, 4, 2, 4), "b": weights(rng, 2)}, dict(strides=[2], pads=[1, 1])),
+    ("ConvTranspose", {"x": (1, 4, 3, 4, 5)}, {"w": weights(rng, 4, 3, 2, 2, 2), "b": weights(rng, 3)},
+     dict(strides=[2, 2, 2])),
+    ("ConvTranspose", {"x": (1, 4, 3, 4, 5)}, {"w": weights(rng, 4, 2, 3, 3, 2)},
+     dict(strides=[2, 1, 2], pads=[1, 0, 1, 0, 1, 0], group=2, output_padding=[1, 0, 1])),
 ]
 
 

@@ -98,3 +98,13 @@ def test_depth_space(op, mode, block):
     shape = (1, 2 * block * block, 3, 2) if op == "DepthToSpace" else (1, 2, 3 * block, 2 * block)
     attrs = dict(blocksize=block) | ({"mode": mode} if mode else {})
     assert kinds(check(node_model(op, {"x": shape}, **attrs))) == ["Reshape", "Transpose", "Reshape"]
+
+
+@pytest.mark.parametrize("attrs", [dict(strides=[2, 2, 2]), dict(strides=[2, 1, 2], pads=[1, 0, 1, 0, 1, 0], group=2,
+                                                                 output_padding=[1, 0, 1]),
+                                   dict(dilations=[2, 1, 1], pads=[0, 2, 0, 1, 0, 0])])
+def test_conv_transpose_3d(attrs):
+    c_out = 2 if attrs.get("group") else 3
+    check(node_model("ConvTranspose", {"x": (1, 4, 3, 4, 5)}, {"w": weights(rng, 4, c_out, 3, 2, 2),
+                                                                 "b": weights(rng, c_out * attrs.get("group", 1))},
+                     **attrs))
