@@ -31,8 +31,8 @@ tt: (opd1_w, res0_c), i.e. L's rows and columns follow from res0 and R. Otherwis
 
 Hardware-meaning fields: descriptor fields the dataclass does not carry but whose value follows
 from the instruction (`DERIVED` below) are written as tpu-mlir 1.30.2's bm1690 decoder reads them
-and checked on decode: arith `tsk_opd_num` (1 for unary ops, 2 otherwise) and cast's round mode in
-`opd2_n_str`; the `opt_X_sign` flags (1 for integer precisions, all tpuflow integers are signed;
+and checked on decode: arith `tsk_opd_num` (1 for unary ops, 2 otherwise), cast's round mode and
+div's iteration count (3) in `opd2_n_str`; the `opt_X_sign` flags (1 for integer precisions, all tpuflow integers are signed;
 cast's result sign in `opt_opd2_sign`); conv/pool `opt_opd3_const = 1` with the padding value in
 `opd3_addr` (0, or -inf / +inf in opd0's precision for max / min pooling) and, in the long forms,
 their weight / bias layouts `short_opd1_str` / `short_opd2_str` (compact); sfu.rsqrt's Newton
@@ -124,6 +124,8 @@ ADDRESS_FIELDS = ("src_start_addr", "dst_start_addr", "index_start_addr")
 # sfu.rsqrt: opd2_n_str + 1 Newton steps (tpu-mlir's sSFU_converter); tpu-mlir writes 3 steps for fp32 and
 # fp16 in every corpus program, tpuflow's rsqrt is the exact fp32 result
 RSQRT_NEWTON_STEPS = 3
+# arith.div likewise: opd2_n_str + 1 iterations (sAR_converter); tpu-mlir writes 3 in every corpus div
+DIV_NEWTON_STEPS = 3
 CAST_ROUND_MODES = range(5)  # ArTiu cast's opd2 (see its docstring); tpu-mlir's round_mode numbering
 # padding value of max / min pooling (-inf / +inf, or the integer extremes) per opd0 precision
 POOL_PAD = {
@@ -145,7 +147,7 @@ def _arith_fields(v: dict) -> dict[str, int]:
     cast = v["op"] == "cast"
     out["opt_opd2_sign"] = int(cast and v["opt_res0_prec"] in INTEGER_PRECS)
     mode = v["opd2_addr"] if cast and v["opt_opd2_const"] else 0
-    out["opd2_n_str"] = mode if mode in CAST_ROUND_MODES else 0
+    out["opd2_n_str"] = DIV_NEWTON_STEPS - 1 if v["op"] == "div" else mode if mode in CAST_ROUND_MODES else 0
     return out
 
 

@@ -117,9 +117,9 @@ def semantic_value(rule, got: dict) -> int | None:
     cast = got.get("tsk_eu_typ") == VENDOR["arith_unary_eu_types"]["cast"]
     if rule == "cast_result_sign":
         return int(cast and got["opt_res0_prec"] in INTEGER_PRECS)
-    if rule == "cast_round_mode":
+    if rule == "arith_mode":  # cast: its round mode; div: 3 iterations
         mode = got["opd2_addr"] if cast and got["opt_opd2_const"] else 0
-        return mode if mode <= 4 else 0
+        return 2 if got["tsk_eu_typ"] == 12 else mode if mode <= 4 else 0
     if rule == "pad_value":
         return POOL_PAD.get(got["tsk_eu_typ"] if got["tsk_typ"] == 1 else None, {}).get(got["opt_opd0_prec"], 0)
     if rule == "rsqrt_steps":
