@@ -271,3 +271,44 @@ def strided_rows(ctx: LowerCtx, label: str, src: int, dst: int, geometry: tuple[
                                  (lanes * qq * dst_row, qq * dst_row, dst_row, 1), prec))
 
     pipelined(blocks, len(sets), load, pick_store)
+
+
+def pad_last_axis(ctx: LowerCtx, label: str, src: int, dst: int, planes: int, h: int, w: int, pl: int, pr: int,
+                  mode: str, dst_plane: int, dst_row: int, prec: Prec) -> None:
+    """Rows padded along the last axis in LMEM (reflect / edge): planes of h x w (planes on lanes,
+    contiguous in src) become h x (w + pl + pr) rows at dst + p*dst_plane + y*dst_row; the interior
+    and each pad column are TIU copies, so both DMAs move whole rows."""
+    chip, em, b = ctx.chip, ctx.em, prec.bytes
+    wo = w + pl + pr
+    arena = ctx.arena()
+    sizes = lambda pt, ht: [tile_bytes_per_lane(chip, (1, pt, ht, w), prec), tile_bytes_per_lane(chip, (1, pt, ht, wo), prec)]
+    pt = min(planes, chip.lanes)
+    ht = largest_fitting(list(range(1, h + 1)), lambda t: arena.fits(sizes(pt, t) * 2)) or 1
+    _, sets = arena.alloc_plan([], sizes(pt, ht), label)
+    blocks = [(p0, p, y0, y) for p0, p in steps(planes, pt) for y0, y in steps(h, ht)]
+
+    def source_column(j: int) -> int:
+        """Input column that output column j (of the padded row) takes."""
+        i = j - pl
+        if mode == "reflect":
+            return -i if i < 0 else (2 * (w - 1) - i if i >= w else i)
+        return min(max(i, 0), w - 1)
+
+    def load(block, s):
+        p0, p, y0, y = block
+        em.load(make_tile(chip, sets[s][0], (1, p, y, w), prec),
+                DRegion(src + (p0 * h * w + y0 * w) * b, (1, p, y, w), (p * h * w, h * w, w, 1), prec))
+
+    def pad_store(block, s):
+        p0, p, y0, y = block
+        rows = make_tile(chip, sets[s][0], (1, p, y, w), prec)
+        out = make_tile(chip, sets[s][1], (1, p, y, wo), prec)
+        view = lambda t, col, width, row: LTile(t.addr + col * b, (1, p, y, width), prec, (0, t.strides[1], row, 1),
+                                                StrideMode.FREE)
+        em.ar("copy", view(out, pl, w, wo), view(rows, 0, w, w))
+        for j in list(range(pl)) + list(range(pl + w, wo)):
+            em.ar("copy", view(out, j, 1, wo), view(rows, source_column(j), 1, w))
+        em.store(out, DRegion(dst + p0 * dst_plane * b + y0 * dst_row * b, (1, p, y, wo), (p * dst_plane, dst_plane, dst_row, 1),
+                              prec))
+
+    pipelined(blocks, len(sets), load, pad_store)

@@ -235,8 +235,13 @@ class MoveEmitter:
         out_st = contiguous_strides(out_shape)
         dst, b = self.ctx.ddr_addr(y), self.prec.bytes
         base = sum(pads[i] * out_st[i] for i in range(rank))
-        copy_nd(self.ctx, self.src_addr(x), contiguous_strides(in_shape), dst + base * b, out_st, in_shape, self.prec)
-        for axis in range(rank - 1, -1, -1):
+        first = rank - 1
+        if rank >= 2 and (pads[rank - 1] or pads[2 * rank - 1]):
+            self._pad_rows_in_lmem(x, y, pads, mode, base)    # the interior and the last axis's pads
+            first = rank - 2
+        else:
+            copy_nd(self.ctx, self.src_addr(x), contiguous_strides(in_shape), dst + base * b, out_st, in_shape, self.prec)
+        for axis in range(first, -1, -1):
             begin, end, d = pads[axis], pads[rank + axis], in_shape[axis]
             slab = [in_shape[j] if j < axis else out_shape[j] for j in range(rank)]
             slab[axis] = 1
@@ -249,6 +254,21 @@ class MoveEmitter:
                     src_i = min(max(i, 0), d - 1)
                 src = dst + (outer + (begin + src_i) * out_st[axis]) * b
                 copy_nd(self.ctx, src, out_st, dst + (outer + o * out_st[axis]) * b, out_st, slab, self.prec)
+
+    def _pad_rows_in_lmem(self, x: str, y: str, pads, mode: str, base: int) -> None:
+        """The input's rows padded along the last axis in LMEM and stored at their padded place
+        (`base`: the interior's first element)."""
+        in_shape, out_shape = self.shape(x), self.shape(y)
+        rank = len(in_shape)
+        out_st = contiguous_strides(out_shape)
+        h, w = in_shape[-2], in_shape[-1]
+        channels = in_shape[-3] if rank >= 3 else 1
+        plane_stride = out_st[-3] if rank >= 3 else 0
+        lead = [[d, hw, o] for d, hw, o in zip(in_shape[:-3], contiguous_strides(in_shape)[:-3], out_st[:-3])]
+        for s_off, d_off in lmem_move._outer_offsets(lead):
+            lmem_move.pad_last_axis(self.ctx, self.node.name, self.src_addr(x) + s_off * self.prec.bytes,
+                                    self.ctx.ddr_addr(y) + (base - pads[rank - 1] + d_off) * self.prec.bytes, channels, h, w,
+                                    pads[rank - 1], pads[2 * rank - 1], mode, plane_stride, out_st[-2], self.prec)
 
     def _emit_resize(self) -> None:
         """Nearest-neighbour upsampling by integer repeats of the last two axes (lmem_move)."""

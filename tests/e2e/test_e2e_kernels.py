@@ -487,3 +487,26 @@ def test_scatter_nd_reduction_is_rejected_naming_the_node():
                        {"d": ("float32", (4, 3)), "u": ("float32", (1, 3))}, {"y": ("float32", (4, 3))}, 16, inits)
     with pytest.raises(UnsupportedOpError, match=r"ScatterND\[reduction=add\]"):
         compile_model(model)
+
+
+@SETTINGS
+@given(mode=st.sampled_from(["reflect", "edge"]), shape=st.sampled_from([(6, 9), (3, 4, 7), (2, 70, 5, 6)]),
+       data=st.data())
+def test_pad_reflect_edge_any_rank(mode, shape, data):
+    """Planes beyond one lane group, several images, pads on every axis."""
+    rank = len(shape)
+    pads = [data.draw(st.integers(0, min(2, d - 1))) for d in shape * 2]
+    out = [d + pads[i] + pads[rank + i] for i, d in enumerate(shape)]
+    inits = [onnx.numpy_helper.from_array(np.asarray(pads, np.int64), "p")]
+    model = make_model([helper.make_node("Pad", ["x", "p"], ["y"], mode=mode)], {"x": ("float32", shape)},
+                       {"y": ("float32", out)}, 13, inits)
+    check(model, {"x": sample(np.random.default_rng(1), "float32", shape)}, exact=True)
+
+
+def test_pad_reflect_fp16():
+    shape, pads = (1, 8, 12, 10), [0, 0, 2, 3, 0, 0, 1, 2]
+    out = [d + pads[i] + pads[4 + i] for i, d in enumerate(shape)]
+    inits = [onnx.numpy_helper.from_array(np.asarray(pads, np.int64), "p")]
+    model = make_model([helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect")], {"x": ("float32", shape)},
+                       {"y": ("float32", out)}, 13, inits)
+    check(model, {"x": sample(np.random.default_rng(4), "float32", shape)}, dtype="fp16")
