@@ -274,8 +274,8 @@ def strided_rows(ctx: LowerCtx, label: str, src: int, dst: int, geometry: tuple[
 
 
 def pad_last_axis(ctx: LowerCtx, label: str, src: int, dst: int, planes: int, h: int, w: int, pl: int, pr: int,
-                  mode: str, dst_plane: int, dst_row: int, prec: Prec) -> None:
-    """Rows padded along the last axis in LMEM (reflect / edge): planes of h x w (planes on lanes,
+                  mode: str, dst_plane: int, dst_row: int, prec: Prec, value: float = 0.0) -> None:
+    """Rows padded along the last axis in LMEM (constant `value`, reflect or edge): planes of h x w (planes on lanes,
     contiguous in src) become h x (w + pl + pr) rows at dst + p*dst_plane + y*dst_row; the interior
     and each pad column are TIU copies, so both DMAs move whole rows."""
     chip, em, b = ctx.chip, ctx.em, prec.bytes
@@ -306,8 +306,13 @@ def pad_last_axis(ctx: LowerCtx, label: str, src: int, dst: int, planes: int, h:
         view = lambda t, col, width, row: LTile(t.addr + col * b, (1, p, y, width), prec, (0, t.strides[1], row, 1),
                                                 StrideMode.FREE)
         em.ar("copy", view(out, pl, w, wo), view(rows, 0, w, w))
-        for j in list(range(pl)) + list(range(pl + w, wo)):
-            em.ar("copy", view(out, j, 1, wo), view(rows, source_column(j), 1, w))
+        if mode == "constant":
+            for col, width in ((0, pl), (pl + w, pr)):
+                if width:
+                    em.ar("copy", view(out, col, width, wo), value)
+        else:
+            for j in list(range(pl)) + list(range(pl + w, wo)):
+                em.ar("copy", view(out, j, 1, wo), view(rows, source_column(j), 1, w))
         em.store(out, DRegion(dst + p0 * dst_plane * b + y0 * dst_row * b, (1, p, y, wo), (p * dst_plane, dst_plane, dst_row, 1),
                               prec))
 

@@ -70,6 +70,18 @@ def copy_nd(ctx: LowerCtx, src_addr: int, src_st, dst_addr: int, dst_st, shape, 
                 [d[2] for d in rest], [d[0] for d in rest], prec)
 
 
+def fill_nd(ctx: LowerCtx, addr: int, strides, shape, prec: Prec, value: float) -> None:
+    """Every element of a strided N-d DDR region set to `value` (GDMA constant fills)."""
+    dims = _split_dim(merge_dims(shape, strides, strides))
+    if len(dims) > 4:
+        (s, a, _), rest = dims[0], dims[1:]
+        for i in range(s):
+            fill_nd(ctx, addr + i * a * prec.bytes, [d[1] for d in rest], [d[0] for d in rest], prec, value)
+        return
+    dims = [[1, 0, 0]] * (4 - len(dims)) + dims
+    ctx.em.fill(DRegion(addr, tuple(d[0] for d in dims), tuple(d[1] for d in dims), prec), value)
+
+
 class MoveEmitter:
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group = ctx, group
@@ -211,25 +223,13 @@ class MoveEmitter:
         x, y = self.node.inputs[0], self.node.outputs[0]
         pads = self.node.attr("pads")
         value = float(self.node.attr("value", 0.0))
-        out_shape = self.shape(y)
-        if self.node.attr("mode", "constant") != "constant":
-            self._pad_from_inside(x, y, pads, self.node.attr("mode"))
-            return
-        total = math.prod(out_shape)
-        rows = next((r for r in range(max(1, -(-total // MAX_DIM)), total + 1) if total % r == 0 and total // r <= MAX_DIM), total)
-        self.ctx.em.fill(DRegion(self.ctx.ddr_addr(y), (1, 1, rows, total // rows), (total, total, total // rows, 1),
-                                 self.prec), value)
-        rank = len(out_shape)
-        out_st = contiguous_strides(out_shape)
-        base = sum(pads[i] * out_st[i] for i in range(rank))
-        in_shape = self.shape(x)
-        copy_nd(self.ctx, self.src_addr(x), contiguous_strides(in_shape), self.ctx.ddr_addr(y) + base * self.prec.bytes,
-                out_st, in_shape, self.prec)
+        self._pad_from_inside(x, y, pads, self.node.attr("mode", "constant"), value)
 
-    def _pad_from_inside(self, x: str, y: str, pads, mode: str) -> None:
-        """Reflect / edge padding: the input into the middle, then axis by axis (innermost first)
-        each pad slab copied from the output position it mirrors (reflect) or repeats (edge); a slab
-        spans the padded extent of the inner axes and the interior of the outer ones."""
+    def _pad_from_inside(self, x: str, y: str, pads, mode: str, value: float = 0.0) -> None:
+        """The input into the middle (with the last axis's pads, through LMEM, when it has any),
+        then axis by axis (innermost first) each pad slab filled with `value` (constant), or copied
+        from the output position it mirrors (reflect) or repeats (edge); a slab spans the padded
+        extent of the inner axes and the interior of the outer ones."""
         in_shape, out_shape = self.shape(x), self.shape(y)
         rank = len(out_shape)
         out_st = contiguous_strides(out_shape)
@@ -237,7 +237,7 @@ class MoveEmitter:
         base = sum(pads[i] * out_st[i] for i in range(rank))
         first = rank - 1
         if rank >= 2 and (pads[rank - 1] or pads[2 * rank - 1]):
-            self._pad_rows_in_lmem(x, y, pads, mode, base)    # the interior and the last axis's pads
+            self._pad_rows_in_lmem(x, y, pads, mode, base, value)    # the interior and the last axis's pads
             first = rank - 2
         else:
             copy_nd(self.ctx, self.src_addr(x), contiguous_strides(in_shape), dst + base * b, out_st, in_shape, self.prec)
@@ -246,6 +246,12 @@ class MoveEmitter:
             slab = [in_shape[j] if j < axis else out_shape[j] for j in range(rank)]
             slab[axis] = 1
             outer = sum(pads[j] * out_st[j] for j in range(axis))
+            if mode == "constant":
+                for start, count in ((0, begin), (begin + d, end)):
+                    if count:
+                        slab[axis] = count
+                        fill_nd(self.ctx, dst + (outer + start * out_st[axis]) * b, out_st, slab, self.prec, value)
+                continue
             for o in list(range(begin)) + list(range(begin + d, begin + d + end)):
                 i = o - begin
                 if mode == "reflect":
@@ -255,7 +261,7 @@ class MoveEmitter:
                 src = dst + (outer + (begin + src_i) * out_st[axis]) * b
                 copy_nd(self.ctx, src, out_st, dst + (outer + o * out_st[axis]) * b, out_st, slab, self.prec)
 
-    def _pad_rows_in_lmem(self, x: str, y: str, pads, mode: str, base: int) -> None:
+    def _pad_rows_in_lmem(self, x: str, y: str, pads, mode: str, base: int, value: float) -> None:
         """The input's rows padded along the last axis in LMEM and stored at their padded place
         (`base`: the interior's first element)."""
         in_shape, out_shape = self.shape(x), self.shape(y)
@@ -268,7 +274,8 @@ class MoveEmitter:
         for s_off, d_off in lmem_move._outer_offsets(lead):
             lmem_move.pad_last_axis(self.ctx, self.node.name, self.src_addr(x) + s_off * self.prec.bytes,
                                     self.ctx.ddr_addr(y) + (base - pads[rank - 1] + d_off) * self.prec.bytes, channels, h, w,
-                                    pads[rank - 1], pads[2 * rank - 1], mode, plane_stride, out_st[-2], self.prec)
+                                    pads[rank - 1], pads[2 * rank - 1], mode, plane_stride, out_st[-2], self.prec,
+                                    value)
 
     def _emit_resize(self) -> None:
         """Nearest-neighbour upsampling by integer repeats of the last two axes (lmem_move)."""

@@ -490,15 +490,19 @@ def test_scatter_nd_reduction_is_rejected_naming_the_node():
 
 
 @SETTINGS
-@given(mode=st.sampled_from(["reflect", "edge"]), shape=st.sampled_from([(6, 9), (3, 4, 7), (2, 70, 5, 6)]),
+@given(mode=st.sampled_from(["reflect", "edge", "constant"]), shape=st.sampled_from([(6, 9), (3, 4, 7), (2, 70, 5, 6)]),
        data=st.data())
 def test_pad_reflect_edge_any_rank(mode, shape, data):
-    """Planes beyond one lane group, several images, pads on every axis."""
+    """Planes beyond one lane group, several images, pads on every axis (constant: a fill value)."""
     rank = len(shape)
     pads = [data.draw(st.integers(0, min(2, d - 1))) for d in shape * 2]
     out = [d + pads[i] + pads[rank + i] for i, d in enumerate(shape)]
     inits = [onnx.numpy_helper.from_array(np.asarray(pads, np.int64), "p")]
-    model = make_model([helper.make_node("Pad", ["x", "p"], ["y"], mode=mode)], {"x": ("float32", shape)},
+    names = ["x", "p"]
+    if mode == "constant":
+        inits.append(onnx.numpy_helper.from_array(np.asarray(-1.25, np.float32), "v"))
+        names.append("v")
+    model = make_model([helper.make_node("Pad", names, ["y"], mode=mode)], {"x": ("float32", shape)},
                        {"y": ("float32", out)}, 13, inits)
     check(model, {"x": sample(np.random.default_rng(1), "float32", shape)}, exact=True)
 
