@@ -114,18 +114,19 @@ def _message(stdout: str, stderr: str) -> str:
     except ValueError:
         pass
     lines = [line for line in stderr.splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
+    return lines[-1].removeprefix("tpuflow: error: ") if lines else "no output"
 
 
 def _headline(step: str, doc: dict) -> dict:
     """The few numbers worth a column: what inspect found unsupported, verify's error, the latency."""
     if step == "inspect":
-        return {"nodes": doc.get("nodes"), "unsupported": doc.get("unsupported", {})}
+        return {"layers": len(doc.get("layers", [])), "macs": doc.get("macs"), "bound_us": doc.get("lower_bound_us")}
     if step == "verify":
         worst = max(doc["outputs"], key=lambda o: o["max_rel_err"]) if doc.get("outputs") else {}
         return {"verified": doc.get("ok"), "max_rel_err": worst.get("max_rel_err"), "cosine": worst.get("cosine")}
     if step == "estimate":
-        return {"latency_us": doc.get("latency_us"), "bound_us": doc.get("lower_bound_us"),
+        return {"latency_us": doc.get("latency_us"), "program_bound_us": doc.get("lower_bound_us"),
+                "model_bound_us": doc.get("model_bound_us"),
                 "instructions": {k: v["instructions"] for k, v in doc.get("engines", {}).items()}}
     return {}
 
@@ -142,7 +143,7 @@ def run_step(step: str, model: Path, shapes: list[str], values: list[str], timeo
     except subprocess.TimeoutExpired:
         return {"ok": False, "seconds": round(time.perf_counter() - t0, 1), "error": f"timeout after {timeout:.0f} s"}
     row = {"ok": proc.returncode == 0, "seconds": round(time.perf_counter() - t0, 1), "exit_code": proc.returncode}
-    if proc.returncode != 0 and not (step == "verify" and proc.returncode == 1 and proc.stdout.startswith("{")):
+    if proc.returncode != 0 and not (step == "verify" and proc.returncode == 1 and '"outputs"' in proc.stdout):
         row["error"] = _message(proc.stdout, proc.stderr)
     if proc.stdout.lstrip().startswith("{"):
         try:
@@ -150,7 +151,7 @@ def run_step(step: str, model: Path, shapes: list[str], values: list[str], timeo
         except ValueError:
             return row
         if "error" in doc:                   # the --json error document: which ops, by type
-            row["unsupported_ops"] = sorted(doc["error"].get("unsupported", {}))
+            row.update({"unsupported_ops": sorted(doc["error"]["unsupported"])} if doc["error"].get("unsupported") else {})
         else:
             row.update(_headline(step, doc))
     return row
