@@ -101,7 +101,7 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     _prologue(ctx)
     for index, group in enumerate(groups):
         ctx.group_index = index
-        _emit_group(ctx, group, options, "lower" if index % 2 == 0 else "upper")
+        _emit_group(ctx, group, options)
     em.layer = ""
     em.tiu(SysTiu(op="end"))
     em.gdma(SysDma(op="chain_end"))
@@ -120,20 +120,24 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
                    model_name=graph.name, issue_order=order)
 
 
-def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions, half: str) -> None:
-    """Emit a group in its half of LMEM, or in all of it when it does not fit in half."""
+def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions) -> None:
+    """Emit a group in the LMEM ring after the previous group, or in all of the working area
+    when it does not fit there."""
     mark, pushes, layers = len(ctx.em.records), list(ctx.tile_pushes), dict(ctx.layers)
-    ctx.lmem_region = half
+    ctx.lmem_region = "ring"
     try:
         emitter_for(group, options)(ctx, group).emit()
+        ctx.advance_ring()
         return
     except LoweringError:
         del ctx.em.records[mark:]
         ctx.tile_pushes[:] = pushes
         ctx.layers.clear()
         ctx.layers.update(layers)
+        ctx.arenas = []
     ctx.lmem_region = "full"
     emitter_for(group, options)(ctx, group).emit()
+    ctx.advance_ring()
 
 
 def _prologue(ctx: LowerCtx) -> None:

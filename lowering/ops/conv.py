@@ -253,13 +253,13 @@ class ConvEmitter:
         self.ct, self.ht, self.ict, self.w_res = self._choose(cin_g, cout_g)
         if not self.w_res and ctx.lmem_region != "full" and self.ct == cout_g:
             # resident weights matter more than the LMEM half: take all of LMEM when that keeps them
-            ctx.lmem_region, half = "full", ctx.lmem_region
+            ctx.lmem_region, region = "full", ctx.lmem_region
             self.arena = ctx.arena()
             choice = self._choose(cin_g, cout_g)
             if choice[3]:
                 self.ct, self.ht, self.ict, self.w_res = choice
             else:
-                ctx.lmem_region = half
+                ctx.lmem_region = region
                 self.arena = ctx.arena()
         res_sizes = self._resident_sizes(cin_g, cout_g, self.w_res)
         load, outs = self._set_sizes(self.ct, self.ht, self.ict, cin_g, self.w_res)
