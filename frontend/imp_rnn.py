@@ -96,13 +96,14 @@ class Unroller:
         return name if name and name in self.ctx.draft.tensors else None
 
     def initial(self, i: int, d: int) -> str | None:
-        """Initial state i (5: h, 6: c) of direction d as [B, H], or None for zeros."""
+        """Initial state i (5: h, 6: c) of direction d as [B, H] (layout 0: [1, B, H]), or None for zeros."""
         name = self.node.input(i)
         if not name:
             return None
         rw = self.rw
-        axis = 1 if self.layout else 0
-        return rw.reshape(rw.slice(name, axis, d, d + 1), (self.batch, self.hidden))
+        if self.layout:
+            return rw.reshape(rw.slice(name, 1, d, d + 1), (self.batch, self.hidden))
+        return rw.slice(name, 0, d, d + 1)          # [1, B, H]: broadcasts, and needs no view of an input
 
     def projection(self, d: int) -> str:
         """X W^T + biases for every step: [T, B, G*H] (layout 0) or [B, T, G*H]."""

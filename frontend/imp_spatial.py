@@ -41,16 +41,42 @@ def conv2d(rw: Rewriter, x: str, weights: np.ndarray, bias: np.ndarray | None, o
                  dilations=tuple(dilations), group=int(group), pads=tuple(pads))
 
 
+FRAMING_MIN_STRIDE = 4       # a 1-D Conv striding at least this far ...
+FRAMING_MAX_BLOCK_TAPS = 4   # ... whose kernel spans at most this many strides is a framing transform
+
+
 def conv_1d(node: ONode, ctx) -> None:
     x, y = node.input(0), node.outputs[0]
     w = ctx.const(node.input(1))
     b = ctx.const(node.input(2)) if ctx.has_input(2) else None
     (n, c, length), (_, o, lo) = ctx.shape(x), ctx.shape(y)
-    s, d, (pb,), (pe,) = nd_window(node, (length,), tuple(w.shape[2:]))
+    (s,), (d,), (pb,), (pe,) = nd_window(node, (length,), tuple(w.shape[2:]))
     rw = Rewriter(ctx)
-    y2 = conv2d(rw, rw.reshape(x, (n, c, 1, length)), w[:, :, None, :], b, (n, o, 1, lo), (1, *s), (1, *d),
-                (0, pb, 0, pe), int(node.attr("group", 1)))
+    group = int(node.attr("group", 1))
+    if d == 1 and group == 1 and s >= FRAMING_MIN_STRIDE and s <= w.shape[2] <= FRAMING_MAX_BLOCK_TAPS * s:
+        x, w, s, pb, pe = _as_blocks(rw, x, w, s, pb, pe, lo)
+        n, c, length = rw.shape(x)
+    y2 = conv2d(rw, rw.reshape(x, (n, c, 1, length)), w[:, :, None, :], b, (n, o, 1, lo), (1, s), (1, d),
+                (0, pb, 0, pe), group)
     rw.reshape(y2, (n, o, lo), out=y)
+
+
+def _as_blocks(rw: Rewriter, x: str, w: np.ndarray, s: int, pb: int, pe: int, lo: int):
+    """A framing Conv (STFT front ends: kernel 256, stride 128) as a stride-1 Conv over blocks of s
+    samples: input [N, C, L] -> [N, C*s, blocks], weights [O, C, k] -> [O, C*s, ceil(k/s)]
+    (zero taps past k). Returns the new input, weights, stride and pads."""
+    n, c, length = rw.shape(x)
+    taps = -(-w.shape[2] // s)
+    blocks = lo - 1 + taps
+    need = blocks * s - (length + pb)                      # samples to add (or drop) at the end
+    x = rw.pad(x, (0, 0, pb, 0, 0, max(need, 0))) if pb or need > 0 else x
+    if need < 0:
+        x = rw.slice(x, 2, 0, blocks * s)
+    framed = rw.transpose(rw.reshape(x, (n, c, blocks, s)), (0, 1, 3, 2))
+    wide = np.zeros(w.shape[:2] + (taps * s,), w.dtype)
+    wide[:, :, :w.shape[2]] = w
+    w_blocks = wide.reshape(w.shape[0], c, taps, s).transpose(0, 1, 3, 2).reshape(w.shape[0], c * s, taps)
+    return rw.reshape(framed, (n, c * s, blocks)), np.ascontiguousarray(w_blocks), 1, 0, 0
 
 
 def conv_3d(node: ONode, ctx) -> None:

@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper
 
 from tpuflow.errors import InputFileError, ModelError, OptionError
-from tpuflow.frontend.onnx_view import SMALL_CONST_ELEMENTS, Dims, ONode, OnnxView, one_line
+from tpuflow.frontend.onnx_view import SMALL_CONST_ELEMENTS, Dims, ONode, OnnxView, node_reads, one_line
 
 MIN_OPSET, MAX_OPSET = 9, 21
 
@@ -160,9 +160,11 @@ def _topo_sort(nodes: list[ONode], available: set[str], label: str) -> list[ONod
             if t and t not in producer and t not in available:
                 raise ModelError(f"{label}: node '{n.name}' ({n.op_type}) reads tensor '{t}', which no node "
                                  "produces and which is neither a graph input nor an initializer")
+    # a subgraph's outer-scope reads (If / Loop bodies) order their node after the producer too
+    needs = {id(n): [t for t in node_reads(n.proto) if t and (t in n.inputs or t in producer)] for n in nodes}
     done, order, pending = set(available), [], list(nodes)
     while pending:
-        ready = [n for n in pending if all(not t or t in done for t in n.inputs)]
+        ready = [n for n in pending if all(t in done for t in needs[id(n)])]
         if not ready:
             raise ModelError(f"{label}: the graph has a cycle through node '{pending[0].name}'")
         ready_ids = {id(n) for n in ready}

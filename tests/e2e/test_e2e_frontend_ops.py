@@ -175,6 +175,8 @@ SPATIAL = [
     ("Conv", {"x": (1, 4, 11)}, {"w": weights(rng, 6, 2, 3), "b": weights(rng, 6)},
      dict(group=2, strides=[2], pads=[1, 2], dilations=[2])),
     ("Conv", {"x": (1, 4, 11)}, {"w": weights(rng, 6, 4, 3)}, dict(auto_pad="SAME_UPPER")),
+    ("Conv", {"x": (1, 1, 576)}, {"w": weights(rng, 34, 1, 256)}, dict(strides=[128])),   # silero-vad's STFT
+    ("Conv", {"x": (1, 2, 100)}, {"w": weights(rng, 6, 2, 10), "b": weights(rng, 6)}, dict(strides=[4], pads=[3, 1])),
     ("Conv", {"x": (2, 4, 5, 6, 7)}, {"w": weights(rng, 6, 2, 3, 3, 2), "b": weights(rng, 6)},
      dict(group=2, strides=[2, 1, 2], pads=[1, 1, 0, 1, 0, 1], dilations=[1, 2, 1])),
     ("MaxPool", {"x": (1, 3, 10)}, {}, dict(kernel_shape=[3], strides=[2], pads=[1, 1])),

@@ -101,3 +101,19 @@ def test_cli_input_value(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["estimate", str(path), "--input-value", "sr=bad=1"]) == 2
     assert "--input-value" in capsys.readouterr().err
+
+
+def test_a_branch_reading_another_if_output_is_ordered_after_it():
+    """silero-vad: If_1's branch reads If_0's output (an outer-scope read, not a node input)."""
+    from control_models import model, vi
+    from onnx import TensorProto as T, helper
+    first = helper.make_graph([helper.make_node("Relu", ["x"], ["a_out"])], "a", [], [vi("a_out", [2, 3])])
+    second = helper.make_graph([helper.make_node("Neg", ["first_out"], ["b_out"])], "b", [], [vi("b_out", [2, 3])])
+    nodes = [helper.make_node("Equal", ["sr", "k16"], ["c"], name="eq"),
+             helper.make_node("If", ["c"], ["first_out"], name="if0", then_branch=first, else_branch=first),
+             helper.make_node("If", ["always"], ["y"], name="if1", then_branch=second, else_branch=second)]
+    m = model(nodes, [vi("x", [2, 3]), vi("sr", [], T.INT64)], [vi("y", [2, 3])],
+              [("k16", np.array(16000)), ("always", np.array(True))])
+    graph = load(m, {"sr": InputValue(np.array(16000))})
+    assert kinds(graph) == ["Relu", "Neg"]
+    matches_reference(graph)

@@ -108,3 +108,16 @@ def test_conv_transpose_3d(attrs):
     check(node_model("ConvTranspose", {"x": (1, 4, 3, 4, 5)}, {"w": weights(rng, 4, c_out, 3, 2, 2),
                                                                  "b": weights(rng, c_out * attrs.get("group", 1))},
                      **attrs))
+
+
+@FAST
+@given(s=st.integers(4, 9), taps=st.integers(1, 4), cut=st.integers(0, 3), b=st.integers(0, 3), e=st.integers(0, 3),
+       bias=st.booleans())
+def test_framing_conv_1d_becomes_a_stride_1_conv_over_blocks(s, taps, cut, b, e, bias):
+    """STFT-style Convs (kernel 256, stride 128 in silero-vad) exceed the conv descriptor's stride
+    field; as a Conv over blocks of `stride` samples they have stride 1."""
+    k = max(s, taps * s - cut)
+    consts = {"w": weights(rng, 5, 2, k)} | ({"b": weights(rng, 5)} if bias else {})
+    graph = check(node_model("Conv", {"x": (1, 2, 11 * s + 3)}, consts, strides=[s], pads=[b, e]))
+    conv = next(n for n in graph.nodes() if n.op_type == "Conv")
+    assert conv.attrs["strides"] == (1, 1) and graph.tensor(conv.inputs[1]).shape[1] == 2 * s
