@@ -17,28 +17,38 @@ MAX_ROW = 65535             # src_wsize / csize are 16-bit descriptor fields
 
 
 def gather_rows(ctx: LowerCtx, label: str, table: int, outer: int, rows: int, inner: int, indices: int,
-                count: int, dst: int) -> None:
+                count: int, dst: int, index_prec: Prec | None = None) -> None:
     """dst[o, n, :] = table[o, idx[n], :] for o < outer, n < count; table (outer, rows, inner),
-    dst (outer, count, inner), idx the `count` activation-dtype values at DDR `indices`
-    (negative values count from the end, as ONNX Gather's)."""
+    dst (outer, count, inner), idx the `count` values at DDR `indices`, stored in `index_prec`
+    (the activation dtype unless the DDR plan keeps the tensor as int32; negative values count
+    from the end, as ONNX Gather's). Float-stored indices are exact up to 2**24 (fp32), 2048
+    (fp16), 256 (bf16)."""
     if inner > MAX_ROW or outer > MAX_ROW:
         raise LoweringError(f"node {label}: gather rows of {inner} elements x {outer} exceed the DMA size fields")
     chip, em, prec = ctx.chip, ctx.em, ctx.prec
+    iprec = index_prec or prec
     block = min(count, INDEX_BLOCK)
     arena = ctx.arena()
-    raw_b = tile_bytes_per_lane(chip, (1, 1, 1, block), prec)
+    raw_b = tile_bytes_per_lane(chip, (1, 1, 1, block), iprec if iprec.is_float else Prec.FP32)
     f32_b = tile_bytes_per_lane(chip, (1, 1, 1, block), Prec.FP32)
     raw_off, a_off, b_off, c_off, i_off = arena.alloc_many([raw_b] + [f32_b] * 4, label)
     for n0, n in steps(count, block):
         shape = (1, 1, 1, n)
-        raw = make_tile(chip, raw_off, shape, prec)
-        a, b, c = (make_tile(chip, off, shape, Prec.FP32) for off in (a_off, b_off, c_off))
         index = make_tile(chip, i_off, shape, Prec.FP32).as_prec(Prec.INT32)     # same 4-byte layout
-        em.load(raw, DRegion(indices + n0 * prec.bytes, shape, (n, n, n, 1), prec))
-        em.ar("copy", a, raw)
-        em.ar("add", b, a, float(rows))
-        em.cmp("sel_lt", c, a, 0.0, b, a)                      # negative: count from the end
-        em.ar("cast", index, c, round_mode=0)
+        if iprec.is_float:
+            raw = make_tile(chip, raw_off, shape, iprec)
+            a, b, c = (make_tile(chip, off, shape, Prec.FP32) for off in (a_off, b_off, c_off))
+            em.load(raw, DRegion(indices + n0 * iprec.bytes, shape, (n, n, n, 1), iprec))
+            em.ar("copy", a, raw)
+            em.ar("add", b, a, float(rows))
+            em.cmp("sel_lt", c, a, 0.0, b, a)                  # negative: count from the end
+            em.ar("cast", index, c, round_mode=0)
+        else:
+            raw = make_tile(chip, raw_off, shape, Prec.FP32).as_prec(Prec.INT32)
+            b = make_tile(chip, b_off, shape, Prec.FP32).as_prec(Prec.INT32)
+            em.load(raw, DRegion(indices + n0 * 4, shape, (n, n, n, 1), Prec.INT32))
+            em.ar("add", b, raw, int(rows))
+            em.cmp("sel_lt", index, raw, 0, b, raw)
         em.gdma(GatherDma(src_start_addr=table, dst_start_addr=dst + n0 * inner * prec.bytes,
                           index_start_addr=global_lmem_address(index.addr, chip),
                           src_csize=outer, src_hsize=rows, src_wsize=inner, src_cstride=rows * inner,
@@ -53,5 +63,7 @@ def emit_runtime_gather(ctx: LowerCtx, node, table: int) -> None:
     x_shape = ctx.graph.tensor(node.inputs[0]).shape
     axis = node.attr("axis", 0)
     count = math.prod(ctx.graph.tensor(node.inputs[1]).shape)
+    stored = ctx.ddr.tensors[node.inputs[1]].dtype
+    index_prec = Prec.INT32 if stored == "int32" else None
     gather_rows(ctx, node.name, table, math.prod(x_shape[:axis]), x_shape[axis], math.prod(x_shape[axis + 1:]),
-                ctx.ddr_addr(node.inputs[1]), count, ctx.ddr_addr(node.outputs[0]))
+                ctx.ddr_addr(node.inputs[1]), count, ctx.ddr_addr(node.outputs[0]), index_prec)

@@ -514,3 +514,24 @@ def test_pad_reflect_fp16():
     model = make_model([helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect")], {"x": ("float32", shape)},
                        {"y": ("float32", out)}, 13, inits)
     check(model, {"x": sample(np.random.default_rng(4), "float32", shape)}, dtype="fp16")
+
+
+def test_gather_reads_int32_indices_when_the_ddr_plan_keeps_them(monkeypatch):
+    """Indices stored as int32 in DDR (exact beyond 2**24) skip the float conversion: the DDR plan is
+    patched to keep the index input as int32 (fp32 activations: the same 4 bytes per element)."""
+    import dataclasses
+    from tpuflow.lowering import compiler
+    real = compiler.plan_ddr
+
+    def keep_int32(graph, *args, **kwargs):
+        plan = real(graph, *args, **kwargs)
+        plan.tensors["i"] = dataclasses.replace(plan.tensors["i"], dtype="int32")
+        return plan
+
+    monkeypatch.setattr(compiler, "plan_ddr", keep_int32)
+    rng = np.random.default_rng(9)
+    table = onnx.numpy_helper.from_array(sample(rng, "float32", (70000, 3)), "t")
+    idx = np.concatenate([rng.integers(-70000, 70000, 20), [69999, -1]]).astype(np.int64)
+    model = make_model([helper.make_node("Gather", ["t", "i"], ["y"])], {"i": ("int64", idx.shape)},
+                       {"y": ("float32", (len(idx), 3))}, 13, [table])
+    check(model, {"i": idx}, exact=True)
