@@ -535,3 +535,61 @@ def test_gather_reads_int32_indices_when_the_ddr_plan_keeps_them(monkeypatch):
     model = make_model([helper.make_node("Gather", ["t", "i"], ["y"])], {"i": ("int64", idx.shape)},
                        {"y": ("float32", (len(idx), 3))}, 13, [table])
     check(model, {"i": idx}, exact=True)
+
+
+# ---------------------------------------------------------------- composites (fusion with conv / matmul groups)
+
+def _conv_node(b_inits, rng, name, cin, cout, x, y, k=3):
+    w = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    b_inits.append(onnx.numpy_helper.from_array(w, name))
+    return helper.make_node("Conv", [x, name], [y], pads=[k // 2] * 4)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_yolo_style_neck_compare_where_resize_concat(dtype):
+    """Conv -> (Greater, Where) fused as the conv epilogue, nearest x2 upsampling, concat with a
+    skip branch, Sin/Floor on the way out, verified against onnxruntime."""
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array(np.asarray([], np.float32), "roi"),
+             onnx.numpy_helper.from_array(np.asarray([1, 1, 2, 2], np.float32), "sc"),
+             onnx.numpy_helper.from_array(np.asarray(0.1, np.float32), "slope")]
+    nodes = [_conv_node(inits, rng, "w0", 8, 16, "x", "c0"),
+             helper.make_node("Greater", ["c0", "slope"], ["pos"]),
+             helper.make_node("Mul", ["c0", "slope"], ["leak"]),
+             helper.make_node("Where", ["pos", "c0", "leak"], ["a0"]),
+             helper.make_node("Resize", ["a0", "roi", "sc"], ["up"], mode="nearest"),
+             _conv_node(inits, rng, "w1", 4, 16, "skip", "c1", k=1),
+             helper.make_node("Concat", ["up", "c1"], ["cat"], axis=1),
+             helper.make_node("Sin", ["cat"], ["s"]),
+             helper.make_node("Floor", ["cat"], ["f"]),
+             helper.make_node("Max", ["s", "f"], ["y"])]
+    from tpuflow.frontend.registry import IMPORTERS
+    if "Max" not in IMPORTERS:
+        nodes[-1] = helper.make_node("Add", ["s", "f"], ["y"])
+    model = make_model(nodes, {"x": ("float32", (1, 8, 10, 12)), "skip": ("float32", (1, 4, 20, 24))},
+                       {"y": ("float32", (1, 32, 20, 24))}, 13, inits)
+    rng2 = np.random.default_rng(1)
+    feeds = {"x": sample(rng2, "float32", (1, 8, 10, 12)), "skip": sample(rng2, "float32", (1, 4, 20, 24))}
+    if dtype == "fp32":
+        check(model, feeds)
+    else:        # Floor jumps where fp16 rounding moves a value across an integer: compare the smooth part
+        nodes[-3:] = [helper.make_node("Sin", ["cat"], ["y"])]
+        check(make_model(nodes, {"x": ("float32", (1, 8, 10, 12)), "skip": ("float32", (1, 4, 20, 24))},
+                         {"y": ("float32", (1, 32, 20, 24))}, 13, inits), feeds, dtype=dtype)
+
+
+def test_attention_mask_from_token_ids():
+    """Equal on int64 token ids -> a mask applied with Where to MatMul scores, then Softmax."""
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 3, (1, 16)).astype(np.int64)
+    q = sample(rng, "float32", (1, 16, 32))
+    inits = [onnx.numpy_helper.from_array(np.asarray(0, np.int64), "pad_id"),
+             onnx.numpy_helper.from_array(np.asarray(-1e4, np.float32), "neg"),
+             onnx.numpy_helper.from_array((rng.standard_normal((32, 16)) / 6).astype(np.float32), "wk")]
+    nodes = [helper.make_node("MatMul", ["q", "wk"], ["scores"]),
+             helper.make_node("Equal", ["ids", "pad_id"], ["is_pad"]),
+             helper.make_node("Where", ["is_pad", "neg", "scores"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["y"], axis=-1)]
+    model = make_model(nodes, {"q": ("float32", q.shape), "ids": ("int64", ids.shape)},
+                       {"y": ("float32", (1, 16, 16))}, 13, inits)
+    check(model, {"q": q, "ids": ids})
