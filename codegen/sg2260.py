@@ -110,7 +110,7 @@ KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
     CmpTiu: (("sCMP", {}), ("CMP", {})),
     CwBcTiu: (("sCW&sBC", {}), ("CW&BC", {})),
     SysTiu: (("SYS", {}),),
-    TensorDma: (("DMA_tensor（0x000）", {}),),
+    TensorDma: (("DMA_tensor（0x000）", {}), ("DMA_cw_transpose", {})),
     MatrixDma: (("DMA_matrix", {}),),
     GeneralDma: (("DMA_general", {}),),
     GatherDma: (("DMA_gather", {}),),
@@ -118,6 +118,13 @@ KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
 }
 
 
+# registers that hold only some of their kind's ops, with those ops' codes (others: the class's OPS).
+# TensorDma's transpose swaps C and W, which is DMA_cw_transpose (cmd_type 4); DMA_tensor's
+# cmd_special_function 1 is an N/C transpose (tpu-mlir opparam DMA_tensor_0x000__converter).
+REGISTER_OPS: dict[str, dict[str, int]] = {
+    "DMA_tensor（0x000）": {"tensor": 0, "broadcast": 3},
+    "DMA_cw_transpose": {"transpose": 0},
+}
 OPERANDS = ("res0", "opd0", "opd1", "opd2")
 ALL_LANES = (1 << 64) - 1
 ADDRESS_FIELDS = ("src_start_addr", "dst_start_addr", "index_start_addr")
@@ -264,7 +271,10 @@ class Form:
         for name, default, implied in self.absent:
             if default is dataclasses.MISSING and implied is None:
                 raise ValueError(f"{register} lacks {codec.cls.__name__}.{name}, which has no default")
-        self.head = {name: value for name, value in codec.class_head.items() if name in lf}
+        self.op_codes = REGISTER_OPS.get(register, codec.op_codes)
+        self.op_names = {code: op for op, code in self.op_codes.items()}
+        type_field = next(iter(codec.class_head))
+        self.head = {type_field: ops[0][type_field]}  # the register's tsk_typ / cmd_type (the table's)
         if "cmd_short" in lf:
             self.head["cmd_short"] = self.cmd_short
         self.head_bits = self.layout.const_bits | sum(lf[n].place(v) for n, v in self.head.items())
@@ -282,8 +292,14 @@ class Form:
             used |= ((1 << width) - 1) << offset
         return ((1 << self.layout.length_bits) - 1) & ~used
 
-    def try_pack(self, values: dict, derived: dict, op_code: int, strict: bool) -> int | None:
+    def try_pack(self, values: dict, derived: dict, strict: bool) -> int | None:
         """The descriptor integer, or None if this form cannot hold `values` (strict: raise)."""
+        op = values.get("op")
+        if op is not None and op not in self.op_codes:
+            if strict:
+                raise self.codec.error("op", f"= {op!r} has no encoding in {self.register}")
+            return None
+        op_code = self.op_codes[op] if op is not None else 0
         for name, default, implied in self.absent:
             wanted = implied(values) if implied is not None else default
             if values[name] != wanted:
@@ -377,7 +393,6 @@ class KindCodec:
             if tagged is None:
                 raise self.error(name, f"= {values[name]:#x} is neither DDR (below 2**40) nor tagged L2 / LMEM")
             values[name] = tagged
-        op_code = self.op_codes[values["op"]] if "op" in values else 0
         for c in self.const_operands:
             if self._int_const(values, c):
                 value = values[c.addr]
@@ -386,8 +401,9 @@ class KindCodec:
                     raise self.error(c.addr, f"= {value} is an integer constant outside the signed 32-bit range")
                 values[c.addr] = value & 0xFFFFFFFF
         derived = self.derive(values)
-        for i, form in enumerate(self.forms):
-            raw = form.try_pack(values, derived, op_code, strict=(i == len(self.forms) - 1))
+        forms = [f for f in self.forms if values.get("op") is None or values["op"] in f.op_codes]
+        for i, form in enumerate(forms):
+            raw = form.try_pack(values, derived, strict=(i == len(forms) - 1))
             if raw is not None:
                 return raw, form
         raise AssertionError("unreachable: the last form packs strictly")
@@ -400,7 +416,7 @@ class KindCodec:
         values = {name: lfield.take(raw) for name, lfield in form.present}
         if "op" in self.field_names:
             code = form.op_field.take(raw)
-            values["op"] = self.op_names[code]
+            values["op"] = form.op_names[code]
         for name, default, implied in form.absent:
             values[name] = implied(values) if implied is not None else default
         for c in self.const_operands:
@@ -471,8 +487,7 @@ class HeadTable:
             key = (e["cmd_short"], e[type_field], e[key_field])
             target = bound.get(e["reg"])
             if target is not None:
-                cls = target[0].cls
-                op = next((o for o, code in cls.OPS.items() if code == e[key_field]), None)
+                op = target[1].op_names.get(e[key_field])
                 target = target if op is not None else None
             self.entries[key] = (e["name"], e["reg"], target)
 

@@ -21,7 +21,8 @@ model can simulate the vendor's program as it is:
   where tpuflow's MatrixDma puts rows on lanes: same bytes and DDR pattern, other LMEM placement.
 * DMA addresses lose their memory tag (DDR tags 1 / 2); L2 (tag 30) is taken as DDR at its
   offset; LMEM (tag 31) is kept (tpuflow's LMEM window). With nchw_copy the destination takes
-  the source's shape. DMA_tensor transposes keep their bytes (tpuflow's transpose op).
+  the source's shape. DMA_tensor's N<->C transpose is read as a copy of the same bytes (tpuflow has
+  no N<->C transpose); DMA_cw_transpose is tpuflow's transpose.
 Each stream ends at the end command (SYS end / sDMA_sys chain_end) followed by zero padding.
 Unknown heads, kinds no rule covers and truncated records raise BinaryFormatError naming the
 byte offset.
@@ -37,7 +38,7 @@ from tpuflow.errors import BinaryFormatError
 from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GatherDma, GeneralDma, Instruction, LinTiu,
                          MatrixDma, Mm2Tiu, PordTiu, Prec, SfuTiu, SysDma, SysTiu, TensorDma)
 
-from tpuflow.codegen.sg2260 import HEAD_BYTES, INTEGER_PRECS, address_tags, head_table, register_layout
+from tpuflow.codegen.sg2260 import HEAD_BYTES, INTEGER_PRECS, REGISTER_OPS, address_tags, head_table, register_layout
 
 L2_TAG = 30
 LMEM_TAG = 31
@@ -186,8 +187,15 @@ def _dma_values(v: dict, where: str) -> dict:
 
 
 def _tensor_dma(v: dict, where: str) -> Instruction:
-    op = _op(TensorDma, v["cmd_special_function"], "tensor")
+    """DMA_tensor: copy or broadcast; its N<->C transpose (function 1), which tpuflow lacks, is read as
+    a copy of the same bytes."""
+    ops = REGISTER_OPS["DMA_tensor（0x000）"]
+    op = next((o for o, c in ops.items() if c == v["cmd_special_function"]), "tensor")
     return _copy(TensorDma, _dma_values(v, where), op=op)
+
+
+def _cw_transpose_dma(v: dict, where: str) -> Instruction:
+    return _copy(TensorDma, _dma_values(v, where), op="transpose")
 
 
 def _matrix_dma(v: dict, where: str) -> Instruction:
@@ -219,7 +227,7 @@ TIU_RULES = {"sCONV": _conv, "CONV": _conv, "sPorD": _pord, "PorD": _pord, "sAR"
              "sMM": _mm, "MM": _mm, "sMM2": _mm2, "MM2": _mm2, "sCMP": _cmp, "CMP": _cmp, "sSFU": _sfu,
              "SFU": _sfu, "LIN": _lin, "sLIN": _lin, "sCW&sBC": _cwbc, "CW&BC": _cwbc, "SYS": _sys,
              "SYS_TR_ACC": _tr_acc}
-DMA_RULES = {"DMA_tensor（0x000）": _tensor_dma, "DMA_matrix": _matrix_dma, "DMA_general": _general_dma,
+DMA_RULES = {"DMA_tensor（0x000）": _tensor_dma, "DMA_cw_transpose": _cw_transpose_dma, "DMA_matrix": _matrix_dma, "DMA_general": _general_dma,
              "DMA_gather": _gather_dma, "sDMA_sys": _sys_dma}
 END_OPS = {Engine.TIU: ("SYS", 31), Engine.GDMA: ("sDMA_sys", 0)}
 

@@ -41,9 +41,13 @@ POOL_PAD = {4: {2: 0xFF800000, 1: 0xFC00, 5: 0xFF80, 0: 0xFFFFFF80, 3: 0xFFFF800
 REGISTERS = {  # kind (class name) -> its registers (long, short)
     "ConvTiu": {"CONV", "sCONV"}, "Mm2Tiu": {"MM2", "sMM2"}, "ArTiu": {"AR", "sAR"}, "PordTiu": {"PorD", "sPorD"},
     "SfuTiu": {"SFU", "sSFU"}, "LinTiu": {"LIN"}, "CmpTiu": {"CMP", "sCMP"}, "CwBcTiu": {"CW&BC", "sCW&sBC"},
-    "SysTiu": {"SYS"}, "TensorDma": {"DMA_tensor（0x000）"}, "MatrixDma": {"DMA_matrix"},
+    "SysTiu": {"SYS"}, "TensorDma": {"DMA_tensor（0x000）", "DMA_cw_transpose"}, "MatrixDma": {"DMA_matrix"},
     "GeneralDma": {"DMA_general"}, "GatherDma": {"DMA_gather"}, "SysDma": {"sDMA_sys"},
 }
+# ops held by a register of their own (tpu-mlir 1.30.2 opdef.py / opparam.py): a C<->W transpose is
+# DMA_cw_transpose (cmd_type 4, cmd_special_function 0); DMA_tensor's function 1 is an N<->C transpose
+OWN_REGISTER = {("TensorDma", "transpose"): (4, 0)}
+OWN_REGISTER_NAME = {("TensorDma", "transpose"): "DMA_cw_transpose"}
 SPLIT = {"src_start_addr": ("src_start_addr_l32", "src_start_addr_h13", 32),
          "index_start_addr": ("index_start_addr_l32", "index_start_addr_h13", 32),
          "dst_start_addr": ("dst_start_addr_l32", "dst_start_addr_h13", 32),
@@ -163,8 +167,13 @@ def check_agrees(instr, entry: dict, fields: list[tuple[str, int]]) -> None:
     widths = dict(VENDOR["registers"][reg]["declared"])
     tiu = cls.ENGINE is Engine.TIU
     op_field = "tsk_eu_typ" if tiu else "cmd_special_function"
-    assert got[op_field] == cls.OPS[instr.op]
-    assert got["tsk_typ" if tiu else "cmd_type"] == (cls.TSK_TYP if tiu else cls.CMD_TYPE)
+    type_code, op_code = OWN_REGISTER.get((cls.__name__, instr.op), (None, None))
+    if type_code is None:
+        type_code, op_code = (cls.TSK_TYP if tiu else cls.CMD_TYPE), cls.OPS[instr.op]
+    else:
+        assert reg == OWN_REGISTER_NAME[(cls.__name__, instr.op)]
+    assert got[op_field] == op_code
+    assert got["tsk_typ" if tiu else "cmd_type"] == type_code
     explained = {op_field, "tsk_typ", "cmd_type", "cmd_short"}
     for f in dataclasses.fields(cls):
         value = getattr(instr, f.name)
