@@ -593,3 +593,38 @@ def test_attention_mask_from_token_ids():
     model = make_model(nodes, {"q": ("float32", q.shape), "ids": ("int64", ids.shape)},
                        {"y": ("float32", (1, 16, 16))}, 13, inits)
     check(model, {"q": q, "ids": ids})
+
+
+@pytest.mark.parametrize("case", ["pad_reflect", "resize_nearest", "compare_where_sin"])
+def test_full_verify_through_the_binaries(case):
+    """tpuflow.pipeline.verify: written .BD/.GDMA streams read back, race detector on."""
+    from tpuflow.pipeline import verify
+    if case == "pad_reflect":
+        inits = [onnx.numpy_helper.from_array(np.asarray([0, 0, 1, 2, 0, 0, 2, 1], np.int64), "p")]
+        model = make_model([helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect")], {"x": ("float32", (1, 3, 5, 6))},
+                           {"y": ("float32", (1, 3, 8, 9))}, 13, inits)
+    elif case == "resize_nearest":
+        model = resize_model((1, 70, 5, 7), "nearest", "asymmetric", "floor", [1, 1, 2, 2])
+    else:
+        nodes = [helper.make_node("Sin", ["x"], ["s"]), helper.make_node("Greater", ["s", "x"], ["g"]),
+                 helper.make_node("Where", ["g", "s", "x"], ["y"])]
+        model = make_model(nodes, {"x": ("float32", (2, 30, 17))}, {"y": ("float32", (2, 30, 17))})
+    for dtype in ("fp32", "fp16"):
+        result = verify(model, None, CompileOptions(dtype=dtype), race_check=True)
+        assert result["ok"], result["outputs"]
+
+
+def test_gather_dma_timing_reads_one_row_per_index():
+    """The timing model's read side of gdma.gather: index_hsize rows of src_wsize elements, spread
+    over the table (each its own segment), and the write side the contiguous output."""
+    from tpuflow.chip import load_chip
+    from tpuflow.hwmodel.timing.segments import _segments, transfer_sides
+    from tpuflow.isa import GatherDma
+    chip = load_chip("sg2260")
+    g = GatherDma(src_start_addr=1 << 20, dst_start_addr=1 << 26, index_start_addr=(31 << 40), src_csize=1,
+                  src_hsize=1000, src_wsize=64, src_cstride=64000, src_hstride=64, dst_cstride=640, dst_hstride=64,
+                  index_csize=1, index_hsize=10, index_cstride=0, dst_csize=1, dst_hsize=10, dst_wsize=64)
+    src, dst = transfer_sides(g, chip)
+    starts, lengths = _segments(src, chip.lanes, chip.lmem_bytes_per_lane)
+    assert len(starts) == 10 and set(lengths) == {256} and np.all(np.diff(starts) == 100 * 64 * 4)
+    assert src.nbytes == dst.nbytes == 10 * 64 * 4 and not dst.lmem
