@@ -29,6 +29,7 @@ def test_estimate_model_bound_is_inspects_lower_bound_for_every_matmul_path(caps
         for schedule in ("program", "list"):
             report = run_json(capsys, "estimate", "mlp", "--dtype", "fp16", "--matmul", matmul, "--schedule", schedule)
             assert report["model_bound_us"] == pytest.approx(inspected["lower_bound_us"], rel=1e-12)
+            assert report["model_bound_us"] == pytest.approx(inspected["model_bound_us"], rel=1e-12)
             assert report["model_bounds"]["compulsory_ddr_us"] == pytest.approx(inspected["memory_bound_us"], rel=1e-12)
             assert report["latency_us"] >= report["model_bound_us"]
             seen.add(report["model_bound_us"])

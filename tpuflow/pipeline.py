@@ -59,7 +59,8 @@ def cmd_inspect(model, chip: str | None, dtype: str, input_shapes, as_json: bool
     from tpuflow.partial_inspect import format_partial, partial_summary
     chip = load_chip(chip)
     try:
-        summary = dict(inspect_summary(load_graph(model, input_shapes), chip, dtype), supported=True, unsupported={})
+        summary = inspect_summary(load_graph(model, input_shapes), chip, dtype)
+        summary.update(supported=True, unsupported={}, model_bound_us=summary["lower_bound_us"])  # estimate's key
     except UnsupportedOpError as exc:
         summary = partial_summary(model, input_shapes, chip, dtype, exc)
         if as_json:
