@@ -15,7 +15,7 @@ from tpuflow.isa import (AccCvt, ArTiu, ConvTiu, Engine, Mm2Tiu, PordTiu, SysDma
                          tile_ref)
 
 LANE = 1 << 18
-LMEM_BASE = 0x100000000000
+LMEM_BASE = 0x1F0000000000  # memory tag 31 (hwmodel/chips/sg2260.toml gdma_lmem_base_address)
 
 
 def tiu_mix(i: int):
