@@ -81,6 +81,8 @@ CASES = {
     "transpose_nchw_nhwc_1x64x56x56": lambda: _transpose((1, 64, 56, 56), (0, 2, 3, 1)),
     "transpose_nhwc_nchw_1x56x56x64": lambda: _transpose((1, 56, 56, 64), (0, 3, 1, 2)),
     "transpose_1x8x128x64_0213": lambda: _transpose((1, 8, 128, 64), (0, 2, 1, 3)),
+    # many small planes, each transposed (a Resize / Softmax moving H last)
+    "transpose_1x64x80x160_0132": lambda: _transpose((1, 64, 80, 160), (0, 1, 3, 2)),
     # the case: a Concat along a size-1 innermost axis (0.82 MB moved)
     "concat_last_axis_2x1x102400x1": lambda: _concat([(1, 102400, 1), (1, 102400, 1)], 2),
     "concat_last_axis_1x4x8400_and_1x80x8400": lambda: _concat([(1, 8400, 4), (1, 8400, 80)], 2),

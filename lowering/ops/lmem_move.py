@@ -26,30 +26,39 @@ def cw_transpose(ctx: LowerCtx, dst: LTile, src: LTile) -> None:
 
 
 def transpose_2d(ctx: LowerCtx, label: str, src: int, src_row: int, dst: int, dst_row: int,
-                 rows: int, cols: int, prec: Prec) -> None:
-    """dst[c, r] = src[r, c] for r < rows, c < cols; element (r, c) of src at src + r*src_row + c,
-    element (c, r) of dst at dst + c*dst_row + r (element strides). Blocks of rows x cols go
-    DDR -> LMEM (rows on lanes), through a CW transpose and back, double-buffered."""
+                 rows: int, cols: int, prec: Prec, batch: tuple[int, int, int] = (1, 0, 0)) -> None:
+    """dst[k, c, r] = src[k, r, c] for r < rows, c < cols, k < batch count; element (k, r, c) of src
+    at src + k*src_batch + r*src_row + c, element (k, c, r) of dst at dst + k*dst_batch +
+    c*dst_row + r (element strides; batch = (count, src_batch, dst_batch)). Blocks of rows x cols
+    (x several batch items along H) go DDR -> LMEM (rows on lanes), through one CW transpose and
+    back, double-buffered."""
     chip = ctx.chip
+    count, src_batch, dst_batch = batch
     arena = ctx.arena()
-    sizes = lambda rt, ct: [tile_bytes_per_lane(chip, (1, rt, 1, ct), prec), tile_bytes_per_lane(chip, (1, ct, 1, rt), prec)]
+    sizes = lambda rt, ct, kt=1: [tile_bytes_per_lane(chip, (1, rt, kt, ct), prec),
+                                  tile_bytes_per_lane(chip, (1, ct, kt, rt), prec)]
     rt = largest_fitting([min(rows, b) for b in BLOCK_OPTIONS], lambda r: arena.fits(sizes(r, min(cols, r)) * 2))
     rt = rt or min(rows, chip.lanes)
     ct = largest_fitting([min(cols, b) for b in BLOCK_OPTIONS], lambda c: arena.fits(sizes(rt, c) * 2)) or min(cols, chip.lanes)
-    _, sets = arena.alloc_plan([], sizes(rt, ct), label)
-    blocks = [(r0, r, c0, c) for r0, r in steps(rows, rt) for c0, c in steps(cols, ct)]
+    kt = 1
+    if rt == rows and ct == cols and count > 1:          # whole planes: several per block
+        kt = largest_fitting(list(range(1, min(count, MAX_DMA) + 1)), lambda k: arena.fits(sizes(rt, ct, k) * 2)) or 1
+    _, sets = arena.alloc_plan([], sizes(rt, ct, kt), label)
+    blocks = [(k0, k, r0, r, c0, c) for k0, k in steps(count, kt) for r0, r in steps(rows, rt) for c0, c in steps(cols, ct)]
     b = prec.bytes
 
     def load(block, s):
-        r0, r, c0, c = block
-        ctx.em.load(make_tile(chip, sets[s][0], (1, r, 1, c), prec),
-                    DRegion(src + (r0 * src_row + c0) * b, (1, r, 1, c), (r * src_row, src_row, c, 1), prec))
+        k0, k, r0, r, c0, c = block
+        ctx.em.load(make_tile(chip, sets[s][0], (1, r, k, c), prec),
+                    DRegion(src + (k0 * src_batch + r0 * src_row + c0) * b, (1, r, k, c),
+                            (r * src_row, src_row, src_batch, 1), prec))
 
     def transpose_store(block, s):
-        r0, r, c0, c = block
-        out = make_tile(chip, sets[s][1], (1, c, 1, r), prec)
-        cw_transpose(ctx, out, make_tile(chip, sets[s][0], (1, r, 1, c), prec))
-        ctx.em.store(out, DRegion(dst + (c0 * dst_row + r0) * b, (1, c, 1, r), (c * dst_row, dst_row, r, 1), prec))
+        k0, k, r0, r, c0, c = block
+        out = make_tile(chip, sets[s][1], (1, c, k, r), prec)
+        cw_transpose(ctx, out, make_tile(chip, sets[s][0], (1, r, k, c), prec))
+        ctx.em.store(out, DRegion(dst + (k0 * dst_batch + c0 * dst_row + r0) * b, (1, c, k, r),
+                                  (c * dst_row, dst_row, dst_batch, 1), prec))
 
     pipelined(blocks, len(sets), load, transpose_store)
 
@@ -70,9 +79,13 @@ def as_batched_transpose(dims: list[list[int]]) -> tuple[list[list[int]], tuple[
 def emit_batched_transpose(ctx: LowerCtx, label: str, src: int, dst: int, outer: list[list[int]],
                            geometry: tuple[int, int, int, int], prec: Prec) -> None:
     rows, src_row, cols, dst_row = geometry
+    batch = (1, 0, 0)
+    if outer:                                  # the innermost outer dim rides along H in LMEM
+        (count, sb, db), outer = outer[-1], outer[:-1]
+        batch = (count, sb, db)
     for s_off, d_off in _outer_offsets(outer):
         transpose_2d(ctx, label, src + s_off * prec.bytes, src_row, dst + d_off * prec.bytes, dst_row,
-                     rows, cols, prec)
+                     rows, cols, prec, batch)
 
 
 def interleave_rows(ctx: LowerCtx, label: str, srcs: list[tuple[int, int]], dst: int, rows: int,
