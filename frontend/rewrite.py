@@ -70,7 +70,8 @@ class Rewriter:
         self.count += 1
         tag = f"{kind.value.lower()}{self.count}"
         y = out or self.ctx.temp(tag, tuple(int(d) for d in out_shape), dtype or self.dtype)
-        self.ctx.emit(kind, tuple(inputs), (y,), suffix=tag, **attrs)
+        alone = self.count == 1 and y in self.ctx.node.outputs        # a 1:1 rewrite keeps the node's name
+        self.ctx.emit(kind, tuple(inputs), (y,), suffix=None if alone else tag, **attrs)
         return y
 
     def const(self, value, dtype: str | None = None, tag: str = "c") -> str:
