@@ -92,6 +92,8 @@ NORMS = [
     ("InstanceNormalization", {"x": (2, 3, 4, 5)}, {"s": weights(rng, 3), "b": weights(rng, 3)}, 13, {}),
     ("GroupNormalization", {"x": (2, 4, 3, 5)}, {"s": weights(rng, 4), "b": weights(rng, 4)}, 21,
      dict(num_groups=2)),
+    ("GroupNormalization", {"x": (2, 4, 3, 5)}, {"s": weights(rng, 2), "b": weights(rng, 2)}, 18,
+     dict(num_groups=2)),
     ("MeanVarianceNormalization", {"x": (2, 4, 3, 3)}, {}, 13, {}),
     ("LpNormalization", {"x": (2, 4, 3)}, {}, 13, dict(axis=1, p=2)),
     ("LpNormalization", {"x": (2, 4, 3)}, {}, 13, dict(axis=-1, p=1)),

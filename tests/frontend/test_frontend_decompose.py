@@ -127,12 +127,13 @@ def test_instance_norm(shape, eps):
 
 
 @FAST
-@given(groups=st.sampled_from([1, 2, 4]), spatial=st.sampled_from([(5,), (3, 4)]))
-def test_group_norm(groups, spatial):
-    """Opset 21 (per-channel scale); onnx's checker rejects the deprecated opset-18 form."""
+@given(groups=st.sampled_from([1, 2, 4]), opset=st.sampled_from([18, 21]), spatial=st.sampled_from([(5,), (3, 4)]))
+def test_group_norm(groups, opset, spatial):
+    """Opset 18 takes per-group scale / bias (deprecated, but exporters write it), opset 21 per-channel."""
     c = 8
-    check(node_model("GroupNormalization", {"x": (2, c, *spatial)}, {"s": weights(rng, c), "b": weights(rng, c)},
-                     opset=21, num_groups=groups))
+    n = groups if opset == 18 else c
+    check(node_model("GroupNormalization", {"x": (2, c, *spatial)}, {"s": weights(rng, n), "b": weights(rng, n)},
+                     opset=opset, num_groups=groups))
 
 
 @FAST
