@@ -7,9 +7,10 @@ is written under a temporary name in the output directory and renamed, manifest 
 failure never leaves half a file. Same Program -> byte-identical files (sorted keys, no
 timestamps).
 
-manifest.json (format_version 1): tool and version, chip name + fingerprint, options, model
-name, per-engine instruction counts, issue_order run-length coded ("B3D2T1" = BBBDDT), the
-DDR tensor placement, the instruction -> layer map per engine as runs [layer, count], layers
+manifest.json (format_version 2 = descriptors in tpu-mlir 1.30.2's bm1690 layout with memory tags and
+hardware-meaning fields, see codegen.sg2260; version 1 folders are refused): tool and version, chip
+name + fingerprint, options, model name, per-engine instruction counts, issue_order run-length
+coded ("B3D2T1" = BBBDDT), the DDR tensor placement, the instruction -> layer map per engine as runs [layer, count], layers
 (LayerInfo, in program order), fused groups, and each file's size and sha256.
 """
 
@@ -33,7 +34,7 @@ from tpuflow.program import ENGINES, DdrTensor, LayerInfo, MemoryPlan, Program
 from tpuflow.codegen.linx import decode_blocks, encode_blocks
 from tpuflow.codegen.sg2260 import decode_descriptors, encode_descriptors
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 CORE = 0
 FILE_MODE = 0o644  # mkstemp creates 0600; outputs are ordinary readable files

@@ -49,7 +49,7 @@ def test_output_is_deterministic(tmp_path):
 def test_manifest_contents(tmp_path):
     program = sample_program()
     manifest = json.loads((write_program(program, tmp_path, name="tiny") / "manifest.json").read_text())
-    assert manifest["format_version"] == 1 and manifest["tool"]["name"] == "tpuflow"
+    assert manifest["format_version"] == 2 and manifest["tool"]["name"] == "tpuflow"
     assert manifest["chip"] == {"name": "sg2260", "fingerprint": program.chip.fingerprint()}
     assert manifest["counts"] == {"tiu": 5, "gdma": 5, "tile": 4}
     assert manifest["issue_order"] == "D2B2T2D1T1B1T1B1D2B1"
