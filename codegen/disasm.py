@@ -30,7 +30,7 @@ from tpuflow.isa.tile import QUEUES, size_text
 from tpuflow.program import ENGINES, Program
 
 from tpuflow.codegen.writer import MANIFEST, STREAM_SUFFIX, decode_stream, read_manifest, read_program
-from tpuflow.codegen.vendor import is_stream_dir, read_stream_dir
+from tpuflow.codegen.vendor import decode_vendor_stream, is_stream_dir, read_stream_dir
 
 SHAPE_FIELD = re.compile(r"^(res[01]|opd[0-3])_[nchw]$")
 CAST_ROUNDING = {0: "rne", 1: "rna", 2: "rtz", 3: "floor", 4: "ceil"}
@@ -285,6 +285,12 @@ def file_lines(path: Path, chip=None) -> Iterator[str]:
     except OSError as exc:
         raise InputFileError(f"{path}: cannot read ({exc.strerror})") from None
     resolved = _file_chip(path, chip)
+    if engine is not Engine.TILE and not (path.parent / MANIFEST).is_file():  # a raw stream (tpu-mlir's too)
+        stream = decode_vendor_stream(data, engine, str(path))
+        yield f"# {engine.name}: {path.name}, {len(stream.instructions)} instructions"
+        for index, (instr, reg) in enumerate(zip(stream.instructions, stream.registers)):
+            yield f"{instruction_line(engine, index + 1, instr, resolved)}    ; {reg}"
+        return
     instrs = decode_stream(engine, data, str(path))
     yield f"# {engine.name}: {path.name}, {len(instrs)} instructions"
     for index, instr in enumerate(instrs):

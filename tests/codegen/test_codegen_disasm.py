@@ -120,7 +120,7 @@ def test_cli_garbage_is_a_clean_error_with_the_offset(tmp_path, capsys):
     assert main(["disasm", str(bad)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert re.fullmatch(r"tpuflow: error: .*junk\.BD\.0: byte offset 16: .*\n", captured.err)
+    assert re.fullmatch(r"tpuflow: error: .*junk\.BD\.0: byte offset \d+: .*\n", captured.err)  # a raw file: read as tpu-mlir would
     other = tmp_path / "notes.txt"
     other.write_text("hi")
     assert main(["disasm", str(other)]) == 2
