@@ -48,16 +48,22 @@ IMPORTERS["Where"] = Importer(where)
 
 # ---------------------------------------------------------------- Resize / Upsample
 
-def _resize_matrix(node: ONode, ctx, axis: int) -> np.ndarray:
+def _resize_matrix(node: ONode, ctx, axis: int, ramp: bool = False) -> np.ndarray:
     """The (out, in) interpolation matrix of one axis: the node itself (same op, attributes and
     opset, run by onnxruntime, the numerical reference) applied to an identity probe whose other
-    resized axes are left alone. Resize is separable, so these matrices are all there is to it."""
+    resized axes are left alone. Resize is separable, so these matrices are all there is to it.
+    ramp: the probe is 0, 1, ..., n_in - 1 instead, and the result (n_out,) is what each output
+    takes: for nearest modes, the selected input index."""
     in_shape, out_shape = ctx.shape(node.input(0)), ctx.shape(node.outputs[0])
     rank, n_in, n_out = len(in_shape), in_shape[axis], out_shape[axis]
     basis = next(a for a in range(rank) if a != axis)
     probe_shape = [1] * rank
-    probe_shape[axis], probe_shape[basis] = n_in, n_in
-    probe = np.eye(n_in, dtype=np.float32).reshape(probe_shape)      # symmetric: axis order is moot
+    probe_shape[axis] = n_in
+    if ramp:
+        probe = np.arange(n_in, dtype=np.float32).reshape(probe_shape)
+    else:
+        probe_shape[basis] = n_in
+        probe = np.eye(n_in, dtype=np.float32).reshape(probe_shape)      # symmetric: axis order is moot
     attrs = dict(node.attrs)
     inputs, inits = ["p"], []
 
@@ -98,6 +104,8 @@ def _resize_matrix(node: ONode, ctx, axis: int) -> np.ndarray:
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own objection to the attributes
         raise ModelError(f"{ctx.view.label}: node '{node.name}' ({node.op_type}): onnxruntime cannot run its "
                          f"attributes: {one_line(exc, 200)}") from None
+    if ramp:
+        return out.reshape(n_out).astype(np.float64)
     return np.moveaxis(out, (basis, axis), (1, 0)).reshape(n_out, n_in).astype(np.float64)
 
 
@@ -139,16 +147,18 @@ def _resize_check(node: ONode, facts) -> str | None:
         return f"keep_aspect_ratio_policy={node.attr('keep_aspect_ratio_policy')}"
     if node.attr("antialias", 0):
         return "antialias=1"
+    if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize" and node.attr("extrapolation_value", 0.0):
+        return "extrapolation_value != 0"
     return None
 
 
-def _nearest_pattern(matrix: np.ndarray) -> tuple[str, int, int] | None:
-    """('repeat', factor, 0) when row o selects input o // factor, ('step', step, start) when it
+MAX_RESIZE_MATRIX = 1 << 22       # elements of a dense per-axis interpolation matrix (and its probe)
+
+
+def _nearest_pattern(src: np.ndarray, n_in: int) -> tuple[str, int, int] | None:
+    """('repeat', factor, 0) when output o selects input o // factor, ('step', step, start) when it
     selects start + o * step (an integer downsample), else None."""
-    n_out, n_in = matrix.shape
-    if not np.all((matrix == 0) | (matrix == 1)) or not np.all(matrix.sum(axis=1) == 1):
-        return None
-    src = matrix.argmax(axis=1)
+    n_out = len(src)
     o = np.arange(n_out)
     if n_out % n_in == 0 and np.array_equal(src, o // (n_out // n_in)):
         return "repeat", n_out // n_in, 0
@@ -172,22 +182,42 @@ def resize(node: ONode, ctx) -> None:
     if rank < 2:
         ctx.unsupported(f"{rank}-D input")
         return
-    mats = {a: _resize_matrix(node, ctx, a) for a in range(rank)}
-    mats = {a: m for a, m in mats.items() if m.shape[0] != m.shape[1] or not np.array_equal(m, np.eye(m.shape[0]))}
-    if not mats:
-        ctx.alias(x, y)
-        return
-    patterns = {a: _nearest_pattern(m) for a, m in mats.items()}
-    if all(p is not None and p[0] == "repeat" for p in patterns.values()) and min(mats) >= rank - 2:
+    scales, _ = _resize_targets(node, ctx)
+    crop = node.attr("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize"
+    axes = [a for a in range(rank) if crop or in_shape[a] != out_shape[a] or scales[a] != 1.0]
+    nearest = node.attr("mode", "nearest") == "nearest" and not crop     # crop may extrapolate a value
+    if nearest:                    # a selection per axis: one ramp probe each, no dense matrix yet
+        picks = {a: np.rint(_resize_matrix(node, ctx, a, ramp=True)).astype(np.int64) for a in axes}
+        picks = {a: p for a, p in picks.items() if len(p) != in_shape[a] or not np.array_equal(p, np.arange(len(p)))}
+        if not picks:
+            ctx.alias(x, y)
+            return
+        patterns = {a: _nearest_pattern(p, in_shape[a]) for a, p in picks.items()}
+    else:
+        patterns = {a: None for a in axes}
+    if nearest and all(p is not None and p[0] == "repeat" for p in patterns.values()) and min(patterns) >= rank - 2:
         repeats = tuple(patterns[a][1] if a in patterns else 1 for a in range(rank))
         ctx.emit(K.RESIZE, (x,), (y,), repeats=repeats)
         return
-    if all(p is not None and p[0] == "step" for p in patterns.values()):
+    if nearest and all(p is not None and p[0] == "step" for p in patterns.values()):
         starts = [patterns[a][2] if a in patterns else 0 for a in range(rank)]
         steps = [patterns[a][1] if a in patterns else 1 for a in range(rank)]
         ends = [min(d, s + (o - 1) * k + 1) for d, s, o, k in zip(in_shape, starts, out_shape, steps)]
         ctx.emit(K.SLICE, (x,), (y,), starts=tuple(starts), ends=tuple(ends), steps=tuple(steps))
         return
+    too_big = [a for a in patterns if in_shape[a] * max(in_shape[a], out_shape[a]) > MAX_RESIZE_MATRIX]
+    if too_big:
+        a = too_big[0]
+        ctx.unsupported(f"{node.attr('mode', 'nearest')} resize of an axis of {in_shape[a]} -> {out_shape[a]}")
+        return
+    if nearest:
+        mats = {a: np.eye(in_shape[a])[picks[a]] for a in picks}
+    else:
+        mats = {a: _resize_matrix(node, ctx, a) for a in axes}
+        mats = {a: m for a, m in mats.items() if m.shape[0] != m.shape[1] or not np.array_equal(m, np.eye(m.shape[0]))}
+        if not mats:
+            ctx.alias(x, y)
+            return
     current, shape = x, list(in_shape)
     order = sorted(mats, reverse=True)                  # the innermost axis first (no transposes)
     for i, axis in enumerate(order):

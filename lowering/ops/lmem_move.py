@@ -17,6 +17,12 @@ SHORT_RUN_BYTES = 128                               # DMA runs shorter than this
 MAX_DMA = 65535
 
 
+def fits(ctx: LowerCtx, shapes: list[tuple[int, int, int, int]], prec: Prec) -> bool:
+    """Whether one set of tiles of these shapes fits the group's LMEM region (the LMEM paths'
+    smallest blocks; callers fall back to plain DMAs otherwise)."""
+    return ctx.arena().fits([tile_bytes_per_lane(ctx.chip, s, prec) for s in shapes])
+
+
 def cw_transpose(ctx: LowerCtx, dst: LTile, src: LTile) -> None:
     """dst (1, W, 1, C) = src (1, C, 1, W) with C and W swapped (tsbc.cw_ts)."""
     f = dst.fields("res0", with_shape=True)
@@ -227,6 +233,12 @@ def deinterleave_rows(ctx: LowerCtx, label: str, src: int, dsts: list[tuple[int,
             col += w
 
     pipelined(blocks, len(sets), load, copy_store)
+
+
+def strided_min_tiles(geometry: tuple[int, int, int, int, int]) -> list[tuple[int, int, int, int]]:
+    """The smallest tile set of strided_rows (one row per lane)."""
+    rows, src_row, step, width, dst_row = geometry
+    return [(1, 1, 1, (width - 1) * step + 1), (1, 1, 1, width)]
 
 
 def emit_strided_rows(ctx: LowerCtx, label: str, src: int, dst: int, outer: list[list[int]],

@@ -150,7 +150,8 @@ class MoveEmitter:
         widths = [self.shape(x)[axis] * inner for x in self.node.inputs]
         if rows <= 1 or min(widths) * self.prec.bytes >= lmem_move.SHORT_RUN_BYTES:
             return False
-        if sum(widths) > lmem_move.MAX_DMA:
+        if sum(widths) > lmem_move.MAX_DMA or not lmem_move.fits(
+                self.ctx, [(1, 1, 1, w) for w in widths] + [(1, 1, 1, sum(widths))], self.prec):
             return False
         srcs = [(self.src_addr(x), w) for x, w in zip(self.node.inputs, widths)]
         lmem_move.interleave_rows(self.ctx, self.node.name, srcs, self.ctx.ddr_addr(self.node.outputs[0]),
@@ -177,6 +178,8 @@ class MoveEmitter:
         widths = [self.shape(y)[axis] * inner for y in self.node.outputs]
         if rows <= 1 or min(widths) * self.prec.bytes >= lmem_move.SHORT_RUN_BYTES or sum(widths) > lmem_move.MAX_DMA:
             return False
+        if not lmem_move.fits(self.ctx, [(1, 1, 1, w) for w in widths] + [(1, 1, 1, sum(widths))], self.prec):
+            return False
         dsts = [(self.ctx.ddr_addr(y), w) for y, w in zip(self.node.outputs, widths)]
         lmem_move.deinterleave_rows(self.ctx, self.node.name, self.src_addr(x), dsts, rows, self.prec)
         return True
@@ -192,7 +195,7 @@ class MoveEmitter:
         src, src_st, dst_st = self.src_addr(x) + base * self.prec.bytes, [st * k for st, k in zip(in_st, steps_)], \
             contiguous_strides(out_shape)
         strided = lmem_move.as_strided_rows(merge_dims(out_shape, src_st, dst_st), self.prec)
-        if strided is not None:           # every step-th element of the innermost axis: via LMEM
+        if strided is not None and lmem_move.fits(self.ctx, lmem_move.strided_min_tiles(strided[1]), self.prec):           # every step-th element of the innermost axis: via LMEM
             lmem_move.emit_strided_rows(self.ctx, self.node.name, src, self.ctx.ddr_addr(y), *strided, self.prec)
             return
         copy_nd(self.ctx, src, src_st, self.ctx.ddr_addr(y), dst_st, out_shape, self.prec)
@@ -236,7 +239,10 @@ class MoveEmitter:
         dst, b = self.ctx.ddr_addr(y), self.prec.bytes
         base = sum(pads[i] * out_st[i] for i in range(rank))
         first = rank - 1
-        if rank >= 2 and (pads[rank - 1] or pads[2 * rank - 1]):
+        w, wo = in_shape[-1], out_shape[-1]
+        planes = min(in_shape[-3] if rank >= 3 else 1, self.ctx.chip.lanes)
+        if rank >= 2 and (pads[rank - 1] or pads[2 * rank - 1]) and \
+                lmem_move.fits(self.ctx, [(1, planes, 1, w), (1, planes, 1, wo)], self.prec):
             self._pad_rows_in_lmem(x, y, pads, mode, base, value)    # the interior and the last axis's pads
             first = rank - 2
         else:
@@ -284,6 +290,14 @@ class MoveEmitter:
         in_shape = self.shape(x)
         if any(r != 1 for r in repeats[:-2]):
             raise LoweringError(f"node {self.node.name}: Resize repeats {repeats} on a leading axis")
+        rows, h, w = math.prod(in_shape[:-2]), in_shape[-2], in_shape[-1]
+        lanes = min(rows, self.ctx.chip.lanes)
+        if not lmem_move.fits(self.ctx, [(1, lanes, 1, w), (1, lanes, repeats[-2], w * repeats[-1])], self.prec):
+            # rows too long for LMEM: a stride-0 DMA repeats every element (element-granular, slow)
+            rh, rw = repeats[-2], repeats[-1]
+            copy_nd(self.ctx, self.src_addr(x), (h * w, w, 0, 1, 0), self.ctx.ddr_addr(y),
+                    contiguous_strides((rows, h, rh, w, rw)), (rows, h, rh, w, rw), self.prec)
+            return
         lmem_move.upsample_nearest(self.ctx, self.node.name, self.src_addr(x), self.ctx.ddr_addr(y),
                                    math.prod(in_shape[:-2]), in_shape[-2], in_shape[-1], repeats[-2], repeats[-1],
                                    self.prec)

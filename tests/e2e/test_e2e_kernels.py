@@ -628,3 +628,13 @@ def test_gather_dma_timing_reads_one_row_per_index():
     starts, lengths = _segments(src, chip.lanes, chip.lmem_bytes_per_lane)
     assert len(starts) == 10 and set(lengths) == {256} and np.all(np.diff(starts) == 100 * 64 * 4)
     assert src.nbytes == dst.nbytes == 10 * 64 * 4 and not dst.lmem
+
+
+def test_pad_and_upsample_of_rows_too_long_for_lmem():
+    shape = (1, 1, 2, 40000)
+    inits = [onnx.numpy_helper.from_array(np.asarray([0, 0, 1, 2, 0, 0, 1, 1], np.int64), "p")]
+    model = make_model([helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect")], {"x": ("float32", shape)},
+                       {"y": ("float32", (1, 1, 4, 40003))}, 13, inits)
+    x = sample(np.random.default_rng(0), "float32", shape)
+    check(model, {"x": x}, exact=True)
+    check(resize_model(shape, "nearest", "asymmetric", "floor", [1, 1, 2, 2]), {"x": x}, exact=True)

@@ -138,3 +138,10 @@ def test_split_into_short_runs_matches_onnxruntime(rows, sizes, inner_axis):
 def test_focus_slice_loads_rows_not_elements():
     _, program = compile_model(slice_model((1, 8, 64, 64), [0, 0, 0, 1], [1, 8, 64, 64], [1, 1, 2, 2]))
     assert _dma_runs(program) >= 32
+
+
+def test_rows_too_long_for_lmem_fall_back_to_plain_dmas():
+    """A row that does not fit a lane's share of LMEM takes the DDR -> DDR path, still exact."""
+    check(slice_model((1, 2, 90000), [0, 0, 1], [1, 2, 90000], [1, 1, 2]))
+    check(concat_model([(1, 3, 1), (1, 3, 40000)], 2))
+    check(split_model((1, 3, 40001), 2, [1, 40000]))
