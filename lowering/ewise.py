@@ -31,8 +31,7 @@ ROWWISE = ELEMENTWISE | set(ROW_REDUCE) | ROW_NORMALIZE
 # fp32 scratch tiles each op's TIU sequence clobbers (see mathops)
 SCRATCH_NEED = {"Exp": 3, "Sigmoid": 4, "Tanh": 5, "Erf": 6, "Log": 4, "Pow": 6, "Softmax": 4,
                 "LogSoftmax": 4, "LayerNormalization": 1, "LeakyRelu": 1, "HardSwish": 1, "Sqrt": 1,
-                "Where": 2, "Floor": 3, "Ceil": 3, "Round": 3, "Sign": 2, "Sin": 4, "Cos": 4, "Mod": 4,
-                "Cast": 3}
+                "Where": 2, "Floor": 3, "Ceil": 3, "Round": 3, "Sign": 2, "Sin": 4, "Cos": 4, "Mod": 4}
 
 
 class Kind(enum.Enum):

@@ -180,6 +180,10 @@ def emit_cast(em: Emitter, dst: LTile, src: LTile, target: str, s: Scratch) -> N
     kind = np.dtype(target).kind
     if kind == "b":
         em.cmp("sel_eq", dst, src, 0.0, 0.0, 1.0)
+    elif kind in "iu" and dst.prec == Prec.FP32:     # through int32 in dst itself (no scratch;
+        as_int = dst.as_prec(Prec.INT32)             # |x| >= 2**31 saturates)
+        em.ar("cast", as_int, src, round_mode=2)
+        em.ar("cast", dst, as_int)
     elif kind in "iu":
         emit_round(em, dst, src, 2, s)
     else:
