@@ -202,16 +202,19 @@ def cmd_verify(model, chip, options: CompileOptions, input_shapes: dict, seed: i
 def estimate(model=None, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
              input_shapes: dict | None = None, with_sim: bool = False):
     """Compile and simulate; the estimate report dict (and the Program and SimResult if asked).
-    `model` may be a folder of raw <name>.BD.0 / <name>.GDMA.0 streams (no manifest, e.g. tpu-mlir's):
-    they are simulated as they are (codegen.vendor; no graph, no compile)."""
+    `model` may be a folder of raw <name>.BD.0 / <name>.GDMA.0 streams (no manifest, e.g. tpu-mlir's)
+    or a `compile` output folder: the binaries are simulated as they are (no graph, no compile)."""
     from tpuflow.codegen.vendor import is_stream_dir, read_stream_dir
     from tpuflow.estimate import estimate_report
     from tpuflow.hwmodel.timing import simulate
-    if model is not None and isinstance(model, (str, Path)) and is_stream_dir(model):
-        chip_config = chip if isinstance(chip, ChipConfig) else load_chip(chip)
-        program, _ = read_stream_dir(model, chip_config)
+    if model is not None and isinstance(model, (str, Path)) and Path(model).is_dir():
+        from tpuflow.codegen import read_program
+        if is_stream_dir(model):  # raw streams: their own dependencies, no bitmap check
+            program, _ = read_stream_dir(model, chip if isinstance(chip, ChipConfig) else load_chip(chip))
+        else:  # a `compile` output folder (manifest.json)
+            program = read_program(Path(model), chip)
         with step("timing simulation"):
-            sim = simulate(program, check=False)  # the streams' own dependencies, no bitmap check
+            sim = simulate(program, check=not is_stream_dir(model))
         report = estimate_report(program, sim)
         return (report, program, sim) if with_sim else report
     options = options or CompileOptions()

@@ -154,3 +154,10 @@ def test_vendor_dma_bytes_per_direction_equal_tpu_mlirs_gdma_summary(bd: Path):
             moved[side] += instr.nbytes
     summary = (bd.parent / "compiler_profile.txt").read_text(encoding="utf-8").split("GDMA SUMMARY")[1]
     assert moved == {k: int(v) for k, v in re.findall(r"(S2L|L2S|S2S|L2L):(\d+)", summary)}
+
+
+def test_estimate_of_a_compile_folder_equals_the_estimate_of_the_model(tmp_path):
+    from tpuflow.pipeline import estimate
+    program, _, _ = _small_cnn_streams()
+    write_program(program, tmp_path, name="net")
+    assert estimate(str(tmp_path))["latency_cycles"] == estimate("small_cnn")["latency_cycles"]
