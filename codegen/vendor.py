@@ -15,7 +15,7 @@ model can simulate the vendor's program as it is:
 * sMM (tpu-mlir's older matmul, L rows opd0_n, K = opd0_w * (opd0_c - 1) + opd1_w, N = res0_c *
   res0_w, L transposed when opt_left_tran): the MM2 of the same M, K, N.
 * SYS_TR_ACC (writes immediates into TIU registers, no data): a TIU nop.
-* cmd_id_dep: the low 20 bits (tpu-mlir sets bit 20 in every dependency id of the corpus).
+* cmd_id_dep: the low 20 bits, as tpu-mlir's decoder takes them (it sets bit 20 in every non-SYS record).
 * DMA_matrix: the DDR matrix (rows, columns, row stride) is read from the DDR side's fields (src
   on loads, dst on stores); tpu-mlir spreads column blocks of dst_wsize / src_wsize over the lanes
   where tpuflow's MatrixDma puts rows on lanes: same bytes and DDR pattern, other LMEM placement.
@@ -42,8 +42,8 @@ from tpuflow.codegen.sg2260 import HEAD_BYTES, INTEGER_PRECS, REGISTER_OPS, addr
 
 L2_TAG = 30
 LMEM_TAG = 31
-# Every cmd_id_dep tpu-mlir 1.30.2 writes in the corpus streams (TIU and GDMA) has bit 20 set
-# (0x100000 | id); the waited-for id is the low 20 bits.
+# The waited-for id is the low 20 bits of cmd_id_dep (tpu-mlir 1.30.2 target_1690/opdef.py
+# fix_cmd_id_dep: value & 0xFFFFF); every non-SYS record of the corpus also sets bit 20.
 VENDOR_DEP_ID_BITS = 20
 ARITH_SAME_COST = {15: "add", 16: "sub", 20: "mul"}  # add_satu, sub_satu, mul_satu
 ARITH_UNARY_CODES = frozenset({1, 14, 19, 26})
