@@ -11,6 +11,7 @@ from tpuflow.errors import ModelError
 from tpuflow.frontend.onnx_view import ONode
 from tpuflow.frontend.ops import OpKind
 from tpuflow.frontend.registry import Facts, importer, unused_outputs
+from tpuflow.frontend.rewrite import Rewriter
 
 K = OpKind
 
@@ -61,8 +62,29 @@ def split(node: ONode, ctx) -> None:
     """Sizes come from the (inferred) output shapes, whichever way the model stated them."""
     x = node.input(0)
     axis = _axis(int(node.attr("axis", 0)), ctx.rank(x))
-    sizes = tuple(ctx.shape(t)[axis] for t in node.outputs)
-    ctx.emit(K.SPLIT, (x,), node.outputs, axis=axis, sizes=sizes)
+    used = [bool(t) and t in ctx.draft.tensors for t in node.outputs]
+    if all(used):
+        ctx.emit(K.SPLIT, (x,), node.outputs, axis=axis, sizes=tuple(ctx.shape(t)[axis] for t in node.outputs))
+        return
+    # some outputs unused (their shapes may be unknown): a Slice for each used one
+    sizes = _split_sizes(node, ctx, axis)
+    rw, start = Rewriter(ctx, ctx.dtype(x)), 0
+    for t, size, keep in zip(node.outputs, sizes, used):
+        if keep:
+            rw.slice(x, axis, start, start + size, out=t)
+        start += size
+
+
+def _split_sizes(node: ONode, ctx, axis: int) -> list[int]:
+    """Split sizes from the attribute / input, else equal parts (the last one smaller)."""
+    given = ctx.const(node.input(1)) if ctx.opset >= 13 and node.input(1) else None
+    if given is None and node.attr("split") is not None:
+        given = node.attr("split")
+    if given is not None:
+        return [int(v) for v in np.asarray(given).reshape(-1)]
+    dim, parts = ctx.shape(node.input(0))[axis], len(node.outputs)
+    each = -(-dim // parts)
+    return [min(each, dim - i * each) for i in range(parts)]
 
 
 def _slice_params(node: ONode, ctx) -> tuple[list[int], list[int], list[int], list[int]]:

