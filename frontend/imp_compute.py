@@ -220,9 +220,32 @@ def resize(node: ONode, ctx) -> None:
             return
     current, shape = x, list(in_shape)
     order = sorted(mats, reverse=True)                  # the innermost axis first (no transposes)
+    taps = {a: _two_taps(mats[a]) for a in order}
     for i, axis in enumerate(order):
         last = i == len(order) - 1
+        if axis >= rank - 2 and taps[axis] is not None:     # the LMEM interpolation kernel
+            shape = shape[:axis] + [len(taps[axis])] + shape[axis + 1:]
+            out = y if last else ctx.temp(f"resample{i}", tuple(shape), ctx.dtype(x))
+            ctx.emit(K.RESAMPLE, (current,), (out,), suffix=f"resample{i}", axis=axis, taps=taps[axis])
+            current = out
+            continue
         current, shape = _resample_axis(ctx, current, shape, axis, mats[axis], y if last else None, i)
+
+
+def _two_taps(matrix: np.ndarray):
+    """Per output row (i0, w0, i1, w1) when no row has more than two nonzero weights, else None."""
+    rows = []
+    for row in matrix:
+        nz = np.flatnonzero(row)
+        if len(nz) > 2:
+            return None
+        if len(nz) == 0:
+            rows.append((0, 0.0, 0, 0.0))
+        elif len(nz) == 1:
+            rows.append((int(nz[0]), float(row[nz[0]]), int(nz[0]), 0.0))
+        else:
+            rows.append((int(nz[0]), float(row[nz[0]]), int(nz[1]), float(row[nz[1]])))
+    return tuple(rows)
 
 
 def _resample_axis(ctx, x: str, shape: list[int], axis: int, matrix: np.ndarray, out: str | None, step: int):
@@ -251,6 +274,8 @@ def _resample_axis(ctx, x: str, shape: list[int], axis: int, matrix: np.ndarray,
 
 
 SHAPE_FNS[K.RESIZE] = lambda n, ins: [tuple(d * r for d, r in zip(ins[0], n.attrs["repeats"]))]
+SHAPE_FNS[K.RESAMPLE] = lambda n, ins: [tuple(len(n.attrs["taps"]) if a == n.attrs["axis"] else d
+                                              for a, d in enumerate(ins[0]))]
 
 
 # ---------------------------------------------------------------- Pad reflect / edge

@@ -36,6 +36,8 @@ canonical form (what the lowering receives):
 - Resize: nearest-neighbour upsampling by integer `repeats` (one per axis, >1 only on the last
   two); every other Resize / Upsample arrives as strided Slices or MatMuls with constant
   interpolation matrices. Pad may carry mode "reflect" or "edge" (default constant).
+- Resample (one of the last two axes): taps, per output index (i0, w0, i1, w1): y[.., o, ..] =
+  w0 * x[.., i0, ..] + w1 * x[.., i1, ..] along `axis` (linear Resize, one node per axis).
 - ScatterND (data, updates): rows = the constant linear row indices (non-negative) of data viewed
   as (rows, row elements); update i overwrites row rows[i], in order (the last write wins).
 """
@@ -112,6 +114,7 @@ class OpKind(str, Enum):
     THRESHOLDED_RELU = "ThresholdedRelu"
     RESIZE = "Resize"
     SCATTER_ND = "ScatterND"
+    RESAMPLE = "Resample"
 
     def __str__(self) -> str:
         return self.value
@@ -152,6 +155,7 @@ REQUIRED_ATTRS: dict[OpKind, tuple[str, ...]] = {
     K.LRN: ("size", "alpha", "beta", "bias"),
     K.LAYER_NORM: ("axis", "epsilon"),
     K.MOD: ("fmod",), K.THRESHOLDED_RELU: ("alpha",), K.RESIZE: ("repeats",), K.SCATTER_ND: ("rows",),
+    K.RESAMPLE: ("axis", "taps"),
 }
 
 # Inputs (by position) that must be constant after the frontend.

@@ -342,3 +342,115 @@ def pad_last_axis(ctx: LowerCtx, label: str, src: int, dst: int, planes: int, h:
                               prec))
 
     pipelined(blocks, len(sets), load, pad_store)
+
+
+# ---------------------------------------------------------------- two-tap interpolation (linear Resize)
+
+def tap_groups(taps, lo: int, o0: int, o1: int) -> list[tuple]:
+    """Outputs [o0, o1) of a two-tap interpolation (taps[o] = (i0, w0, i1, w1)) as runs that one
+    strided TIU pair computes: (first output - o0, count, output step, i0 - lo, i1 - lo, input
+    step, w0, w1). A run takes every p-th output (p the period of the pattern) while the weights
+    stay equal and both inputs advance by the same step."""
+    out, done = [], set()
+    period = _period(taps)
+    for o in range(o0, o1):
+        if o in done:
+            continue
+        i0, w0, i1, w1 = taps[o]
+        count, step = 1, 0
+        if o + period < o1:
+            n = taps[o + period]
+            if (n[1], n[3]) == (w0, w1) and n[0] >= i0 and n[2] - n[0] == i1 - i0:
+                step, count = n[0] - i0, 2
+                while o + count * period < o1:
+                    n = taps[o + count * period]
+                    if (n[1], n[3]) != (w0, w1) or n[0] != i0 + count * step or n[2] != i1 + count * step:
+                        break
+                    count += 1
+        done.update(o + k * period for k in range(count))
+        out.append((o - o0, count, period, i0 - lo, i1 - lo, step, w0, w1))
+    return out
+
+
+def _period(taps) -> int:
+    """The smallest p whose shift maps the interior taps onto themselves (weights equal)."""
+    n = len(taps)
+    for p in range(1, min(n, 64) + 1):
+        mid = range(min(2 * p, n), max(min(2 * p, n), n - 2 * p))
+        if all(taps[o][1] == taps[o - p][1] and taps[o][3] == taps[o - p][3] for o in mid):
+            return p
+    return 1
+
+
+def interpolate_axis(ctx: LowerCtx, label: str, src: int, dst: int, planes: int, inner_axis_w: bool,
+                     n_in: int, n_out: int, other: int, taps, prec: Prec) -> None:
+    """Two-tap interpolation along one axis in LMEM. inner_axis_w: the axis is the last one (rows of
+    n_in -> n_out, `planes` rows, q per lane); else it is the one before the last (`planes` planes
+    on lanes, each n_in x other -> n_out x other, in chunks of output rows with their input rows)."""
+    chip, em, b = ctx.chip, ctx.em, prec.bytes
+    arena = ctx.arena()
+    if inner_axis_w:
+        per = lambda q: [tile_bytes_per_lane(chip, (1, 1, q, n_in), prec), tile_bytes_per_lane(chip, (1, 1, q, n_out), Prec.FP32),
+                         tile_bytes_per_lane(chip, (1, 1, q, n_out), prec)]
+        q_max = max(1, min(-(-planes // chip.lanes), MAX_DMA))
+        q = largest_fitting(sorted({max(1, q_max >> k) for k in range(16)}), lambda v: arena.fits(per(v) * 2)) or 1
+        _, sets = arena.alloc_plan([], per(q), label)
+        blocks = []
+        for r0, r in steps(planes, chip.lanes * q):
+            full, rem = divmod(r, q)
+            blocks += [(r0, full, q, 0, n_out)] if full else []
+            blocks += [(r0 + full * q, 1, rem, 0, n_out)] if rem else []
+    else:
+        lanes = min(planes, chip.lanes)
+        span = lambda o0, o1: (min(taps[o][0] for o in range(o0, o1)), max(taps[o][2] for o in range(o0, o1)) + 1)
+        need = lambda oc: max(span(o, min(o + oc, n_out))[1] - span(o, min(o + oc, n_out))[0] for o in range(0, n_out, oc))
+        per = lambda oc: [tile_bytes_per_lane(chip, (1, lanes, need(oc), other), prec),
+                          tile_bytes_per_lane(chip, (1, lanes, oc, other), Prec.FP32),
+                          tile_bytes_per_lane(chip, (1, lanes, oc, other), prec)]
+        options = sorted({max(1, n_out >> k) for k in range(12)})
+        oc = largest_fitting(options, lambda v: arena.fits(per(v) * 2)) or 1
+        _, sets = arena.alloc_plan([], per(oc), label)
+        blocks = [(p0, p, 1, o0, o0 + c) for p0, p in steps(planes, lanes) for o0, c in steps(n_out, oc)]
+
+    def rows_of(block):
+        p0, p, q, o0, o1 = block
+        return (0, n_in) if inner_axis_w else span(o0, o1)
+
+    def load(block, s):
+        p0, p, q, o0, o1 = block
+        lo, hi = rows_of(block)
+        if inner_axis_w:
+            em.load(make_tile(chip, sets[s][0], (1, p, q, n_in), prec),
+                    DRegion(src + p0 * n_in * b, (1, p, q, n_in), (p * q * n_in, q * n_in, n_in, 1), prec))
+        else:
+            em.load(make_tile(chip, sets[s][0], (1, p, hi - lo, other), prec),
+                    DRegion(src + (p0 * n_in + lo) * other * b, (1, p, hi - lo, other),
+                            (p * n_in * other, n_in * other, other, 1), prec))
+
+    def compute_store(block, s):
+        p0, p, q, o0, o1 = block
+        lo, hi = rows_of(block)
+        if inner_axis_w:
+            inp = make_tile(chip, sets[s][0], (1, p, q, n_in), prec)
+            acc = make_tile(chip, sets[s][1], (1, p, q, n_out), Prec.FP32)
+            view = lambda t, start, count, step: LTile(t.addr + start * t.prec.bytes, (1, p, q, count), t.prec,
+                                                       (0, t.strides[1], t.strides[2], step), StrideMode.FREE)
+        else:
+            inp = make_tile(chip, sets[s][0], (1, p, hi - lo, other), prec)
+            acc = make_tile(chip, sets[s][1], (1, p, o1 - o0, other), Prec.FP32)
+            view = lambda t, start, count, step: LTile(t.addr + start * other * t.prec.bytes, (1, p, count, other), t.prec,
+                                                       (0, t.strides[1], step * other, 1), StrideMode.FREE)
+        for first, count, ostep, a, c, istep, w0, w1 in tap_groups(taps, lo, o0, o1):
+            out_v = view(acc, first, count, ostep)
+            em.ar("mul", out_v, view(inp, a, count, istep), float(w0))
+            if w1:
+                em.lin("mac", out_v, view(inp, c, count, istep), float(w1), out_v)
+        out = make_tile(chip, sets[s][2], acc.shape, prec)
+        em.ar("copy", out, acc)
+        if inner_axis_w:
+            em.store(out, DRegion(dst + p0 * n_out * b, (1, p, q, n_out), (p * q * n_out, q * n_out, n_out, 1), prec))
+        else:
+            em.store(out, DRegion(dst + (p0 * n_out + o0) * other * b, (1, p, o1 - o0, other),
+                                  (p * n_out * other, n_out * other, other, 1), prec))
+
+    pipelined(blocks, len(sets), load, compute_store)

@@ -318,6 +318,19 @@ class MoveEmitter:
             copy_nd(self.ctx, src + i * inner * b, (1,), dst + rows[i] * inner * b, (1,), (run * inner,), self.prec)
             i += run
 
+    def _emit_resample(self) -> None:
+        """Two-tap interpolation along one of the last two axes (lmem_move.interpolate_axis)."""
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        axis, taps = self.node.attr("axis"), self.node.attr("taps")
+        in_shape = self.shape(x)
+        rank = len(in_shape)
+        if axis == rank - 1:
+            planes, other = math.prod(in_shape[:-1]), 1
+        else:
+            planes, other = math.prod(in_shape[:axis]), math.prod(in_shape[axis + 1:])
+        lmem_move.interpolate_axis(self.ctx, self.node.name, self.src_addr(x), self.ctx.ddr_addr(y), planes,
+                                   axis == rank - 1, in_shape[axis], len(taps), other, taps, self.prec)
+
     def _emit_expand(self) -> None:
         x, y = self.node.inputs[0], self.node.outputs[0]
         out_shape = self.shape(y)

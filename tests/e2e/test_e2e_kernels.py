@@ -638,3 +638,18 @@ def test_pad_and_upsample_of_rows_too_long_for_lmem():
     x = sample(np.random.default_rng(0), "float32", shape)
     check(model, {"x": x}, exact=True)
     check(resize_model(shape, "nearest", "asymmetric", "floor", [1, 1, 2, 2]), {"x": x}, exact=True)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("shape,scales,ctm", [((1, 70, 9, 13), (2.5, 1.7), "half_pixel"),
+                                              ((1, 3, 150, 150), (2, 2), "align_corners"),
+                                              ((2, 8, 20, 24), (0.5, 2), "pytorch_half_pixel")])
+def test_linear_resize_is_the_two_tap_lmem_kernel(shape, scales, ctm, dtype):
+    """Linear Resize runs as per-axis two-tap interpolation in LMEM (no MatMul); more planes than
+    lanes, planes too large for one LMEM block (chunks of output rows with their input rows)."""
+    from tpuflow.isa import Mm2Tiu
+    model = resize_model(shape, "linear", ctm, "floor", [1, 1, *scales])
+    graph, program = compile_model(model)
+    assert [n.op_type for n in graph.nodes()] == ["Resample", "Resample"]
+    assert not any(isinstance(i, Mm2Tiu) for i in program.tiu)
+    check(model, {"x": sample(np.random.default_rng(3), "float32", shape)}, dtype=dtype)
