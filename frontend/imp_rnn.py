@@ -1,6 +1,6 @@
 """LSTM, GRU and RNN unrolled at compile time into MatMul / Add / Mul / activations / Slice / Concat /
-Reshape: the input projection of every step is one MatMul (all steps at once, biases folded in),
-each step adds one MatMul per gate with the recurrent weights. Forward, reverse and bidirectional;
+Reshape: the input projection of every step is one MatMul per gate (all steps at once, biases folded
+in), each step adds one MatMul per gate with the recurrent weights. Forward, reverse and bidirectional;
 layout 0 and 1; initial states constant or runtime; sequence_lens absent (or all equal to T)."""
 
 from __future__ import annotations
@@ -105,8 +105,9 @@ class Unroller:
             return rw.reshape(rw.slice(name, 1, d, d + 1), (self.batch, self.hidden))
         return rw.slice(name, 0, d, d + 1)          # [1, B, H]: broadcasts, and needs no view of an input
 
-    def projection(self, d: int) -> str:
-        """X W^T + biases for every step: [T, B, G*H] (layout 0) or [B, T, G*H]."""
+    def projection(self, d: int) -> list[str]:
+        """Per gate, X W_g^T + biases for every step: [T, B, H] (layout 0) or [B, T, H], so each
+        step's input is one contiguous Slice."""
         rw, h, g = self.rw, self.hidden, self.gates
         x = self.node.input(0)
         dims = self.ctx.shape(x)
@@ -115,13 +116,16 @@ class Unroller:
         bias = wb + rb
         if self.kind == "GRU" and self.node.attr("linear_before_reset", 0):
             bias[2 * h:] = wb[2 * h:]                      # Rb_h stays inside r * (...)
-        xw = rw.add(rw.matmul(flat, rw.const(self.w[d].T.copy())), rw.const(bias))
-        return rw.reshape(xw, (dims[0], dims[1], g * h))
+        gates = []
+        for k in range(g):
+            weights = rw.const(self.w[d, k * h:(k + 1) * h].T.copy())
+            xw = rw.add(rw.matmul(flat, weights), rw.const(bias[k * h:(k + 1) * h]))
+            gates.append(rw.reshape(xw, (dims[0], dims[1], h)))
+        return gates
 
-    def step_input(self, xw: str, t: int, gate: int) -> str:
-        rw, h = self.rw, self.hidden
-        taken = rw.slice(rw.slice(xw, 1 if self.layout else 0, t, t + 1), 2, gate * h, (gate + 1) * h)
-        return rw.reshape(taken, (self.batch, h))
+    def step_input(self, xw: list[str], t: int, gate: int) -> str:
+        taken = self.rw.slice(xw[gate], 1 if self.layout else 0, t, t + 1)
+        return self.rw.reshape(taken, (self.batch, self.hidden))
 
     def recurrent(self, state: str | None, d: int, gate: int) -> str | None:
         if state is None:

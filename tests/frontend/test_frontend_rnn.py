@@ -53,8 +53,8 @@ def test_recurrent_variants(op, direction, init, bias, act, extra, layout):
                       seq=extra == "seq", **attrs)
     graph = check_layout1(model) if layout else assert_canonical_matches(model, rtol=1e-4, atol=1e-5)
     assert set(kinds(graph)) <= ALL
-    recurrent_matmuls = kinds(graph).count("MatMul") - dirs                 # one input projection per direction
     per_step = dirs * {"LSTM": 4, "GRU": 3, "RNN": 1}[op]                 # one MatMul per gate and step ...
+    recurrent_matmuls = kinds(graph).count("MatMul") - per_step            # (one input projection per gate)
     expected = 3 * per_step if init == "runtime" else 2 * per_step        # ... but none against a zero state
     assert expected <= recurrent_matmuls <= expected + (dirs if op == "GRU" and init == "const" else 0)
 
