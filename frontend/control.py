@@ -11,13 +11,9 @@ from onnx import helper, numpy_helper
 
 from tpuflow.errors import UnsupportedOpError
 from tpuflow.frontend.onnx_view import ONode, OnnxView
+from tpuflow.frontend.reader import parse_attrs
 
 MAX_UNROLLED_NODES = 20000       # trip count x body nodes beyond this is rejected, not unrolled
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    from tpuflow.frontend.reader import _attrs as parse
-    return parse(node)
 
 
 def defined_in(graph: onnx.GraphProto) -> set[str]:
@@ -75,7 +71,7 @@ class _Splicer:
 
     def add(self, proto: onnx.NodeProto) -> None:
         self.nodes.append(ONode(proto.name, proto.op_type, proto.domain, tuple(proto.input), tuple(proto.output),
-                                _attrs(proto), proto))
+                                parse_attrs(proto), proto))
 
     def identity(self, src: str, dst: str, tag: str) -> None:
         self.add(helper.make_node("Identity", [src], [dst], name=f"{self.owner.name}/{tag}"))

@@ -16,7 +16,7 @@ import copy
 from tpuflow.errors import UnsupportedOpError
 from tpuflow.frontend import importing  # noqa: F401 (fills the registry)
 from tpuflow.frontend.onnx_view import OnnxView, ONode, node_reads
-from tpuflow.frontend.reader import _attrs
+from tpuflow.frontend.reader import parse_attrs
 from tpuflow.frontend.registry import IMPORTERS, NEVER_FOLD, SHAPE_ONLY
 
 
@@ -90,7 +90,7 @@ def _control_problem(node: ONode, facts: _Facts) -> str | None:
 def _subgraph_nodes(node: ONode, branch: str) -> list[ONode]:
     graph = node.attrs[branch]
     return [ONode(f"{node.name}/{branch}/{n.name or f'{n.op_type}_{i}'}", n.op_type, n.domain, tuple(n.input),
-                  tuple(n.output), _attrs(n), n) for i, n in enumerate(graph.node)]
+                  tuple(n.output), parse_attrs(n), n) for i, n in enumerate(graph.node)]
 
 
 def _scan(nodes: list[ONode], facts: _Facts, problems: dict, deferred: dict) -> None:

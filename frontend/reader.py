@@ -122,7 +122,7 @@ def skeleton(proto: onnx.ModelProto, nodes: list[onnx.NodeProto] | None = None) 
 
 # ------------------------------------------------------------------ nodes and structure
 
-def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+def parse_attrs(node: onnx.NodeProto) -> dict[str, Any]:
     out = {}
     for a in node.attribute:
         v = helper.get_attribute_value(a)
@@ -195,7 +195,7 @@ def view_of(proto: onnx.ModelProto, label: str, name: str) -> OnnxView:
     for vi in runtime:
         if not vi.type.HasField("tensor_type"):
             raise ModelError(f"{label}: graph input '{vi.name}' is not a tensor")
-    nodes = [ONode(uname, n.op_type, n.domain, tuple(n.input), tuple(n.output), _attrs(n), n)
+    nodes = [ONode(uname, n.op_type, n.domain, tuple(n.input), tuple(n.output), parse_attrs(n), n)
              for uname, n in zip(_unique_names(list(g.node)), g.node)]
     available = set(consts) | {vi.name for vi in runtime}
     nodes = _topo_sort(nodes, available, label)
