@@ -117,3 +117,27 @@ def test_a_branch_reading_another_if_output_is_ordered_after_it():
     graph = load(m, {"sr": InputValue(np.array(16000))})
     assert kinds(graph) == ["Relu", "Neg"]
     matches_reference(graph)
+
+
+def test_branch_passing_an_outer_tensor_or_using_a_constant_and_a_loop_inside_a_branch():
+    from control_models import model, vi
+    from onnx import TensorProto as T, helper, numpy_helper
+    passthrough = helper.make_graph([helper.make_node("Identity", ["x"], ["x_out"])], "pass", [], [vi("x_out", [2, 3])])
+    const_branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.full((2, 3), 0.5, np.float32))),
+         helper.make_node("Mul", ["x", "k"], ["scaled"])], "const", [], [vi("scaled", [2, 3])])
+    loop_body = helper.make_graph([helper.make_node("Identity", ["cin"], ["cout"]),
+                                   helper.make_node("Add", ["acc", "x"], ["acc2"])], "body",
+                                  [vi("i", [], T.INT64), vi("cin", [], T.BOOL), vi("acc", [2, 3])],
+                                  [vi("cout", [], T.BOOL), vi("acc2", [2, 3])])
+    loop_branch = helper.make_graph([helper.make_node("Loop", ["three", "", "x"], ["looped"], body=loop_body)],
+                                    "loop", [], [vi("looped", [2, 3])])
+    nodes = [helper.make_node("If", ["t"], ["a"], then_branch=passthrough, else_branch=const_branch),
+             helper.make_node("If", ["f"], ["b"], then_branch=passthrough, else_branch=const_branch),
+             helper.make_node("If", ["t"], ["c"], then_branch=loop_branch, else_branch=passthrough),
+             helper.make_node("Sum", ["a", "b", "c"], ["y"])]
+    m = model(nodes, [vi("x", [2, 3])], [vi("y", [2, 3])],
+              [("t", np.array(True)), ("f", np.array(False)), ("three", np.array(3))])
+    graph = load(m)
+    assert kinds(graph).count("Add") == 3 + 2 and "Mul" in kinds(graph)
+    matches_reference(graph)
