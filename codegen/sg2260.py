@@ -25,9 +25,11 @@ Field mapping (dataclass -> descriptor):
 Short-form rule: an instruction is encoded in its short register (sCONV, sMM2, sAR, ...)
 whenever decoding the short descriptor gives the instruction back, i.e. every dataclass field
 the short layout has fits it, and every field it lacks equals its dataclass default or, for
-documented implied fields, the value implied by the others. The only implied fields are sMM2's
+documented implied fields, the value implied by the others. The implied fields are sMM2's
 opd0_c / opd0_w (absent from the short layout): nn: (res0_c, opd1_c), nt: (res0_c, opd1_w),
-tt: (opd1_w, res0_c), i.e. L's rows and columns follow from res0 and R. Otherwise the long form.
+tt: (opd1_w, res0_c), i.e. L's rows and columns follow from res0 and R; and sPorD's
+opt_opd1_prec = opt_opd0_prec (tpu-mlir reads sPorD's opd1 in opd0's precision). Otherwise the
+long form.
 
 Hardware-meaning fields: descriptor fields the dataclass does not carry but whose value follows
 from the instruction (`DERIVED` below) are written as tpu-mlir 1.30.2's bm1690 decoder reads them
@@ -99,12 +101,15 @@ MM2_IMPLIED: dict[str, Callable[[dict], int]] = {
     "opd0_w": lambda v: _mm2_opd0(v)[1],
 }
 
+# sPorD has no opd1 precision: tpu-mlir's sPorD_converter reads opd1 (weights / scale) in opd0's
+SPORD_IMPLIED: dict[str, Callable[[dict], int]] = {"opt_opd1_prec": lambda v: v["opt_opd0_prec"]}
+
 # dataclass kind -> its registers, preferred (short) first, and implied fields per register
 KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
     ConvTiu: (("sCONV", {}), ("CONV", {})),
     Mm2Tiu: (("sMM2", MM2_IMPLIED), ("MM2", {})),
     ArTiu: (("sAR", {}), ("AR", {})),
-    PordTiu: (("sPorD", {}), ("PorD", {})),
+    PordTiu: (("sPorD", SPORD_IMPLIED), ("PorD", {})),
     SfuTiu: (("sSFU", {}), ("SFU", {})),
     LinTiu: (("LIN", {}),),  # sLIN is inconsistent in tpu-mlir 1.30.2 (see the table's packing note)
     CmpTiu: (("sCMP", {}), ("CMP", {})),
