@@ -257,3 +257,16 @@ def test_split_with_an_unused_output():
     nodes = [helper.make_node("Split", ["x", "sizes"], ["a", "b"], axis=1), helper.make_node("Relu", ["b"], ["y"])]
     m = model(nodes, [vi("x", [2, 6, 4])], [vi("y", [2, 4, 4])], [("sizes", np.array([2, 4]))])
     check(m)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("op,inputs,consts,attrs", [
+    ("InstanceNormalization", {"x": (1, 3, 4, 5)}, {"s": np.ones(3, np.float16), "b": np.zeros(3, np.float16)}, {}),
+    ("Softmax", {"x": (1, 8, 4, 20)}, {}, dict(axis=1)),
+    ("ConvTranspose", {"x": (1, 4, 5, 6)}, {"w": (rng.standard_normal((4, 3, 2, 2)) * 0.5).astype(np.float16)},
+     dict(strides=[2, 2])),
+], ids=["InstanceNormalization", "Softmax", "ConvTranspose"])
+def test_fp16_models_through_decompositions(op, inputs, consts, attrs, dtype):
+    """fp16 inputs, weights and outputs: the rewrites' constants take the model's dtype."""
+    from onnx import TensorProto as T
+    check(behind_neg(node_model(op, inputs, consts, elem=T.FLOAT16, **attrs)), dtype=dtype)
