@@ -15,6 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tpuflow.codegen.vendor import decode_vendor_stream, issue_order, read_stream_dir
 from tpuflow.codegen.writer import decode_stream, write_program
@@ -161,3 +163,15 @@ def test_estimate_of_a_compile_folder_equals_the_estimate_of_the_model(tmp_path)
     program, _, _ = _small_cnn_streams()
     write_program(program, tmp_path, name="net")
     assert estimate(str(tmp_path))["latency_cycles"] == estimate("small_cnn")["latency_cycles"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=1, max_size=400), st.sampled_from([Engine.TIU, Engine.GDMA]))
+def test_vendor_reader_on_garbage_gives_a_clean_error_or_instructions(data, engine):
+    try:
+        stream = decode_vendor_stream(data, engine, "x")
+    except BinaryFormatError as exc:
+        assert "byte offset" in str(exc) or "truncated" in str(exc)
+    else:
+        assert stream.consumed_bytes + stream.padding_bytes == len(data)
+        assert len(stream.instructions) == len(stream.registers) > 0
