@@ -1,8 +1,9 @@
 """SG2260 TIU and GDMA descriptors: the register table, dataclass <-> descriptor binding, stream decoding.
 
-Everything here is derived from `tables/sg2260_regs.json` (copied from the shared spec): each
-register is a Layout of its fields, LSB-first; a dataclass kind is bound to one or two
-registers (its short and long form) and the binding below is the only per-kind information.
+Everything here is derived from `tables/sg2260_regs.json` (tpu-mlir 1.30.2's bm1690 register
+layouts, see its source note): each register is a Layout of its fields, LSB-first; a dataclass
+kind is bound to one or two registers (its short and long form, or one register per op, see
+REGISTER_OPS) and the binding below is the only per-kind information.
 
 Field mapping (dataclass -> descriptor):
 

@@ -1,7 +1,7 @@
 """Size in bits of each instruction's encoded descriptor: TXI transfer cycles and command-FIFO bytes.
 
-Lengths are the long-form layouts of the SG2260 register table (../shared/spec/sg2260_regs.json,
-copied into codegen/tables/): TIU 1024 bit (SYS 128 bit), GDMA 768 bit (sDMA_sys 128 bit). The
+Lengths are the long-form layouts of the SG2260 register table (codegen/tables/sg2260_regs.json,
+tpu-mlir 1.30.2's bm1690 lengths): TIU 1024 bit (SYS 128 bit), GDMA 768 bit (sDMA_sys 128 bit). The
 model assumes the long form (the codegen may pick a shorter one; this overestimates FIFO use by
 at most 4x for TIU). TILE blocks are LinxISA 32-bit words (lingxi.md): BSTART.CUBE, one B.DIM per
 dimension, the B.IOT operand words, B.DATR for ACCCVT and one B.IOD when the block waits.
