@@ -5,8 +5,8 @@ against the DRAM bound.
     python benchmarks/movement_bench.py --label before --baseline
 
 Each case is a one-node model; its estimate gives latency_us and lower_bound_us (the estimator's
-bound), and the row records bytes moved (2 x output bytes: each output element read and written
-once), the DRAM bound (those bytes at the chip's peak DRAM bandwidth) and the achieved GB/s. --baseline turns the LMEM paths of
+bound), and the row records bytes moved (output bytes written + min(input, output) bytes read),
+the DRAM bound (those bytes at the chip's peak DRAM bandwidth) and the achieved GB/s. --baseline turns the LMEM paths of
 lowering/ops/lmem_move.py off, i.e. measures the plain DDR -> DDR DMAs they replaced. Results are
 merged into benchmarks/results/movement.json under the label, so "before" and "after" sit side by
 side.
@@ -89,6 +89,11 @@ CASES = {
     # a strided slice of the innermost axis (YOLOv5 Focus: x[..., ::2, ::2])
     "slice_step2_hw_1x32x320x320": lambda: _slice((1, 32, 320, 320), [1, 1, 2, 2]),
     "split_last_axis_1x8400x84_into_4_80": lambda: _split((1, 8400, 84), 2, [4, 80]),
+    # Expand of a live tensor: every element repeated along the innermost axis / whole rows repeated
+    "expand_inner_1x256x1_to_1x256x400": lambda: _with_consts("Expand", (1, 256, 1), {"shape": [1, 256, 400]},
+                                                              {"y": (1, 256, 400)}),
+    "expand_rows_1x1x400_to_1x256x400": lambda: _with_consts("Expand", (1, 1, 400), {"shape": [1, 256, 400]},
+                                                             {"y": (1, 256, 400)}),
 }
 
 
@@ -97,8 +102,11 @@ def run_case(name: str, chip: str, dtype: str) -> dict:
     began = time.perf_counter()
     report = estimate(model, chip, CompileOptions(dtype=dtype))
     esize = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
-    # the least DRAM traffic: every output element read once and written once
-    moved = 2 * sum(math.prod(d.dim_value for d in v.type.tensor_type.shape.dim) for v in model.graph.output) * esize
+    # the least DRAM traffic: every output element written once, and read once unless the input is
+    # smaller (a broadcast reads only its input)
+    size = lambda vs: sum(math.prod(d.dim_value for d in v.type.tensor_type.shape.dim) for v in vs)
+    out_elems, in_elems = size(model.graph.output), size(model.graph.input)
+    moved = (out_elems + min(in_elems, out_elems)) * esize
     dram_bound = moved / (load_chip(chip).dram.peak_gbps * 1e3)
     lat = report["latency_us"]
     return {"case": name, "latency_us": round(lat, 3), "lower_bound_us": round(report["lower_bound_us"], 3),
@@ -114,6 +122,7 @@ def _disable_lmem_paths() -> None:
     lmem_move.as_strided_rows = lambda dims, prec: None
     movement.MoveEmitter._concat_through_lmem = lambda self, axis, shape: False
     movement.MoveEmitter._split_through_lmem = lambda self, x, axis: False
+    lmem_move.fits = lambda ctx, shapes, prec: False        # Expand, Pad and Resize paths check it
 
 
 def main() -> int:

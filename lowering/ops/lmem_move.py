@@ -454,3 +454,17 @@ def interpolate_axis(ctx: LowerCtx, label: str, src: int, dst: int, planes: int,
                                   (p * n_out * other, n_out * other, other, 1), prec))
 
     pipelined(blocks, len(sets), load, compute_store)
+
+
+def replicate_row(ctx: LowerCtx, label: str, src: int, dst: int, rows: int, width: int, prec: Prec) -> None:
+    """dst (rows, width) = the row at src repeated: the row loaded once into LMEM and stored with a
+    zero row stride on the LMEM side, so DDR is read once (not `rows` times from the same few
+    interleave granules) and written in one contiguous stream."""
+    chip, em, b = ctx.chip, ctx.em, prec.bytes
+    arena = ctx.arena()
+    off = arena.alloc(tile_bytes_per_lane(chip, (1, 1, 1, width), prec), label)
+    row = make_tile(chip, off, (1, 1, 1, width), prec)
+    em.load(row, DRegion(src, (1, 1, 1, width), (width, width, width, 1), prec))
+    for r0, r in steps(rows, MAX_DMA):
+        repeated = LTile(row.addr, (1, 1, r, width), prec, (0, row.strides[1], 0, 1), StrideMode.FREE)
+        em.store(repeated, DRegion(dst + r0 * width * b, (1, 1, r, width), (r * width, r * width, width, 1), prec))

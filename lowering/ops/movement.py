@@ -337,8 +337,27 @@ class MoveEmitter:
         in_shape = (1,) * (len(out_shape) - len(self.shape(x))) + tuple(self.shape(x))
         in_st = contiguous_strides(in_shape)
         src_st = [0 if d == 1 and o != 1 else s for d, o, s in zip(in_shape, out_shape, in_st)]
-        copy_nd(self.ctx, self.src_addr(x), src_st, self.ctx.ddr_addr(y), contiguous_strides(out_shape), out_shape,
-                self.prec)
+        dst_st = contiguous_strides(out_shape)
+        dims = merge_dims(out_shape, src_st, dst_st)
+        if len(dims) >= 2 and dims[-1][1:] == [0, 1] and dims[-2][1] == 1 and dims[-2][2] == dims[-1][0]:
+            # each element repeated along the innermost axis: replicate rows in LMEM (stride-0 TIU copies)
+            rows, width = dims[-2][0], dims[-1][0]
+            lanes = min(rows, self.ctx.chip.lanes)
+            if lmem_move.fits(self.ctx, [(1, lanes, 1, 1), (1, lanes, 1, width)], self.prec):
+                for s_off, d_off in lmem_move._outer_offsets(dims[:-2]):
+                    lmem_move.upsample_nearest(self.ctx, self.node.name, self.src_addr(x) + s_off * self.prec.bytes,
+                                               self.ctx.ddr_addr(y) + d_off * self.prec.bytes, rows, 1, 1, 1, width,
+                                               self.prec)
+                return
+        if len(dims) >= 2 and dims[-1][1:] == [1, 1] and dims[-2][1] == 0 and dims[-2][2] == dims[-1][0] \
+                and lmem_move.fits(self.ctx, [(1, 1, 1, dims[-1][0])], self.prec):
+            # whole rows repeated: read the row once, write the repeats from LMEM
+            for s_off, d_off in lmem_move._outer_offsets(dims[:-2]):
+                lmem_move.replicate_row(self.ctx, self.node.name, self.src_addr(x) + s_off * self.prec.bytes,
+                                        self.ctx.ddr_addr(y) + d_off * self.prec.bytes, dims[-2][0], dims[-1][0],
+                                        self.prec)
+            return
+        copy_nd(self.ctx, self.src_addr(x), src_st, self.ctx.ddr_addr(y), dst_st, out_shape, self.prec)
 
 
 class ViewEmitter:

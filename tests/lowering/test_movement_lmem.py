@@ -145,3 +145,33 @@ def test_rows_too_long_for_lmem_fall_back_to_plain_dmas():
     check(slice_model((1, 2, 90000), [0, 0, 1], [1, 2, 90000], [1, 1, 2]))
     check(concat_model([(1, 3, 1), (1, 3, 40000)], 2))
     check(split_model((1, 3, 40001), 2, [1, 40000]))
+
+
+@SETTINGS
+@given(data=st.data(), rank=st.integers(2, 4))
+def test_expand_of_live_tensors_matches_onnxruntime(data, rank):
+    """Broadcasts of the innermost axis (rows replicated in LMEM), of whole rows (one row read,
+    repeats written from LMEM) and mixtures."""
+    from onnx import numpy_helper
+    out = [data.draw(st.integers(1, 9)) for _ in range(rank - 1)] + [data.draw(st.sampled_from([1, 7, 40]))]
+    src = [d if data.draw(st.booleans()) else 1 for d in out]
+    inits = [numpy_helper.from_array(np.asarray(out, np.int64), "s")]
+    graph = helper.make_graph([helper.make_node("Neg", ["x"], ["nx"]), helper.make_node("Expand", ["nx", "s"], ["y"])],
+                              "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, src)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    check(m)
+
+
+def test_innermost_broadcast_expand_writes_long_runs():
+    from onnx import numpy_helper
+    graph = helper.make_graph([helper.make_node("Neg", ["x"], ["nx"]), helper.make_node("Expand", ["nx", "s"], ["y"])],
+                              "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256, 400])],
+                              [numpy_helper.from_array(np.asarray([1, 256, 400], np.int64), "s")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    _, program = compile_model(m)
+    stores = [i for i in program.gdma if isinstance(i, TensorDma) and i.dst_wsize == 400]
+    assert stores and all(i.dst_wstride == 1 for i in stores)
