@@ -1,6 +1,6 @@
 """Control flow removed at compile time: an If whose condition folded to a constant is replaced by
 the nodes of the branch it takes; a Loop with a constant trip count (and a condition that stays
-true) is unrolled. Tensors a subgraph defines are renamed under the control node's name, outer-scope
+true) is unrolled, and so is a Scan (frontend/scan.py). Tensors a subgraph defines are renamed under the control node's name, outer-scope
 references are kept, and nested subgraphs are renamed consistently."""
 
 from __future__ import annotations
@@ -165,35 +165,36 @@ def _unroll_loop(node: ONode, view: OnnxView, count: int) -> list[ONode]:
     return sp.nodes
 
 
-def _stack(sp: _Splicer, node: ONode, view: OnnxView, values: list[str], out: str, j: int) -> None:
-    """Scan output j: the per-iteration values stacked along a new axis 0."""
+def _stack(sp: _Splicer, node: ONode, view: OnnxView, values: list[str], out: str, j: int, axis: int = 0) -> None:
+    """Scan output j: the per-iteration values stacked along a new axis `axis`."""
     rows = []
     for k, v in enumerate(values):
         row = f"{node.name}/scan{j}/row{k}"
         if view.opset >= 13:
             axes = f"{node.name}/scan{j}/axes"
-            view.consts[axes] = np.asarray([0], np.int64)
+            view.consts[axes] = np.asarray([axis], np.int64)
             sp.add(helper.make_node("Unsqueeze", [v, axes], [row], name=f"{node.name}/scan{j}/unsqueeze{k}"))
         else:
-            sp.add(helper.make_node("Unsqueeze", [v], [row], name=f"{node.name}/scan{j}/unsqueeze{k}", axes=[0]))
+            sp.add(helper.make_node("Unsqueeze", [v], [row], name=f"{node.name}/scan{j}/unsqueeze{k}", axes=[axis]))
         rows.append(row)
-    sp.add(helper.make_node("Concat", rows, [out], name=f"{node.name}/scan{j}/concat", axis=0))
+    sp.add(helper.make_node("Concat", rows, [out], name=f"{node.name}/scan{j}/concat", axis=axis))
 
 
 def inline_control_flow(view: OnnxView) -> bool:
-    """One sweep; True when some If or Loop was replaced (shapes must be re-inferred, constants
-    re-folded). Loops that cannot be unrolled are rejected here, all in one error."""
+    """One sweep; True when some If, Loop or Scan was replaced (shapes must be re-inferred, constants
+    re-folded). Loops and Scans that cannot be unrolled are rejected here, all in one error."""
     nodes, changed, problems = [], False, {}
     for node in view.nodes:
         if node.op_type == "If" and node.input(0) in view.consts:
             nodes += _inline_if(node, view)
             changed = True
-        elif node.op_type == "Loop":
-            count, reason = _loop_plan(node, view)
+        elif node.op_type in ("Loop", "Scan"):
+            plan, unroll = (_loop_plan, _unroll_loop) if node.op_type == "Loop" else (scan_plan, unroll_scan)
+            count, reason = plan(node, view)
             if reason:
-                problems.setdefault(f"Loop[{reason}]", []).append(node.name)
+                problems.setdefault(f"{node.op_type}[{reason}]", []).append(node.name)
                 continue
-            nodes += _unroll_loop(node, view, count)
+            nodes += unroll(node, view, count)
             changed = True
         else:
             nodes.append(node)
@@ -201,3 +202,6 @@ def inline_control_flow(view: OnnxView) -> bool:
         raise UnsupportedOpError(problems)
     view.nodes = nodes
     return changed
+
+
+from tpuflow.frontend.scan import scan_plan, unroll_scan  # noqa: E402 (scan.py builds on the splicer above)

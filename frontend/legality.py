@@ -3,8 +3,8 @@
 A node is acceptable when constant folding will remove it (all inputs constant-derivable; Shape
 and Size of any tensor, since every shape is static) or when it has an importer whose rules
 hold: inputs that must be constant are, attributes are in the supported range. An If with a
-constant-derivable condition and a Loop with a constant-derivable trip count are removed at
-compile time (frontend/control.py); the nodes of their subgraphs are checked again once inlined.
+constant-derivable condition, a Loop with a constant-derivable trip count and every Scan are
+removed at compile time (frontend/control.py, frontend/scan.py); the nodes of their subgraphs are checked again once inlined.
 Subgraph nodes are listed as owner/branch/node, and they are listed in the error whenever the
 model is rejected, so one error names every problem.
 """
@@ -84,7 +84,7 @@ def _control_problem(node: ONode, facts: _Facts) -> str | None:
         if not node.input(0) or not facts.is_const(node.input(0)):
             return "Loop[no constant trip count]"
         return "Loop[runtime condition]" if node.input(1) and not facts.is_const(node.input(1)) else None
-    return node.op_type
+    return None                                     # Scan: unrolled over its (static) sequence length
 
 
 def _subgraph_nodes(node: ONode, branch: str) -> list[ONode]:

@@ -270,3 +270,12 @@ def test_fp16_models_through_decompositions(op, inputs, consts, attrs, dtype):
     """fp16 inputs, weights and outputs: the rewrites' constants take the model's dtype."""
     from onnx import TensorProto as T
     check(behind_neg(node_model(op, inputs, consts, elem=T.FLOAT16, **attrs)), dtype=dtype)
+
+
+def test_unrolled_scan_verifies():
+    from control_models import model, vi
+    body = helper.make_graph([helper.make_node("Add", ["s", "xi"], ["s_out"]), helper.make_node("Tanh", ["s_out"], ["o"])],
+                             "scan_body", [vi("s", [3]), vi("xi", [3])], [vi("s_out", [3]), vi("o", [3])])
+    nodes = [helper.make_node("Scan", ["s0", "x"], ["sf", "ys"], body=body, num_scan_inputs=1,
+                              scan_input_directions=[1])]
+    check(model(nodes, [vi("s0", [3]), vi("x", [4, 3])], [vi("sf", [3]), vi("ys", [4, 3])]))

@@ -70,11 +70,26 @@ def test_loops_that_cannot_be_unrolled_are_rejected(kw, reason):
     assert info.value.unsupported[reason] == ["the_loop"]
 
 
-def test_scan_is_rejected_with_its_body_ops_and_the_rest_in_one_error():
+def test_scan_body_problems_are_listed_with_the_rest_in_one_error():
     with pytest.raises(UnsupportedOpError) as info:
         load(scan_model())
-    assert info.value.unsupported == {"Scan": ["the_scan"], "NonZero": ["the_scan/body/nonzero_in_scan"],
-                                      "Unique": ["top_unique"]}
+    assert info.value.unsupported == {"NonZero": ["the_scan/body/nonzero_in_scan"], "Unique": ["top_unique"]}
+
+
+@pytest.mark.parametrize("in_axis,in_dir,out_axis,out_dir", [(0, 0, 0, 0), (1, 1, 0, 0), (0, 0, 1, 1), (-1, 0, -1, 0)])
+def test_scan_is_unrolled(in_axis, in_dir, out_axis, out_dir):
+    from control_models import model, vi
+    from onnx import helper
+    body = helper.make_graph([helper.make_node("Add", ["s", "xi"], ["s_out"]), helper.make_node("Tanh", ["s_out"], ["o"])],
+                             "scan_body", [vi("s", [3]), vi("xi", [3])], [vi("s_out", [3]), vi("o", [3])])
+    x_shape = [4, 3] if in_axis == 0 else [3, 4]
+    out_shape = [4, 3] if out_axis == 0 else [3, 4]
+    nodes = [helper.make_node("Scan", ["s0", "x"], ["sf", "ys"], body=body, num_scan_inputs=1,
+                              scan_input_axes=[in_axis], scan_input_directions=[in_dir],
+                              scan_output_axes=[out_axis], scan_output_directions=[out_dir])]
+    graph = load(model(nodes, [vi("s0", [3]), vi("x", x_shape)], [vi("sf", [3]), vi("ys", out_shape)]))
+    assert kinds(graph).count("Tanh") == 4 and "Scan" not in kinds(graph)
+    matches_reference(graph)
 
 
 def test_input_value_errors():
