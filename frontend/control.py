@@ -183,6 +183,7 @@ def _stack(sp: _Splicer, node: ONode, view: OnnxView, values: list[str], out: st
 def inline_control_flow(view: OnnxView) -> bool:
     """One sweep; True when some If, Loop or Scan was replaced (shapes must be re-inferred, constants
     re-folded). Loops and Scans that cannot be unrolled are rejected here, all in one error."""
+    from tpuflow.frontend.scan import scan_plan, unroll_scan      # scan.py builds on the splicer here
     nodes, changed, problems = [], False, {}
     for node in view.nodes:
         if node.op_type == "If" and node.input(0) in view.consts:
@@ -202,6 +203,3 @@ def inline_control_flow(view: OnnxView) -> bool:
         raise UnsupportedOpError(problems)
     view.nodes = nodes
     return changed
-
-
-from tpuflow.frontend.scan import scan_plan, unroll_scan  # noqa: E402 (scan.py builds on the splicer above)
