@@ -79,7 +79,7 @@ SUBGRAPHS = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("
 def _control_problem(node: ONode, facts: _Facts) -> str | None:
     """Why a control node cannot be removed at compile time, or None."""
     if node.op_type == "If":
-        return None if facts.is_const(node.input(0)) else "If[runtime condition]"
+        return None if facts.is_const(node.input(0)) else "If[runtime condition: pin the inputs it depends on with --input-value]"
     if node.op_type == "Loop":
         if not node.input(0) or not facts.is_const(node.input(0)):
             return "Loop[no constant trip count]"

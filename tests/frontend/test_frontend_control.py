@@ -26,7 +26,8 @@ def matches_reference(graph, rtol=1e-5):
 def test_runtime_if_is_rejected_with_the_ops_of_both_branches():
     with pytest.raises(UnsupportedOpError) as info:
         load(sample_rate_if())
-    assert info.value.unsupported == {"If[runtime condition]": ["rate_if"], "Shrink": ["rate_if/else_branch/else_op"]}
+    assert info.value.unsupported == {"If[runtime condition: pin the inputs it depends on with --input-value]": ["rate_if"],
+                                      "Shrink": ["rate_if/else_branch/else_op"]}
 
 
 @pytest.mark.parametrize("nested", [False, True])
