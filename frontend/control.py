@@ -1,7 +1,8 @@
 """Control flow removed at compile time: an If whose condition folded to a constant is replaced by
 the nodes of the branch it takes; a Loop with a constant trip count (and a condition that stays
-true) is unrolled, and so is a Scan (frontend/scan.py). Tensors a subgraph defines are renamed under the control node's name, outer-scope
-references are kept, and nested subgraphs are renamed consistently."""
+true) is unrolled, and so is a Scan (frontend/scan.py). Tensors a subgraph defines are renamed
+under the control node's name, outer-scope references are kept, and nested subgraphs are renamed
+consistently."""
 
 from __future__ import annotations
 

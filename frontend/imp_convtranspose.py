@@ -60,7 +60,8 @@ def _pixel_shuffle(rw, x, w, bias, group, begins, ends, out):
     o = conv_w.shape[0]
     taps = conv_w.transpose(0, 2, 3, 1).reshape(o * kh * kw, -1, 1, 1)
     tap_bias = None if bias is None else np.repeat(bias, kh * kw)
-    y = conv2d(rw, x, np.ascontiguousarray(taps), tap_bias, (n, o * kh * kw, h, wd), (1, 1), (1, 1), (0, 0, 0, 0), group)
+    y = conv2d(rw, x, np.ascontiguousarray(taps), tap_bias, (n, o * kh * kw, h, wd), (1, 1), (1, 1), (0, 0, 0, 0),
+               group)
     y = rw.transpose(rw.reshape(y, (n, o, kh, kw, h, wd)), (0, 1, 4, 2, 5, 3))
     return _crop(rw, rw.reshape(y, (n, o, h * kh, wd * kw)), begins, ends, out)
 
@@ -75,7 +76,8 @@ def _spread(rw: Rewriter, x: str, strides) -> str:
     ends = [0] * rank
     for i, s in enumerate(strides):
         ends[3 + 2 * i] = s - 1
-    spread = rw.reshape(rw.pad(rw.reshape(x, split), [0] * rank + ends), (n, c) + tuple(d * s for d, s in zip(sizes, strides)))
+    wide = (n, c) + tuple(d * s for d, s in zip(sizes, strides))
+    spread = rw.reshape(rw.pad(rw.reshape(x, split), [0] * rank + ends), wide)
     for i, (d, s) in enumerate(zip(sizes, strides)):
         spread = rw.slice(spread, 2 + i, 0, (d - 1) * s + 1)
     return spread

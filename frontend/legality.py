@@ -4,7 +4,8 @@ A node is acceptable when constant folding will remove it (all inputs constant-d
 and Size of any tensor, since every shape is static) or when it has an importer whose rules
 hold: inputs that must be constant are, attributes are in the supported range. An If with a
 constant-derivable condition, a Loop with a constant-derivable trip count and every Scan are
-removed at compile time (frontend/control.py, frontend/scan.py); the nodes of their subgraphs are checked again once inlined.
+removed at compile time (frontend/control.py, frontend/scan.py); the nodes of their subgraphs
+are checked again once inlined.
 Subgraph nodes are listed as owner/branch/node, and they are listed in the error whenever the
 model is rejected, so one error names every problem.
 """
@@ -73,13 +74,14 @@ def _problem(node: ONode, facts: _Facts) -> str | None:
 
 
 CONTROL = ("If", "Loop", "Scan")
+PIN_HINT = "If[runtime condition: pin the inputs it depends on with --input-value]"
 SUBGRAPHS = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
 
 
 def _control_problem(node: ONode, facts: _Facts) -> str | None:
     """Why a control node cannot be removed at compile time, or None."""
     if node.op_type == "If":
-        return None if facts.is_const(node.input(0)) else "If[runtime condition: pin the inputs it depends on with --input-value]"
+        return None if facts.is_const(node.input(0)) else PIN_HINT
     if node.op_type == "Loop":
         if not node.input(0) or not facts.is_const(node.input(0)):
             return "Loop[no constant trip count]"

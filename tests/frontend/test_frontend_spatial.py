@@ -74,7 +74,8 @@ def test_conv_transpose(kh, kw, sh, sw, dil, pad, extra, group, bias):
 
 @pytest.mark.parametrize("attrs", [dict(strides=[2, 2], output_shape=[10, 12]),
                                    dict(strides=[2, 2], output_shape=[11, 13], auto_pad="SAME_UPPER"),
-                                   dict(strides=[2, 2], auto_pad="SAME_LOWER"), dict(strides=[2, 2], auto_pad="SAME_UPPER")])
+                                   dict(strides=[2, 2], auto_pad="SAME_LOWER"),
+                                   dict(strides=[2, 2], auto_pad="SAME_UPPER")])
 def test_conv_transpose_output_shape_and_auto_pad(attrs):
     check(node_model("ConvTranspose", {"x": (1, 4, 5, 6)}, {"w": weights(rng, 4, 2, 3, 3)}, **attrs))
 
