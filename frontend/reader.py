@@ -210,8 +210,10 @@ def view_of(proto: onnx.ModelProto, label: str, name: str) -> OnnxView:
 
 
 def fix_input_shapes(view: OnnxView, input_shapes: Mapping[str, tuple[int, ...]] | None) -> None:
-    """Apply user shapes to runtime inputs; any dimension left symbolic is a ModelError."""
-    shapes = dict(input_shapes or {})
+    """Apply user shapes to runtime inputs; any dimension left symbolic is a ModelError. Pinned
+    values (InputValue entries) in the mapping are not shapes and are skipped here."""
+    from tpuflow.frontend.pinning import split_inputs
+    shapes, _ = split_inputs(input_shapes)
     for name in shapes:
         if name not in view.inputs:
             known = ", ".join(view.inputs) or "none"
