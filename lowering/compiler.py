@@ -83,10 +83,48 @@ def resident_ports(graph: Graph, group: Group, chip: ChipConfig, options: Compil
 
 
 def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions) -> ResidencyPlan:
+    """The residency plan; each sliced run is kept only where the shared per-instruction cost
+    model says its members run faster sliced than with the held tensors in DDR."""
     if options.layer_group == "off":
         return ResidencyPlan()
-    return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
-                          lambda g: resident_ports(graph, g, chip, options))
+    unsliced: set[int] = set()
+
+    def plan() -> ResidencyPlan:
+        return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
+                              lambda g: resident_ports(graph, g, chip, options), frozenset(unsliced))
+
+    best = plan()
+    for region in list(best.regions):
+        unsliced.add(region.first)
+        without = plan()
+        if _members_cost(graph, groups, chip, options, without, region.members) \
+                <= _members_cost(graph, groups, chip, options, best, region.members):
+            best = without
+        else:
+            unsliced.discard(region.first)
+    return best
+
+
+def _members_cost(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
+                  residency: ResidencyPlan, members: tuple[int, ...]) -> int:
+    """Estimated time (ps) of emitting `members` under `residency`: the busier engine's summed
+    per-instruction costs (hwmodel.timing.cost)."""
+    from tpuflow.hwmodel.timing.cost import instruction_ps
+    ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
+                   in_lmem=set(residency.tensors), rerun=[(r.first, r.last) for r in residency.regions])
+    em = Emitter(chip)
+    ctx = LowerCtx(graph, chip, options, em, ddr, WeightImage(ddr.weight_base), residency=residency)
+    region = residency.region_at(members[0])
+    if region is not None and region.members == members:
+        _emit_sliced(ctx, groups, region, options)
+    else:
+        for m in members:
+            ctx.group_index = m
+            _emit_group(ctx, groups[m], options)
+    busy: dict = {}
+    for record in em.records:
+        busy[record.engine] = busy.get(record.engine, 0) + instruction_ps(record.instr, chip)
+    return max(busy.values(), default=0)
 
 
 def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
@@ -94,14 +132,21 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     groups = form_groups(graph, fuse_pool=options.matmul == "tiu")
     residency = plan_layer_groups(graph, groups, chip, options)
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
-                   in_lmem=set(residency.tensors))
+                   in_lmem=set(residency.tensors), rerun=[(r.first, r.last) for r in residency.regions])
     weights = WeightImage(ddr.weight_base)
     em = Emitter(chip)
     ctx = LowerCtx(graph, chip, options, em, ddr, weights, residency=residency)
     _prologue(ctx)
-    for index, group in enumerate(groups):
+    index = 0
+    while index < len(groups):
+        region = residency.region_at(index)
+        if region is not None:
+            _emit_sliced(ctx, groups, region, options)
+            index = region.last + 1
+            continue
         ctx.group_index = index
-        _emit_group(ctx, group, options)
+        _emit_group(ctx, groups[index], options)
+        index += 1
     em.layer = ""
     em.tiu(SysTiu(op="end"))
     em.gdma(SysDma(op="chain_end"))
@@ -138,6 +183,20 @@ def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions) -> None:
     ctx.lmem_region = "full"
     emitter_for(group, options)(ctx, group).emit()
     ctx.advance_ring()
+
+
+def _emit_sliced(ctx: LowerCtx, groups: list[Group], region, options: CompileOptions) -> None:
+    """A sliced run of groups: every member once per slice, each on the rows that slice needs."""
+    before = {name: info.macs for name, info in ctx.layers.items()}
+    for s in range(region.slices):
+        ctx.residency.enter_slice(region, s)
+        for m in region.members:
+            ctx.group_index = m
+            ctx.out_rows = region.rows[m][s]
+            _emit_group(ctx, groups[m], options)
+    ctx.out_rows = None
+    for name, info in ctx.layers.items():           # the model's MACs, not those of every slice
+        info.macs = before.get(name, 0) + (info.macs - before.get(name, 0)) // region.slices
 
 
 def _prologue(ctx: LowerCtx) -> None:

@@ -34,6 +34,11 @@ class LowerCtx:
     tile_pushes: list[int] = field(default_factory=lambda: [0, 0, 0, 0])   # TILE queue pushes so far
     residency: ResidencyPlan = field(default_factory=ResidencyPlan)      # activations kept in LMEM
     group_index: int = 0                                                 # the group being emitted
+    out_rows: tuple[int, int] | None = None      # sliced layer groups: output rows to emit (else all)
+
+    def rows_to_emit(self, height: int) -> tuple[int, int]:
+        """The output rows [lo, hi) of the group being emitted (all of them unless sliced)."""
+        return self.out_rows if self.out_rows is not None else (0, height)
 
     @property
     def prec(self) -> Prec:

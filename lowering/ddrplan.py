@@ -68,8 +68,10 @@ class FirstFit:
 
 
 def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, scratch_bytes: int,
-             in_lmem: set[str] = frozenset()) -> DdrPlan:
-    """`in_lmem`: activations that live in LMEM only (layer groups) and get no DDR buffer."""
+             in_lmem: set[str] = frozenset(), rerun: list[tuple[int, int]] = ()) -> DdrPlan:
+    """`in_lmem`: activations that live in LMEM only (layer groups) and get no DDR buffer.
+    `rerun`: spans of groups [first, last] run once per slice (sliced layer groups): a buffer
+    read inside a span lives until the span's end, since its first members run again."""
     align = chip.core.ddr_align_bytes
     esize = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
     tensors: dict[str, DdrTensor] = {}
@@ -90,6 +92,10 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
     pool = FirstFit(align_up(cursor, align), align)
     members = _concat_members(graph, groups, esize, in_lmem)
     last_use = _last_use(graph, groups, members)
+    for first, last in rerun:
+        for name, when in last_use.items():
+            if first <= when <= last:
+                last_use[name] = last
 
     def place(name: str) -> None:
         root, offset = alias_root(members, name)

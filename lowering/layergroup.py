@@ -3,14 +3,16 @@ lifetimes, like the DDR plan), where they live, and the layer groups that result
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from tpuflow.chip import ChipConfig
 from tpuflow.frontend.graph import Graph
+from tpuflow.errors import LoweringError
 from tpuflow.isa import Prec, StrideMode
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.lmem import align_up
+from tpuflow.lowering.slicing import SlicedRegion, candidate_runs, slice_region
 from tpuflow.lowering.tensors import LTile, make_tile, tile_bytes_per_lane
 
 # Share of the usable LMEM (below the tile window, above the constant region) that resident
@@ -36,6 +38,7 @@ class ResidentTensor:
     first: int           # index of the producing group
     last: int            # index of the last consuming group
     inside: str | None = None   # the Concat output whose buffer this tensor is a channel slice of
+    row0: int = 0               # slice buffers: the first row of the tensor held (views take global rows)
 
     def tile(self, chip: ChipConfig) -> LTile:
         return make_tile(chip, self.addr, self.shape, self.prec)
@@ -46,6 +49,7 @@ class ResidentTensor:
         whole = self.tile(chip)
         sub = whole.sub_channels(c0, c, chip)
         st = whole.strides
+        h0 = self._local_row(h0, h)
         addr = sub.addr + (n * st[0] + h0 * st[2]) * self.prec.bytes
         return LTile(addr, (1, c, h, self.shape[3] if w is None else w), self.prec,
                      (0, self._group_stride(chip, sub, c), st[2], st[3]), StrideMode.FREE)
@@ -55,8 +59,18 @@ class ResidentTensor:
         the lane) view: a row is a channel of (1, C, H, W) (columns = H*W) or a matrix row."""
         whole = self.tile(chip)
         sub = whole.sub_channels(r0, rows, chip)
+        if len(self.shape) == 4:       # columns are rows x width (a slice buffer holds some rows)
+            width = self.shape[3]
+            col0 = self._local_row(col0 // width, -(-(col0 % width + cols) // width)) * width + col0 % width
         return LTile(sub.addr + col0 * self.prec.bytes, (1, rows, 1, cols), self.prec,
                      (0, self._group_stride(chip, sub, rows), cols, 1), StrideMode.FREE)
+
+    def _local_row(self, h0: int, h: int) -> int:
+        local = h0 - self.row0
+        if local < 0 or local + h > self.shape[2]:
+            raise LoweringError(f"internal: rows {h0}..{h0 + h} of {self.name} are outside its slice buffer "
+                                f"(rows {self.row0}..{self.row0 + self.shape[2]})")
+        return local
 
     def _group_stride(self, chip: ChipConfig, sub: LTile, channels: int) -> int:
         """The channel-group stride, 0 when the view's channels sit in one group of lanes (the
@@ -82,12 +96,16 @@ class LayerGroup:
     nodes: tuple[str, ...]            # every ONNX node of the member groups
     resident: tuple[str, ...]         # activations kept in LMEM inside it
     lmem_peak_bytes: int              # resident bytes per lane at the busiest point
+    sliced: tuple[tuple[tuple[str, ...], int], ...] = ()   # (members, slice count) run slice by slice over H
 
     def as_dict(self) -> dict:
-        """Slicing: resident activations are kept whole (one slice); each member tiles its own
-        work over output channels and rows inside the group's working area."""
+        """Slicing: "h" when some members run slice by slice over output rows (the sliced runs
+        and their slice counts are listed), else whole tensors (1 slice); each member tiles its
+        own work over output channels and rows inside the group's working area."""
         return {"index": self.index, "members": list(self.members), "nodes": list(self.nodes),
-                "resident": list(self.resident), "slicing": "whole tensors (1 slice)", "slices": 1,
+                "resident": list(self.resident), "slicing": "h" if self.sliced else "whole tensors",
+                "slices": max([s for _, s in self.sliced] + [1]),
+                "sliced_runs": [{"members": list(m), "slices": s} for m, s in self.sliced],
                 "lmem_resident_peak_bytes_per_lane": self.lmem_peak_bytes}
 
 
@@ -96,6 +114,15 @@ class ResidencyPlan:
     tensors: dict[str, ResidentTensor] = field(default_factory=dict)
     region_top: int = 0               # per-lane offset: resident buffers live below it
     consumers: dict[str, tuple[int, ...]] = field(default_factory=dict)   # tensor -> consuming groups
+    regions: list[SlicedRegion] = field(default_factory=list)            # groups run slice by slice
+
+    def region_at(self, index: int) -> SlicedRegion | None:
+        return next((r for r in self.regions if r.first == index), None)
+
+    def enter_slice(self, region: SlicedRegion, s: int) -> None:
+        """Point the slice buffers of `region` at the rows of slice `s`."""
+        for name, rows in region.buffers.items():
+            self.tensors[name] = replace(self.tensors[name], row0=rows[s][0])
 
     def arena_top(self, index: int, default_top: int) -> int:
         """Where the working area of group `index` ends: below every buffer live at that group."""
@@ -124,9 +151,11 @@ class ResidencyPlan:
                 continue
             inside = [t for t in self.tensors.values() if find(t.first) == find(members[0])]
             peak = max((sum(t.size for t in inside if t.live_at(i)) for i in members), default=0)
+            sliced = tuple((tuple(groups[i].name for i in r.members), r.slices) for r in self.regions
+                           if r.first in members)
             out.append(LayerGroup(len(out), tuple(groups[i].name for i in members),
                                   tuple(n.name for i in members for n in groups[i].nodes),
-                                  tuple(sorted(t.name for t in inside)), peak))
+                                  tuple(sorted(t.name for t in inside)), peak, sliced))
         return out
 
 
@@ -153,15 +182,35 @@ class _Unit:
     first: int
     last: int
     members: list[tuple[str, int, int, int]]
+    sliced: bool = False          # a slice buffer (rows of one slice at a time)
+
+
+SLICE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass
+class _Inputs:
+    graph: Graph
+    groups: list[Group]
+    chip: ChipConfig
+    prec: Prec
+    top: int
+    budget: int
+    producer: dict[str, int]
+    consumers: dict[str, tuple[int, ...]]
+    eligible: Callable[[str], bool]
 
 
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
-                   ports: Callable[[Group], tuple[set[str], set[str]]]) -> ResidencyPlan:
+                   ports: Callable[[Group], tuple[set[str], set[str]]], unsliced: frozenset = frozenset()) -> ResidencyPlan:
     """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
     to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it has
     a resident layout, it is neither a graph input nor output, and it fits the resident share of
     LMEM for its whole lifetime (first fit over offsets, as the DDR plan does over addresses).
-    A channel Concat's inputs whose slice starts on lane 0 live inside the Concat's buffer."""
+    A channel Concat's inputs whose slice starts on lane 0 live inside the Concat's buffer.
+    Tensors too large to stay whole are held as row slices when a run of sliceable groups
+    around them can run slice by slice (lowering.slicing) and that saves DDR bytes (`unsliced`:
+    first members of runs not to slice)."""
     top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
     budget = int((top - lo) * RESIDENT_SHARE) // chip.bank_bytes * chip.bank_bytes
     producer, consumers = _producers_and_consumers(graph, groups)
@@ -174,30 +223,137 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
                 and ResidentTensor(name, shape, prec, 0, 0, 0, 0).strides_fit(chip)
                 and name in writable[producer[name]] and all(name in readable[j] for j in users))
 
-    units = _concat_units(graph, groups, chip, producer, consumers, eligible)
+    inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible)
+    plan = _place(inputs, [])
+    rejected = {t for t in producer if eligible(t) and t not in plan.tensors}
+    regions: list[SlicedRegion] = []
+    for members, held in _slicing_candidates(inputs, rejected):
+        if members[0] in unsliced:
+            continue
+        for members, held in (members, held), _widened(inputs, members, held):
+            region = _fitting_region(inputs, regions, members, held)
+            if region is not None:
+                regions.append(region)
+                plan = _place(inputs, regions)
+                break
+    return plan
+
+
+def _fitting_region(inputs: _Inputs, regions: list[SlicedRegion], members, held) -> SlicedRegion | None:
+    """The region with the fewest slices whose buffers fit beside everything else, if slicing pays."""
+    for slices in SLICE_COUNTS:
+        region = slice_region(inputs.graph, inputs.groups, members, slices, held)
+        if not _slicing_pays(inputs, region):
+            return None
+        if _place(inputs, regions + [region]) is not None:
+            return region
+    return None
+
+
+def _widened(inputs: _Inputs, members: tuple[int, ...], held: set[str]) -> tuple[tuple[int, ...], set[str]]:
+    """The members and held tensors grown by every eligible tensor of the same sliceable run whose
+    life overlaps them (a whole tensor beside the slices can leave them no room)."""
+    run = next(r for r in candidate_runs(inputs.graph, inputs.groups) if members[0] in r)
+    inside, held = set(run), set(held)
+    lo, hi = members[0], members[-1]
+    grown = True
+    while grown:
+        grown = False
+        for t, p in inputs.producer.items():
+            users = inputs.consumers.get(t, ())
+            if (t not in held and p in inside and users and set(users) <= inside and inputs.eligible(t)
+                    and len(inputs.graph.tensor(t).shape) == 4 and p <= hi and max(users) >= lo):
+                held.add(t)
+                lo, hi, grown = min(lo, p), max(hi, max(users)), True
+    return tuple(i for i in run if lo <= i <= hi), held
+
+
+def _slicing_candidates(inputs: _Inputs, rejected: set[str]):
+    """(members, held tensors) per cluster of rejected tensors inside one sliceable run: the
+    members span their producers to their last consumers."""
+    for run in candidate_runs(inputs.graph, inputs.groups):
+        inside = set(run)
+        held = sorted((inputs.producer[t], max(inputs.consumers[t]), t) for t in rejected
+                      if inputs.producer[t] in inside and set(inputs.consumers[t]) <= inside
+                      and len(inputs.graph.tensor(t).shape) == 4)
+        cluster: list[tuple[int, int, str]] = []
+        for item in held:
+            if cluster and item[0] > max(c[1] for c in cluster):
+                yield _members(run, cluster), {c[2] for c in cluster}
+                cluster = []
+            cluster.append(item)
+        if cluster:
+            yield _members(run, cluster), {c[2] for c in cluster}
+
+
+def _members(run: tuple[int, ...], cluster) -> tuple[int, ...]:
+    lo, hi = min(c[0] for c in cluster), max(c[1] for c in cluster)
+    return tuple(i for i in run if lo <= i <= hi)
+
+
+def _slicing_pays(inputs: _Inputs, region: SlicedRegion) -> bool:
+    """Slicing saves each held tensor's DDR write and read but loads every member's weights once
+    per slice: worth it while the weights reloaded are fewer bytes than the activations kept."""
+    graph = inputs.graph
+    weights = sum(graph.tensor(t).const.size for m in region.members for n in inputs.groups[m].nodes
+                  for t in n.inputs if t and graph.tensor(t).const is not None)
+    kept = sum(2 * _count(graph.tensor(t).shape) for t in region.buffers)
+    return weights * (region.slices - 1) < kept
+
+
+def _count(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None:
+    """First-fit placement of every resident unit; None when a slice buffer does not fit.
+    Tensors a sliced region touches live through the whole region (it runs its members again
+    for every slice)."""
+    graph, chip, prec, top = inputs.graph, inputs.chip, inputs.prec, inputs.top
+    held = {t: r for r in regions for t in r.buffers}
+
+    def life(name: str, first: int, last: int) -> tuple[int, int]:
+        for r in regions:
+            touched = inputs.producer.get(name) in r.members or set(inputs.consumers.get(name, ())) & set(r.members)
+            if touched:
+                first, last = min(first, r.first), max(last, r.last)
+        return first, last
+
+    units = [u for u in _concat_units(graph, inputs.groups, chip, inputs.producer, inputs.consumers,
+                                      lambda t: t not in held and inputs.eligible(t))]
+    for u in units:
+        u.members = [(n, c0, *life(n, f, l)) for n, c0, f, l in u.members]
+        u.first, u.last = min(m[2] for m in u.members), max(m[3] for m in u.members)
     claimed = {m[0] for u in units for m in u.members}
-    for name in producer:
-        if name not in claimed and eligible(name):
-            users = consumers[name]
-            units.append(_Unit(resident_shape(graph.tensor(name).shape), producer[name], max(users),
-                               [(name, 0, producer[name], max(users))]))
+    for name in inputs.producer:
+        if name not in claimed and name not in held and inputs.eligible(name):
+            first, last = life(name, inputs.producer[name], max(inputs.consumers[name]))
+            units.append(_Unit(resident_shape(graph.tensor(name).shape), first, last, [(name, 0, first, last)]))
+    for name, r in held.items():
+        n, c, h, w = graph.tensor(name).shape
+        units.append(_Unit((1, c, r.capacity(name), w), r.first, r.last, [(name, 0, r.first, r.last)], sliced=True))
     units.sort(key=lambda u: (u.first, u.last, u.members[0][0]))
-    plan = ResidencyPlan(region_top=top)
+    plan = ResidencyPlan(region_top=top, regions=list(regions))
     placed: list[tuple[int, int, _Unit]] = []
     for unit in units:
         size = _resident_bytes(chip, unit.shape, prec)
         offset = _first_fit(placed, size, unit.first, unit.last)
-        if offset + size > budget:
+        if offset + size > inputs.budget:
+            if unit.sliced:
+                return None
             continue
         placed.append((offset, offset + size, unit))
         base = make_tile(chip, top - offset - size, unit.shape, prec)
+        owner = unit.members[0][0]
         for name, c0, first, last in unit.members:
-            shape = resident_shape(graph.tensor(name).shape)
+            shape = unit.shape if unit.sliced else resident_shape(graph.tensor(name).shape)
             addr = base.sub_channels(c0, shape[1], chip).addr
-            owner = unit.members[0][0]
             plan.tensors[name] = ResidentTensor(name, shape, prec, addr, size if name == owner else 0, first, last,
                                                 None if name == owner else owner)
-            plan.consumers[name] = consumers[name]
+            plan.consumers[name] = inputs.consumers[name]
     return plan
 
 

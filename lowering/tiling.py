@@ -13,6 +13,11 @@ def steps(total: int, step: int) -> list[tuple[int, int]]:
     return [(s, min(step, total - s)) for s in range(0, total, step)]
 
 
+def steps_between(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
+    """(start, size) pieces covering [lo, hi) exactly once."""
+    return [(lo + s, n) for s, n in steps(hi - lo, step)] if hi > lo else []
+
+
 def pipelined(tiles: Sequence[T], n_sets: int, load: Callable[[T, int], None],
               compute_store: Callable[[T, int], None]) -> None:
     """Emit loads `n_sets` tiles ahead of compute, so the GDMA queue holds the next tiles' loads

@@ -16,7 +16,7 @@ from tpuflow.lowering.emitter import f32_bits
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.epilogue import Epilogue, full_epilogue_operands
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
-from tpuflow.lowering.tiling import pipelined, steps
+from tpuflow.lowering.tiling import pipelined, steps, steps_between
 
 MAX_PAD = 15        # opd0_*_pad fields are 4 bits
 PIPELINE_STEPS = 4  # split a layer that fits LMEM whole into this many row tiles, so GDMA loads and
@@ -190,16 +190,21 @@ class ConvEmitter:
             outs.append(tile_bytes_per_lane(chip, out_shape, prec) if final is None else final)
         return load, outs
 
+    def _row_range(self) -> tuple[int, int]:
+        """Final output rows this emission computes (a slice of them in sliced layer groups)."""
+        return self.ctx.rows_to_emit(self.pgeom.ho if self.pool is not None else self.geom.ho)
+
     def _final_rows(self) -> int:
-        return self.pgeom.ho if self.pool is not None else self.geom.ho
+        lo, hi = self._row_range()
+        return hi - lo
 
     def _row_tiles(self, step: int) -> list[tuple[int, int, tuple | None]]:
         """(conv row start, conv rows, pool part) per tile; the pool part is (first pool row,
         pool rows, up pad, down pad) when a pool is fused."""
         if self.pool is None:
-            return [(h0, ht, None) for h0, ht in steps(self.geom.ho, step)]
+            return [(h0, ht, None) for h0, ht in steps_between(*self._row_range(), step)]
         out = []
-        for q0, qt in steps(self.pgeom.ho, step):
+        for q0, qt in steps_between(*self._row_range(), step):
             r0, rows, up, dn = self.pgeom.input_rows(q0, qt)
             out.append((r0, rows, (q0, qt, up, dn)))
         return out
@@ -467,8 +472,10 @@ class ConvEmitter:
             return s
 
         choice = None
+        row_lo, row_hi = self._row_range()
+        height = row_hi - row_lo
         for ct in sorted({min(geo.cout, lanes * k) for k in range(1, -(-geo.cout // lanes) + 1)}, reverse=True):
-            for ht in sorted({min(geo.ho, x) for x in (geo.ho, 64, 32, 16, 8, 4, 2, 1)}, reverse=True):
+            for ht in sorted({min(height, x) for x in (height, 64, 32, 16, 8, 4, 2, 1)}, reverse=True):
                 if self.arena.fits(res_sizes + sizes(ct, ht) * 2):
                     choice = (ct, ht)
                     break
@@ -476,7 +483,7 @@ class ConvEmitter:
                 break
         if choice is None:
             raise LoweringError(f"layer {self.node.name}: no tiling of depthwise conv fits LMEM")
-        ct, ht = choice[0], _pipelined_rows(choice[1], geo.ho, geo.wo)
+        ct, ht = choice[0], _pipelined_rows(choice[1], height, geo.wo)
         res, sets = self.arena.alloc_plan(res_sizes, sizes(ct, ht), self.node.name)
         bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
         w_tile = make_tile(chip, res[1], (1, geo.cout, 1, kk), prec, compact=True)
@@ -484,7 +491,8 @@ class ConvEmitter:
         if self.bias is not None:
             ctx.load_const_channels(bias_tile, f"bias:{self.node.name}", self.bias.reshape(-1, 1), Prec.FP32)
         self.epi.load_residents(res[2:], geo.cout, geo.wo)
-        tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cout, ct) for h0, h in steps(geo.ho, ht)]
+        tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cout, ct)
+                 for h0, h in steps_between(row_lo, row_hi, ht)]
 
         def load(t, s):
             n, c0, c, h0, h = t

@@ -13,7 +13,7 @@ from tpuflow.lowering.emitter import f32_bits
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.conv import ConvGeom
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
-from tpuflow.lowering.tiling import pipelined, steps
+from tpuflow.lowering.tiling import pipelined, steps, steps_between
 
 
 def pool_geometry(ctx: LowerCtx, node) -> tuple[ConvGeom, int]:
@@ -78,9 +78,11 @@ class PoolEmitter:
         arena = ctx.arena()
         lanes = chip.lanes
         choice = None
+        row_lo, row_hi = ctx.rows_to_emit(geo.ho)
+        height = row_hi - row_lo
         for copies in (2, 1):
             for ct in sorted({min(geo.cin, lanes * k) for k in range(1, -(-geo.cin // lanes) + 1)}, reverse=True):
-                for ht in sorted({min(geo.ho, x) for x in (geo.ho, 64, 32, 16, 8, 4, 2, 1)}, reverse=True):
+                for ht in sorted({min(height, x) for x in (height, 64, 32, 16, 8, 4, 2, 1)}, reverse=True):
                     if arena.fits(self._sizes(ct, ht) * copies):
                         choice = (ct, ht, copies)
                         break
@@ -91,12 +93,13 @@ class PoolEmitter:
         if choice is None:
             raise LoweringError(f"layer {self.node.name}: no tiling of the pool fits LMEM")
         from tpuflow.lowering.ops.conv import _pipelined_rows
-        ct, ht, copies = choice[0], _pipelined_rows(choice[1], geo.ho, geo.wo), choice[2]
+        ct, ht, copies = choice[0], _pipelined_rows(choice[1], height, geo.wo), choice[2]
         _, sets = arena.alloc_plan([], self._sizes(ct, ht), self.node.name, copies)
         copies = len(sets)
         if self.inv_count is not None:
             self.map_addr = ctx.const_addr(f"poolcount:{self.node.name}", self.inv_count, Prec.FP32)
-        tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cin, ct) for h0, h in steps(geo.ho, ht)]
+        tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cin, ct)
+                 for h0, h in steps_between(row_lo, row_hi, ht)]
         pipelined(tiles, copies, lambda t, s: self._load(t, sets[s]), lambda t, s: self._compute(t, sets[s]))
         ctx.note_layer(self.node.name, self.node.op_type, lmem_peak=arena.peak, group=self.group.name)
 

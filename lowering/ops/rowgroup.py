@@ -14,7 +14,7 @@ from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.ewise import ROW_NORMALIZE, ROW_REDUCE, SCRATCH_NEED, Kind, classify
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
-from tpuflow.lowering.tiling import largest_fitting, pipelined, steps
+from tpuflow.lowering.tiling import largest_fitting, pipelined, steps, steps_between
 
 
 
@@ -182,6 +182,10 @@ class RowGroupEmitter:
         self.ctx, self.group, self.chip = ctx, group, ctx.chip
         self.planner = RowPlanner(ctx, group)
         self.rows, self.cols = self.planner.view.rows, self.planner.view.cols
+        self.col_range = (0, self.cols)
+        if ctx.out_rows is not None:       # sliced layer groups: NCHW rows [lo, hi) = columns lo*W .. hi*W
+            width = group.full_shape[3]
+            self.col_range = (ctx.out_rows[0] * width, ctx.out_rows[1] * width)
         stage = 1 if ctx.prec != Prec.FP32 and group.stored else 0
         needs_temp = any(n.op_type in ROW_NORMALIZE for n in group.nodes)
         plan = self.planner.plan
@@ -211,14 +215,15 @@ class RowGroupEmitter:
             return arena.fits(resident + self._set_sizes(rt, dt))
 
         row_options = [min(self.rows, lanes * k) for k in range(1, -(-self.rows // lanes) + 1)]
-        rt = largest_fitting(row_options, lambda r: fits(r, self.cols))
+        span = self.col_range[1] - self.col_range[0]
+        rt = largest_fitting(row_options, lambda r: fits(r, span))
         if rt is not None:
-            return rt, self.cols
+            return rt, span
         if not self.planner.column_tileable:
             raise LoweringError(f"layer {self.group.name}: a row of {self.cols} elements does not fit LMEM")
         eu = self.chip.eu_count("fp32")
         rt = row_options[0]
-        col_options = [eu * k for k in range(1, self.cols // eu + 1)] or [self.cols]
+        col_options = [eu * k for k in range(1, span // eu + 1)] or [span]
         dt = largest_fitting(col_options, lambda d: fits(rt, d))
         if dt is None:
             raise LoweringError(f"layer {self.group.name}: no tile of rows x columns fits LMEM")
@@ -231,7 +236,7 @@ class RowGroupEmitter:
         arena = ctx.arena()
         res_offsets, sets = arena.alloc_plan(self._resident_sizes(), self._set_sizes(rt, dt), self.group.name)
         self.residents = self._load_residents(res_offsets)
-        tiles = [(r0, r, d0, d) for r0, r in steps(self.rows, rt) for d0, d in steps(self.cols, dt)]
+        tiles = [(r0, r, d0, d) for r0, r in steps(self.rows, rt) for d0, d in steps_between(*self.col_range, dt)]
         pipelined(tiles, len(sets), lambda t, s: self._load_tile(t, sets[s]),
                   lambda t, s: self._compute_tile(t, sets[s]))
         for n in self.group.nodes:

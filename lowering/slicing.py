@@ -1,0 +1,148 @@
+"""H-slicing of layer groups: a run of conv / pool / elementwise groups whose activations are too
+large to stay whole in LMEM runs slice by slice over output rows. Each slice computes the rows of
+every member that later members need in that slice (halos propagated backward through kernels,
+strides, pads and dilations; rows at slice borders are recomputed), and every row of every
+member at least once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from tpuflow.frontend.graph import Graph
+from tpuflow.lowering.groups import Group
+
+Rows = tuple[int, int]          # [lo, hi)
+
+
+@dataclass(frozen=True)
+class SlicedRegion:
+    """Consecutive fused groups run `slices` times; `rows[m][s]` are the output rows member m
+    computes in slice s, `buffers[t][s]` the rows of tensor t held in LMEM in slice s."""
+
+    members: tuple[int, ...]
+    slices: int
+    rows: dict[int, tuple[Rows, ...]]
+    buffers: dict[str, tuple[Rows, ...]]
+
+    @property
+    def first(self) -> int:
+        return self.members[0]
+
+    @property
+    def last(self) -> int:
+        return self.members[-1]
+
+    def capacity(self, tensor: str) -> int:
+        """Rows the slice buffer of `tensor` must hold."""
+        return max(hi - lo for lo, hi in self.buffers[tensor])
+
+
+def output_of(group: Group) -> str:
+    return group.nodes[-1].outputs[0]
+
+
+def output_height(graph: Graph, group: Group) -> int:
+    return graph.tensor(output_of(group)).shape[2]
+
+
+def is_sliceable(graph: Graph, group: Group) -> bool:
+    """Conv groups (plain or depthwise, epilogue and pool included), pools, and purely
+    elementwise row groups over NCHW (rows = channels): each computes any band of output rows
+    from a band of input rows."""
+    out = graph.tensor(output_of(group)).shape
+    if len(out) != 4 or out[0] != 1:
+        return False
+    if group.kind == "conv":
+        node = group.anchor
+        cin = graph.tensor(node.inputs[0]).shape[1]
+        g = node.attr("group", 1)
+        return g == 1 or g == cin == graph.tensor(node.inputs[1]).shape[0]
+    if group.kind == "pool":
+        return True
+    if group.kind == "row":
+        from tpuflow.lowering.ewise import ELEMENTWISE
+        return (group.split == 2 and len(group.full_shape) == 4 and tuple(group.full_shape) == tuple(out)
+                and all(n.op_type in ELEMENTWISE for n in group.nodes))
+    return False
+
+
+def input_rows(graph: Graph, group: Group, rows: Rows) -> dict[str, Rows]:
+    """Rows of each runtime 4-D input a sliceable group reads to produce output rows `rows`."""
+    from tpuflow.lowering.ops.conv import conv_geometry
+    from tpuflow.lowering.ops.pool import pool_geometry
+    shim = SimpleNamespace(graph=graph)
+    lo, hi = rows
+    need: dict[str, Rows] = {}
+    if group.kind == "pool":
+        geom, _ = pool_geometry(shim, group.anchor)
+        return {group.anchor.inputs[0]: _window(geom, lo, hi)}
+    if group.kind == "conv":
+        if group.tail_pool is not None:
+            pgeom, _ = pool_geometry(shim, group.tail_pool)
+            lo, hi = _window(pgeom, lo, hi)
+        geom = conv_geometry(shim, group.anchor)
+        need[group.anchor.inputs[0]] = _window(geom, lo, hi)
+    for node in group.nodes[1:] if group.kind == "conv" else group.nodes:
+        for t in node.inputs:
+            info = graph.tensor(t) if t else None
+            if info is not None and not info.is_const and len(info.shape) == 4 and info.shape[2] > 1 \
+                    and t not in group.produced():
+                need[t] = _hull(need.get(t), (lo, hi))
+    return need
+
+
+def _window(geom, lo: int, hi: int) -> Rows:
+    first, count, _, _ = geom.input_rows(lo, hi - lo)
+    return first, first + count
+
+
+def _hull(a: Rows | None, b: Rows) -> Rows:
+    return b if a is None else (min(a[0], b[0]), max(a[1], b[1]))
+
+
+def chunk(height: int, slices: int, s: int) -> Rows:
+    return height * s // slices, height * (s + 1) // slices
+
+
+def slice_region(graph: Graph, groups: list[Group], members: tuple[int, ...], slices: int,
+                 held: set[str]) -> SlicedRegion:
+    """Rows per member and slice (each member's own share of its rows plus what later members
+    need), and the rows of each tensor in `held` (slice buffers) per slice."""
+    rows: dict[int, list[Rows]] = {m: [] for m in members}
+    buffers: dict[str, list[Rows]] = {t: [] for t in held}
+    produced_by = {output_of(groups[m]): m for m in members}
+    for s in range(slices):
+        needed: dict[str, Rows] = {}
+        for m in reversed(members):
+            name = output_of(groups[m])
+            own = chunk(output_height(graph, groups[m]), slices, s)
+            band = _hull(needed.get(name), own) if own[1] > own[0] else needed.get(name, (own[0], own[0]))
+            rows[m].append(band)
+            if band[1] <= band[0]:
+                continue
+            for t, r in input_rows(graph, groups[m], band).items():
+                if t in produced_by:
+                    needed[t] = _hull(needed.get(t), r)
+        for t in held:
+            buffers[t].append(rows[produced_by[t]][s])
+    return SlicedRegion(tuple(members), slices, {m: tuple(v) for m, v in rows.items()},
+                        {t: tuple(v) for t, v in buffers.items()})
+
+
+def candidate_runs(graph: Graph, groups: list[Group]) -> list[tuple[int, ...]]:
+    """Maximal runs of consecutive sliceable groups in which every member after the first reads
+    a tensor made by an earlier member."""
+    runs, current, made = [], [], set()
+    for i, g in enumerate(groups):
+        inputs = {t for n in g.nodes for t in n.inputs if t}
+        if is_sliceable(graph, g) and current and inputs & made:
+            current.append(i)
+            made |= g.produced()
+            continue
+        if len(current) > 1:
+            runs.append(tuple(current))
+        current, made = ([i], set(g.produced())) if is_sliceable(graph, g) else ([], set())
+    if len(current) > 1:
+        runs.append(tuple(current))
+    return runs
