@@ -1,6 +1,6 @@
 """Calibration benchmark: ResNet-50 on BM1684X (default compile) against the public silicon numbers.
 
-    python benchmarks/fidelity.py [--dtypes fp32,fp16] [--out benchmarks/results/fidelity.json]
+    python benchmarks/fidelity.py [--dtypes fp32,fp16] [--chip bm1684x|FILE.toml] [--out benchmarks/results/fidelity.json]
 
 The calibration set is the sophon-demo ResNet sample README's `bmrt_test` TPU time on BM1684X,
 batch 1: ResNet-50 fp32 9.14 ms, fp16 1.62 ms (int8 1.10 ms, once tpuflow compiles int8). Each
@@ -8,6 +8,8 @@ point is compiled with the default options (only the dtype set), simulated, and 
 the measurement with its relative error; tpu-mlir 1.30.2's own static estimate for the same model
 (compiler_profile.txt TCYC of ../shared/peers/tpu-mlir/resnet50/bm1684x_*) is shown for reference.
 Other models' silicon numbers are deliberately not here: they check that the calibration generalises.
+--chip takes a chip file instead of the built-in bm1684x (e.g. to try a constant before changing it);
+its points are still compared with the BM1684X measurements.
 Writes benchmarks/results/fidelity.json (temp file, then rename).
 """
 
@@ -32,14 +34,15 @@ SILICON_MS = {("resnet50", "bm1684x", "fp32"): 9.14, ("resnet50", "bm1684x", "fp
 TPU_MLIR_MS = {("resnet50", "bm1684x", "fp32"): 5.014417, ("resnet50", "bm1684x", "fp16"): 1.450846}
 
 
-def point(model: str, chip: str, dtype: str) -> dict:
+def point(model: str, chip: str, dtype: str, chip_file: str | None = None) -> dict:
     began = time.perf_counter()
     options = CompileOptions(dtype=dtype)
-    report = estimate(model, chip, options)
+    report = estimate(model, chip_file or chip, options)
     measured = SILICON_MS[(model, chip, dtype)]
     ours = report["latency_us"] / 1e3
     vendor = TPU_MLIR_MS.get((model, chip, dtype))
-    return {"model": model, "chip": chip, "dtype": dtype, "options": options.as_dict(),
+    return {"model": model, "chip": chip, "chip_used": report["chip"], "chip_fingerprint": report["chip_fingerprint"],
+            "dtype": dtype, "options": options.as_dict(),
             "silicon_ms": measured, "estimate_ms": round(ours, 4), "error": round(ours / measured - 1.0, 4),
             "tpu_mlir_ms": vendor, "tpu_mlir_error": round(vendor / measured - 1.0, 4) if vendor else None,
             "busy_us": {k: round(v["busy_us"], 1) for k, v in report["engines"].items()},
@@ -59,13 +62,14 @@ def git_commit() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="fp32,fp16")
+    ap.add_argument("--chip", default=None, help="chip name or file (default: the built-in bm1684x)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     rows = []
     print(f"{'model':9s} {'chip':8s} {'dtype':5s} {'silicon ms':>10s} {'ours ms':>8s} {'error':>7s} "
           f"{'tpu-mlir ms':>11s} {'error':>7s}")
     for dtype in args.dtypes.split(","):
-        r = point("resnet50", "bm1684x", dtype)
+        r = point("resnet50", "bm1684x", dtype, args.chip)
         rows.append(r)
         vendor = f"{r['tpu_mlir_ms']:11.3f} {100 * r['tpu_mlir_error']:+6.1f}%" if r["tpu_mlir_ms"] else f"{'-':>11s}"
         print(f"{r['model']:9s} {r['chip']:8s} {dtype:5s} {r['silicon_ms']:10.2f} {r['estimate_ms']:8.3f} "

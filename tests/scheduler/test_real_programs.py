@@ -90,3 +90,17 @@ def test_whole_models_schedule_validly(model):
 @pytest.mark.parametrize("model,matmul", [("mobilenetv2", "tiu"), ("bert_layer", "tile"), ("mlp", "tile")])
 def test_whole_models_verify_after_list_scheduling(model, matmul):
     assert verify(model, options=CompileOptions(schedule="list", matmul=matmul))["ok"]
+
+
+@pytest.mark.parametrize("model,dtype", [("small_cnn", "fp32"), ("small_cnn", "fp16"), ("mlp", "fp32")])
+def test_bm1684x_calibrated_costs_keep_the_bounds_below_the_simulation(model, dtype):
+    """On BM1684X the GDMA direction rates and the 2-cycle fp32 cube step act in the simulator and in
+    the cost model alike: the scheduler's bound (schedule_bound_ps) and every other lower bound stay
+    at or below the simulated makespan of the program as emitted and as list-scheduled."""
+    from tpuflow.scheduler.bounds import schedule_bound_ps
+    program = compile_model(model, "bm1684x", CompileOptions(schedule="program", dtype=dtype))[1]
+    bounds = lower_bounds(program)
+    assert schedule_bound_ps(program) == max(bounds["critical_path_ps"], *bounds["engine_relaxation_ps"].values())
+    result, _ = schedule_with_report(program, "list", time_limit_s=1.0)
+    for p in (program, result):
+        assert simulate(p).total_ps >= max(bounds["lower_bound_ps"], schedule_bound_ps(p))
