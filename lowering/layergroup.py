@@ -51,8 +51,8 @@ class ResidentTensor:
         st = whole.strides
         h0 = self._local_row(h0, h)
         addr = sub.addr + (n * st[0] + h0 * st[2]) * self.prec.bytes
-        return LTile(addr, (1, c, h, self.shape[3] if w is None else w), self.prec,
-                     (0, self._group_stride(chip, sub, c), st[2], st[3]), StrideMode.FREE)
+        return _as_aligned(chip, LTile(addr, (1, c, h, self.shape[3] if w is None else w), self.prec,
+                                       (0, self._group_stride(chip, sub, c), st[2], st[3]), StrideMode.FREE))
 
     def rows_view(self, chip: ChipConfig, r0: int, rows: int, col0: int, cols: int) -> LTile:
         """Rows [r0, r0+rows) x columns [col0, col0+cols) of the (rows on lanes, columns along
@@ -62,8 +62,8 @@ class ResidentTensor:
         if len(self.shape) == 4:       # columns are rows x width (a slice buffer holds some rows)
             width = self.shape[3]
             col0 = self._local_row(col0 // width, -(-(col0 % width + cols) // width)) * width + col0 % width
-        return LTile(sub.addr + col0 * self.prec.bytes, (1, rows, 1, cols), self.prec,
-                     (0, self._group_stride(chip, sub, rows), cols, 1), StrideMode.FREE)
+        return _as_aligned(chip, LTile(sub.addr + col0 * self.prec.bytes, (1, rows, 1, cols), self.prec,
+                                       (0, self._group_stride(chip, sub, rows), cols, 1), StrideMode.FREE))
 
     def _local_row(self, h0: int, h: int) -> int:
         local = h0 - self.row0
@@ -84,6 +84,18 @@ class ResidentTensor:
 
     def live_at(self, index: int) -> bool:
         return self.first <= index <= self.last
+
+
+def _as_aligned(chip: ChipConfig, view: LTile) -> LTile:
+    """The view in the aligned stride mode when its strides are the aligned layout's on every dim
+    it spans (descriptors then need no stride fields and take their short forms)."""
+    aligned = make_tile(chip, view.addr, view.shape, view.prec)
+    n, c, h, w = view.shape
+    start = (view.addr // chip.lmem_bytes_per_lane) % chip.lanes
+    spans = (n > 1, start + c > chip.lanes, h > 1, w > 1)
+    if all(not used or a == b for used, a, b in zip(spans, aligned.strides, view.strides)):
+        return aligned
+    return view
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,12 @@ class ConvEmitter:
     def _out_prec(self, ic_split: bool) -> Prec:
         return Prec.FP32 if (ic_split or not self.epi.empty) and self.ctx.prec != Prec.FP32 else self.ctx.prec
 
+    def _no_row_traffic(self) -> bool:
+        """Input, result and full-size epilogue operands all in LMEM (layer groups): a row tile
+        loads and stores nothing, so cutting rows only adds instructions."""
+        return (self.in_res is not None and self.out_res is not None
+                and all(self.ctx.resident(op.tensor) is not None for op in self.epi.full))
+
     def _stage(self, ic_split: bool) -> bool:
         return self._out_prec(ic_split) != self.ctx.prec
 
@@ -245,6 +251,8 @@ class ConvEmitter:
         """Cut a layer that fits in one tile into several so loads overlap compute: by rows when
         the weights stay resident, else by output channels (each weight slice is still loaded
         once; the input is re-read per slice)."""
+        if w_res and self._no_row_traffic():
+            return ct, ht                     # nothing moves per row tile: whole rows, fewest instructions
         if w_res:
             return ct, _pipelined_rows(ht, final, self.pgeom.wo if self.pool is not None else self.geom.wo)
         lanes = self.chip.lanes
@@ -483,7 +491,7 @@ class ConvEmitter:
                 break
         if choice is None:
             raise LoweringError(f"layer {self.node.name}: no tiling of depthwise conv fits LMEM")
-        ct, ht = choice[0], _pipelined_rows(choice[1], height, geo.wo)
+        ct, ht = choice[0], choice[1] if self._no_row_traffic() else _pipelined_rows(choice[1], height, geo.wo)
         res, sets = self.arena.alloc_plan(res_sizes, sizes(ct, ht), self.node.name)
         bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
         w_tile = make_tile(chip, res[1], (1, geo.cout, 1, kk), prec, compact=True)

@@ -93,7 +93,8 @@ class PoolEmitter:
         if choice is None:
             raise LoweringError(f"layer {self.node.name}: no tiling of the pool fits LMEM")
         from tpuflow.lowering.ops.conv import _pipelined_rows
-        ct, ht, copies = choice[0], _pipelined_rows(choice[1], height, geo.wo), choice[2]
+        in_lmem = self.in_res is not None and self.out_res is not None and self.inv_count is None
+        ct, ht, copies = choice[0], choice[1] if in_lmem else _pipelined_rows(choice[1], height, geo.wo), choice[2]
         _, sets = arena.alloc_plan([], self._sizes(ct, ht), self.node.name, copies)
         copies = len(sets)
         if self.inv_count is not None:
