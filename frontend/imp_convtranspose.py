@@ -52,18 +52,47 @@ def _crop(rw: Rewriter, x: str, begins, ends, out: str | None) -> str:
     return rw.reshape(x, rw.shape(x), out=out) if out else x
 
 
+SPREAD_MAX_WIDTH = 256     # widths up to this interleave the kernel columns with a constant 0/1 MatMul
+
+
 def _pixel_shuffle(rw, x, w, bias, group, begins, ends, out):
-    """kernel == stride: y[n, o, i*kh + a, j*kw + b] = sum_c x[n, c, i, j] W[c, o, a, b] (+ B[o])."""
+    """kernel == stride: y[n, o, i*kh + a, j*kw + b] = sum_c x[n, c, i, j] W[c, o, a, b] (+ B[o]): a 1x1
+    Conv computes every tap, then the taps are interleaved into the output."""
     n, c, h, wd = rw.shape(x)
     kh, kw = w.shape[2:]
     conv_w = _as_conv_weights(w, group, flip=False)                  # [O, Cg, kh, kw]
     o = conv_w.shape[0]
+    if group == 1 and wd <= SPREAD_MAX_WIDTH:
+        return _interleave_by_matmul(rw, x, conv_w, bias, begins, ends, out)
     taps = conv_w.transpose(0, 2, 3, 1).reshape(o * kh * kw, -1, 1, 1)
     tap_bias = None if bias is None else np.repeat(bias, kh * kw)
     y = conv2d(rw, x, np.ascontiguousarray(taps), tap_bias, (n, o * kh * kw, h, wd), (1, 1), (1, 1), (0, 0, 0, 0),
                group)
     y = rw.transpose(rw.reshape(y, (n, o, kh, kw, h, wd)), (0, 1, 4, 2, 5, 3))
     return _crop(rw, rw.reshape(y, (n, o, h * kh, wd * kw)), begins, ends, out)
+
+
+def _interleave_by_matmul(rw, x, conv_w, bias, begins, ends, out):
+    """Taps ordered (b, o, a) so each kernel column b is one contiguous block; block b times the 0/1
+    matrix S_b [W, kw*W] (S_b[j, j*kw + b] = 1) puts its columns in place, the blocks add up, and
+    only the row interleave (a past H, runs of kw*W elements) is left to a Transpose. Replaces a
+    Transpose that moves the innermost axis (1x96x80x80 k2 s2: 3956 -> 525 us simulated)."""
+    n, c, h, wd = rw.shape(x)
+    o, _, kh, kw = conv_w.shape
+    taps = conv_w.transpose(3, 0, 2, 1).reshape(kw * o * kh, c, 1, 1)
+    tap_bias = None if bias is None else np.tile(np.repeat(bias, kh), kw)
+    y = conv2d(rw, x, np.ascontiguousarray(taps), tap_bias, (n, kw * o * kh, h, wd), (1, 1), (1, 1), (0, 0, 0, 0), 1)
+    rows = o * kh * h
+    blocks = rw.reshape(y, (n, kw, rows, wd))
+    total = None
+    for b in range(kw):
+        spread = np.zeros((wd, kw * wd))
+        spread[np.arange(wd), np.arange(wd) * kw + b] = 1.0
+        block = rw.reshape(rw.slice(blocks, 1, b, b + 1), (n, rows, wd))
+        part = rw.matmul(block, rw.const(spread))
+        total = part if total is None else rw.add(total, part)
+    rows_last = rw.transpose(rw.reshape(total, (n, o, kh, h, kw * wd)), (0, 1, 3, 2, 4))
+    return _crop(rw, rw.reshape(rows_last, (n, o, h * kh, wd * kw)), begins, ends, out)
 
 
 def _spread(rw: Rewriter, x: str, strides) -> str:

@@ -279,3 +279,9 @@ def test_unrolled_scan_verifies():
     nodes = [helper.make_node("Scan", ["s0", "x"], ["sf", "ys"], body=body, num_scan_inputs=1,
                               scan_input_directions=[1])]
     check(model(nodes, [vi("s0", [3]), vi("x", [4, 3])], [vi("sf", [3]), vi("ys", [4, 3])]))
+
+
+@pytest.mark.parametrize("matmul", ["tiu", "tile"])
+def test_conv_transpose_interleave_on_both_matmul_paths(matmul):
+    consts = {"w": weights(rng, 8, 4, 2, 2), "b": weights(rng, 4)}
+    check(behind_neg(node_model("ConvTranspose", {"x": (1, 8, 6, 7)}, consts, strides=[2, 2])), matmul)

@@ -85,6 +85,14 @@ def test_conv_transpose_kernel_equal_stride_is_a_1x1_conv_and_a_shuffle():
                              strides=[2, 2]))
     conv = next(n for n in graph.nodes() if n.op_type == "Conv")
     assert conv.attrs["kernel_shape"] == (1, 1) and "Transpose" in kinds(graph) and "Pad" not in kinds(graph)
+    assert kinds(graph).count("MatMul") == 2               # kernel columns interleaved by 0/1 MatMuls
+
+
+@pytest.mark.parametrize("kernel,group", [((2, 2), 2), ((3, 3), 1), ((1, 2), 1), ((2, 1), 1)])
+def test_conv_transpose_kernel_equal_stride_variants(kernel, group):
+    consts = {"w": weights(rng, 4, 3, *kernel), "b": weights(rng, 3 * group)}
+    graph = check(node_model("ConvTranspose", {"x": (1, 4, 5, 6)}, consts, strides=list(kernel), group=group))
+    assert ("MatMul" in kinds(graph)) == (group == 1)
 
 
 @pytest.mark.parametrize("strides,pads", [([2], [1, 1]), ([2], [0, 0]), ([3], [0, 2])])
