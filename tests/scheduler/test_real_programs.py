@@ -104,3 +104,14 @@ def test_bm1684x_calibrated_costs_keep_the_bounds_below_the_simulation(model, dt
     result, _ = schedule_with_report(program, "list", time_limit_s=1.0)
     for p in (program, result):
         assert simulate(p).total_ps >= max(bounds["lower_bound_ps"], schedule_bound_ps(p))
+
+
+def test_estimate_json_reports_the_schedule_bound():
+    """`estimate --json` bounds.schedule_us is the scheduler's bound of the program it simulated, at or
+    below the simulated latency, and counts in lower_bound_us."""
+    from tpuflow.pipeline import estimate
+    from tpuflow.scheduler.bounds import schedule_bound_ps
+    report, program, sim = estimate("small_cnn", "bm1684x", CompileOptions(dtype="fp16"), with_sim=True)
+    assert report["bounds"]["schedule_us"] == schedule_bound_ps(program) / 1e6
+    assert 0 < report["bounds"]["schedule_us"] <= report["latency_us"]
+    assert report["lower_bound_us"] == max(report["bounds"].values())
