@@ -58,7 +58,7 @@ def test_bm1684x_calibration_keys_and_their_sources():
 
 def test_a_long_load_runs_at_the_calibrated_ddr_to_lmem_rate():
     """1 MiB DDR -> LMEM on BM1684X: 8 setup cycles, then 1048576 B at 58 GB/s x 0.931 = 0.053998 B/ps:
-    ceil(1048576 / 0.053998) = 19418793 ps; on a GDMA edge -> 19427000 ps. Without the limit the
+    ceil(1048576 / 0.053998) = 19418794 ps, + 8000 setup, on a GDMA edge -> 19427000 ps. Without the limit the
     memory path (64 GB/s DRAM model) finishes sooner, so the limit is what binds."""
     instr = load(BM1684X, DDR, 0, (1, 64, 1, 4096))
     assert alone_ps(BM1684X, instr) == 19_427_000
@@ -66,7 +66,7 @@ def test_a_long_load_runs_at_the_calibrated_ddr_to_lmem_rate():
 
 
 def test_a_long_store_runs_at_the_lmem_to_ddr_rate():
-    """512 KiB LMEM -> DDR: ceil(524288 / (44 x 0.931 / 1000)) = 12798438 ps + 8000 setup -> 12807000."""
+    """512 KiB LMEM -> DDR: ceil(524288 / (44 x 0.931 / 1000)) = 12798751 ps + 8000 setup -> 12807000."""
     instr = store(BM1684X, 0, DDR, (1, 64, 1, 2048))
     assert alone_ps(BM1684X, instr) == 12_807_000
 
