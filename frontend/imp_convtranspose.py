@@ -52,7 +52,7 @@ def _crop(rw: Rewriter, x: str, begins, ends, out: str | None) -> str:
     return rw.reshape(x, rw.shape(x), out=out) if out else x
 
 
-SPREAD_MAX_WIDTH = 256     # widths up to this interleave the kernel columns with a constant 0/1 MatMul
+SPREAD_MAX_ELEMENTS = 1 << 20    # the 0/1 interleave matrix [W, kw*W] up to this size (4 MB at fp32)
 
 
 def _pixel_shuffle(rw, x, w, bias, group, begins, ends, out):
@@ -62,7 +62,7 @@ def _pixel_shuffle(rw, x, w, bias, group, begins, ends, out):
     kh, kw = w.shape[2:]
     conv_w = _as_conv_weights(w, group, flip=False)                  # [O, Cg, kh, kw]
     o = conv_w.shape[0]
-    if group == 1 and wd <= SPREAD_MAX_WIDTH:
+    if group == 1 and wd * kw * wd <= SPREAD_MAX_ELEMENTS:
         return _interleave_by_matmul(rw, x, conv_w, bias, begins, ends, out)
     taps = conv_w.transpose(0, 2, 3, 1).reshape(o * kh * kw, -1, 1, 1)
     tap_bias = None if bias is None else np.repeat(bias, kh * kw)
