@@ -84,13 +84,7 @@ def _interleave_by_matmul(rw, x, conv_w, bias, begins, ends, out):
     y = conv2d(rw, x, np.ascontiguousarray(taps), tap_bias, (n, kw * o * kh, h, wd), (1, 1), (1, 1), (0, 0, 0, 0), 1)
     rows = o * kh * h
     blocks = rw.reshape(y, (n, kw, rows, wd))
-    total = None
-    for b in range(kw):
-        spread = np.zeros((wd, kw * wd))
-        spread[np.arange(wd), np.arange(wd) * kw + b] = 1.0
-        block = rw.reshape(rw.slice(blocks, 1, b, b + 1), (n, rows, wd))
-        part = rw.matmul(block, rw.const(spread))
-        total = part if total is None else rw.add(total, part)
+    total = rw.interleave_columns([rw.reshape(rw.slice(blocks, 1, b, b + 1), (n, rows, wd)) for b in range(kw)])
     rows_last = rw.transpose(rw.reshape(total, (n, o, kh, h, kw * wd)), (0, 1, 3, 2, 4))
     return _crop(rw, rw.reshape(rows_last, (n, o, h * kh, wd * kw)), begins, ends, out)
 

@@ -139,11 +139,30 @@ def depth_to_space(node: ONode, ctx) -> None:
     x, y = node.input(0), node.outputs[0]
     (n, c, h, w), b = ctx.shape(x), int(node.attr("blocksize"))
     rw = Rewriter(ctx)
-    if node.attr("mode", "DCR") == "CRD":
-        split, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
-    else:
-        split, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+    crd = node.attr("mode", "DCR") == "CRD"
+    split = (n, c // (b * b), b, b, h, w) if crd else (n, b, b, c // (b * b), h, w)
+    if w * b * w <= INTERLEAVE_MAX_ELEMENTS:
+        _depth_to_space_by_matmul(rw, rw.reshape(x, split), crd, y)
+        return
+    perm = (0, 1, 4, 2, 5, 3) if crd else (0, 3, 4, 1, 5, 2)
     rw.reshape(rw.transpose(rw.reshape(x, split), perm), ctx.shape(y), out=y)
+
+
+INTERLEAVE_MAX_ELEMENTS = 1 << 20    # 0/1 interleave matrices [W, b*W] up to this size (4 MB at fp32)
+
+
+def _depth_to_space_by_matmul(rw: Rewriter, view: str, crd: bool, y: str) -> None:
+    """Column taps interleaved by 0/1 MatMuls over rows (c, a, h) or (a, c, h); only the row
+    interleave (a past h, runs of b*W elements) is a Transpose."""
+    dims = rw.shape(view)
+    n, h, w = dims[0], dims[4], dims[5]
+    b = dims[2]
+    col_axis = 3 if crd else 2
+    rows = [rw.slice(view, col_axis, bb, bb + 1) for bb in range(b)]
+    lead = (n, dims[1], dims[2]) if crd else (n, dims[1], dims[3])        # (c, a) or (a, c)
+    wide = rw.interleave_columns([rw.reshape(r, lead + (h, w)) for r in rows])     # [n, ., ., h, b*w]
+    perm = (0, 1, 3, 2, 4) if crd else (0, 2, 3, 1, 4)                    # -> [n, c, h, a, b*w]
+    rw.reshape(rw.transpose(wide, perm), rw.shape(y), out=y)
 
 
 @importer("SpaceToDepth")

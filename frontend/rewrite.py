@@ -207,6 +207,19 @@ class Rewriter:
         results = [self.reshape(r, (outer, 1, inner)) for r in results]
         return self.reshape(self.concat(results, 1), dims, out)
 
+    def interleave_columns(self, parts: list[str], out: str | None = None) -> str:
+        """[..., W] tensors p_0 .. p_{k-1} -> [..., k*W] with out[..., j*k + b] = p_b[..., j]: a sum of
+        MatMuls with constant 0/1 matrices (no Transpose of the innermost axis)."""
+        width, k = self.shape(parts[0])[-1], len(parts)
+        total = None
+        for b, part in enumerate(parts):
+            spread = np.zeros((width, k * width))
+            spread[np.arange(width), np.arange(width) * k + b] = 1.0
+            last = b == k - 1
+            product = self.matmul(part, self.const(spread), out=out if last and total is None else None)
+            total = product if total is None else self.add(total, product, out=out if last else None)
+        return total
+
     def last_axis(self, kind: OpKind, x: str, axis: int, out: str | None = None, **attrs) -> str:
         """A shape-preserving op that works along the last axis (Softmax ...), applied along `axis`
         by swapping it with the last one (a pure view when every axis after `axis` has size 1)."""
