@@ -170,5 +170,12 @@ def space_to_depth(node: ONode, ctx) -> None:
     x, y = node.input(0), node.outputs[0]
     (n, c, h, w), b = ctx.shape(x), int(node.attr("blocksize"))
     rw = Rewriter(ctx)
+    if w * (w // b) <= INTERLEAVE_MAX_ELEMENTS:
+        # rows: a moved before c (runs of W); columns: de-interleaved by 0/1 MatMuls; taps stacked
+        rows = rw.transpose(rw.reshape(x, (n, c, h // b, b, w)), (0, 3, 1, 2, 4))         # n, a, c, h/b, w
+        parts = rw.deinterleave_columns(rows, b)                                             # n, a, c, h/b, w/b
+        stacked = rw.concat([rw.reshape(p, (n, b, 1, c, h // b, w // b)) for p in parts], 2)
+        rw.reshape(stacked, ctx.shape(y), out=y)
+        return
     moved = rw.transpose(rw.reshape(x, (n, c, h // b, b, w // b, b)), (0, 3, 5, 1, 2, 4))
     rw.reshape(moved, ctx.shape(y), out=y)

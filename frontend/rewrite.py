@@ -220,6 +220,16 @@ class Rewriter:
             total = product if total is None else self.add(total, product, out=out if last else None)
         return total
 
+    def deinterleave_columns(self, x: str, k: int) -> list[str]:
+        """[..., k*W] -> k tensors [..., W] with part_b[..., j] = x[..., j*k + b] (constant 0/1 MatMuls)."""
+        width = self.shape(x)[-1] // k
+        parts = []
+        for b in range(k):
+            pick = np.zeros((k * width, width))
+            pick[np.arange(width) * k + b, np.arange(width)] = 1.0
+            parts.append(self.matmul(x, self.const(pick)))
+        return parts
+
     def last_axis(self, kind: OpKind, x: str, axis: int, out: str | None = None, **attrs) -> str:
         """A shape-preserving op that works along the last axis (Softmax ...), applied along `axis`
         by swapping it with the last one (a pure view when every axis after `axis` has size 1)."""
