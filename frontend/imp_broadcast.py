@@ -3,6 +3,8 @@ Trilu, CumSum."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tpuflow.frontend.onnx_view import ONode
@@ -80,8 +82,9 @@ def trilu(node: ONode, ctx) -> None:
 
 @importer("CumSum", const_inputs=((1, "axis"),))
 def cumsum(node: ONode, ctx) -> None:
-    """A prefix sum along `axis` is a MatMul with a constant triangular 0/1 matrix (the axis moved
-    last first): inclusive / exclusive, forward / reverse."""
+    """A prefix sum along `axis` is a MatMul with a constant triangular 0/1 matrix (on the right for
+    the last axis, on the left of an [outer, n, inner] view otherwise): inclusive / exclusive,
+    forward / reverse."""
     x, y = node.input(0), node.outputs[0]
     if np.dtype(ctx.dtype(x)).kind != "f":
         ctx.unsupported(f"{ctx.dtype(x)} input")
@@ -97,10 +100,10 @@ def cumsum(node: ONode, ctx) -> None:
     if exclusive:
         take &= i != j
     rw = Rewriter(ctx)
-    tri = rw.const(take.astype(np.float64))
-    perm = list(range(rank))
-    perm[axis], perm[-1] = perm[-1], perm[axis]
     if axis == rank - 1:
-        rw.matmul(x, tri, out=y)
+        rw.matmul(x, rw.const(take.astype(np.float64)), out=y)
         return
-    rw.transpose(rw.matmul(rw.transpose(x, perm), tri), perm, out=y)
+    # another axis: the constant on the left, x viewed [outer, n, inner] (no Transpose)
+    view = rw.reshape(x, (math.prod(dims[:axis]), n, math.prod(dims[axis + 1:])))
+    summed = rw.matmul(rw.const(take.T.astype(np.float64)), view)
+    rw.reshape(summed, dims, out=y)

@@ -123,8 +123,10 @@ def test_broadcasts_and_masks(op, inputs, consts, opset, attrs):
 
 
 @pytest.mark.parametrize("matmul", ["tiu", "tile"])
-def test_cumsum_both_matmul_paths(matmul):
-    check(behind_neg(node_model("CumSum", {"x": (3, 16)}, {"a": np.array(-1)}, opset=14)), matmul)
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_cumsum_both_matmul_paths(matmul, axis):
+    """The last axis multiplies by the triangle on the right, another axis on the left."""
+    check(behind_neg(node_model("CumSum", {"x": (3, 16, 5)}, {"a": np.array(axis)}, opset=14, reverse=1)), matmul)
 
 
 # ------------------------------------------------------------------ control flow and typed inputs
