@@ -14,9 +14,10 @@ K = OpKind
 
 UNROLL_AXIS_MAX = 32      # Softmax over a non-last axis of at most this size: elementwise over its slices
 UNROLL_INNER_MIN = 16     # ... when each slice is a contiguous run at least this long (else Transpose)
-REDUCE_UNROLL_MAX = 16    # the same for ReduceSum / Mean / Max over a non-trailing block (measured on sg2260:
-                          # C=4 of 1x4x160x160 49 vs 517 us, C=16 of 1x16x80x80 76 vs 148 us, C=24 of
-                          # 1x24x40x40 72 vs 29 us: the transposed row form wins on longer axes)
+REDUCE_UNROLL_MAX = 16    # the same for ReduceMax over a non-trailing block (measured on sg2260: C=4 of
+                          # 1x4x160x160 49 vs 517 us, C=16 of 1x16x80x80 76 vs 148 us, C=24 of 1x24x40x40
+                          # 72 vs 29 us: the transposed row form wins on longer axes); ReduceSum / Mean
+                          # over a non-trailing block are a MatMul with a constant row of ones instead
 
 
 def square_rows(count: int) -> int:
@@ -155,6 +156,8 @@ class Rewriter:
         if axes == tuple(range(rank - len(axes), rank)):
             return self.op(kind, (x,), final, out, axes=axes, keepdims=keepdims)
         block = axes == tuple(range(axes[0], axes[-1] + 1))
+        if block and kind in (K.REDUCE_SUM, K.REDUCE_MEAN):
+            return self.reshape(self.reduce_by_matmul(kind, x, axes), final, out)
         if block and math.prod(dims[a] for a in axes) <= REDUCE_UNROLL_MAX \
                 and math.prod(dims[axes[-1] + 1:]) >= UNROLL_INNER_MIN:
             return self.reshape(self.reduce_unrolled(kind, x, axes), final, out)
@@ -173,8 +176,18 @@ class Rewriter:
         return [self.reshape(self.slice(view, 1, i, i + 1), (rows, outer * inner // rows)) for i in range(size)], \
             (outer, inner)
 
+    def reduce_by_matmul(self, kind: OpKind, x: str, axes) -> str:
+        """ReduceSum / Mean over a non-trailing block: a constant row of ones (1/n) times the
+        [outer, n, inner] view, shaped [outer, 1, inner] (no Transpose)."""
+        dims = self.shape(x)
+        outer, n, inner = (math.prod(dims[:axes[0]]), math.prod(dims[axes[0]:axes[-1] + 1]),
+                           math.prod(dims[axes[-1] + 1:]))
+        weight = 1.0 / n if kind == K.REDUCE_MEAN else 1.0
+        view = self.reshape(x, (outer, n, inner))
+        return self.matmul(self.const(np.full((1, n), weight)), view)
+
     def reduce_unrolled(self, kind: OpKind, x: str, axes) -> str:
-        """ReduceSum / Mean / Max over a short block of non-trailing axes as an elementwise chain
+        """ReduceMax (or Sum / Mean) over a short block of non-trailing axes as an elementwise chain
         over its slices (no Transpose of the innermost axis); shaped [outer, 1, inner]."""
         parts, (outer, inner) = self.slices_of(x, axes[0], axes[-1])
         step = K.MAX if kind == K.REDUCE_MAX else K.ADD

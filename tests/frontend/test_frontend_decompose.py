@@ -211,11 +211,19 @@ def test_shape_size_range_constant_of_shape_fold_on_static_shapes():
 
 @pytest.mark.parametrize("op", ["ReduceMean", "ReduceMax", "ReduceSum", "ReduceL2", "ReduceMin"])
 @pytest.mark.parametrize("keepdims", [0, 1])
-def test_channel_reductions_are_elementwise_chains(op, keepdims):
-    """A short non-trailing block (channels of a spatial-attention map) over long slices: no Transpose."""
+def test_channel_reductions_need_no_transpose(op, keepdims):
+    """A non-trailing block (channels of a spatial-attention map): sums are a MatMul with a row of
+    ones, a short max an elementwise chain over the slices."""
     consts, attrs = ({"axes": np.array([1])}, {}) if op == "ReduceSum" else ({}, {"axes": [1]})
     graph = check(node_model(op, {"x": (2, 8, 6, 5)}, consts, opset=13, keepdims=keepdims, **attrs))
     assert "Transpose" not in kinds(graph) and not any(k.startswith("Reduce") for k in kinds(graph))
+    assert ("MatMul" in kinds(graph)) == (op in ("ReduceMean", "ReduceSum", "ReduceL2"))
+
+
+@pytest.mark.parametrize("shape,axes", [((2, 40, 6, 5), [1]), ((3, 4, 5, 6), [1, 2]), ((64, 3, 7), [0])])
+def test_sums_over_long_non_trailing_blocks_are_matmuls(shape, axes):
+    graph = check(node_model("ReduceMean", {"x": shape}, axes=axes, keepdims=0, opset=13))
+    assert "MatMul" in kinds(graph) and "Transpose" not in kinds(graph)
 
 
 @pytest.mark.parametrize("opset,split", [(13, [2, 3, 1]), (11, None), (18, None)])
