@@ -287,3 +287,8 @@ def test_unrolled_scan_verifies():
 def test_conv_transpose_interleave_on_both_matmul_paths(matmul):
     consts = {"w": weights(rng, 8, 4, 2, 2), "b": weights(rng, 4)}
     check(behind_neg(node_model("ConvTranspose", {"x": (1, 8, 6, 7)}, consts, strides=[2, 2])), matmul)
+
+
+@pytest.mark.parametrize("matmul", ["tiu", "tile"])
+def test_sum_over_a_middle_axis_on_both_matmul_paths(matmul):
+    check(behind_neg(node_model("ReduceMean", {"x": (2, 40, 6, 5)}, axes=[1], keepdims=0, opset=13)), matmul)
