@@ -35,13 +35,29 @@ def tiu_matmul_emitter(ctx: LowerCtx, group: Group):
 
 def _tiu_matmul_ports(graph: Graph, group: Group, chip: ChipConfig) -> tuple[set[str], set[str]]:
     """MM2 groups keep activations in LMEM; single-row products (the GEMV path) use DDR."""
-    out = graph.tensor(group.anchor.outputs[0]).shape
-    if len(out) < 2 or out[-2] == 1:
-        return set(), set()
+    a = graph.tensor(group.anchor.inputs[0]).shape
+    if len(a) < 2 or (group.anchor.attr("a_perm") is None and a[-2] == 1):
+        return {}, {}
     return MatmulEmitter.resident_ports(graph, group, chip)
 
 
 tiu_matmul_emitter.resident_ports = _tiu_matmul_ports
+
+
+class LmemViewEmitter:
+    """A Reshape whose input and output are one LMEM buffer (layer groups): nothing to emit."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group = ctx, group
+
+    def emit(self) -> None:
+        self.ctx.note_layer(self.group.anchor.name, self.group.anchor.op_type, group=self.group.name)
+
+
+def view_emitter(ctx: LowerCtx, group: Group):
+    if ctx.resident(group.anchor.outputs[0]) is not None:
+        return LmemViewEmitter(ctx, group)
+    return ViewEmitter(ctx, group)
 
 
 def move_emitter(ctx: LowerCtx, group: Group):
@@ -57,7 +73,7 @@ if hasattr(MoveEmitter, "scratch_bytes"):
 
 
 TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": tiu_matmul_emitter, "pool": PoolEmitter,
-                "lrn": LrnEmitter, "move": move_emitter, "view": ViewEmitter}
+                "lrn": LrnEmitter, "move": move_emitter, "view": view_emitter}
 
 
 def emitter_for(group: Group, options: CompileOptions):
@@ -76,10 +92,11 @@ def scratch_bytes(graph: Graph, groups: list[Group], options: CompileOptions) ->
     return need
 
 
-def resident_ports(graph: Graph, group: Group, chip: ChipConfig, options: CompileOptions) -> tuple[set[str], set[str]]:
-    """(activations the group's emitter can read from LMEM, those it can write there)."""
+def resident_ports(graph: Graph, group: Group, chip: ChipConfig,
+                   options: CompileOptions) -> tuple[dict[str, str], dict[str, str]]:
+    """({activation: layout} the group's emitter can read from LMEM, those it can write there)."""
     ports = getattr(emitter_for(group, options), "resident_ports", None)
-    return ports(graph, group, chip) if ports is not None else (set(), set())
+    return ports(graph, group, chip) if ports is not None else ({}, {})
 
 
 def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions) -> ResidencyPlan:

@@ -109,7 +109,8 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
 
     for index, group in enumerate(groups):
         if group.kind == "view":
-            _alias_view(graph, group, tensors)
+            if group.anchor.outputs[0] not in in_lmem:
+                _alias_view(graph, group, tensors)
         else:
             for name in group.stored:
                 if name not in tensors and name not in in_lmem:

@@ -22,7 +22,7 @@ RESIDENT_SHARE = 0.5
 
 MAX_GROUP_STRIDE = 1 << 15     # TIU n/c stride fields are 16-bit signed (sg2260_regs.json)
 
-Ports = Callable[[Graph, Group], tuple[set[str], set[str]]]
+Ports = Callable  # (group) -> ({tensor: layout it can read from LMEM}, {tensor: layout it can write there})[[Graph, Group], tuple[set[str], set[str]]]
 
 
 @dataclass(frozen=True)
@@ -39,18 +39,20 @@ class ResidentTensor:
     last: int            # index of the last consuming group
     inside: str | None = None   # the Concat output whose buffer this tensor is a channel slice of
     row0: int = 0               # slice buffers: the first row of the tensor held (views take global rows)
+    layout: str = "nchw"        # NCHW, or MATRIX: (1, rows, 1, cols) with the leading dims in the rows
 
     def tile(self, chip: ChipConfig) -> LTile:
         return make_tile(chip, self.addr, self.shape, self.prec)
 
-    def view(self, chip: ChipConfig, n: int, c0: int, c: int, h0: int, h: int, w: int | None = None) -> LTile:
-        """Sample n, channels [c0, c0+c), rows [h0, h0+h) and the first `w` columns, as a
-        free-strided tile over the resident buffer."""
+    def view(self, chip: ChipConfig, n: int, c0: int, c: int, h0: int, h: int, w: int | None = None,
+             w0: int = 0) -> LTile:
+        """Sample n, channels [c0, c0+c), rows [h0, h0+h) and columns [w0, w0+w) (all when w is
+        None), as a tile over the resident buffer."""
         whole = self.tile(chip)
         sub = whole.sub_channels(c0, c, chip)
         st = whole.strides
         h0 = self._local_row(h0, h)
-        addr = sub.addr + (n * st[0] + h0 * st[2]) * self.prec.bytes
+        addr = sub.addr + (n * st[0] + h0 * st[2] + w0) * self.prec.bytes
         return _as_aligned(chip, LTile(addr, (1, c, h, self.shape[3] if w is None else w), self.prec,
                                        (0, self._group_stride(chip, sub, c), st[2], st[3]), StrideMode.FREE))
 
@@ -171,13 +173,18 @@ class ResidencyPlan:
         return out
 
 
-def resident_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
-    """The 4-D layout an activation is kept in: NCHW as it is (channels on lanes); a matrix
-    [..., rows, cols] as (1, rows, 1, cols) with its leading dims folded into the rows (rows on
-    lanes, as MatMul and row groups use it); None when it has no such layout here."""
-    if len(shape) == 4 and shape[0] == 1:
-        return tuple(shape)
-    if 2 <= len(shape) <= 3:
+NCHW, MATRIX = "nchw", "matrix"     # the two layouts an activation can be kept in
+
+
+def resident_shape(shape: tuple[int, ...], layout: str | None = None) -> tuple[int, int, int, int] | None:
+    """The 4-D LMEM shape of an activation in `layout`: NCHW as it is (axis 1 on lanes, N = 1); a
+    matrix [..., rows, cols] as (1, rows, 1, cols) with its leading dims folded into the rows
+    (rows on lanes, as MatMul and row groups use it). Without a layout: NCHW for 4-D tensors,
+    matrix otherwise. None when the tensor has no such layout."""
+    layout = layout or (NCHW if len(shape) == 4 else MATRIX)
+    if layout == NCHW:
+        return tuple(shape) if len(shape) == 4 and shape[0] == 1 else None
+    if len(shape) >= 2:
         rows = 1
         for d in shape[:-1]:
             rows *= d
@@ -211,6 +218,11 @@ class _Inputs:
     producer: dict[str, int]
     consumers: dict[str, tuple[int, ...]]
     eligible: Callable[[str], bool]
+    layouts: dict[str, str]                   # tensor -> the layout its producer writes
+    aliases: list[tuple[str, str]]            # (Reshape input, output) sharing one LMEM buffer
+
+    def shape_of(self, name: str) -> tuple[int, int, int, int]:
+        return resident_shape(self.graph.tensor(name).shape, self.layouts.get(name))
 
 
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
@@ -226,18 +238,29 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
     top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
     budget = int((top - lo) * RESIDENT_SHARE) // chip.bank_bytes * chip.bank_bytes
     producer, consumers = _producers_and_consumers(graph, groups)
-    readable, writable = zip(*(ports(g) for g in groups)) if groups else ((), ())
+    readable, writable = [list(x) for x in zip(*(ports(g) for g in groups))] if groups else ([], [])
+    aliases = _view_aliases(graph, groups, readable, writable, producer, consumers)
+    family: dict[str, set[str]] = {}
+    for a, b in aliases:                       # a Reshape input and all its Reshape outputs
+        members = family.setdefault(a, {a}) | {b}
+        for t in members:
+            family[t] = members
+
+    def alone_eligible(name: str) -> bool:
+        users = consumers.get(name, ())
+        layout = writable[producer[name]].get(name) if name in producer else None
+        shape = resident_shape(graph.tensor(name).shape, layout) if layout else None
+        return (bool(users) and name not in graph.outputs and shape is not None
+                and ResidentTensor(name, shape, prec, 0, 0, 0, 0).strides_fit(chip)
+                and all(readable[j].get(name) == layout for j in users))
 
     def eligible(name: str) -> bool:
-        users = consumers.get(name, ())
-        shape = resident_shape(graph.tensor(name).shape)
-        return (bool(users) and name not in graph.outputs and name in producer and shape is not None
-                and ResidentTensor(name, shape, prec, 0, 0, 0, 0).strides_fit(chip)
-                and name in writable[producer[name]] and all(name in readable[j] for j in users))
+        return all(alone_eligible(t) for t in family.get(name, {name}))
 
-    inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible)
+    layouts = {t: writable[p].get(t) for t, p in producer.items() if writable[p].get(t)}
+    inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible, layouts, aliases)
     plan = _place(inputs, [])
-    rejected = {t for t in producer if eligible(t) and t not in plan.tensors}
+    rejected = {t for t in producer if eligible(t) and t not in plan.tensors and t not in family}
     regions: list[SlicedRegion] = []
     for members, held in _slicing_candidates(inputs, rejected):
         if members[0] in unsliced:
@@ -334,16 +357,26 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
                 first, last = min(first, r.first), max(last, r.last)
         return first, last
 
+    aliased = {t for pair in inputs.aliases for t in pair}     # placed together or not at all
     units = [u for u in _concat_units(graph, inputs.groups, chip, inputs.producer, inputs.consumers,
-                                      lambda t: t not in held and inputs.eligible(t))]
+                                      lambda t: t not in held and t not in aliased and inputs.eligible(t))]
     for u in units:
         u.members = [(n, c0, *life(n, f, l)) for n, c0, f, l in u.members]
         u.first, u.last = min(m[2] for m in u.members), max(m[3] for m in u.members)
     claimed = {m[0] for u in units for m in u.members}
+    sources = dict.fromkeys(a for a, _ in inputs.aliases)
+    for a in sources:
+        names = [a] + [b for x, b in inputs.aliases if x == a]
+        if any(t in claimed or t in held for t in names) or not inputs.eligible(a):
+            continue
+        lives = [life(t, inputs.producer[t], max(inputs.consumers[t])) for t in names]
+        units.append(_Unit(inputs.shape_of(a), min(f for f, _ in lives), max(l for _, l in lives),
+                           [(t, 0, *lf) for t, lf in zip(names, lives)]))
+        claimed |= set(names)
     for name in inputs.producer:
-        if name not in claimed and name not in held and inputs.eligible(name):
+        if name not in claimed and name not in held and name not in aliased and inputs.eligible(name):
             first, last = life(name, inputs.producer[name], max(inputs.consumers[name]))
-            units.append(_Unit(resident_shape(graph.tensor(name).shape), first, last, [(name, 0, first, last)]))
+            units.append(_Unit(inputs.shape_of(name), first, last, [(name, 0, first, last)]))
     for name, r in held.items():
         n, c, h, w = graph.tensor(name).shape
         units.append(_Unit((1, c, r.capacity(name), w), r.first, r.last, [(name, 0, r.first, r.last)], sliced=True))
@@ -361,12 +394,41 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
         base = make_tile(chip, top - offset - size, unit.shape, prec)
         owner = unit.members[0][0]
         for name, c0, first, last in unit.members:
-            shape = unit.shape if unit.sliced else resident_shape(graph.tensor(name).shape)
+            shape = unit.shape if unit.sliced else inputs.shape_of(name)
             addr = base.sub_channels(c0, shape[1], chip).addr
             plan.tensors[name] = ResidentTensor(name, shape, prec, addr, size if name == owner else 0, first, last,
-                                                None if name == owner else owner)
+                                                None if name == owner else owner,
+                                                layout=inputs.layouts.get(name, NCHW))
             plan.consumers[name] = inputs.consumers[name]
     return plan
+
+
+def _view_aliases(graph: Graph, groups: list[Group], readable: list[dict], writable: list[dict],
+                  producer: dict[str, int], consumers: dict[str, tuple[int, ...]]) -> list[tuple[str, str]]:
+    """Reshapes whose input and output are the same bytes in LMEM in the layouts their producer
+    and consumers use (same lanes, same elements per lane: e.g. a [1, S, H*D] matrix and its
+    [1, S, H, D] NCHW view): the Reshape then becomes a second name for the same buffer. The
+    view group is recorded as reading and writing those layouts."""
+    out = []
+    for v, group in enumerate(groups):
+        if group.kind != "view":
+            continue
+        a, b = group.anchor.inputs[0], group.anchor.outputs[0]
+        users = consumers.get(b, ())
+        if a not in producer or groups[producer[a]].kind == "view" or not users or b in graph.outputs:
+            continue
+        la = writable[producer[a]].get(a)
+        lbs = {readable[j].get(b) for j in users}
+        if la is None or len(lbs) != 1 or None in lbs or any(groups[j].kind == "view" for j in users):
+            continue
+        lb = lbs.pop()
+        sa, sb = resident_shape(graph.tensor(a).shape, la), resident_shape(graph.tensor(b).shape, lb)
+        if sa is None or sb is None or sa[1] != sb[1] or sa[2] * sa[3] != sb[2] * sb[3]:
+            continue
+        readable[v] = dict(readable[v], **{a: la})
+        writable[v] = dict(writable[v], **{b: lb})
+        out.append((a, b))
+    return out
 
 
 def _concat_units(graph: Graph, groups: list[Group], chip: ChipConfig, producer, consumers,
@@ -385,7 +447,7 @@ def _concat_units(graph: Graph, groups: list[Group], chip: ChipConfig, producer,
                 members.append((x, offset, producer[x], j))
                 claimed.add(x)
             offset += graph.tensor(x).shape[1]
-        units.append(_Unit(resident_shape(graph.tensor(out).shape), min(m[2] for m in members),
+        units.append(_Unit(resident_shape(graph.tensor(out).shape, NCHW), min(m[2] for m in members),
                            members[0][3], members))
     return units
 

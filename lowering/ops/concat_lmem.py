@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.groups import Group
-from tpuflow.lowering.layergroup import is_lmem_concat
+from tpuflow.lowering.layergroup import NCHW, is_lmem_concat
 
 
-def concat_ports(graph, group: Group, chip) -> tuple[set[str], set[str]]:
+def concat_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
     """A channel Concat reads any runtime input (not another Concat's output) and writes its
     output to LMEM."""
     if not is_lmem_concat(graph, group):
-        return set(), set()
+        return {}, {}
     node = group.anchor
     made_by_concat = {t for t in node.inputs if graph.producer(t) is not None and graph.producer(t).op_type == "Concat"}
-    readable = {t for t in node.inputs if not graph.tensor(t).is_const and t not in made_by_concat}
-    return readable, {node.outputs[0]}
+    readable = {t: NCHW for t in node.inputs if not graph.tensor(t).is_const and t not in made_by_concat}
+    return readable, {node.outputs[0]: NCHW}
 
 
 def uses_lmem(ctx: LowerCtx, group: Group) -> bool:

@@ -14,6 +14,7 @@ from tpuflow.isa import ConvTiu, PordTiu, Prec, StrideMode
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitter import f32_bits
 from tpuflow.lowering.groups import Group
+from tpuflow.lowering.layergroup import NCHW
 from tpuflow.lowering.ops.epilogue import Epilogue, full_epilogue_operands
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps, steps_between
@@ -124,7 +125,7 @@ class ConvEmitter:
             self.weights = self.weights.reshape(geo.cout, geo.cin * geo.kh, 1, geo.kw)
 
     @staticmethod
-    def resident_ports(graph, group: Group, chip) -> tuple[set[str], set[str]]:
+    def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
         """Plain and depthwise convs read their input and full-size epilogue operands from LMEM
         and write their result there (every channel tile then starts on lane 0)."""
         node = group.anchor
@@ -132,9 +133,9 @@ class ConvEmitter:
         cout = graph.tensor(node.inputs[1]).shape[0]
         groups = node.attr("group", 1)
         if not (groups == 1 or groups == cin == cout):
-            return set(), set()
+            return {}, {}
         readable = {node.inputs[0]} | full_epilogue_operands(graph, group)
-        return readable, {group.nodes[-1].outputs[0]}
+        return dict.fromkeys(readable, NCHW), {group.nodes[-1].outputs[0]: NCHW}
 
     # ------------------------------------------------------------ public
     def emit(self) -> None:

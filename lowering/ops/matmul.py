@@ -118,43 +118,73 @@ class MatmulGroup:
         self.result = self.epi.output
 
 
-def _matrix_rows_aligned(graph, node, lanes: int) -> bool:
-    """A's and Y's rows are the rows of their resident matrix layout, and every M tile of every
-    batch starts on lane 0 (one batch, or M a multiple of the lane count)."""
-    a = graph.tensor(node.inputs[0]).shape
-    y = graph.tensor(node.outputs[0]).shape
-    batch = 1
-    for d in y[:-2]:
-        batch *= d
-    m = y[-2] if len(y) >= 2 else 1
-    return (len(a) in (2, 3) and len(y) in (2, 3) and node.attr("a_perm") is None and node.attr("y_perm") is None
-            and (batch == 1 or m % lanes == 0))
+HEADS_PERM = (0, 2, 1, 3)      # [1, S, H, D] <-> [1, H, S, D]: attention heads folded into a MatMul's batch
+KEYS_PERM = (0, 2, 3, 1)       # [1, S, H, D] -> [1, H, D, S]: keys transposed for Q K^T
+
+
+def _batch_and_rows(graph, node) -> tuple[int, int]:
+    """(batch count, M) of the product (not of its stored, possibly transposed, output)."""
+    from types import SimpleNamespace
+    geom = matmul_geometry(SimpleNamespace(graph=graph), node)
+    return geom.batch_count, geom.m
+
+
+def _operand_layout(graph, tensor: str, perm, rows_axis_last: bool) -> str | None:
+    """How a runtime MatMul operand can be read from LMEM: a contiguous matrix (rows on lanes),
+    or an NCHW [1, S, H, D] tensor read head by head through a folded transpose, its tile rows on
+    the lanes (axis 1) and its columns along them (axis 3)."""
+    from tpuflow.lowering.layergroup import MATRIX, NCHW
+    info = graph.tensor(tensor)
+    if info.is_const or len(info.shape) < 2:
+        return None
+    if perm is None:
+        return MATRIX
+    perm = tuple(perm)
+    if len(info.shape) == 4 and info.shape[0] == 1:
+        return NCHW if perm == (KEYS_PERM if rows_axis_last else HEADS_PERM) else None
+    return None
 
 
 class MatmulEmitter(MatmulGroup):
     @staticmethod
-    def resident_ports(graph, group: Group, chip) -> tuple[set[str], set[str]]:
-        """A (runtime, untransposed, rows contiguous) and full-size epilogue operands are read
-        from LMEM, and the result written there, when their matrix layout is the one MM2 uses
-        (rows on lanes) and every M tile starts on lane 0."""
-        from tpuflow.lowering.layergroup import resident_shape
+    def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
+        """Which operands can be read from LMEM and in which layout (MM2 reads a contiguous
+        matrix with rows on lanes in place; head-major views of [1, S, H, D] tensors are copied
+        lane by lane into a working tile), and whether the result can be written there (a
+        matrix, or [1, S, H, D] through the heads transpose); every M tile starts on lane 0."""
+        from tpuflow.lowering.layergroup import MATRIX, NCHW
         from tpuflow.lowering.ops.epilogue import full_epilogue_operands
         node = group.anchor
-        if not _matrix_rows_aligned(graph, node, chip.lanes):
-            return set(), set()
-        y = graph.tensor(group.nodes[-1].outputs[0]).shape
-        readable = {t for t in full_epilogue_operands(graph, group) if len(graph.tensor(t).shape) in (2, 3)}
-        a = node.inputs[0]
-        if not graph.tensor(a).is_const and resident_shape(graph.tensor(a).shape) is not None:
-            readable.add(a)
-        return readable, ({group.nodes[-1].outputs[0]} if len(y) in (2, 3) else set())
+        batch, m = _batch_and_rows(graph, node)
+        if batch > 1 and m % chip.lanes:
+            return {}, {}
+        a, b = node.inputs[0], node.inputs[1]
+        readable = {}
+        a_layout = _operand_layout(graph, a, node.attr("a_perm"), False)
+        if a_layout is not None:
+            readable[a] = a_layout
+        b_perm = node.attr("b_perm")
+        if b_perm is not None and _operand_layout(graph, b, b_perm, tuple(b_perm) == KEYS_PERM) == NCHW:
+            readable[b] = NCHW
+        y_perm = node.attr("y_perm")
+        out = group.nodes[-1].outputs[0]
+        writable = {}
+        if y_perm is None:
+            writable[out] = MATRIX
+            readable.update(dict.fromkeys(full_epilogue_operands(graph, group), MATRIX))
+        elif tuple(y_perm) == HEADS_PERM and len(graph.tensor(out).shape) == 4:
+            writable[out] = NCHW
+        return readable, writable
 
     def __init__(self, ctx: LowerCtx, group: Group):
+        from tpuflow.lowering.layergroup import NCHW
         super().__init__(ctx, group)
         self.a_res = ctx.resident(self.node.inputs[0])           # layer groups: operands kept in LMEM
+        self.b_res = ctx.resident(self.node.inputs[1])
         self.y_res = ctx.resident(self.result)
+        self.a_copied = self.a_res is not None and self.a_res.layout == NCHW   # read through a working tile
         self.a_addr = None if self.a_res else self._operand_addr(self.node.inputs[0])
-        self.b_addr = self._operand_addr(self.node.inputs[1])
+        self.b_addr = None if self.b_res else self._operand_addr(self.node.inputs[1])
 
     def _operand_addr(self, tensor: str) -> int:
         info = self.ctx.graph.tensor(tensor)
@@ -170,7 +200,7 @@ class MatmulEmitter(MatmulGroup):
         chip, prec, geo = self.chip, self.ctx.prec, self.geom
         split = kt < geo.k
         res = [tile_bytes_per_lane(chip, self._r_shape(geo.k, geo.n), prec)] if r_resident else []
-        load = [0 if self.a_res else tile_bytes_per_lane(chip, (1, mt, 1, kt), prec)]
+        load = [0 if self.a_res and not self.a_copied else tile_bytes_per_lane(chip, (1, mt, 1, kt), prec)]
         if not r_resident:
             load.append(tile_bytes_per_lane(chip, self._r_shape(kt, nt), prec))
         out_shape = (1, mt, 1, nt)
@@ -188,7 +218,7 @@ class MatmulEmitter(MatmulGroup):
         m_opts = sorted({min(geo.m, lanes * i) for i in range(1, -(-geo.m // lanes) + 1)}, reverse=True)
         n_opts = sorted({geo.n} | {min(geo.n, eu * 2 ** i) for i in range(12)}, reverse=True)
         k_opts = sorted({geo.k} | {min(geo.k, lanes * 2 ** i) for i in range(10)}, reverse=True)
-        if self.a_res is not None:
+        if self.a_res is not None and not self.a_copied:
             k_opts = [geo.k]           # MM2 reads A with its aligned row stride: whole rows only
         for copies in (2, 1):
             for kt in k_opts:
@@ -219,7 +249,7 @@ class MatmulEmitter(MatmulGroup):
             a_off, b_off, y_off = geo.offsets(b)
             if self.r_res and b_off != loaded_b:
                 ctx.em.layer = self.node.name
-                ctx.em.load(self.r_tile, self._b_region(b_off, 0, geo.k, 0, geo.n))
+                self._fetch_b(self.r_tile, b, b_off, 0, geo.k, 0, geo.n)
                 loaded_b = b_off
             out_tiles = [(m0, m, n0, n) for m0, m in steps(geo.m, self.mt) for n0, n in steps(geo.n, self.nt)]
             work = [(ti, t, ks) for ti, t in enumerate(out_tiles) for ks in range(len(k_steps))]
@@ -242,6 +272,15 @@ class MatmulEmitter(MatmulGroup):
             return DRegion(self.b_addr + (b_off + n0 * rs + k0) * prec.bytes, (1, nt, 1, kt), (nt * rs, rs, kt, 1), prec)
         return DRegion(self.b_addr + (b_off + k0 * rs + n0) * prec.bytes, (1, kt, 1, nt), (kt * rs, rs, nt, 1), prec)
 
+    def _fetch_b(self, dst: LTile, b: int, b_off: int, k0: int, kt: int, n0: int, nt: int) -> None:
+        """B's tile for batch b from DDR, or copied lane by lane from its LMEM-resident [1, S, H, D]
+        buffer (tile rows = S on lanes, head b, columns along D)."""
+        if self.b_res is None:
+            self.ctx.em.load(dst, self._b_region(b_off, k0, kt, n0, nt))
+            return
+        rows0, rows, cols0, cols = (n0, nt, k0, kt) if self.geom.b.transposed else (k0, kt, n0, nt)
+        self.ctx.em.ar("copy", dst, self.b_res.view(self.chip, 0, rows0, rows, b, 1, cols, cols0))
+
     def _r_shape(self, kt: int, nt: int) -> tuple[int, int, int, int]:
         return (1, nt, 1, kt) if self.geom.b.transposed else (1, kt, 1, nt)
 
@@ -257,8 +296,11 @@ class MatmulEmitter(MatmulGroup):
         em.layer = self.node.name
         if self.a_res is None:
             em.load(make_tile(chip, self.load_sets[s][0], (1, mt, 1, kt), prec), self._a_region(a_off, m0, mt, k0, kt))
+        elif self.a_copied:
+            em.ar("copy", make_tile(chip, self.load_sets[s][0], (1, mt, 1, kt), prec),
+                  self.a_res.view(chip, 0, m0, mt, b, 1, kt, k0))
         if not self.r_res:
-            em.load(make_tile(chip, self.load_sets[s][1], self._r_shape(kt, nt), prec), self._b_region(b_off, k0, kt, n0, nt))
+            self._fetch_b(make_tile(chip, self.load_sets[s][1], self._r_shape(kt, nt), prec), b, b_off, k0, kt, n0, nt)
         if ks == len(k_steps) - 1 and self.epi.full:
             out_offs = self.out_sets[ti % len(self.out_sets)]
             self.epi.load_tile(out_offs[1:], (1, mt, 1, nt), lambda addr: self._y_region(addr, y_off, m0, mt, n0, nt))
@@ -271,7 +313,7 @@ class MatmulEmitter(MatmulGroup):
         split = len(k_steps) > 1
         out_offs = self.out_sets[ti % len(self.out_sets)]
         res = make_tile(chip, out_offs[0], (1, mt, 1, nt), self._res_prec(split))
-        if self.a_res is not None:
+        if self.a_res is not None and not self.a_copied:
             left = self.a_res.rows_view(chip, a_off // geo.k + m0, mt, 0, kt)
         else:
             left = make_tile(chip, self.load_sets[s][0], (1, mt, 1, kt), prec)
@@ -292,7 +334,10 @@ class MatmulEmitter(MatmulGroup):
                 value = self.epi.apply(res, out_offs[1:], row0, n0, window)
             em.layer = self.group.nodes[-1].name
             if self.y_res is not None:                # layer groups: the result stays in LMEM
-                em.ar("copy", self.y_res.rows_view(chip, row0, mt, n0, nt), value)
+                from tpuflow.lowering.layergroup import NCHW
+                dst = (self.y_res.view(chip, 0, m0, mt, b, 1, nt, n0) if self.y_res.layout == NCHW
+                       else self.y_res.rows_view(chip, row0, mt, n0, nt))
+                em.ar("copy", dst, value)
                 return
             if value.prec != prec:
                 stage = make_tile(chip, out_offs[-1], value.shape, prec)

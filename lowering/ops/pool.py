@@ -11,6 +11,7 @@ from tpuflow.isa import PordTiu, Prec, StrideMode
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitter import f32_bits
 from tpuflow.lowering.groups import Group
+from tpuflow.lowering.layergroup import NCHW
 from tpuflow.lowering.ops.conv import ConvGeom
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps, steps_between
@@ -62,8 +63,8 @@ class PoolEmitter:
         self.out_res = ctx.resident(self.node.outputs[0])
 
     @staticmethod
-    def resident_ports(graph, group: Group, chip) -> tuple[set[str], set[str]]:
-        return {group.anchor.inputs[0]}, {group.anchor.outputs[0]}
+    def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
+        return {group.anchor.inputs[0]: NCHW}, {group.anchor.outputs[0]: NCHW}
 
     def _sizes(self, ct: int, ht: int) -> list[int]:
         geo, chip, prec = self.geom, self.chip, self.ctx.prec

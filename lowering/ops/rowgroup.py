@@ -13,6 +13,7 @@ from tpuflow.lowering import ewise, mathops
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.ewise import ROW_NORMALIZE, ROW_REDUCE, SCRATCH_NEED, Kind, classify
 from tpuflow.lowering.groups import Group
+from tpuflow.lowering.layergroup import MATRIX, NCHW
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import largest_fitting, pipelined, steps, steps_between
 
@@ -158,25 +159,25 @@ class SetLayout:
         return self.row_index(self.row + self.stage)
 
 
-def rows_layout_matches(shape: tuple[int, ...], full_shape: tuple[int, ...], split: int) -> bool:
-    """Whether a tensor's resident layout (layergroup.resident_shape) is this group's rows x
-    columns view: NCHW cut after C, or a matrix cut before its last dim."""
+def rows_layout(shape: tuple[int, ...], full_shape: tuple[int, ...], split: int) -> str | None:
+    """The resident layout (layergroup.resident_shape) that is this group's rows x columns view
+    of a tensor: NCHW cut after C, or a matrix cut before its last dim; None if neither."""
     if tuple(shape) != tuple(full_shape):
-        return False
-    if len(shape) == 4:
-        return shape[0] == 1 and split == 2
-    return 2 <= len(shape) <= 3 and split == len(shape) - 1
+        return None
+    if len(shape) == 4 and shape[0] == 1 and split == 2:
+        return NCHW
+    return MATRIX if len(shape) >= 2 and split == len(shape) - 1 else None
 
 
 class RowGroupEmitter:
     @staticmethod
-    def resident_ports(graph, group: Group, chip) -> tuple[set[str], set[str]]:
+    def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
         """Full-size runtime inputs and stored outputs whose resident layout is the group's view."""
         made = group.produced()
-        matches = lambda t: rows_layout_matches(graph.tensor(t).shape, group.full_shape, group.split)  # noqa: E731
-        readable = {t for n in group.nodes for t in n.inputs
-                    if t and t not in made and not graph.tensor(t).is_const and matches(t)}
-        return readable, {t for t in group.stored if matches(t)}
+        layout = lambda t: rows_layout(graph.tensor(t).shape, group.full_shape, group.split)  # noqa: E731
+        readable = {t: layout(t) for n in group.nodes for t in n.inputs
+                    if t and t not in made and not graph.tensor(t).is_const and layout(t)}
+        return readable, {t: layout(t) for t in group.stored if layout(t)}
 
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group, self.chip = ctx, group, ctx.chip
