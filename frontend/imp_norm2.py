@@ -14,13 +14,26 @@ from tpuflow.frontend.rewrite import Rewriter
 
 K = OpKind
 MVN_EPSILON = 1e-9           # the ONNX function body of MeanVarianceNormalization adds it to the std
+LAYER_NORM_MAX_ROW = 8192    # longer rows (instance / group norm of large maps) take the MatMul-moment form
 
 
 def _normalize_rows(rw: Rewriter, x: str, rows_shape: tuple[int, ...], epsilon: float) -> str:
-    """x viewed as rows_shape, normalised over its last axis (LayerNormalization, unit scale)."""
+    """x viewed as rows_shape, normalised over its last axis: LayerNormalization (unit scale) for
+    rows up to LAYER_NORM_MAX_ROW, else moments by MatMuls with a column of 1/n (any length)."""
     flat = rw.reshape(x, rows_shape)
-    ones = rw.const(np.ones(rows_shape[-1:]))
-    return rw.op(K.LAYER_NORM, (flat, ones), rows_shape, axis=len(rows_shape) - 1, epsilon=float(epsilon))
+    length = rows_shape[-1]
+    if length <= LAYER_NORM_MAX_ROW:
+        ones = rw.const(np.ones(rows_shape[-1:]))
+        return rw.op(K.LAYER_NORM, (flat, ones), rows_shape, axis=len(rows_shape) - 1, epsilon=float(epsilon))
+    chunks = next(k for k in range(2, length + 1) if length % k == 0 and length // k <= LAYER_NORM_MAX_ROW)
+    rows = math.prod(rows_shape[:-1])
+    view = rw.reshape(flat, (rows, chunks, length // chunks))
+    def mean(t: str) -> str:                           # equal chunks: the mean of the chunk means
+        per_chunk = rw.reduce(K.REDUCE_MEAN, t, (2,), keepdims=False)
+        return rw.reshape(rw.reduce(K.REDUCE_MEAN, per_chunk, (1,), keepdims=False), (rows, 1, 1))
+    centered = rw.sub(view, mean(view))
+    inverse = rw.unary(K.RECIPROCAL, rw.unary(K.SQRT, rw.add(mean(rw.mul(centered, centered)), float(epsilon))))
+    return rw.reshape(rw.mul(centered, inverse), rows_shape)
 
 
 def _channel_affine(rw: Rewriter, x: str, scale: np.ndarray | str, bias: np.ndarray | str, out: str) -> str:

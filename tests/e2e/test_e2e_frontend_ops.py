@@ -97,6 +97,7 @@ NORMS = [
     ("MeanVarianceNormalization", {"x": (2, 4, 3, 3)}, {}, 13, {}),
     ("LpNormalization", {"x": (2, 4, 3)}, {}, 13, dict(axis=1, p=2)),
     ("LpNormalization", {"x": (2, 4, 3)}, {}, 13, dict(axis=-1, p=1)),
+    ("InstanceNormalization", {"x": (1, 3, 96, 96)}, {"s": weights(rng, 3), "b": weights(rng, 3)}, 13, {}),   # long rows
 ]
 
 

@@ -244,3 +244,12 @@ def test_split_with_unused_outputs_becomes_slices(opset, split):
     m.graph.output[0].CopyFrom(vi("y", [2, split[1] if split else 2, 4]))
     graph = check(m)
     assert kinds(graph) == ["Slice", "Sigmoid"]
+
+
+@pytest.mark.parametrize("op,attrs,consts", [
+    ("InstanceNormalization", {}, {"s": np.linspace(0.5, 1.5, 3, dtype=np.float32), "b": np.zeros(3, np.float32)}),
+    ("GroupNormalization", {"num_groups": 1}, {"s": np.ones(3, np.float32), "b": np.zeros(3, np.float32)})])
+def test_norms_of_rows_longer_than_a_layer_norm_row(op, attrs, consts):
+    """96 x 96 maps (9216 > 8192 elements a row): moments as the mean of per-chunk means."""
+    graph = check(node_model(op, {"x": (1, 3, 96, 96)}, consts, opset=21, **attrs))
+    assert "LayerNormalization" not in kinds(graph) and "ReduceMean" in kinds(graph)
