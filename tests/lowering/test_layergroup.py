@@ -129,3 +129,15 @@ def test_manifest_records_layer_groups(tmp_path):
 def test_layer_group_programs_match_onnxruntime(model, dtype, layer_group):
     result = verify(model, "sg2260", CompileOptions(dtype=dtype, layer_group=layer_group), race_check=True)
     assert result["ok"], result
+
+
+def test_transformer_attention_stays_in_lmem_and_reshapes_alias_their_input():
+    chip, graph, groups, plan = _plan("bert_layer", "fp16")
+    q, q_heads = plan.tensors["attention/query/bias"], plan.tensors["attention/q/reshape"]
+    assert (q.layout, q_heads.layout) == ("matrix", "nchw") and q.addr == q_heads.addr
+    assert q.shape == (1, 64, 1, 256) and q_heads.shape == (1, 64, 4, 64)
+    assert plan.tensors["attention/scale"].layout == "matrix"          # scores: rows (head, query) on lanes
+    _, program = compile_model("bert_layer", "sg2260", CompileOptions(dtype="fp16", schedule="program"))
+    assert not program.memory.by_role("activation")                    # nothing but the I/O in DDR
+    (group,) = program.layer_groups
+    assert len(group["members"]) == len(groups)
