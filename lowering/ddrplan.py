@@ -168,7 +168,8 @@ def _alias_view(graph: Graph, group: Group, tensors: dict[str, DdrTensor]) -> No
     if out in tensors:         # a graph output: the emitter copies
         return
     shape = graph.tensor(out).shape
-    tensors[out] = DdrTensor(out, src.addr, shape, src.dtype, "view" if src.role == "activation" else src.role,
+    # a view is never an input or output of its own (the functional model feeds and reads those)
+    tensors[out] = DdrTensor(out, src.addr, shape, src.dtype, "weight" if src.role == "weight" else "view",
                              src.nbytes)
 
 

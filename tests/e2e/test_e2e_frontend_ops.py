@@ -38,8 +38,6 @@ def behind_neg(model: onnx.ModelProto, name: str = "x") -> onnx.ModelProto:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="lowering: a Reshape view of a graph input gets DDR role 'input' "
-                   "(lowering/ddrplan.py _alias_view), so the functional model expects it as a program input")
 def test_view_of_graph_input():
     from onnx_build import ModelBuilder
     b = ModelBuilder()
