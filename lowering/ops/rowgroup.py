@@ -187,6 +187,7 @@ class RowGroupEmitter:
         if ctx.out_rows is not None:       # sliced layer groups: NCHW rows [lo, hi) = columns lo*W .. hi*W
             width = group.full_shape[3]
             self.col_range = (ctx.out_rows[0] * width, ctx.out_rows[1] * width)
+        self.chunked = False               # a reduction over rows too long for LMEM, in column chunks
         stage = 1 if ctx.prec != Prec.FP32 and group.stored else 0
         needs_temp = any(n.op_type in ROW_NORMALIZE for n in group.nodes)
         plan = self.planner.plan
@@ -220,23 +221,36 @@ class RowGroupEmitter:
         rt = largest_fitting(row_options, lambda r: fits(r, span))
         if rt is not None:
             return rt, span
-        if not self.planner.column_tileable:
+        if not self.planner.column_tileable and not self._reduces_last():
             raise LoweringError(f"layer {self.group.name}: a row of {self.cols} elements does not fit LMEM")
+        self.chunked = not self.planner.column_tileable
         eu = self.chip.eu_count("fp32")
         rt = row_options[0]
+        acc = self._accumulator_sizes(rt)
         col_options = [eu * k for k in range(1, span // eu + 1)] or [span]
-        dt = largest_fitting(col_options, lambda d: fits(rt, d))
+        dt = largest_fitting(col_options, lambda d: arena.fits(resident + acc + self._set_sizes(rt, d)))
         if dt is None:
             raise LoweringError(f"layer {self.group.name}: no tile of rows x columns fits LMEM")
         return rt, dt
+
+    def _reduces_last(self) -> bool:
+        """Elementwise nodes then one reduction: column chunks each reduce into an accumulator."""
+        nodes = self.group.nodes
+        return nodes[-1].op_type in ROW_REDUCE and all(n.op_type in ewise.ELEMENTWISE for n in nodes[:-1])
+
+    def _accumulator_sizes(self, rt: int) -> list[int]:
+        return [tile_bytes_per_lane(self.chip, (1, rt, 1, 1), Prec.FP32)] if self.chunked else []
 
     # ------------------------------------------------------------ emission
     def emit(self) -> None:
         ctx = self.ctx
         rt, dt = self._choose_tile()
         arena = ctx.arena()
-        res_offsets, sets = arena.alloc_plan(self._resident_sizes(), self._set_sizes(rt, dt), self.group.name)
-        self.residents = self._load_residents(res_offsets)
+        residents = self._resident_sizes()
+        res_offsets, sets = arena.alloc_plan(residents + self._accumulator_sizes(rt), self._set_sizes(rt, dt),
+                                             self.group.name)
+        self.acc_offset = res_offsets[-1] if self.chunked else None
+        self.residents = self._load_residents(res_offsets[:len(residents)])
         tiles = [(r0, r, d0, d) for r0, r in steps(self.rows, rt) for d0, d in steps_between(*self.col_range, dt)]
         pipelined(tiles, len(sets), lambda t, s: self._load_tile(t, sets[s]),
                   lambda t, s: self._compute_tile(t, sets[s]))
@@ -300,8 +314,23 @@ class RowGroupEmitter:
             dst = self._value_tile(offsets, kind, plan.slot[out], rt, dt if kind is Kind.FULL else 1, Prec.FP32)
             ins = [self._operand(node, i, dst, offsets, tile, loaded) for i in range(len(node.inputs))]
             self._apply(node, dst, ins, scratch, offsets, tile)
-            if out in self.group.stored:
+            if self.chunked and node is self.group.nodes[-1]:
+                self._accumulate(node, dst, offsets, tile)
+            elif out in self.group.stored:
                 self._store(out, dst, offsets, tile)
+
+    def _accumulate(self, node, partial: LTile, offsets, tile) -> None:
+        """Fold one column chunk's reduction into the accumulator; store it after the last chunk
+        (averages: each chunk already sums its columns over the whole row's count)."""
+        r0, rt, d0, dt = tile
+        acc = make_tile(self.chip, self.acc_offset, (1, rt, 1, 1), Prec.FP32)
+        if d0 == self.col_range[0]:
+            self.ctx.em.ar("copy", acc, partial)
+        else:
+            pool, _ = ROW_REDUCE[node.op_type]
+            self.ctx.em.ar("max" if pool == "maxpooling" else "add", acc, acc, partial)
+        if d0 + dt == self.col_range[1] and node.outputs[0] in self.group.stored:
+            self._store(node.outputs[0], acc, offsets, tile, complete=True)
 
     def _operand(self, node, i: int, dst: LTile, offsets, tile, loaded):
         t = node.inputs[i]
@@ -343,10 +372,10 @@ class RowGroupEmitter:
         r0, rt, d0, dt = tile
         return make_tile(self.chip, offsets[self.layout.row_temp_index()], (1, rt, 1, 1), Prec.FP32)
 
-    def _store(self, tensor: str, value: LTile, offsets, tile) -> None:
+    def _store(self, tensor: str, value: LTile, offsets, tile, complete: bool = False) -> None:
         r0, rt, d0, dt = tile
         kind = self.planner.kinds[tensor]
-        if kind is Kind.ROW and d0:
+        if kind is Kind.ROW and d0 and not complete:
             return                      # ROW values are complete after the first column step
         em, prec = self.ctx.em, self.ctx.prec
         res = self.ctx.resident(tensor)
