@@ -37,7 +37,7 @@ class ResidentTensor:
     size: int            # bytes per lane
     first: int           # index of the producing group
     last: int            # index of the last consuming group
-    inside: str | None = None   # the Concat output whose buffer this tensor is a channel slice of
+    inside: str | None = None   # the Concat this tensor is a channel slice of, or the Reshape input it renames
     row0: int = 0               # slice buffers: the first row of the tensor held (views take global rows)
     layout: str = "nchw"        # NCHW, or MATRIX: (1, rows, 1, cols) with the leading dims in the rows
 
@@ -202,6 +202,7 @@ class _Unit:
     last: int
     members: list[tuple[str, int, int, int]]
     sliced: bool = False          # a slice buffer (rows of one slice at a time)
+    containers: dict[str, str] = field(default_factory=dict)   # member -> the Concat it is a slice of
 
 
 SLICE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -394,11 +395,11 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
         base = make_tile(chip, top - offset - size, unit.shape, prec)
         owner = unit.members[0][0]
         for name, c0, first, last in unit.members:
+            container = unit.containers.get(name, None if name == owner else owner)
             shape = unit.shape if unit.sliced else inputs.shape_of(name)
             addr = base.sub_channels(c0, shape[1], chip).addr
             plan.tensors[name] = ResidentTensor(name, shape, prec, addr, size if name == owner else 0, first, last,
-                                                None if name == owner else owner,
-                                                layout=inputs.layouts.get(name, NCHW))
+                                                container, layout=inputs.layouts.get(name, NCHW))
             plan.consumers[name] = inputs.consumers[name]
     return plan
 
@@ -433,23 +434,31 @@ def _view_aliases(graph: Graph, groups: list[Group], readable: list[dict], writa
 
 def _concat_units(graph: Graph, groups: list[Group], chip: ChipConfig, producer, consumers,
                   eligible: Callable[[str], bool]) -> list[_Unit]:
-    """Channel Concats kept in LMEM, each with the inputs that can be written in place."""
-    units, claimed = [], set()
+    """Channel Concats kept in LMEM, each with the inputs that can be written in place: produced
+    by a group that writes LMEM, starting on lane 0; an input that is itself a Concat kept in LMEM
+    brings its own in-place inputs along (DenseNet's growing concatenations copy nothing)."""
+    units: dict[str, _Unit] = {}
+    claimed: set[str] = set()
     for j, group in enumerate(groups):
         node = group.anchor
         out = node.outputs[0]
         if not is_lmem_concat(graph, group) or not eligible(out):
             continue
-        members, offset = [(out, 0, j, max(consumers[out]))], 0
+        unit = _Unit(resident_shape(graph.tensor(out).shape, NCHW), j, max(consumers[out]),
+                     [(out, 0, j, max(consumers[out]))])
+        offset = 0
         for x in node.inputs:
-            if (offset % chip.lanes == 0 and x not in claimed and node.inputs.count(x) == 1 and eligible(x)
-                    and consumers[x] == (j,) and groups[producer[x]].anchor.op_type != "Concat"):
-                members.append((x, offset, producer[x], j))
+            if offset % chip.lanes == 0 and x not in claimed and node.inputs.count(x) == 1 and eligible(x):
+                inner = units.pop(x, None)
+                for name, c0, first, last in (inner.members if inner else [(x, 0, producer[x], max(consumers[x]))]):
+                    unit.members.append((name, offset + c0, first, last))
+                    unit.containers[name] = inner.containers.get(name, x) if inner and name != x else out
                 claimed.add(x)
             offset += graph.tensor(x).shape[1]
-        units.append(_Unit(resident_shape(graph.tensor(out).shape, NCHW), min(m[2] for m in members),
-                           members[0][3], members))
-    return units
+        unit.first = min(m[2] for m in unit.members)
+        unit.last = max(m[3] for m in unit.members)
+        units[out] = unit
+    return list(units.values())
 
 
 def is_lmem_concat(graph: Graph, group: Group) -> bool:

@@ -10,13 +10,11 @@ from tpuflow.lowering.layergroup import NCHW, is_lmem_concat
 
 
 def concat_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
-    """A channel Concat reads any runtime input (not another Concat's output) and writes its
-    output to LMEM."""
+    """A channel Concat reads any runtime input and writes its output to LMEM."""
     if not is_lmem_concat(graph, group):
         return {}, {}
     node = group.anchor
-    made_by_concat = {t for t in node.inputs if graph.producer(t) is not None and graph.producer(t).op_type == "Concat"}
-    readable = {t: NCHW for t in node.inputs if not graph.tensor(t).is_const and t not in made_by_concat}
+    readable = {t: NCHW for t in node.inputs if not graph.tensor(t).is_const}
     return readable, {node.outputs[0]: NCHW}
 
 
