@@ -10,6 +10,7 @@ from tpuflow.isa import ConvTiu, Prec
 from tpuflow.lowering import mathops
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.groups import Group
+from tpuflow.lowering.layergroup import NCHW
 from tpuflow.lowering.tensors import DRegion, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
 
@@ -29,10 +30,17 @@ class LrnEmitter:
         self.ctx, self.group, self.chip = ctx, group, ctx.chip
         self.node = group.anchor
         self.n, self.c, self.h, self.w = ctx.graph.tensor(self.node.inputs[0]).shape
+        self.in_res = ctx.resident(self.node.inputs[0])      # layer groups: operands kept in LMEM
+        self.out_res = ctx.resident(self.node.outputs[0])
+
+    @staticmethod
+    def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
+        return {group.anchor.inputs[0]: NCHW}, {group.anchor.outputs[0]: NCHW}
 
     def _sizes(self, ht: int) -> list[int]:
         shape = (1, self.c, ht, self.w)
-        return ([tile_bytes_per_lane(self.chip, shape, self.ctx.prec)] * 2
+        io = tile_bytes_per_lane(self.chip, shape, self.ctx.prec)
+        return ([0 if self.in_res else io, 0 if self.out_res else io]
                 + [tile_bytes_per_lane(self.chip, shape, Prec.FP32)] * (2 + SCRATCH))
 
     def emit(self) -> None:
@@ -63,6 +71,8 @@ class LrnEmitter:
 
     def _load(self, tile, s: int) -> None:
         n, h0, h = tile
+        if self.in_res is not None:
+            return
         self.ctx.em.layer = self.node.name
         x = make_tile(self.chip, self.sets[s][0], (1, self.c, h, self.w), self.ctx.prec)
         self.ctx.em.load(x, self._region(self.node.inputs[0], n, h0, h))
@@ -71,8 +81,10 @@ class LrnEmitter:
         n, h0, h = tile
         em, chip, offs = self.ctx.em, self.chip, self.sets[s]
         shape = (1, self.c, h, self.w)
-        x = make_tile(chip, offs[0], shape, self.ctx.prec)
-        y = make_tile(chip, offs[1], shape, self.ctx.prec)
+        x = (self.in_res.view(chip, n, 0, self.c, h0, h) if self.in_res is not None
+             else make_tile(chip, offs[0], shape, self.ctx.prec))
+        y = (self.out_res.view(chip, n, 0, self.c, h0, h) if self.out_res is not None
+             else make_tile(chip, offs[1], shape, self.ctx.prec))
         sq = make_tile(chip, offs[2], shape, Prec.FP32)
         acc = make_tile(chip, offs[3], shape, Prec.FP32)
         scratch = mathops.Scratch([make_tile(chip, o, shape, Prec.FP32) for o in offs[4:]])
@@ -86,4 +98,5 @@ class LrnEmitter:
         em.lin("mac", acc, acc, alpha / size, bias)
         mathops.emit_pow_const(em, acc, acc, -beta, scratch)
         em.ar("mul", y, x, acc)
-        em.store(y, self._region(self.node.outputs[0], n, h0, h))
+        if self.out_res is None:
+            em.store(y, self._region(self.node.outputs[0], n, h0, h))
