@@ -80,8 +80,9 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
     def fixed(name: str, role: str) -> None:
         nonlocal cursor
         shape = graph.tensor(name).shape
-        nbytes = _count(shape) * esize
-        tensors[name] = DdrTensor(name, cursor, shape, dtype, role, nbytes)
+        stored = "int32" if role == "input" and _indices_only(graph, name) else dtype
+        nbytes = _count(shape) * (4 if stored == "int32" else esize)
+        tensors[name] = DdrTensor(name, cursor, shape, stored, role, nbytes)
         cursor = align_up(cursor + nbytes, align)
 
     for name in graph.inputs:
@@ -150,6 +151,14 @@ def _concat_members(graph: Graph, groups: list[Group], esize: int,
                 members[x] = (node.outputs[0], offset)
             offset += slice_bytes
     return members
+
+
+def _indices_only(graph: Graph, name: str) -> bool:
+    """An integer graph input read only as Gather indices is kept as int32 in DDR: exact for any
+    vocabulary, where the activation dtype is not (fp16 holds integers exactly only to 2048)."""
+    users = graph.consumers(name)
+    return (graph.tensor(name).dtype.startswith(("int", "uint")) and bool(users)
+            and all(u.op_type == "Gather" and u.inputs[1] == name and u.inputs[0] != name for u in users))
 
 
 def _count(shape) -> int:

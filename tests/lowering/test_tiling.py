@@ -135,3 +135,21 @@ def test_resident_weights_and_double_buffers_are_reported_per_layer():
     program = lower(load_graph("resnet50"), CHIP, CompileOptions())
     peaks = [info.lmem_peak_bytes for info in program.layers.values() if info.op_type == "Conv"]
     assert len(peaks) == 53 and min(peaks) > 0 and max(peaks) <= CHIP.tile_window_offset
+
+
+def test_integer_inputs_read_only_as_gather_indices_stay_int32_in_ddr():
+    """A 30522-row vocabulary: fp16 storage would round most token ids; int32 keeps them exact."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    from tpuflow.options import CompileOptions
+    from tpuflow.pipeline import compile_model, verify
+    table = numpy_helper.from_array(np.random.default_rng(0).standard_normal((30522, 8)).astype(np.float32), "emb")
+    graph = helper.make_graph([helper.make_node("Gather", ["emb", "ids"], ["y"])], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 8])], [table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    _, program = compile_model(model, None, CompileOptions(dtype="fp16"))
+    assert program.memory.tensors["ids"].dtype == "int32" and program.memory.tensors["ids"].nbytes == 64 * 4
+    result = verify(model, None, CompileOptions(dtype="fp16"))
+    assert result["ok"], result["outputs"]
