@@ -184,22 +184,19 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
 
 def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions) -> None:
     """Emit a group in the LMEM ring after the previous group, or in all of the working area
-    when it does not fit there."""
-    mark, pushes, layers = len(ctx.em.records), list(ctx.tile_pushes), dict(ctx.layers)
-    ctx.lmem_region = "ring"
-    try:
-        emitter_for(group, options)(ctx, group).emit()
+    when it does not fit there. Each attempt emits into a fresh trial context that is committed
+    only when the group emitted whole."""
+    for region in ("ring", "full"):
+        trial = ctx.trial(region)
+        try:
+            emitter_for(group, options)(trial, group).emit()
+        except LoweringError:
+            if region == "full":
+                raise
+            continue
+        ctx.commit(trial)
         ctx.advance_ring()
         return
-    except LoweringError:
-        del ctx.em.records[mark:]
-        ctx.tile_pushes[:] = pushes
-        ctx.layers.clear()
-        ctx.layers.update(layers)
-        ctx.arenas = []
-    ctx.lmem_region = "full"
-    emitter_for(group, options)(ctx, group).emit()
-    ctx.advance_ring()
 
 
 def _emit_sliced(ctx: LowerCtx, groups: list[Group], region, options: CompileOptions) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -75,6 +75,22 @@ class LowerCtx:
             return lo, prev_start
         mid = lo + half
         return (lo, mid) if prev_start >= mid or prev_end - mid > mid - prev_start else (mid, top)
+
+    def trial(self, region: str) -> "LowerCtx":
+        """A context for one emission attempt: a fresh instruction list and private copies of
+        everything an emitter changes, sharing the plans and the weight image (additions to it
+        are keyed, so an abandoned attempt only leaves constants a later one reuses)."""
+        em = Emitter(self.chip)
+        em.layer = self.em.layer
+        return replace(self, em=em, layers={k: replace(v) for k, v in self.layers.items()},
+                       tile_pushes=list(self.tile_pushes), arenas=[], lmem_region=region)
+
+    def commit(self, trial: "LowerCtx") -> None:
+        """Take a successful attempt's instructions and state."""
+        self.em.records.extend(trial.em.records)
+        self.em.layer = trial.em.layer
+        self.layers, self.tile_pushes, self.arenas = trial.layers, trial.tile_pushes, trial.arenas
+        self.lmem_region = trial.lmem_region
 
     def advance_ring(self) -> None:
         """After a group: remember where its buffers were."""
