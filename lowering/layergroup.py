@@ -177,13 +177,13 @@ NCHW, MATRIX = "nchw", "matrix"     # the two layouts an activation can be kept 
 
 
 def resident_shape(shape: tuple[int, ...], layout: str | None = None) -> tuple[int, int, int, int] | None:
-    """The 4-D LMEM shape of an activation in `layout`: NCHW as it is (axis 1 on lanes, N = 1); a
+    """The 4-D LMEM shape of an activation in `layout`: NCHW as it is (axis 1 on lanes); a
     matrix [..., rows, cols] as (1, rows, 1, cols) with its leading dims folded into the rows
     (rows on lanes, as MatMul and row groups use it). Without a layout: NCHW for 4-D tensors,
     matrix otherwise. None when the tensor has no such layout."""
     layout = layout or (NCHW if len(shape) == 4 else MATRIX)
     if layout == NCHW:
-        return tuple(shape) if len(shape) == 4 and shape[0] == 1 else None
+        return tuple(shape) if len(shape) == 4 else None
     if len(shape) >= 2:
         rows = 1
         for d in shape[:-1]:

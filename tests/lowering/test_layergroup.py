@@ -147,3 +147,24 @@ def test_transformer_attention_stays_in_lmem_and_reshapes_alias_their_input():
     assert not program.memory.by_role("activation")                    # nothing but the I/O in DDR
     (group,) = program.layer_groups
     assert len(group["members"]) == len(groups)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_batched_nchw_activations_stay_in_lmem(dtype):
+    """N > 1: convs, pools and depthwise convs keep their activations in LMEM (sample by sample
+    views); a row group over N*C rows reads its input from DDR."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=2)
+    y = b.node("Relu", [b.node("Conv", [b.input("x", (4, 16, 20, 20)), b.weight("w0", (32, 16, 3, 3))], "c0",
+                                       pads=[1, 1, 1, 1])], "r0")
+    y = b.node("MaxPool", [y], "p", kernel_shape=[2, 2], strides=[2, 2])
+    z = b.node("Add", [b.node("Conv", [y, b.weight("w1", (32, 32, 3, 3))], "c1", pads=[1, 1, 1, 1]), y], "a")
+    z = b.node("Conv", [z, b.weight("w2", (32, 1, 3, 3))], "dw", pads=[1, 1, 1, 1], group=32)
+    b.output(b.node("GlobalAveragePool", [z], "gap"))
+    _, program = compile_model(b.model(), "sg2260", CompileOptions(dtype=dtype))
+    (group,) = program.layer_groups
+    assert len(group["members"]) == 3 and group["resident"]
+    assert verify(b.model(), "sg2260", CompileOptions(dtype=dtype))["ok"]
