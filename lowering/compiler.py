@@ -154,9 +154,10 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     em = Emitter(chip)
     ctx = LowerCtx(graph, chip, options, em, ddr, weights, residency=residency)
     _prologue(ctx)
-    index = 0
+    index, loaded = 0, set()
     while index < len(groups):
         region = residency.region_at(index)
+        _emit_preloads(ctx, groups, region.last if region is not None else index, loaded)
         if region is not None:
             _emit_sliced(ctx, groups, region, options)
             index = region.last + 1
@@ -197,6 +198,16 @@ def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions) -> None:
         ctx.commit(trial)
         ctx.advance_ring()
         return
+
+
+def _emit_preloads(ctx: LowerCtx, groups: list[Group], upto: int, loaded: set[str]) -> None:
+    """Load graph inputs kept in LMEM (several groups read them) before their first reader."""
+    for t in ctx.residency.preloads_due(upto, ctx.graph.inputs):
+        if t.name in loaded:
+            continue
+        ctx.em.layer = groups[t.first].anchor.name
+        ctx.em.load(t.tile(ctx.chip), ctx.region(t.name, t.shape))
+        loaded.add(t.name)
 
 
 def _emit_sliced(ctx: LowerCtx, groups: list[Group], region, options: CompileOptions) -> None:

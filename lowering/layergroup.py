@@ -130,6 +130,11 @@ class ResidencyPlan:
     consumers: dict[str, tuple[int, ...]] = field(default_factory=dict)   # tensor -> consuming groups
     regions: list[SlicedRegion] = field(default_factory=list)            # groups run slice by slice
 
+    def preloads_due(self, index: int, graph_inputs) -> list[ResidentTensor]:
+        """Graph inputs kept in LMEM whose first reader is at or before group `index`."""
+        return sorted((t for t in self.tensors.values() if t.name in graph_inputs and t.first <= index),
+                      key=lambda t: (t.first, t.name))
+
     def region_at(self, index: int) -> SlicedRegion | None:
         return next((r for r in self.regions if r.first == index), None)
 
@@ -221,6 +226,7 @@ class _Inputs:
     eligible: Callable[[str], bool]
     layouts: dict[str, str]                   # tensor -> the layout its producer writes
     aliases: list[tuple[str, str]]            # (Reshape input, output) sharing one LMEM buffer
+    preloads: frozenset = frozenset()         # graph inputs loaded into LMEM once for several readers
 
     def shape_of(self, name: str) -> tuple[int, int, int, int]:
         return resident_shape(self.graph.tensor(name).shape, self.layouts.get(name))
@@ -259,7 +265,10 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
         return all(alone_eligible(t) for t in family.get(name, {name}))
 
     layouts = {t: writable[p].get(t) for t, p in producer.items() if writable[p].get(t)}
-    inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible, layouts, aliases)
+    preloads = _preloads(graph, chip, prec, consumers, readable)
+    layouts.update(preloads)
+    inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible, layouts, aliases,
+                     frozenset(preloads))
     plan = _place(inputs, [])
     rejected = {t for t in producer if eligible(t) and t not in plan.tensors and t not in family}
     regions: list[SlicedRegion] = []
@@ -378,6 +387,9 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
         if name not in claimed and name not in held and name not in aliased and inputs.eligible(name):
             first, last = life(name, inputs.producer[name], max(inputs.consumers[name]))
             units.append(_Unit(inputs.shape_of(name), first, last, [(name, 0, first, last)]))
+    for name in sorted(inputs.preloads):
+        first, last = life(name, min(inputs.consumers[name]), max(inputs.consumers[name]))
+        units.append(_Unit(inputs.shape_of(name), first, last, [(name, 0, first, last)]))
     for name, r in held.items():
         n, c, h, w = graph.tensor(name).shape
         units.append(_Unit((1, c, r.capacity(name), w), r.first, r.last, [(name, 0, r.first, r.last)], sliced=True))
@@ -402,6 +414,22 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
                                                 container, layout=inputs.layouts.get(name, NCHW))
             plan.consumers[name] = inputs.consumers[name]
     return plan
+
+
+def _preloads(graph: Graph, chip: ChipConfig, prec: Prec, consumers, readable: list[dict]) -> dict[str, str]:
+    """Graph inputs that several groups read, all in one LMEM layout: loaded into LMEM once
+    before the first of them instead of read from DDR by each ({input: layout})."""
+    out = {}
+    for name in graph.inputs:
+        users = consumers.get(name, ())
+        layouts = {readable[j].get(name) for j in users}
+        if len(users) < 2 or len(layouts) != 1 or None in layouts:
+            continue
+        layout = layouts.pop()
+        shape = resident_shape(graph.tensor(name).shape, layout)
+        if shape is not None and ResidentTensor(name, shape, prec, 0, 0, 0, 0).strides_fit(chip):
+            out[name] = layout
+    return out
 
 
 def _view_aliases(graph: Graph, groups: list[Group], readable: list[dict], writable: list[dict],

@@ -26,17 +26,40 @@ def ddr_bytes(instr, chip) -> int:
     return instr.nbytes * sum(1 for a in sides if not is_lmem(a, chip))
 
 
+def _distinct_bytes(shape, strides, esize: int) -> int:
+    """Bytes a strided side touches (a stride-0 dimension re-reads the same bytes)."""
+    count = 1
+    for size, stride in zip(shape, strides):
+        count *= size if stride else 1
+    return count * esize
+
+
+def _ddr_sides(instr, chip) -> list[tuple[int, int]]:
+    """(DDR address, distinct bytes) of each DDR side of a GDMA instruction."""
+    if isinstance(instr, TensorDma):
+        esize = instr.nbytes // max(1, int(np.prod(instr.dst_shape)))
+        sides = [] if instr.fill_constant_en else [(instr.src_start_addr, instr.src_shape, instr.src_strides)]
+        sides.append((instr.dst_start_addr, instr.dst_shape, instr.dst_strides))
+        return [(a, _distinct_bytes(s, st, esize)) for a, s, st in sides if not is_lmem(a, chip)]
+    if isinstance(instr, GeneralDma) and instr.op == "broadcast":
+        return [(instr.src_start_addr, instr.nbytes // max(1, instr.dst_csize))]
+    if isinstance(instr, (MatrixDma, GeneralDma)):
+        return [(a, instr.nbytes) for a in (instr.src_start_addr, instr.dst_start_addr) if not is_lmem(a, chip)]
+    return []
+
+
 def ddr_traffic(program: Program) -> dict:
-    """DDR bytes GDMA moves, split into weight-image reads and activation traffic, with the
-    compulsory bytes (weights, graph inputs and outputs) they compare against."""
+    """DDR bytes the GDMA instructions read and write (distinct bytes per side), split into
+    weight-image reads and activation traffic, with the compulsory bytes (weights, graph inputs
+    and outputs) they compare against."""
     chip, base = program.chip, program.memory.weight_base
     weights = activations = 0
     for instr in program.gdma:
-        moved = ddr_bytes(instr, chip)
-        src = getattr(instr, "src_start_addr", None)
-        from_weights = src is not None and not is_lmem(src, chip) and src >= base and not getattr(instr, "fill_constant_en", 0)
-        weights += instr.nbytes if from_weights and moved else 0
-        activations += moved - (instr.nbytes if from_weights and moved else 0)
+        for addr, nbytes in _ddr_sides(instr, chip):
+            if addr >= base:
+                weights += nbytes
+            else:
+                activations += nbytes
     return {"weight_bytes": weights, "activation_bytes": activations,
             "compulsory_bytes": program.compulsory_ddr_bytes}
 

@@ -115,6 +115,9 @@ def test_estimate_json_lists_layer_groups_with_their_ddr_bytes():
     dram = report["dram"]
     assert {"weight_bytes", "activation_bytes", "compulsory_bytes"} <= set(dram)
     assert 0 < dram["weight_bytes"] and 0 <= dram["activation_bytes"] and 0 < dram["compulsory_bytes"]
+    # the instructions' distinct DDR bytes: what the DRAM model moves, up to whole bursts
+    moved = dram["bytes_read"] + dram["bytes_written"]
+    assert 0.9 * moved <= dram["weight_bytes"] + dram["activation_bytes"] <= moved
     for lg in report["layer_groups"]:
         assert {"members", "nodes", "resident", "slices", "ddr_bytes_in", "ddr_bytes_out"} <= set(lg)
         assert len(lg["members"]) >= 2 and lg["resident"]
@@ -168,3 +171,13 @@ def test_batched_nchw_activations_stay_in_lmem(dtype):
     (group,) = program.layer_groups
     assert len(group["members"]) == 3 and group["resident"]
     assert verify(b.model(), "sg2260", CompileOptions(dtype=dtype))["ok"]
+
+
+def test_a_graph_input_read_by_several_groups_is_loaded_into_lmem_once():
+    chip, graph, groups, plan = _plan("bert_layer", "fp16")
+    x = plan.tensors["hidden_states"]                # read by Q, K, V and the residual add
+    assert x.layout == "matrix" and x.first < x.last
+    _, program = compile_model("bert_layer", "sg2260", CompileOptions(dtype="fp16", schedule="program"))
+    base = program.memory.tensors["hidden_states"].addr
+    reads = [i for i in program.gdma if getattr(i, "src_start_addr", None) == base]
+    assert len(reads) == 1
