@@ -11,6 +11,7 @@ from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph, OpNode
 from tpuflow.lowering import mathops
 from tpuflow.lowering.emitter import Emitter
+from tpuflow.lowering.opspec import SPECS, kinds_with
 from tpuflow.lowering.tensors import LTile
 
 UNARY = {"Relu", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "Exp", "Log", "Erf",
@@ -23,15 +24,13 @@ COMMUTATIVE = {"Add", "Mul", "Max", "Min", "And", "Or"}
 SELECTS = {"Equal": ("sel_eq", 1.0, 0.0), "Greater": ("sel_gt", 1.0, 0.0), "Less": ("sel_lt", 1.0, 0.0),
            "GreaterOrEqual": ("sel_lt", 0.0, 1.0), "LessOrEqual": ("sel_gt", 0.0, 1.0),
            "Xor": ("sel_eq", 0.0, 1.0)}
-ELEMENTWISE = UNARY | set(BINARY) | set(SELECTS) | {"Pow", "Where", "Mod"}
-ROW_REDUCE = {"ReduceMean": ("avgpooling", True), "ReduceSum": ("avgpooling", False),
-              "ReduceMax": ("maxpooling", False), "GlobalAveragePool": ("avgpooling", True)}
-ROW_NORMALIZE = {"Softmax", "LogSoftmax", "LayerNormalization"}
+EMITTED = UNARY | set(BINARY) | set(SELECTS) | {"Pow", "Where", "Mod"}   # apply_elementwise's rules
+# the row-wise traits come from the one spec per op kind (lowering/opspec.py)
+ELEMENTWISE = kinds_with("elementwise")
+ROW_REDUCE = {k.value: s.reduce for k, s in SPECS.items() if s.row_role == "reduce"}
+ROW_NORMALIZE = kinds_with("normalize")
 ROWWISE = ELEMENTWISE | set(ROW_REDUCE) | ROW_NORMALIZE
-# fp32 scratch tiles each op's TIU sequence clobbers (see mathops)
-SCRATCH_NEED = {"Exp": 3, "Sigmoid": 4, "Tanh": 5, "Erf": 6, "Log": 4, "Pow": 6, "Softmax": 4,
-                "LogSoftmax": 4, "LayerNormalization": 1, "LeakyRelu": 1, "HardSwish": 1, "Sqrt": 1,
-                "Where": 2, "Floor": 3, "Ceil": 3, "Round": 3, "Sign": 2, "Sin": 4, "Cos": 4, "Mod": 4}
+SCRATCH_NEED = {k.value: s.scratch for k, s in SPECS.items() if s.scratch}   # fp32 scratch tiles (mathops)
 
 
 class Kind(enum.Enum):

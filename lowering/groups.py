@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from tpuflow.frontend.graph import Graph, OpNode
 from tpuflow.lowering.ewise import (ELEMENTWISE, ROW_NORMALIZE, ROW_REDUCE, ROWWISE, Kind, classify,
                                     node_fits, node_split_candidates)
+from tpuflow.lowering.opspec import SPECS, spec
 
 CONV_EPILOGUE_SPLIT = 2     # NCHW: rows = (n, c), cols = (h, w)
-POOLS = {"MaxPool", "AveragePool"}
+POOLS = frozenset(k.value for k, s in SPECS.items() if s.group == "pool")
 
 
 @dataclass
@@ -167,22 +168,20 @@ def form_groups(graph: Graph, fuse_pool: bool = True) -> list[Group]:
 
 
 def _group_at(graph: Graph, node: OpNode, order: list[OpNode], pos: int, taken: set[str]) -> Group:
-    op = node.op_type
-    if op == "Conv":
+    kind = spec(node.op_type).group
+    if kind == "conv":
         return Group("conv", [node] + _absorb_epilogue(graph, node, CONV_EPILOGUE_SPLIT, False, taken),
                      CONV_EPILOGUE_SPLIT)
-    if op == "MatMul":
+    if kind == "matmul":
         split = len(graph.tensor(node.outputs[0]).shape) - 1
         if node.attr("y_perm") is not None:            # stores through a folded Transpose: no epilogue
             return Group("matmul", [node], split)
         return Group("matmul", [node] + _absorb_epilogue(graph, node, split, True, taken), split)
-    if op in ("MaxPool", "AveragePool"):
+    if kind == "pool":
         return Group("pool", [node], CONV_EPILOGUE_SPLIT)
-    if op == "LRN":
-        return Group("lrn", [node])
-    if op == "Reshape":
-        return Group("view", [node])
-    if op in ROWWISE:
+    if kind in ("lrn", "view"):
+        return Group(kind, [node])
+    if kind == "row":
         group = _row_group(graph, node, order, pos, taken)
         if group is not None:
             return group
