@@ -29,6 +29,7 @@ from tpuflow.chip import ChipConfig, load_chip
 from tpuflow.errors import InputFileError
 from tpuflow.isa import Engine
 from tpuflow.isa.ids import IdFields, unwrap_queues, wrap_queues
+from tpuflow.options import typed_options
 from tpuflow.program import ENGINES, DdrTensor, LayerInfo, MemoryPlan, Program
 
 from tpuflow.codegen.linx import decode_blocks, encode_blocks
@@ -91,7 +92,7 @@ def manifest_dict(program: Program, files: dict[str, dict]) -> dict:
         "format_version": FORMAT_VERSION,
         "tool": {"name": "tpuflow", "version": __version__},
         "chip": {"name": program.chip.name, "fingerprint": program.chip.fingerprint()},
-        "options": dict(program.options),
+        "options": typed_options(program.options),
         "model": program.model_name,
         "core": CORE,
         "counts": program.counts(),
@@ -256,5 +257,5 @@ def _program_from(out: Path, manifest: dict, chip) -> Program:
         layers={key: LayerInfo(**info) for key, info in manifest["layers"]},
         fused_groups=[tuple(g) for g in manifest["fused_groups"]],
         layer_groups=manifest.get("layer_groups", []), compulsory_ddr_bytes=manifest.get("compulsory_ddr_bytes", 0),
-        options=dict(manifest["options"]), model_name=manifest["model"],
+        options={k: str(v) for k, v in manifest["options"].items()}, model_name=manifest["model"],
         issue_order=issue_order)

@@ -182,12 +182,7 @@ def estimate_report(program: Program, sim) -> dict:
     }
 
 
-def typed_options(options: dict) -> dict:
-    """Program.options (kept as strings) with CompileOptions' types: time_limit_s is a number in JSON."""
-    from dataclasses import fields
-    from tpuflow.options import CompileOptions
-    casts = {f.name: {"float": float, "int": int}.get(str(f.type)) for f in fields(CompileOptions)}
-    return {k: casts[k](v) if casts.get(k) and isinstance(v, str) else v for k, v in options.items()}
+from tpuflow.options import typed_options  # noqa: E402  (re-exported: estimate --json uses it)
 
 
 def model_bound(program: Program) -> dict:

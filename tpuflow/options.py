@@ -41,3 +41,11 @@ class CompileOptions:
     def fingerprint(self) -> str:
         blob = json.dumps(self.as_dict(), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def typed_options(options: dict) -> dict:
+    """Program.options (kept as strings) with CompileOptions' types: time_limit_s is a number in
+    JSON documents (estimate --json, manifest.json)."""
+    from dataclasses import fields
+    casts = {f.name: {"float": float, "int": int}.get(str(f.type)) for f in fields(CompileOptions)}
+    return {k: casts[k](v) if casts.get(k) and isinstance(v, str) else v for k, v in options.items()}
