@@ -94,17 +94,11 @@ def emit_batched_transpose(ctx: LowerCtx, label: str, src: int, dst: int, outer:
                      rows, cols, prec, batch)
 
 
-def interleave_rows(ctx: LowerCtx, label: str, srcs: list[tuple[int, int]], dst: int, rows: int,
-                    prec: Prec) -> None:
-    """Concat of row-major (rows, width_k) matrices along their columns into dst (rows, sum width):
-    blocks of rows spread over lanes (q consecutive rows per lane, so every DMA run is a lane's q
-    rows), each input loaded contiguously, TIU-copied into its columns of the output block, and the
-    block stored in one run per lane. `srcs` are (address, width) in column order."""
-    chip, em = ctx.chip, ctx.em
-    total = sum(w for _, w in srcs)
-    arena = ctx.arena()
-    per_row = lambda q: [tile_bytes_per_lane(chip, (1, 1, 1, q * w), prec) for _, w in srcs] + \
-        [tile_bytes_per_lane(chip, (1, 1, 1, q * total), prec)]
+def _row_blocks(ctx: LowerCtx, rows: int, widths: list[int], total: int, prec: Prec, label: str):
+    """Buffer sets (one buffer of q rows per width, double-buffered when it fits) and the blocks
+    of rows they process: (first row, lanes, q rows per lane), q as large as LMEM allows."""
+    chip, arena = ctx.chip, ctx.arena()
+    per_row = lambda q: [tile_bytes_per_lane(chip, (1, 1, 1, q * w), prec) for w in widths]  # noqa: E731
     q_max = max(1, min(-(-rows // chip.lanes), MAX_DMA // total))
     options = sorted({max(1, q_max >> k) for k in range(16)}, reverse=True)
     q = largest_fitting(options, lambda v: arena.fits(per_row(v) * 2)) or 1
@@ -116,6 +110,18 @@ def interleave_rows(ctx: LowerCtx, label: str, srcs: list[tuple[int, int]], dst:
             blocks.append((r0, full, q))
         if rem:
             blocks.append((r0 + full * q, 1, rem))
+    return sets, blocks
+
+
+def interleave_rows(ctx: LowerCtx, label: str, srcs: list[tuple[int, int]], dst: int, rows: int,
+                    prec: Prec) -> None:
+    """Concat of row-major (rows, width_k) matrices along their columns into dst (rows, sum width):
+    blocks of rows spread over lanes (q consecutive rows per lane, so every DMA run is a lane's q
+    rows), each input loaded contiguously, TIU-copied into its columns of the output block, and the
+    block stored in one run per lane. `srcs` are (address, width) in column order."""
+    chip, em = ctx.chip, ctx.em
+    total = sum(w for _, w in srcs)
+    sets, blocks = _row_blocks(ctx, rows, [w for _, w in srcs] + [total], total, prec, label)
     b = prec.bytes
 
     def load(block, s):
@@ -199,20 +205,7 @@ def deinterleave_rows(ctx: LowerCtx, label: str, src: int, dsts: list[tuple[int,
     per lane loaded in one run, each piece's columns TIU-copied out, stored in one run per lane)."""
     chip, em = ctx.chip, ctx.em
     total = sum(w for _, w in dsts)
-    arena = ctx.arena()
-    per_row = lambda q: [tile_bytes_per_lane(chip, (1, 1, 1, q * total), prec)] + \
-        [tile_bytes_per_lane(chip, (1, 1, 1, q * w), prec) for _, w in dsts]
-    q_max = max(1, min(-(-rows // chip.lanes), MAX_DMA // total))
-    options = sorted({max(1, q_max >> k) for k in range(16)}, reverse=True)
-    q = largest_fitting(options, lambda v: arena.fits(per_row(v) * 2)) or 1
-    _, sets = arena.alloc_plan([], per_row(q), label)
-    blocks = []
-    for r0, r in steps(rows, chip.lanes * q):
-        full, rem = divmod(r, q)
-        if full:
-            blocks.append((r0, full, q))
-        if rem:
-            blocks.append((r0 + full * q, 1, rem))
+    sets, blocks = _row_blocks(ctx, rows, [total] + [w for _, w in dsts], total, prec, label)
     b = prec.bytes
 
     def load(block, s):
