@@ -14,6 +14,12 @@ import numpy as np
 # 2e-2 and 8e-2 (about 40 and 20 half-ulps of the storage format), and the direction of the
 # output must agree too (cosine similarity, the metric tpu-mlir's npz comparison uses for
 # low-precision models; measured worst 0.99998 and 0.9993).
+# Every dtype also passes an output whose max_abs_err is at most REFERENCE_ATOL: onnxruntime's own
+# Sigmoid and Tanh (MLAS) are accurate to about 1e-7 absolute, not relative, in their tails
+# (measured: Sigmoid(-16) = 5.96e-8 against the exact 1.125e-7, 47% off), so an output that is
+# tiny everywhere (a saturated sigmoid map on random inputs) is only as exact as that reference;
+# 2.4e-7 is two ulps of 1.0 in fp32.
+REFERENCE_ATOL = 2.4e-7
 TOLERANCES = {
     "fp32": {"rtol": 1e-4, "min_cosine": 0.999999},
     "fp16": {"rtol": 2e-2, "min_cosine": 0.9999},
@@ -31,6 +37,8 @@ class OutputError:
 
     def ok(self, dtype: str) -> bool:
         tol = TOLERANCES[dtype]
+        if self.max_abs_err <= REFERENCE_ATOL:
+            return True
         return self.max_rel_err <= tol["rtol"] and self.cosine >= tol["min_cosine"]
 
     def as_dict(self) -> dict:
