@@ -12,7 +12,8 @@ from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.groups import Group, form_groups
-from tpuflow.lowering.layergroup import ResidencyPlan, plan_residency
+from tpuflow.lowering.layergroup import ResidencyPlan
+from tpuflow.lowering.residency import plan_residency
 from tpuflow.lowering.mathops import CONST_REGION_BYTES, const_region_image
 from tpuflow.lowering.ops.concat_lmem import ConcatLmemEmitter, concat_ports, uses_lmem
 from tpuflow.lowering.ops.conv import ConvEmitter

@@ -12,6 +12,7 @@ from tpuflow.errors import LoweringError
 from tpuflow.isa import Mm2Tiu, Prec
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.groups import Group
+from tpuflow.lowering.layergroup import MATRIX, NCHW
 from tpuflow.lowering.ops.epilogue import Epilogue
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
@@ -133,7 +134,6 @@ def _operand_layout(graph, tensor: str, perm, rows_axis_last: bool) -> str | Non
     """How a runtime MatMul operand can be read from LMEM: a contiguous matrix (rows on lanes),
     or an NCHW [1, S, H, D] tensor read head by head through a folded transpose, its tile rows on
     the lanes (axis 1) and its columns along them (axis 3)."""
-    from tpuflow.lowering.layergroup import MATRIX, NCHW
     info = graph.tensor(tensor)
     if info.is_const or len(info.shape) < 2:
         return None
@@ -152,7 +152,6 @@ class MatmulEmitter(MatmulGroup):
         matrix with rows on lanes in place; head-major views of [1, S, H, D] tensors are copied
         lane by lane into a working tile), and whether the result can be written there (a
         matrix, or [1, S, H, D] through the heads transpose); every M tile starts on lane 0."""
-        from tpuflow.lowering.layergroup import MATRIX, NCHW
         from tpuflow.lowering.ops.epilogue import full_epilogue_operands
         node = group.anchor
         batch, m = _batch_and_rows(graph, node)
@@ -177,7 +176,6 @@ class MatmulEmitter(MatmulGroup):
         return readable, writable
 
     def __init__(self, ctx: LowerCtx, group: Group):
-        from tpuflow.lowering.layergroup import NCHW
         super().__init__(ctx, group)
         self.a_res = ctx.resident(self.node.inputs[0])           # layer groups: operands kept in LMEM
         self.b_res = ctx.resident(self.node.inputs[1])
@@ -334,7 +332,6 @@ class MatmulEmitter(MatmulGroup):
                 value = self.epi.apply(res, out_offs[1:], row0, n0, window)
             em.layer = self.group.nodes[-1].name
             if self.y_res is not None:                # layer groups: the result stays in LMEM
-                from tpuflow.lowering.layergroup import NCHW
                 dst = (self.y_res.view(chip, 0, m0, mt, b, 1, nt, n0) if self.y_res.layout == NCHW
                        else self.y_res.rows_view(chip, row0, mt, n0, nt))
                 em.ar("copy", dst, value)

@@ -4,14 +4,15 @@ emitted programs compute the right numbers, and DDR traffic drops to the compuls
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tpuflow.chip import load_chip
 from tpuflow.isa import Prec
 from tpuflow.lowering.compiler import plan_layer_groups
 from tpuflow.lowering.groups import form_groups
-from tpuflow.lowering.layergroup import RESIDENT_SHARE, lowest_free_offset
+from tpuflow.lowering.layergroup import RESIDENT_SHARE
+from tpuflow.lowering.residency import lowest_free_offset
 from tpuflow.lowering.mathops import CONST_REGION_BYTES
 from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts
 from tpuflow.options import CompileOptions

@@ -1,0 +1,353 @@
+"""The residency planner: which activations stay in LMEM between fused groups, in which layout,
+where (first fit over lifetimes, as the DDR plan does over addresses), and which runs of groups
+execute slice by slice (lowering/slicing.py) because their activations are too large to stay whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tpuflow.chip import ChipConfig
+from tpuflow.frontend.graph import Graph
+from tpuflow.isa import Prec
+from tpuflow.lowering.groups import Group
+from tpuflow.lowering.layergroup import (NCHW, RESIDENT_SHARE, ResidencyPlan, ResidentTensor, is_lmem_concat,
+                                         resident_shape)
+from tpuflow.lowering.lmem import align_up
+from tpuflow.lowering.slicing import SlicedRegion, candidate_runs, slice_region
+from tpuflow.lowering.tensors import make_tile, tile_bytes_per_lane
+
+# Ports: (group) -> ({tensor: layout it can read from LMEM}, {tensor: layout it can write there})
+Ports = Callable[[Group], tuple[dict[str, str], dict[str, str]]]
+
+
+@dataclass
+class _Unit:
+    """One LMEM allocation: a tensor, or a Concat output with the inputs written in place into
+    their channel slices of it (`members`: (tensor, channel offset, first, last))."""
+
+    shape: tuple[int, int, int, int]
+    first: int
+    last: int
+    members: list[tuple[str, int, int, int]]
+    sliced: bool = False          # a slice buffer (rows of one slice at a time)
+    containers: dict[str, str] = field(default_factory=dict)   # member -> the Concat it is a slice of
+
+
+SLICE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass
+class _Inputs:
+    graph: Graph
+    groups: list[Group]
+    chip: ChipConfig
+    prec: Prec
+    top: int
+    budget: int
+    producer: dict[str, int]
+    consumers: dict[str, tuple[int, ...]]
+    eligible: Callable[[str], bool]
+    layouts: dict[str, str]                   # tensor -> the layout its producer writes
+    aliases: list[tuple[str, str]]            # (Reshape input, output) sharing one LMEM buffer
+    preloads: frozenset = frozenset()         # graph inputs loaded into LMEM once for several readers
+
+    def shape_of(self, name: str) -> tuple[int, int, int, int]:
+        return resident_shape(self.graph.tensor(name).shape, self.layouts.get(name))
+
+
+def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
+                   ports: Callable[[Group], tuple[set[str], set[str]]], unsliced: frozenset = frozenset()) -> ResidencyPlan:
+    """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
+    to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it has
+    a resident layout, it is neither a graph input nor output, and it fits the resident share of
+    LMEM for its whole lifetime (first fit over offsets, as the DDR plan does over addresses).
+    A channel Concat's inputs whose slice starts on lane 0 live inside the Concat's buffer.
+    Tensors too large to stay whole are held as row slices when a run of sliceable groups
+    around them can run slice by slice (lowering.slicing) and that saves DDR bytes (`unsliced`:
+    first members of runs not to slice)."""
+    top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
+    budget = int((top - lo) * RESIDENT_SHARE) // chip.bank_bytes * chip.bank_bytes
+    producer, consumers = _producers_and_consumers(graph, groups)
+    readable, writable = [list(x) for x in zip(*(ports(g) for g in groups))] if groups else ([], [])
+    aliases = _view_aliases(graph, groups, readable, writable, producer, consumers)
+    family: dict[str, set[str]] = {}
+    for a, b in aliases:                       # a Reshape input and all its Reshape outputs
+        members = family.setdefault(a, {a}) | {b}
+        for t in members:
+            family[t] = members
+
+    def alone_eligible(name: str) -> bool:
+        users = consumers.get(name, ())
+        layout = writable[producer[name]].get(name) if name in producer else None
+        shape = resident_shape(graph.tensor(name).shape, layout) if layout else None
+        return (bool(users) and name not in graph.outputs and shape is not None
+                and ResidentTensor(name, shape, prec, 0, 0, 0, 0).strides_fit(chip)
+                and all(readable[j].get(name) == layout for j in users))
+
+    def eligible(name: str) -> bool:
+        return all(alone_eligible(t) for t in family.get(name, {name}))
+
+    layouts = {t: writable[p].get(t) for t, p in producer.items() if writable[p].get(t)}
+    preloads = _preloads(graph, chip, prec, consumers, readable)
+    layouts.update(preloads)
+    inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible, layouts, aliases,
+                     frozenset(preloads))
+    plan = _place(inputs, [])
+    rejected = {t for t in producer if eligible(t) and t not in plan.tensors and t not in family}
+    regions: list[SlicedRegion] = []
+    for members, held in _slicing_candidates(inputs, rejected):
+        if members[0] in unsliced:
+            continue
+        for members, held in (members, held), _widened(inputs, members, held):
+            region = _fitting_region(inputs, regions, members, held)
+            if region is not None:
+                regions.append(region)
+                plan = _place(inputs, regions)
+                break
+    return plan
+
+
+def _fitting_region(inputs: _Inputs, regions: list[SlicedRegion], members, held) -> SlicedRegion | None:
+    """The region with the fewest slices whose buffers fit beside everything else, if slicing pays."""
+    for slices in SLICE_COUNTS:
+        region = slice_region(inputs.graph, inputs.groups, members, slices, held)
+        if not _slicing_pays(inputs, region):
+            return None
+        if _place(inputs, regions + [region]) is not None:
+            return region
+    return None
+
+
+def _widened(inputs: _Inputs, members: tuple[int, ...], held: set[str]) -> tuple[tuple[int, ...], set[str]]:
+    """The members and held tensors grown by every eligible tensor of the same sliceable run whose
+    life overlaps them (a whole tensor beside the slices can leave them no room)."""
+    run = next(r for r in candidate_runs(inputs.graph, inputs.groups) if members[0] in r)
+    inside, held = set(run), set(held)
+    lo, hi = members[0], members[-1]
+    grown = True
+    while grown:
+        grown = False
+        for t, p in inputs.producer.items():
+            users = inputs.consumers.get(t, ())
+            if (t not in held and p in inside and users and set(users) <= inside and inputs.eligible(t)
+                    and len(inputs.graph.tensor(t).shape) == 4 and p <= hi and max(users) >= lo):
+                held.add(t)
+                lo, hi, grown = min(lo, p), max(hi, max(users)), True
+    return tuple(i for i in run if lo <= i <= hi), held
+
+
+def _slicing_candidates(inputs: _Inputs, rejected: set[str]):
+    """(members, held tensors) per cluster of rejected tensors inside one sliceable run: the
+    members span their producers to their last consumers."""
+    for run in candidate_runs(inputs.graph, inputs.groups):
+        inside = set(run)
+        held = sorted((inputs.producer[t], max(inputs.consumers[t]), t) for t in rejected
+                      if inputs.producer[t] in inside and set(inputs.consumers[t]) <= inside
+                      and len(inputs.graph.tensor(t).shape) == 4)
+        cluster: list[tuple[int, int, str]] = []
+        for item in held:
+            if cluster and item[0] > max(c[1] for c in cluster):
+                yield _members(run, cluster), {c[2] for c in cluster}
+                cluster = []
+            cluster.append(item)
+        if cluster:
+            yield _members(run, cluster), {c[2] for c in cluster}
+
+
+def _members(run: tuple[int, ...], cluster) -> tuple[int, ...]:
+    lo, hi = min(c[0] for c in cluster), max(c[1] for c in cluster)
+    return tuple(i for i in run if lo <= i <= hi)
+
+
+def _slicing_pays(inputs: _Inputs, region: SlicedRegion) -> bool:
+    """Slicing saves each held tensor's DDR write and read but loads every member's weights once
+    per slice: worth it while the weights reloaded are fewer bytes than the activations kept."""
+    graph = inputs.graph
+    weights = sum(graph.tensor(t).const.size for m in region.members for n in inputs.groups[m].nodes
+                  for t in n.inputs if t and graph.tensor(t).const is not None)
+    kept = sum(2 * _count(graph.tensor(t).shape) for t in region.buffers)
+    return weights * (region.slices - 1) < kept
+
+
+def _count(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None:
+    """First-fit placement of every resident unit; None when a slice buffer does not fit.
+    Tensors a sliced region touches live through the whole region (it runs its members again
+    for every slice)."""
+    graph, chip, prec, top = inputs.graph, inputs.chip, inputs.prec, inputs.top
+    held = {t: r for r in regions for t in r.buffers}
+
+    def life(name: str, first: int, last: int) -> tuple[int, int]:
+        for r in regions:
+            touched = inputs.producer.get(name) in r.members or set(inputs.consumers.get(name, ())) & set(r.members)
+            if touched:
+                first, last = min(first, r.first), max(last, r.last)
+        return first, last
+
+    aliased = {t for pair in inputs.aliases for t in pair}     # placed together or not at all
+    units = [u for u in _concat_units(graph, inputs.groups, chip, inputs.producer, inputs.consumers,
+                                      lambda t: t not in held and t not in aliased and inputs.eligible(t))]
+    for u in units:
+        u.members = [(n, c0, *life(n, f, l)) for n, c0, f, l in u.members]
+        u.first, u.last = min(m[2] for m in u.members), max(m[3] for m in u.members)
+    claimed = {m[0] for u in units for m in u.members}
+    sources = dict.fromkeys(a for a, _ in inputs.aliases)
+    for a in sources:
+        names = [a] + [b for x, b in inputs.aliases if x == a]
+        if any(t in claimed or t in held for t in names) or not inputs.eligible(a):
+            continue
+        lives = [life(t, inputs.producer[t], max(inputs.consumers[t])) for t in names]
+        units.append(_Unit(inputs.shape_of(a), min(f for f, _ in lives), max(l for _, l in lives),
+                           [(t, 0, *lf) for t, lf in zip(names, lives)]))
+        claimed |= set(names)
+    for name in inputs.producer:
+        if name not in claimed and name not in held and name not in aliased and inputs.eligible(name):
+            first, last = life(name, inputs.producer[name], max(inputs.consumers[name]))
+            units.append(_Unit(inputs.shape_of(name), first, last, [(name, 0, first, last)]))
+    for name in sorted(inputs.preloads):
+        first, last = life(name, min(inputs.consumers[name]), max(inputs.consumers[name]))
+        units.append(_Unit(inputs.shape_of(name), first, last, [(name, 0, first, last)]))
+    for name, r in held.items():
+        n, c, h, w = graph.tensor(name).shape
+        units.append(_Unit((1, c, r.capacity(name), w), r.first, r.last, [(name, 0, r.first, r.last)], sliced=True))
+    units.sort(key=lambda u: (u.first, u.last, u.members[0][0]))
+    plan = ResidencyPlan(region_top=top, regions=list(regions))
+    placed: list[tuple[int, int, _Unit]] = []
+    for unit in units:
+        size = _resident_bytes(chip, unit.shape, prec)
+        offset = _first_fit(placed, size, unit.first, unit.last)
+        if offset + size > inputs.budget:
+            if unit.sliced:
+                return None
+            continue
+        placed.append((offset, offset + size, unit))
+        base = make_tile(chip, top - offset - size, unit.shape, prec)
+        owner = unit.members[0][0]
+        for name, c0, first, last in unit.members:
+            container = unit.containers.get(name, None if name == owner else owner)
+            shape = unit.shape if unit.sliced else inputs.shape_of(name)
+            addr = base.sub_channels(c0, shape[1], chip).addr
+            plan.tensors[name] = ResidentTensor(name, shape, prec, addr, size if name == owner else 0, first, last,
+                                                container, layout=inputs.layouts.get(name, NCHW))
+            plan.consumers[name] = inputs.consumers[name]
+    return plan
+
+
+def _preloads(graph: Graph, chip: ChipConfig, prec: Prec, consumers, readable: list[dict]) -> dict[str, str]:
+    """Graph inputs that several groups read, all in one LMEM layout: loaded into LMEM once
+    before the first of them instead of read from DDR by each ({input: layout})."""
+    out = {}
+    for name in graph.inputs:
+        users = consumers.get(name, ())
+        layouts = {readable[j].get(name) for j in users}
+        if len(users) < 2 or len(layouts) != 1 or None in layouts:
+            continue
+        layout = layouts.pop()
+        shape = resident_shape(graph.tensor(name).shape, layout)
+        if shape is not None and ResidentTensor(name, shape, prec, 0, 0, 0, 0).strides_fit(chip):
+            out[name] = layout
+    return out
+
+
+def _view_aliases(graph: Graph, groups: list[Group], readable: list[dict], writable: list[dict],
+                  producer: dict[str, int], consumers: dict[str, tuple[int, ...]]) -> list[tuple[str, str]]:
+    """Reshapes whose input and output are the same bytes in LMEM in the layouts their producer
+    and consumers use (same lanes, same elements per lane: e.g. a [1, S, H*D] matrix and its
+    [1, S, H, D] NCHW view): the Reshape then becomes a second name for the same buffer. The
+    view group is recorded as reading and writing those layouts."""
+    out = []
+    for v, group in enumerate(groups):
+        if group.kind != "view":
+            continue
+        a, b = group.anchor.inputs[0], group.anchor.outputs[0]
+        users = consumers.get(b, ())
+        if a not in producer or groups[producer[a]].kind == "view" or not users or b in graph.outputs:
+            continue
+        la = writable[producer[a]].get(a)
+        lbs = {readable[j].get(b) for j in users}
+        if la is None or len(lbs) != 1 or None in lbs or any(groups[j].kind == "view" for j in users):
+            continue
+        lb = lbs.pop()
+        sa, sb = resident_shape(graph.tensor(a).shape, la), resident_shape(graph.tensor(b).shape, lb)
+        if sa is None or sb is None or sa[1] != sb[1] or sa[2] * sa[3] != sb[2] * sb[3]:
+            continue
+        readable[v] = dict(readable[v], **{a: la})
+        writable[v] = dict(writable[v], **{b: lb})
+        out.append((a, b))
+    return out
+
+
+def _concat_units(graph: Graph, groups: list[Group], chip: ChipConfig, producer, consumers,
+                  eligible: Callable[[str], bool]) -> list[_Unit]:
+    """Channel Concats kept in LMEM, each with the inputs that can be written in place: produced
+    by a group that writes LMEM, starting on lane 0; an input that is itself a Concat kept in LMEM
+    brings its own in-place inputs along (DenseNet's growing concatenations copy nothing)."""
+    units: dict[str, _Unit] = {}
+    claimed: set[str] = set()
+    for j, group in enumerate(groups):
+        node = group.anchor
+        out = node.outputs[0]
+        if not is_lmem_concat(graph, group) or not eligible(out):
+            continue
+        unit = _Unit(resident_shape(graph.tensor(out).shape, NCHW), j, max(consumers[out]),
+                     [(out, 0, j, max(consumers[out]))])
+        offset = 0
+        for x in node.inputs:
+            if offset % chip.lanes == 0 and x not in claimed and node.inputs.count(x) == 1 and eligible(x):
+                inner = units.pop(x, None)
+                for name, c0, first, last in (inner.members if inner else [(x, 0, producer[x], max(consumers[x]))]):
+                    unit.members.append((name, offset + c0, first, last))
+                    unit.containers[name] = inner.containers.get(name, x) if inner and name != x else out
+                claimed.add(x)
+            offset += graph.tensor(x).shape[1]
+        unit.first = min(m[2] for m in unit.members)
+        unit.last = max(m[3] for m in unit.members)
+        units[out] = unit
+    return list(units.values())
+
+
+def _resident_bytes(chip: ChipConfig, shape, prec: Prec) -> int:
+    """Per-lane bytes, rounded to whole banks when the tensor is at least half a bank (so the
+    buffers an instruction reads and writes tend to sit on different banks)."""
+    size = tile_bytes_per_lane(chip, tuple(shape), prec)
+    bank = chip.bank_bytes
+    return align_up(size, bank) if 2 * size >= bank else align_up(size, chip.core.lmem_align_bytes)
+
+
+def _first_fit(placed, size: int, first: int, last: int) -> int:
+    """Lowest offset from the top where `size` bytes are free during [first, last]."""
+    return lowest_free_offset([(lo, hi) for lo, hi, t in placed if not (t.last < first or t.first > last)], size)
+
+
+def lowest_free_offset(busy: list[tuple[int, int]], size: int) -> int:
+    """The lowest offset >= 0 where [offset, offset + size) overlaps none of the `busy` ranges."""
+    busy = sorted(busy)
+    offset = 0
+    for lo, hi in busy:
+        if offset + size <= lo:
+            break
+        offset = max(offset, hi)
+    return offset
+
+
+def _producers_and_consumers(graph: Graph, groups: list[Group]):
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        inside = g.produced()
+        for n in g.nodes:
+            for t in n.outputs:
+                if t:
+                    producer[t] = i
+        for n in g.nodes:
+            for t in n.inputs:
+                if t and t not in inside and i not in consumers.setdefault(t, []):
+                    consumers[t].append(i)
+    return producer, {k: tuple(v) for k, v in consumers.items()}
