@@ -95,14 +95,20 @@ def emit_batched_transpose(ctx: LowerCtx, label: str, src: int, dst: int, outer:
 
 
 def _row_blocks(ctx: LowerCtx, rows: int, widths: list[int], total: int, prec: Prec, label: str):
-    """Buffer sets (one buffer of q rows per width, double-buffered when it fits) and the blocks
-    of rows they process: (first row, lanes, q rows per lane), q as large as LMEM allows."""
+    """Buffer sets (one buffer of q rows per width) and the blocks of rows they process."""
+    chip = ctx.chip
+    return _blocks_of_rows(ctx, rows, lambda q: [tile_bytes_per_lane(chip, (1, 1, 1, q * w), prec) for w in widths],
+                           MAX_DMA // total, label)
+
+
+def _blocks_of_rows(ctx: LowerCtx, rows: int, per_set, q_limit: int, label: str):
+    """Buffer sets of per_set(q) bytes (double-buffered when that fits) and the blocks of rows
+    they process: (first row, lanes, q rows per lane), q as large as LMEM and `q_limit` allow."""
     chip, arena = ctx.chip, ctx.arena()
-    per_row = lambda q: [tile_bytes_per_lane(chip, (1, 1, 1, q * w), prec) for w in widths]  # noqa: E731
-    q_max = max(1, min(-(-rows // chip.lanes), MAX_DMA // total))
+    q_max = max(1, min(-(-rows // chip.lanes), q_limit))
     options = sorted({max(1, q_max >> k) for k in range(16)}, reverse=True)
-    q = largest_fitting(options, lambda v: arena.fits(per_row(v) * 2)) or 1
-    _, sets = arena.alloc_plan([], per_row(q), label)
+    q = largest_fitting(options, lambda v: arena.fits(per_set(v) * 2)) or 1
+    _, sets = arena.alloc_plan([], per_set(q), label)
     blocks = []
     for r0, r in steps(rows, chip.lanes * q):
         full, rem = divmod(r, q)
@@ -259,19 +265,9 @@ def strided_rows(ctx: LowerCtx, label: str, src: int, dst: int, geometry: tuple[
     rows, src_row, step, width, dst_row = geometry
     chip, em, b = ctx.chip, ctx.em, prec.bytes
     span = (width - 1) * step + 1
-    arena = ctx.arena()
-    per_set = lambda q: [tile_bytes_per_lane(chip, (1, 1, q, span), prec), tile_bytes_per_lane(chip, (1, 1, 1, q * width), prec)]
-    q_max = max(1, min(-(-rows // chip.lanes), MAX_DMA // max(span, width)))
-    options = sorted({max(1, q_max >> k) for k in range(16)}, reverse=True)
-    q = largest_fitting(options, lambda v: arena.fits(per_set(v) * 2)) or 1
-    _, sets = arena.alloc_plan([], per_set(q), label)
-    blocks = []
-    for r0, r in steps(rows, chip.lanes * q):
-        full, rem = divmod(r, q)
-        if full:
-            blocks.append((r0, full, q))
-        if rem:
-            blocks.append((r0 + full * q, 1, rem))
+    per_set = lambda q: [tile_bytes_per_lane(chip, (1, 1, q, span), prec),  # noqa: E731
+                         tile_bytes_per_lane(chip, (1, 1, 1, q * width), prec)]
+    sets, blocks = _blocks_of_rows(ctx, rows, per_set, MAX_DMA // max(span, width), label)
 
     def load(block, s):
         r0, lanes, qq = block
