@@ -14,6 +14,7 @@ from tpuflow.frontend.onnx_view import ONode, one_line
 from tpuflow.frontend.ops import OpKind
 from tpuflow.frontend.registry import IMPORTERS, Importer, importer
 from tpuflow.frontend.rewrite import Rewriter
+from tpuflow.frontend.imp_shape import pads_per_axis
 from tpuflow.frontend.shapes import SHAPE_FNS
 
 K = OpKind
@@ -305,9 +306,7 @@ def pad(node: ONode, ctx) -> None:
         given = ctx.const(node.input(1)).reshape(-1).tolist()
         a = ctx.const(node.input(3))
         axes = [int(i) % rank for i in a.reshape(-1)] if a is not None else list(range(rank))
-    pads = [0] * (2 * rank)
-    for i, axis in enumerate(axes):
-        pads[axis], pads[rank + axis] = int(given[i]), int(given[len(axes) + i])
+    pads = pads_per_axis(given, axes, rank)
     if min(pads) < 0:
         ctx.unsupported("negative pads")
         return

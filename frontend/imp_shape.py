@@ -148,10 +148,16 @@ def pad(node: ONode, ctx) -> None:
         value = 0.0 if v is None or v.size == 0 else float(v.reshape(-1)[0])
         a = ctx.const(node.input(3))
         axes = [_axis(int(i), rank) for i in a.reshape(-1)] if a is not None else list(range(rank))
-    pads = [0] * (2 * rank)
-    for i, axis in enumerate(axes):
-        pads[axis], pads[rank + axis] = int(given[i]), int(given[len(axes) + i])
+    pads = pads_per_axis(given, axes, rank)
     if min(pads) < 0:
         ctx.unsupported("negative pads")
         return
     ctx.emit(K.PAD, (x,), node.outputs, pads=tuple(pads), value=value)
+
+
+def pads_per_axis(given: list, axes: list[int], rank: int) -> list[int]:
+    """ONNX Pad amounts for `axes` (begins, then ends) as begin of every axis, then end of every axis."""
+    pads = [0] * (2 * rank)
+    for i, axis in enumerate(axes):
+        pads[axis], pads[rank + axis] = int(given[i]), int(given[len(axes) + i])
+    return pads
