@@ -151,6 +151,13 @@ def interleave_rows(ctx: LowerCtx, label: str, srcs: list[tuple[int, int]], dst:
     pipelined(blocks, len(sets), load, copy_store)
 
 
+def _load_plane_rows(ctx: LowerCtx, offset: int, src: int, block, h: int, w: int, prec: Prec) -> None:
+    """Rows [y0, y0+y) of planes [p0, p0+p) of (planes, h, w) at `src`, one plane per lane."""
+    p0, p, y0, y = block
+    ctx.em.load(make_tile(ctx.chip, offset, (1, p, y, w), prec),
+                DRegion(src + (p0 * h * w + y0 * w) * prec.bytes, (1, p, y, w), (p * h * w, h * w, w, 1), prec))
+
+
 def upsample_nearest(ctx: LowerCtx, label: str, src: int, dst: int, rows: int, h: int, w: int, rh: int, rw: int,
                      prec: Prec) -> None:
     """dst[r, y, x] = src[r, y // rh, x // rw] for `rows` planes of h x w: blocks of planes on lanes
@@ -172,9 +179,7 @@ def upsample_nearest(ctx: LowerCtx, label: str, src: int, dst: int, rows: int, h
     blocks = [(r0, r, h0, hh) for r0, r in steps(rows, rt) for h0, hh in steps(h, ht)]
 
     def load(block, s):
-        r0, r, h0, hh = block
-        em.load(make_tile(chip, sets[s][0], (1, r, hh, w), prec),
-                DRegion(src + (r0 * h * w + h0 * w) * b, (1, r, hh, w), (r * h * w, h * w, w, 1), prec))
+        _load_plane_rows(ctx, sets[s][0], src, block, h, w, prec)
 
     def replicate_store(block, s):
         r0, r, h0, hh = block
@@ -309,9 +314,7 @@ def pad_last_axis(ctx: LowerCtx, label: str, src: int, dst: int, planes: int, h:
         return min(max(i, 0), w - 1)
 
     def load(block, s):
-        p0, p, y0, y = block
-        em.load(make_tile(chip, sets[s][0], (1, p, y, w), prec),
-                DRegion(src + (p0 * h * w + y0 * w) * b, (1, p, y, w), (p * h * w, h * w, w, 1), prec))
+        _load_plane_rows(ctx, sets[s][0], src, block, h, w, prec)
 
     def pad_store(block, s):
         p0, p, y0, y = block
