@@ -69,8 +69,6 @@ def move_emitter(ctx: LowerCtx, group: Group):
 
 
 move_emitter.resident_ports = concat_ports
-if hasattr(MoveEmitter, "scratch_bytes"):
-    move_emitter.scratch_bytes = MoveEmitter.scratch_bytes
 
 
 TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": tiu_matmul_emitter, "pool": PoolEmitter,
