@@ -56,14 +56,16 @@ PER_OP = ("MM", "MM2")         # matmul commands are compared per op: the profil
 
 
 def parse_profile(path: Path) -> list[dict]:
-    """Every command cell of a compiler_profile.txt: op, line, kind, t and (GDMA) dr, sz."""
+    """Every command cell of a compiler_profile.txt: op, line, kind, t, its own command id (b on TIU
+    cells, g on GDMA cells) and (GDMA) dr, sz."""
     cells = []
     for token in path.read_text().split():
         m = CELL.match(token)
         if not m:
             continue
         fields = dict(f.split(":", 1) for f in m["fields"].split("|") if ":" in f)
-        cell = {"op": m["op"], "line": int(m["line"]), "kind": m["kind"], "t": int(fields["t"])}
+        cell = {"op": m["op"], "line": int(m["line"]), "kind": m["kind"], "t": int(fields["t"]),
+                "id": int(fields["g" if "dr" in fields else "b"])}
         if "dr" in fields:
             cell.update(dr=int(fields["dr"]), sz=int(fields["sz"]))
         cells.append(cell)

@@ -178,6 +178,16 @@ class GdmaConfig:
         "", "fraction of the per-direction rate a long transfer sustains (DRAM efficiency)", check=_fraction,
         default=1.0, source="bm1684x: tpu-mlir 1.30.2 compiler_profile.txt, contiguous loads >= 64 KiB run at "
                             "54.02 B/cycle = 0.931 x 58, stores at 40.98 B/cycle = 0.931 x 44")
+    min_run_bytes: int = p(
+        "B", "least DDR-side bytes each contiguous run of a command is charged at its direction rate (0: its bytes)",
+        check=_non_negative, default=0,
+        source="bm1684x: tpu-mlir 1.30.2 compiler_profile.txt, S2L tensor loads with 96-256 B per-channel runs "
+               "cost 4.74 cycles per run = 256 B at 54.02 B/cycle (benchmarks/results/vendor_profile.md)")
+    element_run_bytes: int = p(
+        "B", "DDR-side bytes a run of one element (e.g. one value per lane) is charged at its direction rate "
+             "(0: as min_run_bytes)", check=_non_negative, default=0,
+        source="bm1684x: tpu-mlir 1.30.2 compiler_profile.txt, 372 S2L loads of one 2 or 4 B element per channel "
+               "(1xCx1x1 constants) cost 18.95 cycles per channel = 1024 B at 54.02 B/cycle")
 
 
 @dataclass(frozen=True)

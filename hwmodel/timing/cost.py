@@ -10,7 +10,8 @@ instruction_cycles(instr, chip) is in cycles of the instruction's engine clock:
 * TILE: compute.tile_cycles.
 * GDMA: cmd setup + max(transfer, direction floor), where transfer = max(GDMA bus cycles, DDR bytes at
   dram.peak_gbps, burst-issue cycles) + the unloaded latency of one burst (DDR page hit or LMEM
-  access), and the direction floor is the simulator's: DDR-side bytes / (gdma.s2l / l2s / s2s_gbps x
+  access), and the direction floor is the simulator's: DDR-side bytes, each contiguous run charged at
+  least gdma.min_run_bytes (one-element runs gdma.element_run_bytes), / (gdma.s2l / l2s / s2s_gbps x
   gdma.direction_efficiency) (gdma.py). SYS commands cost the setup.
 instruction_timing_ps(instr, chip) gives the scheduler's (duration, head, tail) in ps from those.
 Every term is a lower estimate of what the simulator charges the instruction alone, so chains and
@@ -23,7 +24,7 @@ from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.clocks import Clocks, ns_to_ps, period_ps
 from tpuflow.hwmodel.timing.compute import CUBE, cdiv, tile_cycles, tiu_work
-from tpuflow.hwmodel.timing.gdma import DDR, LMEM, direction_floor_ps
+from tpuflow.hwmodel.timing.gdma import DDR, LMEM, charged_ddr_bytes, direction_floor_ps
 from tpuflow.hwmodel.timing.segments import side_bursts, transfer_sides
 from tpuflow.hwmodel.timing.wdc import WdcParams
 from tpuflow.isa import (DmaInstruction, Engine, GeneralDma, Instruction, Prec, SysDma, TensorDma, TileInstruction,
@@ -78,7 +79,8 @@ def gdma_cycles(instr: DmaInstruction, chip: ChipConfig) -> int:
         latency = ns_to_ps(g.lmem_access_latency_ns)
     transfer = max(bus, ddr_cycles) + cdiv(latency, period)
     kind = (lambda side: 0 if side is None else LMEM if side.lmem else DDR)
-    floor = int(direction_floor_ps(chip, [kind(src)], [kind(dst)], [src.nbytes if src else 0], [nbytes])[0])
+    charged = [charged_ddr_bytes(chip, src, dst)]
+    floor = int(direction_floor_ps(chip, [kind(src)], [kind(dst)], charged, charged)[0])
     return g.cmd_setup_cycles + max(transfer, floor // period)
 
 

@@ -29,7 +29,9 @@ vectorised pass; the simulator only adds dispatch times.
 * Completion (in order): the last write acknowledgement, on a GDMA edge, but not before
   setup + DDR-side bytes / (direction rate x gdma.direction_efficiency): the direction rate is
   gdma.s2l_gbps (DDR -> LMEM, bytes read), l2s_gbps (LMEM -> DDR, bytes written) or s2s_gbps
-  (DDR -> DDR); 0 means no such limit. tdma_sync_id follows.
+  (DDR -> DDR); 0 means no such limit. The DDR-side bytes are charged per contiguous run (a piece
+  contiguous on both sides; LMEM channels break runs): at least gdma.min_run_bytes each, and
+  gdma.element_run_bytes for a run of one element (0: the run's bytes). tdma_sync_id follows.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import numpy as np
 
 from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.clocks import Clock, Clocks, ns_to_ps
-from tpuflow.hwmodel.timing.segments import Bursts, side_bursts, transfer_sides
+from tpuflow.hwmodel.timing.segments import Bursts, Side, _contiguous_dims, side_bursts, transfer_sides
 from tpuflow.hwmodel.timing.wdc import (BIG, DramPlan, DramState, WdcParams, group_rank, runs, seg_cummax,
                                         seg_serial)
 from tpuflow.isa import Instruction, SysDma
@@ -75,6 +77,30 @@ def direction_floor_ps(chip: ChipConfig, read_kinds, write_kinds, src_bytes, dst
                       np.asarray(src_bytes, dtype=np.int64))
     rate = gbps * g.direction_efficiency * 1e-3            # bytes per ps
     return np.where(rate > 0, np.ceil(nbytes / np.where(rate > 0, rate, 1.0)), 0).astype(np.int64)
+
+
+def _run_elements(side: Side | None) -> int:
+    """Elements in one contiguous run of a side (segments.py's cut: LMEM channels sit on different lanes)."""
+    if side is None:
+        return 1 << 62
+    k = _contiguous_dims(side.shape, side.strides)
+    if side.lmem and side.shape[1] > 1:
+        k = min(k, 2)
+    n, c, h, w = side.shape
+    return {3: c * h * w, 2: h * w, 1: w, 0: 1}[k]
+
+
+def charged_ddr_bytes(chip: ChipConfig, src: Side | None, dst: Side | None) -> int:
+    """DDR-side bytes the direction floor charges a transfer: each run counts at least gdma.min_run_bytes,
+    a one-element run gdma.element_run_bytes (see the module docstring)."""
+    ddr = src if src is not None and not src.lmem else dst
+    if ddr is None or ddr.lmem:
+        return src.nbytes if src is not None else 0
+    g = chip.gdma
+    run = min(_run_elements(src), _run_elements(dst))
+    runs = -(-ddr.nbytes // (run * ddr.esize))
+    per_run = g.element_run_bytes if run == 1 and g.element_run_bytes else g.min_run_bytes
+    return max(ddr.nbytes, runs * per_run)
 
 
 class _Side:
@@ -134,16 +160,17 @@ class CommandModel:
                             cat("dram_first"), cat("dram_last"), state, self.iterations)
 
     def _sides(self, instr: Instruction):
-        """(read bursts, write bursts, read kind, write kind, src bytes, dst bytes) of one command."""
+        """(read bursts, write bursts, read kind, write kind, src bytes, dst bytes, floor bytes) of one command."""
         src, dst = (None, None) if isinstance(instr, SysDma) else transfer_sides(instr, self.chip)
         return (side_bursts(src, self.chip, self.burst_bytes) if src is not None else None,
                 side_bursts(dst, self.chip, self.burst_bytes) if dst is not None else None,
                 NONE if src is None else (LMEM if src.lmem else DDR), NONE if dst is None else (LMEM if dst.lmem else DDR),
-                src.nbytes if src is not None else 0, dst.nbytes if dst is not None else 0)
+                src.nbytes if src is not None else 0, dst.nbytes if dst is not None else 0,
+                charged_ddr_bytes(self.chip, src, dst) if dst is not None else 0)
 
     def _chunk(self, chunk: list, state: DramState) -> CommandTable:
         n = len(chunk)
-        reads, writes, rk, wk, src_bytes, dst_bytes = (list(col) for col in zip(*chunk)) if chunk else ([],) * 6
+        reads, writes, rk, wk, src_bytes, dst_bytes, charged = (list(col) for col in zip(*chunk)) if chunk else ([],) * 7
         rs, ws = _Side(reads, rk), _Side(writes, wk)
         plan = self._plan(rs, ws, state)
         ddr_read = self._ddr(plan, rs, False, np.full(len(rs.select(DDR)), self.setup, dtype=np.int64))
@@ -163,7 +190,7 @@ class CommandModel:
             done[dd] = ddr_write.release
         self.streams = (ddr_read, ddr_write)
         table = self._collect(n, ws, done, self.streams, np.asarray(dst_bytes, dtype=np.int64), state)
-        floor = direction_floor_ps(self.chip, rk, wk, src_bytes, dst_bytes)
+        floor = direction_floor_ps(self.chip, rk, wk, charged, charged)
         capped = np.flatnonzero(floor > 0)
         table.end[capped] = np.maximum(table.end[capped], self.clock.align_array(self.setup + floor[capped]))
         return table
