@@ -28,9 +28,11 @@ whenever decoding the short descriptor gives the instruction back, i.e. every da
 the short layout has fits it, and every field it lacks equals its dataclass default or, for
 documented implied fields, the value implied by the others. The implied fields are sMM2's
 opd0_c / opd0_w (absent from the short layout): nn: (res0_c, opd1_c), nt: (res0_c, opd1_w),
-tt: (opd1_w, res0_c), i.e. L's rows and columns follow from res0 and R; and sPorD's
-opt_opd1_prec = opt_opd0_prec (tpu-mlir reads sPorD's opd1 in opd0's precision). Otherwise the
-long form.
+tt: (opd1_w, res0_c), i.e. L's rows and columns follow from res0 and R; sPorD's
+opt_opd1_prec = opt_opd0_prec (tpu-mlir reads sPorD's opd1 in opd0's precision); and sCONV's
+weight_ic_block = ConvTiu.ALIGNED_IC_BLOCK[opt_opd0_prec] (tpu-mlir's sCONV_converter reads the
+weights in Layout.alignIC, input channels in blocks of CUBE_NUM(dtype)); the long CONV form holds
+weight_ic_block = 1 (compact [ic][kh][kw], its short_opd1_str). Otherwise the long form.
 
 Hardware-meaning fields: descriptor fields the dataclass does not carry but whose value follows
 from the instruction (`DERIVED` below) are written as tpu-mlir 1.30.2's bm1690 decoder reads them
@@ -105,9 +107,13 @@ MM2_IMPLIED: dict[str, Callable[[dict], int]] = {
 # sPorD has no opd1 precision: tpu-mlir's sPorD_converter reads opd1 (weights / scale) in opd0's
 SPORD_IMPLIED: dict[str, Callable[[dict], int]] = {"opt_opd1_prec": lambda v: v["opt_opd0_prec"]}
 
+# sCONV's weights are in the cube's input-channel-aligned layout (tpu-mlir sCONV_converter: Layout.alignIC)
+SCONV_IMPLIED: dict[str, Callable[[dict], int]] = {
+    "weight_ic_block": lambda v: ConvTiu.ALIGNED_IC_BLOCK.get(v["opt_opd0_prec"], 0)}
+
 # dataclass kind -> its registers, preferred (short) first, and implied fields per register
 KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
-    ConvTiu: (("sCONV", {}), ("CONV", {})),
+    ConvTiu: (("sCONV", SCONV_IMPLIED), ("CONV", {})),
     Mm2Tiu: (("sMM2", MM2_IMPLIED), ("MM2", {})),
     ArTiu: (("sAR", {}), ("AR", {})),
     PordTiu: (("sPorD", SPORD_IMPLIED), ("PorD", {})),

@@ -25,6 +25,17 @@ def to_storage(array: np.ndarray, prec: Prec) -> np.ndarray:
     raise ValueError(f"no storage for {prec}")
 
 
+def pack_conv_weights(weights: np.ndarray, ic_block: int) -> np.ndarray:
+    """(OC, IC, KH, KW) conv weights -> (OC, ceil(IC / B) * B * KH * KW) rows in ConvTiu's
+    weight layout for weight_ic_block B: per output channel [ic // B][kh][kw][ic % B], the padding
+    channels zero (B = 1: the plain [ic][kh][kw] order)."""
+    oc, ic, kh, kw = weights.shape
+    blocks = -(-ic // ic_block)
+    padded = np.zeros((oc, blocks * ic_block, kh, kw), dtype=weights.dtype)
+    padded[:, :ic] = weights
+    return padded.reshape(oc, blocks, ic_block, kh, kw).transpose(0, 1, 3, 4, 2).reshape(oc, -1)
+
+
 class WeightImage:
     """Appends constant blobs; `base` is the DDR address the image is loaded at."""
 

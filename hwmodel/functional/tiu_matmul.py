@@ -19,12 +19,20 @@ def conv2d(x: np.ndarray, weight: np.ndarray, win: Window) -> np.ndarray:
     return out.transpose(1, 0, 2, 3)
 
 
+def conv_weights(stored: np.ndarray, ins: ConvTiu) -> np.ndarray:
+    """ConvTiu's opd1 (1, OC, 1, padded IC * KH * KW) in its weight_ic_block layout
+    ([ic // B][kh][kw][ic % B] per output channel) -> (OC, IC, KH, KW)."""
+    oc, kh, kw, block = ins.res0_c, ins.opd1_h, ins.opd1_w, ins.weight_ic_block
+    blocks = ins.weight_ic_padded // block
+    w = np.broadcast_to(stored, ins.weight_shape()).reshape(oc, blocks, kh, kw, block)
+    return np.ascontiguousarray(w.transpose(0, 1, 4, 2, 3).reshape(oc, blocks * block, kh, kw)[:, :ins.opd0_c])
+
+
 def execute_conv(m, ins: ConvTiu) -> None:
     n, oc, ic = ins.res0_n, ins.res0_c, ins.opd0_c
     x = operands.value(m, ins, "opd0", (n, ic, ins.opd0_h, ins.opd0_w), as_float=True)
-    weight = operands.value(m, ins, "opd1", ins.weight_shape(), as_float=True)
-    weight = np.broadcast_to(weight, ins.weight_shape()).reshape(oc, ic, ins.opd1_h, ins.opd1_w)
-    y = conv2d(x, np.ascontiguousarray(weight), Window.of(ins))
+    weight = conv_weights(operands.value(m, ins, "opd1", ins.weight_shape(), as_float=True), ins)
+    y = conv2d(x, weight, Window.of(ins))
     bias = operands.value(m, ins, "opd2", (1, oc, 1, 1), as_float=True)
     y = y + np.reshape(bias, (1, -1, 1, 1))
     _finish(m, ins, y, ins.res0_shape)

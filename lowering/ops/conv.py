@@ -18,6 +18,7 @@ from tpuflow.lowering.layergroup import NCHW
 from tpuflow.lowering.ops.epilogue import Epilogue, full_epilogue_operands
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps, steps_between
+from tpuflow.lowering.weights import pack_conv_weights
 
 MAX_PAD = 15        # opd0_*_pad fields are 4 bits
 PIPELINE_STEPS = 4  # split a layer that fits LMEM whole into this many row tiles, so GDMA loads and
@@ -118,6 +119,8 @@ class ConvEmitter:
         self.in_res = ctx.resident(self.node.inputs[0])      # layer groups: input kept in LMEM
         self.out_res = ctx.resident(self.result)             # layer groups: result kept in LMEM
         self.unfolded = None                                 # the original geometry when rows are folded
+        # weights in the cube's input-channel-aligned layout, the one the short descriptor (sCONV) means
+        self.ic_block = ConvTiu.ALIGNED_IC_BLOCK.get(int(ctx.prec), 1)
         geo = self.geom
         if (self.in_res is None and geo.groups == 1 and geo.kh > 1 and geo.cin * geo.kh <= self.chip.lanes
                 and geo.cin * 2 <= self.chip.lanes):
@@ -183,7 +186,7 @@ class ConvEmitter:
         conv_rows = self._conv_rows(ht)
         load = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ict, geo.halo_rows(conv_rows), geo.w), prec)]
         if not w_resident:
-            load.append(tile_bytes_per_lane(chip, (1, ct, 1, ict * geo.kh * geo.kw), prec, compact=True))
+            load.append(tile_bytes_per_lane(chip, (1, ct, 1, self._weight_elems(ict)), prec, compact=True))
         if self.unfolded is not None:        # the raw input rows the folded rows are copied from
             raw = self.unfolded
             load.append(tile_bytes_per_lane(chip, (1, raw.cin, raw.halo_rows(conv_rows), raw.w), prec))
@@ -220,7 +223,7 @@ class ConvEmitter:
         geo, chip = self.geom, self.chip
         out = [tile_bytes_per_lane(chip, (1, geo.cout, 1, 1), Prec.FP32, compact=True)]
         if w_resident:
-            out.append(tile_bytes_per_lane(chip, (1, cout_g, 1, cin_g * geo.kh * geo.kw), self.ctx.prec, compact=True))
+            out.append(tile_bytes_per_lane(chip, (1, cout_g, 1, self._weight_elems(cin_g)), self.ctx.prec, compact=True))
         return out + self.epi.resident_sizes(geo.cout, geo.wo)
 
     def _fits(self, ct, ht, ict, cin_g, cout_g, w_resident, copies=2) -> bool:
@@ -285,13 +288,16 @@ class ConvEmitter:
             ctx.load_const_channels(self.bias_tile, f"bias:{self.node.name}", self.bias.reshape(-1, 1), Prec.FP32)
         self.w_res_offset = res[1] if self.w_res else None
         self.epi.load_residents(res[2 if self.w_res else 1:], geo.cout, geo.wo)
-        flatw = self.weights.reshape(geo.cout, -1)
-        self.w_addr = ctx.const_addr(f"convw:{self.node.name}", flatw)
+        self.w_addr = ctx.const_addr(f"convw:{self.node.name}", pack_conv_weights(self.weights, self.ic_block))
+
+    def _weight_elems(self, ict: int) -> int:
+        """Weight elements per output channel for `ict` input channels (the aligned layout pads channels)."""
+        return -(-ict // self.ic_block) * self.ic_block * self.geom.kh * self.geom.kw
 
     def _emit_standard(self, ic_base: int, oc_base: int, cin_g: int, cout_g: int) -> None:
         geo = self.geom
         if self.w_res:
-            self.w_tile = make_tile(self.chip, self.w_res_offset, (1, cout_g, 1, cin_g * geo.kh * geo.kw),
+            self.w_tile = make_tile(self.chip, self.w_res_offset, (1, cout_g, 1, self._weight_elems(cin_g)),
                                     self.ctx.prec, compact=True)
             self.ctx.em.load(self.w_tile, self._weight_region(oc_base, cout_g, 0, cin_g, cin_g))
         out_tiles = [(n, c0, ct, h0, ht, pool) for n in range(geo.n) for c0, ct in steps(cout_g, self.ct)
@@ -304,9 +310,12 @@ class ConvEmitter:
 
     def _weight_region(self, oc0: int, ct: int, ic0: int, ict: int, cin_g: int) -> DRegion:
         geo, prec = self.geom, self.ctx.prec
-        kk = geo.kh * geo.kw
-        addr = self.w_addr + (oc0 * cin_g * kk + ic0 * kk) * prec.bytes
-        return DRegion(addr, (1, ct, 1, ict * kk), (ct * cin_g * kk, cin_g * kk, ict * kk, 1), prec)
+        if ic0 % self.ic_block:
+            raise LoweringError(f"layer {self.node.name}: input-channel step {ic0} is not a multiple of the "
+                                f"{self.ic_block}-channel weight block")
+        row, elems = self._weight_elems(cin_g), self._weight_elems(ict)
+        addr = self.w_addr + (oc0 * row + ic0 * geo.kh * geo.kw) * prec.bytes
+        return DRegion(addr, (1, ct, 1, elems), (ct * row, row, elems, 1), prec)
 
     def _input_region(self, n: int, c0: int, ct: int, r0: int, rows: int) -> DRegion:
         geo, prec = self.geom, self.ctx.prec
@@ -333,7 +342,7 @@ class ConvEmitter:
             em.load(make_tile(self.chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec),
                     self._input_region(n, ic_base + ic0, ict, r0, rows))
         if not self.w_res:
-            w = make_tile(self.chip, offs[1], (1, ct, 1, ict * geo.kh * geo.kw), self.ctx.prec, compact=True)
+            w = make_tile(self.chip, offs[1], (1, ct, 1, self._weight_elems(ict)), self.ctx.prec, compact=True)
             em.load(w, self._weight_region(oc_base + c0, ct, ic0, ict, cin_g))
         if k == len(ic_steps) - 1 and self.epi.full:
             out_offs = self.out_sets[ti % len(self.out_sets)]
@@ -395,9 +404,10 @@ class ConvEmitter:
         if self.w_res:
             wt = self.w_tile.sub_channels(c0, ct, chip)
             kk = geo.kh * geo.kw
-            wt = LTile(wt.addr + ic0 * kk * self.ctx.prec.bytes, (1, ct, 1, ict * kk), wt.prec, wt.strides, wt.mode)
+            wt = LTile(wt.addr + ic0 * kk * self.ctx.prec.bytes, (1, ct, 1, self._weight_elems(ict)), wt.prec,
+                       wt.strides, wt.mode)
         else:
-            wt = make_tile(chip, offs[1], (1, ct, 1, ict * geo.kh * geo.kw), self.ctx.prec, compact=True)
+            wt = make_tile(chip, offs[1], (1, ct, 1, self._weight_elems(ict)), self.ctx.prec, compact=True)
         bias = self.bias_tile.sub_channels(oc_base + c0, ct, chip) if (self.bias is not None and k == 0) else None
         em.layer = self.node.name
         em.tiu(self._conv(out, inp, wt, bias, up, dn, first=(k == 0), last=(k == len(ic_steps) - 1)))
@@ -416,7 +426,7 @@ class ConvEmitter:
         relu = last and self.fused_relu
         return ConvTiu(**f, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
                        res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1,
-                       opt_res_add=0 if first else 1, opt_relu=int(relu))
+                       opt_res_add=0 if first else 1, opt_relu=int(relu), weight_ic_block=self.ic_block)
 
     def _finish_tile(self, out: LTile, out_offs, n, c0, ct, h0, ht, split: bool, pool=None) -> None:
         em = self.ctx.em

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tpuflow.codegen import linx
 from tpuflow.codegen.sg2260 import ADDRESS_FIELDS, INT32_CONST_RANGE, KIND_REGISTERS, codec_for
-from tpuflow.isa import GDMA_KINDS, TIU_KINDS, AccCvt, Engine, Mm2Tiu, Prec, TMatmul, TPush
+from tpuflow.isa import GDMA_KINDS, TIU_KINDS, AccCvt, ConvTiu, Engine, Mm2Tiu, Prec, TMatmul, TPush
 from tpuflow.isa.tile import DT_CODES, LAYOUT_CODES, ROUND_MODES
 
 DESCRIPTOR_KINDS = tuple(k for k in KIND_REGISTERS if k.ENGINE is Engine.TIU) + tuple(k for k in KIND_REGISTERS if k.ENGINE is Engine.GDMA)
@@ -40,7 +40,7 @@ def descriptor_instruction(draw, cls):
             values["op"] = draw(st.sampled_from(sorted(cls.OPS)))
             continue
         default = None if f.default is dataclasses.MISSING else f.default
-        if use_defaults and default is not None:
+        if (use_defaults or f.name not in codec.forms[-1].layout.fields) and default is not None:
             values[f.name] = default
             continue
         lfield = _long_field(cls, f.name)
@@ -55,6 +55,10 @@ def descriptor_instruction(draw, cls):
     for c in codec.const_operands:
         if values[c.const] and c.prec and not Prec(values[c.prec]).is_float:
             values[c.addr] = draw(value_strategy(*INT32_CONST_RANGE))
+    if cls is ConvTiu and draw(st.booleans()):  # the cube-aligned weight layout, when sCONV can hold the rest
+        aligned = dict(values, weight_ic_block=ConvTiu.ALIGNED_IC_BLOCK.get(values["opt_opd0_prec"], 1))
+        if codec.forms[0].try_pack(aligned, codec.derive(aligned), strict=False) is not None:
+            values = aligned
     if cls is Mm2Tiu and draw(st.booleans()):  # shapes consistent with the op (sMM2 candidates)
         from tpuflow.codegen.sg2260 import _mm2_opd0
         values["opd0_c"], values["opd0_w"] = _mm2_opd0(values)

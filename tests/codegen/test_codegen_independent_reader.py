@@ -157,6 +157,17 @@ def check_semantics(instr, reg: str, got: dict, written: bool = False) -> set[st
     return covered
 
 
+# dataclass fields no register holds, fixed by the register's operand layouts (sCONV: alignIC weights)
+LAYOUT_FIELDS = {(reg, rule["field"]): rule["equals"] for rule in VENDOR["layout_fields"] for reg in rule["registers"]}
+
+
+def layout_value(rule, got: dict) -> int:
+    if isinstance(rule, int):
+        return rule
+    assert rule == "cube_num(opt_opd0_prec)", rule
+    return VENDOR["cube_num"]["per_prec"][str(got["opt_opd0_prec"])]
+
+
 def _expected_bits(value: int, width: int) -> int:
     assert -(1 << width) < value < 1 << width
     return value & ((1 << width) - 1)
@@ -196,6 +207,9 @@ def check_agrees(instr, entry: dict, fields: list[tuple[str, int]], written: boo
         if name in got:
             assert got[name] == _expected_bits(value, widths[name]), f.name
             explained.add(name)
+        elif (reg, f.name) in LAYOUT_FIELDS:
+            assert value == layout_value(LAYOUT_FIELDS[reg, f.name], got), f"{reg} means {f.name} = " \
+                f"{layout_value(LAYOUT_FIELDS[reg, f.name], got)}, the instruction has {value}"
         else:
             assert reg.startswith("s"), f"{f.name} missing from long form {reg}"
     explained |= check_semantics(instr, reg, got, written)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from tpuflow.isa.base import (Accesses, Engine, Instruction, LocalTensor, Prec, StrideMode,
+from tpuflow.isa.base import (TILE_WAIT_TAG, Accesses, Engine, Instruction, LocalTensor, Prec, StrideMode,
                               lmem_ranges, operand_strides)
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ FP32 = int(Prec.FP32)
 
 class TiuInstruction(Instruction):
     ENGINE: ClassVar[Engine] = Engine.TIU
+    WAIT_FIELDS: ClassVar[dict] = {Engine.GDMA: "cmd_id_dep"}
     TSK_TYP: ClassVar[int]
 
     @property
@@ -78,8 +79,11 @@ class ConvTiu(TiuInstruction):
     * w[oc,ic,kh,kw] (zero padding; sy = res_op_y_str, dy = opd1_y_ins0 + 1).
 
     opd0: input (res0_n, opd0_c, opd0_h, opd0_w). opd1: weights, an LMEM tensor
-    (1, res0_c, 1, opd0_c*opd1_h*opd1_w) in compact layout, element order [ic][kh][kw], output
-    channel oc on lane (start + oc) % lanes. opd2: bias (1, res0_c, 1, 1) compact (or a scalar
+    (1, res0_c, 1, ceil(opd0_c / B) * B * opd1_h * opd1_w) in compact layout, B = weight_ic_block:
+    per output channel the input channels in blocks of B, element order [ic // B][kh][kw][ic % B]
+    (channels past opd0_c are padding, never read); B = 1 is the order [ic][kh][kw]. Output
+    channel oc on lane (start + oc) % lanes. The short descriptor (sCONV) means
+    B = ALIGNED_IC_BLOCK[opt_opd0_prec], the cube's input-channel-aligned layout. opd2: bias (1, res0_c, 1, 1) compact (or a scalar
     when opt_opd2_const). opt_res_add accumulates into res0 (partial sums over input channels);
     opt_relu clamps at zero after the sum. Products are accumulated in fp32.
     """
@@ -127,12 +131,28 @@ class ConvTiu(TiuInstruction):
     opd1_y_ins0: int = 0
     opt_relu: int = 0
     opt_res_add: int = 0
+    weight_ic_block: int = 1
 
     short_opd1_str: ClassVar[int] = StrideMode.COMPACT
     short_opd2_str: ClassVar[int] = StrideMode.COMPACT
+    # input channels per weight block of the cube-aligned layout, per opd0 precision (SG2260 / bm1690:
+    # tpu-mlir 1.30.2 python/debugger/target_1690/memmap.py CUBE_NUM, from the cmodel's
+    # tpu_get_ic_parallel(1) = 64 one-byte channels; fp32 and int32 run one channel at a time)
+    ALIGNED_IC_BLOCK: ClassVar[dict] = {int(Prec.INT8): 64, int(Prec.FP16): 32, int(Prec.BF16): 32,
+                                        int(Prec.INT16): 32, FP32: 1, int(Prec.INT32): 1}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.weight_ic_block < 1:
+            raise ValueError(f"conv weight_ic_block must be >= 1, got {self.weight_ic_block}")
+
+    @property
+    def weight_ic_padded(self) -> int:
+        """Input channels per output channel in the weight layout (opd0_c rounded up to the block)."""
+        return -(-self.opd0_c // self.weight_ic_block) * self.weight_ic_block
 
     def weight_shape(self):
-        return (1, self.res0_c, 1, self.opd0_c * self.opd1_h * self.opd1_w)
+        return (1, self.res0_c, 1, self.weight_ic_padded * self.opd1_h * self.opd1_w)
 
     def read_operands(self, chip):
         ops = [("opd0", (self.res0_n, self.opd0_c, self.opd0_h, self.opd0_w)),
@@ -581,6 +601,18 @@ class SysTiu(TiuInstruction):
     imm: int = 0
     reg_idx: int = 0
     cmd_id_dep: int = 0
+
+    @property
+    def is_tile_wait(self) -> bool:
+        return self.op == "wait_msg" and self.reg_idx == TILE_WAIT_TAG
+
+    def waits(self) -> tuple[int, int, int]:
+        return (0, self.cmd_id_dep, self.imm if self.is_tile_wait else 0)
+
+    @classmethod
+    def tile_wait(cls, block: int) -> "SysTiu":
+        """system.wait_msg that waits until the TILE engine completed block `block`."""
+        return cls(op="wait_msg", reg_idx=TILE_WAIT_TAG, imm=block)
 
     def accesses(self, chip):
         return Accesses()

@@ -1,5 +1,6 @@
 """conv.normal and mm2.nn/nt/tt against float64 references: shapes, pads, strides, dilations,
-start lanes (channels wrapping past the last lane), fp16/bf16 inputs with fp32 accumulation,
+start lanes (channels wrapping past the last lane), conv weights packed by the lowering in every
+weight_ic_block layout (compact, and the 32 / 64-channel cube-aligned one sCONV means), fp16/bf16 inputs with fp32 accumulation,
 bias tensor or constant, partial-sum accumulation (opt_res_add) and relu."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from functional_helpers import CHIP, LANES, as_f64, conv_ref, f32_bits, flat, lo
 from tpuflow.isa.base import Prec
 from tpuflow.isa.tiu import ConvTiu, Mm2Tiu
 from tpuflow.hwmodel.functional import ExecutionError, Machine
+from tpuflow.lowering.weights import pack_conv_weights
 
 EPS = {Prec.FP32: 2.0 ** -23, Prec.FP16: 2.0 ** -10, Prec.BF16: 2.0 ** -7}
 
@@ -24,7 +26,8 @@ def _close(got, ref, magnitude, prec):
 
 
 conv_cases = st.fixed_dictionaries({
-    "n": st.integers(1, 2), "ic": st.integers(1, 12), "oc": st.integers(1, 70),
+    "n": st.integers(1, 2), "ic": st.one_of(st.integers(1, 12), st.integers(30, 70)), "oc": st.integers(1, 70),
+    "block": st.sampled_from([1, 32, 64]),
     "h": st.integers(1, 7), "w": st.integers(1, 7), "kh": st.integers(1, 3), "kw": st.integers(1, 3),
     "sy": st.integers(1, 2), "sx": st.integers(1, 3), "dy": st.integers(1, 2), "dx": st.integers(1, 2),
     "pads": st.tuples(*[st.integers(0, 2)] * 4), "lanes": st.tuples(*[st.integers(0, LANES - 1)] * 3),
@@ -44,11 +47,13 @@ def _run_conv(c, res_add=False, start=None):
     oh, ow = _out(c["h"], up, dn, c["kh"], c["dy"], c["sy"]), _out(c["w"], lf, rt, c["kw"], c["dx"], c["sx"])
     prec, res_prec = c["prec"], Prec.FP32 if c["res_fp32"] else c["prec"]
     x = local(flat(c["lanes"][0], 0), (c["n"], c["ic"], c["h"], c["w"]), prec)
-    w = local(flat(c["lanes"][1], 0x10000), (1, c["oc"], 1, c["ic"] * c["kh"] * c["kw"]), prec, "compact")
+    padded_ic = -(-c["ic"] // c["block"]) * c["block"]
+    w = local(flat(c["lanes"][1], 0x10000), (1, c["oc"], 1, padded_ic * c["kh"] * c["kw"]), prec, "compact")
     b = local(flat(c["lanes"][1], 0x20000), (1, c["oc"], 1, 1), Prec.FP32, "compact")
     r = local(flat(c["lanes"][2], 0x30000), (c["n"], c["oc"], oh, ow), res_prec)
-    xs, ws, bs = (random_values(rng, t.shape, t.prec) for t in (x, w, b))
-    for t, v in ((x, xs), (w, ws), (b, bs)):
+    xs, bs = (random_values(rng, t.shape, t.prec) for t in (x, b))
+    ws = random_values(rng, (c["oc"], c["ic"], c["kh"], c["kw"]), prec)   # the lowering packs them
+    for t, v in ((x, xs), (w, pack_conv_weights(ws, c["block"]).reshape(w.shape)), (b, bs)):
         m.write_local(t, v)
     old = random_values(rng, r.shape, res_prec)
     m.write_local(r, old)
@@ -59,7 +64,7 @@ def _run_conv(c, res_add=False, start=None):
                   opt_res0_prec=res_prec, opt_opd0_prec=prec, opt_opd1_prec=prec,
                   opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=lf, opd0_rt_pad=rt, res_op_y_str=c["sy"],
                   res_op_x_str=c["sx"], opd1_y_ins0=c["dy"] - 1, opd1_x_ins0=c["dx"] - 1, opt_relu=int(c["relu"]),
-                  opt_res_add=int(res_add), **bias_fields)
+                  opt_res_add=int(res_add), weight_ic_block=c["block"], **bias_fields)
     m.execute(ins, 1)
     xf, wf = as_f64(xs, prec), as_f64(ws, prec).reshape(c["oc"], c["ic"], c["kh"], c["kw"])
     ref = conv_ref(xf, wf, (c["sy"], c["sx"]), (c["dy"], c["dx"]), (up, lf), (oh, ow))
