@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tpuflow.chip import load_chip
 from tpuflow.codegen import encode_descriptors, write_program
-from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GeneralDma, LinTiu, MatrixDma, Mm2Tiu, PordTiu,
+from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GeneralDma, LinTiu, MatrixDma, Mm2Tiu, PordTiu, Prec,
                          SfuTiu, SysDma, SysTiu, TensorDma)
 from tpuflow.program import Program
 
@@ -310,3 +310,37 @@ def test_weights_carry_the_coefficient_tag_and_activations_the_activation_tag():
             kind = "lmem" if address >> TAGS["shift"] else "coeff" if lo <= address < hi else "activation"
             tags.setdefault(kind, set()).add(tag)
     assert tags == {"coeff": {TAGS["ddr_coeff"]}, "activation": {TAGS["ddr_activation"]}, "lmem": {TAGS["lmem"]}}
+
+
+# Registers tpu-mlir 1.30.2's debugger cannot render (no opparam converter) that our streams still use, and why
+# (issue #12): anything else in a stream, a conv in the long form included, fails the test below.
+OPEN_RENDER_GAPS = {
+    "PorD": "avg pooling whose fp32 scale has no exact 16-bit form (sPorD reads its scalar in opd0's precision)",
+    "LIN": "strided lin.mac / square ops (sLIN has no strides, and its 1.30.2 layout reads past its record)",
+    "CMP": "compare-select with an explicitly strided opd0 (sCMP has no strides)",
+    "SFU": "normalize / taylor with a second result (sSFU has no res1)",
+}
+RENDERED = frozenset(VENDOR["rendered_registers"]["registers"])
+
+
+@pytest.mark.parametrize("model, dtype", [("small_cnn", "fp16"), ("bert_layer", "fp16"), ("mobilenetv2", "fp16")])
+def test_every_record_uses_a_form_tpu_mlir_renders(model, dtype):
+    """Every conv record is the short sCONV (whose alignIC weights we now mean), and every record is in a
+    form 1.30.2's debugger renders, except the open gaps listed above."""
+    program, files = compiled(model, dtype)
+    for engine, suffix in ((Engine.TIU, "BD"), (Engine.GDMA, "GDMA")):
+        registers = [entry["reg"] for entry, _ in read_records(files[suffix], engine)]
+        unrendered = {r for r in registers if r not in RENDERED}
+        assert unrendered <= set(OPEN_RENDER_GAPS), f"{model} {dtype}: unrendered forms {sorted(unrendered)}"
+        convs = [r for instr, r in zip(program.queue(engine), registers) if isinstance(instr, ConvTiu)]
+        assert all(r == "sCONV" for r in convs), f"{model} {dtype}: long-form convs {convs.count('CONV')}"
+
+
+def test_a_16_bit_conv_takes_sconv_only_with_the_aligned_weight_layout():
+    base = dict(res0_addr=0, res0_n=1, res0_c=64, res0_h=8, res0_w=8, opd0_addr=0x4000, opd0_c=40, opd0_h=10,
+                opd0_w=10, opd1_addr=0x8000, opd1_h=3, opd1_w=3, opt_opd0_prec=int(Prec.FP16),
+                opt_opd1_prec=int(Prec.FP16))
+    block = VENDOR["cube_num"]["per_prec"][str(int(Prec.FP16))]
+    (aligned, _), = read_records(encode_descriptors([ConvTiu(**base, weight_ic_block=block)]), Engine.TIU)
+    (compact, _), = read_records(encode_descriptors([ConvTiu(**base)]), Engine.TIU)
+    assert (aligned["reg"], compact["reg"]) == ("sCONV", "CONV")
