@@ -24,11 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from tpuflow.chip import ChipConfig
-from tpuflow.isa import TILE_WAIT_TAG, Engine, SysDma, SysTiu, resolve_stream
+from tpuflow.isa import Engine, resolve_stream
 from tpuflow.isa.ids import IdFields, clamp
+from tpuflow.isa.tile import sys_tile_wait
 from tpuflow.lowering.emitter import Record
-
-ENGINE_INDEX = {Engine.TIU: 0, Engine.GDMA: 1, Engine.TILE: 2}
 
 
 class ChunkTable:
@@ -73,15 +72,6 @@ class ChunkTable:
         self.writers[engine, writes] = cmd_id
 
 
-def with_fields(instr, **changes):
-    """A copy of a frozen instruction with some wait fields changed (values are already valid,
-    so the dataclass __init__ checks are skipped: this runs once per instruction)."""
-    new = object.__new__(type(instr))
-    new.__dict__.update(instr.__dict__)
-    new.__dict__.update(changes)
-    return new
-
-
 def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str = "bitmap"):
     """Queues (tiu, gdma, tile), their layer lists and the issue order string."""
     tile_acc = iter(resolve_stream([r.instr for r in records if r.engine is Engine.TILE], chip))
@@ -93,14 +83,14 @@ def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str =
     tile_waited = [0, 0]
 
     def push(engine: Engine, instr, layer: str) -> int:
-        e = ENGINE_INDEX[engine]
+        e = engine.code
         queues[e].append(instr)
         layers[e].append(layer)
         order.append(engine.letter)
         return len(queues[e])
 
     for rec in records:
-        e = ENGINE_INDEX[rec.engine]
+        e = rec.engine.code
         acc = next(tile_acc) if rec.engine is Engine.TILE else rec.instr.accesses(chip)
         reads, writes = table.chunks(acc.lmem_reads), table.chunks(acc.lmem_writes)
         if dep_mode == "auto":
@@ -108,25 +98,18 @@ def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str =
         else:
             waits = table.conflicts(table.chunks(acc.lmem_reads + acc.lmem_writes), writes)
             waits[e] = 0
-        instr = rec.instr
-        if rec.engine is Engine.TILE:
-            bits = widths.tile_bits
-            instr = with_fields(instr, wait_tiu_id=clamp(waits[0], len(queues[0]), bits),
-                                wait_gdma_id=clamp(waits[1], len(queues[1]), bits))
-        else:
-            bits = widths.tiu_bits if e == 0 else widths.gdma_bits
-            if waits[2] > tile_waited[e]:
-                other = waits[1 - e] if dep_mode == "auto" else 0
-                wait = with_fields(_tile_wait(rec.engine, waits[2]), cmd_id_dep=clamp(other, len(queues[1 - e]), bits))
-                push(rec.engine, wait, rec.layer)
-                tile_waited[e] = waits[2]
-            instr = with_fields(instr, cmd_id_dep=clamp(waits[1 - e], len(queues[1 - e]), bits))
+        bits = widths.bits(rec.engine)
+        if rec.engine is not Engine.TILE and waits[2] > tile_waited[e]:
+            other = [waits[0], waits[1], 0] if dep_mode == "auto" else [0, 0, 0]
+            wait = sys_tile_wait(rec.engine, waits[2])
+            push(rec.engine, wait.with_waits(_clamped(other, queues, bits)), rec.layer)
+            tile_waited[e] = waits[2]
+        instr = rec.instr.with_waits(_clamped(waits, queues, bits))
         cmd_id = push(rec.engine, instr, rec.layer)
         table.record(e, cmd_id, reads, writes)
     return queues, layers, "".join(order)
 
 
-def _tile_wait(engine: Engine, tile_id: int):
-    if engine is Engine.TIU:
-        return SysTiu(op="wait_msg", reg_idx=TILE_WAIT_TAG, imm=tile_id)
-    return SysDma(op="sys_wait", index=TILE_WAIT_TAG, constant_value=tile_id)
+def _clamped(waits: list[int], queues: list[list], bits: int) -> list[int]:
+    """Each engine's id moved forward into the id window of the field that carries it."""
+    return [clamp(w, len(q), bits) for w, q in zip(waits, queues)]

@@ -23,19 +23,17 @@ check_schedule(original, scheduled) lists every problem found (empty = valid):
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict, deque
 
 import numpy as np
 
 from tpuflow.errors import TpuflowError
-from tpuflow.isa import TILE_WAIT_TAG, Engine, SysDma, SysTiu, TileInstruction
+from tpuflow.isa import Engine, SysDma, SysTiu
+from tpuflow.isa.base import ENGINES
 from tpuflow.isa.ids import IdFields, window_floor
 from tpuflow.program import Program
 
-ENGINES = (Engine.TIU, Engine.GDMA, Engine.TILE)
-LETTER = "BDT"
-DEP_FIELDS = ("cmd_id_dep", "wait_tiu_id", "wait_gdma_id")
+LETTER = "".join(e.letter for e in ENGINES)    # by Engine.code
 
 
 class ScheduleCheckError(TpuflowError):
@@ -64,25 +62,6 @@ def check_schedule(original: Program, scheduled: Program) -> list[str]:
 
 # ------------------------------------------------------------------ 1. same instructions
 
-def _tile_wait_operand(instr) -> int:
-    if isinstance(instr, SysTiu) and instr.op == "wait_msg" and instr.reg_idx == TILE_WAIT_TAG:
-        return instr.imm
-    if isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG:
-        return instr.constant_value
-    return 0
-
-
-def _is_tile_wait(instr) -> bool:
-    return (isinstance(instr, SysTiu) and instr.op == "wait_msg" and instr.reg_idx == TILE_WAIT_TAG) or \
-        (isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG)
-
-
-def _identity(instr) -> tuple:
-    """The instruction without its dependency fields."""
-    return (type(instr).__name__,) + tuple((f.name, getattr(instr, f.name)) for f in dataclasses.fields(instr)
-                                           if f.name not in DEP_FIELDS)
-
-
 def _is_end(instr) -> bool:
     return (isinstance(instr, SysTiu) and instr.op == "end") or (isinstance(instr, SysDma) and instr.op == "chain_end")
 
@@ -94,13 +73,13 @@ def _match_instructions(original: Program, scheduled: Program, problems: list[st
         old, new = original.queue(engine), scheduled.queue(engine)
         waiting: dict[tuple, deque] = defaultdict(deque)
         for i, instr in enumerate(old):
-            if not _is_tile_wait(instr):
-                waiting[_identity(instr)].append(i)
-        letter = LETTER[ENGINES.index(engine)]
+            if not instr.is_tile_wait:
+                waiting[instr.without_waits()].append(i)
+        letter = engine.letter
         for j, instr in enumerate(new):
-            if _is_tile_wait(instr):
+            if instr.is_tile_wait:
                 continue
-            slots = waiting.get(_identity(instr))
+            slots = waiting.get(instr.without_waits())
             if not slots:
                 problems.append(f"{letter}{j + 1} ({instr.op_name}) is not an instruction of the original "
                                 f"{engine.value} queue (or appears too often)")
@@ -120,12 +99,9 @@ def _match_instructions(original: Program, scheduled: Program, problems: list[st
 
 # ------------------------------------------------------------------ 2. replay of the sync counters
 
-def _waits(engine: Engine, instr) -> list[tuple[int, int]]:
+def _waits(instr) -> list[tuple[int, int]]:
     """(engine code, 1-based id) pairs the instruction waits for (0 = none)."""
-    if isinstance(instr, TileInstruction):
-        return [(0, instr.wait_tiu_id), (1, instr.wait_gdma_id)]
-    other = 1 if engine is Engine.TIU else 0
-    return [(other, getattr(instr, "cmd_id_dep", 0)), (2, _tile_wait_operand(instr))]
+    return list(enumerate(instr.waits()))
 
 
 def _replay(program: Program, problems: list[str]) -> list[np.ndarray]:
@@ -141,7 +117,7 @@ def _replay(program: Program, problems: list[str]) -> list[np.ndarray]:
         for code, engine in enumerate(ENGINES):
             q = queues[code]
             while done[code] < len(q):
-                waits = [(o, w) for o, w in _waits(engine, q[done[code]]) if w > 0]
+                waits = [(o, w) for o, w in _waits(q[done[code]]) if w > 0]
                 if any(done[o] < w for o, w in waits):
                     break
                 vc = list(known[code])
@@ -155,7 +131,7 @@ def _replay(program: Program, problems: list[str]) -> list[np.ndarray]:
                 done[code] += 1
                 progressed = True
     stuck = [f"{LETTER[c]}{done[c] + 1} waits for " + ", ".join(f"{LETTER[o]}{w}" for o, w in
-                                                              _waits(ENGINES[c], queues[c][done[c]]) if w > done[o])
+                                                              _waits(queues[c][done[c]]) if w > done[o])
              for c in range(3) if done[c] < len(queues[c])]
     if stuck:
         problems.append("deadlock: " + "; ".join(stuck))
@@ -164,20 +140,19 @@ def _replay(program: Program, problems: list[str]) -> list[np.ndarray]:
 
 def _check_issue_order(program: Program, problems: list[str]) -> None:
     fields = IdFields.of(program.chip)
-    bits = {0: fields.tiu_bits, 1: fields.gdma_bits, 2: fields.tile_bits}
-    letters = {"B": 0, "D": 1, "T": 2}
     issued = [0, 0, 0]
     queues = [program.queue(e) for e in ENGINES]
-    if sorted(program.issue_order) != sorted("B" * len(queues[0]) + "D" * len(queues[1]) + "T" * len(queues[2])):
+    if sorted(program.issue_order) != sorted("".join(e.letter * len(q) for e, q in zip(ENGINES, queues))):
         problems.append("issue order does not list every instruction exactly once")
         return
     for letter in program.issue_order:
-        code = letters[letter]
+        engine = Engine.of_letter(letter)
+        code = engine.code
         instr = queues[code][issued[code]]
-        for o, w in _waits(ENGINES[code], instr):
+        for o, w in _waits(instr):
             if w > issued[o]:
                 problems.append(f"{letter}{issued[code] + 1} waits for {LETTER[o]}{w}, issued after it")
-            elif w and o != 2 and w < window_floor(issued[o], bits[code]):
+            elif w and o != Engine.TILE.code and w < window_floor(issued[o], fields.bits(engine)):
                 problems.append(f"{letter}{issued[code] + 1} waits for {LETTER[o]}{w}, outside the id window")
         issued[code] += 1
 
@@ -189,7 +164,7 @@ def _range_table(program: Program) -> dict[str, np.ndarray]:
     cols = defaultdict(list)
     for pos, (engine, index) in enumerate(program.issue_sequence()):
         instr = program.queue(engine)[index]
-        if _is_tile_wait(instr):
+        if instr.is_tile_wait:
             continue
         acc = program.accesses(engine, index)
         rows = [(0, r.lane, r.lane + r.lanes, r.lo, r.hi, 0) for r in acc.lmem_reads] + \
@@ -199,7 +174,7 @@ def _range_table(program: Program) -> dict[str, np.ndarray]:
             if hi <= lo or l1 <= l0:
                 continue
             for name, v in zip(("pos", "engine", "index", "space", "l0", "l1", "lo", "hi", "write"),
-                               (pos, ENGINES.index(engine), index, space, l0, l1, lo, hi, write)):
+                               (pos, engine.code, index, space, l0, l1, lo, hi, write)):
                 cols[name].append(v)
     return {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
 

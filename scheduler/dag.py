@@ -23,33 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpuflow.hwmodel.timing.cost import instruction_timing_ps
-from tpuflow.isa import TILE_WAIT_TAG, Engine, SysDma, SysTiu
+from tpuflow.isa import Engine, SysDma, SysTiu
 from tpuflow.program import Program
 from tpuflow.scheduler.hazards import HazardFinder
 
-ENGINE_CODES = {Engine.TIU: 0, Engine.GDMA: 1, Engine.TILE: 2}
-CODE_ENGINES = (Engine.TIU, Engine.GDMA, Engine.TILE)
-TILE = 2
+TILE = Engine.TILE.code
 LMEM_LANE_BLOCK = 8          # lanes per index bucket (tile slots are single-lane: keeps buckets short)
-
-
-DEP_FIELDS = ("cmd_id_dep", "wait_tiu_id", "wait_gdma_id")
-
-
-def strip_waits(instr):
-    """The instruction with its dependency fields zeroed (a fast copy: the values stay valid)."""
-    changes = {f: 0 for f in DEP_FIELDS if getattr(instr, f, 0)}
-    if not changes:
-        return instr
-    new = object.__new__(type(instr))
-    new.__dict__.update(instr.__dict__)
-    new.__dict__.update(changes)
-    return new
-
-
-def is_tile_wait(instr) -> bool:
-    return ((isinstance(instr, SysTiu) and instr.op == "wait_msg" and instr.reg_idx == TILE_WAIT_TAG)
-            or (isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG))
 
 
 def is_stream_end(instr) -> bool:
@@ -58,7 +37,7 @@ def is_stream_end(instr) -> bool:
 
 @dataclass
 class Dag:
-    engine: np.ndarray        # int8 engine code per node (0 TIU, 1 GDMA, 2 TILE)
+    engine: np.ndarray        # int8 Engine.code per node
     queue_index: np.ndarray   # 0-based index in the original engine queue
     duration: np.ndarray      # ps the node occupies its engine (>= 1)
     head: np.ndarray          # ps after a cross-engine wait before the node starts
@@ -112,13 +91,13 @@ class _Builder:
 
     def add(self, code: int, index: int, instr) -> None:
         node = len(self.preds)
-        key = strip_waits(instr)
+        key = instr.without_waits()
         known = self.known.get(key)
         if known is None:
             acc = None if code == TILE else instr.accesses(self.chip)
             known = self.known[key] = (node_timing(instr, self.chip), acc)
         timing, acc = known
-        preds = self.finder.add(node, self.program.accesses(CODE_ENGINES[code], index) if acc is None else acc)
+        preds = self.finder.add(node, self.program.accesses(Engine.of_code(code), index) if acc is None else acc)
         pinned = isinstance(instr, (SysTiu, SysDma))
         if self.last_node[code] >= 0 and (code == TILE or pinned or self.pinned_open[code]):
             preds.add(self.last_node[code])
@@ -140,12 +119,12 @@ def build_dag(program: Program) -> Dag:
     """The DAG of `program` (see the module docstring)."""
     builder = _Builder(program)
     trailer: list[tuple[int, int]] = []
-    last_ends = {e: len(program.queue(e)) - 1 for e in CODE_ENGINES
+    last_ends = {e: len(program.queue(e)) - 1 for e in Engine
                  if program.queue(e) and is_stream_end(program.queue(e)[-1])}
     for eng, index in program.issue_sequence():
         instr = program.queue(eng)[index]
         if last_ends.get(eng) == index:
-            trailer.append((ENGINE_CODES[eng], index))
-        elif not is_tile_wait(instr):
-            builder.add(ENGINE_CODES[eng], index, instr)
+            trailer.append((eng.code, index))
+        elif not instr.is_tile_wait:
+            builder.add(eng.code, index, instr)
     return builder.dag(trailer)

@@ -3,24 +3,11 @@ recomputed from the chunk bitmaps (lowering.deps.assign_dependencies), SYS tile 
 
 from __future__ import annotations
 
-import dataclasses
-
-from tpuflow.isa import Engine, TileInstruction
+from tpuflow.isa import Engine
 from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Record
 from tpuflow.program import Program
-from tpuflow.scheduler.dag import CODE_ENGINES, Dag
-
-
-def without_waits(instr):
-    """The instruction with its dependency fields cleared (assign_dependencies sets them again)."""
-    if isinstance(instr, TileInstruction):
-        if instr.wait_tiu_id or instr.wait_gdma_id:
-            return dataclasses.replace(instr, wait_tiu_id=0, wait_gdma_id=0)
-        return instr
-    if getattr(instr, "cmd_id_dep", 0):
-        return dataclasses.replace(instr, cmd_id_dep=0)
-    return instr
+from tpuflow.scheduler.dag import Dag
 
 
 def program_in_order(program: Program, dag: Dag, order) -> Program:
@@ -28,9 +15,9 @@ def program_in_order(program: Program, dag: Dag, order) -> Program:
     records = []
     items = [(int(dag.engine[b]), int(dag.queue_index[b])) for b in order] + list(dag.trailer)
     for code, index in items:
-        engine: Engine = CODE_ENGINES[code]
+        engine = Engine.of_code(code)
         instr = program.queue(engine)[index]
-        records.append(Record(engine, without_waits(instr), program.layer_of(engine, index)))
+        records.append(Record(engine, instr.without_waits(), program.layer_of(engine, index)))
     dep_mode = program.options.get("dep_mode", "bitmap")
     queues, layers, issue = assign_dependencies(records, program.chip, dep_mode)
     return program.with_queues(queues[0], queues[1], queues[2], layers[0], layers[1], layers[2], issue)

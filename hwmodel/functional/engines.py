@@ -1,6 +1,6 @@
 """Engine interleaving: each engine runs its queue in order; an instruction runs once its waits
-hold (TIU on GDMA's count, GDMA on TIU's, TILE on both, SYS waits tagged TILE_WAIT_TAG on
-TILE's); a policy picks among the ready engines; no ready engine left is a deadlock."""
+(Instruction.waits()) hold; a policy picks among the ready engines; no ready engine left is a
+deadlock."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tpuflow.errors import DeadlockError, OptionError
-from tpuflow.isa.base import TILE_WAIT_TAG, Engine, Instruction
-from tpuflow.isa.gdma import SysDma
-from tpuflow.isa.tiu import SysTiu
+from tpuflow.isa.base import Engine, Instruction
 from tpuflow.program import ENGINES, Program
 
 from tpuflow.hwmodel.functional.machine import describe
@@ -26,18 +24,8 @@ class Wait:
 
 
 def waits_of(engine: Engine, instr: Instruction) -> tuple[Wait, ...]:
-    """Every wait of an instruction (zero counts dropped)."""
-    if engine is Engine.TIU:
-        waits = [Wait(Engine.GDMA, instr.cmd_id_dep)]
-        if isinstance(instr, SysTiu) and instr.op == "wait_msg" and instr.reg_idx == TILE_WAIT_TAG:
-            waits.append(Wait(Engine.TILE, instr.imm))
-    elif engine is Engine.GDMA:
-        waits = [Wait(Engine.TIU, instr.cmd_id_dep)]
-        if isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG:
-            waits.append(Wait(Engine.TILE, instr.constant_value))
-    else:
-        waits = [Wait(Engine.TIU, instr.wait_tiu_id), Wait(Engine.GDMA, instr.wait_gdma_id)]
-    return tuple(w for w in waits if w.count > 0)
+    """Every wait of an instruction of `engine`'s queue (zero counts dropped)."""
+    return tuple(Wait(Engine.of_code(code), count) for code, count in enumerate(instr.waits()) if count > 0)
 
 
 class EngineState:

@@ -27,7 +27,6 @@ from tpuflow.hwmodel.functional.machine import describe
 
 BUCKET_BYTES = 16384
 NEVER = 1 << 62
-ENGINE_INDEX = {e: i for i, e in enumerate(ENGINES)}
 
 
 class RaceDetector:
@@ -41,18 +40,18 @@ class RaceDetector:
         self.buckets: dict[int, list[tuple]] = {}
 
     def clock_of(self, engine: Engine, index: int, waits: tuple[Wait, ...]) -> tuple[int, int, int]:
-        e = ENGINE_INDEX[engine]
+        e = engine.code
         own = self.clocks[e]
         clock = list(own[-1]) if own else [0] * len(ENGINES)
         clock[e] = index + 1
         for w in waits:
-            other = self.clocks[ENGINE_INDEX[w.engine]][w.count - 1]
+            other = self.clocks[w.engine.code][w.count - 1]
             clock = [max(a, b) for a, b in zip(clock, other)]
         return tuple(clock)
 
     def step(self, engine: Engine, index: int, waits: tuple[Wait, ...]) -> None:
         """Check the accesses of instruction `index` of `engine` (about to run) and record them."""
-        e = ENGINE_INDEX[engine]
+        e = engine.code
         clock = self.clock_of(engine, index, waits)
         accesses = self._accesses(engine, index)
         horizon = self.horizon(e, clock)

@@ -9,6 +9,7 @@ from tpuflow.hwmodel.timing.clocks import Clocks
 from tpuflow.hwmodel.timing.deps import Waits
 from tpuflow.hwmodel.timing.descriptors import descriptor_bits
 from tpuflow.hwmodel.timing.engines import GDMA, TILE, TIU, GdmaEngine, TiuEngine, TileEngine
+from tpuflow.isa import Engine
 from tpuflow.hwmodel.timing.events import EventQueue
 from tpuflow.hwmodel.timing.gdma import CommandModel
 from tpuflow.hwmodel.timing.ife import Ife
@@ -21,6 +22,7 @@ _COLUMNS = STAGES + STALLS
 class Simulator:
     def __init__(self, program: Program, waits: Waits, accesses: list | None = None):
         self.program, self.waits = program, waits
+        self.sync = [0, 0, 0]          # completed instructions per engine (tiu / tdma / tile sync ids)
         self.accesses = accesses if accesses and len(accesses[0]) == len(program.tiu) else None
         chip = program.chip
         self.chip = chip
@@ -29,7 +31,7 @@ class Simulator:
         self.commands = CommandModel(chip, clocks).table(program.gdma)
         queues = [program.queue(e) for e in ENGINES]
         self.cols = [{c: np.zeros(len(q), dtype=np.int64) for c in _COLUMNS} for q in queues]
-        self.order = [(e_code(e), i) for e, i in program.issue_sequence()]
+        self.order = [(e.code, i) for e, i in program.issue_sequence()]
         self.pos_of = [[0] * len(q) for q in queues]
         for pos, (code, index) in enumerate(self.order):
             self.pos_of[code][index] = pos
@@ -40,15 +42,6 @@ class Simulator:
         self.ife = Ife(self, chip, clocks, self.order, bits)
 
     # ---- sync ids
-    def tiu_sync(self) -> int:
-        return self.engines[TIU].sync
-
-    def tdma_sync(self) -> int:
-        return self.engines[GDMA].sync
-
-    def tile_sync(self) -> int:
-        return self.engines[TILE].sync
-
     def sync_changed(self, code: int) -> None:
         for engine in self.engines:
             if engine.code != code:
@@ -90,21 +83,19 @@ class Simulator:
             heads = "; ".join(e.blocked_on() for e in stuck)
             if self.ife.pos < len(self.order):
                 code, index = self.order[self.ife.pos]
-                heads += (f"; the IFE cannot issue {'BDT'[code]}{index + 1}: the "
-                          f"{('TIU', 'GDMA', 'TILE')[code]} request FIFO and command list are full")
+                engine = Engine.of_code(code)
+                heads += (f"; the IFE cannot issue {engine.letter}{index + 1}: the "
+                          f"{engine.name} request FIFO and command list are full")
             raise DeadlockError(f"timing model: engines wait on each other forever: {heads}")
 
     def _result(self) -> SimResult:
         program, waits = self.program, self.waits
         engine = np.concatenate([np.full(len(c["end"]), code, dtype=np.int8) for code, c in enumerate(self.cols)])
         cmd_id = np.concatenate([np.arange(1, len(c["end"]) + 1, dtype=np.int64) for c in self.cols])
-        deps = np.concatenate([np.asarray(waits.tiu_dep, dtype=np.int64), np.asarray(waits.gdma_dep, dtype=np.int64),
-                               np.asarray(waits.tile_tiu, dtype=np.int64)])
-        arr = (lambda v: np.asarray(v, dtype=np.int64))
-        zeros = [np.zeros(len(q), dtype=np.int64) for q in (program.tiu, program.gdma, program.tile)]
-        on = {"tiu": np.concatenate([zeros[0], arr(waits.gdma_dep), arr(waits.tile_tiu)]),
-              "gdma": np.concatenate([arr(waits.tiu_dep), zeros[1], arr(waits.tile_gdma)]),
-              "tile": np.concatenate([arr(waits.tiu_tile), arr(waits.gdma_tile), zeros[2]])}
+        ids = np.concatenate(waits.ids)
+        first_field = [next(iter(q[0].WAIT_FIELDS)).code if q else 0 for q in map(program.queue, ENGINES)]
+        deps = np.concatenate([w[:, column] for w, column in zip(waits.ids, first_field)])   # cmd_id_dep
+        on = {e.value: ids[:, e.code] for e in ENGINES}
         times = {s: np.concatenate([c[s] for c in self.cols]) for s in STAGES}
         stalls = {s: np.concatenate([c[s] for c in self.cols]) for s in STALLS}
         ops = [instr.op_name for e in ENGINES for instr in program.queue(e)]
@@ -118,10 +109,3 @@ class Simulator:
         periods = (self.clocks.tiu.period, self.clocks.gdma.period, self.clocks.tile.period)
         return SimResult(engine, cmd_id, deps, ops, layers, times, stalls, periods, busy, dram, total,
                          events=self.queue.processed, chip_fingerprint=self.chip.fingerprint(), waits=on)
-
-
-_CODE = {e: i for i, e in enumerate(ENGINES)}
-
-
-def e_code(engine) -> int:
-    return _CODE[engine]

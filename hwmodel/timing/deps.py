@@ -4,13 +4,18 @@ compiled waits, and the serialising auto mode (CSR DIS_AUTO_DEP_ID = 1).
 Bitmap rule (independent of the compiler's implementation; only program.accesses is shared): an
 LMEM byte (lane, offset) is in chunk (lane // deps.chunk_lanes, offset // chunk_bytes_per_lane).
 Walking instructions in issue order with, per engine and chunk, the last reader id and last
-writer id, a TIU/GDMA instruction X with other engine O depends on
+writer id, an instruction X waits for another engine O at
     max(last_writer[O][c] for c in reads(X) | writes(X), last_reader[O][c] for c in writes(X))
-(0 if none); TILE blocks compute wait_tiu_id / wait_gdma_id the same way against TIU / GDMA.
-Every id is then moved forward into its field's id window (tpuflow.isa.ids.clamp: never more than
+(0 if none): TIU for GDMA, GDMA for TIU, TILE blocks for TIU and GDMA (their Instruction.WAIT_FIELDS).
+Every such id is then moved forward into its field's id window (tpuflow.isa.ids.clamp: never more than
 2**bits - 1 ids behind the last instruction of that engine issued before X). A TIU or GDMA
 instruction whose chunks conflict with TILE blocks must be covered by a SYS tile wait
-(TILE_WAIT_TAG) earlier in its own queue whose operand is at least the largest conflicting TILE id.
+(Instruction.is_tile_wait) earlier in its own queue whose operand is at least the largest conflicting
+TILE id.
+
+derive_bitmap_waits computes the rule for a whole program at once (numpy: the accesses of every
+instruction as (chunk, issue position) rows, sorted by chunk, with running maxima per engine);
+ChunkTables is the same rule one instruction at a time, for builders that add instructions in order.
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpuflow.errors import TpuflowError
-from tpuflow.isa import TILE_WAIT_TAG, Engine, SysDma, SysTiu
-from tpuflow.isa.ids import IdFields, clamp
+from tpuflow.errors import OptionError, TpuflowError
+from tpuflow.isa import Engine
+from tpuflow.isa.base import ENGINES
+from tpuflow.isa.ids import IdFields
 from tpuflow.program import Program
 
-ENGINE_CODE = {Engine.TIU: 0, Engine.GDMA: 1, Engine.TILE: 2}
-LETTERS = "BDT"
+TILE = Engine.TILE.code
 
 
 class DependencyCheckError(TpuflowError):
@@ -34,38 +39,33 @@ class DependencyCheckError(TpuflowError):
 
 @dataclass
 class Waits:
-    """Effective waits per instruction (0-based index per engine): what each engine waits for."""
+    """What every instruction waits for, as the engines honour it: ids[engine code] is an
+    (instructions of that engine, 3) int64 array whose row i, column o is the id of engine o's
+    instruction that instruction i waits for (Instruction.waits() layout; 0 = none)."""
 
-    tiu_dep: list[int]          # TIU instruction waits until tdma_sync_id >= this
-    gdma_dep: list[int]         # GDMA instruction waits until tiu_sync_id >= this
-    tile_tiu: list[int]         # TILE block waits until tiu_sync_id >= this
-    tile_gdma: list[int]        # ... and tdma_sync_id >= this
-    tiu_tile: list[int]         # SYS tile wait operand (0 = none): tile_sync_id >= this
-    gdma_tile: list[int]
+    ids: list[np.ndarray]
 
 
-def tile_wait_operand(instr) -> int:
-    """Operand k of a SYS instruction that waits for TILE block k, else 0."""
-    if isinstance(instr, SysTiu) and instr.op == "wait_msg" and instr.reg_idx == TILE_WAIT_TAG:
-        return instr.imm
-    if isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG:
-        return instr.constant_value
-    return 0
+def compiled_waits(program: Program) -> Waits:
+    return Waits([_waits_array(program.queue(e)) for e in ENGINES])
 
 
-class ChunkTables:
-    """Last reader / last writer id per (engine, chunk); chunk index = lane group * chunks per group +
-    offset chunk. The chunk sets of LMEM ranges are cached (programs reuse their buffers)."""
+def _waits_array(queue) -> np.ndarray:
+    if not queue:
+        return np.zeros((0, 3), dtype=np.int64)
+    return np.array([instr.waits() for instr in queue], dtype=np.int64)
 
-    def __init__(self, program: Program):
-        chip = program.chip
+
+class ChunkMap:
+    """Flat chunk indices (lane group * chunks per group + offset chunk) of LMEM ranges, cached (programs
+    reuse their buffers)."""
+
+    def __init__(self, chip):
         self.chunk_lanes = chip.deps.chunk_lanes
         self.chunk_bytes = chip.chunk_bytes_per_lane
         self.lane_bytes = chip.lmem_bytes_per_lane
-        groups = chip.lanes // chip.deps.chunk_lanes
-        self.per_group = chip.deps.chunk_count // groups
-        self.readers = np.zeros((3, chip.deps.chunk_count), dtype=np.int64)
-        self.writers = np.zeros((3, chip.deps.chunk_count), dtype=np.int64)
+        self.per_group = chip.deps.chunk_count // (chip.lanes // chip.deps.chunk_lanes)
+        self.count = chip.deps.chunk_count
         self._cache: dict[tuple, np.ndarray] = {}
 
     def chunks(self, ranges) -> np.ndarray:
@@ -80,6 +80,18 @@ class ChunkTables:
                 parts.append((g[:, None] * self.per_group + c[None, :]).ravel())
             hit = self._cache[key] = np.unique(np.concatenate(parts))
         return hit
+
+
+class ChunkTables:
+    """Last reader / last writer id per (engine, chunk), updated one instruction at a time."""
+
+    def __init__(self, program: Program):
+        self.map = ChunkMap(program.chip)
+        self.readers = np.zeros((3, self.map.count), dtype=np.int64)
+        self.writers = np.zeros((3, self.map.count), dtype=np.int64)
+
+    def chunks(self, ranges) -> np.ndarray:
+        return self.map.chunks(ranges)
 
     def conflicts(self, reads, writes) -> list[int]:
         """Per engine: the largest conflicting id (RAW/WAW on writers, WAR on readers)."""
@@ -98,75 +110,140 @@ class ChunkTables:
         self.writers[engine, self.chunks(writes)] = cmd_id
 
 
+@dataclass
+class IssueOrder:
+    """The issue order as arrays: engine code, 0-based queue index and ids issued before, per position."""
+
+    code: np.ndarray
+    index: np.ndarray
+    before: np.ndarray     # (positions, 3): instructions of each engine issued before this position
+
+    @classmethod
+    def of(cls, program: Program) -> "IssueOrder":
+        letters = program.issue_order or "".join(e.letter * len(program.queue(e)) for e in ENGINES)
+        code = np.frombuffer(letters.encode(), dtype=np.uint8)
+        code = np.select([code == ord(e.letter) for e in ENGINES], [e.code for e in ENGINES]).astype(np.int64)
+        onehot = np.zeros((len(code), 3), dtype=np.int64)
+        onehot[np.arange(len(code)), code] = 1
+        before = np.cumsum(onehot, axis=0) - onehot
+        return cls(code, before[np.arange(len(code)), code], before)
+
+
+def bitmap_conflicts(order: IssueOrder, read_sets: list, write_sets: list) -> np.ndarray:
+    """(positions, 3): per instruction (issue order) and engine, the largest id of that engine that wrote
+    a chunk the instruction reads or writes, or read a chunk it writes, earlier in the issue order (see the
+    module docstring); the column of the instruction's own engine is not meaningful."""
+    n = len(order.code)
+    out = np.zeros((n, 3), dtype=np.int64)
+    sets = [s for pair in zip(read_sets, write_sets) for s in pair]
+    counts = np.fromiter(map(len, sets), dtype=np.int64, count=2 * n)
+    total = int(counts.sum())
+    if not total:
+        return out
+    chunk = np.concatenate(sets)
+    row_of = np.repeat(np.arange(2 * n), counts)        # rows in issue order, each one's reads first
+    write = (row_of & 1).astype(bool)
+    keys = chunk.astype(np.int16) if int(chunk.max()) < (1 << 15) else chunk
+    by_chunk = np.argsort(keys, kind="stable")            # per chunk, in issue order
+    c, w, p = chunk[by_chunk], write[by_chunk], row_of[by_chunk] >> 1
+    first = np.empty(total, dtype=bool)
+    first[0] = True
+    np.not_equal(c[1:], c[:-1], out=first[1:])
+    code, ids, offset = order.code[p], order.index[p] + 1, c << 40
+    per_pos = counts.reshape(n, 2).sum(axis=1)
+    has = per_pos > 0
+    starts = (np.cumsum(per_pos) - per_pos)[has]
+    best = np.empty(total, dtype=np.int64)
+    for o in range(3):
+        mine = code == o
+        last_writer = _running_max_before(np.where(mine & w, ids, 0), offset, first)
+        last_reader = _running_max_before(np.where(mine & ~w, ids, 0), offset, first)
+        best[by_chunk] = np.where(w, np.maximum(last_writer, last_reader), last_writer)
+        out[has, o] = np.maximum.reduceat(best, starts)
+    return out
+
+
+def _running_max_before(value: np.ndarray, offset: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per row, the largest value of the earlier rows of its run (runs start where `first`; 0 if none)."""
+    running = np.maximum.accumulate(value + offset) - offset
+    before = np.empty_like(running)
+    before[0] = 0
+    before[1:] = running[:-1]
+    before[first] = 0
+    return before
+
+
 def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Waits, list[str]]:
     """Waits from the chunk bitmaps, and a description of every disagreement with the compiled ones.
     `keep`, if given (three lists, one per engine), receives every instruction's accesses."""
-    tables = ChunkTables(program)
-    waits = _compiled_waits(program)
-    bits = IdFields.of(program.chip)
-    problems: list[str] = []
-    issued = [0, 0, 0]
-    covered = [0, 0]          # largest SYS tile wait operand seen so far in the TIU / GDMA queue
-    for engine, index in program.issue_sequence():
-        code = ENGINE_CODE[engine]
-        acc = program.accesses(engine, index)
+    chunk_map = ChunkMap(program.chip)
+    order = IssueOrder.of(program)
+    reads, writes = [], []
+    for code, index in zip(order.code.tolist(), order.index.tolist()):
+        acc = program.accesses(ENGINES[code], index)
         if keep is not None:
             keep[code].append(acc)
-        reads, writes = acc.lmem_reads, acc.lmem_writes
-        conflict = tables.conflicts(reads, writes) if (reads or writes) else [0, 0, 0]
-        if code == 2:
-            want = (clamp(int(conflict[0]), issued[0], bits.tile_bits), clamp(int(conflict[1]), issued[1], bits.tile_bits))
-            _check_tile(program, index, *want, problems)
-        else:
-            other = 1 - code
-            width = bits.tiu_bits if code == 0 else bits.gdma_bits
-            covered[code] = max(covered[code], tile_wait_operand(program.queue(engine)[index]))
-            _check_tiu_gdma(program, engine, index, clamp(int(conflict[other]), issued[other], width),
-                            int(conflict[2]), covered[code], problems)
-        tables.record(code, index + 1, reads, writes)
-        issued[code] += 1
-    return waits, problems
+        reads.append(chunk_map.chunks(acc.lmem_reads))
+        writes.append(chunk_map.chunks(acc.lmem_writes))
+    want = bitmap_conflicts(order, reads, writes)
+    waits = compiled_waits(program)
+    compiled = np.zeros((len(order.code), 3), dtype=np.int64)
+    for code in range(3):
+        compiled[order.code == code] = waits.ids[code]
+    return waits, _disagreements(program, order, want, compiled)
 
 
-def _check_tile(program: Program, index: int, want_tiu: int, want_gdma: int, problems: list[str]) -> None:
-    instr = program.tile[index]
-    if instr.wait_tiu_id != want_tiu or instr.wait_gdma_id != want_gdma:
-        problems.append(f"T{index + 1} waits B{instr.wait_tiu_id},D{instr.wait_gdma_id}, "
-                        f"bitmaps give B{want_tiu},D{want_gdma}")
+def _disagreements(program: Program, order: IssueOrder, want: np.ndarray, compiled: np.ndarray) -> list[str]:
+    """Every compiled wait field that differs from the clamped bitmap id, and every TIU/GDMA instruction
+    whose TILE conflict no earlier SYS tile wait of its queue covers, in issue order."""
+    widths = IdFields.of(program.chip)
+    bits = np.asarray([widths.bits(e) for e in ENGINES], dtype=np.int64)[order.code]
+    floor = np.maximum(0, order.before - (np.int64(1) << bits)[:, None] + 1)
+    expected = np.maximum(want, floor)
+    fields = np.zeros((len(order.code), 3), dtype=bool)       # the columns WAIT_FIELDS hold
+    for engine in ENGINES:
+        queue = program.queue(engine)
+        for other in (queue[0].WAIT_FIELDS if queue else ()):
+            fields[order.code == engine.code, other.code] = True
+    wrong_field = (fields & (expected != compiled)).any(axis=1)
+    covered = np.zeros(len(order.code), dtype=np.int64)
+    for code in (Engine.TIU.code, Engine.GDMA.code):
+        sel = np.flatnonzero(order.code == code)
+        covered[sel] = np.maximum.accumulate(compiled[sel, TILE]) if len(sel) else 0
+    uncovered = (order.code != TILE) & (want[:, TILE] > covered)
+    problems: list[str] = []
+    for pos in np.flatnonzero(wrong_field | uncovered).tolist():
+        engine, index = ENGINES[order.code[pos]], int(order.index[pos])
+        if wrong_field[pos]:
+            problems.append(_field_problem(program.queue(engine)[index], index, compiled[pos], expected[pos]))
+        if uncovered[pos]:
+            tile, seen = int(want[pos, TILE]), int(covered[pos])
+            problems.append(f"{engine.letter}{index + 1} conflicts with T{tile} but is not preceded by a SYS "
+                            f"wait for T{tile}" + (f" (its queue waited for T{seen})" if seen else ""))
+    return problems
 
 
-def _check_tiu_gdma(program: Program, engine: Engine, index: int, want: int, want_tile: int, covered: int,
-                    problems: list[str]) -> None:
-    instr = program.queue(engine)[index]
-    letter, other = (("B", "D") if engine is Engine.TIU else ("D", "B"))
-    if instr.cmd_id_dep != want:
-        problems.append(f"{letter}{index + 1} cmd_id_dep={other}{instr.cmd_id_dep}, bitmaps give {other}{want}")
-    if want_tile > covered:
-        problems.append(f"{letter}{index + 1} conflicts with T{want_tile} but is not preceded by a SYS "
-                        f"wait for T{want_tile}" + (f" (its queue waited for T{covered})" if covered else ""))
-
-
-def _compiled_waits(program: Program) -> Waits:
-    return Waits(tiu_dep=[i.cmd_id_dep for i in program.tiu], gdma_dep=[i.cmd_id_dep for i in program.gdma],
-                 tile_tiu=[i.wait_tiu_id for i in program.tile], tile_gdma=[i.wait_gdma_id for i in program.tile],
-                 tiu_tile=[tile_wait_operand(i) for i in program.tiu],
-                 gdma_tile=[tile_wait_operand(i) for i in program.gdma])
+def _field_problem(instr, index: int, compiled: np.ndarray, expected: np.ndarray) -> str:
+    """'B3 cmd_id_dep=D1, bitmaps give D2' (one id field) or 'T1 waits B0,D0, bitmaps give B0,D1'."""
+    head = f"{instr.ENGINE.letter}{index + 1}"
+    ids = [(other, name) for other, name in instr.WAIT_FIELDS.items()]
+    have = ",".join(f"{other.letter}{compiled[other.code]}" for other, _ in ids)
+    want = ",".join(f"{other.letter}{expected[other.code]}" for other, _ in ids)
+    if len(ids) == 1:
+        return f"{head} {ids[0][1]}={have}, bitmaps give {want}"
+    return f"{head} waits {have}, bitmaps give {want}"
 
 
 def auto_waits(program: Program) -> Waits:
-    """Auto mode: each TIU instruction waits for every GDMA instruction issued before it and vice
-    versa; TILE blocks wait for every TIU and GDMA instruction issued before them (SYS tile waits
-    stay as compiled)."""
-    waits = _compiled_waits(program)
-    seen = {Engine.TIU: 0, Engine.GDMA: 0, Engine.TILE: 0}
-    for engine, index in program.issue_sequence():
-        if engine is Engine.TIU:
-            waits.tiu_dep[index] = seen[Engine.GDMA]
-        elif engine is Engine.GDMA:
-            waits.gdma_dep[index] = seen[Engine.TIU]
-        else:
-            waits.tile_tiu[index], waits.tile_gdma[index] = seen[Engine.TIU], seen[Engine.GDMA]
-        seen[engine] += 1
+    """Auto mode: every TIU/GDMA/TILE wait field waits for every instruction of its engine issued before
+    (SYS tile waits stay as compiled)."""
+    order = IssueOrder.of(program)
+    waits = compiled_waits(program)
+    for engine in ENGINES:
+        queue = program.queue(engine)
+        before = order.before[order.code == engine.code]
+        for other in (queue[0].WAIT_FIELDS if queue else ()):
+            waits.ids[engine.code][:, other.code] = before[:, other.code]
     return waits
 
 
@@ -176,10 +253,9 @@ def resolve_waits(program: Program, dep_mode: str | None, check: bool = True, ke
     if dep_mode == "auto":
         return auto_waits(program)
     if dep_mode not in (None, "bitmap"):
-        from tpuflow.errors import OptionError
         raise OptionError(f"option --dep-mode: '{dep_mode}' is not one of bitmap, auto")
     if not check:
-        return _compiled_waits(program)
+        return compiled_waits(program)
     waits, problems = derive_bitmap_waits(program, keep)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -1,9 +1,10 @@
 """The three engines as event-driven components: command list, dispatch on waits, completion -> sync ids.
 
 Common behaviour: an engine takes the head of its command list when (a) its own resources allow
-(`earliest`), and (b) its waits hold: TIU cmd_id_dep <= tdma_sync_id, GDMA cmd_id_dep <=
-tiu_sync_id, TILE wait_tiu_id <= tiu_sync_id and wait_gdma_id <= tdma_sync_id, and a SYS tile
-wait's operand <= tile_sync_id. Sync ids advance in order at each instruction's end.
+(`earliest`), and (b) its waits hold: every id it waits for (Instruction.waits(): TIU cmd_id_dep on
+GDMA, GDMA cmd_id_dep on TIU, TILE wait_tiu_id / wait_gdma_id, a SYS tile wait's operand on TILE)
+is at most that engine's sync id (tiu_sync_id, tdma_sync_id, tile_sync_id). Sync ids advance in
+order at each instruction's end.
 
 TIU DPC pipes (CUBE for CONV/MM2, VECTOR otherwise; T = TIU period; d_* = the pipe's delays):
   des_in   = dispatch (>= gen_in of the instruction vector_des_buffer places back: DES holds that
@@ -30,9 +31,10 @@ from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH
 from tpuflow.hwmodel.timing.gdma import CommandTable
-from tpuflow.isa import Instruction
+from tpuflow.isa import Engine, Instruction
 
-TIU, GDMA, TILE = 0, 1, 2
+TIU, GDMA, TILE = (e.code for e in Engine)
+SYNC_NAMES = ("tiu_sync_id", "tdma_sync_id", "tile_sync_id")   # by Engine.code
 
 
 class EngineBase:
@@ -44,13 +46,16 @@ class EngineBase:
         self.period = period
         self.cmds: deque[int] = deque()      # indices in the command list
         self.arrival = [0] * len(instrs)
+        self.waits = [tuple(row) for row in sim.waits.ids[self.code].tolist()]
         self.sync = 0
         self.scheduled = False
 
-    # --- to implement
     def waits_hold(self, index: int) -> bool:
-        raise NotImplementedError
+        tiu, gdma, tile = self.waits[index]
+        sync = self.sim.sync
+        return sync[TIU] >= tiu and sync[GDMA] >= gdma and sync[TILE] >= tile
 
+    # --- to implement
     def earliest(self, index: int) -> int:
         raise NotImplementedError
 
@@ -86,7 +91,7 @@ class EngineBase:
         self.poke()
 
     def _complete(self, index: int) -> None:
-        self.sync = index + 1
+        self.sync = self.sim.sync[self.code] = index + 1
         self.sim.sync_changed(self.code)
 
     def blocked_on(self) -> str:
@@ -96,7 +101,10 @@ class EngineBase:
         return self.describe_wait(self.cmds[0])
 
     def describe_wait(self, index: int) -> str:
-        raise NotImplementedError
+        waited = [(Engine.of_code(o), w) for o, w in enumerate(self.waits[index]) if w or o != TILE and o != self.code]
+        ids = " and ".join(f"{e.letter}{w}" for e, w in waited)
+        syncs = ", ".join(f"{SYNC_NAMES[e.code]}={self.sim.sync[e.code]}" for e, w in waited)
+        return f"{Engine.of_code(self.code).letter}{index + 1} waits for {ids} ({syncs})"
 
 
 class TiuEngine(EngineBase):
@@ -130,10 +138,6 @@ class TiuEngine(EngineBase):
             w = self.work[index] = (work, bank_bubbles(instr, self.chip, acc))
         return w
 
-    def waits_hold(self, index: int) -> bool:
-        s = self.sim
-        return s.tdma_sync() >= s.waits.tiu_dep[index] and s.tile_sync() >= s.waits.tiu_tile[index]
-
     def earliest(self, index: int) -> int:
         work, _ = self._work(index)
         history = self.gen_in_history   # DES holds des_buffer descriptors until GEN takes them
@@ -161,11 +165,6 @@ class TiuEngine(EngineBase):
         rec(TIU, index, "bank_conflict", bubbles * p)
         return end
 
-    def describe_wait(self, index: int) -> str:
-        s = self.sim
-        return (f"B{index + 1} waits for D{s.waits.tiu_dep[index]} (tdma_sync_id={s.tdma_sync()})"
-                + (f" and T{s.waits.tiu_tile[index]}" if s.waits.tiu_tile[index] else ""))
-
 
 class GdmaEngine(EngineBase):
     code = GDMA
@@ -176,10 +175,6 @@ class GdmaEngine(EngineBase):
         self.free = 0
         self.dram_first = -1
         self.dram_last = 0
-
-    def waits_hold(self, index: int) -> bool:
-        s = self.sim
-        return s.tiu_sync() >= s.waits.gdma_dep[index] and s.tile_sync() >= s.waits.gdma_tile[index]
 
     def earliest(self, index: int) -> int:
         return max(self.free, self.arrival[index])
@@ -199,11 +194,6 @@ class GdmaEngine(EngineBase):
             self.dram_last = max(self.dram_last, now + int(t.dram_last[index]))
         return end
 
-    def describe_wait(self, index: int) -> str:
-        s = self.sim
-        return (f"D{index + 1} waits for B{s.waits.gdma_dep[index]} (tiu_sync_id={s.tiu_sync()})"
-                + (f" and T{s.waits.gdma_tile[index]}" if s.waits.gdma_tile[index] else ""))
-
 
 class TileEngine(EngineBase):
     code = TILE
@@ -212,10 +202,6 @@ class TileEngine(EngineBase):
         super().__init__(sim, instrs, clock.period)
         self.chip, self.clock = chip, clock
         self.free = 0
-
-    def waits_hold(self, index: int) -> bool:
-        s = self.sim
-        return s.tiu_sync() >= s.waits.tile_tiu[index] and s.tdma_sync() >= s.waits.tile_gdma[index]
 
     def earliest(self, index: int) -> int:
         return max(self.free, self.arrival[index])
@@ -227,8 +213,3 @@ class TileEngine(EngineBase):
         self.sim.record(TILE, index, "start", start)
         self.sim.record(TILE, index, "end", end)
         return end
-
-    def describe_wait(self, index: int) -> str:
-        s = self.sim
-        return (f"T{index + 1} waits for B{s.waits.tile_tiu[index]} and D{s.waits.tile_gdma[index]} "
-                f"(tiu_sync_id={s.tiu_sync()}, tdma_sync_id={s.tdma_sync()})")

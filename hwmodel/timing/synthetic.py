@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 from tpuflow.chip import ChipConfig
-from tpuflow.hwmodel.timing.deps import ENGINE_CODE, ChunkTables
-from tpuflow.isa import (TILE_WAIT_TAG, Accesses, ArTiu, ConvTiu, Engine, GeneralDma, Instruction, Mm2Tiu, Prec,
-                         SysDma, SysTiu, TensorDma, TileQueues, TPush, aligned_strides, global_lmem_address)
+from tpuflow.hwmodel.timing.deps import ChunkTables
+from tpuflow.isa import (Accesses, ArTiu, ConvTiu, Engine, GeneralDma, Instruction, Mm2Tiu, Prec, TensorDma,
+                         TileQueues, TPush, aligned_strides, global_lmem_address)
 from tpuflow.isa.ids import IdFields, clamp
-from tpuflow.isa.tile import TileInstruction
+from tpuflow.isa.tile import TileInstruction, sys_tile_wait
 from tpuflow.program import Program
 
 FP32 = int(Prec.FP32)
@@ -107,33 +107,22 @@ class ProgramBuilder:
 
     def add(self, instr: Instruction, dep: int | None = None) -> int:
         engine = instr.ENGINE
-        code = ENGINE_CODE[engine]
+        code = engine.code
         acc = self._accesses(instr)
         found = self.tables.conflicts(acc.lmem_reads, acc.lmem_writes)
-        n = [len(self.queues[e]) for e in (Engine.TIU, Engine.GDMA, Engine.TILE)]
-        bits = IdFields.of(self.chip)
+        n = [len(self.queues[e]) for e in Engine]
+        bits = IdFields.of(self.chip).bits(engine)
         if dep is None:
-            if engine is Engine.TILE:
-                instr = dataclasses.replace(instr, wait_tiu_id=clamp(int(found[0]), n[0], bits.tile_bits),
-                                            wait_gdma_id=clamp(int(found[1]), n[1], bits.tile_bits))
-            else:
-                width = bits.tiu_bits if code == 0 else bits.gdma_bits
-                if found[2] > self.tile_waited[code]:
-                    wait = self._tile_wait(engine, int(found[2]))
-                    self._append(dataclasses.replace(wait, cmd_id_dep=clamp(0, n[1 - code], width)))
-                    self.tile_waited[code] = int(found[2])
-                instr = dataclasses.replace(instr, cmd_id_dep=clamp(int(found[1 - code]), n[1 - code], width))
+            if engine is not Engine.TILE and found[2] > self.tile_waited[code]:
+                wait = sys_tile_wait(engine, int(found[2]))
+                self._append(wait.with_waits([clamp(0, k, bits) for k in n]))
+                self.tile_waited[code] = int(found[2])
+            instr = instr.with_waits([clamp(int(f), k, bits) for f, k in zip(found, n)])
         elif engine is not Engine.TILE:
             instr = dataclasses.replace(instr, cmd_id_dep=dep)
         cmd_id = self._append(instr)
         self.tables.record(code, cmd_id, acc.lmem_reads, acc.lmem_writes)
         return cmd_id
-
-    @staticmethod
-    def _tile_wait(engine: Engine, block: int) -> Instruction:
-        if engine is Engine.TIU:
-            return SysTiu(op="wait_msg", reg_idx=TILE_WAIT_TAG, imm=block)
-        return SysDma(op="sys_wait", index=TILE_WAIT_TAG, constant_value=block)
 
     def _append(self, instr: Instruction) -> int:
         q = self.queues[instr.ENGINE]

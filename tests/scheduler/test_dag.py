@@ -9,7 +9,7 @@ from scheduler_programs import CHIP, random_program, specs
 
 from tpuflow.hwmodel.timing import instruction_cycles, instruction_latency_cycles
 from tpuflow.isa import ArTiu, Engine
-from tpuflow.scheduler.dag import build_dag, is_tile_wait
+from tpuflow.scheduler.dag import build_dag
 
 ENGINES = (Engine.TIU, Engine.GDMA, Engine.TILE)
 
@@ -20,7 +20,7 @@ def nodes_of(program):
     for engine, index in program.issue_sequence():
         instr = program.queue(engine)[index]
         last = index == len(program.queue(engine)) - 1 and instr.op_name in ("system.end", "dma.sys.chain_end")
-        if not is_tile_wait(instr) and not last:
+        if not instr.is_tile_wait and not last:
             out.append((engine, index))
     return out
 

@@ -14,14 +14,39 @@ if TYPE_CHECKING:
 
 
 class Engine(str, enum.Enum):
+    """The engines of a core, in code order. Every stage names an engine through this enum: `code`
+    indexes per-engine arrays (and Instruction.waits()), `letter` prefixes listings and spells the
+    issue order, `stream_suffix` names its binary stream (`<name>.<suffix>.<core>`)."""
+
     TIU = "tiu"
     GDMA = "gdma"
     TILE = "tile"
 
     @property
+    def code(self) -> int:
+        """0 TIU, 1 GDMA, 2 TILE."""
+        return _ENGINE_CODE[self]
+
+    @property
     def letter(self) -> str:
         """Prefix used in listings: B (TIU, as in .BD files), D (GDMA), T (TILE)."""
-        return {"tiu": "B", "gdma": "D", "tile": "T"}[self.value]
+        return "BDT"[_ENGINE_CODE[self]]
+
+    @property
+    def stream_suffix(self) -> str:
+        return ("BD", "GDMA", "TILE")[_ENGINE_CODE[self]]
+
+    @classmethod
+    def of_code(cls, code: int) -> "Engine":
+        return ENGINES[code]
+
+    @classmethod
+    def of_letter(cls, letter: str) -> "Engine":
+        return ENGINES["BDT".index(letter)]
+
+
+ENGINES: tuple[Engine, ...] = tuple(Engine)
+_ENGINE_CODE = {e: i for i, e in enumerate(ENGINES)}
 
 
 class Prec(enum.IntEnum):
@@ -180,11 +205,46 @@ def ddr_range(addr: int, shape, strides, elem_bytes: int) -> tuple[DdrRange, ...
 class Instruction:
     """Base of every instruction dataclass. Subclasses are frozen dataclasses whose fields are
     named as in the hardware descriptor; `cmd_id` is the 1-based position in its engine queue
-    and is not a field."""
+    and is not a field.
+
+    Waits: an engine runs its queue in order; across engines an instruction waits until another
+    engine has completed the instruction with a given id. `waits()` answers those ids, one per
+    engine; WAIT_FIELDS names the descriptor fields that hold them (what the dependency assignment
+    writes); a SYS wait on TILE (`is_tile_wait`) carries its TILE id as an operand instead."""
 
     ENGINE: ClassVar[Engine]
     OPS: ClassVar[dict[str, int]] = {}
     PREFIX: ClassVar[str] = ""
+    WAIT_FIELDS: ClassVar[dict[Engine, str]] = {}   # engine -> field holding the id of it waited for
+
+    def waits(self) -> tuple[int, int, int]:
+        """Per Engine.code (TIU, GDMA, TILE): the id (1-based cmd_id) of that engine's instruction this
+        one starts after, 0 = no wait. The own engine's entry is 0 (its queue order covers it)."""
+        ids = [0, 0, 0]
+        for engine, name in self.WAIT_FIELDS.items():
+            ids[_ENGINE_CODE[engine]] = getattr(self, name)
+        return (ids[0], ids[1], ids[2])
+
+    @property
+    def is_tile_wait(self) -> bool:
+        """Whether this is a SYS instruction that only waits for a TILE block (the dependency
+        assignment derives these from the order; see tpuflow.isa.tile)."""
+        return False
+
+    def with_waits(self, ids) -> "Instruction":
+        """A copy with every WAIT_FIELDS field set to ids[engine.code] (the values are valid ids, so the
+        dataclass checks are skipped: this runs once per instruction of a program)."""
+        changes = {name: ids[_ENGINE_CODE[engine]] for engine, name in self.WAIT_FIELDS.items()}
+        if all(getattr(self, name) == value for name, value in changes.items()):
+            return self
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
+    def without_waits(self) -> "Instruction":
+        """A copy with every WAIT_FIELDS field 0 (itself if they already are)."""
+        return self.with_waits((0, 0, 0))
 
     @property
     def op_name(self) -> str:

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from tpuflow.isa.base import Accesses, DdrRange, Engine, Instruction, LmemRange, Prec, ddr_range, lmem_ranges
+from tpuflow.isa.base import (TILE_WAIT_TAG, Accesses, DdrRange, Engine, Instruction, LmemRange, Prec, ddr_range,
+                              lmem_ranges)
 
 if TYPE_CHECKING:
     from tpuflow.chip import ChipConfig
@@ -40,6 +41,7 @@ def global_lmem_address(flat: int, chip: "ChipConfig") -> int:
 
 class DmaInstruction(Instruction):
     ENGINE: ClassVar[Engine] = Engine.GDMA
+    WAIT_FIELDS: ClassVar[dict] = {Engine.TIU: "cmd_id_dep"}
     CMD_TYPE: ClassVar[int]
     PREFIX: ClassVar[str] = "dma"
 
@@ -326,6 +328,18 @@ class SysDma(DmaInstruction):
     @property
     def src_data_format(self) -> int:
         return FP32
+
+    @property
+    def is_tile_wait(self) -> bool:
+        return self.op == "sys_wait" and self.index == TILE_WAIT_TAG
+
+    def waits(self) -> tuple[int, int, int]:
+        return (self.cmd_id_dep, 0, self.constant_value if self.is_tile_wait else 0)
+
+    @classmethod
+    def tile_wait(cls, block: int) -> "SysDma":
+        """dma.sys.sys_wait that waits until the TILE engine completed block `block`."""
+        return cls(op="sys_wait", index=TILE_WAIT_TAG, constant_value=block)
 
     def accesses(self, chip):
         return Accesses()

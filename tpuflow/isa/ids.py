@@ -39,7 +39,7 @@ def unwrap(value: int, issued_before: int, bits: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class IdFields:
-    """Which fields of which engine hold ids of which engine, and their widths."""
+    """Widths of the id fields (Instruction.WAIT_FIELDS) of each engine's instructions."""
 
     tiu_bits: int      # TIU cmd_id_dep (a GDMA id)
     gdma_bits: int     # GDMA cmd_id_dep (a TIU id)
@@ -50,28 +50,22 @@ class IdFields:
         d = chip.deps
         return cls(d.tiu_dep_id_bits, d.gdma_dep_id_bits, d.tile_dep_id_bits)
 
-    def fields(self, engine: Engine) -> list[tuple[str, Engine, int]]:
-        """(field name, engine whose id it holds, bits) of `engine`'s instructions."""
-        if engine is Engine.TIU:
-            return [("cmd_id_dep", Engine.GDMA, self.tiu_bits)]
-        if engine is Engine.GDMA:
-            return [("cmd_id_dep", Engine.TIU, self.gdma_bits)]
-        return [("wait_tiu_id", Engine.TIU, self.tile_bits), ("wait_gdma_id", Engine.GDMA, self.tile_bits)]
+    def bits(self, engine: Engine) -> int:
+        """Width of the id fields of `engine`'s instructions."""
+        return (self.tiu_bits, self.gdma_bits, self.tile_bits)[engine.code]
 
 
 def _rewrite(queues: dict, issue_order: str, fields: IdFields, convert) -> dict:
     """Apply convert(value, issued_before, bits) to every id field, walking the issue order."""
-    letters = {"B": Engine.TIU, "D": Engine.GDMA, "T": Engine.TILE}
-    issued = {Engine.TIU: 0, Engine.GDMA: 0, Engine.TILE: 0}
+    issued = {engine: 0 for engine in Engine}
     out = {e: list(q) for e, q in queues.items()}
     for letter in issue_order:
-        engine = letters[letter]
+        engine = Engine.of_letter(letter)
         index = issued[engine]
         instr = out[engine][index]
-        changes = {}
-        for name, other, bits in fields.fields(engine):
-            if hasattr(instr, name):
-                changes[name] = convert(getattr(instr, name), issued[other], bits)
+        bits = fields.bits(engine)
+        changes = {name: convert(getattr(instr, name), issued[other], bits)
+                   for other, name in instr.WAIT_FIELDS.items()}
         if changes:
             out[engine][index] = dataclasses.replace(instr, **changes)
         issued[engine] += 1

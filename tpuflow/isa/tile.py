@@ -73,6 +73,7 @@ def size_text(code: int) -> str:
 
 class TileInstruction(Instruction):
     ENGINE: ClassVar[Engine] = Engine.TILE
+    WAIT_FIELDS: ClassVar[dict] = {Engine.TIU: "wait_tiu_id", Engine.GDMA: "wait_gdma_id"}
     FN: ClassVar[dict[str, int]]
 
     def sources(self) -> tuple[int, ...]:
@@ -199,6 +200,13 @@ class TPush(TileInstruction):
 
 
 TILE_KINDS: tuple[type[TileInstruction], ...] = (TMatmul, AccCvt, TPush)
+
+
+def sys_tile_wait(engine: Engine, block: int) -> Instruction:
+    """The SYS instruction with which the TIU or the GDMA queue waits for TILE block `block`."""
+    from tpuflow.isa.gdma import SysDma
+    from tpuflow.isa.tiu import SysTiu
+    return (SysTiu if engine is Engine.TIU else SysDma).tile_wait(block)
 
 
 @dataclass(frozen=True)
