@@ -7,21 +7,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuflow.frontend.graph import Graph, OpNode
-from tpuflow.frontend.ops import BINARY, OpKind, REDUCE
+from tpuflow.frontend.ops import REDUCE, OpKind, spec
 from tpuflow.frontend.shapes import pool_output_choices
 
 EXPORT_OPSET = 18
 EXPORT_IR_VERSION = 9
 K = OpKind
-SAME_NAME = BINARY | {K.CONV, K.MATMUL, K.SQRT, K.RECIPROCAL, K.NEG, K.ABS, K.EXP, K.LOG, K.ERF, K.TANH,
-                      K.SIGMOID, K.RELU, K.HARD_SWISH, K.WHERE, K.GLOBAL_AVERAGE_POOL, K.GATHER,
-                      K.LEAKY_RELU, K.HARD_SIGMOID, K.SOFTMAX, K.LOG_SOFTMAX, K.LAYER_NORM, K.LRN,
-                      K.TRANSPOSE, K.CONCAT}
-ATTR_NAMES = {K.CONV: ("kernel_shape", "strides", "dilations", "group", "pads"),
-              K.LEAKY_RELU: ("alpha",), K.HARD_SIGMOID: ("alpha", "beta"), K.SOFTMAX: ("axis",),
-              K.LOG_SOFTMAX: ("axis",), K.LAYER_NORM: ("axis", "epsilon"),
-              K.LRN: ("size", "alpha", "beta", "bias"), K.TRANSPOSE: ("perm",), K.CONCAT: ("axis",),
-              K.GATHER: ("axis",)}
 
 
 class _Exporter:
@@ -40,8 +31,8 @@ class _Exporter:
 
     def node(self, n: OpNode) -> None:
         k, a = OpKind(n.op_type), n.attrs
-        if k in SAME_NAME:
-            self.add(k.value, n, n.inputs, **{x: _plain(a[x]) for x in ATTR_NAMES.get(k, ())})
+        if spec(k).export_same:
+            self.add(k.value, n, n.inputs, **{x: _plain(a[x]) for x in spec(k).attrs})
         elif k == K.CLIP:
             dtype = self.graph.tensor(n.inputs[0]).dtype
             self.add("Clip", n, [n.inputs[0], self.const(n, "min", np.asarray(a["min"], dtype)),
@@ -66,10 +57,10 @@ class _Exporter:
                                 self.const(n, "value", np.asarray(a["value"], dtype))], mode="constant")
         elif k == K.EXPAND:
             self.add("Expand", n, [n.inputs[0], self.const(n, "shape", np.asarray(a["shape"], np.int64))])
-        elif k in (K.MAX_POOL, K.AVERAGE_POOL):
+        elif spec(k).ceil_mode:
             self.pool(n, k)
-        else:  # pragma: no cover - every OpKind is handled above
-            raise NotImplementedError(k)
+        else:
+            raise NotImplementedError(f"node '{n.name}': {k} has no ONNX export")
 
     def pool(self, n: OpNode, k: OpKind) -> None:
         a = n.attrs

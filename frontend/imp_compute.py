@@ -11,15 +11,13 @@ from onnx import helper, numpy_helper
 
 from tpuflow.errors import ModelError
 from tpuflow.frontend.onnx_view import ONode, one_line
-from tpuflow.frontend.ops import OpKind
+from tpuflow.frontend.ops import SPECS, OpKind
 from tpuflow.frontend.registry import IMPORTERS, Importer, importer
 from tpuflow.frontend.rewrite import Rewriter
 from tpuflow.frontend.imp_shape import pads_per_axis
-from tpuflow.frontend.shapes import SHAPE_FNS
 
 K = OpKind
-SAME = {k.value: k for k in (K.EQUAL, K.LESS, K.GREATER, K.LESS_OR_EQUAL, K.GREATER_OR_EQUAL, K.NOT, K.AND,
-                             K.OR, K.XOR, K.FLOOR, K.CEIL, K.ROUND, K.SIGN, K.SIN, K.COS)}
+SAME = {k.value: k for k, s in SPECS.items() if s.import_same and s.kernel}   # 1:1, no attributes
 
 
 @importer(*SAME)
@@ -272,11 +270,6 @@ def _resample_axis(ctx, x: str, shape: list[int], axis: int, matrix: np.ndarray,
     y = out or ctx.temp(f"resize{step}", tuple(new_shape), dtype)
     ctx.emit(K.TRANSPOSE, (mixed,), (y,), suffix=f"resize{step}", perm=tuple(perm))
     return y, new_shape
-
-
-SHAPE_FNS[K.RESIZE] = lambda n, ins: [tuple(d * r for d, r in zip(ins[0], n.attrs["repeats"]))]
-SHAPE_FNS[K.RESAMPLE] = lambda n, ins: [tuple(len(n.attrs["taps"]) if a == n.attrs["axis"] else d
-                                              for a, d in enumerate(ins[0]))]
 
 
 # ---------------------------------------------------------------- Pad reflect / edge
@@ -556,5 +549,3 @@ def scatter_nd(node: ONode, ctx) -> None:
     rows = tuple(int(r) for r in (comps * strides).sum(axis=1))
     ctx.emit(K.SCATTER_ND, (data, updates), node.outputs, rows=rows)
 
-
-SHAPE_FNS[K.SCATTER_ND] = lambda n, ins: [tuple(ins[0])]

@@ -6,12 +6,11 @@ import numpy as np
 from onnx import helper
 
 from tpuflow.frontend.onnx_view import ONode
-from tpuflow.frontend.ops import OpKind
+from tpuflow.frontend.ops import SPECS, OpKind
 from tpuflow.frontend.registry import importer
 
 K = OpKind
-PLAIN = {k.value: k for k in (K.ADD, K.SUB, K.MUL, K.DIV, K.POW, K.SQRT, K.RECIPROCAL, K.NEG, K.ABS,
-                              K.EXP, K.LOG, K.ERF, K.TANH, K.SIGMOID, K.RELU, K.HARD_SWISH)}
+PLAIN = {k.value: k for k, s in SPECS.items() if s.import_same and not s.kernel}   # 1:1, no attributes
 
 
 @importer(*PLAIN)

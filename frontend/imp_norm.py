@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 
 from tpuflow.frontend.onnx_view import ONode
-from tpuflow.frontend.ops import OpKind
+from tpuflow.frontend.ops import REDUCE as REDUCE_KINDS, OpKind
 from tpuflow.frontend.registry import importer, unused_outputs
 from tpuflow.frontend.rewrite import Rewriter
 
 K = OpKind
 SOFTMAX = {"Softmax": K.SOFTMAX, "LogSoftmax": K.LOG_SOFTMAX}
-REDUCE = {"ReduceMean": K.REDUCE_MEAN, "ReduceSum": K.REDUCE_SUM, "ReduceMax": K.REDUCE_MAX}
+REDUCE = {k.value: k for k in OpKind if k in REDUCE_KINDS}
 AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18}
 
 

@@ -1,8 +1,12 @@
-"""The canonical operator vocabulary: a closed OpKind enum, trait sets and per-kind attributes.
+"""The canonical operator vocabulary: the closed OpKind enum and ONE spec per kind (SPECS) holding
+every per-kind fact the frontend and the lowering key on: traits, required attributes, constant
+inputs, shape function, export rule, lowering group, row role, reduction, scratch tiles, slicing
+rule and elementwise emission rule. The trait sets (ELEMENTWISE, POOL, ...) are views computed
+from SPECS.
 
 After the frontend every OpNode.op_type is an OpKind value, so legality checks in later stages
-are set membership (`node.op_type in POOL`), never string compares. Attribute conventions of the
-canonical form (what the lowering receives):
+are spec lookups or set membership (`node.op_type in POOL`), never string compares. Attribute
+conventions of the canonical form (what the lowering receives):
 
 - Conv: inputs (X, W, B?) with W and B constant; attrs kernel_shape (kh, kw), strides, dilations,
   group, pads (top, left, bottom, right). 2-D only (NCHW).
@@ -44,7 +48,12 @@ canonical form (what the lowering receives):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
+
+from tpuflow.frontend import shapes
+from tpuflow.frontend.graph import OpNode
+from tpuflow.frontend.shapes import Shape, ShapeFn
 
 
 class OpKind(str, Enum):
@@ -120,45 +129,190 @@ class OpKind(str, Enum):
         return self.value
 
 
+
 K = OpKind
 
-# Elementwise kinds with their own TIU kernels (lowering/ewise.py, mathops.py).
-COMPARE = frozenset({K.EQUAL, K.LESS, K.GREATER, K.LESS_OR_EQUAL, K.GREATER_OR_EQUAL})
-LOGIC = frozenset({K.AND, K.OR, K.XOR})
-KERNEL_UNARY = frozenset({K.NOT, K.FLOOR, K.CEIL, K.ROUND, K.SIGN, K.SIN, K.COS, K.THRESHOLDED_RELU})
-KERNEL_BINARY = COMPARE | LOGIC | {K.MAX, K.MIN, K.MOD}
-UNARY = frozenset({K.SQRT, K.RECIPROCAL, K.NEG, K.ABS, K.EXP, K.LOG, K.ERF, K.TANH, K.SIGMOID,
-                   K.RELU, K.LEAKY_RELU, K.CLIP, K.HARD_SIGMOID, K.HARD_SWISH, K.CAST}) | KERNEL_UNARY
-BINARY = frozenset({K.ADD, K.SUB, K.MUL, K.DIV, K.POW}) | KERNEL_BINARY
-ELEMENTWISE = UNARY | BINARY | {K.WHERE}
-CONTRACTION = frozenset({K.CONV, K.MATMUL})            # the ops that count MACs
-REDUCE = frozenset({K.REDUCE_MEAN, K.REDUCE_SUM, K.REDUCE_MAX})
-POOL = frozenset({K.MAX_POOL, K.AVERAGE_POOL, K.GLOBAL_AVERAGE_POOL})
-NORMALIZE = frozenset({K.SOFTMAX, K.LOG_SOFTMAX, K.LAYER_NORM, K.LRN})
-VIEW = frozenset({K.RESHAPE})                          # no data movement
-MOVEMENT = frozenset({K.TRANSPOSE, K.CONCAT, K.SPLIT, K.SLICE, K.GATHER, K.PAD, K.EXPAND})
+CATEGORIES = ("unary", "binary", "ternary", "contraction", "reduce", "pool", "normalize", "view", "movement",
+              "remap")
+GROUPS = ("conv", "matmul", "pool", "lrn", "view", "row", "move")
+ROW_ROLES = ("", "elementwise", "reduce", "normalize")
+SLICING = ("window", "rows", "none")
+ROW_AXES = ("", "spatial", "axes", "last_axis", "axis")
+
+
+@dataclass(frozen=True)
+class Emit:
+    """How the row emitters compute one node of a kind (lowering/ewise.py resolves `rule`):
+    ar (one AR instruction `op`), select (compare-select `op`, `yes` / `no` the values when the
+    compare holds / not), unary (the mathops sequence named `op`), pow, mod, where, softmax,
+    log_softmax, layer_norm."""
+
+    rule: str
+    op: str = ""
+    yes: float = 1.0
+    no: float = 0.0
+    commutative: bool = False      # ar: a scalar first operand may move second
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Every per-kind fact. Frontend: `category` (the trait sets are views of it), `attrs` every
+    node carries, `const_inputs` (positions that must be constant), `shape` (output shapes from
+    input shapes + attrs; `ceil_mode`: the ceil-mode window count is allowed too),
+    `import_same` (imported 1:1 from the ONNX op of the same name, no attributes), `export_same`
+    (exported as the ONNX op of the same name with `attrs`). Lowering: `group` (the group a node
+    starts, naming its group emitter), `row_role` in a row group, `reduce` (pord pooling op, divide
+    by the count), `row_axes` (where a reduce / normalize cuts rows x cols: spatial = every axis
+    after C, axes = attr axes, last_axis, axis = attr axis), `scratch` (fp32 scratch tiles its TIU
+    sequence clobbers), `slicing` (how output rows map to input rows: window = conv / pool halos
+    from kernel, stride, pad, dilation; rows = row for row; none = not sliceable), `emit`."""
+
+    category: str
+    shape: ShapeFn
+    group: str
+    attrs: tuple[str, ...] = ()
+    const_inputs: tuple[int, ...] = ()
+    kernel: bool = False           # elementwise with its own TIU kernel sequence
+    compare: bool = False          # a comparison (0/1 result)
+    logic: bool = False            # a binary logic op on 0/1 values
+    ceil_mode: bool = False
+    import_same: bool = False
+    export_same: bool = False
+    row_role: str = ""
+    reduce: tuple[str, bool] | None = None
+    row_axes: str = ""
+    scratch: int = 0
+    slicing: str = "none"
+    emit: Emit | None = None
+
+
+def _elementwise(category: str, emit: Emit, scratch: int = 0, **facts) -> OpSpec:
+    shape = shapes.same if category == "unary" else shapes.broadcast
+    return OpSpec(category, shape, "row", row_role="elementwise", scratch=scratch, slicing="rows", emit=emit,
+                  **facts)
+
+
+def _unary(rule: str, scratch: int = 0, **facts) -> OpSpec:
+    return _elementwise("unary", Emit("unary", rule), scratch, **facts)
+
+
+def _ar(op: str, commutative: bool = False, **facts) -> OpSpec:
+    return _elementwise("binary", Emit("ar", op, commutative=commutative), export_same=True, **facts)
+
+
+def _select(op: str, yes: float, no: float, **facts) -> OpSpec:
+    return _elementwise("binary", Emit("select", op, yes, no), kernel=True, import_same=True, export_same=True,
+                        **facts)
+
+
+def _reduce(pool: str, mean: bool) -> OpSpec:
+    return OpSpec("reduce", shapes.reduce, "row", attrs=("axes", "keepdims"), row_role="reduce",
+                  reduce=(pool, mean), row_axes="axes")
+
+
+def _softmax(rule: str) -> OpSpec:
+    return OpSpec("normalize", shapes.same, "row", attrs=("axis",), export_same=True, row_role="normalize",
+                  row_axes="last_axis", scratch=4, emit=Emit(rule))
+
+
+def _move(shape: ShapeFn, attrs: tuple[str, ...], category: str = "movement", **facts) -> OpSpec:
+    return OpSpec(category, shape, "move", attrs=attrs, **facts)
+
+
+PLAIN = dict(import_same=True, export_same=True)
+WINDOW = ("kernel_shape", "strides", "dilations", "pads")
+
+SPECS: dict[OpKind, OpSpec] = {
+    K.CONV: OpSpec("contraction", shapes.conv, "conv", attrs=("kernel_shape", "strides", "dilations", "group",
+                                                              "pads"),
+                   const_inputs=(1, 2), export_same=True, slicing="window"),
+    K.MATMUL: OpSpec("contraction", shapes.matmul, "matmul", export_same=True),
+    K.ADD: _ar("add", True, import_same=True), K.SUB: _ar("sub", import_same=True),
+    K.MUL: _ar("mul", True, import_same=True), K.DIV: _ar("div", import_same=True),
+    K.POW: _elementwise("binary", Emit("pow"), 6, **PLAIN),
+    K.SQRT: _unary("sqrt", 1, **PLAIN), K.RECIPROCAL: _unary("reciprocal", **PLAIN), K.NEG: _unary("neg", **PLAIN),
+    K.ABS: _unary("abs", **PLAIN), K.EXP: _unary("exp", 3, **PLAIN), K.LOG: _unary("log", 4, **PLAIN),
+    K.ERF: _unary("erf", 6, **PLAIN), K.TANH: _unary("tanh", 5, **PLAIN), K.SIGMOID: _unary("sigmoid", 4, **PLAIN),
+    K.RELU: _unary("relu", **PLAIN),
+    K.LEAKY_RELU: _unary("leaky_relu", 1, attrs=("alpha",), export_same=True),
+    K.CLIP: _unary("clip", attrs=("min", "max")),
+    K.HARD_SIGMOID: _unary("hard_sigmoid", attrs=("alpha", "beta"), export_same=True),
+    K.HARD_SWISH: _unary("hard_swish", 1, **PLAIN),
+    K.CAST: _unary("cast", attrs=("to",)),
+    K.WHERE: _elementwise("ternary", Emit("where"), 2, export_same=True),
+    K.SOFTMAX: _softmax("softmax"), K.LOG_SOFTMAX: _softmax("log_softmax"),
+    K.LAYER_NORM: OpSpec("normalize", shapes.same, "row", attrs=("axis", "epsilon"), const_inputs=(1, 2),
+                         export_same=True, row_role="normalize", row_axes="axis", scratch=1, emit=Emit("layer_norm")),
+    K.LRN: OpSpec("normalize", shapes.same, "lrn", attrs=("size", "alpha", "beta", "bias"), export_same=True),
+    K.REDUCE_MEAN: _reduce("avgpooling", True), K.REDUCE_SUM: _reduce("avgpooling", False),
+    K.REDUCE_MAX: _reduce("maxpooling", False),
+    K.MAX_POOL: OpSpec("pool", shapes.pool, "pool", attrs=WINDOW, ceil_mode=True, slicing="window"),
+    K.AVERAGE_POOL: OpSpec("pool", shapes.pool, "pool", attrs=WINDOW + ("count_include_pad",), ceil_mode=True,
+                           slicing="window"),
+    K.GLOBAL_AVERAGE_POOL: OpSpec("pool", shapes.global_pool, "row", export_same=True, row_role="reduce",
+                                  reduce=("avgpooling", True), row_axes="spatial"),
+    K.RESHAPE: OpSpec("view", shapes.reshape, "view", attrs=("shape", "view")),
+    K.TRANSPOSE: _move(shapes.transpose, ("perm",), export_same=True),
+    K.CONCAT: _move(shapes.concat, ("axis",), export_same=True),
+    K.SPLIT: _move(shapes.split, ("axis", "sizes")),
+    K.SLICE: _move(shapes.slice_, ("starts", "ends", "steps")),
+    K.GATHER: _move(shapes.gather, ("axis",), export_same=True),
+    K.PAD: _move(shapes.pad, ("pads", "value")),
+    K.EXPAND: _move(shapes.expand, ("shape",)),
+    K.EQUAL: _select("sel_eq", 1.0, 0.0, compare=True), K.LESS: _select("sel_lt", 1.0, 0.0, compare=True),
+    K.GREATER: _select("sel_gt", 1.0, 0.0, compare=True),
+    K.LESS_OR_EQUAL: _select("sel_gt", 0.0, 1.0, compare=True),
+    K.GREATER_OR_EQUAL: _select("sel_lt", 0.0, 1.0, compare=True),
+    K.NOT: _unary("not", kernel=True, import_same=True),
+    K.AND: _ar("mul", True, kernel=True, logic=True, import_same=True),       # of 0/1 values
+    K.OR: _ar("max", True, kernel=True, logic=True, import_same=True),
+    K.XOR: _select("sel_eq", 0.0, 1.0, logic=True),
+    K.MAX: _ar("max", True, kernel=True), K.MIN: _ar("min", True, kernel=True),
+    K.MOD: _elementwise("binary", Emit("mod"), 4, attrs=("fmod",), kernel=True, export_same=True),
+    K.FLOOR: _unary("floor", 3, kernel=True, **PLAIN), K.CEIL: _unary("ceil", 3, kernel=True, **PLAIN),
+    K.ROUND: _unary("round", 3, kernel=True, **PLAIN), K.SIGN: _unary("sign", 2, kernel=True, **PLAIN),
+    K.SIN: _unary("sin", 4, kernel=True, **PLAIN), K.COS: _unary("cos", 4, kernel=True, **PLAIN),
+    K.THRESHOLDED_RELU: _unary("thresholded_relu", attrs=("alpha",), kernel=True, export_same=True),
+    K.RESIZE: _move(shapes.resize, ("repeats",), "remap"),
+    K.SCATTER_ND: _move(shapes.same, ("rows",), "remap"),
+    K.RESAMPLE: _move(shapes.resample, ("axis", "taps"), "remap"),
+}
+
+
+def spec(op_type: str) -> OpSpec:
+    """The spec of a canonical op type (an OpKind or its string; every OpKind has one)."""
+    return SPECS[op_type]
+
+
+def kinds(test) -> frozenset[OpKind]:
+    """The kinds whose spec passes `test` (a view of SPECS)."""
+    return frozenset(k for k, s in SPECS.items() if test(s))
+
+
+def expected_shapes(node: OpNode, input_shapes: list[Shape]) -> list[list[Shape]]:
+    """For each output, the shapes it may legally have (pools: floor or ceil mode)."""
+    s = spec(node.op_type)
+    if s.ceil_mode:
+        return [shapes.pool_output_choices(node, input_shapes[0])]
+    return [[shape] for shape in s.shape(node, input_shapes)]
+
+
+# Trait sets: views of SPECS for callers that test membership.
+COMPARE = kinds(lambda s: s.compare)
+LOGIC = kinds(lambda s: s.logic)
+UNARY = kinds(lambda s: s.category == "unary")
+BINARY = kinds(lambda s: s.category == "binary")
+KERNEL_UNARY = kinds(lambda s: s.kernel and s.category == "unary")
+KERNEL_BINARY = kinds(lambda s: s.kernel and s.category == "binary")
+ELEMENTWISE = kinds(lambda s: s.category in ("unary", "binary", "ternary"))
+CONTRACTION = kinds(lambda s: s.category == "contraction")      # the ops that count MACs
+REDUCE = kinds(lambda s: s.category == "reduce")
+POOL = kinds(lambda s: s.category == "pool")
+NORMALIZE = kinds(lambda s: s.category == "normalize")
+VIEW = kinds(lambda s: s.category == "view")                     # no data movement
+MOVEMENT = kinds(lambda s: s.category == "movement")
 ALL = frozenset(OpKind)
 
-# Attributes every node of a kind carries after the frontend (the verifier checks them).
-REQUIRED_ATTRS: dict[OpKind, tuple[str, ...]] = {
-    K.CONV: ("kernel_shape", "strides", "dilations", "group", "pads"),
-    K.RESHAPE: ("shape", "view"),
-    K.SOFTMAX: ("axis",), K.LOG_SOFTMAX: ("axis",),
-    K.CLIP: ("min", "max"), K.LEAKY_RELU: ("alpha",), K.HARD_SIGMOID: ("alpha", "beta"),
-    K.CAST: ("to",),
-    K.REDUCE_MEAN: ("axes", "keepdims"), K.REDUCE_SUM: ("axes", "keepdims"),
-    K.REDUCE_MAX: ("axes", "keepdims"),
-    K.TRANSPOSE: ("perm",), K.CONCAT: ("axis",), K.SPLIT: ("axis", "sizes"),
-    K.SLICE: ("starts", "ends", "steps"), K.GATHER: ("axis",), K.PAD: ("pads", "value"), K.EXPAND: ("shape",),
-    K.MAX_POOL: ("kernel_shape", "strides", "dilations", "pads"),
-    K.AVERAGE_POOL: ("kernel_shape", "strides", "dilations", "pads", "count_include_pad"),
-    K.LRN: ("size", "alpha", "beta", "bias"),
-    K.LAYER_NORM: ("axis", "epsilon"),
-    K.MOD: ("fmod",), K.THRESHOLDED_RELU: ("alpha",), K.RESIZE: ("repeats",), K.SCATTER_ND: ("rows",),
-    K.RESAMPLE: ("axis", "taps"),
-}
-
-# Inputs (by position) that must be constant after the frontend.
-CONST_INPUTS: dict[OpKind, tuple[int, ...]] = {
-    K.CONV: (1, 2), K.LAYER_NORM: (1, 2),
-}
+# Attributes every node of a kind carries after the frontend; inputs (by position) that must be constant.
+REQUIRED_ATTRS: dict[OpKind, tuple[str, ...]] = {k: s.attrs for k, s in SPECS.items() if s.attrs}
+CONST_INPUTS: dict[OpKind, tuple[int, ...]] = {k: s.const_inputs for k, s in SPECS.items() if s.const_inputs}

@@ -1,4 +1,5 @@
-"""Output shapes of canonical ops from their input shapes and attributes (the verifier's reference)."""
+"""Output shapes of canonical ops from their input shapes and attributes: the shape function of
+every op kind (frontend/ops.py's SPECS names one per kind; the verifier checks every node with it)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from typing import Callable
 import numpy as np
 
 from tpuflow.frontend.graph import OpNode
-from tpuflow.frontend.ops import BINARY, NORMALIZE, OpKind, REDUCE, UNARY
 
 Shape = tuple[int, ...]
-K = OpKind
+ShapeFn = Callable[[OpNode, list[Shape]], list[Shape]]
 
 
 def _window_out(size: int, k: int, s: int, d: int, begin: int, end: int) -> tuple[int, int]:
@@ -20,7 +20,7 @@ def _window_out(size: int, k: int, s: int, d: int, begin: int, end: int) -> tupl
     return span // s + 1, -(-span // s) + 1
 
 
-def _conv(n: OpNode, ins: list[Shape]) -> list[Shape]:
+def conv(n: OpNode, ins: list[Shape]) -> list[Shape]:
     (batch, channels, h, w), wshape = ins[0], ins[1]
     if wshape[1] * n.attrs["group"] != channels:
         raise ValueError(f"weights take {wshape[1]} x group {n.attrs['group']} channels, input has {channels}")
@@ -36,6 +36,15 @@ def pool_output_choices(n: OpNode, shape: Shape) -> list[Shape]:
     return [(batch, channels, oh[0], ow[0]), (batch, channels, oh[1], ow[1])]
 
 
+def pool(n: OpNode, ins: list[Shape]) -> list[Shape]:
+    """The floor-mode shape (the ceil-mode one is allowed too: see OpSpec.ceil_mode)."""
+    return pool_output_choices(n, ins[0])[:1]
+
+
+def global_pool(n: OpNode, ins: list[Shape]) -> list[Shape]:
+    return [ins[0][:2] + (1,) * (len(ins[0]) - 2)]
+
+
 def matmul_shape(a: Shape, b: Shape) -> Shape:
     """numpy.matmul's result shape (1-D operands promoted, batch dims broadcast)."""
     a2, b2 = (1,) + a if len(a) == 1 else a, b + (1,) if len(b) == 1 else b
@@ -49,18 +58,36 @@ def matmul_shape(a: Shape, b: Shape) -> Shape:
     return tuple(out)
 
 
-def _reduce(n: OpNode, ins: list[Shape]) -> list[Shape]:
+def matmul(n: OpNode, ins: list[Shape]) -> list[Shape]:
+    return [matmul_shape(ins[0], ins[1])]
+
+
+def same(n: OpNode, ins: list[Shape]) -> list[Shape]:
+    """The first input's shape (unary ops, normalisations, ScatterND)."""
+    return [tuple(ins[0])]
+
+
+def broadcast(n: OpNode, ins: list[Shape]) -> list[Shape]:
+    """numpy broadcasting of every input (binary ops, Where)."""
+    return [tuple(np.broadcast_shapes(*ins))]
+
+
+def reduce(n: OpNode, ins: list[Shape]) -> list[Shape]:
     axes, keep = n.attrs["axes"], n.attrs["keepdims"]
     return [tuple(1 if i in axes else d for i, d in enumerate(ins[0]) if keep or i not in axes)]
 
 
-def _reshape(n: OpNode, ins: list[Shape]) -> list[Shape]:
+def reshape(n: OpNode, ins: list[Shape]) -> list[Shape]:
     if math.prod(ins[0]) != math.prod(n.attrs["shape"]):
         raise ValueError(f"cannot view {ins[0]} as {n.attrs['shape']}")
     return [tuple(n.attrs["shape"])]
 
 
-def _concat(n: OpNode, ins: list[Shape]) -> list[Shape]:
+def transpose(n: OpNode, ins: list[Shape]) -> list[Shape]:
+    return [tuple(ins[0][p] for p in n.attrs["perm"])]
+
+
+def concat(n: OpNode, ins: list[Shape]) -> list[Shape]:
     axis = n.attrs["axis"]
     for s in ins[1:]:
         if len(s) != len(ins[0]) or any(a != b for i, (a, b) in enumerate(zip(s, ins[0])) if i != axis):
@@ -68,50 +95,37 @@ def _concat(n: OpNode, ins: list[Shape]) -> list[Shape]:
     return [ins[0][:axis] + (sum(s[axis] for s in ins),) + ins[0][axis + 1:]]
 
 
-def _split(n: OpNode, ins: list[Shape]) -> list[Shape]:
+def split(n: OpNode, ins: list[Shape]) -> list[Shape]:
     axis, sizes = n.attrs["axis"], n.attrs["sizes"]
     if sum(sizes) != ins[0][axis]:
         raise ValueError(f"sizes {sizes} do not add up to dimension {ins[0][axis]}")
     return [ins[0][:axis] + (s,) + ins[0][axis + 1:] for s in sizes]
 
 
-def _slice(n: OpNode, ins: list[Shape]) -> list[Shape]:
+def slice_(n: OpNode, ins: list[Shape]) -> list[Shape]:
     starts, ends, steps = n.attrs["starts"], n.attrs["ends"], n.attrs["steps"]
     if not len(starts) == len(ends) == len(steps) == len(ins[0]):
         raise ValueError("starts / ends / steps must have one entry per input axis")
     return [tuple(len(range(s, e, st)) for s, e, st in zip(starts, ends, steps))]
 
 
-def _gather(n: OpNode, ins: list[Shape]) -> list[Shape]:
+def gather(n: OpNode, ins: list[Shape]) -> list[Shape]:
     axis = n.attrs["axis"]
     return [ins[0][:axis] + ins[1] + ins[0][axis + 1:]]
 
 
-def _pad(n: OpNode, ins: list[Shape]) -> list[Shape]:
+def pad(n: OpNode, ins: list[Shape]) -> list[Shape]:
     pads, rank = n.attrs["pads"], len(ins[0])
     return [tuple(d + pads[i] + pads[rank + i] for i, d in enumerate(ins[0]))]
 
 
-SHAPE_FNS: dict[str, Callable[[OpNode, list[Shape]], list[Shape]]] = {
-    K.CONV: _conv,
-    K.MATMUL: lambda n, ins: [matmul_shape(ins[0], ins[1])],
-    K.WHERE: lambda n, ins: [tuple(np.broadcast_shapes(*ins))],
-    K.GLOBAL_AVERAGE_POOL: lambda n, ins: [ins[0][:2] + (1,) * (len(ins[0]) - 2)],
-    K.RESHAPE: _reshape,
-    K.TRANSPOSE: lambda n, ins: [tuple(ins[0][p] for p in n.attrs["perm"])],
-    K.CONCAT: _concat, K.SPLIT: _split, K.SLICE: _slice, K.GATHER: _gather, K.PAD: _pad,
-    K.EXPAND: lambda n, ins: [tuple(np.broadcast_shapes(ins[0], tuple(n.attrs["shape"])))],
-}
-for _k in UNARY | NORMALIZE:
-    SHAPE_FNS[_k] = lambda n, ins: [ins[0]]
-for _k in BINARY:
-    SHAPE_FNS[_k] = lambda n, ins: [tuple(np.broadcast_shapes(ins[0], ins[1]))]
-for _k in REDUCE:
-    SHAPE_FNS[_k] = _reduce
+def expand(n: OpNode, ins: list[Shape]) -> list[Shape]:
+    return [tuple(np.broadcast_shapes(ins[0], tuple(n.attrs["shape"])))]
 
 
-def expected_shapes(node: OpNode, input_shapes: list[Shape]) -> list[list[Shape]]:
-    """For each output, the shapes it may legally have (pools: floor or ceil mode)."""
-    if node.op_type in (K.MAX_POOL, K.AVERAGE_POOL):
-        return [pool_output_choices(node, input_shapes[0])]
-    return [[s] for s in SHAPE_FNS[node.op_type](node, input_shapes)]
+def resize(n: OpNode, ins: list[Shape]) -> list[Shape]:
+    return [tuple(d * r for d, r in zip(ins[0], n.attrs["repeats"], strict=True))]
+
+
+def resample(n: OpNode, ins: list[Shape]) -> list[Shape]:
+    return [tuple(len(n.attrs["taps"]) if a == n.attrs["axis"] else d for a, d in enumerate(ins[0]))]

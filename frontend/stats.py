@@ -24,7 +24,7 @@ import numpy as np
 from tpuflow.chip import DTYPE_BYTES
 from tpuflow.errors import OptionError
 from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
-from tpuflow.frontend.ops import MOVEMENT, NORMALIZE, OpKind, REDUCE, VIEW
+from tpuflow.frontend.ops import VIEW, OpKind, spec
 from tpuflow.options import DTYPE_ALIASES, DTYPES as COMPUTE_DTYPES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -74,15 +74,14 @@ def node_macs(node: OpNode, graph: Graph) -> int:
 
 
 def node_vector_ops(node: OpNode, graph: Graph) -> int:
-    kind = node.op_type
-    if kind in (OpKind.CONV, OpKind.MATMUL) or kind in VIEW:
+    """By the kind's spec category (module docstring); windowed pools count each window element."""
+    facts = spec(node.op_type)
+    if facts.category in ("contraction", "view", "movement"):
         return 0
-    if kind in (OpKind.MAX_POOL, OpKind.AVERAGE_POOL):
+    if facts.category == "pool" and facts.slicing == "window":
         return graph.tensor(node.outputs[0]).size * math.prod(node.attrs["kernel_shape"])
-    if kind in REDUCE or kind in NORMALIZE or kind == OpKind.GLOBAL_AVERAGE_POOL:
+    if facts.category in ("reduce", "normalize", "pool"):
         return graph.tensor(node.inputs[0]).size
-    if kind in MOVEMENT:
-        return 0
     return sum(graph.tensor(t).size for t in node.outputs)
 
 

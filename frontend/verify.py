@@ -1,5 +1,6 @@
-"""The graph verifier run between frontend passes (and by later stages): every failure names the
-node, the broken invariant and the fix."""
+"""The graph verifier run between frontend passes (and by later stages): every node is checked
+against its kind's spec (frontend/ops.py: attributes, constant inputs, shape function); every
+failure names the node, the broken invariant and the fix."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import numpy as np
 
 from tpuflow.errors import TpuflowError
 from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
-from tpuflow.frontend.ops import ALL, CONST_INPUTS, REQUIRED_ATTRS
-from tpuflow.frontend.shapes import expected_shapes
+from tpuflow.frontend.ops import ALL, expected_shapes, spec
 
 
 class GraphLintError(TpuflowError):
@@ -38,7 +38,8 @@ def _check_node(stage: str, node: OpNode, tensors: dict[str, TensorInfo], define
     where = f"node '{node.name}' ({node.op_type})"
     if node.op_type not in ALL:
         _fail(stage, where, "op type is not an OpKind", "lower it to canonical ops in an importer")
-    missing = [a for a in REQUIRED_ATTRS.get(node.op_type, ()) if a not in node.attrs]
+    facts = spec(node.op_type)
+    missing = [a for a in facts.attrs if a not in node.attrs]
     if missing:
         _fail(stage, where, f"attributes {missing} missing", "set them in the importer")
     for t in node.inputs:
@@ -49,7 +50,7 @@ def _check_node(stage: str, node: OpNode, tensors: dict[str, TensorInfo], define
                   "keep nodes in topological order and rewire consumers of removed nodes")
     if all(tensors[t].is_const for t in node.inputs):
         _fail(stage, where, "all inputs are constant", "constant folding should have evaluated this node")
-    for pos in CONST_INPUTS.get(node.op_type, ()):
+    for pos in facts.const_inputs:
         if pos < len(node.inputs) and not tensors[node.inputs[pos]].is_const:
             _fail(stage, where, f"input {pos} ('{node.inputs[pos]}') must be constant",
                   "reject the node as unsupported in the legality check")

@@ -11,21 +11,10 @@ from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph, OpNode
 from tpuflow.lowering import mathops
 from tpuflow.lowering.emitter import Emitter
-from tpuflow.lowering.opspec import SPECS, kinds_with
+from tpuflow.lowering.opspec import SPECS, Emit, kinds_with, spec
 from tpuflow.lowering.tensors import LTile
 
-UNARY = {"Relu", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "Exp", "Log", "Erf",
-         "Sqrt", "Reciprocal", "Neg", "Abs", "Cast", "Identity", "Not", "Floor", "Ceil", "Round", "Sign",
-         "Sin", "Cos", "ThresholdedRelu"}
-BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min",
-          "And": "mul", "Or": "max"}          # And / Or of 0/1 values
-COMMUTATIVE = {"Add", "Mul", "Max", "Min", "And", "Or"}
-# comparisons (and Xor of 0/1 values) as compare-selects: (cmp op, value when true, when false)
-SELECTS = {"Equal": ("sel_eq", 1.0, 0.0), "Greater": ("sel_gt", 1.0, 0.0), "Less": ("sel_lt", 1.0, 0.0),
-           "GreaterOrEqual": ("sel_lt", 0.0, 1.0), "LessOrEqual": ("sel_gt", 0.0, 1.0),
-           "Xor": ("sel_eq", 0.0, 1.0)}
-EMITTED = UNARY | set(BINARY) | set(SELECTS) | {"Pow", "Where", "Mod"}   # apply_elementwise's rules
-# the row-wise traits come from the one spec per op kind (lowering/opspec.py)
+# the row-wise traits are views of the one spec per op kind (frontend/ops.py SPECS)
 ELEMENTWISE = kinds_with("elementwise")
 ROW_REDUCE = {k.value: s.reduce for k, s in SPECS.items() if s.row_role == "reduce"}
 ROW_NORMALIZE = kinds_with("normalize")
@@ -71,19 +60,26 @@ def classify(shape: tuple[int, ...], out_shape: tuple[int, ...], split: int) -> 
     return None
 
 
+def reads_whole_rows(op_type: str) -> bool:
+    """Reductions and normalisations: their rows x cols view is of their input, not their output."""
+    return spec(op_type).row_role in ("reduce", "normalize")
+
+
 def node_split_candidates(graph: Graph, node: OpNode) -> list[int]:
-    """Cut points of the output shape at which this node is row-wise, best first."""
+    """Cut points of the output shape at which this node is row-wise, best first (reductions and
+    normalisations: the one cut their spec's row_axes gives)."""
     out = graph.tensor(node.outputs[0]).shape
-    ref = graph.tensor(node.inputs[0]).shape if node.op_type in set(ROW_REDUCE) | ROW_NORMALIZE else out
+    ref = graph.tensor(node.inputs[0]).shape if reads_whole_rows(node.op_type) else out
     rank = len(ref)
-    if node.op_type in ROW_REDUCE:
-        axes = tuple(range(2, rank)) if node.op_type == "GlobalAveragePool" else tuple(node.attr("axes", ()))
+    row_axes = spec(node.op_type).row_axes
+    if row_axes in ("spatial", "axes"):
+        axes = tuple(range(2, rank)) if row_axes == "spatial" else tuple(node.attr("axes", ()))
         if not axes or axes != tuple(range(axes[0], rank)):
             return []
         return [axes[0]]
-    if node.op_type in ("Softmax", "LogSoftmax"):
+    if row_axes == "last_axis":
         return [rank - 1] if node.attr("axis") == rank - 1 else []
-    if node.op_type == "LayerNormalization":
+    if row_axes == "axis":
         return [node.attr("axis", -1) % rank]
     prefer = [2] if rank == 4 else []
     return prefer + [p for p in range(rank - 1, -1, -1) if p not in prefer] + ([rank] if rank else [])
@@ -91,7 +87,7 @@ def node_split_candidates(graph: Graph, node: OpNode) -> list[int]:
 
 def node_fits(graph: Graph, node: OpNode, split: int) -> bool:
     """Every operand of `node` classifies at `split` (reductions: of their input's view)."""
-    if node.op_type in ROW_REDUCE or node.op_type in ROW_NORMALIZE:
+    if reads_whole_rows(node.op_type):
         return split in node_split_candidates(graph, node) and all(
             classify(graph.tensor(t).shape, graph.tensor(node.inputs[0]).shape, split) is not None
             for t in node.inputs if t)
@@ -102,54 +98,70 @@ def node_fits(graph: Graph, node: OpNode, split: int) -> bool:
 # ---------------------------------------------------------------- emission of one node
 
 def apply_elementwise(em: Emitter, node: OpNode, dst: LTile, ins: list, scratch: mathops.Scratch) -> None:
-    """TIU instructions of one elementwise node; `ins` are LTiles already broadcast to dst's shape,
-    or python floats for scalar constants."""
-    op = node.op_type
-    if op in UNARY:
-        mathops.emit_unary(em, op, node.attrs, dst, ins[0], scratch)
-    elif op in BINARY:
-        a, b = ins
-        if not isinstance(a, LTile) and op in COMMUTATIVE:
-            a, b = b, a
-        if not isinstance(a, LTile) and op == "Sub":           # c - x = -(x) + c
-            em.lin("mac", dst, b, -1.0, float(a))
-            return
-        em.ar(BINARY[op], dst, a, b)
-    elif op == "Pow":
-        base, expo = ins
-        if isinstance(expo, LTile):                               # base > 0: exp(e * log(b))
-            lg = scratch.get(5)
-            mathops.emit_log(em, lg, base, scratch)
-            em.ar("mul", lg, lg, expo)
-            mathops.emit_exp(em, dst, lg, scratch)
-        else:
-            mathops.emit_pow_const(em, dst, base, float(expo), scratch)
-    elif op in SELECTS:
-        cmp_op, yes, no = SELECTS[op]
-        em.cmp(cmp_op, dst, ins[0], ins[1], yes, no)
-    elif op == "Mod":
-        mathops.emit_mod(em, dst, ins[0], ins[1], int(node.attr("fmod", 0)), scratch)
-    elif op == "Where":
-        cond, x, y = ins
-        if not isinstance(x, LTile) and not isinstance(y, LTile):   # a live condition selects constants
-            em.cmp("sel_gt", dst, cond, 0.5, float(x), float(y))
-            return
-        if not isinstance(x, LTile):                    # opd2 must be the tensor: cond < 0.5 ? y : x
-            em.cmp("sel_lt", dst, cond, 0.5, y, x)
-            return
-        if isinstance(y, LTile) and (y.strides, y.mode, y.prec) != (x.strides, x.mode, x.prec):
-            # opd3 has no stride fields: give x and y the same (fp32, aligned) layout
-            x2, y2 = scratch.get(0), scratch.get(1)
-            em.ar("copy", x2, x)
-            em.ar("copy", y2, y)
-            x, y = x2, y2
-        em.cmp("sel_gt", dst, cond, 0.5, x, y)
+    """TIU instructions of one elementwise node by its spec's emission rule; `ins` are LTiles
+    already broadcast to dst's shape, or python floats for scalar constants."""
+    rule = spec(node.op_type).emit
+    if rule is None or rule.rule not in RULES:
+        raise LoweringError(f"internal: {node.op_type} is not elementwise")
+    RULES[rule.rule](em, node, rule, dst, ins, scratch)
+
+
+def _unary(em: Emitter, node: OpNode, rule: Emit, dst: LTile, ins: list, scratch: mathops.Scratch) -> None:
+    mathops.emit_unary(em, rule.op, node.attrs, dst, ins[0], scratch)
+
+
+def _ar(em: Emitter, node: OpNode, rule: Emit, dst: LTile, ins: list, scratch: mathops.Scratch) -> None:
+    a, b = ins
+    if not isinstance(a, LTile) and rule.commutative:
+        a, b = b, a
+    if not isinstance(a, LTile) and rule.op == "sub":            # c - x = -(x) + c
+        em.lin("mac", dst, b, -1.0, float(a))
+        return
+    em.ar(rule.op, dst, a, b)
+
+
+def _pow(em: Emitter, node: OpNode, rule: Emit, dst: LTile, ins: list, scratch: mathops.Scratch) -> None:
+    base, expo = ins
+    if isinstance(expo, LTile):                                   # base > 0: exp(e * log(b))
+        lg = scratch.get(5)
+        mathops.emit_log(em, lg, base, scratch)
+        em.ar("mul", lg, lg, expo)
+        mathops.emit_exp(em, dst, lg, scratch)
     else:
-        raise LoweringError(f"internal: {op} is not elementwise")
+        mathops.emit_pow_const(em, dst, base, float(expo), scratch)
+
+
+def _select(em: Emitter, node: OpNode, rule: Emit, dst: LTile, ins: list, scratch: mathops.Scratch) -> None:
+    em.cmp(rule.op, dst, ins[0], ins[1], rule.yes, rule.no)
+
+
+def _mod(em: Emitter, node: OpNode, rule: Emit, dst: LTile, ins: list, scratch: mathops.Scratch) -> None:
+    mathops.emit_mod(em, dst, ins[0], ins[1], int(node.attr("fmod", 0)), scratch)
+
+
+def _where(em: Emitter, node: OpNode, rule: Emit, dst: LTile, ins: list, scratch: mathops.Scratch) -> None:
+    cond, x, y = ins
+    if not isinstance(x, LTile) and not isinstance(y, LTile):   # a live condition selects constants
+        em.cmp("sel_gt", dst, cond, 0.5, float(x), float(y))
+        return
+    if not isinstance(x, LTile):                    # opd2 must be the tensor: cond < 0.5 ? y : x
+        em.cmp("sel_lt", dst, cond, 0.5, y, x)
+        return
+    if isinstance(y, LTile) and (y.strides, y.mode, y.prec) != (x.strides, x.mode, x.prec):
+        # opd3 has no stride fields: give x and y the same (fp32, aligned) layout
+        x2, y2 = scratch.get(0), scratch.get(1)
+        em.ar("copy", x2, x)
+        em.ar("copy", y2, y)
+        x, y = x2, y2
+    em.cmp("sel_gt", dst, cond, 0.5, x, y)
+
+
+# the elementwise emission rules an OpSpec.emit may name
+RULES = {"unary": _unary, "ar": _ar, "pow": _pow, "select": _select, "mod": _mod, "where": _where}
 
 
 def apply_row_reduce(em: Emitter, node: OpNode, dst_row: LTile, src: LTile, cols: int) -> None:
-    pool, mean = ROW_REDUCE[node.op_type]
+    pool, mean = spec(node.op_type).reduce
     em.row_pool(pool, dst_row, src, 1.0 / cols if mean else 1.0)
 
 
@@ -162,7 +174,7 @@ def apply_softmax(em: Emitter, node: OpNode, dst: LTile, src: LTile, row_tmp: LT
     e = scratch.get(3)
     mathops.emit_exp(em, e, dst, scratch)
     em.row_pool("avgpooling", row_tmp, e, 1.0)
-    if node.op_type == "Softmax":
+    if spec(node.op_type).emit.rule == "softmax":
         em.ar("div", row_tmp, 1.0, row_tmp)
         em.ar("mul", dst, e, row_b)
     else:

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpuflow.frontend.graph import Graph, OpNode
-from tpuflow.lowering.ewise import (ELEMENTWISE, ROW_NORMALIZE, ROW_REDUCE, ROWWISE, Kind, classify,
-                                    node_fits, node_split_candidates)
-from tpuflow.lowering.opspec import SPECS, spec
+from tpuflow.frontend.ops import OpKind
+from tpuflow.lowering.ewise import Kind, classify, node_fits, node_split_candidates, reads_whole_rows
+from tpuflow.lowering.opspec import spec
 
 CONV_EPILOGUE_SPLIT = 2     # NCHW: rows = (n, c), cols = (h, w)
-POOLS = frozenset(k.value for k, s in SPECS.items() if s.group == "pool")
 
 
 @dataclass
@@ -35,7 +34,7 @@ class Group:
     def tail_pool(self) -> OpNode | None:
         """A pooling fused after a Conv's epilogue (Conv -> Relu -> Pool), or None."""
         last = self.nodes[-1]
-        return last if self.kind == "conv" and len(self.nodes) > 1 and last.op_type in POOLS else None
+        return last if self.kind == "conv" and len(self.nodes) > 1 and spec(last.op_type).group == "pool" else None
 
     @property
     def epilogue(self) -> list[OpNode]:
@@ -62,7 +61,7 @@ def _single_use(graph: Graph, tensor: str) -> OpNode | None:
 
 
 def _epilogue_ok(graph: Graph, node: OpNode, value: str, split: int, allow_col: bool, taken: set[str]) -> bool:
-    if node.op_type not in ELEMENTWISE:
+    if spec(node.op_type).row_role != "elementwise":
         return False
     for t in node.inputs:          # other operands must already be computed (group order = topological)
         producer = graph.producer(t) if t else None
@@ -100,7 +99,7 @@ def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken
         group = Group("row", [start], split, splits={start.name: split}, full_shape=ref)
         members = set(start.outputs)
         for node in order[pos + 1:]:
-            if node.name in taken or node.op_type not in ROWWISE:
+            if node.name in taken or not spec(node.op_type).row_role:
                 break
             if not any(t in members for t in node.inputs) or not row_member_ok(graph, node, ref, split):
                 break
@@ -112,7 +111,7 @@ def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken
 
 
 def _reference_shape(graph: Graph, node: OpNode) -> tuple[int, ...]:
-    ref = node.inputs[0] if node.op_type in set(ROW_REDUCE) | ROW_NORMALIZE else node.outputs[0]
+    ref = node.inputs[0] if reads_whole_rows(node.op_type) else node.outputs[0]
     return graph.tensor(ref).shape
 
 
@@ -121,7 +120,7 @@ def row_member_ok(graph: Graph, node: OpNode, ref: tuple[int, ...], split: int) 
     kinds = [classify(graph.tensor(t).shape, ref, split) for t in node.inputs if t]
     if any(k is None for k in kinds):
         return False
-    if node.op_type in ROW_REDUCE or node.op_type in ROW_NORMALIZE:
+    if reads_whole_rows(node.op_type):
         return (kinds[0] is Kind.FULL and len(graph.tensor(node.inputs[0]).shape) == len(ref)
                 and node_split_candidates(graph, node) == [split])
     out = classify(graph.tensor(node.outputs[0]).shape, ref, split)
@@ -132,11 +131,11 @@ def _fusable_pool(graph: Graph, conv: OpNode, value: str, taken: set[str]) -> Op
     """The pooling consuming `value` when it can run on the conv's output tile: a MaxPool, or an
     AveragePool whose every window has the same element count (no padding, no ceil overhang)."""
     nxt = _single_use(graph, value)
-    if nxt is None or nxt.op_type not in POOLS or nxt.name in taken:
+    if nxt is None or spec(nxt.op_type).group != "pool" or nxt.name in taken:
         return None
     if conv.attr("group", 1) > 1 and conv.attr("group", 1) == graph.tensor(conv.inputs[0]).shape[1]:
         return None                                   # depthwise: pooled separately
-    if nxt.op_type == "AveragePool":
+    if nxt.op_type == OpKind.AVERAGE_POOL:
         _, _, h, w = graph.tensor(value).shape
         _, _, ho, wo = graph.tensor(nxt.outputs[0]).shape
         kh, kw = nxt.attr("kernel_shape")

@@ -219,52 +219,58 @@ def emit_pow_const(em: Emitter, dst: LTile, src: LTile, exponent: float, s: Scra
         emit_exp(em, dst, lg, s)
 
 
-UNARY_EMITTERS = {"Exp": emit_exp, "Sigmoid": emit_sigmoid, "Tanh": emit_tanh, "Erf": emit_erf,
-                  "Log": emit_log, "Sqrt": emit_sqrt}
+def _leaky_relu(em: Emitter, dst: LTile, src: LTile, attrs, s: Scratch) -> None:
+    t = s.get(0)
+    em.ar("mul", t, src, float(attrs.get("alpha", 0.01)))
+    em.ar("max" if float(attrs.get("alpha", 0.01)) <= 1 else "min", dst, src, t)
+
+
+def _hard_swish(em: Emitter, dst: LTile, src: LTile, attrs, s: Scratch) -> None:
+    t = s.get(0)
+    _hard_sigmoid(em, t, src, 1.0 / 6.0, 0.5)
+    em.ar("mul", dst, src, t)
+
+
+def _plain(fn):
+    """A rule from an emit_* function that takes no attributes."""
+    return lambda em, dst, src, attrs, s: fn(em, dst, src, s)
+
+
+def _rounding(mode: int):
+    """A rule rounding by the AR cast round mode `mode`."""
+    return lambda em, dst, src, attrs, s: emit_round(em, dst, src, mode, s)
+
+
+# The unary emission rules an OpSpec.emit ("unary", name) may name: (em, dst, src, attrs, scratch).
+UNARY_RULES = {
+    "exp": _plain(emit_exp), "sigmoid": _plain(emit_sigmoid), "tanh": _plain(emit_tanh), "erf": _plain(emit_erf),
+    "log": _plain(emit_log), "sqrt": _plain(emit_sqrt), "sign": _plain(emit_sign),
+    "relu": lambda em, dst, src, attrs, s: em.ar("max", dst, src, 0.0),
+    "neg": lambda em, dst, src, attrs, s: em.ar("mul", dst, src, -1.0),
+    "abs": lambda em, dst, src, attrs, s: em.ar("abs", dst, src),
+    "reciprocal": lambda em, dst, src, attrs, s: em.ar("div", dst, 1.0, src),
+    "clip": lambda em, dst, src, attrs, s: _clip(em, dst, src, attrs.get("min", -math.inf),
+                                                 attrs.get("max", math.inf)),
+    "leaky_relu": _leaky_relu,
+    "hard_sigmoid": lambda em, dst, src, attrs, s: _hard_sigmoid(em, dst, src, float(attrs.get("alpha", 0.2)),
+                                                                 float(attrs.get("beta", 0.5))),
+    "hard_swish": _hard_swish,
+    "cast": lambda em, dst, src, attrs, s: emit_cast(em, dst, src, str(attrs.get("to", "float32")), s),
+    "not": lambda em, dst, src, attrs, s: em.cmp("sel_eq", dst, src, 0.0, 1.0, 0.0),
+    "round": _rounding(0), "floor": _rounding(3), "ceil": _rounding(4),
+    "sin": lambda em, dst, src, attrs, s: emit_sin_cos(em, dst, src, False, s),
+    "cos": lambda em, dst, src, attrs, s: emit_sin_cos(em, dst, src, True, s),
+    "thresholded_relu": lambda em, dst, src, attrs, s: em.cmp("sel_gt", dst, src, float(attrs.get("alpha", 1.0)),
+                                                              src, 0.0),
+}
 SCRATCH_TILES = 6
-ROUND_MODES = {"Round": 0, "Floor": 3, "Ceil": 4}
 
 
-def emit_unary(em: Emitter, op: str, attrs, dst: LTile, src: LTile, s: Scratch) -> None:
-    """One canonical unary op (frontend OpKind name) from src into dst (dst may alias src)."""
-    if op in UNARY_EMITTERS:
-        UNARY_EMITTERS[op](em, dst, src, s)
-    elif op == "Relu":
-        em.ar("max", dst, src, 0.0)
-    elif op == "Neg":
-        em.ar("mul", dst, src, -1.0)
-    elif op == "Abs":
-        em.ar("abs", dst, src)
-    elif op == "Reciprocal":
-        em.ar("div", dst, 1.0, src)
-    elif op == "Clip":
-        _clip(em, dst, src, attrs.get("min", -math.inf), attrs.get("max", math.inf))
-    elif op == "LeakyRelu":
-        t = s.get(0)
-        em.ar("mul", t, src, float(attrs.get("alpha", 0.01)))
-        em.ar("max" if float(attrs.get("alpha", 0.01)) <= 1 else "min", dst, src, t)
-    elif op == "HardSigmoid":
-        _hard_sigmoid(em, dst, src, float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5)))
-    elif op == "HardSwish":
-        t = s.get(0)
-        _hard_sigmoid(em, t, src, 1.0 / 6.0, 0.5)
-        em.ar("mul", dst, src, t)
-    elif op == "Cast":
-        emit_cast(em, dst, src, str(attrs.get("to", "float32")), s)
-    elif op == "Identity":
-        em.ar("copy", dst, src)
-    elif op == "Not":
-        em.cmp("sel_eq", dst, src, 0.0, 1.0, 0.0)
-    elif op in ROUND_MODES:
-        emit_round(em, dst, src, ROUND_MODES[op], s)
-    elif op == "Sign":
-        emit_sign(em, dst, src, s)
-    elif op in ("Sin", "Cos"):
-        emit_sin_cos(em, dst, src, op == "Cos", s)
-    elif op == "ThresholdedRelu":
-        em.cmp("sel_gt", dst, src, float(attrs.get("alpha", 1.0)), src, 0.0)
-    else:
-        raise LoweringError(f"internal: no elementwise emitter for {op}")
+def emit_unary(em: Emitter, rule: str, attrs, dst: LTile, src: LTile, s: Scratch) -> None:
+    """The unary rule `rule` (an OpSpec.emit name) from src into dst (dst may alias src)."""
+    if rule not in UNARY_RULES:
+        raise LoweringError(f"internal: no elementwise emitter for {rule}")
+    UNARY_RULES[rule](em, dst, src, attrs, s)
 
 
 def _clip(em: Emitter, dst: LTile, src: LTile, lo: float, hi: float) -> None:

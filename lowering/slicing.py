@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from tpuflow.frontend.graph import Graph
 from tpuflow.lowering.groups import Group
+from tpuflow.lowering.opspec import spec
 
 Rows = tuple[int, int]          # [lo, hi)
 
@@ -61,9 +62,8 @@ def is_sliceable(graph: Graph, group: Group) -> bool:
     if group.kind == "pool":
         return True
     if group.kind == "row":
-        from tpuflow.lowering.ewise import ELEMENTWISE
         return (group.split == 2 and len(group.full_shape) == 4 and tuple(group.full_shape) == tuple(out)
-                and all(n.op_type in ELEMENTWISE for n in group.nodes))
+                and all(spec(n.op_type).slicing == "rows" for n in group.nodes))
     return False
 
 
