@@ -31,8 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
-from vendor_profile import CORPUS, LOC_DEF, LOC_USE, TENSOR_NAME, bucket, parse_profile
+from fidelity import bm1684x_forms
+from vendor_profile import CORPUS, LOC_DEF, LOC_USE, TENSOR_NAME, parse_profile
 
+from tpuflow.chip import load_chip
+from tpuflow.codegen.vendor import read_stream_dir
+from tpuflow.estimate import estimate_report
+from tpuflow.hwmodel.timing import simulate
+from tpuflow.hwmodel.timing.gdma import run_elements
+from tpuflow.hwmodel.timing.segments import transfer_sides
 from tpuflow.models import build_model
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import estimate
@@ -41,6 +48,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CORPUS_DTYPE = {"fp32": "f32", "fp16": "f16"}
 OP_LINE = re.compile(r'^\s*(%\d+) = "([\w.]+)"\(([^)]*)\)')
 OTHER = "other"
+RUN_CLASSES = ("one-element runs", "runs < 256 B", "runs >= 256 B", "no DDR side")
 
 
 def conv_layers(model: str = "resnet50") -> tuple[list[int], dict[int, str]]:
@@ -91,6 +99,17 @@ def _new_row() -> dict:
     return {"tiu_us": 0.0, "gdma_us": 0.0, "bytes": 0, "tiu_n": 0, "gdma_n": 0}
 
 
+def run_class(instr, chip) -> str:
+    """Which per-run regime a GDMA command is in: its contiguous runs (both sides) are one element, shorter
+    than 256 B (tpu-mlir's BM1684X minimum charge), or longer; DDR-less copies apart."""
+    sides = transfer_sides(instr, chip) if hasattr(instr, "nbytes") else (None, None)
+    if all(side is None or side.lmem for side in sides):
+        return RUN_CLASSES[3]
+    elements = run_elements(*sides)
+    esize = next(side.esize for side in sides if side is not None and not side.lmem)
+    return RUN_CLASSES[0] if elements == 1 else RUN_CLASSES[1] if elements * esize < 256 else RUN_CLASSES[2]
+
+
 def simulated_layers(program, sim, layer_at) -> tuple[dict[str, dict], dict]:
     """Per layer busy/bytes/counts of a simulated program; layer_at(engine_code, index) -> layer."""
     rows: dict[str, dict] = defaultdict(_new_row)
@@ -109,7 +128,7 @@ def simulated_layers(program, sim, layer_at) -> tuple[dict[str, dict], dict]:
         row["gdma_us"] += us
         row["gdma_n"] += 1
         row["bytes"] += nbytes
-        size = sizes[bucket(nbytes)]
+        size = sizes[run_class(program.gdma[index], program.chip)]
         size["n"] += 1
         size["bytes"] += nbytes
         size["us"] += us
@@ -142,7 +161,7 @@ def program_summary(report, sim, sizes: dict) -> dict:
             "overlap_us": {k: round(v, 2) for k, v in overlap(sim).items()},
             "gdma_sizes": {k: {"n": v["n"], "bytes": v["bytes"], "us": round(v["us"], 2),
                                "bytes_per_ns": round(v["bytes"] / (v["us"] * 1e3), 2) if v["us"] else None}
-                           for k, v in sorted(sizes.items())}}
+                           for k, v in sorted(sizes.items(), key=lambda kv: RUN_CLASSES.index(kv[0]))}}
 
 
 def ours(dtype: str, chip: str, layer_of: dict[int, str]) -> tuple[dict, dict, dict]:
@@ -161,9 +180,15 @@ def ours(dtype: str, chip: str, layer_of: dict[int, str]) -> tuple[dict, dict, d
     return rows, program_summary(report, sim, sizes), dict(macs)
 
 
-def vendor(dtype: str, chip: str, corpus: Path, layer_of: dict[int, str]) -> tuple[dict, dict]:
+def vendor(dtype: str, chip: str, corpus: Path, layer_of: dict[int, str], forms: bool) -> tuple[dict, dict]:
+    """tpu-mlir's bm1690 program on our chip model, as read, or (forms) with the FC and stem conv in the forms
+    of its BM1684X program (benchmarks/fidelity.py bm1684x_forms)."""
     run = corpus / "resnet50" / f"bm1690_{CORPUS_DTYPE[dtype]}"
-    report, program, sim = estimate(run, chip, with_sim=True)
+    program, _ = read_stream_dir(run, load_chip(chip))
+    if forms:
+        program = bm1684x_forms(program, run.parent, dtype)
+    sim = simulate(program, check=False)
+    report = estimate_report(program, sim)
     line_layer = mlir_line_layers(run / "final.mlir", layer_of)
     by_id = {(0 if "dr" not in c else 1, c["id"]): line_layer.get(c["line"], OTHER)
              for c in parse_profile(run / "compiler_profile.txt")}
@@ -189,58 +214,99 @@ def profile_layers(run: Path, layer_of: dict[int, str]) -> tuple[dict[str, dict]
     return dict(rows), {"latency_us": int(tcyc[1]) / 1e3 if tcyc else None, "busy_us": totals}
 
 
-PROGRAMS = ("ours", "vendor", "tpu_mlir_bm1684x", "tpu_mlir_bm1690")
+PROGRAMS = ("ours", "vendor", "vendor_forms", "tpu_mlir_bm1684x", "tpu_mlir_bm1690")
 
 
 def compare(dtype: str, chip: str, corpus: Path) -> dict:
     convs, layer_of = conv_layers()
     ours_rows, ours_sum, macs = ours(dtype, chip, layer_of)
-    vendor_rows, vendor_sum = vendor(dtype, chip, corpus, layer_of)
+    vendor_rows, vendor_sum = vendor(dtype, chip, corpus, layer_of, forms=False)
+    forms_rows, forms_sum = vendor(dtype, chip, corpus, layer_of, forms=True)
     x_rows, x_sum = profile_layers(corpus / "resnet50" / f"bm1684x_{CORPUS_DTYPE[dtype]}", layer_of)
     v_rows, v_sum = profile_layers(corpus / "resnet50" / f"bm1690_{CORPUS_DTYPE[dtype]}", layer_of)
     layers = []
     for name in [f"n{i}" for i in convs] + [OTHER]:
         entry = {"layer": name, "macs": macs.get(name, 0)}
-        for key, rows in zip(PROGRAMS, (ours_rows, vendor_rows, x_rows, v_rows)):
+        for key, rows in zip(PROGRAMS, (ours_rows, vendor_rows, forms_rows, x_rows, v_rows)):
             entry[key] = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows.get(name, _new_row()).items()}
         layers.append(entry)
-    return {"model": "resnet50", "chip": chip, "dtype": dtype, "layers": layers,
-            "programs": {"ours": ours_sum, "vendor": vendor_sum, "tpu_mlir_bm1684x": x_sum, "tpu_mlir_bm1690": v_sum}}
+    doc = {"model": "resnet50", "chip": chip, "dtype": dtype, "layers": layers,
+            "programs": {"ours": ours_sum, "vendor": vendor_sum, "vendor_forms": forms_sum,
+                         "tpu_mlir_bm1684x": x_sum, "tpu_mlir_bm1690": v_sum}}
+    doc["differences"] = differences(doc)
+    return doc
 
 
-def markdown(doc: dict) -> str:
-    head = ("| layer | MMAC | ours TIU us | ours GDMA us | ours MB | ours nT/nG | vendor TIU us | vendor GDMA us | "
-            "vendor MB | vendor nT/nG | tpu-mlir 1684x TIU | GDMA | nT/nG | tpu-mlir 1690 TIU | GDMA |")
-    out = [f"# ResNet-50 {doc['dtype']} on {doc['chip']}: per layer (benchmarks/vendor_layers.py)", "",
-           "ours / vendor = simulated on our chip model (vendor = tpu-mlir's bm1690 streams); tpu-mlir = its "
-           "compiler_profile.txt cycles (1 ns). Busy = sum of command times.", "", head,
-           "|" + "---|" * (head.count("|") - 1)]
-    total = {p: _new_row() for p in PROGRAMS}
+SHOWN = ("ours", "vendor_forms", "tpu_mlir_bm1684x", "tpu_mlir_bm1690")
+
+
+def _cells(r: dict, counts: bool = True) -> list[str]:
+    out = [f"{r['tiu_us']:.1f}", f"{r['gdma_us']:.1f}"]
+    return out + [f"{r['bytes'] / 1e6:.2f}", f"{r['tiu_n']}/{r['gdma_n']}"] if counts else out
+
+
+def layer_table(doc: dict) -> list[str]:
+    head = ("| layer | MMAC | ours TIU | ours GDMA | ours MB | ours nT/nG | vendor TIU | vendor GDMA | vendor MB | "
+            "vendor nT/nG | tpu-mlir 1684x TIU | GDMA | MB | nT/nG | tpu-mlir 1690 TIU | GDMA |")
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
     for e in doc["layers"]:
         cells = [e["layer"], f"{e['macs'] / 1e6:.1f}"]
-        for p in PROGRAMS:
-            r = e[p]
-            for k in r:
-                total[p][k] += r[k]
-            if p.startswith("tpu_mlir_bm1690"):
-                cells += [f"{r['tiu_us']:.1f}", f"{r['gdma_us']:.1f}"]
-            elif p.startswith("tpu_mlir"):
-                cells += [f"{r['tiu_us']:.1f}", f"{r['gdma_us']:.1f}", f"{r['tiu_n']}/{r['gdma_n']}"]
-            else:
-                cells += [f"{r['tiu_us']:.1f}", f"{r['gdma_us']:.1f}", f"{r['bytes'] / 1e6:.2f}",
-                          f"{r['tiu_n']}/{r['gdma_n']}"]
+        for p in SHOWN:
+            cells += _cells(e[p], counts=p != "tpu_mlir_bm1690")
         out.append("| " + " | ".join(cells) + " |")
-    out += ["", "| program | latency us | TIU busy | GDMA busy | TIU only | GDMA only | both | neither |",
-            "|---|---|---|---|---|---|---|---|"]
+    return out
+
+
+def program_table(doc: dict) -> list[str]:
+    out = ["| program | latency us | TIU busy | GDMA busy | TIU only | GDMA only | both | neither |",
+           "|---|---|---|---|---|---|---|---|"]
     for p, s in doc["programs"].items():
         o = s.get("overlap_us", {})
         out.append(f"| {p} | {s['latency_us']} | {s['busy_us']['tiu']:.1f} | {s['busy_us']['gdma']:.1f} | "
                    + " | ".join(f"{o[k]:.1f}" if k in o else "" for k in
                                 ("tiu_only_us", "gdma_only_us", "both_us", "neither_us")) + " |")
-    out += ["", "| program | GDMA size class | n | MB | busy us | B/ns |", "|---|---|---|---|---|---|"]
-    for p in ("ours", "vendor"):
+    out += ["", "| program | GDMA commands | n | MB | busy us | B/ns |", "|---|---|---|---|---|---|"]
+    for p in ("ours", "vendor_forms"):
         for k, v in doc["programs"][p]["gdma_sizes"].items():
             out.append(f"| {p} | {k} | {v['n']} | {v['bytes'] / 1e6:.3f} | {v['us']:.1f} | {v['bytes_per_ns']} |")
+    return out
+
+
+def differences(doc: dict) -> dict:
+    """Where ours and the vendor's program (BM1684X forms) differ on our model, in busy us."""
+    convs = [e for e in doc["layers"] if e["layer"] != OTHER]
+    stem, last = convs[0], convs[-1]
+    body = convs[1:-1]
+    ratio = [e["ours"]["tiu_us"] / e["vendor_forms"]["tiu_us"] for e in body if e["vendor_forms"]["tiu_us"]]
+    ours, theirs = doc["programs"]["ours"], doc["programs"]["vendor_forms"]
+    runs = {k: round(ours["gdma_sizes"].get(k, {}).get("us", 0.0) - theirs["gdma_sizes"].get(k, {}).get("us", 0.0), 1)
+            for k in RUN_CLASSES}
+    overlap = {k: round(ours["overlap_us"][k] - theirs["overlap_us"][k], 1) for k in ours["overlap_us"]}
+    return {"latency_us": round(ours["latency_us"] - theirs["latency_us"], 1),
+            "tiu_body_convs_us": round(sum(e["ours"]["tiu_us"] - e["vendor_forms"]["tiu_us"] for e in body), 1),
+            "tiu_body_ratio_median": round(float(np.median(ratio)), 3) if ratio else None,
+            "tiu_body_ratio_p10_p90": [round(float(np.percentile(ratio, q)), 3) for q in (10, 90)] if ratio else None,
+            "tiu_stem_us": round(stem["ours"]["tiu_us"] - stem["vendor_forms"]["tiu_us"], 1),
+            "tiu_last_block_and_fc_us": round(last["ours"]["tiu_us"] - last["vendor_forms"]["tiu_us"], 1),
+            "gdma_by_run_class_us": runs, "overlap_us": overlap}
+
+
+def markdown(doc: dict) -> str:
+    d = doc["differences"]
+    out = [f"# ResNet-50 {doc['dtype']} on {doc['chip']}: per layer (benchmarks/vendor_layers.py)", "",
+           "ours / vendor = simulated on our chip model (vendor = tpu-mlir's bm1690 streams in the forms of its "
+           "BM1684X program: FC with N on the lanes, stem conv folded when the bm1684x build folds it; "
+           "`vendor` in the JSON is the same streams as read). tpu-mlir = its compiler_profile.txt cycles "
+           "(1 ns). Busy = sum of command times (us); MB = GDMA bytes. A layer = one Conv node and the "
+           "nodes after it up to the next Conv.", ""]
+    out += layer_table(doc) + [""] + program_table(doc) + [""]
+    out += ["## ours - vendor (BM1684X forms), on our model", "",
+            f"* latency {d['latency_us']:+.1f} us",
+            f"* TIU, 51 body convs: {d['tiu_body_convs_us']:+.1f} us (ours/vendor per layer median "
+            f"{d['tiu_body_ratio_median']}, p10-p90 {d['tiu_body_ratio_p10_p90']}); stem conv "
+            f"{d['tiu_stem_us']:+.1f} us; last block + FC {d['tiu_last_block_and_fc_us']:+.1f} us",
+            "* GDMA busy by run class: " + ", ".join(f"{k} {v:+.1f} us" for k, v in d["gdma_by_run_class_us"].items()),
+            "* wall time split: " + ", ".join(f"{k} {v:+.1f}" for k, v in d["overlap_us"].items())]
     return "\n".join(out) + "\n"
 
 

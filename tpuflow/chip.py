@@ -183,11 +183,16 @@ class GdmaConfig:
         check=_non_negative, default=0,
         source="bm1684x: tpu-mlir 1.30.2 compiler_profile.txt, S2L tensor loads with 96-256 B per-channel runs "
                "cost 4.74 cycles per run = 256 B at 54.02 B/cycle (benchmarks/results/vendor_profile.md)")
-    element_run_bytes: int = p(
-        "B", "DDR-side bytes a run of one element (e.g. one value per lane) is charged at its direction rate "
+    element_load_run_bytes: int = p(
+        "B", "DDR bytes a one-element run (e.g. one value per lane) read from DDR is charged at its direction rate "
              "(0: as min_run_bytes)", check=_non_negative, default=0,
         source="bm1684x: tpu-mlir 1.30.2 compiler_profile.txt, 372 S2L loads of one 2 or 4 B element per channel "
                "(1xCx1x1 constants) cost 18.95 cycles per channel = 1024 B at 54.02 B/cycle")
+    element_store_run_bytes: int = p(
+        "B", "DDR bytes a one-element run written to DDR is charged at its direction rate (0: as min_run_bytes)",
+        check=_non_negative, default=0,
+        source="bm1684x: tpu-mlir 1.30.2 compiler_profile.txt, L2S stores of 1xCx1x1 (ResNet-50 C = 2048 f32: "
+               "25588 cycles, MobileNetV2 C = 1280 f16: 15992) cost 12.49 cycles per value = 512 B at 40.98 B/cycle")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ instruction_cycles(instr, chip) is in cycles of the instruction's engine clock:
 * GDMA: cmd setup + max(transfer, direction floor), where transfer = max(GDMA bus cycles, DDR bytes at
   dram.peak_gbps, burst-issue cycles) + the unloaded latency of one burst (DDR page hit or LMEM
   access), and the direction floor is the simulator's: DDR-side bytes, each contiguous run charged at
-  least gdma.min_run_bytes (one-element runs gdma.element_run_bytes), / (gdma.s2l / l2s / s2s_gbps x
+  least gdma.min_run_bytes (one-element runs gdma.element_load/store_run_bytes), / (gdma.s2l / l2s / s2s_gbps x
   gdma.direction_efficiency) (gdma.py). SYS commands cost the setup.
 instruction_timing_ps(instr, chip) gives the scheduler's (duration, head, tail) in ps from those.
 Every term is a lower estimate of what the simulator charges the instruction alone, so chains and

@@ -30,8 +30,9 @@ vectorised pass; the simulator only adds dispatch times.
   setup + DDR-side bytes / (direction rate x gdma.direction_efficiency): the direction rate is
   gdma.s2l_gbps (DDR -> LMEM, bytes read), l2s_gbps (LMEM -> DDR, bytes written) or s2s_gbps
   (DDR -> DDR); 0 means no such limit. The DDR-side bytes are charged per contiguous run (a piece
-  contiguous on both sides; LMEM channels break runs): at least gdma.min_run_bytes each, and
-  gdma.element_run_bytes for a run of one element (0: the run's bytes). tdma_sync_id follows.
+  contiguous on both sides; LMEM channels break runs): at least gdma.min_run_bytes each, and a run of
+  one element gdma.element_load_run_bytes when DDR is read, element_store_run_bytes when it is only
+  written (0: as min_run_bytes). tdma_sync_id follows.
 """
 
 from __future__ import annotations
@@ -90,16 +91,22 @@ def _run_elements(side: Side | None) -> int:
     return {3: c * h * w, 2: h * w, 1: w, 0: 1}[k]
 
 
+def run_elements(src: Side | None, dst: Side | None) -> int:
+    """Elements in one contiguous run of a transfer (contiguous on both sides)."""
+    return min(_run_elements(src), _run_elements(dst))
+
+
 def charged_ddr_bytes(chip: ChipConfig, src: Side | None, dst: Side | None) -> int:
     """DDR-side bytes the direction floor charges a transfer: each run counts at least gdma.min_run_bytes,
-    a one-element run gdma.element_run_bytes (see the module docstring)."""
+    a one-element run gdma.element_load_run_bytes / element_store_run_bytes (see the module docstring)."""
     ddr = src if src is not None and not src.lmem else dst
     if ddr is None or ddr.lmem:
         return src.nbytes if src is not None else 0
     g = chip.gdma
-    run = min(_run_elements(src), _run_elements(dst))
+    run = run_elements(src, dst)
     runs = -(-ddr.nbytes // (run * ddr.esize))
-    per_run = g.element_run_bytes if run == 1 and g.element_run_bytes else g.min_run_bytes
+    element = g.element_load_run_bytes if ddr is src else g.element_store_run_bytes
+    per_run = element if run == 1 and element else g.min_run_bytes
     return max(ddr.nbytes, runs * per_run)
 
 

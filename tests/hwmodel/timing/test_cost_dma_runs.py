@@ -1,4 +1,4 @@
-"""GDMA per-run charges (gdma.min_run_bytes, gdma.element_run_bytes): exact command timelines on BM1684X,
+"""GDMA per-run charges (gdma.min_run_bytes, gdma.element_load_run_bytes / element_store_run_bytes): exact command timelines on BM1684X,
 the cost model agreeing with the simulator, and chips without the keys unchanged."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def charged(chip, instr) -> int:
 
 def test_one_value_per_lane_load_exact_timeline():
     """(1, 64, 1, 1) fp32 DDR -> LMEM: 256 contiguous DDR bytes land one 4 B element in each of 64 lanes:
-    64 one-element runs, each charged element_run_bytes = 1024 B at s2l 58 GB/s x 0.931 = 0.053998 B/ps:
+    64 one-element runs, each charged element_load_run_bytes = 1024 B at s2l 58 GB/s x 0.931 = 0.053998 B/ps:
     floor = ceil(65536 / 0.053998) = 1213675 ps; end = GDMA edge at or after setup 8 ns + floor
     = 1222 ns (tpu-mlir 1.30.2 charges the same load 1213 cycles)."""
     instr = load(BM1684X, DDR, 0, (1, 64, 1, 1), FP32)
@@ -52,11 +52,13 @@ def test_short_runs_are_charged_the_minimum_run():
 
 
 def test_one_value_per_lane_store_uses_the_store_rate():
-    """(1, 128, 1, 1) fp16 LMEM -> DDR: 128 one-element runs x 1024 B at l2s 44 GB/s x 0.931 = 0.040964 B/ps
-    = 3199688 ps; end = 8 ns + that, on a GDMA edge = 3208 ns."""
+    """(1, 128, 1, 1) fp16 LMEM -> DDR: 128 one-element runs x element_store_run_bytes 512 B at l2s 44 GB/s
+    x 0.931 = 0.040964 B/ps: ceil(65536 / 0.040964) = 1599844 ps; end = GDMA edge at or after 8 ns + that
+    = 1608 ns (tpu-mlir: 12.49 cycles per stored value)."""
     instr = store(BM1684X, 0, DDR, (1, 128, 1, 1), FP16)
-    assert charged(BM1684X, instr) == 128 * 1024
-    assert command_end_ps(BM1684X, instr) == 3_208_000
+    assert charged(BM1684X, instr) == 128 * 512
+    assert math.ceil(65536 / (44 * 0.931 * 1e-3)) == 1_599_844
+    assert command_end_ps(BM1684X, instr) == 1_608_000
 
 
 def test_long_runs_cost_their_bytes():
@@ -65,12 +67,15 @@ def test_long_runs_cost_their_bytes():
 
 
 def test_chip_without_run_charges_is_unchanged():
-    """With both keys 0 a one-value-per-lane load costs its bytes: the DRAM model alone decides."""
-    plain = replace_param(replace_param(BM1684X, "gdma.min_run_bytes", 0), "gdma.element_run_bytes", 0)
+    """With the keys 0 a one-value-per-lane load costs its bytes: the DRAM model alone decides."""
+    plain = BM1684X
+    for key in ("min_run_bytes", "element_load_run_bytes", "element_store_run_bytes"):
+        plain = replace_param(plain, f"gdma.{key}", 0)
     instr = load(plain, DDR, 0, (1, 64, 1, 1), FP32)
     assert charged(plain, instr) == 256
     assert command_end_ps(plain, instr) < command_end_ps(BM1684X, instr)
-    assert load_chip("sg2260").gdma.min_run_bytes == load_chip("sg2260").gdma.element_run_bytes == 0
+    sg2260 = load_chip("sg2260").gdma
+    assert sg2260.min_run_bytes == sg2260.element_load_run_bytes == sg2260.element_store_run_bytes == 0
 
 
 def test_whole_program_latency_is_the_command_timeline():
