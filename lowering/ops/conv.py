@@ -278,6 +278,8 @@ class ConvEmitter:
             else:
                 ctx.lmem_region = region
                 self.arena = ctx.arena()
+        if self.ic_block > 1 and not self._outputs_fit_short_form(cin_g, cout_g):
+            self.ic_block = 1   # the long CONV form (strided result) holds compact weights only; they are smaller
         res_sizes = self._resident_sizes(cin_g, cout_g, self.w_res)
         load, outs = self._set_sizes(self.ct, self.ht, self.ict, cin_g, self.w_res)
         res, sets = self.arena.alloc_plan(res_sizes, load + outs, self.node.name)
@@ -289,6 +291,14 @@ class ConvEmitter:
         self.w_res_offset = res[1] if self.w_res else None
         self.epi.load_residents(res[2 if self.w_res else 1:], geo.cout, geo.wo)
         self.w_addr = ctx.const_addr(f"convw:{self.node.name}", pack_conv_weights(self.weights, self.ic_block))
+
+    def _outputs_fit_short_form(self, cin_g: int, cout_g: int) -> bool:
+        """Every conv result view is in the aligned layout sCONV implies (a resident result may be strided)."""
+        if not self._direct(self.ict < cin_g):
+            return True
+        return all(self.out_res.view(self.chip, n, gi * cout_g + c0, ct, h0, ht).mode != StrideMode.FREE
+                   for gi in range(self.geom.groups) for n in range(self.geom.n) for c0, ct in steps(cout_g, self.ct)
+                   for h0, ht, _ in self._row_tiles(self.ht))
 
     def _weight_elems(self, ict: int) -> int:
         """Weight elements per output channel for `ict` input channels (the aligned layout pads channels)."""
