@@ -16,10 +16,15 @@ from tpuflow.hwmodel.timing.ife import Ife
 from tpuflow.hwmodel.timing.result import STAGES, STALLS, DramResult, SimResult, busy_union_ps
 from tpuflow.program import ENGINES, Program
 
-_COLUMNS = STAGES + STALLS
+_IFE_COLUMNS = ("txi_acq", "pack", "decode", "check", "issue", "transfer", "fifo_full")
+_ENGINE_COLUMNS = tuple(c for c in STAGES + STALLS if c not in _IFE_COLUMNS)
 
 
 class Simulator:
+    """One core: the IFE and the three engines on one event heap (sim.queue). Engines fill their columns
+    (Python lists, converted to arrays in the result); the IFE stage times and fifo_full stalls are
+    gathered from the IFE's per-position lists after the run."""
+
     def __init__(self, program: Program, waits: Waits, accesses: list | None = None):
         self.program, self.waits = program, waits
         self.sync = [0, 0, 0]          # completed instructions per engine (tiu / tdma / tile sync ids)
@@ -30,7 +35,7 @@ class Simulator:
         self.queue = EventQueue()
         self.commands = CommandModel(chip, clocks).table(program.gdma)
         queues = [program.queue(e) for e in ENGINES]
-        self.cols = [{c: np.zeros(len(q), dtype=np.int64) for c in _COLUMNS} for q in queues]
+        self.cols = [{c: [0] * len(q) for c in _ENGINE_COLUMNS} for q in queues]
         self.order = [(e.code, i) for e, i in program.issue_sequence()]
         self.pos_of = [[0] * len(q) for q in queues]
         for pos, (code, index) in enumerate(self.order):
@@ -47,27 +52,20 @@ class Simulator:
             if engine.code != code:
                 engine.poke()
 
-    # ---- callbacks from the IFE and the engines
-    def record(self, code: int, index: int, column: str, value: int) -> None:
-        self.cols[code][column][index] = value
-
-    def on_issue(self, pos: int, now: int, fifo_wait: int) -> None:
-        code, index = self.order[pos]
-        c = self.cols[code]
-        txi, pack, dec, chk, iss = self.ife.stage_times(pos)
-        c["txi_acq"][index], c["pack"][index], c["decode"][index], c["check"][index] = txi, pack, dec, chk
-        c["issue"][index] = iss
-        c["fifo_full"][index] += fifo_wait
-
-    def on_transfer(self, pos: int, now: int, arrival: int) -> None:
-        code, index = self.order[pos]
-        c = self.cols[code]
-        c["transfer"][index] = arrival
-        c["fifo_full"][index] += max(0, now - c["issue"][index] - self.ife.handover)
-        self.engines[code].arrive(index, arrival)
-
+    # ---- callbacks from the engines
     def cmd_taken(self, code: int, index: int) -> None:
         self.ife.cmd_taken(code, self.pos_of[code][index])
+
+    def _ife_columns(self, code: int) -> dict[str, np.ndarray]:
+        """IFE stage times and the fifo_full stall of engine `code`'s instructions (queue order)."""
+        pos = np.asarray(self.pos_of[code], dtype=np.int64)
+        ife, front = self.ife, self.ife.front.t
+        at = (lambda values: np.asarray(values, dtype=np.int64)[pos])
+        issue, moved = at(front["iss_push"]), at(ife.moved)
+        cols = {"txi_acq": at(front["txi"]), "pack": at(front["pack_push"]), "decode": at(front["dec_push"]),
+                "check": at(front["chk_push"]), "issue": issue, "transfer": at(ife.arrived)}
+        cols["fifo_full"] = issue - at(ife.ready) + np.maximum(0, moved - issue - ife.handover)
+        return cols
 
     # ---- run
     def run(self) -> SimResult:
@@ -96,11 +94,13 @@ class Simulator:
         first_field = [next(iter(q[0].WAIT_FIELDS)).code if q else 0 for q in map(program.queue, ENGINES)]
         deps = np.concatenate([w[:, column] for w, column in zip(waits.ids, first_field)])   # cmd_id_dep
         on = {e.value: ids[:, e.code] for e in ENGINES}
-        times = {s: np.concatenate([c[s] for c in self.cols]) for s in STAGES}
-        stalls = {s: np.concatenate([c[s] for c in self.cols]) for s in STALLS}
+        cols = [{**{k: np.asarray(v, dtype=np.int64) for k, v in c.items()}, **self._ife_columns(code)}
+                for code, c in enumerate(self.cols)]
+        times = {s: np.concatenate([c[s] for c in cols]) for s in STAGES}
+        stalls = {s: np.concatenate([c[s] for c in cols]) for s in STALLS}
         ops = [instr.op_name for e in ENGINES for instr in program.queue(e)]
         layers = [program.layer_of(e, i) for e in ENGINES for i in range(len(program.queue(e)))]
-        busy = {e.value: busy_union_ps(c["start"], c["end"]) for e, c in zip(ENGINES, self.cols)}
+        busy = {e.value: busy_union_ps(c["start"], c["end"]) for e, c in zip(ENGINES, cols)}
         st, g = self.commands.state, self.engines[GDMA]
         active = g.dram_last - g.dram_first if g.dram_first >= 0 else 0
         dram = DramResult(st.bytes_read, st.bytes_written, st.bursts, st.page_hits.copy(), st.page_misses.copy(),

@@ -179,8 +179,16 @@ def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Wai
     chunk_map = ChunkMap(program.chip)
     order = IssueOrder.of(program)
     reads, writes = [], []
+    queues = [program.queue(e) for e in ENGINES]
+    known: dict = {}          # TIU/GDMA accesses by instruction without waits (programs repeat them)
     for code, index in zip(order.code.tolist(), order.index.tolist()):
-        acc = program.accesses(ENGINES[code], index)
+        if code == TILE:
+            acc = program.accesses(Engine.TILE, index)
+        else:
+            key = queues[code][index].without_waits()
+            acc = known.get(key)
+            if acc is None:
+                acc = known[key] = program.accesses(ENGINES[code], index)
         if keep is not None:
             keep[code].append(acc)
         reads.append(chunk_map.chunks(acc.lmem_reads))

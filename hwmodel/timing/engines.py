@@ -38,6 +38,9 @@ SYNC_NAMES = ("tiu_sync_id", "tdma_sync_id", "tile_sync_id")   # by Engine.code
 
 
 class EngineBase:
+    """Command list, dispatch once the head's waits hold, completion -> the engine's sync id. The
+    per-instruction columns it fills are Python lists (sim.cols[code][column])."""
+
     code: int
 
     def __init__(self, sim, instrs: list[Instruction], period: int):
@@ -49,6 +52,9 @@ class EngineBase:
         self.waits = [tuple(row) for row in sim.waits.ids[self.code].tolist()]
         self.sync = 0
         self.scheduled = False
+        self.col = sim.cols[self.code]
+        self.col_dispatch, self.col_dependency = self.col["dispatch"], self.col["dependency"]
+        self.col_start, self.col_end = self.col["start"], self.col["end"]
 
     def waits_hold(self, index: int) -> bool:
         tiu, gdma, tile = self.waits[index]
@@ -77,14 +83,17 @@ class EngineBase:
         if not self.waits_hold(index):
             return
         self.scheduled = True
-        self.q.schedule(max(self.q.now, self.earliest(index)), DISPATCH, self._dispatch)
+        q = self.q
+        earliest = self.earliest(index)
+        q.schedule(earliest if earliest > q.now else q.now, DISPATCH, self._dispatch)
 
     def _dispatch(self, _) -> None:
         self.scheduled = False
         index = self.cmds.popleft()
         now = self.q.now
-        self.sim.record(self.code, index, "dispatch", now)
-        self.sim.record(self.code, index, "dependency", now - max(self.arrival[index], self.earliest(index)))
+        self.col_dispatch[index] = now
+        arrival, earliest = self.arrival[index], self.earliest(index)
+        self.col_dependency[index] = now - (arrival if arrival > earliest else earliest)
         self.sim.cmd_taken(self.code, index)
         end = self.execute(index, now)
         self.q.schedule(end, COMPLETE, self._complete, index)
@@ -114,13 +123,17 @@ class TiuEngine(EngineBase):
         super().__init__(sim, instrs, period)
         self.chip = chip
         t = chip.tiu
-        self.pipes = {
-            CUBE: (t.cube_des_delay_cycles, t.cube_gen_delay_cycles + t.cube_issue_delay_cycles + t.cube_arb_delay_cycles,
-                   t.cube_issue_buffer + t.cube_arb_buffer),
-            "vector": (t.vector_des_delay_cycles, t.vector_gen_delay_cycles + t.vector_issue_delay_cycles,
-                       t.vector_issue_buffer + t.vector_arb_flow_buffer),
+        p = period
+        self.pipes = {   # pipe -> (DES delay, GEN..ARB fill, GEN lookahead), in ps
+            CUBE: (t.cube_des_delay_cycles * p,
+                   (t.cube_gen_delay_cycles + t.cube_issue_delay_cycles + t.cube_arb_delay_cycles) * p,
+                   (t.cube_issue_buffer + t.cube_arb_buffer) * p),
+            "vector": (t.vector_des_delay_cycles * p, (t.vector_gen_delay_cycles + t.vector_issue_delay_cycles) * p,
+                       (t.vector_issue_buffer + t.vector_arb_flow_buffer) * p),
         }
-        self.work = {}
+        self.work: dict = {}
+        self.work_of: list = [None] * len(instrs)
+        self.col_bank = self.col["bank_conflict"]
         self.des_buffer = t.vector_des_buffer
         self.gen_in_history: deque[int] = deque(maxlen=self.des_buffer)
         self.gen_in = 0
@@ -130,39 +143,39 @@ class TiuEngine(EngineBase):
         self.pipe = None
 
     def _work(self, index: int):
-        w = self.work.get(index)
+        """(pipe, body ps, latency ps, bubble ps) of an instruction, computed once per distinct instruction."""
+        w = self.work_of[index]
         if w is None:
             instr = self.instrs[index]
-            work = tiu_work(instr, self.chip)
-            acc = self.sim.accesses[TIU][index] if self.sim.accesses else None
-            w = self.work[index] = (work, bank_bubbles(instr, self.chip, acc))
+            key = instr.without_waits()
+            w = self.work.get(key)
+            if w is None:
+                acc = self.sim.accesses[TIU][index] if self.sim.accesses else None
+                work, bubbles, p = tiu_work(instr, self.chip), bank_bubbles(instr, self.chip, acc), self.period
+                w = self.work[key] = (work.pipe, (work.startup + work.body + bubbles) * p, work.latency * p, bubbles * p)
+            self.work_of[index] = w
         return w
 
     def earliest(self, index: int) -> int:
-        work, _ = self._work(index)
+        pipe = self._work(index)[0]
         history = self.gen_in_history   # DES holds des_buffer descriptors until GEN takes them
         t = history[0] if len(history) == self.des_buffer else 0
-        if self.pipe is not None and work.pipe != self.pipe:
-            t = max(t, self.end)
-        return max(t, self.arrival[index])
+        if self.pipe is not None and pipe != self.pipe and self.end > t:
+            t = self.end
+        arrival = self.arrival[index]
+        return t if t > arrival else arrival
 
     def execute(self, index: int, now: int) -> int:
-        work, bubbles = self._work(index)
-        del self.work[index]
-        p = self.period
-        des, fill, lookahead = self.pipes[work.pipe]
-        gen_in = max(now + des * p, self.gen_release)
-        start = max(gen_in + fill * p, self.body_end)
-        cycles = work.startup + work.body + bubbles
-        body_end = start + cycles * p
-        self.gen_release = max(gen_in + cycles * p, body_end - lookahead * p)
-        end = max(body_end + work.latency * p, self.end)
-        self.gen_in, self.body_end, self.end, self.pipe = gen_in, body_end, end, work.pipe
+        pipe, body, latency, bubbles = self._work(index)
+        des, fill, lookahead = self.pipes[pipe]
+        gen_in = max(now + des, self.gen_release)
+        start = max(gen_in + fill, self.body_end)
+        body_end = start + body
+        self.gen_release = max(gen_in + body, body_end - lookahead)
+        end = max(body_end + latency, self.end)
+        self.gen_in, self.body_end, self.end, self.pipe = gen_in, body_end, end, pipe
         self.gen_in_history.append(gen_in)
-        rec = self.sim.record
-        rec(TIU, index, "start", start)
-        rec(TIU, index, "end", end)
-        rec(TIU, index, "bank_conflict", bubbles * p)
+        self.col_start[index], self.col_end[index], self.col_bank[index] = start, end, bubbles
         return end
 
 
@@ -171,27 +184,26 @@ class GdmaEngine(EngineBase):
 
     def __init__(self, sim, chip: ChipConfig, instrs, period: int, table: CommandTable):
         super().__init__(sim, instrs, period)
-        self.table = table
+        self.span = table.end.tolist()
+        self.dram_span = list(zip(table.dram_first.tolist(), table.dram_last.tolist()))
+        self.col["dma_credit"][:] = table.credit_stall.tolist()
+        self.col["dram"][:] = table.dram_stall.tolist()
         self.free = 0
         self.dram_first = -1
         self.dram_last = 0
 
     def earliest(self, index: int) -> int:
-        return max(self.free, self.arrival[index])
+        arrival = self.arrival[index]
+        return self.free if self.free > arrival else arrival
 
     def execute(self, index: int, now: int) -> int:
-        t = self.table
-        end = now + int(t.end[index])
-        self.free = end
-        rec = self.sim.record
-        rec(GDMA, index, "start", now)
-        rec(GDMA, index, "end", end)
-        rec(GDMA, index, "dma_credit", int(t.credit_stall[index]))
-        rec(GDMA, index, "dram", int(t.dram_stall[index]))
-        if t.dram_first[index] >= 0:
-            first = now + int(t.dram_first[index])
+        end = self.free = now + self.span[index]
+        self.col_start[index], self.col_end[index] = now, end
+        first, last = self.dram_span[index]
+        if first >= 0:
+            first += now
             self.dram_first = first if self.dram_first < 0 else min(self.dram_first, first)
-            self.dram_last = max(self.dram_last, now + int(t.dram_last[index]))
+            self.dram_last = max(self.dram_last, now + last)
         return end
 
 
@@ -204,12 +216,11 @@ class TileEngine(EngineBase):
         self.free = 0
 
     def earliest(self, index: int) -> int:
-        return max(self.free, self.arrival[index])
+        arrival = self.arrival[index]
+        return self.free if self.free > arrival else arrival
 
     def execute(self, index: int, now: int) -> int:
         start = self.clock.align(now)
-        end = start + tile_cycles(self.instrs[index], self.chip) * self.period
-        self.free = end
-        self.sim.record(TILE, index, "start", start)
-        self.sim.record(TILE, index, "end", end)
+        end = self.free = start + tile_cycles(self.instrs[index], self.chip) * self.period
+        self.col_start[index], self.col_end[index] = start, end
         return end

@@ -153,8 +153,12 @@ class CommandModel:
         so chunking changes nothing but the memory used."""
         state = DramState(self.p)
         parts, chunk, bursts = [], [], 0
+        known: dict = {}      # sides by command without waits (programs repeat their commands)
         for instr in instrs:
-            sides = self._sides(instr)
+            key = instr.without_waits()
+            sides = known.get(key)
+            if sides is None:
+                sides = known[key] = self._sides(instr)
             chunk.append(sides)
             bursts += sum(len(b) for b in sides[:2] if b is not None)
             if bursts >= self.CHUNK_BURSTS:

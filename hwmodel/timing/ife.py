@@ -33,6 +33,9 @@ from tpuflow.hwmodel.timing.events import ISSUE, TRANSFER
 class FrontEnd:
     """The recurrences of the stages before issue (everything that does not depend on engines)."""
 
+    NAMES = ("txi", "pack_pop", "pack_push", "a1_pop", "a1_push", "a2_pop", "a2_push", "dec_pop",
+             "dec_push", "chk_pop", "chk_push", "iss_pop", "iss_push")
+
     def __init__(self, chip: ChipConfig, clocks: Clocks, bits: list[int]):
         f = chip.ife
         self.S, self.F = clocks.sys.period, clocks.ife.period
@@ -43,9 +46,7 @@ class FrontEnd:
         self.cyc = (f.pack_cycles * self.S, f.async_stage_cycles * self.S, f.async_stage_cycles * self.F,
                     f.decode_cycles * self.F, f.check_cycles * self.F, f.issue_cycles * self.F)
         n = len(bits)
-        names = ("txi", "pack_pop", "pack_push", "a1_pop", "a1_push", "a2_pop", "a2_push", "dec_pop",
-                 "dec_push", "chk_pop", "chk_push", "iss_pop", "iss_push")
-        self.t = {k: [0] * n for k in names}
+        self.t = {k: [0] * n for k in self.NAMES}
 
     def advance(self, i: int) -> int:
         """Compute instruction i's stage times (needs iss_push[i-1]); returns when issue is ready."""
@@ -81,11 +82,14 @@ class FrontEnd:
 
 
 class Ife:
-    """Issue stage, per-engine request FIFOs and hand-over to the engines' command lists (events)."""
+    """Issue stage, per-engine request FIFOs and hand-over to the engines' command lists (events).
+    Per issue position it keeps when issue was ready, when the hand-over started and when it arrived
+    (the simulator turns them into stage times and fifo_full stalls after the run)."""
 
     def __init__(self, sim, chip: ChipConfig, clocks: Clocks, order: list[tuple[int, int]], bits: list[int]):
         f = chip.ife
         self.sim, self.q, self.order = sim, sim.queue, order
+        self.engines = sim.engines
         self.front = FrontEnd(chip, clocks, bits)
         self.bytes = [b // 8 for b in bits]
         self.depth = (f.tiu_request_fifo_depth, f.gdma_request_fifo_depth, f.tile_request_fifo_depth)
@@ -98,7 +102,11 @@ class Ife:
         self.transfer_scheduled = [False, False, False]
         self.blocked = False
         self.pos = 0
-        self.ready = [0] * len(order)
+        n = len(order)
+        self.ready = [0] * n
+        self.issued = self.front.t["iss_push"]
+        self.moved = [0] * n          # hand-over start
+        self.arrived = [0] * n        # in the engine's command list
 
     def start(self) -> None:
         if self.order:
@@ -107,19 +115,18 @@ class Ife:
 
     def _issue(self, _) -> None:
         pos = self.pos
-        code, _index = self.order[pos]
+        code = self.order[pos][0]
         if len(self.requests[code]) >= self.depth[code]:
             self.blocked = True
             return
         now = self.q.now
-        self.front.t["iss_push"][pos] = now
-        self.sim.on_issue(pos, now, now - self.ready[pos])
+        self.issued[pos] = now
         self.requests[code].append((pos, now))
         self._try_transfer(code)
-        self.pos = pos + 1
-        if self.pos < len(self.order):
-            self.ready[self.pos] = self.front.advance(self.pos)
-            self.q.schedule(self.ready[self.pos], ISSUE, self._issue)
+        self.pos = pos = pos + 1
+        if pos < len(self.order):
+            self.ready[pos] = ready = self.front.advance(pos)
+            self.q.schedule(ready, ISSUE, self._issue)
 
     def _try_transfer(self, code: int) -> None:
         if self.transfer_scheduled[code] or not self.requests[code]:
@@ -143,7 +150,8 @@ class Ife:
             flight.popleft()
         arrival = now + self.handover
         flight.append(arrival)
-        self.sim.on_transfer(pos, now, arrival)
+        self.moved[pos], self.arrived[pos] = now, arrival
+        self.engines[code].arrive(self.order[pos][1], arrival)
         if self.blocked and self.order[self.pos][0] == code:
             self.blocked = False
             self.q.schedule(now, ISSUE, self._issue)
@@ -153,7 +161,3 @@ class Ife:
         """The engine took a command out of its list: its bytes are free."""
         self.used[code] -= self.bytes[pos]
         self._try_transfer(code)
-
-    def stage_times(self, pos: int) -> tuple[int, int, int, int, int]:
-        t = self.front.t
-        return t["txi"][pos], t["pack_push"][pos], t["dec_push"][pos], t["chk_push"][pos], t["iss_push"][pos]

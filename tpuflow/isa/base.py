@@ -61,7 +61,7 @@ class Prec(enum.IntEnum):
 
     @property
     def bytes(self) -> int:
-        return {0: 1, 1: 2, 2: 4, 3: 2, 4: 4, 5: 2}[int(self)]
+        return _PREC_BYTES[self]
 
     @property
     def is_float(self) -> bool:
@@ -82,6 +82,9 @@ class Prec(enum.IntEnum):
         table = {"int8": cls.INT8, "fp16": cls.FP16, "f16": cls.FP16, "fp32": cls.FP32, "f32": cls.FP32,
                  "int16": cls.INT16, "int32": cls.INT32, "bf16": cls.BF16}
         return table[name]
+
+
+_PREC_BYTES = {Prec.INT8: 1, Prec.FP16: 2, Prec.FP32: 4, Prec.INT16: 2, Prec.INT32: 4, Prec.BF16: 2}
 
 
 class StrideMode(enum.IntEnum):
