@@ -99,33 +99,21 @@ def resident_ports(graph: Graph, group: Group, chip: ChipConfig,
 
 
 def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions) -> ResidencyPlan:
-    """The residency plan; each sliced run is kept only where the shared per-instruction cost
-    model says its members run faster sliced than with the held tensors in DDR."""
+    """The residency plan; its sliced spans are chosen by the layer-group search on the shared
+    per-instruction cost model (`_members_cost`)."""
     if options.layer_group == "off":
         return ResidencyPlan()
-    unsliced: set[int] = set()
-
-    def plan() -> ResidencyPlan:
-        return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
-                              lambda g: resident_ports(graph, g, chip, options), frozenset(unsliced))
-
-    best = plan()
-    for region in list(best.regions):
-        unsliced.add(region.first)
-        without = plan()
-        if _members_cost(graph, groups, chip, options, without, region.members) \
-                <= _members_cost(graph, groups, chip, options, best, region.members):
-            best = without
-        else:
-            unsliced.discard(region.first)
-    return best
+    return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
+                          lambda g: resident_ports(graph, g, chip, options),
+                          lambda plan, members: _members_cost(graph, groups, chip, options, plan, members))
 
 
 def _members_cost(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
                   residency: ResidencyPlan, members: tuple[int, ...]) -> int:
-    """Estimated time (ps) of emitting `members` under `residency`: the busier engine's summed
-    per-instruction costs (hwmodel.timing.cost)."""
-    from tpuflow.hwmodel.timing.cost import instruction_ps
+    """Estimated time (ps) of `members` under `residency`: their instructions emitted alone, with
+    their dependencies, list-scheduled on the scheduler's DAG model (the per-instruction costs of
+    hwmodel.timing.cost; precise-hazard edges)."""
+    from tpuflow.scheduler import schedule_with_report
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
                    in_lmem=set(residency.tensors), rerun=[(r.first, r.last) for r in residency.regions])
     em = Emitter(chip)
@@ -137,10 +125,11 @@ def _members_cost(graph: Graph, groups: list[Group], chip: ChipConfig, options: 
         for m in members:
             ctx.group_index = m
             _emit_group(ctx, groups[m], options)
-    busy: dict = {}
-    for record in em.records:
-        busy[record.engine] = busy.get(record.engine, 0) + instruction_ps(record.instr, chip)
-    return max(busy.values(), default=0)
+    em.tiu(SysTiu(op="end"))
+    em.gdma(SysDma(op="chain_end"))
+    queues, _, order = assign_dependencies(em.records, chip, options.dep_mode)
+    span = Program(chip=chip, tiu=queues[0], gdma=queues[1], tile=queues[2], issue_order=order)
+    return schedule_with_report(span, "list")[1].result_model_ps
 
 
 def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:

@@ -13,6 +13,7 @@ from tpuflow.isa import Prec
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import (NCHW, RESIDENT_SHARE, ResidencyPlan, ResidentTensor, is_lmem_concat,
                                          resident_shape)
+from tpuflow.lowering.groupsearch import SpanOption, best_selection
 from tpuflow.lowering.lmem import align_up
 from tpuflow.lowering.slicing import SlicedRegion, candidate_runs, slice_region
 from tpuflow.lowering.tensors import make_tile, tile_bytes_per_lane
@@ -56,16 +57,23 @@ class _Inputs:
         return resident_shape(self.graph.tensor(name).shape, self.layouts.get(name))
 
 
+# Span cost: (plan, members) -> estimated time (ps) of emitting `members` under `plan`
+SpanCost = Callable[[ResidencyPlan, tuple[int, ...]], int]
+
+MAX_SPAN_CLUSTERS = 4      # search width: a sliced span covers at most this many clusters of held tensors
+SLICE_COUNT_CHOICES = 2    # slice counts tried per span: the fewest that fit, and the next ones
+
+
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
-                   ports: Callable[[Group], tuple[set[str], set[str]]], unsliced: frozenset = frozenset()) -> ResidencyPlan:
+                   ports: Callable[[Group], tuple[set[str], set[str]]], span_cost: SpanCost) -> ResidencyPlan:
     """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
     to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it has
     a resident layout, it is neither a graph input nor output, and it fits the resident share of
     LMEM for its whole lifetime (first fit over offsets, as the DDR plan does over addresses).
     A channel Concat's inputs whose slice starts on lane 0 live inside the Concat's buffer.
-    Tensors too large to stay whole are held as row slices when a run of sliceable groups
-    around them can run slice by slice (lowering.slicing) and that saves DDR bytes (`unsliced`:
-    first members of runs not to slice)."""
+    Tensors too large to stay whole are held as row slices where a span of a run of sliceable
+    groups around them runs slice by slice (lowering.slicing); the spans and their slice counts
+    are chosen by the layer-group search (lowering.groupsearch) on `span_cost`."""
     top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
     budget = int((top - lo) * RESIDENT_SHARE) // chip.bank_bytes * chip.bank_bytes
     producer, consumers = _producers_and_consumers(graph, groups)
@@ -85,44 +93,90 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
                 and ResidentTensor(name, shape, prec, 0, 0, 0, 0).strides_fit(chip)
                 and all(readable[j].get(name) == layout for j in users))
 
+    verdicts: dict[str, bool] = {}
+
     def eligible(name: str) -> bool:
-        return all(alone_eligible(t) for t in family.get(name, {name}))
+        if name not in verdicts:
+            verdicts[name] = all(alone_eligible(t) for t in family.get(name, {name}))
+        return verdicts[name]
 
     layouts = {t: writable[p].get(t) for t, p in producer.items() if writable[p].get(t)}
     preloads = _preloads(graph, chip, prec, consumers, readable)
     layouts.update(preloads)
     inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible, layouts, aliases,
                      frozenset(preloads))
-    plan = _place(inputs, [])
-    rejected = {t for t in producer if eligible(t) and t not in plan.tensors and t not in family}
+    base = _place(inputs, [])
+    rejected = {t for t in producer if eligible(t) and t not in base.tensors and t not in family}
     regions: list[SlicedRegion] = []
-    for members, held in _slicing_candidates(inputs, rejected):
-        if members[0] in unsliced:
-            continue
-        for members, held in (members, held), _widened(inputs, members, held):
-            region = _fitting_region(inputs, regions, members, held)
-            if region is not None:
-                regions.append(region)
-                plan = _place(inputs, regions)
-                break
-    return plan
+    for run in candidate_runs(graph, groups):
+        regions += _search_run(inputs, base, run, rejected, span_cost)
+    accepted: list[SlicedRegion] = []
+    for region in regions:                    # chosen span by span: each with more slices if needed to fit beside the others
+        region = _refit(inputs, accepted, region)
+        if region is not None:
+            accepted.append(region)
+    return _place(inputs, accepted)
 
 
-def _fitting_region(inputs: _Inputs, regions: list[SlicedRegion], members, held) -> SlicedRegion | None:
-    """The region with the fewest slices whose buffers fit beside everything else, if slicing pays."""
-    for slices in SLICE_COUNTS:
-        region = slice_region(inputs.graph, inputs.groups, members, slices, held)
-        if not _slicing_pays(inputs, region):
+def _refit(inputs: _Inputs, accepted: list[SlicedRegion], region: SlicedRegion) -> SlicedRegion | None:
+    """`region`, or the same span with the fewest more slices, that fits beside `accepted`
+    (None when none does while slicing pays)."""
+    for slices in (region.slices,) + tuple(k for k in SLICE_COUNTS if k > region.slices):
+        candidate = region if slices == region.slices else \
+            slice_region(inputs.graph, inputs.groups, region.members, slices, set(region.buffers))
+        if not _slicing_pays(inputs, candidate):
             return None
-        if _place(inputs, regions + [region]) is not None:
-            return region
+        if _place(inputs, accepted + [candidate]) is not None:
+            return candidate
     return None
 
 
-def _widened(inputs: _Inputs, members: tuple[int, ...], held: set[str]) -> tuple[tuple[int, ...], set[str]]:
+def _search_run(inputs: _Inputs, base: ResidencyPlan, run: tuple[int, ...], rejected: set[str],
+                span_cost: SpanCost) -> list[SlicedRegion]:
+    """The sliced spans of one run that the layer-group search picks among every span of up to
+    MAX_SPAN_CLUSTERS consecutive clusters of held tensors, at the fewest slice counts that fit:
+    each saves its members' time unsliced minus sliced (the busier engine's summed costs of the
+    span emitted whole, each way)."""
+    clusters = list(_slicing_candidates(inputs, run, rejected))
+    options: dict[tuple, SpanOption] = {}
+    unsliced: dict[tuple[int, ...], int] = {}
+    for a in range(len(clusters)):
+        for b in range(a, min(len(clusters), a + MAX_SPAN_CLUSTERS)):
+            members = tuple(i for i in run if clusters[a][0][0] <= i <= clusters[b][0][-1])
+            held = set().union(*(h for _, h in clusters[a:b + 1]))
+            for region, plan in _fitting_regions(inputs, run, members, held):
+                key = (region.members, region.slices, tuple(sorted(region.buffers)))
+                if key in options:
+                    continue
+                if region.members not in unsliced:
+                    unsliced[region.members] = span_cost(base, region.members)
+                saving = unsliced[region.members] - span_cost(plan, region.members)
+                options[key] = SpanOption(run.index(region.first), run.index(region.last), saving, region)
+    return [o.payload for o in best_selection(len(run), list(options.values()))[1]]
+
+
+def _fitting_regions(inputs: _Inputs, run: tuple[int, ...], members: tuple[int, ...], held: set[str]):
+    """Up to SLICE_COUNT_CHOICES regions (with their plans) with the fewest slices whose buffers
+    fit, while slicing pays; of the span widened by the tensors whose life overlaps it when
+    none of the span as it is fits."""
+    found = 0
+    for members, held in (members, held), _widened(inputs, run, members, held):
+        for slices in SLICE_COUNTS:
+            region = slice_region(inputs.graph, inputs.groups, members, slices, held)
+            if found == SLICE_COUNT_CHOICES or not _slicing_pays(inputs, region):
+                break
+            plan = _place(inputs, [region])
+            if plan is not None:
+                found += 1
+                yield region, plan
+        if found:
+            return
+
+
+def _widened(inputs: _Inputs, run: tuple[int, ...], members: tuple[int, ...],
+             held: set[str]) -> tuple[tuple[int, ...], set[str]]:
     """The members and held tensors grown by every eligible tensor of the same sliceable run whose
     life overlaps them (a whole tensor beside the slices can leave them no room)."""
-    run = next(r for r in candidate_runs(inputs.graph, inputs.groups) if members[0] in r)
     inside, held = set(run), set(held)
     lo, hi = members[0], members[-1]
     grown = True
@@ -137,22 +191,21 @@ def _widened(inputs: _Inputs, members: tuple[int, ...], held: set[str]) -> tuple
     return tuple(i for i in run if lo <= i <= hi), held
 
 
-def _slicing_candidates(inputs: _Inputs, rejected: set[str]):
-    """(members, held tensors) per cluster of rejected tensors inside one sliceable run: the
-    members span their producers to their last consumers."""
-    for run in candidate_runs(inputs.graph, inputs.groups):
-        inside = set(run)
-        held = sorted((inputs.producer[t], max(inputs.consumers[t]), t) for t in rejected
-                      if inputs.producer[t] in inside and set(inputs.consumers[t]) <= inside
-                      and len(inputs.graph.tensor(t).shape) == 4)
-        cluster: list[tuple[int, int, str]] = []
-        for item in held:
-            if cluster and item[0] > max(c[1] for c in cluster):
-                yield _members(run, cluster), {c[2] for c in cluster}
-                cluster = []
-            cluster.append(item)
-        if cluster:
+def _slicing_candidates(inputs: _Inputs, run: tuple[int, ...], rejected: set[str]):
+    """(members, held tensors) per cluster of rejected tensors inside a sliceable run, in run
+    order: the members span their producers to their last consumers; clusters do not overlap."""
+    inside = set(run)
+    held = sorted((inputs.producer[t], max(inputs.consumers[t]), t) for t in rejected
+                  if inputs.producer[t] in inside and set(inputs.consumers[t]) <= inside
+                  and len(inputs.graph.tensor(t).shape) == 4)
+    cluster: list[tuple[int, int, str]] = []
+    for item in held:
+        if cluster and item[0] > max(c[1] for c in cluster):
             yield _members(run, cluster), {c[2] for c in cluster}
+            cluster = []
+        cluster.append(item)
+    if cluster:
+        yield _members(run, cluster), {c[2] for c in cluster}
 
 
 def _members(run: tuple[int, ...], cluster) -> tuple[int, ...]:
