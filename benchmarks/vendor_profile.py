@@ -7,8 +7,10 @@ each command cell (`<Op>_<line>|<kind>|s:..|e:..|t:<cycles>[|dr:<dir>|sz:<bytes>
 tpuflow instruction and costed by hwmodel.timing.cost (the one per-instruction cost the scheduler, the bounds
 and the tiler use) and, for GDMA, also by the simulator's own command timeline (gdma.CommandModel) alone on an
 idle memory system:
-  * GDMA_TENSOR / GDMA_MATRIX: a transfer of `sz` bytes in direction `dr` (S2L: DDR NCHW -> LMEM spread over
-    the lanes; L2S the reverse; S2S / L2L one contiguous run), bucketed by size;
+  * GDMA_TENSOR of a 4-D tpu.Load / tpu.Store: the real transfer of its ginfo slice (DDR NCHW strides of the
+    tensor -> LMEM aligned, or back for whole-plane stores) when its bytes match `sz`;
+  * other GDMA_TENSOR / GDMA_MATRIX: a transfer of `sz` bytes in direction `dr` (S2L: DDR NCHW -> LMEM spread
+    over the lanes; L2S the reverse; S2S / L2L one contiguous run); both bucketed by size;
   * CONV: the tpu.Conv2D at that line of final.mlir, with the output slice of its `ginfo` (commands of one op
     take the slices in n, c, h, w order) and the input channels / kernel of the op;
   * MM / MM2: the tpu.MatMul at that line (M x K x N from its operand types);
@@ -135,6 +137,30 @@ def gdma_instr(chip, direction: int, nbytes: int, prec: int):
                       src_lmem=True, dst_lmem=True)
 
 
+ELEMENT_PREC = {"f32": Prec.FP32, "i32": Prec.INT32, "si32": Prec.INT32, "f16": Prec.FP16, "bf16": Prec.BF16,
+                "i8": Prec.INT8, "si8": Prec.INT8, "ui8": Prec.INT8}
+
+
+def shaped_gdma_instr(chip, cell: dict, info: dict | None, index: int):
+    """The real tensor transfer of a 4-D tpu.Load / tpu.Store cell (its ginfo slice, the DDR tensor's NCHW
+    strides, LMEM aligned), when its bytes match the cell's; None otherwise (then gdma_instr stands in).
+    Stores only when the slice keeps whole planes (the DDR side is then contiguous)."""
+    if info is None or cell["kind"] != "GDMA_TENSOR" or cell["op"] not in ("Load", "Store"):
+        return None
+    if len(info["out"]) != 4 or not info["types"] or info["types"][-1][1] not in ELEMENT_PREC:
+        return None
+    prec = int(ELEMENT_PREC[info["types"][-1][1]])
+    shape, full = slice_shape(info, index), info["out"]
+    if math.prod(shape) * Prec(prec).bytes != cell["sz"]:
+        return None
+    if cell["op"] == "Load" and cell["dr"] == 0:
+        return load(chip, DDR_BASE, 0, shape, prec, ddr_strides=(full[1] * full[2] * full[3], full[2] * full[3],
+                                                                 full[3], 1))
+    if cell["op"] == "Store" and cell["dr"] == 1 and shape[2:] == tuple(full[2:]):
+        return store(chip, 0, DDR_BASE, shape, prec)
+    return None
+
+
 def bucket(nbytes: int) -> str:
     return next(name for limit, name in SIZE_BUCKETS if nbytes <= limit)
 
@@ -156,12 +182,12 @@ def compare_run(run_dir: Path) -> list[dict]:
     for cell in parse_profile(run_dir / "compiler_profile.txt"):
         index = seen[cell["line"]]
         seen[cell["line"]] += 1
+        info = op_info(lines[cell["line"] - 1]) if cell["line"] <= len(lines) else None
         if "dr" in cell:
-            instr = gdma_instr(chip, cell["dr"], cell["sz"], prec)
+            instr = shaped_gdma_instr(chip, cell, info, index) or gdma_instr(chip, cell["dr"], cell["sz"], prec)
             klass = f"{cell['kind']} {DIRECTIONS[cell['dr']]} {bucket(cell['sz'])}"
             sim = simulated_cycles(chip, instr)
         else:
-            info = op_info(lines[cell["line"] - 1]) if cell["line"] <= len(lines) else None
             instr = tiu_instr(cell["kind"], info, index, prec) if info else None
             klass, sim = cell["kind"], None
         if instr is None:

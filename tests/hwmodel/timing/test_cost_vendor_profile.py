@@ -58,3 +58,17 @@ def test_gdma_equivalent_moves_the_bytes_in_the_direction(direction, nbytes):
     assert instr.nbytes == nbytes
     assert vp.bucket(nbytes) in {name for _, name in vp.SIZE_BUCKETS}
     assert instruction_cycles(instr, chip) * 1000 <= vp.simulated_cycles(chip, instr) * 1000
+
+
+def test_load_cells_are_priced_as_their_real_transfer():
+    """A 1x64x1x1 f32 bias tpu.Load (one value per lane) is priced as that transfer: 64 one-element runs x 1024 B
+    at 54.0 B/cycle + 8 setup = 1221 cycles; tpu-mlir charges 1213. A byte count that disagrees with the slice
+    falls back to the contiguous stand-in."""
+    chip = load_chip("bm1684x")
+    line = ('%116 = "tpu.Load"(%2) {ginfo = #tpu.lg<c_slice = [64], h_slice = [1], w_slice = [1]>} : '
+            '(tensor<1x64x1x1xf32>) -> tensor<1x64x1x1xf32> loc(#loc112)')
+    cell = {"op": "Load", "line": 1, "kind": "GDMA_TENSOR", "t": 1213, "id": 3, "dr": 0, "sz": 256}
+    instr = vp.shaped_gdma_instr(chip, cell, vp.op_info(line), 0)
+    assert (instr.dst_csize, instr.dst_wsize, instr.src_cstride) == (64, 1, 1)
+    assert instruction_cycles(instr, chip) == 1221
+    assert vp.shaped_gdma_instr(chip, {**cell, "sz": 512}, vp.op_info(line), 0) is None
