@@ -129,9 +129,9 @@ class OpKind(str, Enum):
         return self.value
 
 
-
 K = OpKind
 
+# remap: outputs gathered from computed input positions by their own kernels (Resize, ScatterND, Resample)
 CATEGORIES = ("unary", "binary", "ternary", "contraction", "reduce", "pool", "normalize", "view", "movement",
               "remap")
 GROUPS = ("conv", "matmul", "pool", "lrn", "view", "row", "move")
@@ -142,10 +142,9 @@ ROW_AXES = ("", "spatial", "axes", "last_axis", "axis")
 
 @dataclass(frozen=True)
 class Emit:
-    """How the row emitters compute one node of a kind (lowering/ewise.py resolves `rule`):
-    ar (one AR instruction `op`), select (compare-select `op`, `yes` / `no` the values when the
-    compare holds / not), unary (the mathops sequence named `op`), pow, mod, where, softmax,
-    log_softmax, layer_norm."""
+    """How the row emitters compute one node of a kind; lowering/ewise.py resolves `rule`:
+    ar (one AR instruction `op`), select (compare-select `op`: `yes` when the compare holds, else
+    `no`), unary (the mathops sequence named `op`), pow, mod, where, softmax, log_softmax, layer_norm."""
 
     rule: str
     op: str = ""
@@ -156,34 +155,29 @@ class Emit:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """Every per-kind fact. Frontend: `category` (the trait sets are views of it), `attrs` every
-    node carries, `const_inputs` (positions that must be constant), `shape` (output shapes from
-    input shapes + attrs; `ceil_mode`: the ceil-mode window count is allowed too),
-    `import_same` (imported 1:1 from the ONNX op of the same name, no attributes), `export_same`
-    (exported as the ONNX op of the same name with `attrs`). Lowering: `group` (the group a node
-    starts, naming its group emitter), `row_role` in a row group, `reduce` (pord pooling op, divide
-    by the count), `row_axes` (where a reduce / normalize cuts rows x cols: spatial = every axis
-    after C, axes = attr axes, last_axis, axis = attr axis), `scratch` (fp32 scratch tiles its TIU
-    sequence clobbers), `slicing` (how output rows map to input rows: window = conv / pool halos
-    from kernel, stride, pad, dilation; rows = row for row; none = not sliceable), `emit`."""
+    """Every fact about one op kind that the frontend or the lowering decides by."""
 
-    category: str
-    shape: ShapeFn
-    group: str
-    attrs: tuple[str, ...] = ()
-    const_inputs: tuple[int, ...] = ()
+    # frontend
+    category: str                  # one of CATEGORIES; the trait sets below are views of it
+    shape: ShapeFn                 # output shapes from input shapes + attrs (frontend/shapes.py)
+    group: str                     # lowering: the group a node starts, naming its group emitter (GROUPS)
+    attrs: tuple[str, ...] = ()    # attributes every node carries after the frontend
+    const_inputs: tuple[int, ...] = ()   # input positions that must be constant
     kernel: bool = False           # elementwise with its own TIU kernel sequence
     compare: bool = False          # a comparison (0/1 result)
     logic: bool = False            # a binary logic op on 0/1 values
-    ceil_mode: bool = False
-    import_same: bool = False
-    export_same: bool = False
-    row_role: str = ""
-    reduce: tuple[str, bool] | None = None
-    row_axes: str = ""
-    scratch: int = 0
-    slicing: str = "none"
-    emit: Emit | None = None
+    ceil_mode: bool = False        # the output may also have the ceil-mode window count
+    import_same: bool = False      # imported 1:1 from the ONNX op of the same name, no attributes
+    export_same: bool = False      # exported as the ONNX op of the same name with `attrs`
+    # lowering
+    row_role: str = ""             # in a row group: elementwise | reduce | normalize
+    reduce: tuple[str, bool] | None = None   # reductions: (pord pooling op, divide by the count)
+    row_axes: str = ""             # where a reduce / normalize cuts rows x cols: spatial (every axis after
+                                   # C), axes (attr axes), last_axis (attr axis, must be last), axis (attr)
+    scratch: int = 0               # fp32 scratch tiles its TIU sequence clobbers (mathops)
+    slicing: str = "none"          # output rows -> input rows: window (conv / pool halos from kernel,
+                                   # stride, pad, dilation), rows (row for row), none (not sliceable)
+    emit: Emit | None = None       # row groups: how a node is computed
 
 
 def _elementwise(category: str, emit: Emit, scratch: int = 0, **facts) -> OpSpec:
@@ -219,25 +213,25 @@ def _move(shape: ShapeFn, attrs: tuple[str, ...], category: str = "movement", **
     return OpSpec(category, shape, "move", attrs=attrs, **facts)
 
 
-PLAIN = dict(import_same=True, export_same=True)
-WINDOW = ("kernel_shape", "strides", "dilations", "pads")
+ONE_TO_ONE = dict(import_same=True, export_same=True)   # ONNX op of the same name
+WINDOW = ("kernel_shape", "strides", "dilations", "pads")      # sliding-window attributes
 
 SPECS: dict[OpKind, OpSpec] = {
-    K.CONV: OpSpec("contraction", shapes.conv, "conv", attrs=("kernel_shape", "strides", "dilations", "group",
-                                                              "pads"),
-                   const_inputs=(1, 2), export_same=True, slicing="window"),
+    K.CONV: OpSpec("contraction", shapes.conv, "conv", attrs=WINDOW[:3] + ("group", "pads"), const_inputs=(1, 2),
+                   export_same=True, slicing="window"),
     K.MATMUL: OpSpec("contraction", shapes.matmul, "matmul", export_same=True),
     K.ADD: _ar("add", True, import_same=True), K.SUB: _ar("sub", import_same=True),
     K.MUL: _ar("mul", True, import_same=True), K.DIV: _ar("div", import_same=True),
-    K.POW: _elementwise("binary", Emit("pow"), 6, **PLAIN),
-    K.SQRT: _unary("sqrt", 1, **PLAIN), K.RECIPROCAL: _unary("reciprocal", **PLAIN), K.NEG: _unary("neg", **PLAIN),
-    K.ABS: _unary("abs", **PLAIN), K.EXP: _unary("exp", 3, **PLAIN), K.LOG: _unary("log", 4, **PLAIN),
-    K.ERF: _unary("erf", 6, **PLAIN), K.TANH: _unary("tanh", 5, **PLAIN), K.SIGMOID: _unary("sigmoid", 4, **PLAIN),
-    K.RELU: _unary("relu", **PLAIN),
+    K.POW: _elementwise("binary", Emit("pow"), 6, **ONE_TO_ONE),
+    K.SQRT: _unary("sqrt", 1, **ONE_TO_ONE), K.RECIPROCAL: _unary("reciprocal", **ONE_TO_ONE),
+    K.NEG: _unary("neg", **ONE_TO_ONE), K.ABS: _unary("abs", **ONE_TO_ONE), K.EXP: _unary("exp", 3, **ONE_TO_ONE),
+    K.LOG: _unary("log", 4, **ONE_TO_ONE), K.ERF: _unary("erf", 6, **ONE_TO_ONE),
+    K.TANH: _unary("tanh", 5, **ONE_TO_ONE), K.SIGMOID: _unary("sigmoid", 4, **ONE_TO_ONE),
+    K.RELU: _unary("relu", **ONE_TO_ONE),
     K.LEAKY_RELU: _unary("leaky_relu", 1, attrs=("alpha",), export_same=True),
     K.CLIP: _unary("clip", attrs=("min", "max")),
     K.HARD_SIGMOID: _unary("hard_sigmoid", attrs=("alpha", "beta"), export_same=True),
-    K.HARD_SWISH: _unary("hard_swish", 1, **PLAIN),
+    K.HARD_SWISH: _unary("hard_swish", 1, **ONE_TO_ONE),
     K.CAST: _unary("cast", attrs=("to",)),
     K.WHERE: _elementwise("ternary", Emit("where"), 2, export_same=True),
     K.SOFTMAX: _softmax("softmax"), K.LOG_SOFTMAX: _softmax("log_softmax"),
@@ -269,9 +263,9 @@ SPECS: dict[OpKind, OpSpec] = {
     K.XOR: _select("sel_eq", 0.0, 1.0, logic=True),
     K.MAX: _ar("max", True, kernel=True), K.MIN: _ar("min", True, kernel=True),
     K.MOD: _elementwise("binary", Emit("mod"), 4, attrs=("fmod",), kernel=True, export_same=True),
-    K.FLOOR: _unary("floor", 3, kernel=True, **PLAIN), K.CEIL: _unary("ceil", 3, kernel=True, **PLAIN),
-    K.ROUND: _unary("round", 3, kernel=True, **PLAIN), K.SIGN: _unary("sign", 2, kernel=True, **PLAIN),
-    K.SIN: _unary("sin", 4, kernel=True, **PLAIN), K.COS: _unary("cos", 4, kernel=True, **PLAIN),
+    K.FLOOR: _unary("floor", 3, kernel=True, **ONE_TO_ONE), K.CEIL: _unary("ceil", 3, kernel=True, **ONE_TO_ONE),
+    K.ROUND: _unary("round", 3, kernel=True, **ONE_TO_ONE), K.SIGN: _unary("sign", 2, kernel=True, **ONE_TO_ONE),
+    K.SIN: _unary("sin", 4, kernel=True, **ONE_TO_ONE), K.COS: _unary("cos", 4, kernel=True, **ONE_TO_ONE),
     K.THRESHOLDED_RELU: _unary("thresholded_relu", attrs=("alpha",), kernel=True, export_same=True),
     K.RESIZE: _move(shapes.resize, ("repeats",), "remap"),
     K.SCATTER_ND: _move(shapes.same, ("rows",), "remap"),

@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto as T, helper
 
+from frontend_util import assert_canonical_matches
 from op_models import node_model
 from tpuflow import models
 from tpuflow.frontend import load
@@ -157,3 +158,10 @@ def test_the_verifier_checks_every_kind_with_its_shape_function(op, attrs, good,
         lint(*one_node_graph(op, (1, 2, 5, 5), (1, 2, 3, 3), **attrs))       # ceil mode is allowed
     with pytest.raises(GraphLintError, match=f"node 'n' \\({op}\\).*output 'y' has shape"):
         lint(*one_node_graph(op, (1, 2, 3, 4) if op != "MaxPool" else (1, 2, 5, 5), bad, **attrs))
+
+
+@pytest.mark.parametrize("name", ["Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "ThresholdedRelu", "Mod"])
+def test_same_name_export_computes_what_the_model_computes(name):
+    """Kinds whose spec says export_same (with their attributes: Mod's fmod) run in onnxruntime."""
+    assert spec(name).export_same
+    assert_canonical_matches(op_model(name))
