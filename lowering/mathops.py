@@ -263,7 +263,7 @@ UNARY_RULES = {
     "thresholded_relu": lambda em, dst, src, attrs, s: em.cmp("sel_gt", dst, src, float(attrs.get("alpha", 1.0)),
                                                               src, 0.0),
 }
-SCRATCH_TILES = 6
+SCRATCH_TILES = 6         # the most any rule asks for (OpSpec.scratch is at most this)
 
 
 def emit_unary(em: Emitter, rule: str, attrs, dst: LTile, src: LTile, s: Scratch) -> None:

@@ -5,9 +5,9 @@ with the lookups the lowering uses."""
 
 from __future__ import annotations
 
-from tpuflow.frontend.ops import SPECS, Emit, OpSpec, kinds, spec
+from tpuflow.frontend.ops import SPECS, Emit, OpSpec, spec
 
-__all__ = ["SPECS", "Emit", "OpSpec", "spec", "kinds_with", "kinds"]
+__all__ = ["SPECS", "Emit", "OpSpec", "spec", "kinds_with"]
 
 
 def kinds_with(role: str) -> frozenset[str]:
