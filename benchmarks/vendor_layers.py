@@ -71,13 +71,14 @@ def mlir_line_layers(final_mlir: Path, layer_of: dict[int, str]) -> dict[int, st
     """final.mlir line -> layer: the op's loc rK; a tpu.Load takes its reader's, a tpu.Store its writer's."""
     lines = final_mlir.read_text().splitlines()
     locs = {m[1]: m[2] for m in map(LOC_DEF.match, lines) if m}
-    producer, readers, ops, own = {}, defaultdict(list), {}, {}
+    producer, readers, ops, own, scope = {}, defaultdict(list), {}, {}, 0
     for number, text in enumerate(lines, 1):
+        scope += "func.func" in text or '"tpu.Group"' in text   # SSA names restart in functions and groups
         m = OP_LINE.match(text)
         if not m:
             continue
-        ops[number] = (m[2], [o.strip() for o in m[3].split(",") if o.strip()], m[1])
-        producer[m[1]] = number
+        ops[number] = (m[2], [(scope, o.strip()) for o in m[3].split(",") if o.strip()], (scope, m[1]))
+        producer[ops[number][2]] = number
         for operand in ops[number][1]:
             readers[operand].append(number)
         use = LOC_USE.search(text)

@@ -81,3 +81,15 @@ def test_stem_fold_is_tpu_mlirs_3ic_cost():
     folded = fid._stem_3ic(stem)
     assert (folded.opd0_c, folded.opd1_h, folded.opd1_w) == (21, 1, 7)
     assert tiu_work(folded, CHIP).body == 21952 and tiu_work(stem, CHIP).body == 3136 * 49
+
+
+def test_names_reused_in_another_group_do_not_mix(tmp_path):
+    """tpu-mlir restarts SSA names in every tpu.Group: a %120 of the second group is read by that group's op."""
+    text = MLIR + """      %200 = "tpu.Group"(%1) ({
+      %114 = "tpu.Load"(%9) {ginfo = #tpu.lg<c_slice = [64]>} : (tensor<1x64x1x64xf16>) -> tensor<1x64x1x64xf16> loc(#loc2)
+      %127 = "tpu.Conv2D"(%126, %114, %116) {kernel_shape = [3, 3]} : (tensor<1x64x56x56xf16>) -> tensor<1x64x56x56xf16> loc(#loc3)
+"""
+    path = tmp_path / "final.mlir"
+    path.write_text(text)
+    layers = vl.mlir_line_layers(path, {2: "n0", 9: "n7"})
+    assert layers[4] == "n0" and layers[9] == "n7"
