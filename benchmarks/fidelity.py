@@ -136,8 +136,13 @@ def main() -> int:
         print(f"{r['model']:9s} {r['chip']:8s} {dtype:5s} {r['silicon_ms']:10.2f} {r['estimate_ms']:8.3f} "
               f"{100 * r['error']:+6.1f}% {vendor} {program} {forms}", flush=True)
     worst = max(abs(r["error"]) for r in rows)
-    print(f"worst |error| {100 * worst:.1f}%")
-    doc = {"source": SOURCE, "commit": git_commit(), "points": rows, "worst_abs_error": worst}
+    forms = [abs(r["vendor_program_bm1684x_forms_error"]) for r in rows if r["vendor_program_bm1684x_forms_ms"]]
+    check = max(forms) if forms else None
+    print(f"worst |error| {100 * worst:.1f}% (our program: a statement about our compiler)")
+    if check is not None:
+        print(f"hardware-model check, the measured vendor program (BM1684X forms): worst |error| {100 * check:.1f}%")
+    doc = {"source": SOURCE, "commit": git_commit(), "points": rows, "worst_abs_error": worst,
+           "vendor_check_worst_abs_error": check}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
