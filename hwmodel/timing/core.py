@@ -48,8 +48,11 @@ class Simulator:
 
     # ---- sync ids
     def sync_changed(self, code: int) -> None:
+        """Engine `code` completed an instruction: poke the engines whose head waited for exactly that
+        one (a head whose waits held before was already scheduled by its own poke)."""
+        sync = self.sync[code]
         for engine in self.engines:
-            if engine.code != code:
+            if engine.cmds and not engine.scheduled and engine.waits[engine.cmds[0]][code] == sync:
                 engine.poke()
 
     # ---- callbacks from the engines

@@ -50,31 +50,41 @@ class FrontEnd:
 
     def advance(self, i: int) -> int:
         """Compute instruction i's stage times (needs iss_push[i-1]); returns when issue is ready."""
-        t, S = self.t, self.S
+        t = self.t
         d_cm, d_pre, d_ain, d_aout, d_dec, d_chk = self.depth
         c_pack, c_a1, c_a2, c_dec, c_chk, c_iss = self.cyc
-        txi_l, pp_l, pu_l, a1p_l, a1u_l, a2p_l, a2u_l = (t["txi"], t["pack_pop"], t["pack_push"], t["a1_pop"],
-                                                         t["a1_push"], t["a2_pop"], t["a2_push"])
-        dp_l, du_l, cp_l, cu_l, ip_l, iu_l = (t["dec_pop"], t["dec_push"], t["chk_pop"], t["chk_push"],
-                                              t["iss_pop"], t["iss_push"])
-        back = (lambda lst, d: lst[i - d] if i >= d else 0)
+        sys_p, ife_p = self.sys_clock.period, self.ife_clock.period
+        txi_l, pp_l, pu_l, a1p_l, a1u_l = t["txi"], t["pack_pop"], t["pack_push"], t["a1_pop"], t["a1_push"]
+        a2p_l, a2u_l, dp_l, du_l = t["a2_pop"], t["a2_push"], t["dec_pop"], t["dec_push"]
+        cp_l, cu_l, ip_l, iu_l = t["chk_pop"], t["chk_push"], t["iss_pop"], t["iss_push"]
         if i:
             p = i - 1
-            prev = (txi_l[p], pu_l[p], a1u_l[p], a2u_l[p], du_l[p], cu_l[p], iu_l[p])
+            prev_txi, prev_pack, prev_a1, prev_a2 = txi_l[p], pu_l[p], a1u_l[p], a2u_l[p]
+            prev_dec, prev_chk, prev_iss = du_l[p], cu_l[p], iu_l[p]
         else:
-            prev = (0, 0, 0, 0, 0, 0, 0)
-        txi = max(prev[0] + self.words[i] * S, back(pp_l, d_cm))
-        pack_pop = max(txi, prev[1])
-        pack_push = max(pack_pop + c_pack, back(a1p_l, d_pre))
-        a1_pop = max(pack_push, prev[2])
-        a1_push = max(a1_pop + c_a1, self.sys_clock.align(back(a2p_l, d_ain)))
-        a2_pop = max(self.ife_clock.align(a1_push), prev[3])
-        a2_push = max(a2_pop + c_a2, back(dp_l, d_aout))
-        dec_pop = max(a2_push, prev[4])
-        dec_push = max(dec_pop + c_dec, back(cp_l, d_dec))
-        chk_pop = max(dec_push, prev[5])
-        chk_push = max(chk_pop + c_chk, back(ip_l, d_chk))
-        iss_pop = max(chk_push, prev[6])
+            prev_txi = prev_pack = prev_a1 = prev_a2 = prev_dec = prev_chk = prev_iss = 0
+        # a stage holds its instruction until the one `depth` places ahead has left the next FIFO
+        # (conditional expressions instead of max(): this runs once per instruction)
+        txi, hold = prev_txi + self.words[i] * self.S, (pp_l[i - d_cm] if i >= d_cm else 0)
+        txi = txi if txi > hold else hold
+        pack_pop = txi if txi > prev_pack else prev_pack
+        pack_push, hold = pack_pop + c_pack, (a1p_l[i - d_pre] if i >= d_pre else 0)
+        pack_push = pack_push if pack_push > hold else hold
+        a1_pop = pack_push if pack_push > prev_a1 else prev_a1
+        hold = a2p_l[i - d_ain] if i >= d_ain else 0
+        a1_push, hold = a1_pop + c_a1, -(-hold // sys_p) * sys_p
+        a1_push = a1_push if a1_push > hold else hold
+        a2_pop = -(-a1_push // ife_p) * ife_p
+        a2_pop = a2_pop if a2_pop > prev_a2 else prev_a2
+        a2_push, hold = a2_pop + c_a2, (dp_l[i - d_aout] if i >= d_aout else 0)
+        a2_push = a2_push if a2_push > hold else hold
+        dec_pop = a2_push if a2_push > prev_dec else prev_dec
+        dec_push, hold = dec_pop + c_dec, (cp_l[i - d_dec] if i >= d_dec else 0)
+        dec_push = dec_push if dec_push > hold else hold
+        chk_pop = dec_push if dec_push > prev_chk else prev_chk
+        chk_push, hold = chk_pop + c_chk, (ip_l[i - d_chk] if i >= d_chk else 0)
+        chk_push = chk_push if chk_push > hold else hold
+        iss_pop = chk_push if chk_push > prev_iss else prev_iss
         txi_l[i], pp_l[i], pu_l[i], a1p_l[i], a1u_l[i], a2p_l[i], a2u_l[i] = (txi, pack_pop, pack_push, a1_pop,
                                                                                  a1_push, a2_pop, a2_push)
         dp_l[i], du_l[i], cp_l[i], cu_l[i], ip_l[i] = dec_pop, dec_push, chk_pop, chk_push, iss_pop
