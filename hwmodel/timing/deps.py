@@ -142,24 +142,32 @@ def bitmap_conflicts(order: IssueOrder, read_sets: list, write_sets: list) -> np
         return out
     chunk = np.concatenate(sets)
     row_of = np.repeat(np.arange(2 * n), counts)        # rows in issue order, each one's reads first
-    write = (row_of & 1).astype(bool)
     keys = chunk.astype(np.int16) if int(chunk.max()) < (1 << 15) else chunk
     by_chunk = np.argsort(keys, kind="stable")            # per chunk, in issue order
-    c, w, p = chunk[by_chunk], write[by_chunk], row_of[by_chunk] >> 1
+    row_of = row_of[by_chunk]
+    c, w = chunk[by_chunk], (row_of & 1).astype(bool)
     first = np.empty(total, dtype=bool)
     first[0] = True
     np.not_equal(c[1:], c[:-1], out=first[1:])
-    code, ids, offset = order.code[p], order.index[p] + 1, c << 40
+    # work with issue positions + 1 (they grow along every chunk's rows; 0 = none), in int32 when they fit
+    small = (int(c[-1]) + 1) * (n + 1) < (1 << 31)
+    kind = np.int32 if small else np.int64
+    position = ((row_of >> 1) + 1).astype(kind)
+    offset = c.astype(kind) * kind(n + 1)
+    engine = order.code[row_of >> 1]
     per_pos = counts.reshape(n, 2).sum(axis=1)
     has = per_pos > 0
     starts = (np.cumsum(per_pos) - per_pos)[has]
-    best = np.empty(total, dtype=np.int64)
+    best = np.empty(total, dtype=kind)
+    latest = np.zeros(n, dtype=np.int64)
     for o in range(3):
-        mine = code == o
-        last_writer = _running_max_before(np.where(mine & w, ids, 0), offset, first)
-        last_reader = _running_max_before(np.where(mine & ~w, ids, 0), offset, first)
-        best[by_chunk] = np.where(w, np.maximum(last_writer, last_reader), last_writer)
-        out[has, o] = np.maximum.reduceat(best, starts)
+        access = np.where(engine == o, position, kind(0))
+        last_access = _running_max_before(access, offset, first)
+        last_write = _running_max_before(np.where(w, access, kind(0)), offset, first)
+        best[by_chunk] = np.where(w, last_access, last_write)    # WAR on writes; RAW/WAW on both
+        latest[has] = np.maximum.reduceat(best, starts)
+        found = latest > 0
+        out[found, o] = order.index[latest[found] - 1] + 1        # an engine's ids grow with position
     return out
 
 
@@ -181,6 +189,14 @@ def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Wai
     reads, writes = [], []
     queues = [program.queue(e) for e in ENGINES]
     known: dict = {}          # TIU/GDMA accesses by instruction without waits (programs repeat them)
+    held, by_id = [], {}      # chunk sets by identity of the range tuples (shared by repeated accesses)
+
+    def chunks(ranges) -> np.ndarray:
+        hit = by_id.get(id(ranges))
+        if hit is None:
+            hit = by_id[id(ranges)] = chunk_map.chunks(ranges)
+        return hit
+
     for code, index in zip(order.code.tolist(), order.index.tolist()):
         if code == TILE:
             acc = program.accesses(Engine.TILE, index)
@@ -191,8 +207,9 @@ def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Wai
                 acc = known[key] = program.accesses(ENGINES[code], index)
         if keep is not None:
             keep[code].append(acc)
-        reads.append(chunk_map.chunks(acc.lmem_reads))
-        writes.append(chunk_map.chunks(acc.lmem_writes))
+        held.append(acc)
+        reads.append(chunks(acc.lmem_reads))
+        writes.append(chunks(acc.lmem_writes))
     want = bitmap_conflicts(order, reads, writes)
     waits = compiled_waits(program)
     compiled = np.zeros((len(order.code), 3), dtype=np.int64)
