@@ -28,8 +28,8 @@ whenever decoding the short descriptor gives the instruction back, i.e. every da
 the short layout has fits it, and every field it lacks equals its dataclass default or, for
 documented implied fields, the value implied by the others. The implied fields are sMM2's
 opd0_c / opd0_w (absent from the short layout): nn: (res0_c, opd1_c), nt: (res0_c, opd1_w),
-tt: (opd1_w, res0_c), i.e. L's rows and columns follow from res0 and R; sPorD's
-opt_opd1_prec = opt_opd0_prec (tpu-mlir reads sPorD's opd1 in opd0's precision); and sCONV's
+tt: (opd1_w, res0_c), i.e. L's rows and columns follow from res0 and R; sPorD's and sCMP's
+opt_opd1_prec = opt_opd0_prec (tpu-mlir reads their opd1 in opd0's precision); and sCONV's
 weight_ic_block = ConvTiu.ALIGNED_IC_BLOCK[opt_opd0_prec] (tpu-mlir's sCONV_converter reads the
 weights in Layout.alignIC, input channels in blocks of CUBE_NUM(dtype)); the long CONV form holds
 weight_ic_block = 1 (compact [ic][kh][kw], its short_opd1_str). Otherwise the long form.
@@ -106,6 +106,8 @@ MM2_IMPLIED: dict[str, Callable[[dict], int]] = {
 
 # sPorD has no opd1 precision: tpu-mlir's sPorD_converter reads opd1 (weights / scale) in opd0's
 SPORD_IMPLIED: dict[str, Callable[[dict], int]] = {"opt_opd1_prec": lambda v: v["opt_opd0_prec"]}
+# sCMP has no opd1 precision either: tpu-mlir's sCMP_converter reads opd1 in opd0's
+SCMP_IMPLIED: dict[str, Callable[[dict], int]] = {"opt_opd1_prec": lambda v: v["opt_opd0_prec"]}
 
 # sCONV's weights are in the cube's input-channel-aligned layout (tpu-mlir sCONV_converter: Layout.alignIC)
 SCONV_IMPLIED: dict[str, Callable[[dict], int]] = {
@@ -119,7 +121,7 @@ KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
     PordTiu: (("sPorD", SPORD_IMPLIED), ("PorD", {})),
     SfuTiu: (("sSFU", {}), ("SFU", {})),
     LinTiu: (("LIN", {}),),  # sLIN is inconsistent in tpu-mlir 1.30.2 (see the table's packing note)
-    CmpTiu: (("sCMP", {}), ("CMP", {})),
+    CmpTiu: (("sCMP", SCMP_IMPLIED), ("CMP", {})),
     CwBcTiu: (("sCW&sBC", {}), ("CW&BC", {})),
     SysTiu: (("SYS", {}),),
     TensorDma: (("DMA_tensor（0x000）", {}), ("DMA_cw_transpose", {})),

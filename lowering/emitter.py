@@ -12,6 +12,7 @@ import numpy as np
 from tpuflow.chip import ChipConfig
 from tpuflow.isa import (ArTiu, CmpTiu, Engine, GeneralDma, Instruction, LinTiu, PordTiu, Prec, SfuTiu,
                          StrideMode, TensorDma, global_lmem_address)
+from tpuflow.isa.base import aligned_strides, lmem_ranges
 from tpuflow.errors import LoweringError
 from tpuflow.lowering.tensors import DRegion, LTile
 
@@ -128,6 +129,14 @@ class Emitter:
         self.tiu(ArTiu(op=op, **f))
 
     def lin(self, op: str, dst: LTile, a, b, c=None) -> None:
+        """dst = a * b + c (lin.mac) as two arith instructions, a multiply into dst and then the add
+        (fp32 arithmetic rounded to dst after each, as lin.mac's fp32 a * b + c is): tpu-mlir 1.30.2
+        renders no LIN record (no converter for the long LIN; sLIN's opd2_addr sits past its 288-bit
+        record, python/debugger/target_1690/regdef.py). A c that overlaps dst keeps lin.mac."""
+        if op == "mac" and not self._overlaps(c, dst):
+            self.tiu(_arith("mul", dst, a, b))
+            self.tiu(_arith("add", dst, dst, c))
+            return
         f = dst.fields("res0", with_shape=True)
         f.update(operand_fields("opd0", a, dst.prec))
         f.update(operand_fields("opd1", b, dst.prec))
@@ -137,8 +146,10 @@ class Emitter:
 
     def cmp(self, op: str, dst: LTile, a, b, x, y) -> None:
         f = dst.fields("res0", with_shape=True)
-        for prefix, v in (("opd0", a), ("opd1", b), ("opd2", x)):
-            f.update(operand_fields(prefix, v, dst.prec))
+        for prefix, v in (("opd0", a), ("opd1", b), ("opd2", x)):   # sCMP holds no strides
+            keep = prefix == "opd2" and isinstance(y, LTile)              # opd3 follows opd2's strides
+            f.update(operand_fields(prefix, v if keep else settled(v, self.chip), dst.prec))
+        f.update(_compare_scalar(a, b))
         if isinstance(y, LTile):
             f.update(opd3_addr=y.addr)
         else:
@@ -154,8 +165,78 @@ class Emitter:
         """Reduce each channel's whole (h, w) plane: dst (n, c, 1, 1) = pool over src (n, c, h, w)."""
         f = dst.fields("res0", with_shape=True)
         f.update(src.fields("opd0"))
-        extra = {"opd1_addr": f32_bits(scale), "opt_opd1_const": 1} if op == "avgpooling" else {}
-        self.tiu(PordTiu(op=op, opd0_h=src.h, opd0_w=src.w, opd1_h=src.h, opd1_w=src.w, **extra, **f))
+        f.update(pool_scale_fields(op, src.prec, scale))
+        self.tiu(PordTiu(op=op, opd0_h=src.h, opd0_w=src.w, opd1_h=src.h, opd1_w=src.w, **f))
+
+    def _overlaps(self, x, dst: LTile) -> bool:
+        """Whether operand x (an LTile or a scalar) shares LMEM bytes with dst."""
+        if not isinstance(x, LTile):
+            return False
+        mine = lmem_ranges(dst.addr, dst.shape, dst.strides, dst.prec.bytes, self.chip)
+        return any(r.overlaps(o) for r in lmem_ranges(x.addr, x.shape, x.strides, x.prec.bytes, self.chip)
+                   for o in mine)
+
+
+def _arith(op: str, dst: LTile, a, b) -> ArTiu:
+    """An arith instruction whose float scalars are fp32 constants (opt_X_prec = FP32): tpu-mlir reads a
+    constant in its operand's precision, so a 16-bit result keeps its scalars in fp32 bits."""
+    const_prec = Prec.FP32 if dst.prec.is_float else dst.prec
+    f = dst.fields("res0", with_shape=True)
+    f.update(operand_fields("opd0", a, const_prec))
+    f.update(operand_fields("opd1", b, const_prec))
+    return ArTiu(op=op, **f)
+
+
+def _compare_scalar(a, b) -> dict:
+    """A float scalar compared with a 16-bit float tile in the tile's precision when it is exact there
+    (sCMP reads opd1 in opd0's precision, tpu-mlir 1.30.2 opparam.py sCMP_converter); else no change."""
+    if not (isinstance(a, LTile) and a.prec in (Prec.FP16, Prec.BF16) and isinstance(b, float)):
+        return {}
+    bits = narrow_bits(b, a.prec)
+    narrowed = float(np.array([bits], np.uint16).view(np.float16)[0]) if a.prec == Prec.FP16 else \
+        float(np.array([bits], np.uint32).view(np.float32)[0])
+    if narrowed != b:
+        return {}
+    return {"opd1_addr": bits, "opt_opd1_prec": int(a.prec)}
+
+
+def settled(x, chip: ChipConfig):
+    """x itself, or for a FREE-strided LTile that reads exactly the elements of the aligned layout
+    (a stride only matters along an axis of size > 1, and the channel stride only when the channels
+    wrap past the last lane) the same tile in the ALIGNED mode, which the short descriptors hold."""
+    if not isinstance(x, LTile) or x.mode != StrideMode.FREE or not any(x.strides):
+        return x
+    start = (x.addr // chip.lmem_bytes_per_lane) % chip.lanes
+    eu = chip.core.eu_bytes_per_lane // x.prec.bytes
+    aligned = aligned_strides(x.shape, eu, chip.lanes, start)
+    used = (x.n > 1, start + x.c > chip.lanes, x.h > 1, x.w > 1)
+    if any(u and s != a for u, s, a in zip(used, x.strides, aligned)):
+        return x
+    return LTile(x.addr, x.shape, x.prec, aligned, StrideMode.ALIGNED)
+
+
+def pool_scale_fields(op: str, prec: Prec, scale: float = 1.0) -> dict:
+    """opd1 of a float pooling carries opd0's precision (tpu-mlir 1.30.2's sPorD_converter reads opd1 in
+    opd0's precision, python/debugger/target_1690/opparam.py); average pooling's scale is then the
+    constant in that precision, rounded to nearest (narrow_bits)."""
+    if not prec.is_float:
+        return {"opd1_addr": f32_bits(scale), "opt_opd1_const": 1} if op == "avgpooling" else {}
+    fields = {"opt_opd1_prec": int(prec)}
+    if op == "avgpooling":
+        fields.update(opd1_addr=narrow_bits(scale, prec), opt_opd1_const=1)
+    return fields
+
+
+def narrow_bits(value: float, prec: Prec) -> int:
+    """A float scalar rounded to nearest even in `prec`, as tpu-mlir 1.30.2 reads a constant of that
+    precision (target_common/op_support.py Scalar): fp16 in the low 16 bits; fp32, and bf16 as the
+    fp32 bits of the bf16 value (low 16 bits 0)."""
+    if prec == Prec.FP16:
+        return int(np.array([value], np.float16).view(np.uint16)[0])
+    bits = f32_bits(value)
+    if prec == Prec.BF16:
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits
 
 
 def operand_fields(prefix: str, x, prec: Prec) -> dict:

@@ -111,7 +111,7 @@ def emit_erf(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
 def emit_log(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
     """log(x) = e*ln2 + 2*atanh(z), x = m * 2**e, z = (m-1)/(m+1), atanh by a series in z**2."""
     m, e, z, q = s.get(0), s.get(1), s.get(2), s.get(3)
-    em.sfu("normalize", m, src, res1=e)
+    emit_split_exponent(em, m, e, src)
     em.ar("sub", z, m, 1.0)
     em.ar("add", m, m, 1.0)
     em.ar("div", z, z, m)
@@ -119,6 +119,23 @@ def emit_log(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
     em.sfu("taylor_4x", q, m, TABLES["log"].offset, len(LOG_COEFFS))
     em.ar("mul", q, q, z)
     em.lin("mac", dst, e, LN2, q)
+
+
+def emit_split_exponent(em: Emitter, m: LTile, e: LTile, src: LTile) -> None:
+    """x = m * 2**e, 1 <= |m| < 2 (x's sign), for normal fp32 x, from its bits by integer arith: e = the
+    exponent field - 127, m = the bits with exponent field 127 (sfu.normalize computes the same, but its
+    second result has no place in the short sSFU that tpu-mlir 1.30.2 renders, and the long SFU has no
+    converter there). Zero and subnormals read as 2**-127 * m (normalize: m = e = 0)."""
+    if src.prec != Prec.FP32:
+        em.ar("copy", m, src)
+        src = m
+    bits, e_int = src.as_prec(Prec.INT32), e.as_prec(Prec.INT32)
+    em.ar("arith_shift", e_int, bits, -23)
+    em.ar("and", e_int, e_int, 0xFF)
+    em.ar("cast", e, e_int)
+    em.ar("sub", e, e, 127.0)
+    em.ar("and", m.as_prec(Prec.INT32), bits, -0x7F800001)    # 0x807FFFFF: sign and fraction
+    em.ar("or", m.as_prec(Prec.INT32), m.as_prec(Prec.INT32), 0x3F800000)
 
 
 def emit_sqrt(em: Emitter, dst: LTile, src: LTile, s: Scratch) -> None:
@@ -155,7 +172,8 @@ def emit_sin_cos(em: Emitter, dst: LTile, src: LTile, cosine: bool, s: Scratch) 
     em.ar("cast", k_int, t, round_mode=0)
     em.ar("cast", t, k_int)
     em.lin("mac", r, t, -TWO_PI_HI, src)
-    em.lin("mac", r, t, -TWO_PI_LO, r)
+    em.ar("mul", t, t, -TWO_PI_LO)                     # r += t * -LO (t is dead after)
+    em.ar("add", r, r, t)
     em.ar("mul", r2, r, r)
     table = TABLES["cos" if cosine else "sin"]
     if cosine:

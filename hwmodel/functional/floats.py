@@ -200,6 +200,14 @@ def const_value(field: int, prec: Prec):
     return np.int64(bits.view(np.int32)[()])
 
 
+def narrow_const_value(field: int, prec: Prec) -> float:
+    """A float constant held in its own precision (how pord.avgpooling's scale is written, PordTiu): an
+    fp16 value in the field's low 16 bits; fp32 and bf16 as fp32 bits (a bf16 value's low 16 bits are 0)."""
+    if Prec(prec) == Prec.FP16:
+        return float(np.array(field & 0xFFFF, np.uint16).view(np.float16)[()])
+    return float(const_value(field, prec))
+
+
 def bits_of(raw: np.ndarray) -> np.ndarray:
     """Stored values -> their bit patterns as int64 (integers sign-extended, floats unsigned)."""
     raw = np.asarray(raw)

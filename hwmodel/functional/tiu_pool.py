@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from tpuflow.isa.base import Prec
 from tpuflow.isa.tiu import PordTiu
 
 from tpuflow.hwmodel.functional import operands
 from tpuflow.hwmodel.functional.errors import ExecutionError
+from tpuflow.hwmodel.functional.floats import narrow_const_value
 from tpuflow.hwmodel.functional.windows import Window, pad, tap
 
 PAD_VALUE = {"depthwise": 0.0, "avgpooling": 0.0, "maxpooling": -np.inf, "minpooling": np.inf}
@@ -34,7 +36,7 @@ def _average(m, ins: PordTiu, xp: np.ndarray, win: Window) -> np.ndarray:
     acc = np.zeros((ins.res0_n, ins.res0_c, win.oh, win.ow), np.float32)
     for i, j in _taps(win):
         acc += tap(xp, win, i, j)
-    return acc * operands.value(m, ins, "opd1", (), as_float=True)
+    return acc * np.float32(narrow_const_value(ins.opd1_addr, Prec(ins.opt_opd1_prec)))
 
 
 def _extreme(xp: np.ndarray, win: Window, reduce) -> np.ndarray:

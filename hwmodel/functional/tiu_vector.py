@@ -10,6 +10,7 @@ from tpuflow.isa.tiu import CmpTiu, LinTiu, SfuTiu
 
 from tpuflow.hwmodel.functional import operands
 from tpuflow.hwmodel.functional.errors import ExecutionError
+from tpuflow.hwmodel.functional.floats import narrow_const_value
 
 
 def _lane_of_channels(m, tensor: LocalTensor) -> np.ndarray:
@@ -92,6 +93,8 @@ def execute_cmp(m, ins: CmpTiu) -> None:
     cmp_float = operands.is_float_domain(ins, ("opd0", "opd1"))
     a = operands.value(m, ins, "opd0", shape, cmp_float)
     b = operands.value(m, ins, "opd1", shape, cmp_float)
+    if ins.opt_opd1_const and Prec(ins.opt_opd1_prec) == Prec.FP16:   # an fp16 constant (CmpTiu)
+        b = np.float32(narrow_const_value(ins.opd1_addr, Prec.FP16))
     sel_float = operands.is_float_domain(ins, ("res0", "opd2"))
     chosen = np.where(COMPARE[ins.op](a, b), operands.value(m, ins, "opd2", shape, sel_float),
                       _opd3(m, ins, sel_float))

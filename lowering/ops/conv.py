@@ -12,7 +12,7 @@ import numpy as np
 from tpuflow.errors import LoweringError
 from tpuflow.isa import ConvTiu, PordTiu, Prec, StrideMode
 from tpuflow.lowering.context import LowerCtx
-from tpuflow.lowering.emitter import f32_bits
+from tpuflow.lowering.emitter import pool_scale_fields, settled
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import NCHW
 from tpuflow.lowering.ops.epilogue import Epilogue, full_epilogue_operands
@@ -91,6 +91,38 @@ def conv_geometry(ctx: LowerCtx, node) -> ConvGeom:
     if max(pl, pr, pt, pb) > MAX_PAD or max(sy, sx) > 15 or max(dy, dx) > 16:
         raise LoweringError(f"node {node.name}: pads/strides/dilations exceed the 4-bit descriptor fields")
     return geom
+
+
+def lane_group_pieces(tiles: list[LTile], chip) -> list[tuple[int, int, list[LTile]]]:
+    """Views of one channel range (a result, the operands read per channel) as the short descriptors
+    write them (sCONV / sPorD hold no result strides, sPorD no input strides): [(0, c, tiles)] in the
+    aligned layout, or, when a view is strided (a window of a larger resident tensor), the channels
+    cut at every view's lane-group boundary, each piece's views one channel per lane (their channel
+    strides unused) and aligned. Views that stay strided either way come back whole (the long form)."""
+    whole = [settled(t, chip) for t in tiles]
+    channels = tiles[0].c
+    if all(t.mode != StrideMode.FREE for t in whole):
+        return [(0, channels, whole)]
+    lanes = chip.lanes
+    starts = [(t.addr // chip.lmem_bytes_per_lane) % lanes for t in tiles]
+    cuts = sorted({0, channels} | {c for c in range(1, channels) for st in starts if (st + c) % lanes == 0})
+    pieces = [(c0, c1 - c0, [settled(t.sub_channels(c0, c1 - c0, chip), chip) for t in tiles])
+              for c0, c1 in zip(cuts, cuts[1:])]
+    if any(t.mode == StrideMode.FREE for _, _, views in pieces for t in views):
+        return [(0, channels, list(tiles))]
+    return pieces
+
+
+def emit_pord(em, chip, out: LTile, inp: LTile, per_channel: dict[str, LTile] | None = None, **fields) -> None:
+    """A pord instruction over out / inp, one per lane_group_pieces piece; per_channel: operands
+    (depthwise weights, bias) addressed per channel like the result."""
+    per_channel = per_channel or {}
+    for c0, count, (res, src) in lane_group_pieces([out, inp], chip):
+        f = res.fields("res0", with_shape=True)
+        f.update(src.fields("opd0"))
+        for prefix, t in per_channel.items():
+            f[f"{prefix}_addr"] = (t if count == out.c else t.sub_channels(c0, count, chip)).addr
+        em.tiu(PordTiu(**f, **fields))
 
 
 class ConvEmitter:
@@ -296,9 +328,11 @@ class ConvEmitter:
         """Every conv result view is in the aligned layout sCONV implies (a resident result may be strided)."""
         if not self._direct(self.ict < cin_g):
             return True
-        return all(self.out_res.view(self.chip, n, gi * cout_g + c0, ct, h0, ht).mode != StrideMode.FREE
+        return all(piece.mode != StrideMode.FREE
                    for gi in range(self.geom.groups) for n in range(self.geom.n) for c0, ct in steps(cout_g, self.ct)
-                   for h0, ht, _ in self._row_tiles(self.ht))
+                   for h0, ht, _ in self._row_tiles(self.ht)
+                   for _, _, (piece,) in lane_group_pieces([self.out_res.view(self.chip, n, gi * cout_g + c0, ct,
+                                                                                          h0, ht)], self.chip))
 
     def _weight_elems(self, ict: int) -> int:
         """Weight elements per output channel for `ict` input channels (the aligned layout pads channels)."""
@@ -420,7 +454,10 @@ class ConvEmitter:
             wt = make_tile(chip, offs[1], (1, ct, 1, self._weight_elems(ict)), self.ctx.prec, compact=True)
         bias = self.bias_tile.sub_channels(oc_base + c0, ct, chip) if (self.bias is not None and k == 0) else None
         em.layer = self.node.name
-        em.tiu(self._conv(out, inp, wt, bias, up, dn, first=(k == 0), last=(k == len(ic_steps) - 1)))
+        for c_off, count, (piece,) in lane_group_pieces([out], chip):
+            sub = (lambda t: t) if count == ct else (lambda t: t.sub_channels(c_off, count, chip))  # noqa: E731
+            em.tiu(self._conv(piece, inp, sub(wt), bias if bias is None else sub(bias), up, dn, first=(k == 0),
+                              last=(k == len(ic_steps) - 1)))
         if k == len(ic_steps) - 1:
             self._finish_tile(out, out_offs, n, oc_base + c0, ct, h0, ht, split, pool)
 
@@ -467,15 +504,13 @@ class ConvEmitter:
         else:
             out = make_tile(self.chip, offset, (1, ct, qt, pg.wo), prec)
         src = value if self.pool_in_w == value.w else value.with_shape((1, ct, value.h, self.pool_in_w), self.chip)
-        f = out.fields("res0", with_shape=True)
-        f.update(src.fields("opd0"))
-        is_max = self.pool.op_type == "MaxPool"
-        extra = {} if is_max else {"opd1_addr": f32_bits(1.0 / (pg.kh * pg.kw)), "opt_opd1_const": 1}
+        op = "maxpooling" if self.pool.op_type == "MaxPool" else "avgpooling"
+        extra = pool_scale_fields(op, src.prec, 1.0 / (pg.kh * pg.kw))
         em.layer = self.pool.name
-        em.tiu(PordTiu(op="maxpooling" if is_max else "avgpooling", opd0_h=value.h, opd0_w=self.pool_in_w,
-                       opd1_h=pg.kh, opd1_w=pg.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=pg.pl,
-                       opd0_rt_pad=pg.pr, res_op_x_str=pg.sx, res_op_y_str=pg.sy, opd1_x_ins0=pg.dx - 1,
-                       opd1_y_ins0=pg.dy - 1, **extra, **f))
+        emit_pord(em, self.chip, out, src, op=op, opd0_h=value.h, opd0_w=self.pool_in_w,
+                  opd1_h=pg.kh, opd1_w=pg.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=pg.pl,
+                  opd0_rt_pad=pg.pr, res_op_x_str=pg.sx, res_op_y_str=pg.sy, opd1_x_ins0=pg.dx - 1,
+                  opd1_y_ins0=pg.dy - 1, **extra)
         if self.out_res is not None:
             return
         base = ((n * pg.cin + c0) * pg.ho + q0) * pg.wo
@@ -544,19 +579,18 @@ class ConvEmitter:
                 inp = self.in_res.view(chip, n, c0, c, r0, rows)
             else:
                 inp = make_tile(chip, sets[s][0], (1, c, rows, geo.w), prec)
-            f = out.fields("res0", with_shape=True)
-            f.update(inp.fields("opd0"))
-            wt = w_tile.sub_channels(c0, c, chip)
+            per_channel = {"opd1": w_tile.sub_channels(c0, c, chip)}
             extra = {}
             if self.bias is not None:
-                extra = {"opd2_addr": bias_tile.sub_channels(c0, c, chip).addr, "opt_opd2_const": 0}
+                per_channel["opd2"] = bias_tile.sub_channels(c0, c, chip)
+                extra = {"opt_opd2_const": 0}
             ctx.em.layer = self.node.name
-            ctx.em.tiu(PordTiu(op="depthwise", opd0_h=rows, opd0_w=geo.w, opd1_h=geo.kh, opd1_w=geo.kw,
-                               opd1_addr=wt.addr, opt_opd1_const=0, opt_opd1_prec=int(prec),
-                               opt_relu=int(self.fused_relu),
-                               opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
-                               res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
-                               opd1_y_ins0=geo.dy - 1, **extra, **f))
+            emit_pord(ctx.em, chip, out, inp, per_channel, op="depthwise", opd0_h=rows, opd0_w=geo.w,
+                      opd1_h=geo.kh, opd1_w=geo.kw, opt_opd1_const=0, opt_opd1_prec=int(prec),
+                      opt_relu=int(self.fused_relu),
+                      opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
+                      res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
+                      opd1_y_ins0=geo.dy - 1, **extra)
             self._finish_tile(out, sets[s][1:], n, c0, c, h0, h, False)
 
         pipelined(tiles, len(sets), load, compute)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 from tpuflow.errors import LoweringError
-from tpuflow.isa import PordTiu, Prec, StrideMode
+from tpuflow.isa import Prec, StrideMode
 from tpuflow.lowering.context import LowerCtx
-from tpuflow.lowering.emitter import f32_bits
+from tpuflow.lowering.emitter import pool_scale_fields
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import NCHW
-from tpuflow.lowering.ops.conv import ConvGeom
+from tpuflow.lowering.ops.conv import ConvGeom, emit_pord
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps, steps_between
 
@@ -128,17 +128,16 @@ class PoolEmitter:
         else:
             out = make_tile(chip, offs[1], (1, c, h, geo.wo), prec)
         if self.in_res is not None:
-            inp = self.in_res.view(chip, n, c0, c, r0, rows, self.in_w)
+            inp = self.in_res.view(chip, n, c0, c, r0, rows, geo.w)   # whole rows: aligned (sPorD), extra columns unread
         else:
             inp = make_tile(chip, offs[0], (1, c, rows, self.in_w), prec)
-        f = out.fields("res0", with_shape=True)
-        f.update(inp.fields("opd0"))
-        extra = {} if self.is_max else {"opd1_addr": f32_bits(self.scale), "opt_opd1_const": 1}
+        op = "maxpooling" if self.is_max else "avgpooling"
+        extra = pool_scale_fields(op, inp.prec, self.scale if not self.is_max else 1.0)
         ctx.em.layer = self.node.name
-        ctx.em.tiu(PordTiu(op="maxpooling" if self.is_max else "avgpooling", opd0_h=rows, opd0_w=self.in_w,
-                           opd1_h=geo.kh, opd1_w=geo.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl,
-                           opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=geo.sy,
-                           opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1, **extra, **f))
+        emit_pord(ctx.em, chip, out, inp, op=op, opd0_h=rows, opd0_w=inp.w,
+                  opd1_h=geo.kh, opd1_w=geo.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl,
+                  opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=geo.sy,
+                  opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1, **extra)
         if self.inv_count is not None:
             m = make_tile(chip, offs[2], (1, min(c, chip.lanes), h, geo.wo), Prec.FP32)
             ctx.em.ar("mul", out, out, LTile(m.addr, out.shape, Prec.FP32, (0, 0, m.strides[2], 1), StrideMode.FREE))

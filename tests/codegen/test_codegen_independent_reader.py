@@ -313,17 +313,15 @@ def test_weights_carry_the_coefficient_tag_and_activations_the_activation_tag():
 
 
 # Registers tpu-mlir 1.30.2's debugger cannot render (no opparam converter) that our streams still use, and why
-# (issue #12): anything else in a stream, a conv in the long form included, fails the test below.
-OPEN_RENDER_GAPS = {
-    "PorD": "avg pooling whose fp32 scale has no exact 16-bit form (sPorD reads its scalar in opd0's precision)",
-    "LIN": "strided lin.mac / square ops (sLIN has no strides, and its 1.30.2 layout reads past its record)",
-    "CMP": "compare-select with an explicitly strided opd0 (sCMP has no strides)",
-    "SFU": "normalize / taylor with a second result (sSFU has no res1)",
-}
+# (issue #12): anything else in a stream, a conv in the long form included, fails the test below. None is
+# left in the bundled models' streams (fp16, bf16, fp32): LIN (no converter; sLIN reads past its record) is
+# written as sAR multiply + add, pooling scales in opd0's precision, strided result views cut per lane group.
+OPEN_RENDER_GAPS: dict[str, str] = {}
 RENDERED = frozenset(VENDOR["rendered_registers"]["registers"])
 
 
-@pytest.mark.parametrize("model, dtype", [("small_cnn", "fp16"), ("bert_layer", "fp16"), ("mobilenetv2", "fp16")])
+@pytest.mark.parametrize("model, dtype", [("small_cnn", "fp16"), ("bert_layer", "fp16"), ("mobilenetv2", "fp16"),
+                                          ("gpt_block", "fp16"), ("gpt_block", "bf16"), ("inception_v2", "fp32")])
 def test_every_record_uses_a_form_tpu_mlir_renders(model, dtype):
     """Every conv record is the short sCONV (whose alignIC weights we now mean), and every record is in a
     form 1.30.2's debugger renders, except the open gaps listed above."""
@@ -344,3 +342,16 @@ def test_a_16_bit_conv_takes_sconv_only_with_the_aligned_weight_layout():
     (aligned, _), = read_records(encode_descriptors([ConvTiu(**base, weight_ic_block=block)]), Engine.TIU)
     (compact, _), = read_records(encode_descriptors([ConvTiu(**base)]), Engine.TIU)
     assert (aligned["reg"], compact["reg"]) == ("sCONV", "CONV")
+
+
+def test_scmp_and_spord_read_opd1_in_opd0s_precision():
+    """sCMP and sPorD have no opd1 precision (tpu-mlir 1.30.2 reads their opd1 in opd0's): an opd1 of
+    another precision takes the long form."""
+    fp16, fp32 = int(Prec.FP16), int(Prec.FP32)
+    cmp = dict(op="sel_gt", res0_addr=0, res0_n=1, res0_c=4, res0_h=1, res0_w=8, opd0_addr=0x1000, opd1_addr=0x3800,
+               opd2_addr=0, opd3_addr=0, opt_opd1_const=1, opt_opd0_prec=fp16)
+    pool = dict(op="avgpooling", res0_addr=0, res0_n=1, res0_c=4, res0_h=1, res0_w=1, opd0_addr=0x1000, opd0_h=2,
+                opd0_w=2, opd1_h=2, opd1_w=2, opd1_addr=0x3400, opt_opd0_prec=fp16, opt_res0_prec=fp16)
+    forms = [read_records(encode_descriptors([kind(**fields, opt_opd1_prec=prec)]), Engine.TIU)[0][0]["reg"]
+             for kind, fields in ((CmpTiu, cmp), (PordTiu, pool)) for prec in (fp16, fp32)]
+    assert forms == ["sCMP", "CMP", "sPorD", "PorD"]

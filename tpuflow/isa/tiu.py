@@ -299,8 +299,9 @@ class PordTiu(TiuInstruction):
 
     depthwise: res0[n,c,oh,ow] = bias[c] + sum in[n,c,...] * w[c,kh,kw], zero padding; opd1 is the
     weight tensor (1, C, 1, kh*kw) compact, opd2 the bias (1, C, 1, 1) compact (or scalar).
-    avgpooling: res0 = sum of the window (padding counts as 0) times the fp32 scalar opd1
-    (opt_opd1_const = 1). max/minpooling: extreme of the window, padding ignored (a window
+    avgpooling: res0 = sum of the window (padding counts as 0) times the scalar opd1
+    (opt_opd1_const = 1) in opt_opd1_prec: an fp16 value in the field's low 16 bits, otherwise fp32
+    bits (a bf16 scale: the fp32 bits of a bf16 value); the short sPorD implies opt_opd1_prec = opt_opd0_prec. max/minpooling: extreme of the window, padding ignored (a window
     wholly in padding gives -inf / +inf).
     opt_relu clamps at zero.
     """
@@ -480,7 +481,9 @@ class LinTiu(TiuInstruction):
 class CmpTiu(TiuInstruction):
     """cmp.sel_gt / sel_eq / sel_lt: res0 = (opd0 OP opd1) ? opd2 : opd3, elementwise over
     res0's shape. opd3 has no stride fields: when it is a tensor it uses opd2's stride mode and
-    strides (the lowering gives both the same layout)."""
+    strides (the lowering gives both the same layout). A constant opd1 of fp16 precision is the
+    fp16 value in the field's low 16 bits (how tpu-mlir reads sCMP's opd1, in opd0's precision);
+    other float constants are fp32 bits."""
 
     TSK_TYP: ClassVar[int] = 13
     PREFIX: ClassVar[str] = "cmp"

@@ -102,3 +102,22 @@ def test_avgpool_needs_a_constant_scale():
                   opd0_w=1, opd1_h=1, opd1_w=1, opt_opd1_const=0)
     with pytest.raises(ExecutionError, match="constant"):
         Machine(CHIP, 64).execute(ins, 3)
+
+
+@pytest.mark.parametrize("prec, scale_bits, scale", [
+    (Prec.FP16, 0xABCD2A66, float(np.float16(1 / 20))),        # fp16 in the low 16 bits (high bits ignored)
+    (Prec.BF16, 0x3D4D0000, float(np.frombuffer(np.uint32(0x3D4D0000).tobytes(), np.float32)[0])),  # fp32 bits
+    (Prec.FP32, f32_bits(1 / 20), float(np.float32(1 / 20)))])
+def test_avgpooling_reads_its_scale_in_opd1s_precision(prec, scale_bits, scale):
+    """sPorD reads the scale in opd0's precision (tpu-mlir 1.30.2 sPorD_converter): an fp16 scale is the
+    field's low 16 bits; bf16 and fp32 scales are fp32 bits."""
+    m = Machine(CHIP, 64)
+    x = local(flat(3, 0), (1, 2, 2, 2), prec)
+    values = np.arange(8, dtype=np.float32).reshape(x.shape) + 1
+    m.write_local(x, values)
+    r = local(flat(3, 0x1000), (1, 2, 1, 1), Prec.FP32)
+    m.execute(PordTiu(op="avgpooling", res0_addr=r.addr, res0_n=1, res0_c=2, res0_h=1, res0_w=1, opd0_addr=x.addr,
+                      opd0_h=2, opd0_w=2, opd1_h=2, opd1_w=2, opd1_addr=scale_bits, opt_opd1_const=1,
+                      opt_opd0_prec=prec, opt_opd1_prec=prec, opt_res0_prec=Prec.FP32))
+    got = m.read_local(r).reshape(-1)
+    assert got.tolist() == [np.float32(10 * np.float32(scale)), np.float32(26 * np.float32(scale))]

@@ -299,3 +299,17 @@ def test_sys_changes_nothing():
     for op in ("nop", "end", "intr_barrier", "data_barrier", "send_msg", "wait_msg"):
         m.execute(SysTiu(op=op), 1)
     assert (m.lmem.data == 3).all() and LANE_BYTES == m.lmem.data.shape[1]
+
+
+def test_cmp_reads_an_fp16_constant_from_the_low_16_bits():
+    """sCMP reads opd1 in opd0's precision (tpu-mlir 1.30.2 sCMP_converter): an fp16 constant is the low
+    16 bits of its field; an fp32 one stays fp32 bits."""
+    m = Machine(CHIP, 64)
+    x = local(flat(1, 0), (1, 2, 1, 3), Prec.FP16)
+    m.write_local(x, np.array([0.25, 0.5, 0.75, 1.0, 0.4, 0.6], np.float32).reshape(x.shape))
+    r = local(flat(1, 0x1000), x.shape, Prec.FP32)
+    for prec, bits in ((Prec.FP16, 0x12343800), (Prec.FP32, f32_bits(0.5))):   # 0x3800 = fp16 0.5
+        m.execute(CmpTiu(op="sel_gt", res0_addr=r.addr, res0_n=1, res0_c=2, res0_h=1, res0_w=3, opd0_addr=x.addr,
+                         opd1_addr=bits, opd2_addr=f32_bits(1.0), opd3_addr=0, opt_opd1_const=1, opt_opd2_const=1,
+                         opt_opd3_const=1, opt_opd0_prec=Prec.FP16, opt_opd1_prec=prec))
+        assert m.read_local(r).reshape(-1).tolist() == [0, 0, 1, 1, 0, 1]
