@@ -146,7 +146,9 @@ class CommandModel:
         self.iterations = 0
 
     # ------------------------------------------------------------------ assembly
-    CHUNK_BURSTS = 1 << 21      # commands are solved in chunks of about this many bursts (memory bound)
+    # commands are solved in chunks of about this many bursts: 64k keeps the arrays in cache (timing_bench:
+    # 1.6-1.9x faster than 2M on the synthetic and the TILE-path ResNet-50 programs; same results)
+    CHUNK_BURSTS = 1 << 16
 
     def table(self, instrs: list[Instruction]) -> CommandTable:
         """Every command's timeline; chunks of commands carry the DRAM page state from one to the next,
@@ -304,8 +306,10 @@ class CommandModel:
         issue, arrive, release = (np.zeros(n, dtype=np.int64) for _ in range(3))
         done, base = np.zeros(n, dtype=np.int64), ready.copy()
         where = np.arange(n)
+        passes = 0
         while True:
             self.iterations += 1
+            passes += 1
             p_issue, p_arrive, p_done, p_release, credit = problem.iterate(base[where])
             issue[where], arrive[where], release[where], done[where] = p_issue, p_arrive, p_release, p_done
             if credit is None:
@@ -316,7 +320,7 @@ class CommandModel:
                 moving |= np.maximum.reduceat(problem.moved.astype(np.int64), problem.first) > 0
             if not moving.any():
                 break
-            if self.iterations > 4 * n + 16:
+            if passes > 4 * n + 16:
                 raise AssertionError("GDMA credit fixed point did not converge")
             base[where] = np.maximum(base[where], better)
             keep = problem.positions(moving)
