@@ -181,15 +181,16 @@ def lmem_ranges(addr: int, shape, strides, elem_bytes: int, chip: "ChipConfig") 
     n, c, h, w = shape
     if n * c * h * w == 0:
         return ()
-    lanes = chip.lanes
-    start = (addr // chip.lmem_bytes_per_lane) % lanes
-    base = addr % chip.lmem_bytes_per_lane
+    lanes, lane_bytes = chip.lanes, chip.lmem_bytes_per_lane
+    start = (addr // lane_bytes) % lanes
+    base = addr % lane_bytes
     groups = (start + c - 1) // lanes + 1
-    lo_el, hi_el = 0, 0
-    for size, stride in ((n, strides[0]), (groups, strides[1]), (h, strides[2]), (w, strides[3])):
-        span = (size - 1) * stride
-        lo_el += min(0, span)
-        hi_el += max(0, span)
+    lo_el = hi_el = 0
+    for span in ((n - 1) * strides[0], (groups - 1) * strides[1], (h - 1) * strides[2], (w - 1) * strides[3]):
+        if span < 0:
+            lo_el += span
+        else:
+            hi_el += span
     lo, hi = base + lo_el * elem_bytes, base + (hi_el + 1) * elem_bytes
     if groups == 1:
         return (LmemRange(start, c, lo, hi),)
@@ -200,8 +201,13 @@ def ddr_range(addr: int, shape, strides, elem_bytes: int) -> tuple[DdrRange, ...
     """Bounding DDR range of a strided tensor."""
     if math.prod(shape) == 0:
         return ()
-    lo_el = sum(min(0, (s - 1) * st) for s, st in zip(shape, strides))
-    hi_el = sum(max(0, (s - 1) * st) for s, st in zip(shape, strides))
+    lo_el = hi_el = 0
+    for size, stride in zip(shape, strides):
+        span = (size - 1) * stride
+        if span < 0:
+            lo_el += span
+        else:
+            hi_el += span
     return (DdrRange(addr + lo_el * elem_bytes, addr + (hi_el + 1) * elem_bytes),)
 
 
