@@ -146,7 +146,7 @@ class ConvEmitter:
         self.pool = group.tail_pool
         if self.pool is not None:
             from tpuflow.lowering.ops.pool import pool_geometry
-            self.pgeom, self.pool_in_w = pool_geometry(ctx, self.pool)
+            self.pgeom, _ = pool_geometry(ctx, self.pool)
             self.result = self.pool.outputs[0]
         self.in_res = ctx.resident(self.node.inputs[0])      # layer groups: input kept in LMEM
         self.out_res = ctx.resident(self.result)             # layer groups: result kept in LMEM
@@ -503,11 +503,11 @@ class ConvEmitter:
             out = self.out_res.view(self.chip, n, c0, ct, q0, qt)
         else:
             out = make_tile(self.chip, offset, (1, ct, qt, pg.wo), prec)
-        src = value if self.pool_in_w == value.w else value.with_shape((1, ct, value.h, self.pool_in_w), self.chip)
+        src = value          # whole rows (aligned, as sPorD reads them): columns past the windows are not read
         op = "maxpooling" if self.pool.op_type == "MaxPool" else "avgpooling"
         extra = pool_scale_fields(op, src.prec, 1.0 / (pg.kh * pg.kw))
         em.layer = self.pool.name
-        emit_pord(em, self.chip, out, src, op=op, opd0_h=value.h, opd0_w=self.pool_in_w,
+        emit_pord(em, self.chip, out, src, op=op, opd0_h=value.h, opd0_w=value.w,
                   opd1_h=pg.kh, opd1_w=pg.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=pg.pl,
                   opd0_rt_pad=pg.pr, res_op_x_str=pg.sx, res_op_y_str=pg.sy, opd1_x_ins0=pg.dx - 1,
                   opd1_y_ins0=pg.dy - 1, **extra)
