@@ -25,6 +25,7 @@ from tpuflow.lowering.ops.pool import PoolEmitter
 from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
 from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts
 from tpuflow.lowering.tensors import make_tile
+from tpuflow.lowering.timesteps import pipelined_order
 from tpuflow.lowering.weights import WeightImage
 from tpuflow.options import CompileOptions
 from tpuflow.program import DdrTensor, MemoryPlan, Program
@@ -99,37 +100,52 @@ def resident_ports(graph: Graph, group: Group, chip: ChipConfig,
 
 
 def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions) -> ResidencyPlan:
-    """The residency plan; its sliced spans are chosen by the layer-group search on the shared
-    per-instruction cost model (`_members_cost`)."""
+    """The residency plan; its sliced spans are chosen by the layer-group search on estimated
+    times (`_members_cost`), and kept when the whole program is faster with them."""
     if options.layer_group == "off":
         return ResidencyPlan()
-    return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
-                          lambda g: resident_ports(graph, g, chip, options),
-                          lambda plan, members: _members_cost(graph, groups, chip, options, plan, members))
+
+    def plan(span_cost) -> ResidencyPlan:
+        return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
+                              lambda g: resident_ports(graph, g, chip, options), span_cost)
+
+    def cost(residency: ResidencyPlan, members: tuple[int, ...]) -> int:
+        return _members_cost(graph, groups, chip, options, residency, members)
+
+    searched = plan(cost)
+    if not searched.regions:
+        return searched
+    whole = plan(None)          # spans are costed locally: keep them only if the whole program agrees
+    everything = tuple(range(len(groups)))
+    return searched if cost(searched, everything) < cost(whole, everything) else whole
 
 
 def _members_cost(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
                   residency: ResidencyPlan, members: tuple[int, ...]) -> int:
-    """Estimated time (ps) of `members` under `residency`: their instructions emitted alone, with
-    their dependencies, list-scheduled on the scheduler's DAG model (the per-instruction costs of
-    hwmodel.timing.cost; precise-hazard edges)."""
-    from tpuflow.scheduler import schedule_with_report
+    """Estimated time (ps) of the groups `members` (ascending; a sliced region among them whole)
+    under `residency`: their instructions emitted alone, with their dependencies, list-scheduled
+    (scheduler) and run on the timing model (hwmodel.timing: the per-instruction costs of
+    hwmodel.timing.cost, with the memory system)."""
+    from tpuflow.hwmodel.timing import simulate
+    from tpuflow.scheduler import schedule
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
                    in_lmem=set(residency.tensors), rerun=[(r.first, r.last) for r in residency.regions])
     em = Emitter(chip)
     ctx = LowerCtx(graph, chip, options, em, ddr, WeightImage(ddr.weight_base), residency=residency)
-    region = residency.region_at(members[0])
-    if region is not None and region.members == members:
-        _emit_sliced(ctx, groups, region, options)
-    else:
-        for m in members:
+    done: set[int] = set()
+    for m in members:
+        region = residency.region_at(m)
+        if region is not None and set(region.members) <= set(members):
+            _emit_sliced(ctx, groups, region, options)
+            done |= set(region.members)
+        elif m not in done:
             ctx.group_index = m
             _emit_group(ctx, groups[m], options)
     em.tiu(SysTiu(op="end"))
     em.gdma(SysDma(op="chain_end"))
     queues, _, order = assign_dependencies(em.records, chip, options.dep_mode)
     span = Program(chip=chip, tiu=queues[0], gdma=queues[1], tile=queues[2], issue_order=order)
-    return schedule_with_report(span, "list")[1].result_model_ps
+    return simulate(schedule(span, "list")).total_ps
 
 
 def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
@@ -199,15 +215,20 @@ def _emit_preloads(ctx: LowerCtx, groups: list[Group], upto: int, loaded: set[st
 
 
 def _emit_sliced(ctx: LowerCtx, groups: list[Group], region, options: CompileOptions) -> None:
-    """A sliced run of groups: every member once per slice, each on the rows that slice needs."""
+    """A sliced run of groups: every member once per slice, each on the rows that slice needs;
+    the run's instructions then follow its timestep table (lowering.timesteps) where hazards allow."""
     before = {name: info.macs for name, info in ctx.layers.items()}
+    start, slice_of = len(ctx.em.records), []
     for s in range(region.slices):
         ctx.residency.enter_slice(region, s)
         for m in region.members:
             ctx.group_index = m
             ctx.out_rows = region.rows[m][s]
             _emit_group(ctx, groups[m], options)
+        slice_of += [s] * (len(ctx.em.records) - start - len(slice_of))
     ctx.out_rows = None
+    emitted = ctx.em.records[start:]
+    ctx.em.records[start:] = [emitted[i] for i in pipelined_order(emitted, slice_of, ctx.chip)]
     for name, info in ctx.layers.items():           # the model's MACs, not those of every slice
         info.macs = before.get(name, 0) + (info.macs - before.get(name, 0)) // region.slices
 

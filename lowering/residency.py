@@ -61,11 +61,12 @@ class _Inputs:
 SpanCost = Callable[[ResidencyPlan, tuple[int, ...]], int]
 
 MAX_SPAN_CLUSTERS = 4      # search width: a sliced span covers at most this many clusters of held tensors
+CONTEXT = 1                # groups either side of a span costed with it (their loads and stores overlap it)
 SLICE_COUNT_CHOICES = 2    # slice counts tried per span: the fewest that fit, and the next ones
 
 
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
-                   ports: Callable[[Group], tuple[set[str], set[str]]], span_cost: SpanCost) -> ResidencyPlan:
+                   ports: Callable[[Group], tuple[set[str], set[str]]], span_cost: SpanCost | None) -> ResidencyPlan:
     """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
     to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it has
     a resident layout, it is neither a graph input nor output, and it fits the resident share of
@@ -73,7 +74,7 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
     A channel Concat's inputs whose slice starts on lane 0 live inside the Concat's buffer.
     Tensors too large to stay whole are held as row slices where a span of a run of sliceable
     groups around them runs slice by slice (lowering.slicing); the spans and their slice counts
-    are chosen by the layer-group search (lowering.groupsearch) on `span_cost`."""
+    are chosen by the layer-group search (lowering.groupsearch) on `span_cost` (none without one)."""
     top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
     budget = int((top - lo) * RESIDENT_SHARE) // chip.bank_bytes * chip.bank_bytes
     producer, consumers = _producers_and_consumers(graph, groups)
@@ -106,6 +107,8 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
     inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible, layouts, aliases,
                      frozenset(preloads))
     base = _place(inputs, [])
+    if span_cost is None:
+        return base
     rejected = {t for t in producer if eligible(t) and t not in base.tensors and t not in family}
     regions: list[SlicedRegion] = []
     for run in candidate_runs(graph, groups):
@@ -135,8 +138,8 @@ def _search_run(inputs: _Inputs, base: ResidencyPlan, run: tuple[int, ...], reje
                 span_cost: SpanCost) -> list[SlicedRegion]:
     """The sliced spans of one run that the layer-group search picks among every span of up to
     MAX_SPAN_CLUSTERS consecutive clusters of held tensors, at the fewest slice counts that fit:
-    each saves its members' time unsliced minus sliced (the busier engine's summed costs of the
-    span emitted whole, each way)."""
+    each saves the estimated time of the groups it affects (its members, and the groups of
+    tensors it pushes out of LMEM or makes room for) unsliced minus sliced."""
     clusters = list(_slicing_candidates(inputs, run, rejected))
     options: dict[tuple, SpanOption] = {}
     unsliced: dict[tuple[int, ...], int] = {}
@@ -148,11 +151,23 @@ def _search_run(inputs: _Inputs, base: ResidencyPlan, run: tuple[int, ...], reje
                 key = (region.members, region.slices, tuple(sorted(region.buffers)))
                 if key in options:
                     continue
-                if region.members not in unsliced:
-                    unsliced[region.members] = span_cost(base, region.members)
-                saving = unsliced[region.members] - span_cost(plan, region.members)
+                affected = _affected(inputs, base, plan, region)
+                if affected not in unsliced:
+                    unsliced[affected] = span_cost(base, affected)
+                saving = unsliced[affected] - span_cost(plan, affected)
                 options[key] = SpanOption(run.index(region.first), run.index(region.last), saving, region)
     return [o.payload for o in best_selection(len(run), list(options.values()))[1]]
+
+
+def _affected(inputs: _Inputs, base: ResidencyPlan, plan: ResidencyPlan, region: SlicedRegion) -> tuple[int, ...]:
+    """The region's members, every group that makes or reads a tensor kept in LMEM under one plan
+    but not the other (slice buffers can push other tensors out of LMEM, or make room), and
+    CONTEXT groups either side."""
+    changed = set(base.tensors) ^ set(plan.tensors)
+    touched = {g for t in changed for g in (inputs.producer.get(t), *inputs.consumers.get(t, ())) if g is not None}
+    lo, hi = min(touched | set(region.members)), max(touched | set(region.members))
+    context = {i for i in range(lo - CONTEXT, hi + CONTEXT + 1) if 0 <= i < len(inputs.groups)}
+    return tuple(sorted(touched | set(region.members) | context))
 
 
 def _fitting_regions(inputs: _Inputs, run: tuple[int, ...], members: tuple[int, ...], held: set[str]):
