@@ -203,7 +203,8 @@ def _compare_scalar(a, b) -> dict:
 def settled(x, chip: ChipConfig):
     """x itself, or for a FREE-strided LTile that reads exactly the elements of the aligned layout
     (a stride only matters along an axis of size > 1, and the channel stride only when the channels
-    wrap past the last lane) the same tile in the ALIGNED mode, which the short descriptors hold."""
+    wrap past the last lane) the same tile in the ALIGNED mode, which the short descriptors hold. A pure
+    broadcast (every stride 0) stays as written (sCMP / sAR hold it as it is)."""
     if not isinstance(x, LTile) or x.mode != StrideMode.FREE or not any(x.strides):
         return x
     start = (x.addr // chip.lmem_bytes_per_lane) % chip.lanes
