@@ -2,6 +2,7 @@
 program with many small instructions.
 
     python benchmarks/timing_bench.py [--chip sg2260] [--repeat 3] [--models resnet50,bert_layer] [--profile]
+                                      [--before OLD_timing.json]
     (--models resnet50@tile times the TILE-path ResNet-50: 430k instructions, minutes)
 
 Compiled models go through tpuflow.pipeline.compile_model (schedule "program", TIU matmul path,
@@ -11,6 +12,9 @@ lowered into output-channel chunks x row tiles x 32-channel input chunks: conv +
 benchmarks/results/timing.json: wall and CPU seconds (best of the repeats; the machine is shared,
 CPU time is the steadier number), simulated instructions per second, DRAM bursts per second, the
 simulated latency and the program's size, plus the compile time of the compiled models.
+--before names a timing.json this benchmark wrote at an earlier commit (run it there, in the same
+session, so both see the same machine load): each program then also records that run's
+instructions_per_s and cpu_s under "before", and the speedup.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import cProfile
 import json
 import os
 import pstats
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +57,26 @@ def measure(program, repeat: int) -> dict:
     }
 
 
+def add_before(report: dict, before: dict) -> None:
+    """Record an earlier run's speed next to each program it also timed."""
+    report["before_commit"] = before.get("commit", "")
+    for name, now in report["programs"].items():
+        old = before["programs"].get(name)
+        if old and old["instructions"] == now["instructions"]:
+            now["before"] = {"instructions_per_s": old["instructions_per_s"], "cpu_s": old["cpu_s"],
+                             "simulated_latency_us": old["simulated_latency_us"]}
+            now["speedup"] = round(old["cpu_s"] / now["cpu_s"], 2) if now["cpu_s"] else None
+
+
+def commit() -> str:
+    """The git commit of this checkout ('' outside git)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True,
+                              capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
 def compiled(spec: str, chip):
     """A compiled bundled model: 'name' (TIU matmul path) or 'name@tile' (TILE path)."""
     from tpuflow.options import CompileOptions
@@ -69,10 +94,11 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="resnet50,bert_layer",
                     help="compiled models to time, name or name@tile ('' for none)")
     ap.add_argument("--profile", action="store_true", help="print the top functions of one synthetic run")
+    ap.add_argument("--before", type=Path, help="timing.json of an earlier commit to compare with")
     args = ap.parse_args(argv)
     chip = load_chip(args.chip)
     report = {"benchmark": "timing model (hwmodel.timing.simulate)", "chip": chip.name,
-              "chip_fingerprint": chip.fingerprint(), "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+              "chip_fingerprint": chip.fingerprint(), "commit": commit(), "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
               "programs": {}}
     for name in filter(None, args.models.split(",")):
         program, build = compiled(name, chip)
@@ -85,6 +111,8 @@ def main(argv=None) -> int:
         prof = cProfile.Profile()
         prof.runcall(simulate, program)
         pstats.Stats(prof).sort_stats("cumtime").print_stats(25)
+    if args.before:
+        add_before(report, json.loads(args.before.read_text()))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     tmp = RESULTS.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -30,6 +30,13 @@ Modelling choices worth knowing (details in the modules):
   * TIU instructions retire in order; a switch between the cube and the vector pipe waits for the
     previous instruction to end.
   * The TILE engine is its own engine: its CUBE is not shared with the TIU's cube pipe.
+
+How it stays fast (benchmarks/timing_bench.py; none of it changes a timeline): engine identity and
+waits come from the ISA (Engine.code, Instruction.waits()); the IFE check derives every wait at once
+over (chunk, issue position) rows (deps.py); accesses, TIU work and bank bubbles and GDMA bursts are
+computed once per distinct instruction (ignoring its waits); GDMA commands are solved in cache-sized
+chunks; the event loop keeps Python lists and fills the IFE columns after the run. One heap serves
+every engine, so more cores can join it. What is left is the per-burst GDMA/WDC solve.
 """
 
 from __future__ import annotations
