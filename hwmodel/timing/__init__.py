@@ -42,7 +42,7 @@ every engine, so more cores can join it. What is left is the per-burst GDMA/WDC 
 from __future__ import annotations
 
 from tpuflow.hwmodel.timing.cost import instruction_cycles, instruction_latency_cycles
-from tpuflow.hwmodel.timing.deps import DependencyCheckError, resolve_waits
+from tpuflow.hwmodel.timing.deps import DependencyCheckError, resolve_waits, same_instructions
 from tpuflow.hwmodel.timing.result import STAGES, STALLS, DramResult, SimResult
 from tpuflow.program import Program
 
@@ -52,8 +52,9 @@ def simulate(program: Program, *, dep_mode: str | None = None, check: bool = Tru
     from tpuflow.hwmodel.timing.core import Simulator
 
     accesses: list = [[], [], []]
-    waits = resolve_waits(program, dep_mode, check=check, keep=accesses)
-    return Simulator(program, waits, accesses).run()
+    same = same_instructions(program)
+    waits = resolve_waits(program, dep_mode, check=check, keep=accesses, same=same)
+    return Simulator(program, waits, accesses, same).run()
 
 
 __all__ = ["simulate", "SimResult", "DramResult", "STAGES", "STALLS", "DependencyCheckError",

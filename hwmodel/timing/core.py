@@ -6,7 +6,7 @@ import numpy as np
 
 from tpuflow.errors import DeadlockError
 from tpuflow.hwmodel.timing.clocks import Clocks
-from tpuflow.hwmodel.timing.deps import Waits
+from tpuflow.hwmodel.timing.deps import Waits, same_instructions
 from tpuflow.hwmodel.timing.descriptors import descriptor_bits
 from tpuflow.hwmodel.timing.engines import GDMA, TILE, TIU, GdmaEngine, TiuEngine, TileEngine
 from tpuflow.isa import Engine
@@ -25,15 +25,16 @@ class Simulator:
     (Python lists, converted to arrays in the result); the IFE stage times and fifo_full stalls are
     gathered from the IFE's per-position lists after the run."""
 
-    def __init__(self, program: Program, waits: Waits, accesses: list | None = None):
+    def __init__(self, program: Program, waits: Waits, accesses: list | None = None, same: list | None = None):
         self.program, self.waits = program, waits
+        self.same = same or same_instructions(program)     # per engine: first equal instruction
         self.sync = [0, 0, 0]          # completed instructions per engine (tiu / tdma / tile sync ids)
         self.accesses = accesses if accesses and len(accesses[0]) == len(program.tiu) else None
         chip = program.chip
         self.chip = chip
         self.clocks = clocks = Clocks.of(chip)
         self.queue = EventQueue()
-        self.commands = CommandModel(chip, clocks).table(program.gdma)
+        self.commands = CommandModel(chip, clocks).table(program.gdma, self.same[GDMA])
         queues = [program.queue(e) for e in ENGINES]
         self.cols = [{c: [0] * len(q) for c in _ENGINE_COLUMNS} for q in queues]
         self.order = [(e.code, i) for e, i in program.issue_sequence()]

@@ -26,7 +26,7 @@ import numpy as np
 
 from tpuflow.errors import OptionError, TpuflowError
 from tpuflow.isa import Engine
-from tpuflow.isa.base import ENGINES
+from tpuflow.isa.base import ENGINES, same_as_earlier
 from tpuflow.isa.ids import IdFields
 from tpuflow.program import Program
 
@@ -181,14 +181,21 @@ def _running_max_before(value: np.ndarray, offset: np.ndarray, first: np.ndarray
     return before
 
 
-def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Waits, list[str]]:
+def same_instructions(program: Program) -> list[list[int]]:
+    """Per engine, same_as_earlier of its queue (TILE operands are queue-relative: every block is its own)."""
+    return [same_as_earlier(program.tiu), same_as_earlier(program.gdma), list(range(len(program.tile)))]
+
+
+def derive_bitmap_waits(program: Program, keep: list | None = None,
+                        same: list | None = None) -> tuple[Waits, list[str]]:
     """Waits from the chunk bitmaps, and a description of every disagreement with the compiled ones.
-    `keep`, if given (three lists, one per engine), receives every instruction's accesses."""
+    `keep`, if given (three lists, one per engine), receives every instruction's accesses; `same`
+    (same_instructions) lets equal instructions share them."""
     chunk_map = ChunkMap(program.chip)
     order = IssueOrder.of(program)
     reads, writes = [], []
-    queues = [program.queue(e) for e in ENGINES]
-    known: dict = {}          # TIU/GDMA accesses by instruction without waits (programs repeat them)
+    same = same or same_instructions(program)
+    done: list[list] = [[], [], []]     # accesses per engine, queue order
     held, by_id = [], {}      # chunk sets by identity of the range tuples (shared by repeated accesses)
 
     def chunks(ranges) -> np.ndarray:
@@ -198,13 +205,9 @@ def derive_bitmap_waits(program: Program, keep: list | None = None) -> tuple[Wai
         return hit
 
     for code, index in zip(order.code.tolist(), order.index.tolist()):
-        if code == TILE:
-            acc = program.accesses(Engine.TILE, index)
-        else:
-            key = queues[code][index].without_waits()
-            acc = known.get(key)
-            if acc is None:
-                acc = known[key] = program.accesses(ENGINES[code], index)
+        first = same[code][index]
+        acc = done[code][first] if first < index else program.accesses(ENGINES[code], index)
+        done[code].append(acc)
         if keep is not None:
             keep[code].append(acc)
         held.append(acc)
@@ -272,7 +275,8 @@ def auto_waits(program: Program) -> Waits:
     return waits
 
 
-def resolve_waits(program: Program, dep_mode: str | None, check: bool = True, keep: list | None = None) -> Waits:
+def resolve_waits(program: Program, dep_mode: str | None, check: bool = True, keep: list | None = None,
+                  same: list | None = None) -> Waits:
     """Waits the engines honour: compiled (checked against the bitmaps unless check=False) or auto.
     `keep` receives the instructions' accesses when the check computes them (issue order per engine)."""
     if dep_mode == "auto":
@@ -281,7 +285,7 @@ def resolve_waits(program: Program, dep_mode: str | None, check: bool = True, ke
         raise OptionError(f"option --dep-mode: '{dep_mode}' is not one of bitmap, auto")
     if not check:
         return compiled_waits(program)
-    waits, problems = derive_bitmap_waits(program, keep)
+    waits, problems = derive_bitmap_waits(program, keep, same)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise DependencyCheckError(f"IFE check: compiled dependencies disagree with the chunk bitmaps: "

@@ -131,7 +131,7 @@ class TiuEngine(EngineBase):
             "vector": (t.vector_des_delay_cycles * p, (t.vector_gen_delay_cycles + t.vector_issue_delay_cycles) * p,
                        (t.vector_issue_buffer + t.vector_arb_flow_buffer) * p),
         }
-        self.work: dict = {}
+        self.same = sim.same[TIU]
         self.work_of: list = [None] * len(instrs)
         self.col_bank = self.col["bank_conflict"]
         self.des_buffer = t.vector_des_buffer
@@ -146,13 +146,13 @@ class TiuEngine(EngineBase):
         """(pipe, body ps, latency ps, bubble ps) of an instruction, computed once per distinct instruction."""
         w = self.work_of[index]
         if w is None:
-            instr = self.instrs[index]
-            key = instr.without_waits()
-            w = self.work.get(key)
+            first = self.same[index]
+            w = self.work_of[first] if first < index else None
             if w is None:
+                instr = self.instrs[index]
                 acc = self.sim.accesses[TIU][index] if self.sim.accesses else None
                 work, bubbles, p = tiu_work(instr, self.chip), bank_bubbles(instr, self.chip, acc), self.period
-                w = self.work[key] = (work.pipe, (work.startup + work.body + bubbles) * p, work.latency * p, bubbles * p)
+                w = (work.pipe, (work.startup + work.body + bubbles) * p, work.latency * p, bubbles * p)
             self.work_of[index] = w
         return w
 

@@ -150,17 +150,16 @@ class CommandModel:
     # 1.6-1.9x faster than 2M on the synthetic and the TILE-path ResNet-50 programs; same results)
     CHUNK_BURSTS = 1 << 16
 
-    def table(self, instrs: list[Instruction]) -> CommandTable:
+    def table(self, instrs: list[Instruction], same: list[int] | None = None) -> CommandTable:
         """Every command's timeline; chunks of commands carry the DRAM page state from one to the next,
         so chunking changes nothing but the memory used."""
         state = DramState(self.p)
         parts, chunk, bursts = [], [], 0
-        known: dict = {}      # sides by command without waits (programs repeat their commands)
-        for instr in instrs:
-            key = instr.without_waits()
-            sides = known.get(key)
-            if sides is None:
-                sides = known[key] = self._sides(instr)
+        done: list = []       # sides per command; same[i] = the first command equal to i apart from waits
+        for i, instr in enumerate(instrs):
+            first = same[i] if same is not None else i
+            sides = done[first] if first < i else self._sides(instr)
+            done.append(sides)
             chunk.append(sides)
             bursts += sum(len(b) for b in sides[:2] if b is not None)
             if bursts >= self.CHUNK_BURSTS:

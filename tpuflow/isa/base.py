@@ -270,3 +270,10 @@ class Instruction:
         op = getattr(self, "op", None)
         if self.OPS and op not in self.OPS:
             raise ValueError(f"{type(self).__name__}: unknown op {op!r} (known: {', '.join(self.OPS)})")
+
+
+def same_as_earlier(instrs) -> list[int]:
+    """Per instruction, the index of the first one in `instrs` equal to it apart from its waits (its own
+    index if none is): per-instruction work that does not depend on waits is done once per distinct one."""
+    first: dict = {}
+    return [first.setdefault(instr.without_waits(), i) for i, instr in enumerate(instrs)]
