@@ -24,6 +24,7 @@ import numpy as np
 
 from tpuflow.hwmodel.timing.cost import instruction_timing_ps
 from tpuflow.isa import Engine, SysDma, SysTiu
+from tpuflow.isa.base import same_as_earlier
 from tpuflow.program import Program
 from tpuflow.scheduler.hazards import HazardFinder
 
@@ -83,7 +84,8 @@ class _Builder:
     def __init__(self, program: Program):
         self.program, self.chip = program, program.chip
         self.finder = HazardFinder(self.chip.lanes, LMEM_LANE_BLOCK, self.chip.chunk_bytes_per_lane)
-        self.known: dict = {}                 # instruction without waits -> (timing, accesses or None)
+        self.same = [same_as_earlier(program.queue(e)) for e in Engine]
+        self.known: list[dict] = [{}, {}, {}]    # per engine: first equal instruction -> (timing, accesses or None)
         self.columns: list[list] = [[], [], [], [], []]   # engine, queue index, duration, head, tail
         self.preds: list[list[int]] = []
         self.last_node = [-1, -1, -1]
@@ -91,11 +93,11 @@ class _Builder:
 
     def add(self, code: int, index: int, instr) -> None:
         node = len(self.preds)
-        key = instr.without_waits()
-        known = self.known.get(key)
+        first = self.same[code][index]
+        known = self.known[code].get(first)
         if known is None:
             acc = None if code == TILE else instr.accesses(self.chip)
-            known = self.known[key] = (node_timing(instr, self.chip), acc)
+            known = self.known[code][first] = (node_timing(instr, self.chip), acc)
         timing, acc = known
         preds = self.finder.add(node, self.program.accesses(Engine.of_code(code), index) if acc is None else acc)
         pinned = isinstance(instr, (SysTiu, SysDma))
