@@ -12,8 +12,11 @@ model can simulate the vendor's program as it is:
   dataclass's op set become the op of equal cost: saturating add/sub/mul -> add/sub/mul, other
   binary arith -> max, other unary arith -> copy, other pooling -> maxpooling, other compares
   -> sel_gt, other SFU -> taylor, other lane copies -> l_copy.
-* sMM (tpu-mlir's older matmul, L rows opd0_n, K = opd0_w * (opd0_c - 1) + opd1_w, N = res0_c *
-  res0_w, L transposed when opt_left_tran): the MM2 of the same M, K, N.
+* sMM (mm.normal: L rows opd0_n, K = opd0_w * (opd0_c - 1) + opd1_w, N = res0_c * res0_w with the N
+  columns on the lanes, L transposed when opt_left_tran): tpuflow's read-only MmTiu, fields by name.
+  Its precision fields say what the hardware does: every sMM of the corpus is FP32 (opt_opd0_prec =
+  opt_res0_prec = 2), in the F16 programs too, because tpu-mlir casts the FC's 2-byte input and
+  weights to fp32 in LMEM (arith.cast before each mm.normal, dis.mlir) and casts the result back.
 * SYS_TR_ACC (writes immediates into TIU registers, no data): a TIU nop.
 * cmd_id_dep: the low 20 bits, as tpu-mlir's decoder takes them (it sets bit 20 in every non-SYS record).
 * DMA_matrix: the DDR matrix (rows, columns, row stride) is read from the DDR side's fields (src
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 
 from tpuflow.errors import BinaryFormatError
 from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GatherDma, GeneralDma, Instruction, LinTiu,
-                         MatrixDma, Mm2Tiu, PordTiu, Prec, SfuTiu, SysDma, SysTiu, TensorDma)
+                         MatrixDma, Mm2Tiu, MmTiu, PordTiu, Prec, SfuTiu, SysDma, SysTiu, TensorDma)
 
 from tpuflow.codegen.sg2260 import HEAD_BYTES, INTEGER_PRECS, REGISTER_OPS, address_tags, head_table, register_layout
 
@@ -125,11 +128,7 @@ def _arith(v: dict) -> Instruction:
 
 
 def _mm(v: dict) -> Instruction:
-    rows, k, cols = v["opd0_n"], v["opd0_w"] * max(v["opd0_c"] - 1, 0) + v["opd1_w"], v["res0_c"] * v["res0_w"]
-    if v["opt_left_tran"]:
-        rows, k = k, rows
-    return _tiu(Mm2Tiu, v, "nn", res0_c=rows, res0_w=cols, opd0_c=rows, opd0_w=k, opd1_c=k, opd1_w=cols,
-                opt_opd1_prec=_prec(v["opt_opd0_prec"]), opt_opd2_prec=_prec(v["opt_opd0_prec"]))
+    return _tiu(MmTiu, v, _op(MmTiu, v["tsk_eu_typ"], "normal"))
 
 
 def _mm2(v: dict) -> Instruction:

@@ -150,6 +150,9 @@ class TiuConfig:
     compute_latency_cycles: Mapping[str, int] = field(metadata={
         "unit": "cycles", "doc": "compute pipeline latency by 'tsk_typ.eu_typ' ('tsk_typ.*' = any eu_typ)",
         "check": _non_negative, "keys": None})
+    mm_startup_cycles: int = p("cycles", "fixed overhead of mm.normal (MM v1, tpu-mlir's sMM; tpuflow only reads it)",
+                               check=_non_negative, default=19,
+                               source="hardware.md, TPUPerf MM v1: 19 + ceil(N/lanes)*ceil(W/eu)*K*M + 13")
 
     def compute_latency(self, tsk_typ: int, eu_typ: int) -> int:
         table = self.compute_latency_cycles

@@ -8,6 +8,9 @@ chip.compute.cube_ic_per_cycle / cube_ohow_per_cycle of the dtype, `L` = lanes):
   MM2   steps = ceil(M/L) * ceil(N/ohow);            body = steps * (ceil(K/ic)*s + bias + psum)
         s = chip.compute.cube_cycles_per_step of the dtype (1 = nominal peak; BM1684X fp32 runs at 2)
         bias = 1 when the bias row is a tensor (hardware.md's MM2.nn term); nn/nt/tt differ in startup
+  MM (mm.normal, read from tpu-mlir streams only)   steps = M * ceil(res0_c/L) * ceil(res0_w/eu);
+        body = steps * (K + acc + bias), startup tiu.mm_startup_cycles (hardware.md, TPUPerf MM v1);
+        acc / bias = 1 with opt_res_add / a bias tensor (tpu-mlir 1.30.2 compiler_profile: 512 / 520 / 528)
   AR, LIN, CMP, SFU, CW/BC   body = N * ceil(C/L) * ceil(H*W/eu) * passes  (of res0's shape)
         passes: SFU taylor = opd1_n terms, taylor_4x = ceil(opd1_n/4), otherwise 1
   PorD  body = N * ceil(C/L) * ceil(Ho*Wo/eu) * kh*kw
@@ -29,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpuflow.chip import ChipConfig
-from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, CwBcTiu, Instruction, LinTiu, Mm2Tiu, PordTiu, Prec,
-                         SfuTiu, SysTiu, TiuInstruction, TMatmul, TPush)
+from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, CwBcTiu, Instruction, LinTiu, Mm2Tiu, MmTiu, PordTiu,
+                         Prec, SfuTiu, SysTiu, TiuInstruction, TMatmul, TPush)
 from tpuflow.isa.tile import DT_BYTES
 
 CUBE, VECTOR = "cube", "vector"
@@ -89,6 +92,15 @@ def _mm2(instr: Mm2Tiu, chip: ChipConfig) -> tuple[int, int]:
     return cdiv(m, chip.lanes) * cdiv(n, ohow), cdiv(k, ic) * chip.compute.cube_cycles_per_step[dt] + bias + psum
 
 
+def _mm_normal(instr: MmTiu, chip: ChipConfig) -> tuple[int, int]:
+    """mm.normal: each lane's EU takes eu of its res0_w columns per cycle, one k (an L element broadcast
+    to every lane) at a time, for each row of L."""
+    m, _, k = instr.mnk
+    eu = chip.eu_count(vector_dtype(instr))
+    extra = (1 if instr.opt_res_add else 0) + (0 if instr.opt_opd2_const else 1)
+    return m * cdiv(instr.res0_c, chip.lanes) * cdiv(instr.res0_w, eu), k + extra
+
+
 def _passes(instr: TiuInstruction) -> int:
     if isinstance(instr, SfuTiu):
         if instr.op == "taylor":
@@ -117,6 +129,8 @@ def tiu_work(instr: TiuInstruction, chip: ChipConfig) -> TiuWork:
     if isinstance(instr, Mm2Tiu):
         steps, per = _mm2(instr, chip)
         return TiuWork(CUBE, t.startup_cycles[f"mm2_{instr.op}"], steps, per, latency)
+    if isinstance(instr, MmTiu):
+        return TiuWork(CUBE, t.mm_startup_cycles, *_mm_normal(instr, chip), latency)
     startup = t.startup_cycles[_STARTUP_KEY[type(instr)]]
     if isinstance(instr, SysTiu):
         return TiuWork(VECTOR, startup, 0, 1, latency)
@@ -131,7 +145,7 @@ def tiu_macs(instr: Instruction) -> int:
     if isinstance(instr, ConvTiu):
         return (instr.res0_n * instr.res0_c * instr.res0_h * instr.res0_w
                 * instr.opd0_c * instr.opd1_h * instr.opd1_w)
-    if isinstance(instr, Mm2Tiu):
+    if isinstance(instr, (Mm2Tiu, MmTiu)):
         m, n, k = instr.mnk
         return m * n * k
     return 0

@@ -6,7 +6,7 @@ from tpuflow.isa.gdma import (GDMA_KINDS, DmaInstruction, GatherDma, GeneralDma,
                               global_lmem_address, is_lmem, lmem_address)
 from tpuflow.isa.tile import (QUEUES, TILE_KINDS, AccCvt, TileInstruction, TileQueues, TMatmul, TPush,
                               ref_name, resolve_stream, size_bytes, size_code, tile_ref)
-from tpuflow.isa.tiu import (TIU_KINDS, ArTiu, CmpTiu, ConvTiu, CwBcTiu, LinTiu, Mm2Tiu, PordTiu, SfuTiu,
+from tpuflow.isa.tiu import (TIU_KINDS, ArTiu, CmpTiu, ConvTiu, CwBcTiu, LinTiu, Mm2Tiu, MmTiu, PordTiu, SfuTiu,
                              SysTiu, TiuInstruction)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -228,6 +228,72 @@ class Mm2Tiu(TiuInstruction):
 
 
 @dataclass(frozen=True)
+class MmTiu(TiuInstruction):
+    """mm.normal (tpu-mlir's sMM), a read-only form: tpuflow reads it from vendor streams, never emits it
+    (not in TIU_KINDS, no encoding, no functional model). A matrix of block width `w` is the aligned
+    (rows, ceil(cols/w), 1, w) tensor: row r is the N index, column j on channel j // w (its lane),
+    at w offset j % w. opd0 = L as stored, rows opd0_n, columns K' = opd0_w * (opd0_c - 1) + opd1_w
+    (opd1_w is the width of its last block); with opt_left_tran L is its transpose (M = K', K =
+    opd0_n), else M = opd0_n, K = K'. opd1 = R (K x N), res0 (M x N) and the bias row opd2 (1 x N)
+    all have block width res0_w, N = res0_c * res0_w: the N columns sit on the lanes, and each lane
+    reads every L[m, k] (broadcast to all lanes). res0 = L @ R (+ res0 when opt_res_add) (+ opd2
+    unless opt_opd2_const), then relu if opt_relu; L and R in opt_opd0_prec. Facts: tpu-mlir 1.30.2
+    python/debugger/target_1690/opparam.py (sMM operand shapes and layouts) and memmap.py (matrix layout).
+    """
+
+    TSK_TYP: ClassVar[int] = 2
+    PREFIX: ClassVar[str] = "mm"
+    OPS: ClassVar[dict] = {"normal": 1}
+    op: str
+    res0_addr: int
+    res0_c: int
+    res0_w: int
+    opd0_addr: int
+    opd0_n: int
+    opd0_c: int
+    opd0_w: int
+    opd1_addr: int
+    opd1_w: int
+    opd2_addr: int = 0
+    opt_opd0_const: int = 0
+    opt_opd2_const: int = 1
+    opt_left_tran: int = 0
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = FP32
+    opt_opd0_prec: int = FP32
+    opt_res_add: int = 0
+    opt_relu: int = 0
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        stored_cols = self.opd0_w * (self.opd0_c - 1) + self.opd1_w
+        m, k = (stored_cols, self.opd0_n) if self.opt_left_tran else (self.opd0_n, stored_cols)
+        return m, self.res0_c * self.res0_w, k
+
+    @property
+    def opt_opd1_prec(self) -> int:
+        return self.opt_opd0_prec  # R is read in L's precision
+
+    @property
+    def opt_opd2_prec(self) -> int:
+        return self.opt_opd0_prec
+
+    def read_operands(self, chip):
+        m, _, k = self.mnk
+        ops = [("opd1", (k, self.res0_c, 1, self.res0_w))]
+        if not self.opt_opd0_const:
+            ops.insert(0, ("opd0", (self.opd0_n, self.opd0_c, 1, self.opd0_w)))
+        if not self.opt_opd2_const:
+            ops.append(("opd2", (1, self.res0_c, 1, self.res0_w)))
+        if self.opt_res_add:
+            ops.append(("res0", (m, self.res0_c, 1, self.res0_w)))
+        return ops
+
+    def write_operands(self, chip):
+        return [("res0", (self.mnk[0], self.res0_c, 1, self.res0_w))]
+
+
+@dataclass(frozen=True)
 class ArTiu(TiuInstruction):
     """arith.*: res0 = op(opd0, opd1) elementwise over res0's (N, C, H, W); opd0/opd1 share
     res0's shape with their own strides (stride 0 broadcasts within a lane).
