@@ -321,7 +321,8 @@ RENDERED = frozenset(VENDOR["rendered_registers"]["registers"])
 
 
 @pytest.mark.parametrize("model, dtype", [("small_cnn", "fp16"), ("bert_layer", "fp16"), ("mobilenetv2", "fp16"),
-                                          ("gpt_block", "fp16"), ("gpt_block", "bf16"), ("inception_v2", "fp32")])
+                                          ("gpt_block", "fp16"), ("gpt_block", "bf16"), ("inception_v2", "fp32"),
+                                          ("alexnet", "fp16")])
 def test_every_record_uses_a_form_tpu_mlir_renders(model, dtype):
     """Every conv record is the short sCONV (whose alignIC weights we now mean), and every record is in a
     form 1.30.2's debugger renders, except the open gaps listed above."""
