@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="output directory")
 
     p = sub.add_parser("estimate", help="latency, utilisation, stalls, per-layer table (MODEL may also be a "
-                       "`compile` output folder or a folder of raw .BD.0/.GDMA.0 streams, simulated as they are)")
+                       "`compile` output folder, a folder of raw .BD.0/.GDMA.0 streams or a tpu-mlir .bmodel, "
+                       "simulated as they are)")
     _add_model(p, optional=True)
     _add_compile(p)
     _add_outputs(p)
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("disasm", help="human-readable listing of compiled binaries")
     p.add_argument("path", type=Path, help="output directory of `compile`, a folder of raw <name>.BD.0 / "
-                   "<name>.GDMA.0 streams (e.g. tpu-mlir's), or one .BD/.GDMA/.TILE file")
+                   "<name>.GDMA.0 streams (e.g. tpu-mlir's), one .BD/.GDMA/.TILE file, or a tpu-mlir .bmodel")
     p.add_argument("--chip", default=None, help="chip the binaries were compiled for (default: from manifest)")
 
     p = sub.add_parser("chips", help="list the built-in chips, or print one with units")

@@ -27,9 +27,13 @@ def _table(rows: list[tuple], header: tuple) -> str:
 
 def cmd_disasm(path: Path, chip: str | None) -> int:
     """Print one line per instruction of an output directory or of one stream file."""
+    from tpuflow.codegen.bmodel import bmodel_lines, is_bmodel
     from tpuflow.codegen.disasm import path_lines
 
-    lines = list(path_lines(path, chip))  # decode everything before printing anything
+    if is_bmodel(path):  # tpu-mlir's .bmodel: the command buffers of every core
+        lines = list(bmodel_lines(path, load_chip(chip)))
+    else:
+        lines = list(path_lines(path, chip))  # decode everything before printing anything
     sys.stdout.write("".join(line + "\n" for line in lines))
     return 0
 
@@ -207,6 +211,13 @@ def estimate(model=None, chip: ChipConfig | str | None = None, options: CompileO
     from tpuflow.codegen.vendor import is_stream_dir, read_stream_dir
     from tpuflow.estimate import estimate_report
     from tpuflow.hwmodel.timing import simulate
+    from tpuflow.codegen.bmodel import is_bmodel, read_bmodel_program
+    if model is not None and isinstance(model, (str, Path)) and is_bmodel(model):  # tpu-mlir's .bmodel
+        program, _ = read_bmodel_program(model, chip if isinstance(chip, ChipConfig) else load_chip(chip))
+        with step("timing simulation"):
+            sim = simulate(program, check=False)
+        report = estimate_report(program, sim)
+        return (report, program, sim) if with_sim else report
     if model is not None and isinstance(model, (str, Path)) and Path(model).is_dir():
         from tpuflow.codegen import read_program
         if is_stream_dir(model):  # raw streams: their own dependencies, no bitmap check
