@@ -20,7 +20,7 @@ from tpuflow.program import Program
 from tpuflow.scheduler.dag import Dag, build_dag
 from tpuflow.scheduler.listsched import EdgeTable, bottom_levels
 
-ENGINE_NAMES = ("tiu", "gdma", "tile")
+ENGINE_NAMES = tuple(e.value for e in Engine)     # by Engine.code
 
 
 def critical_path_ps(dag: Dag, edges: EdgeTable | None = None) -> int:

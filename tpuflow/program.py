@@ -10,7 +10,7 @@ from typing import Iterator
 from tpuflow.chip import ChipConfig
 from tpuflow.isa import Accesses, Engine, Instruction, resolve_stream
 
-ENGINES = (Engine.TIU, Engine.GDMA, Engine.TILE)
+ENGINES = tuple(Engine)     # in Engine.code order
 LETTER_ENGINE = {e.letter: e for e in ENGINES}
 
 
@@ -76,11 +76,10 @@ class Program:
     issue_order: str = ""
 
     def queue(self, engine: Engine) -> list[Instruction]:
-        return {Engine.TIU: self.tiu, Engine.GDMA: self.gdma, Engine.TILE: self.tile}[Engine(engine)]
+        return (self.tiu, self.gdma, self.tile)[Engine(engine).code]
 
     def layer_names(self, engine: Engine) -> list[str]:
-        return {Engine.TIU: self.tiu_layers, Engine.GDMA: self.gdma_layers,
-                Engine.TILE: self.tile_layers}[Engine(engine)]
+        return (self.tiu_layers, self.gdma_layers, self.tile_layers)[Engine(engine).code]
 
     def layer_of(self, engine: Engine, index: int) -> str:
         """ONNX node (layer) of the instruction at 0-based `index` of `engine`'s queue."""
@@ -113,8 +112,8 @@ class Program:
 
     def issue_sequence(self) -> Iterator[tuple[Engine, int]]:
         """(engine, 0-based index) of every instruction in global issue order."""
-        order = self.issue_order or "B" * len(self.tiu) + "D" * len(self.gdma) + "T" * len(self.tile)
-        next_index = {"B": 0, "D": 0, "T": 0}
+        order = self.issue_order or "".join(e.letter * len(self.queue(e)) for e in ENGINES)
+        next_index = {letter: 0 for letter in LETTER_ENGINE}
         for letter in order:
             yield LETTER_ENGINE[letter], next_index[letter]
             next_index[letter] += 1

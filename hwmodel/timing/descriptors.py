@@ -19,7 +19,7 @@ TILE_WORD_BITS = 32
 
 
 def tile_block_words(instr: Instruction) -> int:
-    waits = 1 if (getattr(instr, "wait_tiu_id", 0) or getattr(instr, "wait_gdma_id", 0)) else 0
+    waits = 1 if any(instr.waits()) else 0
     if isinstance(instr, TMatmul):
         return 1 + 3 + 1 + (1 if instr.bias_src >= 0 else 0) + waits
     if isinstance(instr, AccCvt):

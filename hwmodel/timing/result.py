@@ -7,8 +7,10 @@ from typing import Iterator
 
 import numpy as np
 
-ENGINE_NAMES = ("tiu", "gdma", "tile")
-ENGINE_LETTERS = "BDT"
+from tpuflow.isa import Engine
+
+ENGINE_NAMES = tuple(e.value for e in Engine)     # by Engine.code, as in SimResult.engine
+ENGINE_LETTERS = "".join(e.letter for e in Engine)
 STAGES = ("txi_acq", "pack", "decode", "check", "issue", "transfer", "dispatch", "start", "end")
 STALLS = ("dependency", "bank_conflict", "dma_credit", "fifo_full", "dram")
 
