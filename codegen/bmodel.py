@@ -205,19 +205,14 @@ def decoded_buffers(bmodel: Bmodel) -> list[tuple[CommandBuffers, dict]]:
 
 def read_bmodel_program(path, chip):
     """The Program of a single-core, single-group .bmodel (estimate simulates one command group)."""
-    from tpuflow.codegen.vendor import issue_order
-    from tpuflow.program import Program
+    from tpuflow.codegen.vendor import stream_program
     bmodel = read_bmodel(path)
     groups = decoded_buffers(bmodel)
     if len(groups) != 1:
         raise InputFileError(f"{path}: {len(groups)} command groups ({', '.join(b.label for b, _ in groups)}); "
                              "estimate simulates a bmodel with exactly one (disasm lists them all)")
     buf, streams = groups[0]
-    tiu, gdma = streams[Engine.TIU], streams[Engine.GDMA]
-    program = Program(chip=chip, tiu=list(tiu.instructions), gdma=list(gdma.instructions), model_name=buf.net,
-                      tiu_layers=list(tiu.registers), gdma_layers=list(gdma.registers),
-                      issue_order=issue_order(tiu.instructions, gdma.instructions))
-    return program, streams
+    return stream_program(buf.net, streams, chip), streams
 
 
 def bmodel_lines(path, chip):

@@ -319,7 +319,6 @@ def is_stream_dir(path) -> bool:
 def read_stream_dir(directory, chip) -> tuple["Program", dict[Engine, VendorStream]]:
     """The Program of a folder of raw streams (one `<name>` pair; no graph, no layers)."""
     from tpuflow.errors import InputFileError
-    from tpuflow.program import Program
     found = stream_files(directory)
     if len(found) != 1:
         raise InputFileError(f"{directory}: expected the streams of one program (<name>.BD.0 / <name>.GDMA.0), "
@@ -330,9 +329,13 @@ def read_stream_dir(directory, chip) -> tuple["Program", dict[Engine, VendorStre
         path = files.get(engine)
         data = path.read_bytes() if path is not None else b""
         streams[engine] = decode_vendor_stream(data, engine, str(path))
+    return stream_program(name, streams, chip), streams
+
+
+def stream_program(name: str, streams: dict[Engine, VendorStream], chip) -> "Program":
+    """The Program of one decoded TIU / GDMA stream pair (no graph; each record's layer is its register)."""
+    from tpuflow.program import Program
     tiu, gdma = streams[Engine.TIU].instructions, streams[Engine.GDMA].instructions
-    program = Program(chip=chip, tiu=list(tiu), gdma=list(gdma), model_name=name,
-                      tiu_layers=list(streams[Engine.TIU].registers),
-                      gdma_layers=list(streams[Engine.GDMA].registers),
-                      issue_order=issue_order(tiu, gdma))
-    return program, streams
+    return Program(chip=chip, tiu=list(tiu), gdma=list(gdma), model_name=name,
+                   tiu_layers=list(streams[Engine.TIU].registers), gdma_layers=list(streams[Engine.GDMA].registers),
+                   issue_order=issue_order(tiu, gdma))
