@@ -160,7 +160,7 @@ def bitmap_conflicts(order: IssueOrder, read_sets: list, write_sets: list) -> np
     starts = (np.cumsum(per_pos) - per_pos)[has]
     best = np.empty(total, dtype=kind)
     latest = np.zeros(n, dtype=np.int64)
-    for o in range(3):
+    for o in np.unique(order.code).tolist():     # an engine without instructions conflicts with nothing
         access = np.where(engine == o, position, kind(0))
         last_access = _running_max_before(access, offset, first)
         last_write = _running_max_before(np.where(w, access, kind(0)), offset, first)
