@@ -14,7 +14,7 @@ from tpuflow.hwmodel.timing.deps import (ChunkTables, IssueOrder, bitmap_conflic
                                          derive_bitmap_waits)
 from tpuflow.hwmodel.timing.synthetic import ProgramBuilder, ar, copy_bytes, load, store
 from tpuflow.isa import (TILE_WAIT_TAG, AccCvt, Engine, SysDma, SysTiu, TMatmul, TPush, size_code, tile_ref)
-from tpuflow.isa.base import ENGINES
+from tpuflow.isa.base import ENGINES, same_as_earlier
 from tpuflow.isa.tile import sys_tile_wait
 
 CHIP = load_chip("sg2260")
@@ -149,3 +149,10 @@ def test_an_uncovered_tile_conflict_names_the_instruction(engine):
     bad = dataclasses.replace(program, **{engine.value: kept}, issue_order=order[:position] + order[position + 1:])
     _, problems = derive_bitmap_waits(bad)
     assert any(f"conflicts with T{block} but is not preceded by a SYS wait for T{block}" in p for p in problems)
+
+
+def test_same_as_earlier_ignores_waits_and_nothing_else():
+    add = ar("add", 0x8000, 0, 0x4000, SHAPE)
+    other = ar("add", 0x8000, 0, 0x4040, SHAPE)
+    queue = [add, dataclasses.replace(add, cmd_id_dep=3), other, dataclasses.replace(other, cmd_id_dep=9), add]
+    assert same_as_earlier(queue) == [0, 0, 2, 2, 0]
