@@ -14,12 +14,12 @@ model: the raw bm1690 command streams of ../shared/peers/tpu-mlir/resnet50/bm169
 vendor binaries in the corpus; tpu-mlir compiled them for the BM1684X's sibling with the same lanes,
 LMEM and ISA family, but they are not the exact bmodel that was measured). That separates hardware-model
 accuracy (vendor program vs silicon) from compiler quality (our program vs the vendor's).
-The vendor program is also simulated in the forms tpu-mlir's BM1684X program (the one measured) gives two
-commands, from its own corpus output (`vendor_program_bm1684x_forms_ms`): the FC, which the bm1690 streams
-encode as sMM (`mm.normal`: result columns N = res0_c x res0_w on the lanes, codegen/vendor.py reads it as an
-MM2 with the single row on the lanes), as the product with N on the lanes; and, when the bm1684x final.mlir
-sets `use_3ic_optimize` on the 7x7 stem conv (fp16), that conv with its kernel rows folded into the input
-channels (3 x 7 = 21 channels, kernel 1 x 7), as tpu-mlir's bm1684x profile costs it (21952 cycles).
+The vendor program is also simulated in the forms tpu-mlir's BM1684X program (the one measured) gives its
+commands, from its own corpus output (`vendor_program_bm1684x_forms_ms`): when the bm1684x final.mlir sets
+`use_3ic_optimize` on the 7x7 stem conv (fp16), that conv with its kernel rows folded into the input
+channels (3 x 7 = 21 channels, kernel 1 x 7), as tpu-mlir's bm1684x profile costs it (21952 cycles). The FC
+needs no rewrite since codegen/vendor.py reads the bm1690 sMM as mm.normal with its N columns on the lanes
+(isa.MmTiu); `_fc_on_lanes` only turns an MM2 with a single row, which the vendor programs no longer hold.
 --chip takes a chip file instead of the built-in bm1684x (e.g. to try a constant before changing it);
 its points are still compared with the BM1684X measurements.
 Writes benchmarks/results/fidelity.json (temp file, then rename).
