@@ -15,13 +15,22 @@ from tpuflow.chip import load_chip
 from tpuflow.codegen.sg2260 import register_layout
 from tpuflow.codegen.vendor import decode_vendor_stream
 from tpuflow.hwmodel.timing.compute import tiu_macs, tiu_work
-from tpuflow.isa import ArTiu, Engine, Mm2Tiu, MmTiu, Prec
+from tpuflow.isa import ArTiu, Engine, MmTiu, Prec
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = next((p for p in (REPO.parent / "shared" / "peers" / "tpu-mlir", Path("/work/shared/peers/tpu-mlir"))
                if p.is_dir()), None)
 BM1690 = sorted(CORPUS.glob("*/bm1690_*")) if CORPUS else []
 needs_corpus = pytest.mark.skipif(not BM1690, reason="tpu-mlir peer corpus (../shared/peers/tpu-mlir) not present")
+
+
+def _smm_count(folder: Path) -> int:
+    """sMM records of the folder's TIU stream, as its info.txt records tpu-mlir's own decode ('sMM': N)."""
+    found = re.search(r"'sMM': (\d+)", (folder / "info.txt").read_text(encoding="utf-8"))
+    return int(found.group(1)) if found else 0
+
+
+WITH_SMM = [f for f in BM1690 if _smm_count(f)]
 CHIP = load_chip("sg2260")
 FP32, FP16 = int(Prec.FP32), int(Prec.FP16)
 # the resnet50 bm1690_f16 FC's 2nd sMM record (B101) as tpu-mlir 1.30.2 wrote it: L 1 x 64 (2 blocks of 32),
@@ -88,29 +97,26 @@ def _profile_cycles(folder: Path) -> dict[int, int]:
 
 
 @needs_corpus
-@pytest.mark.parametrize("folder", BM1690, ids=lambda p: f"{p.parts[-2]}/{p.parts[-1]}")
+@pytest.mark.parametrize("folder", WITH_SMM, ids=lambda p: f"{p.parts[-2]}/{p.parts[-1]}")
 def test_every_corpus_smm_costs_what_tpu_mlirs_profile_charges(folder: Path):
     bd = next(folder.glob("*.BD.0"))
     stream = decode_vendor_stream(bd.read_bytes(), Engine.TIU, str(bd))
     profile = _profile_cycles(folder)
     mms = [(i + 1, instr) for i, (instr, reg) in enumerate(zip(stream.instructions, stream.registers)) if reg == "sMM"]
-    assert all(isinstance(instr, MmTiu) for _, instr in mms)
-    assert not any(isinstance(instr, Mm2Tiu) and reg == "sMM" for instr, reg in zip(stream.instructions,
-                                                                                   stream.registers))
+    assert len(mms) == _smm_count(folder) and all(isinstance(instr, MmTiu) for _, instr in mms)
     for cmd_id, instr in mms:
         assert tiu_work(instr, CHIP).body == profile[cmd_id], f"B{cmd_id}"
 
 
 @needs_corpus
-@pytest.mark.parametrize("folder", [f for f in BM1690 if f.name == "bm1690_f16"], ids=lambda p: p.parts[-2])
+@pytest.mark.parametrize("folder", [f for f in WITH_SMM if f.name == "bm1690_f16"], ids=lambda p: p.parts[-2])
 def test_f16_fc_runs_in_fp32_on_operands_cast_from_16_bits(folder: Path):
     """The precision fields say FP32 and mean it: each F16 sMM reads operands that a sAR cast wrote in fp32
     from the 2-byte weights and input, earlier in the same stream."""
     bd = next(folder.glob("*.BD.0"))
     instrs = decode_vendor_stream(bd.read_bytes(), Engine.TIU, str(bd)).instructions
     mms = [i for i, x in enumerate(instrs) if isinstance(x, MmTiu)]
-    if not mms:
-        pytest.skip(f"{folder}: no sMM")
+    assert len(mms) == _smm_count(folder)
     for at in mms:
         mm = instrs[at]
         assert (mm.opt_opd0_prec, mm.opt_res0_prec) == (FP32, FP32)
