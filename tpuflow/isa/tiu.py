@@ -237,9 +237,10 @@ class MmTiu(TiuInstruction):
     opd0_n), else M = opd0_n, K = K'. opd1 = R (K x N), res0 (M x N) and the bias row opd2 (1 x N)
     all have block width res0_w, N = res0_c * res0_w: the N columns sit on the lanes, and each lane
     reads every L[m, k] (broadcast to all lanes). res0 = L @ R (+ res0 when opt_res_add) (+ opd2
-    unless opt_opd2_const), then relu if opt_relu; L and R in opt_opd0_prec. tpu-mlir's decoder knows two forms,
-    fp32 (opd2 an fp32 bias) and, for any other precision, integer (opd2 an int8 shift): no 16-bit float form. Facts: tpu-mlir 1.30.2
-    python/debugger/target_1690/opparam.py (sMM operand shapes, layouts, opd2 dtype) and memmap.py (matrix layout).
+    unless opt_opd2_const), then relu if opt_relu; L and R in opt_opd0_prec. tpu-mlir's decoder knows
+    two forms: fp32 (opd2 an fp32 bias) and, for any other precision, integer (opd2 an int8 shift); no
+    16-bit float form. Facts: tpu-mlir 1.30.2 python/debugger/target_1690/opparam.py (sMM operand
+    shapes, layouts, opd2 dtype) and memmap.py (matrix layout).
     """
 
     TSK_TYP: ClassVar[int] = 2
