@@ -15,8 +15,8 @@ struct indexes. The tables read here, with their field slots:
 
 A subnet's command groups are its core_commands' gdma_tiu_commands (multi-core chips such as
 BM1690) or, when it has none, its own cmd_group (single-core chips such as BM1684X). Only BM1690
-command buffers are decoded (codegen.vendor reads bm1690 records); other chips' containers are
-listed, and reading their commands is a clean error.
+command buffers are decoded (codegen.vendor reads bm1690 records); disasm lists other chips'
+command groups (counts and sizes), and estimating them is a clean error.
 """
 
 from __future__ import annotations
@@ -220,6 +220,11 @@ def bmodel_lines(path, chip):
     from tpuflow.codegen.disasm import instruction_line
     bmodel = read_bmodel(path)
     yield f"# {Path(path).name}: chip {bmodel.chip}, {bmodel.core_num} core(s), {len(bmodel.buffers)} command group(s)"
+    if bmodel.chip.upper() not in DECODED_CHIPS:  # the container only
+        for buf in bmodel.buffers:
+            yield (f"# {buf.label}: {buf.bdc_num} TIU commands ({len(buf.tiu)} bytes), {buf.gdma_num} GDMA commands "
+                   f"({len(buf.gdma)} bytes); {bmodel.chip} records are not decoded")
+        return
     for buf, streams in decoded_buffers(bmodel):
         for engine in (Engine.TIU, Engine.GDMA):
             stream = streams[engine]

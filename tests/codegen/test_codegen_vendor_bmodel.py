@@ -173,6 +173,8 @@ def test_the_real_bm1684x_bmodel_of_the_tpu_mlir_wheel():
     assert buf.tiu == data[header + flat + 3185136:header + flat + 3185136 + 5504] and len(buf.gdma) == 1536
     with pytest.raises(InputFileError, match="only BM1690"):
         read_bmodel_program(WHEEL_BMODEL, load_chip("bm1684x"))
+    listing = _cli("disasm", str(WHEEL_BMODEL))
+    assert listing.returncode == 0 and "85 TIU commands (5504 bytes), 16 GDMA commands (1536 bytes)" in listing.stdout
 
 
 @pytest.mark.skipif(CORPUS is None, reason="tpu-mlir peer corpus (../shared/peers/tpu-mlir) not present")
