@@ -149,7 +149,7 @@ class Emitter:
         for prefix, v in (("opd0", a), ("opd1", b), ("opd2", x)):   # sCMP holds no strides
             keep = prefix == "opd2" and isinstance(y, LTile)              # opd3 follows opd2's strides
             f.update(operand_fields(prefix, v if keep else settled(v, self.chip), dst.prec))
-        f.update(_compare_scalar(a, b))
+        f.update(_compare_scalar(a, b, f))
         if isinstance(y, LTile):
             f.update(opd3_addr=y.addr)
         else:
@@ -187,17 +187,21 @@ def _arith(op: str, dst: LTile, a, b) -> ArTiu:
     return ArTiu(op=op, **f)
 
 
-def _compare_scalar(a, b) -> dict:
-    """A float scalar compared with a 16-bit float tile in the tile's precision when it is exact there
-    (sCMP reads opd1 in opd0's precision, tpu-mlir 1.30.2 opparam.py sCMP_converter); else no change."""
-    if not (isinstance(a, LTile) and a.prec in (Prec.FP16, Prec.BF16) and isinstance(b, float)):
+def _compare_scalar(a, b, fields: dict) -> dict:
+    """opd1 fields of a scalar b compared as a float (fields: the instruction's so far): in a 16-bit
+    float tile a's precision when b is exact there (sCMP reads opd1 in opd0's precision, tpu-mlir
+    1.30.2 opparam.py sCMP_converter; CmpTiu reads an fp16 constant from the low 16 bits), else fp32
+    bits with opt_opd1_prec FP32. A tile or an integer constant b: no change."""
+    if isinstance(b, LTile) or not Prec(fields["opt_opd1_prec"]).is_float:
         return {}
-    bits = narrow_bits(b, a.prec)
-    narrowed = float(np.array([bits], np.uint16).view(np.float16)[0]) if a.prec == Prec.FP16 else \
-        float(np.array([bits], np.uint32).view(np.float32)[0])
-    if narrowed != b:
-        return {}
-    return {"opd1_addr": bits, "opt_opd1_prec": int(a.prec)}
+    b = float(b)
+    if isinstance(a, LTile) and a.prec in (Prec.FP16, Prec.BF16):
+        bits = narrow_bits(b, a.prec)
+        narrowed = float(np.array([bits], np.uint16).view(np.float16)[0]) if a.prec == Prec.FP16 else \
+            float(np.array([bits], np.uint32).view(np.float32)[0])
+        if narrowed == b:
+            return {"opd1_addr": bits, "opt_opd1_prec": int(a.prec)}
+    return {"opd1_addr": f32_bits(b), "opt_opd1_prec": int(Prec.FP32)}
 
 
 def settled(x, chip: ChipConfig):

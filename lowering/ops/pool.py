@@ -128,7 +128,7 @@ class PoolEmitter:
         else:
             out = make_tile(chip, offs[1], (1, c, h, geo.wo), prec)
         if self.in_res is not None:
-            inp = self.in_res.view(chip, n, c0, c, r0, rows, geo.w)   # whole rows: aligned (sPorD), extra columns unread
+            inp = self.in_res.view(chip, n, c0, c, r0, rows, geo.w)   # whole rows (aligned, for sPorD)
         else:
             inp = make_tile(chip, offs[0], (1, c, rows, self.in_w), prec)
         op = "maxpooling" if self.is_max else "avgpooling"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -105,9 +107,28 @@ def test_lin_mac_as_multiply_then_add_computes_what_lin_mac_computes(prec, c, w,
     ulp = {Prec.FP32: 0.0, Prec.FP16: 2.0 ** -10, Prec.BF16: 2.0 ** -7}[prec]
     m = Machine(CHIP, 64)
     m.write_local(LocalTensor(a.addr, a.shape, a.strides, a.prec), rng.standard_normal(a.shape) * 3)
-    product = np.abs(to_f32(m.read_local(LocalTensor(a.addr, a.shape, a.strides, a.prec)), Prec.FP32) * np.float32(scale))
+    stored = m.read_local(LocalTensor(a.addr, a.shape, a.strides, a.prec))
+    product = np.abs(to_f32(stored, Prec.FP32) * np.float32(scale))
     # the product rounded to the result's precision: within an ulp of the product, plus the result's rounding
     assert np.all(np.abs(results[1] - results[0]) <= ulp * (product + np.abs(results[0])))
     em = Emitter(CHIP)
     em.lin("mac", acc, a, float(scale), acc)
     assert [type(r.instr) for r in em.records] == [LinTiu]
+
+
+def test_a_compared_scalar_is_written_as_it_is_read():
+    """Emitter.cmp writes a float scalar opd1 in a 16-bit opd0's precision when it is exact there (the short
+    sCMP then holds it, tpu-mlir reading it in opd0's precision), else as fp32 bits with precision FP32."""
+    from tpuflow.codegen.sg2260 import descriptor_form
+    from tpuflow.lowering.emitter import Emitter
+    from tpuflow.lowering.tensors import make_tile
+    dst = make_tile(CHIP, 0x2000, (1, 8, 1, 16), Prec.FP32)     # sCMP's result is in opd2's precision
+    cases = []
+    for a_prec, value in ((Prec.FP16, 0.5), (Prec.FP16, 0.1), (Prec.FP32, 0.1), (Prec.BF16, 0.5)):
+        em = Emitter(CHIP)
+        em.cmp("sel_gt", dst, make_tile(CHIP, 0x4000, dst.shape, a_prec), value, 1.0, 0.0)
+        ins = em.records[0].instr
+        cases.append((ins.opd1_addr, Prec(ins.opt_opd1_prec), descriptor_form(ins)))
+    f32 = int(np.float32(0.1).view(np.uint32))
+    assert cases == [(0x3800, Prec.FP16, "sCMP"), (f32, Prec.FP32, "CMP"), (f32, Prec.FP32, "sCMP"),
+                     (0x3F000000, Prec.BF16, "sCMP")]
