@@ -12,7 +12,7 @@ from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.groups import Group, form_groups
-from tpuflow.lowering.layergroup import ResidencyPlan
+from tpuflow.lowering.layergroup import RESIDENT_SHARE, RESIDENT_SHARE_FALLBACKS, ResidencyPlan
 from tpuflow.lowering.residency import plan_residency
 from tpuflow.lowering.mathops import CONST_REGION_BYTES, const_region_image
 from tpuflow.lowering.ops.concat_lmem import ConcatLmemEmitter, concat_ports, uses_lmem
@@ -99,15 +99,16 @@ def resident_ports(graph: Graph, group: Group, chip: ChipConfig,
     return ports(graph, group, chip) if ports is not None else ({}, {})
 
 
-def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions) -> ResidencyPlan:
+def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
+                      share: float = RESIDENT_SHARE) -> ResidencyPlan:
     """The residency plan; its sliced spans are chosen by the layer-group search on estimated
     times (`_members_cost`), and kept when the whole program is faster with them."""
-    if options.layer_group == "off":
+    if options.layer_group == "off" or share <= 0:
         return ResidencyPlan()
 
     def plan(span_cost) -> ResidencyPlan:
         return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
-                              lambda g: resident_ports(graph, g, chip, options), span_cost)
+                              lambda g: resident_ports(graph, g, chip, options), span_cost, share)
 
     def cost(residency: ResidencyPlan, members: tuple[int, ...]) -> int:
         return _members_cost(graph, groups, chip, options, residency, members)
@@ -133,14 +134,17 @@ def _members_cost(graph: Graph, groups: list[Group], chip: ChipConfig, options: 
     em = Emitter(chip)
     ctx = LowerCtx(graph, chip, options, em, ddr, WeightImage(ddr.weight_base), residency=residency)
     done: set[int] = set()
-    for m in members:
-        region = residency.region_at(m)
-        if region is not None and set(region.members) <= set(members):
-            _emit_sliced(ctx, groups, region, options)
-            done |= set(region.members)
-        elif m not in done:
-            ctx.group_index = m
-            _emit_group(ctx, groups[m], options)
+    try:
+        for m in members:
+            region = residency.region_at(m)
+            if region is not None and set(region.members) <= set(members):
+                _emit_sliced(ctx, groups, region, options)
+                done |= set(region.members)
+            elif m not in done:
+                ctx.group_index = m
+                _emit_group(ctx, groups[m], options)
+    except LoweringError:
+        return INFEASIBLE_PS
     em.tiu(SysTiu(op="end"))
     em.gdma(SysDma(op="chain_end"))
     queues, _, order = assign_dependencies(em.records, chip, options.dep_mode)
@@ -148,10 +152,26 @@ def _members_cost(graph: Graph, groups: list[Group], chip: ChipConfig, options: 
     return simulate(schedule(span, "list")).total_ps
 
 
+INFEASIBLE_PS = 1 << 62          # the cost of groups that cannot be emitted under a plan
+
+
 def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
+    """The program of `source`: layer groups at the resident share of LMEM, or at the next
+    smaller share when some group does not fit the working area the residents leave it."""
     graph = materialize_broadcasts(fold_matmul_transposes(source))
     groups = form_groups(graph, fuse_pool=options.matmul == "tiu")
-    residency = plan_layer_groups(graph, groups, chip, options)
+    for share in RESIDENT_SHARE_FALLBACKS:
+        residency = plan_layer_groups(graph, groups, chip, options, share)
+        try:
+            return _lower_planned(source, graph, groups, chip, options, residency)
+        except LoweringError:
+            if not residency.tensors:
+                raise
+    raise AssertionError("unreachable: the last share keeps nothing resident")
+
+
+def _lower_planned(source: Graph, graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
+                   residency: ResidencyPlan) -> Program:
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
                    in_lmem=set(residency.tensors), rerun=[(r.first, r.last) for r in residency.regions])
     weights = WeightImage(ddr.weight_base)

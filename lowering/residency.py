@@ -66,25 +66,25 @@ SLICE_COUNT_CHOICES = 2    # slice counts tried per span: the fewest that fit, a
 
 
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
-                   ports: Callable[[Group], tuple[set[str], set[str]]], span_cost: SpanCost | None) -> ResidencyPlan:
+                   ports: Callable[[Group], tuple[set[str], set[str]]], span_cost: SpanCost | None,
+                   share: float = RESIDENT_SHARE) -> ResidencyPlan:
     """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
     to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it has
     a resident layout, it is neither a graph input nor output, and it fits the resident share of
-    LMEM for its whole lifetime (first fit over offsets, as the DDR plan does over addresses).
-    A channel Concat's inputs whose slice starts on lane 0 live inside the Concat's buffer.
+    LMEM (`share` of it) for its whole lifetime (first fit over offsets, as the DDR plan does over
+    addresses).
+    A channel Concat's inputs whose slice starts on lane 0 live inside the Concat's buffer; a
+    row-wise group's output overwrites an input dying there when the two would not fit apart.
     Tensors too large to stay whole are held as row slices where a span of a run of sliceable
     groups around them runs slice by slice (lowering.slicing); the spans and their slice counts
     are chosen by the layer-group search (lowering.groupsearch) on `span_cost` (none without one)."""
     top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
-    budget = int((top - lo) * RESIDENT_SHARE) // chip.bank_bytes * chip.bank_bytes
+    budget = int((top - lo) * share) // chip.bank_bytes * chip.bank_bytes
     producer, consumers = _producers_and_consumers(graph, groups)
     readable, writable = [list(x) for x in zip(*(ports(g) for g in groups))] if groups else ([], [])
     aliases = _view_aliases(graph, groups, readable, writable, producer, consumers)
-    family: dict[str, set[str]] = {}
-    for a, b in aliases:                       # a Reshape input and all its Reshape outputs
-        members = family.setdefault(a, {a}) | {b}
-        for t in members:
-            family[t] = members
+    in_place = _in_place_pairs(graph, groups, readable, writable, producer, consumers, aliases)
+    family = _family_sets(aliases)
 
     def alone_eligible(name: str) -> bool:
         users = consumers.get(name, ())
@@ -107,6 +107,18 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
     inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible, layouts, aliases,
                      frozenset(preloads))
     base = _place(inputs, [])
+    needed = [(u, t) for u, t in in_place if {u, t} - set(base.tensors) and alone_eligible(u) and alone_eligible(t)]
+    if needed:                 # in place only where two buffers do not fit (in place, reads and writes share banks)
+        inputs.aliases = aliases + needed
+        family = _family_sets(inputs.aliases)
+        verdicts.clear()
+        base = _place(inputs, [])
+        kept = [(u, t) for u, t in needed if u in base.tensors]
+        if kept != needed:     # pairs that fit no better together stay apart (and may be sliced)
+            inputs.aliases = aliases + kept
+            family = _family_sets(inputs.aliases)
+            verdicts.clear()
+            base = _place(inputs, [])
     if span_cost is None:
         return base
     rejected = {t for t in producer if eligible(t) and t not in base.tensors and t not in family}
@@ -266,9 +278,8 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
         u.members = [(n, c0, *life(n, f, l)) for n, c0, f, l in u.members]
         u.first, u.last = min(m[2] for m in u.members), max(m[3] for m in u.members)
     claimed = {m[0] for u in units for m in u.members}
-    sources = dict.fromkeys(a for a, _ in inputs.aliases)
-    for a in sources:
-        names = [a] + [b for x, b in inputs.aliases if x == a]
+    for names in _alias_families(inputs.aliases, inputs.producer):
+        a = names[0]
         if any(t in claimed or t in held for t in names) or not inputs.eligible(a):
             continue
         lives = [life(t, inputs.producer[t], max(inputs.consumers[t])) for t in names]
@@ -349,6 +360,55 @@ def _view_aliases(graph: Graph, groups: list[Group], readable: list[dict], writa
         readable[v] = dict(readable[v], **{a: la})
         writable[v] = dict(writable[v], **{b: lb})
         out.append((a, b))
+    return out
+
+
+def _family_sets(aliases: list[tuple[str, str]]) -> dict[str, set[str]]:
+    """tensor -> every tensor sharing its buffer through `aliases` (chains included)."""
+    family: dict[str, set[str]] = {}
+    for a, b in aliases:
+        members = family.get(a, {a}) | family.get(b, {b})
+        for t in members:
+            family[t] = members
+    return family
+
+
+def _alias_families(aliases: list[tuple[str, str]], producer: dict[str, int]) -> list[list[str]]:
+    """Tensors sharing one buffer (a Reshape input and its outputs, an in-place output and the
+    input it overwrites, and chains of those), each family from its first-made member."""
+    family: dict[str, list[str]] = {}
+    for a, b in aliases:
+        joined = family.get(a, [a]) + [t for t in family.get(b, [b]) if t not in family.get(a, [a])]
+        for t in joined:
+            family[t] = joined
+    unique = {id(f): f for f in family.values()}.values()
+    return sorted((sorted(f, key=lambda t: (producer.get(t, -1), t)) for f in unique), key=lambda f: f[0])
+
+
+def _in_place_pairs(graph: Graph, groups: list[Group], readable: list[dict], writable: list[dict],
+                    producer: dict[str, int], consumers: dict[str, tuple[int, ...]],
+                    aliases: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(input, output) of row-wise groups (elementwise and normalize rows: softmax, layer norm)
+    that may write their one output over an input read in place and dying there, of the same
+    resident shape and layout: each output tile is written after the group read its rows, so the
+    two share one LMEM buffer."""
+    from tpuflow.lowering.opspec import spec
+    taken = {t for pair in aliases for t in pair}
+    out = []
+    for p, group in enumerate(groups):
+        if group.kind != "row" or len(writable[p]) != 1 or len(group.stored) != 1 \
+                or any(spec(n.op_type).row_role not in ("elementwise", "normalize") for n in group.nodes):
+            continue
+        (t, layout), = writable[p].items()
+        if t != group.nodes[-1].outputs[0] or t in taken:
+            continue
+        shape = resident_shape(graph.tensor(t).shape, layout)
+        for u in dict.fromkeys(x for n in group.nodes for x in n.inputs if x in producer and x not in group.produced()):
+            if (readable[p].get(u) == layout and max(consumers.get(u, (-1,))) == p and u not in taken
+                    and u not in graph.outputs and resident_shape(graph.tensor(u).shape, layout) == shape):
+                out.append((u, t))
+                taken |= {u, t}
+                break
     return out
 
 

@@ -22,6 +22,7 @@ _DESCRIPTIONS = {
     "bert_layer": "BERT encoder layer: 4-head attention, LayerNorm, erf-GELU FFN 1024; seq 64, hidden 256",
     "gpt_block": "GPT decoder block: causal mask (Where), pre-LayerNorm, tanh-GELU MLP; seq 64, hidden 256",
     "llama_mlp": "LLaMA MLP: RMSNorm from primitives, SwiGLU gate/up/down 256-688-256; seq 64",
+    "bert_base": "BERT-base-sized encoder: 12 layers, 12 heads, hidden 768, FFN 3072, erf-GELU; seq 384",
     "alexnet": "onnx light AlexNet (LRN, Dropout, Gemm), random weights; 1x3x224x224",
     "densenet121": "onnx light DenseNet-121 (BatchNorm, Concat), random weights; 1x3x224x224",
     "inception_v1": "onnx light Inception v1 / GoogLeNet (LRN, Concat), random weights; 1x3x224x224",
@@ -37,7 +38,7 @@ _DESCRIPTIONS = {
 def _builder(name: str) -> Callable[[], onnx.ModelProto]:
     from tpuflow.models import cnn, light, mlp, transformer
     table = {"mlp": mlp.mlp, "small_cnn": cnn.small_cnn, "mobilenetv2": cnn.mobilenetv2,
-             "bert_layer": transformer.bert_layer, "gpt_block": transformer.gpt_block,
+             "bert_layer": transformer.bert_layer, "bert_base": transformer.bert_base, "gpt_block": transformer.gpt_block,
              "llama_mlp": transformer.llama_mlp}
     if name in table:
         return table[name]

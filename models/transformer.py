@@ -1,18 +1,34 @@
-"""Transformer bundled models: bert_layer (encoder), gpt_block (causal decoder), llama_mlp (RMSNorm +
-SwiGLU), written the way torch.onnx exports them (shape chains for reshape targets, a causal mask
-sliced out of a constant buffer), with seeded random weights (std 1/sqrt(fan_in))."""
+"""Transformer bundled models: bert_layer (encoder layer), bert_base (a 12-layer BERT-base-sized
+encoder), gpt_block (causal decoder), llama_mlp (RMSNorm + SwiGLU), written the way torch.onnx
+exports them (shape chains for reshape targets, a causal mask sliced out of a constant buffer), with
+seeded random weights (std 1/sqrt(fan_in))."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
 from tpuflow.models.builder import ModelBuilder
 
-SEQ, HIDDEN, HEADS, FFN = 64, 256, 4, 1024
-HEAD = HIDDEN // HEADS
+@dataclass(frozen=True)
+class Dims:
+    seq: int
+    hidden: int
+    heads: int
+    ffn: int
+
+    @property
+    def head(self) -> int:
+        return self.hidden // self.heads
+
+
+SMALL = Dims(seq=64, hidden=256, heads=4, ffn=1024)          # bert_layer, gpt_block, llama_mlp
+BERT_BASE = Dims(seq=384, hidden=768, heads=12, ffn=3072)     # BERT-base (12 layers) at SQuAD length
+BERT_BASE_LAYERS = 12
+SEQ, HIDDEN = SMALL.seq, SMALL.hidden
 LLAMA_INTERMEDIATE = 688
 MASK_BUFFER = 128            # max positions of the causal-mask buffer (sliced to the sequence length)
 
@@ -28,9 +44,9 @@ def _linear(b: ModelBuilder, x: str, name: str, fan_in: int, fan_out: int, bias:
     return y
 
 
-def _layer_norm(b: ModelBuilder, x: str, name: str, eps: float) -> str:
-    gamma = b.uniform(f"{name}.weight", (HIDDEN,), 0.8, 1.2)
-    beta = b.uniform(f"{name}.bias", (HIDDEN,), -0.05, 0.05)
+def _layer_norm(b: ModelBuilder, x: str, name: str, eps: float, d: Dims = SMALL) -> str:
+    gamma = b.uniform(f"{name}.weight", (d.hidden,), 0.8, 1.2)
+    beta = b.uniform(f"{name}.bias", (d.hidden,), -0.05, 0.05)
     return b.op("LayerNormalization", [x, gamma, beta], name=name, axis=-1, epsilon=eps)
 
 
@@ -41,31 +57,31 @@ def _dim(b: ModelBuilder, x: str, name: str, index: int) -> str:
     return b.op("Unsqueeze", [d, b.const(f"{name}/axes", _i64([0]))], name=f"{name}/unsqueeze")
 
 
-def _split_heads(b: ModelBuilder, x: str, name: str, key: bool = False) -> str:
+def _split_heads(b: ModelBuilder, x: str, name: str, key: bool = False, d: Dims = SMALL) -> str:
     """[1, S, H] -> [1, heads, S, head] (keys: [1, heads, head, S]) with a shape-chain target."""
     parts = [_dim(b, x, f"{name}/batch", 0), _dim(b, x, f"{name}/seq", 1),
-             b.const(f"{name}/heads", _i64([HEADS])), b.const(f"{name}/head", _i64([HEAD]))]
+             b.const(f"{name}/heads", _i64([d.heads])), b.const(f"{name}/head", _i64([d.head]))]
     target = b.op("Concat", parts, name=f"{name}/target", axis=0)
     y = b.op("Reshape", [x, target], name=f"{name}/reshape")
     return b.op("Transpose", [y], name=f"{name}/transpose", perm=[0, 2, 3, 1] if key else [0, 2, 1, 3])
 
 
-def _merge_heads(b: ModelBuilder, x: str, name: str) -> str:
+def _merge_heads(b: ModelBuilder, x: str, name: str, d: Dims = SMALL) -> str:
     y = b.op("Transpose", [x], name=f"{name}/transpose", perm=[0, 2, 1, 3])
-    return b.op("Reshape", [y, b.const(f"{name}/shape", _i64([1, SEQ, HIDDEN]))], name=f"{name}/reshape")
+    return b.op("Reshape", [y, b.const(f"{name}/shape", _i64([1, d.seq, d.hidden]))], name=f"{name}/reshape")
 
 
-def _attention(b: ModelBuilder, q: str, k: str, v: str, name: str, mask: str | None) -> str:
-    scores = b.op("MatMul", [_split_heads(b, q, f"{name}/q"), _split_heads(b, k, f"{name}/k", key=True)],
+def _attention(b: ModelBuilder, q: str, k: str, v: str, name: str, mask: str | None, d: Dims = SMALL) -> str:
+    scores = b.op("MatMul", [_split_heads(b, q, f"{name}/q", d=d), _split_heads(b, k, f"{name}/k", key=True, d=d)],
                   name=f"{name}/scores")
-    scores = b.op("Div", [scores, b.const(f"{name}/sqrt_head", np.asarray(math.sqrt(HEAD), np.float32))],
+    scores = b.op("Div", [scores, b.const(f"{name}/sqrt_head", np.asarray(math.sqrt(d.head), np.float32))],
                   name=f"{name}/scale")
     if mask is not None:
         low = b.const(f"{name}/masked", np.asarray(np.finfo(np.float32).min, np.float32))
         scores = b.op("Where", [mask, scores, low], name=f"{name}/causal")
     probs = b.op("Softmax", [scores], name=f"{name}/softmax", axis=-1)
-    context = b.op("MatMul", [probs, _split_heads(b, v, f"{name}/v")], name=f"{name}/context")
-    return _merge_heads(b, context, f"{name}/merge")
+    context = b.op("MatMul", [probs, _split_heads(b, v, f"{name}/v", d=d)], name=f"{name}/context")
+    return _merge_heads(b, context, f"{name}/merge", d)
 
 
 def _gelu_erf(b: ModelBuilder, x: str, name: str) -> str:
@@ -89,18 +105,36 @@ def _gelu_tanh(b: ModelBuilder, x: str, name: str) -> str:
                 name=f"{name}/out")
 
 
+def _encoder_layer(b: ModelBuilder, x: str, prefix: str, d: Dims) -> str:
+    """Post-LN encoder layer: self-attention + FFN with erf-GELU, LayerNormalization."""
+    q, k, v = (_linear(b, x, f"{prefix}attention/{p}", d.hidden, d.hidden) for p in ("query", "key", "value"))
+    a = _linear(b, _attention(b, q, k, v, f"{prefix}attention", None, d), f"{prefix}attention/output", d.hidden, d.hidden)
+    h = _layer_norm(b, b.op("Add", [a, x], name=f"{prefix}attention/residual"), f"{prefix}attention/layer_norm",
+                    1e-12, d)
+    f = _gelu_erf(b, _linear(b, h, f"{prefix}ffn/intermediate", d.hidden, d.ffn), f"{prefix}ffn/gelu")
+    f = _linear(b, f, f"{prefix}ffn/output", d.ffn, d.hidden)
+    return _layer_norm(b, b.op("Add", [f, h], name=f"{prefix}ffn/residual"), f"{prefix}ffn/layer_norm", 1e-12, d)
+
+
 def bert_layer() -> onnx.ModelProto:
     """Post-LN encoder layer: self-attention (4 heads) + FFN 1024 with erf-GELU, LayerNormalization (opset 17)."""
     b = ModelBuilder("bert_layer", opset=17)
     x = b.input("hidden_states", (1, SEQ, HIDDEN))
-    q, k, v = (_linear(b, x, f"attention/{p}", HIDDEN, HIDDEN) for p in ("query", "key", "value"))
-    a = _linear(b, _attention(b, q, k, v, "attention", None), "attention/output", HIDDEN, HIDDEN)
-    h = _layer_norm(b, b.op("Add", [a, x], name="attention/residual"), "attention/layer_norm", 1e-12)
-    f = _gelu_erf(b, _linear(b, h, "ffn/intermediate", HIDDEN, FFN), "ffn/gelu")
-    f = _linear(b, f, "ffn/output", FFN, HIDDEN)
-    y = _layer_norm(b, b.op("Add", [f, h], name="ffn/residual"), "ffn/layer_norm", 1e-12)
+    y = _encoder_layer(b, x, "", SMALL)
     b.op("Identity", [y], name="output", outputs=["output"])
     b.output("output", (1, SEQ, HIDDEN))
+    return b.build()
+
+
+def bert_base() -> onnx.ModelProto:
+    """BERT-base-sized encoder: 12 post-LN layers, hidden 768, 12 heads, FFN 3072, seq 384 (opset 17)."""
+    d = BERT_BASE
+    b = ModelBuilder("bert_base", opset=17)
+    x = b.input("hidden_states", (1, d.seq, d.hidden))
+    for i in range(BERT_BASE_LAYERS):
+        x = _encoder_layer(b, x, f"layer{i}/", d)
+    b.op("Identity", [x], name="output", outputs=["output"])
+    b.output("output", (1, d.seq, d.hidden))
     return b.build()
 
 
@@ -122,8 +156,8 @@ def gpt_block() -> onnx.ModelProto:
     q, k, v = b.op("Split", [qkv, b.const("attn/split_sizes", _i64([HIDDEN] * 3))], name="attn/split", outputs=3, axis=2)
     a = _linear(b, _attention(b, q, k, v, "attn", mask), "attn/c_proj", HIDDEN, HIDDEN)
     r = b.op("Add", [x, a], name="attn/residual")
-    m = _gelu_tanh(b, _linear(b, _layer_norm(b, r, "ln_2", 1e-5), "mlp/c_fc", HIDDEN, FFN), "mlp/gelu")
-    b.op("Add", [r, _linear(b, m, "mlp/c_proj", FFN, HIDDEN)], name="mlp/residual", outputs=["output"])
+    m = _gelu_tanh(b, _linear(b, _layer_norm(b, r, "ln_2", 1e-5), "mlp/c_fc", HIDDEN, SMALL.ffn), "mlp/gelu")
+    b.op("Add", [r, _linear(b, m, "mlp/c_proj", SMALL.ffn, HIDDEN)], name="mlp/residual", outputs=["output"])
     b.output("output", (1, SEQ, HIDDEN))
     return b.build()
 

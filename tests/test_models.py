@@ -29,7 +29,7 @@ def proto(name: str) -> onnx.ModelProto:
 
 
 def test_names_and_default():
-    assert models.names() == SMALL + sorted(LIGHT_FILES)
+    assert models.names() == SMALL + ["bert_base"] + sorted(LIGHT_FILES)
     assert models.DEFAULT_MODEL == "resnet50"
     assert all(models.describe(n) for n in models.names())
 
@@ -124,3 +124,17 @@ def test_build_script_errors(tmp_path, capsys):
     assert err.count("\n") == 1 and "not a bundled model" in err
     assert not list(tmp_path.iterdir())
     assert build_script.main(["--list"]) == 0 and "llama_mlp" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bert_base_is_a_bert_base_sized_encoder():
+    """12 post-LN layers (two LayerNorms, six MatMuls with 768/3072-wide weights each), seq 384, hidden 768."""
+    m = models.build_model("bert_base")
+    ops = [n.op_type for n in m.graph.node]
+    assert ops.count("LayerNormalization") == 24 and ops.count("Softmax") == 12 and ops.count("MatMul") == 12 * 6
+    dims = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 384, 768]
+    widths = sorted({tuple(i.dims) for i in m.graph.initializer if len(i.dims) == 2})
+    assert widths == [(768, 768), (768, 3072), (3072, 768)]
+    params = sum(int(np.prod(i.dims)) for i in m.graph.initializer if i.data_type == onnx.TensorProto.FLOAT)
+    assert 85_000_000 < params < 85_300_000            # 12 x (4 x 768^2 + 2 x 768 x 3072) weights, biases, norms

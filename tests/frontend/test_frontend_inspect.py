@@ -145,6 +145,6 @@ def test_text_output(capsys):
 def test_models_listing(capsys):
     assert cli.main(["models", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert [m["name"] for m in listed if m["default"]] == ["resnet50"] and len(listed) == 15
+    assert [m["name"] for m in listed if m["default"]] == ["resnet50"] and len(listed) == 16
     assert cli.main(["models"]) == 0
     assert "resnet50 (default)" in capsys.readouterr().out

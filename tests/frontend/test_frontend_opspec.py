@@ -58,7 +58,7 @@ OP_CASES = {
                  dict(mode="linear")),
     "ScatterND": ("ScatterND", {"x": (4, 3), "u": (2, 3)}, {"i": i64(1, 3).reshape(2, 1)}, dict(order=["x", "i", "u"])),
 }
-LARGE = ("alexnet", "vgg19", "zfnet512")      # hundreds of MB of weights, no kind the others lack
+LARGE = ("alexnet", "vgg19", "zfnet512", "bert_base")   # hundreds of MB of weights, no kind the others lack
 SOURCES = [f"model:{n}" for n in models.names() if n not in LARGE] + [f"op:{n}" for n in OP_CASES]
 
 

@@ -74,7 +74,7 @@ def test_the_planner_takes_the_best_spans_it_was_offered_on_a_real_chain(monkeyp
     chip = tmp_path / "small_lmem.toml"
     chip.write_text('base = "sg2260"\n[core]\nlmem_bytes_per_lane = 65536\n')
     b = ModelBuilder(seed=5)
-    x = b.input("x", (1, 64, 256, 32))
+    x = b.input("x", (1, 64, 384, 32))
     for i, (k, s) in enumerate([(1, 1)] * 5):
         x = b.node("Conv", [x, b.weight(f"w{i}", (64, 64, k, k)), b.weight(f"b{i}", (64,))], f"c{i}",
                    kernel_shape=[k, k], strides=[s, s], pads=[k // 2] * 4)

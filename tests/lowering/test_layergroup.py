@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from tpuflow.chip import load_chip
 from tpuflow.isa import Prec
-from tpuflow.lowering.compiler import plan_layer_groups
+from tpuflow.errors import LoweringError
+from tpuflow.lowering.compiler import _lower_planned, plan_layer_groups
 from tpuflow.lowering.groups import form_groups
 from tpuflow.lowering.layergroup import RESIDENT_SHARE
 from tpuflow.lowering.residency import lowest_free_offset
@@ -182,3 +183,49 @@ def test_a_graph_input_read_by_several_groups_is_loaded_into_lmem_once():
     base = program.memory.tensors["hidden_states"].addr
     reads = [i for i in program.gdma if getattr(i, "src_start_addr", None) == base]
     assert len(reads) == 1
+
+
+# ---------------------------------------------------------------- in place and share fallbacks
+
+def _attention_like(seq: int, width: int, cols: int):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=2)
+    x = b.input("x", (1, seq, width))
+    s = b.node("MatMul", [x, b.weight("w1", (width, cols))], "scores")
+    p = b.node("Softmax", [s], "probs", axis=-1)
+    b.output(b.node("MatMul", [p, b.weight("w2", (cols, width))], "ctx"))
+    return b.model()
+
+
+@pytest.mark.parametrize("seq,apart", [(256, True), (1024, False)])
+def test_a_row_group_writes_over_its_input_only_when_the_two_do_not_fit_apart(tmp_path, seq, apart):
+    chip_file = tmp_path / "small_lmem.toml"
+    chip_file.write_text('base = "sg2260"\n[core]\nlmem_bytes_per_lane = 65536\n')
+    model = _attention_like(seq, 64, 512)
+    graph = materialize_broadcasts(fold_matmul_transposes(load_graph(model)))
+    plan = plan_layer_groups(graph, form_groups(graph), load_chip(str(chip_file)), CompileOptions())
+    scores, probs = plan.tensors["scores"], plan.tensors["probs"]
+    if apart:
+        assert probs.inside is None and probs.addr != scores.addr
+    else:                         # softmax rows written over the scores rows they were read from
+        assert probs.inside == "scores" and probs.addr == scores.addr and probs.size == 0
+    assert verify(model, str(chip_file), CompileOptions(), race_check=True)["ok"]
+
+
+def test_a_group_that_does_not_fit_beside_the_residents_gets_a_smaller_share(tmp_path):
+    """fp16 rows of 1024 need more working area than 30% of a 64 KiB lane: planned again at a
+    smaller share, the program compiles and verifies."""
+    chip_file = tmp_path / "small_lmem.toml"
+    chip_file.write_text('base = "sg2260"\n[core]\nlmem_bytes_per_lane = 65536\n')
+    model = _attention_like(1024, 32, 1024)
+    graph = materialize_broadcasts(fold_matmul_transposes(load_graph(model)))
+    chip = load_chip(str(chip_file))
+    groups, fp16 = form_groups(graph, fuse_pool=True), CompileOptions(dtype="fp16")
+    full = plan_layer_groups(graph, groups, chip, fp16)
+    assert full.tensors                          # the first plan keeps them, and cannot be emitted
+    with pytest.raises(LoweringError, match="does not fit LMEM"):
+        _lower_planned(graph, graph, groups, chip, fp16, full)
+    assert verify(model, str(chip_file), CompileOptions(dtype="fp16"), race_check=True)["ok"]

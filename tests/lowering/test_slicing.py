@@ -107,7 +107,7 @@ def test_a_sliced_program_matches_onnxruntime(monkeypatch, tmp_path):
     chip = tmp_path / "small_lmem.toml"
     chip.write_text('base = "sg2260"\n[core]\nlmem_bytes_per_lane = 65536\n')
     b = ModelBuilder(seed=3)
-    x = b.input("x", (1, 16, 96, 64))
+    x = b.input("x", (1, 16, 192, 64))
     for i, (k, s) in enumerate([(3, 1), (3, 1), (3, 2), (1, 1)]):
         x = b.node("Conv", [x, b.weight(f"w{i}", (16, 16, k, k)), b.weight(f"b{i}", (16,))], f"c{i}",
                    kernel_shape=[k, k], strides=[s, s], pads=[k // 2] * 4)
