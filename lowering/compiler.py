@@ -11,6 +11,7 @@ from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Emitter
+from tpuflow.lowering.emitplan import choose_plan, emission_for
 from tpuflow.lowering.groups import Group, form_groups
 from tpuflow.lowering.layergroup import RESIDENT_SHARE, RESIDENT_SHARE_FALLBACKS, ResidencyPlan
 from tpuflow.lowering.residency import plan_residency
@@ -208,20 +209,15 @@ def _lower_planned(source: Graph, graph: Graph, groups: list[Group], chip: ChipC
 
 
 def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions) -> None:
-    """Emit a group in the LMEM ring after the previous group, or in all of the working area
-    when it does not fit there. Each attempt emits into a fresh trial context that is committed
-    only when the group emitted whole."""
-    for region in ("ring", "full"):
-        trial = ctx.trial(region)
-        try:
-            emitter_for(group, options)(trial, group).emit()
-        except LoweringError:
-            if region == "full":
-                raise
-            continue
-        ctx.commit(trial)
-        ctx.advance_ring()
-        return
+    """Emit a group from the plan its emitter makes for the LMEM ring after the previous group,
+    or for all of the working area when it does not fit there (lowering.emitplan): the plan is
+    emitted into a fresh trial context, committed when the group emitted whole."""
+    emission = emission_for(emitter_for(group, options), ctx, group)
+    plan = choose_plan(emission, ctx, group)
+    trial = ctx.trial(plan.region)
+    emission.emit_into(trial, plan)
+    ctx.commit(trial)
+    ctx.advance_ring()
 
 
 def _emit_preloads(ctx: LowerCtx, groups: list[Group], upto: int, loaded: set[str]) -> None:

@@ -57,12 +57,27 @@ class LowerCtx:
     arenas: list[GroupArena] = field(default_factory=list)     # those handed out for the current group
 
     def arena(self) -> GroupArena:
-        lo = CONST_REGION_BYTES
-        top = self.residency.arena_top(self.group_index, self.chip.tile_window_offset)
-        start, end = (lo, top) if self.lmem_region == "full" else self._ring_window(lo, top)
+        """A fresh arena over this context's region, remembered for the ring (emitters not yet
+        planning through lowering.emitplan allocate from it while they emit)."""
+        start, end = self.window(self.lmem_region)
         arena = GroupArena(self.chip, used=start, limit=end)
         self.arenas.append(arena)
         return arena
+
+    def window(self, region: str) -> tuple[int, int]:
+        """The per-lane LMEM window [start, end) of `region` ("ring" or "full") for the current group."""
+        lo = CONST_REGION_BYTES
+        top = self.residency.arena_top(self.group_index, self.chip.tile_window_offset)
+        return (lo, top) if region == "full" else self._ring_window(lo, top)
+
+    def planning_arena(self, region: str) -> GroupArena:
+        """An arena over `region` to plan in: nothing allocated from it is emitted or remembered."""
+        start, end = self.window(region)
+        return GroupArena(self.chip, used=start, limit=end)
+
+    def adopt(self, buffers) -> None:
+        """Record a frozen plan's buffers (name, offset, bytes) as this group's LMEM use (the ring)."""
+        self.arenas.append(GroupArena.holding(self.chip, buffers))
 
     def _ring_window(self, lo: int, top: int) -> tuple[int, int]:
         bank = self.chip.bank_bytes

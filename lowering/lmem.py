@@ -40,18 +40,26 @@ class GroupArena:
             end = align_up(end, align) + s
         return end
 
-    def alloc_many(self, sizes: list[int], label: str) -> list[int]:
-        """Offsets for `sizes` (bytes per lane), bank-aligned if everything then still fits."""
+    @classmethod
+    def holding(cls, chip: ChipConfig, buffers) -> "GroupArena":
+        """An arena whose allocations are `buffers` ((name, offset, bytes) in allocation order)."""
+        names = list(buffers)
+        used = max((off + size for _, off, size in names), default=0)
+        return cls(chip, used=used, limit=used, peak=used, names=names)
+
+    def alloc_many(self, sizes: list[int], label: str, names: list[str] | None = None) -> list[int]:
+        """Offsets for `sizes` (bytes per lane), bank-aligned if everything then still fits;
+        each buffer is recorded under its entry of `names` (else under `label`)."""
         bank = self.chip.bank_bytes
         align = bank if self._packed_end(self.used, sizes, bank) <= self.capacity else self.chip.core.lmem_align_bytes
         if self._packed_end(self.used, sizes, align) > self.capacity:
             need = self._packed_end(self.used, sizes, self.chip.core.lmem_align_bytes)
             raise LoweringError(f"{label}: needs {need} B of LMEM per lane, {self.capacity} B available")
         out = []
-        for s in sizes:
+        for i, s in enumerate(sizes):
             off = align_up(self.used, align)
             out.append(off)
-            self.names.append((label, off, s))
+            self.names.append((names[i] if names else label, off, s))
             self.used = off + s
         self.peak = max(self.peak, self.used)
         return out
@@ -64,12 +72,16 @@ class GroupArena:
         return self.alloc_many([size], label)[0]
 
     def alloc_plan(self, resident: list[int], per_set: list[int], label: str,
-                   max_copies: int = 2) -> tuple[list[int], list[list[int]]]:
+                   max_copies: int = 2, names: tuple[list[str], list[str]] | None = None
+                   ) -> tuple[list[int], list[list[int]]]:
         """One allocation of the group's resident buffers plus `max_copies` (or fewer, if they
-        do not fit) sets of per-tile buffers: (resident offsets, offsets of each set)."""
+        do not fit) sets of per-tile buffers: (resident offsets, offsets of each set). `names`
+        ((resident names), (per-set names)) names the buffers; set k's are suffixed "@k"."""
         for copies in range(max_copies, 0, -1):
             if self.fits(resident + per_set * copies):
-                flat = self.alloc_many(resident + per_set * copies, label)
+                labels = None if names is None else (
+                    list(names[0]) + [f"{n}@{k}" for k in range(copies) for n in names[1]])
+                flat = self.alloc_many(resident + per_set * copies, label, labels)
                 res, rest = flat[:len(resident)], flat[len(resident):]
                 n = len(per_set)
                 return res, [rest[i * n:(i + 1) * n] for i in range(copies)]

@@ -1,0 +1,134 @@
+"""The emitter protocol: a group emitter plans its LMEM use for one region (a frozen plan naming
+every buffer), the compiler chooses among the regions' plans, and the emitter emits the chosen
+plan into a fresh trial context that is committed only when the emission succeeded.
+
+An emitter class following the protocol has
+    plan(region) -> FrozenPlan | None   every choice (tile sizes, copies, what stays resident,
+                                        ...) and every LMEM buffer with its offset, or None when
+                                        the group does not fit `region`; errors that are not
+                                        about space (unsupported shapes) raise LoweringError
+    emit(plan)                          the instructions of a plan; no fitting decisions
+and optionally
+    prefers(plan, other) -> bool        whether `plan` (a later region's) beats `other`
+    wants_wider(plan) -> bool           whether a plan that fits should still be compared with
+                                        the next region's (else the first fitting plan is taken)
+Emitters not converted yet are served by LegacyAdapter, which runs their one-shot emit() in a
+trial per region.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+from tpuflow.errors import LoweringError
+
+REGIONS = ("ring", "full")          # the LMEM regions a group is planned in, in order of preference
+
+
+@dataclass(frozen=True)
+class FrozenPlan:
+    """Where a group emits: its region, that region's per-lane window [start, end), and every
+    LMEM buffer it uses as (name, per-lane offset, bytes per lane) in allocation order.
+    Emitters subclass it with their own frozen choices."""
+
+    region: str
+    window: tuple[int, int]
+    buffers: tuple[tuple[str, int, int], ...]
+    # names of buffers that may overlap others (an emitter documenting a reuse lists them)
+    reused: ClassVar[frozenset[str]] = frozenset()
+
+    @property
+    def peak(self) -> int:
+        """The end of the highest buffer (0 when there is none), the layer's reported LMEM peak."""
+        return max((off + size for _, off, size in self.buffers), default=0)
+
+    def offset(self, name: str) -> int:
+        return next(off for n, off, _ in self.buffers if n == name)
+
+
+def named(names: list[str], offsets: list[int]) -> dict[str, int]:
+    return dict(zip(names, offsets))
+
+
+@dataclass(frozen=True)
+class LegacyPlan(FrozenPlan):
+    """The outcome of a not-yet-converted emitter's emission in a trial: its buffers are what it
+    allocated; `trial` (not part of the plan's value) holds the instructions to commit."""
+
+    trial: object = field(default=None, compare=False, hash=False, repr=False)
+
+
+class LegacyAdapter:
+    """Serves an emitter that still chooses, allocates and emits in one emit() call: planning a
+    region runs that emission in a trial context for the region; a plan is its committed result."""
+
+    def __init__(self, make: Callable, ctx, group):
+        self.make, self.ctx, self.group = make, ctx, group
+
+    def plan(self, region: str) -> LegacyPlan | None:
+        trial = self.ctx.trial(region)
+        try:
+            self.make(trial, self.group).emit()
+        except LoweringError:
+            if region == REGIONS[-1]:
+                raise                       # the legacy emitters do not tell space from other errors
+            return None
+        buffers = tuple(b for a in trial.arenas for b in a.names)
+        return LegacyPlan(trial.lmem_region, self.ctx.window(trial.lmem_region), buffers, trial)
+
+    def prefers(self, plan: FrozenPlan, other: FrozenPlan) -> bool:
+        return False
+
+    def wants_wider(self, plan: FrozenPlan) -> bool:
+        return False
+
+    def emit_into(self, trial, plan: LegacyPlan) -> None:
+        trial.commit(plan.trial)
+
+
+class PlannedEmission:
+    """A protocol emitter's planning instance (over the real context, read only) and how to emit."""
+
+    def __init__(self, make: Callable, planner, group):
+        self.make, self.planner, self.group = make, planner, group
+
+    def plan(self, region: str) -> FrozenPlan | None:
+        return self.planner.plan(region)
+
+    def prefers(self, plan: FrozenPlan, other: FrozenPlan) -> bool:
+        prefers = getattr(self.planner, "prefers", None)
+        return prefers is not None and prefers(plan, other)
+
+    def wants_wider(self, plan: FrozenPlan) -> bool:
+        wants = getattr(self.planner, "wants_wider", None)
+        return wants is not None and wants(plan)
+
+    def emit_into(self, trial, plan: FrozenPlan) -> None:
+        trial.adopt(plan.buffers)
+        self.make(trial, self.group).emit(plan)
+
+
+def emission_for(make: Callable, ctx, group):
+    """The planner of a group: the protocol emitter itself, or the adapter of a legacy one."""
+    emitter = make(ctx, group)
+    if hasattr(emitter, "plan"):
+        return PlannedEmission(make, emitter, group)
+    return LegacyAdapter(make, ctx, group)
+
+
+def choose_plan(emission, ctx, group) -> FrozenPlan:
+    """The first region's plan that fits (a later region's when the emitter prefers it); one
+    error naming the layer when the group fits no region."""
+    chosen = None
+    for region in REGIONS:
+        plan = emission.plan(region)
+        if plan is not None and (chosen is None or emission.prefers(plan, chosen)):
+            chosen = plan
+        if chosen is not None and not emission.wants_wider(chosen):
+            return chosen
+    if chosen is not None:
+        return chosen
+    windows = ", ".join(f"{r} {ctx.window(r)[1] - ctx.window(r)[0]} B" for r in REGIONS)
+    raise LoweringError(f"layer {group.anchor.name} ({group.anchor.op_type}): no tiling fits LMEM "
+                        f"in any region (per lane: {windows})")
