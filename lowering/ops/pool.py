@@ -4,15 +4,18 @@ a per-position reciprocal-count map."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from tpuflow.errors import LoweringError
+from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.isa import Prec, StrideMode
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitter import pool_scale_fields
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import NCHW
-from tpuflow.lowering.ops.conv import ConvGeom, emit_pord
+from tpuflow.lowering.ops.conv import ConvGeom, _pipelined_rows, emit_pord
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps, steps_between
 
@@ -45,6 +48,16 @@ def count_map(geom: ConvGeom, include_pad: bool) -> np.ndarray:
     return np.outer(rows, cols).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class PoolPlan(FrozenPlan):
+    """Channels and output rows per tile; `sets` holds each buffer set's offsets
+    (input, output[, inv_count]) — one set, or two that alternate so loads overlap compute."""
+
+    ct: int
+    ht: int
+    sets: tuple[tuple[int, ...], ...]
+
+
 class PoolEmitter:
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group, self.chip = ctx, group, ctx.chip
@@ -74,36 +87,37 @@ class PoolEmitter:
             s.append(tile_bytes_per_lane(chip, (1, chip.lanes, ht, geo.wo), Prec.FP32))
         return s
 
-    def emit(self) -> None:
+    def _buffer_names(self) -> list[str]:
+        return ["input", "output"] + (["inv_count"] if self.inv_count is not None else [])
+
+    def plan(self, region: str) -> PoolPlan | None:
+        """Channel and row tiles (largest that fit, double-buffered when possible) in `region`."""
         geo, chip, ctx = self.geom, self.chip, self.ctx
-        arena = ctx.arena()
-        lanes = chip.lanes
-        choice = None
+        arena = ctx.planning_arena(region)
         row_lo, row_hi = ctx.rows_to_emit(geo.ho)
         height = row_hi - row_lo
-        for copies in (2, 1):
-            for ct in sorted({min(geo.cin, lanes * k) for k in range(1, -(-geo.cin // lanes) + 1)}, reverse=True):
-                for ht in sorted({min(height, x) for x in (height, 64, 32, 16, 8, 4, 2, 1)}, reverse=True):
-                    if arena.fits(self._sizes(ct, ht) * copies):
-                        choice = (ct, ht, copies)
-                        break
-                if choice:
-                    break
-            if choice:
-                break
+        choice = next(((ct, ht, copies) for copies in (2, 1)
+                       for ct in sorted({min(geo.cin, chip.lanes * k) for k in range(1, -(-geo.cin // chip.lanes) + 1)},
+                                        reverse=True)
+                       for ht in sorted({min(height, x) for x in (height, 64, 32, 16, 8, 4, 2, 1)}, reverse=True)
+                       if arena.fits(self._sizes(ct, ht) * copies)), None)
         if choice is None:
-            raise LoweringError(f"layer {self.node.name}: no tiling of the pool fits LMEM")
-        from tpuflow.lowering.ops.conv import _pipelined_rows
+            return None
         in_lmem = self.in_res is not None and self.out_res is not None and self.inv_count is None
         ct, ht, copies = choice[0], choice[1] if in_lmem else _pipelined_rows(choice[1], height, geo.wo), choice[2]
-        _, sets = arena.alloc_plan([], self._sizes(ct, ht), self.node.name, copies)
-        copies = len(sets)
+        _, sets = arena.alloc_plan([], self._sizes(ct, ht), self.node.name, copies, names=([], self._buffer_names()))
+        return PoolPlan(region, ctx.window(region), tuple(arena.names), ct, ht, tuple(tuple(s) for s in sets))
+
+    def emit(self, plan: PoolPlan) -> None:
+        geo, ctx = self.geom, self.ctx
+        row_lo, row_hi = ctx.rows_to_emit(geo.ho)
         if self.inv_count is not None:
             self.map_addr = ctx.const_addr(f"poolcount:{self.node.name}", self.inv_count, Prec.FP32)
-        tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cin, ct)
-                 for h0, h in steps_between(row_lo, row_hi, ht)]
-        pipelined(tiles, copies, lambda t, s: self._load(t, sets[s]), lambda t, s: self._compute(t, sets[s]))
-        ctx.note_layer(self.node.name, self.node.op_type, lmem_peak=arena.peak, group=self.group.name)
+        tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cin, plan.ct)
+                 for h0, h in steps_between(row_lo, row_hi, plan.ht)]
+        sets = plan.sets
+        pipelined(tiles, len(sets), lambda t, s: self._load(t, sets[s]), lambda t, s: self._compute(t, sets[s]))
+        ctx.note_layer(self.node.name, self.node.op_type, lmem_peak=plan.peak, group=self.group.name)
 
     def _load(self, tile, offs) -> None:
         n, c0, c, h0, h = tile

@@ -1,0 +1,123 @@
+"""The emitter protocol (lowering.emitplan): frozen plans that name their LMEM buffers inside
+their region without overlaps, and one clear error (no retry) when a group fits no region."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import tpuflow.lowering.compiler as compiler
+from tpuflow.errors import LoweringError
+from tpuflow.lowering.emitplan import REGIONS, FrozenPlan, LegacyPlan
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import load_graph
+from tpuflow.chip import load_chip
+
+# (model, dtype, matmul path): together they exercise every converted emitter
+CASES = [("small_cnn", "fp16", "tiu"), ("alexnet", "fp32", "tiu"), ("squeezenet", "fp16", "tiu"),
+         ("mobilenetv2", "fp16", "tiu"), ("bert_layer", "fp16", "tiu"), ("mlp", "fp32", "tile"),
+         ("gpt_block", "fp32", "tile")]
+
+
+def _plans_of(model: str, dtype: str, matmul: str, monkeypatch) -> list[tuple[str, FrozenPlan, dict]]:
+    """Every plan _emit_group chose while lowering `model`: (emitter kind, plan, region windows)."""
+    seen = []
+    choose = compiler.choose_plan
+
+    def recording(emission, ctx, group):
+        plan = choose(emission, ctx, group)
+        seen.append((group.kind, plan, {r: ctx.window(r) for r in REGIONS}))
+        return plan
+
+    monkeypatch.setattr(compiler, "choose_plan", recording)
+    options = CompileOptions(dtype=dtype, matmul=matmul)
+    compiler.lower(load_graph(model), load_chip("sg2260"), options)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def plans():
+    out = []
+    with pytest.MonkeyPatch.context() as mp:
+        for case in CASES:
+            out += [(case,) + p for p in _plans_of(*case, mp)]
+    return out
+
+
+def _overlaps(buffers, reused) -> list[tuple]:
+    spans = sorted((off, off + size, name) for name, off, size in buffers if size > 0)
+    return [(a, b) for a, b in zip(spans, spans[1:]) if b[0] < a[1] and not {a[2], b[2]} & reused]
+
+
+def test_converted_plans_are_frozen_hashable_and_named(plans):
+    converted = [p for _, _, p, _ in plans if not isinstance(p, LegacyPlan)]
+    assert converted, "no converted emitter ran"
+    for plan in converted:
+        assert dataclasses.is_dataclass(plan) and type(plan).__dataclass_params__.frozen
+        hash(plan)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            plan.region = "elsewhere"
+        assert all(isinstance(name, str) and name for name, _, _ in plan.buffers)
+        assert plan.region in REGIONS
+
+
+def test_plan_buffers_lie_in_their_region_without_overlaps(plans):
+    for case, kind, plan, windows in plans:
+        if isinstance(plan, LegacyPlan):
+            continue
+        start, end = windows[plan.region]
+        assert plan.window == (start, end), (case, kind)
+        for name, off, size in plan.buffers:
+            assert start <= off and off + size <= end, (case, kind, name, off, size, plan.window)
+        assert not _overlaps(plan.buffers, type(plan).reused), (case, kind, _overlaps(plan.buffers, type(plan).reused))
+
+
+def test_every_converted_emitter_is_exercised(plans):
+    kinds = {type(p).__name__ for _, _, p, _ in plans}
+    assert {"PoolPlan"} <= kinds, kinds
+
+
+class _NeverFits:
+    """A protocol emitter that fits no region."""
+    calls: list[str] = []
+
+    def __init__(self, ctx, group):
+        pass
+
+    def plan(self, region):
+        _NeverFits.calls.append(region)
+        return None
+
+    def emit(self, plan):
+        raise AssertionError("nothing to emit")
+
+
+class _Unsupported(_NeverFits):
+    def plan(self, region):
+        _NeverFits.calls.append(region)
+        raise LoweringError("node X: an unsupported shape")
+
+
+def _lower_small_cnn_with(emitter, monkeypatch):
+    _NeverFits.calls = []
+    monkeypatch.setattr(compiler, "emitter_for", lambda group, options: emitter)
+    options = CompileOptions(dtype="fp32", layer_group="off")
+    with pytest.raises(LoweringError) as err:
+        compiler.lower(load_graph("small_cnn"), load_chip("sg2260"), options)
+    return str(err.value)
+
+
+def test_a_group_fitting_no_region_gives_one_error_naming_the_layer(monkeypatch):
+    graph = load_graph("small_cnn")
+    message = _lower_small_cnn_with(_NeverFits, monkeypatch)
+    first = compiler.form_groups(compiler.materialize_broadcasts(compiler.fold_matmul_transposes(graph)))[0]
+    assert message.startswith(f"layer {first.anchor.name} ")
+    assert "fits LMEM in any region" in message
+    assert _NeverFits.calls == list(REGIONS)       # each region planned once, nothing emitted
+
+
+def test_an_error_that_is_not_about_space_is_not_retried(monkeypatch):
+    message = _lower_small_cnn_with(_Unsupported, monkeypatch)
+    assert message == "node X: an unsupported shape"
+    assert _NeverFits.calls == [REGIONS[0]]
