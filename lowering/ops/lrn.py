@@ -3,12 +3,14 @@ weight matrix (the cube does the channel reduction), then x * (bias + alpha/size
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from tpuflow.errors import LoweringError
 from tpuflow.isa import ConvTiu, Prec
 from tpuflow.lowering import mathops
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import NCHW
 from tpuflow.lowering.tensors import DRegion, make_tile, tile_bytes_per_lane
@@ -23,6 +25,16 @@ def band_matrix(channels: int, size: int) -> np.ndarray:
     oc = np.arange(channels)[:, None]
     ic = np.arange(channels)[None, :]
     return ((ic >= oc - before) & (ic <= oc + after)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class LrnPlan(FrozenPlan):
+    """Rows per tile, the band matrix's offset, and each buffer set's offsets (input, output,
+    square, sum, scratch...)."""
+
+    ht: int
+    band: int
+    sets: tuple[tuple[int, ...], ...]
 
 
 class LrnEmitter:
@@ -43,25 +55,30 @@ class LrnEmitter:
         return ([0 if self.in_res else io, 0 if self.out_res else io]
                 + [tile_bytes_per_lane(self.chip, shape, Prec.FP32)] * (2 + SCRATCH))
 
-    def emit(self) -> None:
-        ctx, chip = self.ctx, self.chip
-        arena = ctx.arena()
-        w_size = tile_bytes_per_lane(chip, (1, self.c, 1, self.c), Prec.FP32, compact=True)
+    def plan(self, region: str) -> LrnPlan | None:
+        """Rows per tile (largest that fit, double-buffered when possible) beside the band matrix."""
+        arena = self.ctx.planning_arena(region)
+        w_size = tile_bytes_per_lane(self.chip, (1, self.c, 1, self.c), Prec.FP32, compact=True)
         options = sorted({min(self.h, x) for x in (self.h, 32, 16, 8, 4, 2, 1)}, reverse=True)
         choice = next(((ht, k) for k in (2, 1) for ht in options if arena.fits([w_size] + self._sizes(ht) * k)), None)
         if choice is None:
-            raise LoweringError(f"layer {self.node.name}: LRN over {self.c} channels does not fit LMEM")
+            return None
         ht, copies = choice
-        (w_off,), self.sets = arena.alloc_plan([w_size], self._sizes(ht), self.node.name, copies)
-        copies = len(self.sets)
-        self.w_tile = make_tile(chip, w_off, (1, self.c, 1, self.c), Prec.FP32, compact=True)
+        names = (["band"], ["input", "output", "square", "sum"] + [f"scratch{i}" for i in range(SCRATCH)])
+        (w_off,), sets = arena.alloc_plan([w_size], self._sizes(ht), self.node.name, copies, names=names)
+        return LrnPlan(region, self.ctx.window(region), tuple(arena.names), ht, w_off, tuple(tuple(s) for s in sets))
+
+    def emit(self, plan: LrnPlan) -> None:
+        ctx, chip = self.ctx, self.chip
+        self.sets = plan.sets
+        self.w_tile = make_tile(chip, plan.band, (1, self.c, 1, self.c), Prec.FP32, compact=True)
         size = int(self.node.attr("size"))
         addr = ctx.const_addr(f"lrnband:{self.node.name}", band_matrix(self.c, size), Prec.FP32)
         ctx.em.layer = self.node.name
         ctx.em.load(self.w_tile, DRegion(addr, (1, self.c, 1, self.c), (self.c * self.c, self.c, self.c, 1), Prec.FP32))
-        tiles = [(n, h0, h) for n in range(self.n) for h0, h in steps(self.h, ht)]
-        pipelined(tiles, copies, self._load, self._compute)
-        ctx.note_layer(self.node.name, "LRN", macs=self.n * self.c * self.c * self.h * self.w, lmem_peak=arena.peak,
+        tiles = [(n, h0, h) for n in range(self.n) for h0, h in steps(self.h, plan.ht)]
+        pipelined(tiles, len(plan.sets), self._load, self._compute)
+        ctx.note_layer(self.node.name, "LRN", macs=self.n * self.c * self.c * self.h * self.w, lmem_peak=plan.peak,
                        group=self.group.name)
 
     def _region(self, tensor: str, n: int, h0: int, h: int) -> DRegion:
