@@ -78,6 +78,14 @@ class Epilogue:
         scratch = [tile_bytes_per_lane(chip, tile_shape, Prec.FP32)] * self.scratch
         return full + scratch
 
+    def set_names(self) -> list[str]:
+        """Names of the buffers `set_sizes` sizes, in its order."""
+        return [f"epilogue:{op.tensor}" for op in self.full] + [f"epilogue.scratch{i}" for i in range(self.scratch)]
+
+    def resident_names(self) -> list[str]:
+        """Names of the buffers `resident_sizes` sizes, in its order."""
+        return [f"epilogue:{op.tensor}" for op in self.resident]
+
     def resident_sizes(self, row_count: int, col_count: int) -> list[int]:
         chip, prec = self.ctx.chip, self.ctx.prec
         out = []

@@ -4,11 +4,13 @@ with a C<->W transpose. MM2 would keep a single lane busy; this streams the weig
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from tpuflow.errors import LoweringError
 from tpuflow.isa import CwBcTiu, Prec, StrideMode
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.matmul import MatmulGroup, matmul_geometry
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
@@ -20,6 +22,17 @@ def is_gemv(ctx: LowerCtx, group: Group) -> bool:
     geo = matmul_geometry(ctx, node)
     weights = ctx.graph.tensor(node.inputs[1])
     return geo.m == 1 and geo.batch_count == 1 and weights.is_const and not geo.b.transposed and geo.n > 1
+
+
+@dataclass(frozen=True)
+class GemvPlan(FrozenPlan):
+    """Output lanes (nt) and inner elements (kt) per step, the epilogue's resident operand
+    offsets, and each buffer set's offsets (weights, input, products, sums, row, epilogue, stored)."""
+
+    nt: int
+    kt: int
+    residents: tuple[int, ...]
+    sets: tuple[tuple[int, ...], ...]
 
 
 class GemvEmitter(MatmulGroup):
@@ -49,23 +62,31 @@ class GemvEmitter(MatmulGroup):
         outs = [tile_bytes_per_lane(chip, row, Prec.FP32)] + self.epi.set_sizes(row) + [tile_bytes_per_lane(chip, row, prec)]
         return load, work + outs
 
-    def _choose(self) -> tuple[int, int]:
-        geo, lanes, arena = self.geom, self.chip.lanes, self.ctx.arena()
-        res = self.epi.resident_sizes(1, geo.n)
-        for nt in sorted({min(geo.n, lanes * g) for g in (16, 8, 4, 2, 1)}, reverse=True):
-            kt = largest_fitting([min(geo.k, 256 * 2 ** i) for i in range(8)],
-                                 lambda kt: arena.fits(res + sum(self._sizes(nt, kt), []) * 2))
-            if kt:
-                return nt, kt
-        raise LoweringError(f"layer {self.node.name}: no tiling of the matrix-vector product fits LMEM")
+    def _set_names(self) -> list[str]:
+        """Names of the buffers `_sizes` sizes (load + rest), in its order."""
+        return ["weights", "input", "products", "partial", "accumulator", "row"] + self.epi.set_names() + ["stored"]
 
-    def emit(self) -> None:
+    def plan(self, region: str) -> GemvPlan | None:
+        """Output lanes and inner elements per step (largest that fit double-buffered)."""
+        geo, lanes, arena = self.geom, self.chip.lanes, self.ctx.planning_arena(region)
+        res = self.epi.resident_sizes(1, geo.n)
+        choice = next(((nt, kt) for nt in sorted({min(geo.n, lanes * g) for g in (16, 8, 4, 2, 1)}, reverse=True)
+                       for kt in [largest_fitting([min(geo.k, 256 * 2 ** i) for i in range(8)],
+                                                  lambda kt: arena.fits(res + sum(self._sizes(nt, kt), []) * 2))]
+                       if kt), None)
+        if choice is None:
+            return None
+        nt, kt = choice
+        load, rest = self._sizes(nt, kt)
+        res_offs, sets = arena.alloc_plan(res, load + rest, self.node.name,
+                                          names=(self.epi.resident_names(), self._set_names()))
+        return GemvPlan(region, self.ctx.window(region), tuple(arena.names), nt, kt, tuple(res_offs),
+                        tuple(tuple(s) for s in sets))
+
+    def emit(self, plan: GemvPlan) -> None:
         ctx, geo, chip, prec = self.ctx, self.geom, self.chip, self.ctx.prec
         ctx.em.layer = self.node.name
-        nt, kt = self._choose()
-        arena = ctx.arena()
-        load, rest = self._sizes(nt, kt)
-        res_offs, sets = arena.alloc_plan(self.epi.resident_sizes(1, geo.n), load + rest, self.node.name)
+        nt, kt, res_offs, sets = plan.nt, plan.kt, list(plan.residents), plan.sets
         self.epi.load_residents(res_offs, 1, geo.n)
         x_addr = self._input_addr()
         k_steps = steps(geo.k, kt)
@@ -104,9 +125,9 @@ class GemvEmitter(MatmulGroup):
                 self._finish(acc, offs[5:], n0, n)
 
         pipelined(work, len(sets), load_step, compute)
-        ctx.note_layer(self.node.name, "MatMul", macs=geo.k * geo.n, lmem_peak=arena.peak, group=self.group.name)
+        ctx.note_layer(self.node.name, "MatMul", macs=geo.k * geo.n, lmem_peak=plan.peak, group=self.group.name)
         for nd in self.group.epilogue:
-            ctx.note_layer(nd.name, nd.op_type, lmem_peak=arena.peak, group=self.group.name)
+            ctx.note_layer(nd.name, nd.op_type, lmem_peak=plan.peak, group=self.group.name)
 
     def _input_addr(self) -> int:
         info = self.ctx.graph.tensor(self.node.inputs[0])
