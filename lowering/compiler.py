@@ -11,7 +11,7 @@ from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Emitter
-from tpuflow.lowering.emitplan import choose_plan, emission_for
+from tpuflow.lowering.emitplan import NoBuffersPlan, choose_plan, emission_for, no_buffers
 from tpuflow.lowering.groups import Group, form_groups
 from tpuflow.lowering.layergroup import RESIDENT_SHARE, RESIDENT_SHARE_FALLBACKS, ResidencyPlan
 from tpuflow.lowering.residency import plan_residency
@@ -53,7 +53,10 @@ class LmemViewEmitter:
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group = ctx, group
 
-    def emit(self) -> None:
+    def plan(self, region: str) -> NoBuffersPlan:
+        return no_buffers(self.ctx, region)
+
+    def emit(self, plan: NoBuffersPlan) -> None:
         self.ctx.note_layer(self.group.anchor.name, self.group.anchor.op_type, group=self.group.name)
 
 

@@ -47,8 +47,13 @@ class FrozenPlan:
         return next(off for n, off, _ in self.buffers if n == name)
 
 
-def named(names: list[str], offsets: list[int]) -> dict[str, int]:
-    return dict(zip(names, offsets))
+@dataclass(frozen=True)
+class NoBuffersPlan(FrozenPlan):
+    """The plan of a group that uses no LMEM buffer of its own (it fits any region)."""
+
+
+def no_buffers(ctx, region: str) -> NoBuffersPlan:
+    return NoBuffersPlan(region, ctx.window(region), ())
 
 
 @dataclass(frozen=True)
