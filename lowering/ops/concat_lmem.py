@@ -5,6 +5,7 @@ LMEM buffer (GDMA, which can start a slice on any lane), or stored from LMEM int
 from __future__ import annotations
 
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitplan import NoBuffersPlan, no_buffers
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import NCHW, is_lmem_concat
 
@@ -29,7 +30,11 @@ class ConcatLmemEmitter:
         self.name = self.node.outputs[0]
         self.out = ctx.resident(self.name)
 
-    def emit(self) -> None:
+    def plan(self, region: str) -> NoBuffersPlan:
+        """GDMA copies between LMEM and DDR buffers planned elsewhere: no buffer of its own."""
+        return no_buffers(self.ctx, region)
+
+    def emit(self, plan: NoBuffersPlan) -> None:
         ctx = self.ctx
         _, _, h, w = ctx.graph.tensor(self.name).shape
         ctx.em.layer = self.node.name
