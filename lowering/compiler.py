@@ -13,7 +13,7 @@ from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.emitplan import NoBuffersPlan, choose_plan, emission_for, no_buffers
 from tpuflow.lowering.groups import Group, form_groups
-from tpuflow.lowering.layergroup import RESIDENT_SHARE, RESIDENT_SHARE_FALLBACKS, ResidencyPlan
+from tpuflow.lowering.layergroup import RESIDENT_SHARE, RESIDENT_SHARE_FALLBACKS, ResidencyPlan, split_ports
 from tpuflow.lowering.residency import plan_residency
 from tpuflow.lowering.mathops import CONST_REGION_BYTES, const_region_image
 from tpuflow.lowering.ops.concat_lmem import ConcatLmemEmitter, concat_ports, uses_lmem
@@ -48,7 +48,8 @@ tiu_matmul_emitter.resident_ports = _tiu_matmul_ports
 
 
 class LmemViewEmitter:
-    """A Reshape whose input and output are one LMEM buffer (layer groups): nothing to emit."""
+    """A Reshape whose input and output are one LMEM buffer, or a Split its producer wrote in
+    place (layer groups): nothing to emit."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group = ctx, group
@@ -67,13 +68,22 @@ def view_emitter(ctx: LowerCtx, group: Group):
 
 
 def move_emitter(ctx: LowerCtx, group: Group):
-    """Data movement in DDR, or a channel Concat into an LMEM-resident output (layer groups)."""
+    """Data movement in DDR, a channel Concat into an LMEM-resident output, or a column Split
+    whose outputs its producer wrote in place (layer groups: nothing to move)."""
     if group.anchor.op_type == "Concat" and uses_lmem(ctx, group):
         return ConcatLmemEmitter(ctx, group)
+    if group.anchor.op_type == "Split" and group.anchor.inputs[0] in ctx.residency.splits:
+        return LmemViewEmitter(ctx, group)
     return MoveEmitter(ctx, group)
 
 
-move_emitter.resident_ports = concat_ports
+def _move_ports(graph: Graph, group: Group, chip: ChipConfig) -> tuple[dict[str, str], dict[str, str]]:
+    if group.anchor.op_type == "Split":
+        return split_ports(graph, group)
+    return concat_ports(graph, group, chip)
+
+
+move_emitter.resident_ports = _move_ports
 
 
 TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": tiu_matmul_emitter, "pool": PoolEmitter,

@@ -131,6 +131,9 @@ class ResidencyPlan:
     region_top: int = 0               # per-lane offset: resident buffers live below it
     consumers: dict[str, tuple[int, ...]] = field(default_factory=dict)   # tensor -> consuming groups
     regions: list[SlicedRegion] = field(default_factory=list)            # groups run slice by slice
+    # A MatMul result split along its columns: never stored whole, the MatMul writes each column
+    # range straight into the Split output that holds it: tensor -> ((output, first column, columns), ...)
+    splits: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
 
     def preloads_due(self, index: int, graph_inputs) -> list[ResidentTensor]:
         """Graph inputs kept in LMEM whose first reader is at or before group `index`."""
@@ -197,6 +200,23 @@ def resident_shape(shape: tuple[int, ...], layout: str | None = None) -> tuple[i
             rows *= d
         return (1, rows, 1, shape[-1])
     return None
+
+
+def is_column_split(graph: Graph, group: Group) -> bool:
+    """A Split of a matrix along its columns (the last axis) whose every output is used."""
+    node = group.anchor
+    if node.op_type != "Split" or len(group.nodes) != 1:
+        return False
+    shape = graph.tensor(node.inputs[0]).shape
+    return len(shape) >= 2 and node.attr("axis") % len(shape) == len(shape) - 1 and all(node.outputs)
+
+
+def split_ports(graph: Graph, group: Group) -> tuple[dict[str, str], dict[str, str]]:
+    """A column Split reads its input and writes its outputs as matrices in LMEM."""
+    if not is_column_split(graph, group):
+        return {}, {}
+    node = group.anchor
+    return {node.inputs[0]: MATRIX}, dict.fromkeys(node.outputs, MATRIX)
 
 
 def is_lmem_concat(graph: Graph, group: Group) -> bool:

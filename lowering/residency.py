@@ -11,8 +11,8 @@ from tpuflow.chip import ChipConfig
 from tpuflow.frontend.graph import Graph
 from tpuflow.isa import Prec
 from tpuflow.lowering.groups import Group
-from tpuflow.lowering.layergroup import (NCHW, RESIDENT_SHARE, ResidencyPlan, ResidentTensor, is_lmem_concat,
-                                         resident_shape)
+from tpuflow.lowering.layergroup import (MATRIX, NCHW, RESIDENT_SHARE, ResidencyPlan, ResidentTensor, is_column_split,
+                                         is_lmem_concat, resident_shape)
 from tpuflow.lowering.groupsearch import SpanOption, best_selection
 from tpuflow.lowering.lmem import align_up
 from tpuflow.lowering.slicing import SlicedRegion, candidate_runs, slice_region
@@ -52,6 +52,7 @@ class _Inputs:
     layouts: dict[str, str]                   # tensor -> the layout its producer writes
     aliases: list[tuple[str, str]]            # (Reshape input, output) sharing one LMEM buffer
     preloads: frozenset = frozenset()         # graph inputs loaded into LMEM once for several readers
+    splits: dict = field(default_factory=dict)   # MatMul result -> column parts (layergroup.ResidencyPlan.splits)
 
     def shape_of(self, name: str) -> tuple[int, int, int, int]:
         return resident_shape(self.graph.tensor(name).shape, self.layouts.get(name))
@@ -82,6 +83,10 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
     budget = int((top - lo) * share) // chip.bank_bytes * chip.bank_bytes
     producer, consumers = _producers_and_consumers(graph, groups)
     readable, writable = [list(x) for x in zip(*(ports(g) for g in groups))] if groups else ([], [])
+    splits = _column_splits(graph, groups, writable, producer)
+    for g, group in enumerate(groups):         # a Split whose input is not written in parts moves in DDR
+        if is_column_split(graph, group) and group.anchor.inputs[0] not in splits:
+            readable[g], writable[g] = {}, {}
     aliases = _view_aliases(graph, groups, readable, writable, producer, consumers)
     in_place = _in_place_pairs(graph, groups, readable, writable, producer, consumers, aliases)
     family = _family_sets(aliases)
@@ -105,7 +110,7 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
     preloads = _preloads(graph, chip, prec, consumers, readable)
     layouts.update(preloads)
     inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible, layouts, aliases,
-                     frozenset(preloads))
+                     frozenset(preloads), splits)
     base = _place(inputs, [])
     needed = [(u, t) for u, t in in_place if {u, t} - set(base.tensors) and alone_eligible(u) and alone_eligible(t)]
     if needed:                 # in place only where two buffers do not fit (in place, reads and writes share banks)
@@ -264,7 +269,10 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
     graph, chip, prec, top = inputs.graph, inputs.chip, inputs.prec, inputs.top
     held = {t: r for r in regions for t in r.buffers}
 
+    written_by = {part: inputs.producer[t] for t, parts in inputs.splits.items() for part, _, _ in parts}
+
     def life(name: str, first: int, last: int) -> tuple[int, int]:
+        first = min(first, written_by.get(name, first))      # a Split's output is written by its input's producer
         for r in regions:
             touched = inputs.producer.get(name) in r.members or set(inputs.consumers.get(name, ())) & set(r.members)
             if touched:
@@ -287,7 +295,8 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
                            [(t, 0, *lf) for t, lf in zip(names, lives)]))
         claimed |= set(names)
     for name in inputs.producer:
-        if name not in claimed and name not in held and name not in aliased and inputs.eligible(name):
+        if name not in claimed and name not in held and name not in aliased and name not in inputs.splits \
+                and inputs.eligible(name):
             first, last = life(name, inputs.producer[name], max(inputs.consumers[name]))
             units.append(_Unit(inputs.shape_of(name), first, last, [(name, 0, first, last)]))
     for name in sorted(inputs.preloads):
@@ -316,7 +325,51 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
             plan.tensors[name] = ResidentTensor(name, shape, prec, addr, size if name == owner else 0, first, last,
                                                 container, layout=inputs.layouts.get(name, NCHW))
             plan.consumers[name] = inputs.consumers[name]
+    _settle_splits(inputs, plan)
     return plan
+
+
+def _column_splits(graph: Graph, groups: list[Group], writable: list[dict], producer: dict[str, int]) -> dict:
+    """Column Splits of a MatMul result written as a matrix: {result: ((output, column, columns), ...)}."""
+    out = {}
+    for group in groups:
+        if not is_column_split(graph, group):
+            continue
+        source = group.anchor.inputs[0]
+        p = producer.get(source)
+        if p is None or groups[p].kind != "matmul" or writable[p].get(source) != MATRIX:
+            continue
+        parts, col = [], 0
+        for name in group.anchor.outputs:
+            width = graph.tensor(name).shape[-1]
+            parts.append((name, col, width))
+            col += width
+        out[source] = tuple(parts)
+    return out
+
+
+def _settle_splits(inputs: _Inputs, plan: ResidencyPlan) -> None:
+    """A split MatMul result is kept (as a name, with no buffer of its own) when every output it
+    is split into is in LMEM and it is eligible; else none of its outputs stays there."""
+    for source, parts in inputs.splits.items():
+        names = [p for p, _, _ in parts]
+        if inputs.eligible(source) and all(n in plan.tensors for n in names):
+            first, last = inputs.producer[source], max(inputs.consumers[source])
+            addr = min(plan.tensors[n].addr for n in names)
+            plan.tensors[source] = ResidentTensor(source, inputs.shape_of(source), inputs.prec, addr, 0, first, last,
+                                                  layout=MATRIX)
+            plan.consumers[source] = inputs.consumers[source]
+            plan.splits[source] = parts
+            continue
+        dropped = set(names)
+        while True:                # the outputs and whatever lives inside them (Reshape views)
+            more = {t for t, r in plan.tensors.items() if r.inside in dropped} - dropped
+            if not more:
+                break
+            dropped |= more
+        for t in dropped:
+            plan.tensors.pop(t, None)
+            plan.consumers.pop(t, None)
 
 
 def _preloads(graph: Graph, chip: ChipConfig, prec: Prec, consumers, readable: list[dict]) -> dict[str, str]:

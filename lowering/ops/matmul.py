@@ -218,9 +218,13 @@ class MatmulEmitter(MatmulGroup):
         k_opts = sorted({geo.k} | {min(geo.k, lanes * 2 ** i) for i in range(10)}, reverse=True)
         if self.a_res is not None and not self.a_copied:
             k_opts = [geo.k]           # MM2 reads A with its aligned row stride: whole rows only
+        parts = self.ctx.residency.splits.get(self.result)
+        if parts:                      # tiles inside one Split part: B tiles per part, not one whole-N B
+            widest = max(width for _, _, width in parts)
+            n_opts = sorted({min(n, widest) for n in n_opts}, reverse=True)
         for copies in (2, 1):
             for kt in k_opts:
-                for r_res in ((True, False) if kt == geo.k else (False,)):
+                for r_res in ((True, False) if kt == geo.k and not parts else (False,)):
                     for mt in m_opts:
                         for nt in ([geo.n] if r_res else n_opts):
                             res, load, outs = self._sizes(mt, nt, kt, r_res)
@@ -249,7 +253,7 @@ class MatmulEmitter(MatmulGroup):
                 ctx.em.layer = self.node.name
                 self._fetch_b(self.r_tile, b, b_off, 0, geo.k, 0, geo.n)
                 loaded_b = b_off
-            out_tiles = [(m0, m, n0, n) for m0, m in steps(geo.m, self.mt) for n0, n in steps(geo.n, self.nt)]
+            out_tiles = [(m0, m, n0, n) for m0, m in steps(geo.m, self.mt) for n0, n in self._column_tiles()]
             work = [(ti, t, ks) for ti, t in enumerate(out_tiles) for ks in range(len(k_steps))]
             offs = (a_off, b_off, y_off, b, k_steps)
             pipelined(work, len(self.load_sets), lambda w, s: self._load(w, s, offs),
@@ -258,6 +262,24 @@ class MatmulEmitter(MatmulGroup):
         ctx.note_layer(self.node.name, "MatMul", macs=macs, lmem_peak=self.arena.peak, group=self.group.name)
         for n in self.group.epilogue:
             ctx.note_layer(n.name, n.op_type, lmem_peak=self.arena.peak, group=self.group.name)
+
+    def _column_tiles(self) -> list[tuple[int, int]]:
+        """Output column tiles of at most nt columns; inside one part when the result is split
+        in LMEM (layer groups: each part is its own buffer)."""
+        parts = self.ctx.residency.splits.get(self.result)
+        if not parts:
+            return list(steps(self.geom.n, self.nt))
+        return [(c0 + n0, n) for _, c0, width in parts for n0, n in steps(width, self.nt)]
+
+    def _result_view(self, row0: int, m0: int, mt: int, b: int, n0: int, nt: int):
+        """Where the result tile goes in LMEM: the resident result, or the Split output holding
+        its columns."""
+        for name, c0, width in self.ctx.residency.splits.get(self.result, ()):
+            if c0 <= n0 < c0 + width:
+                return self.ctx.resident(name).rows_view(self.chip, row0, mt, n0 - c0, nt)
+        if self.y_res.layout == NCHW:
+            return self.y_res.view(self.chip, 0, m0, mt, b, 1, nt, n0)
+        return self.y_res.rows_view(self.chip, row0, mt, n0, nt)
 
     def _a_region(self, a_off, m0, mt, k0, kt) -> DRegion:
         rs, prec = self.geom.a.row_stride, self.ctx.prec
@@ -332,9 +354,7 @@ class MatmulEmitter(MatmulGroup):
                 value = self.epi.apply(res, out_offs[1:], row0, n0, window)
             em.layer = self.group.nodes[-1].name
             if self.y_res is not None:                # layer groups: the result stays in LMEM
-                dst = (self.y_res.view(chip, 0, m0, mt, b, 1, nt, n0) if self.y_res.layout == NCHW
-                       else self.y_res.rows_view(chip, row0, mt, n0, nt))
-                em.ar("copy", dst, value)
+                em.ar("copy", self._result_view(row0, m0, mt, b, n0, nt), value)
                 return
             if value.prec != prec:
                 stage = make_tile(chip, out_offs[-1], value.shape, prec)

@@ -229,3 +229,17 @@ def test_a_group_that_does_not_fit_beside_the_residents_gets_a_smaller_share(tmp
     with pytest.raises(LoweringError, match="does not fit LMEM"):
         _lower_planned(graph, graph, groups, chip, fp16, full)
     assert verify(model, str(chip_file), CompileOptions(dtype="fp16"), race_check=True)["ok"]
+
+
+def test_a_column_split_of_a_matmul_result_is_written_in_place_by_the_matmul():
+    """GPT's fused QKV projection writes q, k and v straight into their own LMEM buffers; the
+    Split moves nothing, and DDR traffic stays near the compulsory bytes."""
+    chip, graph, groups, plan = _plan("gpt_block", "fp16")
+    (source, parts), = plan.splits.items()
+    assert [w for _, _, w in parts] == [256, 256, 256] and [c for _, c, _ in parts] == [0, 256, 512]
+    assert plan.tensors[source].size == 0 and all(plan.tensors[p].size > 0 for p, _, _ in parts)
+    producer = next(i for i, g in enumerate(groups) if source in g.produced())
+    assert all(plan.tensors[p].first == producer for p, _, _ in parts)   # reserved from the MatMul on
+    _, program = compile_model("gpt_block", "sg2260", CompileOptions(dtype="fp16"))
+    assert "attn/split" not in set(program.gdma_layers) | set(program.tiu_layers)
+    assert program.compulsory_ddr_bytes > 0
