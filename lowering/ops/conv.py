@@ -12,6 +12,7 @@ import numpy as np
 from tpuflow.errors import LoweringError
 from tpuflow.isa import ConvTiu, PordTiu, Prec, StrideMode
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.emitter import pool_scale_fields, settled
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import NCHW
@@ -125,6 +126,25 @@ def emit_pord(em, chip, out: LTile, inp: LTile, per_channel: dict[str, LTile] | 
         em.tiu(PordTiu(**f, **fields))
 
 
+@dataclass(frozen=True)
+class ConvPlan(FrozenPlan):
+    """A conv's tiling: output channels (ct), final output rows (ht) and input channels (ict) per
+    step, whether the weights stay resident, the weight channel block, the resident buffers'
+    offsets (bias, weights when resident, epilogue residents) and each buffer set's offsets (the
+    first `load_count` are the per-step loads: input, streamed weights, raw rows; then the conv
+    result, epilogue operands and scratch, the pooled or stored result)."""
+
+    depthwise: bool
+    ct: int
+    ht: int
+    ict: int
+    w_res: bool
+    ic_block: int
+    residents: tuple[int, ...]
+    sets: tuple[tuple[int, ...], ...]
+    load_count: int
+
+
 class ConvEmitter:
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group, self.chip = ctx, group, ctx.chip
@@ -173,21 +193,38 @@ class ConvEmitter:
         return dict.fromkeys(readable, NCHW), {group.nodes[-1].outputs[0]: NCHW}
 
     # ------------------------------------------------------------ public
-    def emit(self) -> None:
+    def plan(self, region: str) -> ConvPlan | None:
+        """The tiling and buffers of the conv in `region`, or None when no tiling fits there."""
+        arena = self.ctx.planning_arena(region)
+        planned = self._plan_depthwise(arena) if self.depthwise else self._plan_standard(arena)
+        if planned is None:
+            return None
+        return ConvPlan(region, self.ctx.window(region), tuple(arena.names), **planned)
+
+    def wants_wider(self, plan: ConvPlan) -> bool:
+        """A plan that streams its weights although one output-channel tile holds them all is
+        compared with the next (larger) region's: resident weights matter more than the ring."""
+        cout_g = self.geom.cout // self.geom.groups
+        return plan.region != "full" and not plan.depthwise and not plan.w_res and plan.ct == cout_g
+
+    def prefers(self, plan: ConvPlan, other: ConvPlan) -> bool:
+        return plan.w_res and not other.w_res
+
+    def emit(self, plan: ConvPlan) -> None:
         geo = self.geom
-        self.arena = self.ctx.arena()
         self.ctx.em.layer = self.node.name
+        self.ic_block = plan.ic_block
         if self.depthwise:
-            self._emit_depthwise()
+            self._emit_depthwise(plan)
         else:
             cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
-            self._prepare_standard(cin_g, cout_g)
+            self._prepare_standard(plan, cin_g, cout_g)
             for gi in range(geo.groups):
                 self._emit_standard(gi * cin_g, gi * cout_g, cin_g, cout_g)
         macs = geo.n * geo.cout * geo.ho * geo.wo * (geo.cin // geo.groups) * geo.kh * geo.kw
-        self.ctx.note_layer(self.node.name, "Conv", macs=macs, lmem_peak=self.arena.peak, group=self.group.name)
+        self.ctx.note_layer(self.node.name, "Conv", macs=macs, lmem_peak=plan.peak, group=self.group.name)
         for n in self.group.nodes[1:]:
-            self.ctx.note_layer(n.name, n.op_type, lmem_peak=self.arena.peak, group=self.group.name)
+            self.ctx.note_layer(n.name, n.op_type, lmem_peak=plan.peak, group=self.group.name)
 
     # ------------------------------------------------------------ sizing
     def _out_prec(self, ic_split: bool) -> Prec:
@@ -210,15 +247,16 @@ class ConvEmitter:
         """Conv output rows a tile of `final_rows` output rows needs (pool halo when pooled)."""
         return min(self.geom.ho, self.pgeom.halo_rows(final_rows)) if self.pool is not None else final_rows
 
-    def _set_sizes(self, ct: int, ht: int, ict: int, cin_g: int, w_resident: bool) -> tuple[list[int], list[int]]:
+    def _set_sizes(self, ct: int, ht: int, ict: int, cin_g: int, w_resident: bool,
+                   ic_block: int | None = None) -> tuple[list[int], list[int]]:
         """(per-step load buffers, per-output-tile buffers) in bytes per lane; `ht` counts final
-        output rows (pool rows when a pool is fused)."""
+        output rows (pool rows when a pool is fused); weights in `ic_block`-channel blocks."""
         geo, chip, prec = self.geom, self.chip, self.ctx.prec
         split = ict < cin_g
         conv_rows = self._conv_rows(ht)
         load = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ict, geo.halo_rows(conv_rows), geo.w), prec)]
         if not w_resident:
-            load.append(tile_bytes_per_lane(chip, (1, ct, 1, self._weight_elems(ict)), prec, compact=True))
+            load.append(tile_bytes_per_lane(chip, (1, ct, 1, self._weight_elems(ict, ic_block)), prec, compact=True))
         if self.unfolded is not None:        # the raw input rows the folded rows are copied from
             raw = self.unfolded
             load.append(tile_bytes_per_lane(chip, (1, raw.cin, raw.halo_rows(conv_rows), raw.w), prec))
@@ -230,6 +268,16 @@ class ConvEmitter:
             outs.append(tile_bytes_per_lane(chip, (1, ct, ht, self.pgeom.wo), prec) if final is None else final)
         elif self._stage(split):
             outs.append(tile_bytes_per_lane(chip, out_shape, prec) if final is None else final)
+        return load, outs
+
+    def _set_names(self, w_resident: bool, split: bool) -> tuple[list[str], list[str]]:
+        """Names of the buffers `_set_sizes` sizes, in its order."""
+        load = ["input"] + ([] if w_resident else ["weights"]) + (["raw_input"] if self.unfolded is not None else [])
+        outs = ["conv_out"] + self.epi.set_names()
+        if self.pool is not None:
+            outs.append("pooled")
+        elif self._stage(split):
+            outs.append("stored")
         return load, outs
 
     def _row_range(self) -> tuple[int, int]:
@@ -251,18 +299,20 @@ class ConvEmitter:
             out.append((r0, rows, (q0, qt, up, dn)))
         return out
 
-    def _resident_sizes(self, cin_g: int, cout_g: int, w_resident: bool) -> list[int]:
+    def _resident_sizes(self, cin_g: int, cout_g: int, w_resident: bool, ic_block: int | None = None) -> list[int]:
         geo, chip = self.geom, self.chip
         out = [tile_bytes_per_lane(chip, (1, geo.cout, 1, 1), Prec.FP32, compact=True)]
         if w_resident:
-            out.append(tile_bytes_per_lane(chip, (1, cout_g, 1, self._weight_elems(cin_g)), self.ctx.prec, compact=True))
+            out.append(tile_bytes_per_lane(chip, (1, cout_g, 1, self._weight_elems(cin_g, ic_block)), self.ctx.prec,
+                                           compact=True))
         return out + self.epi.resident_sizes(geo.cout, geo.wo)
 
-    def _fits(self, ct, ht, ict, cin_g, cout_g, w_resident, copies=2) -> bool:
+    def _fits(self, arena, ct, ht, ict, cin_g, cout_g, w_resident, copies=2) -> bool:
         load, outs = self._set_sizes(ct, ht, ict, cin_g, w_resident)
-        return self.arena.fits(self._resident_sizes(cin_g, cout_g, w_resident) + (load + outs) * copies)
+        return arena.fits(self._resident_sizes(cin_g, cout_g, w_resident) + (load + outs) * copies)
 
-    def _choose(self, cin_g: int, cout_g: int):
+    def _choose(self, arena, cin_g: int, cout_g: int):
+        """(ct, ht, ict, weights resident) of the first fitting tiling, or None."""
         geo, lanes = self.geom, self.chip.lanes
         c_opts = sorted({min(cout_g, lanes * k) for k in range(1, -(-cout_g // lanes) + 1)}, reverse=True)
         final = self._final_rows()
@@ -274,14 +324,14 @@ class ConvEmitter:
                     best = None
                     for ct in c_opts:
                         for ht in h_opts:
-                            if self._fits(ct, ht, ict, cin_g, cout_g, w_res, copies):
+                            if self._fits(arena, ct, ht, ict, cin_g, cout_g, w_res, copies):
                                 score = ct * ht
                                 if best is None or score > best[0]:
                                     best = (score, ct, ht)
                                 break
                     if best:
                         return self._pipelined(best[1], best[2], final, cout_g, w_res) + (ict, w_res)
-        raise LoweringError(f"layer {self.node.name}: no tiling of conv {geo} fits LMEM")
+        return None
 
     def _pipelined(self, ct: int, ht: int, final: int, cout_g: int, w_res: bool) -> tuple[int, int]:
         """Cut a layer that fits in one tile into several so loads overlap compute: by rows when
@@ -297,46 +347,51 @@ class ConvEmitter:
         return ct, ht
 
     # ------------------------------------------------------------ standard / grouped
-    def _prepare_standard(self, cin_g: int, cout_g: int) -> None:
+    def _plan_standard(self, arena) -> dict | None:
+        geo = self.geom
+        cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
+        choice = self._choose(arena, cin_g, cout_g)
+        if choice is None:
+            return None
+        ct, ht, ict, w_res = choice
+        # the long CONV form (strided result) holds compact weights only; they are smaller
+        ic_block = self.ic_block if self._outputs_fit_short_form(cin_g, cout_g, ct, ht, ict) else 1
+        res_sizes = self._resident_sizes(cin_g, cout_g, w_res, ic_block)
+        load, outs = self._set_sizes(ct, ht, ict, cin_g, w_res, ic_block)
+        load_names, out_names = self._set_names(w_res, ict < cin_g)
+        res_names = ["bias"] + (["weights"] if w_res else []) + self.epi.resident_names()
+        res, sets = arena.alloc_plan(res_sizes, load + outs, self.node.name, names=(res_names, load_names + out_names))
+        return dict(depthwise=False, ct=ct, ht=ht, ict=ict, w_res=w_res, ic_block=ic_block, residents=tuple(res),
+                    sets=tuple(tuple(x) for x in sets), load_count=len(load))
+
+    def _prepare_standard(self, plan: ConvPlan, cin_g: int, cout_g: int) -> None:
         geo, chip, ctx = self.geom, self.chip, self.ctx
-        self.ct, self.ht, self.ict, self.w_res = self._choose(cin_g, cout_g)
-        if not self.w_res and ctx.lmem_region != "full" and self.ct == cout_g:
-            # resident weights matter more than the LMEM half: take all of LMEM when that keeps them
-            ctx.lmem_region, region = "full", ctx.lmem_region
-            self.arena = ctx.arena()
-            choice = self._choose(cin_g, cout_g)
-            if choice[3]:
-                self.ct, self.ht, self.ict, self.w_res = choice
-            else:
-                ctx.lmem_region = region
-                self.arena = ctx.arena()
-        if self.ic_block > 1 and not self._outputs_fit_short_form(cin_g, cout_g):
-            self.ic_block = 1   # the long CONV form (strided result) holds compact weights only; they are smaller
-        res_sizes = self._resident_sizes(cin_g, cout_g, self.w_res)
-        load, outs = self._set_sizes(self.ct, self.ht, self.ict, cin_g, self.w_res)
-        res, sets = self.arena.alloc_plan(res_sizes, load + outs, self.node.name)
-        self.load_sets = [s[:len(load)] for s in sets]
-        self.out_sets = [s[len(load):] for s in sets]
+        self.ct, self.ht, self.ict, self.w_res = plan.ct, plan.ht, plan.ict, plan.w_res
+        res = plan.residents
+        self.load_sets = [s[:plan.load_count] for s in plan.sets]
+        self.out_sets = [s[plan.load_count:] for s in plan.sets]
         self.bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
         if self.bias is not None:
             ctx.load_const_channels(self.bias_tile, f"bias:{self.node.name}", self.bias.reshape(-1, 1), Prec.FP32)
         self.w_res_offset = res[1] if self.w_res else None
-        self.epi.load_residents(res[2 if self.w_res else 1:], geo.cout, geo.wo)
+        self.epi.load_residents(list(res[2 if self.w_res else 1:]), geo.cout, geo.wo)
         self.w_addr = ctx.const_addr(f"convw:{self.node.name}", pack_conv_weights(self.weights, self.ic_block))
 
-    def _outputs_fit_short_form(self, cin_g: int, cout_g: int) -> bool:
+    def _outputs_fit_short_form(self, cin_g: int, cout_g: int, c_step: int, h_step: int, ic_step: int) -> bool:
         """Every conv result view is in the aligned layout sCONV implies (a resident result may be strided)."""
-        if not self._direct(self.ict < cin_g):
+        if not self._direct(ic_step < cin_g):
             return True
         return all(piece.mode != StrideMode.FREE
-                   for gi in range(self.geom.groups) for n in range(self.geom.n) for c0, ct in steps(cout_g, self.ct)
-                   for h0, ht, _ in self._row_tiles(self.ht)
+                   for gi in range(self.geom.groups) for n in range(self.geom.n) for c0, ct in steps(cout_g, c_step)
+                   for h0, ht, _ in self._row_tiles(h_step)
                    for _, _, (piece,) in lane_group_pieces([self.out_res.view(self.chip, n, gi * cout_g + c0, ct,
                                                                                           h0, ht)], self.chip))
 
-    def _weight_elems(self, ict: int) -> int:
-        """Weight elements per output channel for `ict` input channels (the aligned layout pads channels)."""
-        return -(-ict // self.ic_block) * self.ic_block * self.geom.kh * self.geom.kw
+    def _weight_elems(self, ict: int, ic_block: int | None = None) -> int:
+        """Weight elements per output channel for `ict` input channels (the aligned layout pads
+        channels to `ic_block`, by default the emitter's)."""
+        block = ic_block or self.ic_block
+        return -(-ict // block) * block * self.geom.kh * self.geom.kw
 
     def _emit_standard(self, ic_base: int, oc_base: int, cin_g: int, cout_g: int) -> None:
         geo = self.geom
@@ -517,7 +572,7 @@ class ConvEmitter:
         em.store(out, self.ctx.region(self.result, (1, ct, qt, pg.wo), base, (pg.cin * pg.ho * pg.wo, pg.ho * pg.wo, pg.wo, 1)))
 
     # ------------------------------------------------------------ depthwise
-    def _emit_depthwise(self) -> None:
+    def _plan_depthwise(self, arena) -> dict | None:
         geo, chip, ctx = self.geom, self.chip, self.ctx
         prec = ctx.prec
         kk = geo.kh * geo.kw
@@ -540,21 +595,31 @@ class ConvEmitter:
         height = row_hi - row_lo
         for ct in sorted({min(geo.cout, lanes * k) for k in range(1, -(-geo.cout // lanes) + 1)}, reverse=True):
             for ht in sorted({min(height, x) for x in (height, 64, 32, 16, 8, 4, 2, 1)}, reverse=True):
-                if self.arena.fits(res_sizes + sizes(ct, ht) * 2):
+                if arena.fits(res_sizes + sizes(ct, ht) * 2):
                     choice = (ct, ht)
                     break
             if choice:
                 break
         if choice is None:
-            raise LoweringError(f"layer {self.node.name}: no tiling of depthwise conv fits LMEM")
+            return None
         ct, ht = choice[0], choice[1] if self._no_row_traffic() else _pipelined_rows(choice[1], height, geo.wo)
-        res, sets = self.arena.alloc_plan(res_sizes, sizes(ct, ht), self.node.name)
+        names = ["input", "conv_out"] + self.epi.set_names() + (["stored"] if self._stage(False) else [])
+        res, sets = arena.alloc_plan(res_sizes, sizes(ct, ht), self.node.name,
+                                     names=(["bias", "weights"] + self.epi.resident_names(), names))
+        return dict(depthwise=True, ct=ct, ht=ht, ict=geo.cin, w_res=True, ic_block=self.ic_block,
+                    residents=tuple(res), sets=tuple(tuple(x) for x in sets), load_count=1)
+
+    def _emit_depthwise(self, plan: ConvPlan) -> None:
+        geo, chip, ctx = self.geom, self.chip, self.ctx
+        prec, kk = ctx.prec, geo.kh * geo.kw
+        ct, ht, res, sets = plan.ct, plan.ht, plan.residents, plan.sets
+        row_lo, row_hi = self._row_range()
         bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
         w_tile = make_tile(chip, res[1], (1, geo.cout, 1, kk), prec, compact=True)
         ctx.load_const_channels(w_tile, f"dww:{self.node.name}", self.weights.reshape(geo.cout, kk), prec)
         if self.bias is not None:
             ctx.load_const_channels(bias_tile, f"bias:{self.node.name}", self.bias.reshape(-1, 1), Prec.FP32)
-        self.epi.load_residents(res[2:], geo.cout, geo.wo)
+        self.epi.load_residents(list(res[2:]), geo.cout, geo.wo)
         tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cout, ct)
                  for h0, h in steps_between(row_lo, row_hi, ht)]
 
