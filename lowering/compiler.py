@@ -130,9 +130,22 @@ def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, optio
     searched = plan(cost)
     if not searched.regions:
         return searched
-    whole = plan(None)          # spans are costed locally: keep them only if the whole program agrees
-    everything = tuple(range(len(groups)))
-    return searched if cost(searched, everything) < cost(whole, everything) else whole
+    whole = plan(None)          # spans are costed locally: keep them only if the program agrees
+    span = _differing_span(graph, groups, searched, whole)
+    return searched if cost(searched, span) < cost(whole, span) else whole
+
+
+def _differing_span(graph: Graph, groups: list[Group], a: ResidencyPlan, b: ResidencyPlan) -> tuple[int, ...]:
+    """The groups from the first to the last that makes or reads a tensor the two plans keep
+    differently (in LMEM or not, or at another address), or runs sliced in either: every group
+    whose emission can differ, and those between them (their timing interacts)."""
+    differ = {t for t in set(a.tensors) | set(b.tensors)
+              if t not in a.tensors or t not in b.tensors
+              or (a.tensors[t].addr, a.tensors[t].size) != (b.tensors[t].addr, b.tensors[t].size)}
+    touched = {i for i, g in enumerate(groups)
+               if differ & ({t for n in g.nodes for t in n.inputs} | g.produced())}
+    touched |= {m for r in a.regions + b.regions for m in r.members}
+    return tuple(range(min(touched), max(touched) + 1))
 
 
 def _members_cost(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
