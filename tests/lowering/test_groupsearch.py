@@ -1,6 +1,6 @@
 """The layer-group search: its dynamic programme picks the same total saving as brute force over
 every set of non-overlapping spans, on random runs and on the spans the planner offers for a real
-sliced chain (costed by the scheduler's DAG model)."""
+sliced chain (costed on the timing model)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from tpuflow.lowering.groupsearch import SpanOption, best_selection, selection_saving
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
-from onnx_build import ModelBuilder  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+from sliced_chain import pointwise_chain, small_lmem_chip  # noqa: E402
 
 
 def brute_force(options: list[SpanOption]) -> int:
@@ -66,21 +66,13 @@ def test_an_option_outside_the_run_is_an_error():
 
 
 def test_the_planner_takes_the_best_spans_it_was_offered_on_a_real_chain(monkeypatch, tmp_path):
-    """A conv chain too large for a small-LMEM chip: the planner's own offered spans, costed by the
-    scheduler's DAG model, are chosen as brute force would, and the program verifies."""
+    """A conv chain too large for a small-LMEM chip: the planner's own offered spans, costed on the
+    timing model, are chosen as brute force would, and the program verifies."""
     import tpuflow.lowering.residency as residency
     from tpuflow.options import CompileOptions
     from tpuflow.pipeline import compile_model, verify
-    chip = tmp_path / "small_lmem.toml"
-    chip.write_text('base = "sg2260"\n[core]\nlmem_bytes_per_lane = 65536\n')
-    b = ModelBuilder(seed=5)
-    x = b.input("x", (1, 64, 384, 32))
-    for i, (k, s) in enumerate([(1, 1)] * 5):
-        x = b.node("Conv", [x, b.weight(f"w{i}", (64, 64, k, k)), b.weight(f"b{i}", (64,))], f"c{i}",
-                   kernel_shape=[k, k], strides=[s, s], pads=[k // 2] * 4)
-        x = b.node("Relu", [x], f"r{i}")
-    b.output(x)
-    model = b.model()
+    chip = small_lmem_chip(tmp_path)
+    model = pointwise_chain()
     offered: list = []
 
     def recording(length, options):
@@ -90,11 +82,11 @@ def test_the_planner_takes_the_best_spans_it_was_offered_on_a_real_chain(monkeyp
 
     monkeypatch.setattr(residency, "best_selection", recording)
     fp16 = CompileOptions(dtype="fp16")
-    _, program = compile_model(model, str(chip), fp16)
+    _, program = compile_model(model, chip, fp16)
     assert offered and any(options for options, _ in offered)
     for options, (total, chosen) in offered:
         assert len(options) <= 12 and total == brute_force(options)
     chosen_runs = [(tuple(o.payload.members), o.payload.slices) for _, (_, ch) in offered for o in ch]
     planned = [r for lg in program.layer_groups for r in lg["sliced_runs"]]
     assert planned and len(planned) == len(chosen_runs)
-    assert verify(model, str(chip), fp16, race_check=True)["ok"]
+    assert verify(model, chip, fp16, race_check=True)["ok"]

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from tpuflow.isa import Engine
 from tpuflow.lowering.timesteps import COMPUTE, LOAD, STORE, phase_of, step_of, timestep_table
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
-from onnx_build import ModelBuilder  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+from sliced_chain import pointwise_chain, small_lmem_chip  # noqa: E402
 
 
 @given(st.integers(1, 64))
@@ -65,16 +65,8 @@ def test_a_sliced_run_is_pipelined_without_reordering_any_conflict(monkeypatch, 
     from tpuflow.lowering.timesteps import pipelined_order
     from tpuflow.options import CompileOptions
     from tpuflow.pipeline import compile_model, verify
-    chip_file = tmp_path / "small_lmem.toml"
-    chip_file.write_text('base = "sg2260"\n[core]\nlmem_bytes_per_lane = 65536\n')
-    b = ModelBuilder(seed=5)
-    x = b.input("x", (1, 64, 384, 32))
-    for i, (k, s) in enumerate([(1, 1)] * 5):
-        x = b.node("Conv", [x, b.weight(f"w{i}", (64, 64, k, k)), b.weight(f"b{i}", (64,))], f"c{i}",
-                   kernel_shape=[k, k], strides=[s, s], pads=[k // 2] * 4)
-        x = b.node("Relu", [x], f"r{i}")
-    b.output(x)
-    model = b.model()
+    chip_file = small_lmem_chip(tmp_path)
+    model = pointwise_chain()
     runs = []
 
     def recording(records, slice_of, chip):
@@ -84,7 +76,7 @@ def test_a_sliced_run_is_pipelined_without_reordering_any_conflict(monkeypatch, 
 
     monkeypatch.setattr(compiler, "pipelined_order", recording)
     fp16 = CompileOptions(dtype="fp16")
-    compile_model(model, str(chip_file), fp16)
+    compile_model(model, chip_file, fp16)
     assert runs
     records, slice_of, order, chip = runs[-1]
     assert sorted(order) == list(range(len(records)))
@@ -98,4 +90,4 @@ def test_a_sliced_run_is_pipelined_without_reordering_any_conflict(monkeypatch, 
     last_compute_of_first = max(position[i] for i in range(len(records)) if slice_of[i] == 0 and phases[i] == COMPUTE)
     first_load_of_second = min(position[i] for i in range(len(records)) if slice_of[i] == 1 and phases[i] == LOAD)
     assert first_load_of_second < last_compute_of_first      # slice 1 loads while slice 0 computes
-    assert verify(model, str(chip_file), fp16, race_check=True)["ok"]
+    assert verify(model, chip_file, fp16, race_check=True)["ok"]
