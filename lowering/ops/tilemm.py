@@ -447,10 +447,6 @@ class TileConvEmitter:
     def emit(self) -> None:
         ctx, geo, prec = self.ctx, self.geom, self.ctx.prec
         ctx.em.layer = self.node.name
-        if geo.groups == geo.cin == geo.cout and geo.groups > 1:
-            from tpuflow.lowering.ops.conv import ConvEmitter
-            ConvEmitter(ctx, self.group).emit()            # depthwise is not a matmul: TIU
-            return
         cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
         kdim, pix = cin_g * geo.kh * geo.kw, geo.ho * geo.wo
         # K runs (kh, kw, c) so im2col copies runs of channels from the NHWC staging copy
@@ -572,4 +568,15 @@ def _valid(out: int, stride: int, offset: int, size: int) -> tuple[int, int]:
     return lo, max(lo, hi)
 
 
-TILE_EMITTERS = {"matmul": TileMatmulEmitter, "conv": TileConvEmitter}
+def tile_conv_emitter(ctx: LowerCtx, group: Group):
+    """A conv group with the TILE engine: a depthwise conv is not a matmul and runs on the TIU."""
+    geo = conv_geometry(ctx, group.anchor)
+    if geo.groups == geo.cin == geo.cout and geo.groups > 1:
+        from tpuflow.lowering.ops.conv import ConvEmitter
+        return ConvEmitter(ctx, group)
+    return TileConvEmitter(ctx, group)
+
+
+tile_conv_emitter.scratch_bytes = TileConvEmitter.scratch_bytes
+
+TILE_EMITTERS = {"matmul": TileMatmulEmitter, "conv": tile_conv_emitter}
