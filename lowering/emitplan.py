@@ -12,6 +12,7 @@ and optionally
     prefers(plan, other) -> bool        whether `plan` (a later region's) beats `other`
     wants_wider(plan) -> bool           whether a plan that fits should still be compared with
                                         the next region's (else the first fitting plan is taken)
+    misfit() -> str                     why nothing fits, for the error (default NO_FIT)
 Emitters not converted yet are served by LegacyAdapter, which runs their one-shot emit() in a
 trial per region.
 """
@@ -24,6 +25,7 @@ from typing import Callable, ClassVar
 from tpuflow.errors import LoweringError
 
 REGIONS = ("ring", "full")          # the LMEM regions a group is planned in, in order of preference
+NO_FIT = "does not fit LMEM: no tiling fits"
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,10 @@ class PlannedEmission:
         wants = getattr(self.planner, "wants_wider", None)
         return wants is not None and wants(plan)
 
+    def misfit(self) -> str:
+        misfit = getattr(self.planner, "misfit", None)
+        return misfit() if misfit is not None else NO_FIT
+
     def emit_into(self, trial, plan: FrozenPlan) -> None:
         trial.adopt(plan.buffers)
         self.make(trial, self.group).emit(plan)
@@ -135,5 +141,5 @@ def choose_plan(emission, ctx, group) -> FrozenPlan:
     if chosen is not None:
         return chosen
     windows = ", ".join(f"{r} {ctx.window(r)[1] - ctx.window(r)[0]} B" for r in REGIONS)
-    raise LoweringError(f"layer {group.anchor.name} ({group.anchor.op_type}): no tiling fits LMEM "
-                        f"in any region (per lane: {windows})")
+    raise LoweringError(f"layer {group.anchor.name} ({group.anchor.op_type}): {emission.misfit()} in any region "
+                        f"(per lane: {windows})")
