@@ -11,6 +11,7 @@ from tpuflow.errors import LoweringError
 from tpuflow.isa import Prec, StrideMode
 from tpuflow.lowering import ewise, mathops
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.ewise import ROW_NORMALIZE, ROW_REDUCE, SCRATCH_NEED, Kind, classify
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import MATRIX, NCHW
@@ -140,6 +141,12 @@ class SetLayout:
     def sizes(self, full_bytes: int, row_bytes: int) -> list[int]:
         return [full_bytes] * (self.full + self.scratch + self.stage) + [row_bytes] * (self.row + self.stage + self.row_temp)
 
+    def names(self) -> list[str]:
+        """Names of the buffers `sizes` sizes, in its order."""
+        stage = ["stage"] * self.stage
+        return ([f"full{i}" for i in range(self.full)] + [f"scratch{i}" for i in range(self.scratch)] + stage
+                + [f"row{i}" for i in range(self.row)] + [f"{n}_row" for n in stage] + ["row_temp"] * self.row_temp)
+
     def full_index(self, i: int) -> int:
         return i
 
@@ -167,6 +174,20 @@ def rows_layout(shape: tuple[int, ...], full_shape: tuple[int, ...], split: int)
     if len(shape) == 4 and shape[0] == 1 and split == 2:
         return NCHW
     return MATRIX if len(shape) >= 2 and split == len(shape) - 1 else None
+
+
+@dataclass(frozen=True)
+class RowPlan(FrozenPlan):
+    """Rows (lanes) and columns per tile, whether a reduction runs in column chunks into an
+    accumulator, the resident operands' and accumulator's offsets, and each buffer set's offsets
+    (in SetLayout order)."""
+
+    rt: int
+    dt: int
+    chunked: bool
+    residents: tuple[int, ...]
+    accumulator: int | None
+    sets: tuple[tuple[int, ...], ...]
 
 
 class RowGroupEmitter:
@@ -208,8 +229,9 @@ class RowGroupEmitter:
             out.append(tile_bytes_per_lane(self.chip, (1, lanes, 1, width), self.ctx.prec))
         return out
 
-    def _choose_tile(self) -> tuple[int, int]:
-        arena = self.ctx.arena()
+    def _choose_tile(self, arena) -> tuple[int, int, bool] | None:
+        """(rows, columns per tile, whether a reduction runs in column chunks), or None when no
+        tile fits `arena`."""
         resident = self._resident_sizes()
         lanes = self.chip.lanes
 
@@ -220,42 +242,59 @@ class RowGroupEmitter:
         span = self.col_range[1] - self.col_range[0]
         rt = largest_fitting(row_options, lambda r: fits(r, span))
         if rt is not None:
-            return rt, span
+            return rt, span, False
         if not self.planner.column_tileable and not self._reduces_last():
-            raise LoweringError(f"layer {self.group.name}: a row of {self.cols} elements does not fit LMEM")
-        self.chunked = not self.planner.column_tileable
+            return None                     # a whole row is needed and does not fit
+        chunked = not self.planner.column_tileable
         eu = self.chip.eu_count("fp32")
         rt = row_options[0]
-        acc = self._accumulator_sizes(rt)
+        acc = self._accumulator_sizes(rt, chunked)
         col_options = [eu * k for k in range(1, span // eu + 1)] or [span]
         dt = largest_fitting(col_options, lambda d: arena.fits(resident + acc + self._set_sizes(rt, d)))
-        if dt is None:
-            raise LoweringError(f"layer {self.group.name}: no tile of rows x columns fits LMEM")
-        return rt, dt
+        return None if dt is None else (rt, dt, chunked)
+
+    def misfit(self) -> str:
+        """Why no tile fits (the error when no region holds one)."""
+        if not self.planner.column_tileable and not self._reduces_last():
+            return f"a row of {self.cols} elements does not fit LMEM"
+        return "no tile of rows x columns fits LMEM"
 
     def _reduces_last(self) -> bool:
         """Elementwise nodes then one reduction: column chunks each reduce into an accumulator."""
         nodes = self.group.nodes
         return nodes[-1].op_type in ROW_REDUCE and all(n.op_type in ewise.ELEMENTWISE for n in nodes[:-1])
 
-    def _accumulator_sizes(self, rt: int) -> list[int]:
-        return [tile_bytes_per_lane(self.chip, (1, rt, 1, 1), Prec.FP32)] if self.chunked else []
+    def _accumulator_sizes(self, rt: int, chunked: bool) -> list[int]:
+        return [tile_bytes_per_lane(self.chip, (1, rt, 1, 1), Prec.FP32)] if chunked else []
+
+    def plan(self, region: str) -> RowPlan | None:
+        """The row/column tile and buffers of the group in `region`, or None when no tile fits."""
+        arena = self.ctx.planning_arena(region)
+        choice = self._choose_tile(arena)
+        if choice is None:
+            return None
+        rt, dt, chunked = choice
+        residents = self._resident_sizes()
+        names = ([f"resident:{op.tensor}" for op in self.planner.plan.residents]
+                 + (["accumulator"] if chunked else []), self.layout.names())
+        res_offsets, sets = arena.alloc_plan(residents + self._accumulator_sizes(rt, chunked), self._set_sizes(rt, dt),
+                                             self.group.name, names=names)
+        return RowPlan(region, self.ctx.window(region), tuple(arena.names), rt, dt, chunked,
+                       tuple(res_offsets[:len(residents)]), res_offsets[-1] if chunked else None,
+                       tuple(tuple(x) for x in sets))
 
     # ------------------------------------------------------------ emission
-    def emit(self) -> None:
+    def emit(self, plan: RowPlan) -> None:
         ctx = self.ctx
-        rt, dt = self._choose_tile()
-        arena = ctx.arena()
-        residents = self._resident_sizes()
-        res_offsets, sets = arena.alloc_plan(residents + self._accumulator_sizes(rt), self._set_sizes(rt, dt),
-                                             self.group.name)
-        self.acc_offset = res_offsets[-1] if self.chunked else None
-        self.residents = self._load_residents(res_offsets[:len(residents)])
-        tiles = [(r0, r, d0, d) for r0, r in steps(self.rows, rt) for d0, d in steps_between(*self.col_range, dt)]
+        self.chunked, self.acc_offset = plan.chunked, plan.accumulator
+        self.residents = self._load_residents(list(plan.residents))
+        sets = plan.sets
+        tiles = [(r0, r, d0, d) for r0, r in steps(self.rows, plan.rt)
+                 for d0, d in steps_between(*self.col_range, plan.dt)]
         pipelined(tiles, len(sets), lambda t, s: self._load_tile(t, sets[s]),
                   lambda t, s: self._compute_tile(t, sets[s]))
         for n in self.group.nodes:
-            ctx.note_layer(n.name, n.op_type, lmem_peak=arena.peak, group=self.group.name)
+            ctx.note_layer(n.name, n.op_type, lmem_peak=plan.peak, group=self.group.name)
 
     def _value_tile(self, offsets: list[int], kind: Kind, index: int, rt: int, dt: int, prec: Prec) -> LTile:
         if kind is Kind.FULL:
