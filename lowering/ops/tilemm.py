@@ -16,6 +16,7 @@ from tpuflow.errors import LoweringError
 from tpuflow.isa import AccCvt, CwBcTiu, Prec, StrideMode, TMatmul, TPush, global_lmem_address, size_code, tile_ref
 from tpuflow.hwmodel.timing.cost import tile_load_cycles
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.lmem import GroupArena
 from tpuflow.lowering.ops.conv import conv_geometry
@@ -308,26 +309,50 @@ class _TileOutput:
         self.row_bias = extra_row_bias
         self.needs_tiu = not epi.empty or extra_row_bias is not None
 
-    def prepare(self, mt: int, nt: int, rows_total: int, cols_total: int) -> None:
-        self.arena = None
-        if not self.needs_tiu:
-            return
-        chip, arena = self.ctx.chip, self.ctx.arena()
-        shape = (1, mt, 1, nt)
+    def _sizes(self, mt: int, nt: int, rows_total: int, cols_total: int) -> tuple[list[int], list[int]]:
+        """(resident buffers, per-tile buffers) in bytes per lane for the TIU epilogue."""
+        chip, shape = self.ctx.chip, (1, mt, 1, nt)
         res = self.epi.resident_sizes(rows_total, cols_total)
         if self.row_bias is not None:
             res = res + [tile_bytes_per_lane(chip, (1, rows_total, 1, 1), Prec.FP32, compact=True)]
         per = [tile_bytes_per_lane(chip, shape, Prec.FP32)] + self.epi.set_sizes(shape) + [
             tile_bytes_per_lane(chip, shape, self.ctx.prec)]
-        res_offs, self.sets = arena.alloc_plan(res, per, self.label)
+        return res, per
+
+    def plan(self, arena, mt: int, nt: int, rows_total: int, cols_total: int):
+        """(resident offsets, buffer sets) allocated from `arena`, ((), ()) when no TIU epilogue
+        runs, None when they do not fit."""
+        if not self.needs_tiu:
+            return (), ()
+        res, per = self._sizes(mt, nt, rows_total, cols_total)
+        if not arena.fits(res + per):
+            return None
+        names = (self.epi.resident_names() + (["row_bias"] if self.row_bias is not None else []),
+                 ["value"] + self.epi.set_names() + ["stored"])
+        res_offs, sets = arena.alloc_plan(res, per, self.label, names=names)
+        return tuple(res_offs), tuple(tuple(x) for x in sets)
+
+    def prepare(self, mt: int, nt: int, rows_total: int, cols_total: int) -> None:
+        self.arena = None
+        if not self.needs_tiu:
+            return
+        arena = self.ctx.arena()
+        res, per = self._sizes(mt, nt, rows_total, cols_total)
+        res_offs, sets = arena.alloc_plan(res, per, self.label)
         self.arena = arena
-        self.epi.load_residents(res_offs[:len(self.epi.resident)], rows_total, cols_total)
+        self.load(res_offs, sets, rows_total, cols_total)
+        self.peak = arena.peak
+
+    def load(self, res_offs, sets, rows_total: int, cols_total: int) -> None:
+        """Take the buffers and load the resident epilogue operands (and the row bias)."""
+        chip = self.ctx.chip
+        self.sets = sets
+        self.epi.load_residents(list(res_offs[:len(self.epi.resident)]), rows_total, cols_total)
         if self.row_bias is not None:
             self.bias_tile = make_tile(chip, res_offs[-1], (1, rows_total, 1, 1), Prec.FP32, compact=True)
             addr = self.ctx.const_addr(f"{self.label}:rowbias", self.row_bias, Prec.FP32)
             self.ctx.em.load(self.bias_tile, DRegion(addr, (1, rows_total, 1, 1), (rows_total, 1, 1, 1), Prec.FP32))
         self.count = 0
-        self.peak = arena.peak
 
     def deliver(self, slot: int, row0: int, mt: int, col0: int, nt: int, dst: DRegion, full_region) -> None:
         em, chip = self.ctx.em, self.ctx.chip
@@ -354,6 +379,17 @@ class _TileOutput:
         em.store(value, dst)
 
 
+@dataclass(frozen=True)
+class TilePlan(FrozenPlan):
+    """A TILE MatMul: the TILE tiling (its own estimate picks it; its slots are the tile window,
+    not the arena) and the TIU epilogue's resident and per-tile buffers (value, epilogue
+    operands and scratch, stored), empty when the result is copied out as it is."""
+
+    dims: TileDims
+    residents: tuple[int, ...]
+    sets: tuple[tuple[int, ...], ...]
+
+
 class TileMatmulEmitter:
     """MatMul (+ bias + epilogue) groups on the TILE engine."""
 
@@ -373,20 +409,36 @@ class TileMatmulEmitter:
         out_shape = ctx.graph.tensor(anchor_out).shape
         self.epi = Epilogue(ctx, anchor_out, epilogue, out_shape, group.split)
 
-    def emit(self) -> None:
+    def _gemm(self, out: _TileOutput, b: int) -> TileGemm:
+        geo = self.geom
+        a_off, b_off, _ = geo.offsets(b)
+        a = self._operand(self.node.inputs[0], "nz", geo.m, geo.k, a_off, geo.a, f"{self.node.name}:A{b}")
+        bop = self._operand(self.node.inputs[1], "zn", geo.k, geo.n, b_off, geo.b, f"{self.node.name}:B{b}")
+        return TileGemm(self.ctx, a, bop, geo.m, geo.n, geo.k, Prec.FP32 if out.needs_tiu else self.ctx.prec,
+                        self.bias, self.node.name)
+
+    def plan(self, region: str) -> TilePlan | None:
+        """The LMEM buffers of the TIU epilogue (the tile sides are the TILE tiling's, chosen
+        by its own estimate), or None when they do not fit `region`."""
+        geo, arena = self.geom, self.ctx.planning_arena(region)
+        out = _TileOutput(self.ctx, self.epi, None, self.node.name)
+        dims = self._gemm(out, 0).dims
+        planned = out.plan(arena, dims.mt, dims.nt, geo.batch_count * geo.m, geo.n)
+        if planned is None:
+            return None
+        return TilePlan(region, self.ctx.window(region), tuple(arena.names), dims, *planned)
+
+    def emit(self, plan: TilePlan) -> None:
         ctx, geo = self.ctx, self.geom
         ctx.em.layer = self.node.name
         out = _TileOutput(ctx, self.epi, None, self.node.name)
         result = self.epi.output
         prec = ctx.prec
         for b in range(geo.batch_count):
-            a_off, b_off, y_off = geo.offsets(b)
-            a = self._operand(self.node.inputs[0], "nz", geo.m, geo.k, a_off, geo.a, f"{self.node.name}:A{b}")
-            bop = self._operand(self.node.inputs[1], "zn", geo.k, geo.n, b_off, geo.b, f"{self.node.name}:B{b}")
-            gemm = TileGemm(ctx, a, bop, geo.m, geo.n, geo.k, Prec.FP32 if out.needs_tiu else prec, self.bias,
-                            self.node.name)
-            if b == 0:
-                out.prepare(gemm.dims.mt, gemm.dims.nt, geo.batch_count * geo.m, geo.n)
+            _, _, y_off = geo.offsets(b)
+            gemm = self._gemm(out, b)
+            if b == 0 and out.needs_tiu:
+                out.load(plan.residents, plan.sets, geo.batch_count * geo.m, geo.n)
 
             def deliver(slot, m0, mt, n0, nt, b=b, y_off=y_off):
                 rs = geo.y.row_stride
@@ -398,7 +450,7 @@ class TileMatmulEmitter:
 
             gemm.run(deliver)
         ctx.note_layer(self.node.name, "MatMul", macs=geo.batch_count * geo.m * geo.n * geo.k,
-                       lmem_peak=getattr(out, "peak", 0), group=self.group.name)
+                       lmem_peak=plan.peak, group=self.group.name)
         for n in self.group.epilogue:
             ctx.note_layer(n.name, n.op_type, group=self.group.name)
 
