@@ -45,6 +45,12 @@ class FrozenPlan:
         """The end of the highest buffer (0 when there is none), the layer's reported LMEM peak."""
         return max((off + size for _, off, size in self.buffers), default=0)
 
+    @property
+    def ring_buffers(self) -> tuple[tuple[str, int, int], ...]:
+        """The buffers the LMEM ring places the next group after (all of them unless an
+        emitter says otherwise)."""
+        return self.buffers
+
     def offset(self, name: str) -> int:
         return next(off for n, off, _ in self.buffers if n == name)
 
@@ -116,7 +122,7 @@ class PlannedEmission:
         return misfit() if misfit is not None else NO_FIT
 
     def emit_into(self, trial, plan: FrozenPlan) -> None:
-        trial.adopt(plan.buffers)
+        trial.adopt(plan.ring_buffers)
         self.make(trial, self.group).emit(plan)
 
 

@@ -18,7 +18,6 @@ from tpuflow.hwmodel.timing.cost import tile_load_cycles
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.groups import Group
-from tpuflow.lowering.lmem import GroupArena
 from tpuflow.lowering.ops.conv import conv_geometry
 from tpuflow.lowering.ops.epilogue import Epilogue
 from tpuflow.lowering.ops.matmul import matmul_geometry
@@ -475,6 +474,31 @@ def _is_col_bias(ctx: LowerCtx, node, value: str, n: int) -> bool:
     return math.prod(shape) == n and (not shape or shape[-1] == n)
 
 
+@dataclass(frozen=True)
+class TileConvPlan(FrozenPlan):
+    """A TILE conv: the TILE tiling, the TIU epilogue's resident and per-tile buffers (the
+    first `output_buffers` buffers), then the NHWC staging blocks (channels x pixels) and their
+    buffer sets (input block, transposed block) above them. Only the epilogue's buffers are
+    reported as the layer's LMEM peak and to the ring, as before the protocol (the staging
+    buffers of a conv without a TIU epilogue are reported to the ring)."""
+
+    dims: TileDims
+    residents: tuple[int, ...]
+    sets: tuple[tuple[int, ...], ...]
+    nhwc_ct: int
+    nhwc_pt: int
+    nhwc_sets: tuple[tuple[int, ...], ...]
+    output_buffers: int
+
+    @property
+    def peak(self) -> int:
+        return max((off + size for _, off, size in self.buffers[:self.output_buffers]), default=0)
+
+    @property
+    def ring_buffers(self) -> tuple[tuple[str, int, int], ...]:
+        return self.buffers[:self.output_buffers] if self.output_buffers else self.buffers
+
+
 class TileConvEmitter:
     """Conv groups on the TILE engine: per image and group, Y^T (Cout x Ho*Wo) = W . P^T."""
 
@@ -496,33 +520,63 @@ class TileConvEmitter:
         esize = {"fp32": 4, "fp16": 2, "bf16": 2}[options.dtype]
         return _nhwc_offset(cin_g * kh * kw * ho * wo * esize) + cin_g * h * w * esize
 
-    def emit(self) -> None:
-        ctx, geo, prec = self.ctx, self.geom, self.ctx.prec
+    def _gemm(self, out: _TileOutput, weights: np.ndarray, gi: int) -> TileGemm:
+        ctx, geo = self.ctx, self.geom
+        cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
+        kdim, pix, oc0 = cin_g * geo.kh * geo.kw, geo.ho * geo.wo, gi * cout_g
+        a = ConstOperand(ctx, "nz", weights[oc0:oc0 + cout_g], f"{self.node.name}:W{gi}", 0, 0)
+        bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
+        return TileGemm(ctx, a, bop, cout_g, pix, kdim, Prec.FP32 if out.needs_tiu else ctx.prec)
+
+    def _weights(self) -> np.ndarray:
+        """(Cout x K) with K running (kh, kw, c), so im2col copies runs of channels from the NHWC copy."""
+        geo = self.geom
+        cin_g = geo.cin // geo.groups
+        return np.asarray(self.ctx.const(self.node.inputs[1]), np.float32).reshape(
+            geo.cout, cin_g, geo.kh, geo.kw).transpose(0, 2, 3, 1).reshape(geo.cout, cin_g * geo.kh * geo.kw)
+
+    def plan(self, region: str) -> TileConvPlan | None:
+        """The TIU epilogue's buffers, then the NHWC staging buffers above them (every image and
+        group still needs the epilogue's residents), or None when they do not fit `region`."""
+        geo, ctx, chip = self.geom, self.ctx, self.ctx.chip
+        arena = ctx.planning_arena(region)
+        out = _TileOutput(ctx, self.epi, self.bias, self.node.name)
+        dims = self._gemm(out, self._weights(), 0).dims
+        planned = out.plan(arena, dims.mt, dims.nt, geo.cout, geo.ho * geo.wo)
+        if planned is None:
+            return None
+        output_buffers, pix_in = len(arena.names), geo.h * geo.w
+        sizes = lambda ct, pt: [tile_bytes_per_lane(chip, (1, ct, 1, pt), ctx.prec),      # noqa: E731
+                                tile_bytes_per_lane(chip, (1, pt, 1, ct), ctx.prec)]
+        ct = min(geo.cin // geo.groups, NHWC_BLOCK)
+        pt = next((p for p in (NHWC_BLOCK, NHWC_BLOCK // 2, NHWC_BLOCK // 4, chip.lanes)
+                   if arena.fits(sizes(ct, min(p, pix_in)) * 2)), chip.lanes)
+        pt = min(pt, pix_in)
+        if not arena.fits(sizes(ct, pt)):
+            return None
+        _, sets = arena.alloc_plan([], sizes(ct, pt), f"{self.node.name}:nhwc", names=([], ["nhwc_in", "nhwc_out"]))
+        return TileConvPlan(region, ctx.window(region), tuple(arena.names), dims, *planned, ct, pt,
+                            tuple(tuple(x) for x in sets), output_buffers)
+
+    def emit(self, plan: TileConvPlan) -> None:
+        ctx, geo = self.ctx, self.geom
         ctx.em.layer = self.node.name
         cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
         kdim, pix = cin_g * geo.kh * geo.kw, geo.ho * geo.wo
-        # K runs (kh, kw, c) so im2col copies runs of channels from the NHWC staging copy
-        weights = np.asarray(ctx.const(self.node.inputs[1]), np.float32).reshape(
-            geo.cout, cin_g, geo.kh, geo.kw).transpose(0, 2, 3, 1).reshape(geo.cout, kdim)
+        weights = self._weights()
         out = _TileOutput(ctx, self.epi, self.bias, self.node.name)
-        prepared = False
         for n in range(geo.n):
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g
-                a = ConstOperand(ctx, "nz", weights[oc0:oc0 + cout_g], f"{self.node.name}:W{gi}", 0, 0)
-                bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
-                gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, Prec.FP32 if out.needs_tiu else prec)
-                if not prepared:
-                    out.prepare(gemm.dims.mt, gemm.dims.nt, geo.cout, pix)
-                    prepared = True
-                # the staging buffers sit above the output's resident buffers (the bias row,
-                # epilogue operands), which every image and group still needs
-                self._im2col(n, ic0, cin_g, out.arena)
+                gemm = self._gemm(out, weights, gi)
+                if n == 0 and gi == 0 and out.needs_tiu:
+                    out.load(plan.residents, plan.sets, geo.cout, pix)
+                self._im2col(n, ic0, cin_g, plan)
                 gemm.run(lambda slot, m0, mt, n0, nt, n=n, oc0=oc0: out.deliver(
                     slot, oc0 + m0, mt, n0, nt, self._y_region(ctx.ddr_addr(self.epi.output), n, oc0 + m0, mt, n0, nt),
                     lambda addr, n=n, c=oc0 + m0, mt=mt, n0=n0, nt=nt: self._y_region(addr, n, c, mt, n0, nt)))
         macs = geo.n * geo.cout * pix * kdim
-        ctx.note_layer(self.node.name, "Conv", macs=macs, lmem_peak=getattr(out, "peak", 0), group=self.group.name)
+        ctx.note_layer(self.node.name, "Conv", macs=macs, lmem_peak=plan.peak, group=self.group.name)
         for nd in self.group.epilogue:
             ctx.note_layer(nd.name, nd.op_type, group=self.group.name)
 
@@ -543,7 +597,7 @@ class TileConvEmitter:
             return self._nhwc_address(cin_g)
         return self.ctx.ddr.scratch_base
 
-    def _im2col(self, n: int, ic0: int, cin_g: int, arena) -> int:
+    def _im2col(self, n: int, ic0: int, cin_g: int, plan: TileConvPlan) -> int:
         """P[(oh, ow), (kh, kw, c)] in the scratch area (K contiguous, so B = P^T loads into Zn
         tiles in runs of K0 elements), built from an NHWC copy of the input: zero fill when the
         taps reach padding, then one DMA per (kh, kw) copying runs of cin_g channels. A 1x1
@@ -553,7 +607,7 @@ class TileConvEmitter:
         kk = geo.kh * geo.kw
         rows = cin_g * kk
         base = ctx.scratch_region(0, (1, 1, rows, pix)).addr
-        nhwc = self._to_nhwc(n, ic0, cin_g, self._nhwc_address(cin_g), arena)
+        nhwc = self._to_nhwc(n, ic0, cin_g, self._nhwc_address(cin_g), plan)
         padded = any((geo.pt, geo.pl, geo.pb, geo.pr))
         if self._p_address(cin_g) == nhwc:
             return nhwc
@@ -573,20 +627,13 @@ class TileConvEmitter:
                         (oh_hi - oh_lo, ow_hi - ow_lo, cin_g), prec)
         return base
 
-    def _to_nhwc(self, n: int, ic0: int, cin_g: int, dst_addr: int, above: GroupArena | None) -> int:
+    def _to_nhwc(self, n: int, ic0: int, cin_g: int, dst_addr: int, plan: TileConvPlan) -> int:
         """Channels [ic0, ic0 + cin_g) of image n, transposed to pixel-major (NHWC) at dst_addr
         through LMEM: load (channels on lanes, pixels along W), TIU C<->W transpose, store runs
         of channels per pixel. Double-buffered over (channel, pixel) blocks."""
         ctx, geo, chip, prec = self.ctx, self.geom, self.ctx.chip, self.ctx.prec
         pix_in = geo.h * geo.w
-        arena = ctx.arena() if above is None else GroupArena(chip, used=above.used, limit=above.limit)
-        sizes = lambda ct, pt: [tile_bytes_per_lane(chip, (1, ct, 1, pt), prec),
-                                tile_bytes_per_lane(chip, (1, pt, 1, ct), prec)]
-        ct = min(cin_g, NHWC_BLOCK)
-        pt = next((p for p in (NHWC_BLOCK, NHWC_BLOCK // 2, NHWC_BLOCK // 4, chip.lanes)
-                   if arena.fits(sizes(ct, min(p, pix_in)) * 2)), chip.lanes)
-        pt = min(pt, pix_in)
-        _, sets = arena.alloc_plan([], sizes(ct, pt), f"{self.node.name}:nhwc")
+        ct, pt, sets = plan.nhwc_ct, plan.nhwc_pt, plan.nhwc_sets
         x_addr = ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * pix_in * prec.bytes
         blocks = [(c0, c, p0, p) for c0, c in steps(cin_g, ct) for p0, p in steps(pix_in, pt)]
 

@@ -17,7 +17,7 @@ from tpuflow.chip import load_chip
 # (model, dtype, matmul path): together they exercise every converted emitter
 CASES = [("small_cnn", "fp16", "tiu"), ("alexnet", "fp32", "tiu"), ("squeezenet", "fp16", "tiu"),
          ("mobilenetv2", "fp16", "tiu"), ("bert_layer", "fp16", "tiu"), ("mlp", "fp32", "tile"),
-         ("gpt_block", "fp32", "tile")]
+         ("gpt_block", "fp32", "tile"), ("small_cnn", "fp32", "tile")]
 
 
 def _plans_of(model: str, dtype: str, matmul: str, monkeypatch) -> list[tuple[str, FrozenPlan, dict]]:
@@ -75,7 +75,7 @@ def test_plan_buffers_lie_in_their_region_without_overlaps(plans):
 
 def test_every_converted_emitter_is_exercised(plans):
     kinds = {type(p).__name__ for _, _, p, _ in plans}
-    assert {"PoolPlan", "LrnPlan", "GemvPlan", "NoBuffersPlan", "ConvPlan", "RowPlan", "TilePlan"} <= kinds, kinds
+    assert {"PoolPlan", "LrnPlan", "GemvPlan", "NoBuffersPlan", "ConvPlan", "RowPlan", "TilePlan", "TileConvPlan"} <= kinds, kinds
 
 
 class _NeverFits:
@@ -121,3 +121,38 @@ def test_an_error_that_is_not_about_space_is_not_retried(monkeypatch):
     message = _lower_small_cnn_with(_Unsupported, monkeypatch)
     assert message == "node X: an unsupported shape"
     assert _NeverFits.calls == [REGIONS[0]]
+
+
+class _FakeEmission:
+    """Plans per region (None: does not fit); the ring plan asks for a comparison with the next."""
+
+    def __init__(self, plans: dict, wider: bool):
+        self.plans, self.wider, self.asked = plans, wider, []
+
+    def plan(self, region):
+        self.asked.append(region)
+        return self.plans.get(region)
+
+    def prefers(self, plan, other):
+        return plan.buffers > other.buffers        # the fake's stand-in for "weights resident"
+
+    def wants_wider(self, plan):
+        return self.wider and plan.region == "ring"
+
+
+def _fake_plan(region: str, size: int) -> FrozenPlan:
+    return FrozenPlan(region, (0, 1 << 20), (("weights", 0, size),) if size else ())
+
+
+@pytest.mark.parametrize("ring, full, wider, chosen, asked", [
+    (1, 2, False, "ring", ["ring"]),                 # the first fitting region wins
+    (None, 2, False, "full", ["ring", "full"]),      # nothing fits the ring
+    (1, 2, True, "full", ["ring", "full"]),          # compared, and the full plan is preferred
+    (2, 1, True, "ring", ["ring", "full"]),          # compared, the ring plan stays
+    (1, None, True, "ring", ["ring", "full"]),
+])
+def test_plans_are_chosen_region_by_region(ring, full, wider, chosen, asked):
+    plans = {r: _fake_plan(r, s) for r, s in (("ring", ring), ("full", full)) if s is not None}
+    emission = _FakeEmission(plans, wider)
+    assert compiler.choose_plan(emission, None, None).region == chosen
+    assert emission.asked == asked
