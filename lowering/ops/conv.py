@@ -313,7 +313,7 @@ class ConvEmitter:
 
     def _choose(self, arena, cin_g: int, cout_g: int):
         """(ct, ht, ict, weights resident) of the first fitting tiling, or None."""
-        geo, lanes = self.geom, self.chip.lanes
+        lanes = self.chip.lanes
         c_opts = sorted({min(cout_g, lanes * k) for k in range(1, -(-cout_g // lanes) + 1)}, reverse=True)
         final = self._final_rows()
         h_opts = sorted({min(final, x) for x in (final, 64, 32, 16, 8, 4, 2, 1)}, reverse=True)
