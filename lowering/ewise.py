@@ -27,6 +27,7 @@ class Kind(enum.Enum):
     ROW = "row"        # one value per row, broadcast along the columns
     COL = "col"        # one value per column, the same for every row
     SCALAR = "scalar"  # a single value
+    PERIODIC = "periodic"  # one value per (row mod period, col): repeats over leading row axes (a mask over heads)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,19 @@ def classify(shape: tuple[int, ...], out_shape: tuple[int, ...], split: int) -> 
         return Kind.ROW
     if all(d == 1 for d in lead) and tail == otail:
         return Kind.COL
+    if tail == otail and row_period(s, out_shape, split) is not None:
+        return Kind.PERIODIC
+    return None
+
+
+def row_period(shape: tuple[int, ...], out_shape: tuple[int, ...], split: int) -> int | None:
+    """For an operand equal to the output on its trailing row axes and of size 1 on the leading
+    ones (at least one of which the output repeats): the rows after which its values repeat."""
+    s = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    lead, olead = s[:split], tuple(out_shape[:split])
+    for j in range(1, split):
+        if all(d == 1 for d in lead[:j]) and lead[j:] == olead[j:] and math.prod(olead[:j]) > 1:
+            return math.prod(olead[j:])
     return None
 
 

@@ -74,7 +74,7 @@ def _epilogue_ok(graph: Graph, node: OpNode, value: str, split: int, allow_col: 
         if not t or t == value:
             continue
         kind = classify(graph.tensor(t).shape, out, split)
-        if kind is None or (kind is Kind.COL and not allow_col):
+        if kind is None or kind is Kind.PERIODIC or (kind is Kind.COL and not allow_col):
             return False
     return True
 
@@ -91,23 +91,30 @@ def _absorb_epilogue(graph: Graph, anchor: OpNode, split: int, allow_col: bool, 
 
 def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str]) -> Group | None:
     """The longest run of row-wise nodes after `start` that share its (rows, cols) view: every
-    operand classifies against the group's reference shape, values are FULL or ROW."""
+    operand classifies against the group's reference shape, values are FULL or ROW. Of the cut
+    points `start` can take, the one that joins the most nodes (the first on ties)."""
+    best = None
     for split in node_split_candidates(graph, start):
-        if not node_fits(graph, start, split):
-            continue
-        ref = _reference_shape(graph, start)
-        group = Group("row", [start], split, splits={start.name: split}, full_shape=ref)
-        members = set(start.outputs)
-        for node in order[pos + 1:]:
-            if node.name in taken or not spec(node.op_type).row_role:
-                break
-            if not any(t in members for t in node.inputs) or not row_member_ok(graph, node, ref, split):
-                break
-            group.nodes.append(node)
-            group.splits[node.name] = split
-            members.update(node.outputs)
-        return group
-    return None
+        if node_fits(graph, start, split):
+            group = _row_group_at(graph, start, order, pos, taken, split)
+            if best is None or len(group.nodes) > len(best.nodes):
+                best = group
+    return best
+
+
+def _row_group_at(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str], split: int) -> Group:
+    ref = _reference_shape(graph, start)
+    group = Group("row", [start], split, splits={start.name: split}, full_shape=ref)
+    members = set(start.outputs)
+    for node in order[pos + 1:]:
+        if node.name in taken or not spec(node.op_type).row_role:
+            break
+        if not any(t in members for t in node.inputs) or not row_member_ok(graph, node, ref, split):
+            break
+        group.nodes.append(node)
+        group.splits[node.name] = split
+        members.update(node.outputs)
+    return group
 
 
 def _reference_shape(graph: Graph, node: OpNode) -> tuple[int, ...]:

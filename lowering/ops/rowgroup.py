@@ -20,6 +20,11 @@ from tpuflow.lowering.tiling import largest_fitting, pipelined, steps, steps_bet
 
 
 
+def pool_of(kind: Kind) -> Kind:
+    """The slot pool of a per-tile value: FULL (a periodic operand is loaded as a full tile) or ROW."""
+    return Kind.FULL if kind in (Kind.FULL, Kind.PERIODIC) else kind
+
+
 @dataclass
 class Operand:
     tensor: str
@@ -88,15 +93,15 @@ class RowPlanner:
             if op.tensor in seen or op.tensor in self.group.produced():
                 continue
             seen.add(op.tensor)
-            if op.kind in (Kind.FULL, Kind.ROW):
-                plan.slot[op.tensor] = take(op.kind)
+            if op.kind in (Kind.FULL, Kind.ROW, Kind.PERIODIC):
+                plan.slot[op.tensor] = take(pool_of(op.kind))
                 plan.loads.append(op)
             elif op.kind is Kind.COL or (op.kind is Kind.SCALAR and op.const is None):
                 plan.residents.append(op)
         for index, node in enumerate(self.group.nodes):
             for t in dict.fromkeys(node.inputs):
                 if t in plan.slot and last.get(t) == index:
-                    kind = self.kinds.get(t) or self._operand_kind(t)
+                    kind = pool_of(self.kinds.get(t) or self._operand_kind(t))
                     free[kind].append(plan.slot[t])
                     free[kind].sort()
             out = node.outputs[0]
@@ -297,7 +302,7 @@ class RowGroupEmitter:
             ctx.note_layer(n.name, n.op_type, lmem_peak=plan.peak, group=self.group.name)
 
     def _value_tile(self, offsets: list[int], kind: Kind, index: int, rt: int, dt: int, prec: Prec) -> LTile:
-        if kind is Kind.FULL:
+        if pool_of(kind) is Kind.FULL:
             return make_tile(self.chip, offsets[self.layout.full_index(index)], (1, rt, 1, dt), prec)
         return make_tile(self.chip, offsets[self.layout.row_index(index)], (1, rt, 1, 1), prec)
 
@@ -324,10 +329,29 @@ class RowGroupEmitter:
             if self.ctx.resident(op.tensor) is not None:
                 continue                       # read in place (layer groups)
             index = self.planner.plan.slot[op.tensor]
-            width = dt if op.kind is Kind.FULL else 1
+            width = dt if pool_of(op.kind) is Kind.FULL else 1
             dst = self._value_tile(offsets, op.kind, index, rt, width, prec)
             em.layer = self._first_user(op.tensor)
+            if op.kind is Kind.PERIODIC:
+                self._load_periodic(dst, op, tile)
+                continue
             em.load(dst, self._rows_region(self._ddr_of(op), op.kind, tile))
+
+    def _load_periodic(self, dst: LTile, op: Operand, tile) -> None:
+        """Rows r0.. of an operand that repeats every `period` rows: one load per run of rows
+        inside one period (tile row r reads operand row r mod period)."""
+        r0, rt, d0, dt = tile
+        shape = self.graph_shape(op.tensor)
+        period = ewise.row_period(shape, self.group.full_shape, self.group.split)
+        addr, r = self._ddr_of(op), r0
+        while r < r0 + rt:
+            run = min(period - r % period, r0 + rt - r)
+            piece = dst.sub_channels(r - r0, run, self.chip)
+            self.ctx.em.load(piece, self._rows_region(addr, Kind.FULL, (r % period, run, d0, dt)))
+            r += run
+
+    def graph_shape(self, tensor: str) -> tuple[int, ...]:
+        return tuple(self.ctx.graph.tensor(tensor).shape)
 
     def _rows_region(self, addr: int, kind: Kind, tile) -> DRegion:
         r0, rt, d0, dt = tile
@@ -388,7 +412,7 @@ class RowGroupEmitter:
         if res is not None:
             return res.rows_view(self.chip, r0, rt, d0, dt)
         prec = self.ctx.prec if t in loaded else Prec.FP32
-        width = dt if op.kind is Kind.FULL else 1
+        width = dt if pool_of(op.kind) is Kind.FULL else 1
         src = self._value_tile(offsets, op.kind, self.planner.plan.slot[t], rt, width, prec)
         if op.kind is Kind.ROW and dst.shape[3] != 1:
             return src.broadcast(dst.shape, h=True, w=True)
