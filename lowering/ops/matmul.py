@@ -11,6 +11,7 @@ import numpy as np
 from tpuflow.errors import LoweringError
 from tpuflow.isa import Mm2Tiu, Prec
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import MATRIX, NCHW
 from tpuflow.lowering.ops.epilogue import Epilogue
@@ -145,6 +146,22 @@ def _operand_layout(graph, tensor: str, perm, rows_axis_last: bool) -> str | Non
     return None
 
 
+@dataclass(frozen=True)
+class MatmulPlan(FrozenPlan):
+    """An MM2 MatMul's tiling: rows (mt), columns (nt) and inner elements (kt) per step, whether
+    B stays resident, the resident buffers' offsets (B when resident, epilogue residents) and
+    each buffer set's offsets (the first `load_count` loaded per step: A, streamed B; then the
+    result, epilogue operands and scratch, the stored copy)."""
+
+    mt: int
+    nt: int
+    kt: int
+    r_res: bool
+    residents: tuple[int, ...]
+    sets: tuple[tuple[int, ...], ...]
+    load_count: int
+
+
 class MatmulEmitter(MatmulGroup):
     @staticmethod
     def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
@@ -210,9 +227,8 @@ class MatmulEmitter(MatmulGroup):
     def _epi_rows(self) -> int:
         return self.geom.batch_count * self.geom.m
 
-    def _choose(self):
+    def _choose(self, arena):
         geo, lanes, eu = self.geom, self.chip.lanes, self.chip.eu_count(self.ctx.options.dtype)
-        arena = self.ctx.arena()
         m_opts = sorted({min(geo.m, lanes * i) for i in range(1, -(-geo.m // lanes) + 1)}, reverse=True)
         n_opts = sorted({geo.n} | {min(geo.n, eu * 2 ** i) for i in range(12)}, reverse=True)
         k_opts = sorted({geo.k} | {min(geo.k, lanes * 2 ** i) for i in range(10)}, reverse=True)
@@ -230,18 +246,35 @@ class MatmulEmitter(MatmulGroup):
                             res, load, outs = self._sizes(mt, nt, kt, r_res)
                             if arena.fits(res + (load + outs) * copies):
                                 return mt, nt, kt, r_res
-        raise LoweringError(f"layer {self.node.name}: no tiling of MatMul {geo.m}x{geo.k}x{geo.n} fits LMEM")
+        return None
+
+    def misfit(self) -> str:
+        geo = self.geom
+        return f"no tiling of MatMul {geo.m}x{geo.k}x{geo.n} fits LMEM"
+
+    def plan(self, region: str) -> MatmulPlan | None:
+        """The tiling (mt, nt, kt, B resident) and buffers in `region`, or None when none fits."""
+        arena = self.ctx.planning_arena(region)
+        choice = self._choose(arena)
+        if choice is None:
+            return None
+        res, load, outs = self._sizes(*choice)
+        r_res, split = choice[3], choice[2] < self.geom.k
+        res_names = (["b_resident"] if r_res else []) + self.epi.resident_names()
+        load_names = ["a"] + ([] if r_res else ["b"])
+        out_names = ["result"] + self.epi.set_names() + (["stored"] if self._res_prec(split) != self.ctx.prec else [])
+        res_offs, sets = arena.alloc_plan(res, load + outs, self.node.name, names=(res_names, load_names + out_names))
+        return MatmulPlan(region, self.ctx.window(region), tuple(arena.names), *choice, tuple(res_offs),
+                          tuple(tuple(x) for x in sets), len(load))
 
     # ------------------------------------------------------------ emission
-    def emit(self) -> None:
+    def emit(self, plan: MatmulPlan) -> None:
         geo, chip, ctx = self.geom, self.chip, self.ctx
         ctx.em.layer = self.node.name
-        self.mt, self.nt, self.kt, self.r_res = self._choose()
-        self.arena = ctx.arena()
-        res, load, outs = self._sizes(self.mt, self.nt, self.kt, self.r_res)
-        res_offs, sets = self.arena.alloc_plan(res, load + outs, self.node.name)
-        self.load_sets = [s[:len(load)] for s in sets]
-        self.out_sets = [s[len(load):] for s in sets]
+        self.mt, self.nt, self.kt, self.r_res = plan.mt, plan.nt, plan.kt, plan.r_res
+        res_offs, sets = list(plan.residents), plan.sets
+        self.load_sets = [s[:plan.load_count] for s in sets]
+        self.out_sets = [s[plan.load_count:] for s in sets]
         r_res_count = 1 if self.r_res else 0
         self.epi.load_residents(res_offs[r_res_count:], self._epi_rows(), geo.n)
         self.r_tile = make_tile(chip, res_offs[0], self._r_shape(geo.k, geo.n), ctx.prec) if self.r_res else None
@@ -259,9 +292,9 @@ class MatmulEmitter(MatmulGroup):
             pipelined(work, len(self.load_sets), lambda w, s: self._load(w, s, offs),
                       lambda w, s: self._compute(w, s, offs))
         macs = geo.batch_count * geo.m * geo.n * geo.k
-        ctx.note_layer(self.node.name, "MatMul", macs=macs, lmem_peak=self.arena.peak, group=self.group.name)
+        ctx.note_layer(self.node.name, "MatMul", macs=macs, lmem_peak=plan.peak, group=self.group.name)
         for n in self.group.epilogue:
-            ctx.note_layer(n.name, n.op_type, lmem_peak=self.arena.peak, group=self.group.name)
+            ctx.note_layer(n.name, n.op_type, lmem_peak=plan.peak, group=self.group.name)
 
     def _column_tiles(self) -> list[tuple[int, int]]:
         """Output column tiles of at most nt columns; inside one part when the result is split

@@ -75,7 +75,7 @@ def test_plan_buffers_lie_in_their_region_without_overlaps(plans):
 
 def test_every_converted_emitter_is_exercised(plans):
     kinds = {type(p).__name__ for _, _, p, _ in plans}
-    assert {"PoolPlan", "LrnPlan", "GemvPlan", "NoBuffersPlan", "ConvPlan", "RowPlan", "TilePlan", "TileConvPlan"} <= kinds, kinds
+    assert {"PoolPlan", "LrnPlan", "GemvPlan", "NoBuffersPlan", "ConvPlan", "RowPlan", "TilePlan", "TileConvPlan", "MatmulPlan"} <= kinds, kinds
 
 
 class _NeverFits:
