@@ -11,6 +11,7 @@ import numpy as np
 from tpuflow.errors import LoweringError
 from tpuflow.isa import Prec
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitplan import NoBuffersPlan, no_buffers
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops import lmem_move
 from tpuflow.lowering.ops.gather import emit_runtime_gather
@@ -366,7 +367,10 @@ class ViewEmitter:
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group = ctx, group
 
-    def emit(self) -> None:
+    def plan(self, region: str) -> NoBuffersPlan:
+        return no_buffers(self.ctx, region)        # at most a DDR -> DDR copy
+
+    def emit(self, plan: NoBuffersPlan) -> None:
         node = self.group.anchor
         src, dst = self.ctx.ddr.tensors[node.inputs[0]], self.ctx.ddr.tensors[node.outputs[0]]
         if src.addr != dst.addr:
