@@ -201,6 +201,9 @@ class ConvEmitter:
             return None
         return ConvPlan(region, self.ctx.window(region), tuple(arena.names), **planned)
 
+    def misfit(self) -> str:
+        return f"no tiling of {'depthwise ' if self.depthwise else ''}conv {self.geom} fits LMEM"
+
     def wants_wider(self, plan: ConvPlan) -> bool:
         """A plan that streams its weights although one output-channel tile holds them all is
         compared with the next (larger) region's: resident weights matter more than the ring."""

@@ -83,6 +83,9 @@ class GemvEmitter(MatmulGroup):
         return GemvPlan(region, self.ctx.window(region), tuple(arena.names), nt, kt, tuple(res_offs),
                         tuple(tuple(s) for s in sets))
 
+    def misfit(self) -> str:
+        return "no tiling of the matrix-vector product fits LMEM"
+
     def emit(self, plan: GemvPlan) -> None:
         ctx, geo, chip, prec = self.ctx, self.geom, self.chip, self.ctx.prec
         ctx.em.layer = self.node.name

@@ -68,6 +68,9 @@ class LrnEmitter:
         (w_off,), sets = arena.alloc_plan([w_size], self._sizes(ht), self.node.name, copies, names=names)
         return LrnPlan(region, self.ctx.window(region), tuple(arena.names), ht, w_off, tuple(tuple(s) for s in sets))
 
+    def misfit(self) -> str:
+        return f"LRN over {self.c} channels does not fit LMEM"
+
     def emit(self, plan: LrnPlan) -> None:
         ctx, chip = self.ctx, self.chip
         self.sets = plan.sets

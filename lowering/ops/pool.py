@@ -108,6 +108,9 @@ class PoolEmitter:
         _, sets = arena.alloc_plan([], self._sizes(ct, ht), self.node.name, copies, names=([], self._buffer_names()))
         return PoolPlan(region, ctx.window(region), tuple(arena.names), ct, ht, tuple(tuple(s) for s in sets))
 
+    def misfit(self) -> str:
+        return "no tiling of the pool fits LMEM"
+
     def emit(self, plan: PoolPlan) -> None:
         geo, ctx = self.geom, self.ctx
         row_lo, row_hi = ctx.rows_to_emit(geo.ho)
