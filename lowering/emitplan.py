@@ -51,9 +51,6 @@ class FrozenPlan:
         emitter says otherwise)."""
         return self.buffers
 
-    def offset(self, name: str) -> int:
-        return next(off for n, off, _ in self.buffers if n == name)
-
 
 @dataclass(frozen=True)
 class NoBuffersPlan(FrozenPlan):
