@@ -156,3 +156,42 @@ def test_plans_are_chosen_region_by_region(ring, full, wider, chosen, asked):
     emission = _FakeEmission(plans, wider)
     assert compiler.choose_plan(emission, None, None).region == chosen
     assert emission.asked == asked
+
+
+def _wide_pointwise_conv(cin: int, cout: int):
+    """x (1, cin, 2, 2) -> Relu -> 1x1 Conv to cout channels: weights of cin elements per
+    output lane; the Relu's buffers sit low in LMEM, so the conv's ring window is above them."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array((np.arange(cout * cin, dtype=np.float32) % 7 - 3).reshape(cout, cin, 1, 1) / 64, "w")
+    relu = helper.make_node("Relu", ["x"], ["r"])
+    node = helper.make_node("Conv", ["r", "w"], ["y"], kernel_shape=[1, 1])
+    graph = helper.make_graph([relu, node], "wide_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, 2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, 2, 2])], [w])
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_conv_takes_all_of_lmem_when_that_keeps_its_weights_resident(monkeypatch):
+    """Weights of 32500 fp32 per lane fit the whole working area but not the ring's window: the
+    ring plan streams them, so the full region's plan (weights resident) is chosen, and the
+    program still computes the conv exactly."""
+    from tpuflow.pipeline import verify
+    model = _wide_pointwise_conv(32500, 64)
+    seen = []
+    choose = compiler.choose_plan
+
+    def recording(emission, ctx, group):
+        plan = choose(emission, ctx, group)
+        if group.kind == "conv":
+            seen.append((emission.plan("ring"), plan))
+        return plan
+
+    monkeypatch.setattr(compiler, "choose_plan", recording)
+    options = CompileOptions(dtype="fp32", layer_group="off")
+    compiler.lower(load_graph(model), load_chip("sg2260"), options)
+    (ring, chosen), = seen
+    assert ring is not None and not ring.w_res and ring.ct == 64
+    assert chosen.region == "full" and chosen.w_res
+    monkeypatch.undo()
+    assert verify(model, "sg2260", options)["ok"]
