@@ -1,9 +1,12 @@
 """Verify every bundled model on both matmul paths and in fp32/fp16/bf16, timing each run.
 
-    python benchmarks/verify_all.py [--models a,b] [--paths tiu,tile] [--dtypes fp32,fp16] [--schedule list] [--no-race]
+    python benchmarks/verify_all.py [--models a,b] [--paths tiu,tile] [--dtypes fp32,fp16,bf16] [--schedule list]
+                                    [--no-race] [--out FILE] [--append]
 
-Writes benchmarks/results/verify_all.json (one row per run: ok, max_rel_err, cosine, seconds,
-instruction counts) and prints a table. Exit code 1 when any run fails.
+Writes benchmarks/results/verify_all.json (one row per run: ok, max_abs_err, max_rel_err, cosine,
+seconds, instruction counts; rewritten after every run so a long sweep keeps what it has done) and
+prints a table. --append keeps the rows already in --out and skips the cases they cover. Exit code
+1 when any run fails.
 """
 
 from __future__ import annotations
@@ -25,21 +28,27 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(names()))
     ap.add_argument("--paths", default="tiu,tile")
-    ap.add_argument("--dtypes", default="fp32,fp16")
+    ap.add_argument("--dtypes", default="fp32,fp16,bf16")
     ap.add_argument("--schedule", default="list", help="program | list | cpsat")
     ap.add_argument("--no-race", action="store_true")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--append", action="store_true", help="keep --out's rows and skip the cases they cover")
     args = ap.parse_args()
-    rows, failed = [], 0
+    rows = json.loads(args.out.read_text())["runs"] if args.append and args.out.exists() else []
+    done = {(r["model"], r["matmul"], r["dtype"]) for r in rows}
+    failed = 0
     for model in args.models.split(","):
         for path in args.paths.split(","):
             for dtype in args.dtypes.split(","):
+                if (model, path, dtype) in done:
+                    continue
                 t0 = time.perf_counter()
                 try:
                     options = CompileOptions(dtype=dtype, matmul=path, schedule=args.schedule)
                     r = verify(model, None, options, race_check=not args.no_race)
                     worst = max(r["outputs"], key=lambda o: o["max_rel_err"])
                     row = {"model": model, "matmul": path, "dtype": dtype, "ok": r["ok"],
+                           "max_abs_err": max(o["max_abs_err"] for o in r["outputs"]),
                            "max_rel_err": worst["max_rel_err"], "cosine": worst["cosine"],
                            "instructions": r["instructions"]}
                 except Exception as exc:  # a crash is a failure of this row, the others still run
@@ -49,11 +58,16 @@ def main() -> int:
                 rows.append(row)
                 print(f"{model:14s} {path:4s} {dtype:5s} {'ok ' if row['ok'] else 'FAIL'} "
                       f"{row.get('max_rel_err', float('nan')):.2e} {row['seconds']:7.1f}s {row.get('error', '')}", flush=True)
+                _write(args, rows)
+    return 1 if failed else 0
+
+
+def _write(args, rows: list) -> None:
+    """Writes the rows so far (temp file, then rename)."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"race_check": not args.no_race, "schedule": args.schedule, "runs": rows}, indent=1) + "\n")
     tmp.replace(args.out)
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Whole models through `tpuflow verify` (compile, write, decode, functional run with the race
 detector, onnxruntime comparison). CI runs a representative set; `-m slow` runs every model on
-both matmul paths in fp32 and fp16 (benchmarks/verify_all.py times the same set)."""
+both matmul paths in fp32, fp16 and bf16 (benchmarks/verify_all.py times the same set;
+results/verify_all_full.json)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ CI_SET = [(m, "tiu", "fp32") for m in SMALL + ["squeezenet", "resnet50"]] + \
          [(m, "tile", "fp32") for m in ["mlp", "small_cnn", "bert_layer", "gpt_block"]] + \
          [(m, "tiu", "fp16") for m in ["small_cnn", "bert_layer", "llama_mlp"]] + \
          [(m, "tile", "fp16") for m in ["mlp", "gpt_block"]] + [("bert_layer", "tiu", "bf16")]
-FULL_SET = [(m, mm, dt) for m in SMALL + LIGHT for mm in ("tiu", "tile") for dt in ("fp32", "fp16")]
+HEAVY = ["bert_base"]  # BERT-base-sized: 340 MB of fp32 weights; TILE fp32 takes minutes
+DTYPES = ("fp32", "fp16", "bf16")
+FULL_SET = [(m, mm, dt) for m in SMALL + LIGHT + HEAVY for mm in ("tiu", "tile") for dt in DTYPES]
 
 
 def _verify(model, matmul, dtype, race=True):
@@ -39,6 +42,12 @@ def test_model_verifies(model, matmul, dtype):
 @pytest.mark.parametrize("model,matmul,dtype", [c for c in FULL_SET if c not in CI_SET])
 def test_model_verifies_full(model, matmul, dtype):
     _verify(model, matmul, dtype)
+
+
+def test_full_set_names_every_bundled_model():
+    from tpuflow.models import names
+    listed = SMALL + LIGHT + HEAVY
+    assert sorted(listed) == sorted(names()) and len(set(listed)) == len(listed)
 
 
 @pytest.mark.parametrize("matmul", ["tiu", "tile"])
