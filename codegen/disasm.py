@@ -22,19 +22,18 @@ from typing import Iterator
 
 from tpuflow.chip import ChipConfig, load_chip
 from tpuflow.errors import InputFileError
-from tpuflow.isa import (TILE_WAIT_TAG, AccCvt, ArTiu, CmpTiu, ConvTiu, Engine, GeneralDma, Instruction, MatrixDma,
-                         PordTiu, Prec, SfuTiu, StrideMode, SysDma, SysTiu, TensorDma, TMatmul, TPush, is_lmem,
+from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, Engine, GeneralDma, Instruction, MatrixDma,
+                         PordTiu, Prec, SfuTiu, StrideMode, SysTiu, TensorDma, TMatmul, TPush, is_lmem,
                          lmem_address, ref_name)
 from tpuflow.isa.gdma import ALL_LANES
 from tpuflow.isa.tile import QUEUES, size_text
 from tpuflow.program import ENGINES, Program
 
-from tpuflow.codegen.writer import MANIFEST, STREAM_SUFFIX, decode_stream, read_manifest, read_program
+from tpuflow.codegen.writer import MANIFEST, decode_stream, read_manifest, read_program
 from tpuflow.codegen.vendor import decode_vendor_stream, is_stream_dir, read_stream_dir
 
 SHAPE_FIELD = re.compile(r"^(res[01]|opd[0-3])_[nchw]$")
 CAST_ROUNDING = {0: "rne", 1: "rna", 2: "rtz", 3: "floor", 4: "ceil"}
-OTHER_ENGINE = {Engine.TIU: "D", Engine.GDMA: "B"}
 PREC_CODES = frozenset(int(p) for p in Prec)
 
 
@@ -148,7 +147,7 @@ def _tiu_extras(line: _Line, chip: ChipConfig) -> None:
         line.add(f"coef[{i.opd1_n}]=L*:0x{i.opd1_addr % chip.lmem_bytes_per_lane:04x}", "opd1_addr", "opd1_n")
     if isinstance(i, SfuTiu) and i.op == "normalize":
         line.add(f"res1={_tuple(i.res0_shape)}@{lmem_text(i.res1_addr, chip)}", "res1_addr")
-    if isinstance(i, SysTiu) and i.op == "wait_msg" and i.reg_idx == TILE_WAIT_TAG:
+    if i.is_tile_wait:
         line.add(f"wait T{i.imm}", "imm", "reg_idx")
     line.flag("opt_relu", "relu")
     line.flag("opt_res_add", "acc")
@@ -194,7 +193,7 @@ def gdma_line(cmd_id: int, instr, chip: ChipConfig) -> str:
                  f"len={instr.src_cstride}", "src_start_addr", "dst_start_addr", "src_cstride")
         if instr.op == "broadcast":
             line.add(f"lanes={instr.dst_csize}", "dst_csize")
-    elif isinstance(instr, SysDma) and instr.op == "sys_wait" and instr.index == TILE_WAIT_TAG:
+    elif instr.is_tile_wait:
         line.add(f"wait T{instr.constant_value}", "constant_value", "index")
     line.covered.add("src_data_format")
     suffix = prec_suffix(getattr(instr, "src_data_format", int(Prec.FP32)))
@@ -204,7 +203,8 @@ def gdma_line(cmd_id: int, instr, chip: ChipConfig) -> str:
 
 
 def _head(engine: Engine, cmd_id: int, instr) -> str:
-    dep = f" dep={OTHER_ENGINE[engine]}{instr.cmd_id_dep}" if instr.cmd_id_dep else ""
+    waits = instr.waits()                 # a TILE wait prints as an operand (`wait T<k>`)
+    dep = "".join(f" dep={e.letter}{waits[e.code]}" for e in Engine if e is not Engine.TILE and waits[e.code])
     return f"{engine.letter}{cmd_id}{dep} {instr.op_name}"
 
 
@@ -263,7 +263,7 @@ def program_lines(program: Program) -> Iterator[str]:
             yield instruction_line(engine, index + 1, instr, program.chip)
 
 
-STREAM_FILE = re.compile(r"\.(" + "|".join(STREAM_SUFFIX.values()) + r")\.\d+$")
+STREAM_FILE = re.compile(r"\.(" + "|".join(e.stream_suffix for e in Engine) + r")\.\d+$")
 
 
 def _file_chip(path: Path, chip) -> ChipConfig:
@@ -279,7 +279,7 @@ def file_lines(path: Path, chip=None) -> Iterator[str]:
     if match is None:
         raise InputFileError(f"{path}: not a stream file (expected <name>.BD.<core>, <name>.GDMA.<core> or "
                              "<name>.TILE.<core>)")
-    engine = {v: k for k, v in STREAM_SUFFIX.items()}[match.group(1)]
+    engine = next(e for e in Engine if e.stream_suffix == match.group(1))
     try:
         data = path.read_bytes()
     except OSError as exc:

@@ -11,7 +11,7 @@ import numpy as np
 from tpuflow.isa import ConvTiu, GeneralDma, MatrixDma, Mm2Tiu, SysDma, SysTiu, TensorDma, TMatmul, is_lmem
 from tpuflow.program import ENGINES, Program
 
-ENGINE_NAMES = ("tiu", "gdma", "tile")
+ENGINE_NAMES = tuple(e.value for e in ENGINES)      # in Engine.code order
 # The closed set of op classes a timeline colours by (index = class code).
 OP_CLASSES = ("conv", "matmul", "vector", "sync", "dma load", "dma store", "dma lmem", "dma ddr",
               "tile matmul", "tile other")

@@ -39,11 +39,8 @@ FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 CORE = 0
 FILE_MODE = 0o644  # mkstemp creates 0600; outputs are ordinary readable files
-STREAM_SUFFIX = {Engine.TIU: "BD", Engine.GDMA: "GDMA", Engine.TILE: "TILE"}
-
-
 def stream_file_name(name: str, engine: Engine, core: int = CORE) -> str:
-    return f"{name}.{STREAM_SUFFIX[Engine(engine)]}.{core}"
+    return f"{name}.{Engine(engine).stream_suffix}.{core}"
 
 
 def encode_stream(engine: Engine, instrs, coeff: tuple[int, int] | None = None) -> bytes:
