@@ -4,17 +4,18 @@ hazards allow: loads of the next slice go ahead of this slice's compute, stores 
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Sequence
 
+import networkx as nx
+
 from tpuflow.chip import ChipConfig
 from tpuflow.isa import Engine
+from tpuflow.scheduler.dag import LMEM_LANE_BLOCK
 from tpuflow.scheduler.hazards import HazardFinder
 
 LOAD, COMPUTE, STORE = 0, 1, 2          # phases, in their order inside a step
 PHASE_NAMES = ("load", "compute", "store")
-LANE_BLOCK = 8                          # lanes per hazard-index bucket
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def pipelined_order(records: Sequence, slice_of: Sequence[int], chip: ChipConfig
     slice) in timestep-table order: among the records whose hazard predecessors (RAW/WAR/WAW on
     precise LMEM and DDR ranges) are placed, the one of the earliest (step, phase, emission
     index) goes next. A record that touches no memory (SYS) keeps its place relative to all."""
-    finder = HazardFinder(chip.lanes, LANE_BLOCK, chip.chunk_bytes_per_lane)
+    finder = HazardFinder(chip.lanes, LMEM_LANE_BLOCK, chip.chunk_bytes_per_lane)
     preds: list[set[int]] = []
     keys: list[tuple[int, int, int]] = []
     barrier, since_barrier = -1, []
@@ -73,25 +74,7 @@ def pipelined_order(records: Sequence, slice_of: Sequence[int], chip: ChipConfig
         preds.append(p)
         phase = phase_of(record.engine, acc)
         keys.append((step_of(slice_of[i], phase), phase, i))
-    return _priority_topological_order(preds, keys)
-
-
-def _priority_topological_order(preds: list[set[int]], keys: list[tuple]) -> list[int]:
-    waiting = [len(p) for p in preds]
-    successors: list[list[int]] = [[] for _ in preds]
-    for node, p in enumerate(preds):
-        for q in p:
-            successors[q].append(node)
-    ready = [keys[n] for n, w in enumerate(waiting) if w == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        node = heapq.heappop(ready)[-1]
-        order.append(node)
-        for s in successors[node]:
-            waiting[s] -= 1
-            if waiting[s] == 0:
-                heapq.heappush(ready, keys[s])
-    if len(order) != len(preds):
-        raise AssertionError("internal: hazard predecessors form a cycle")
-    return order
+    order = nx.DiGraph()
+    order.add_nodes_from(range(len(records)))
+    order.add_edges_from((q, i) for i, p in enumerate(preds) for q in p)
+    return list(nx.lexicographical_topological_sort(order, key=keys.__getitem__))
