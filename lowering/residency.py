@@ -15,6 +15,7 @@ from tpuflow.lowering.layergroup import (MATRIX, NCHW, RESIDENT_SHARE, Residency
                                          is_lmem_concat, resident_shape)
 from tpuflow.lowering.groupsearch import SpanOption, best_selection
 from tpuflow.lowering.lmem import align_up
+from tpuflow.lowering.opspec import spec
 from tpuflow.lowering.slicing import SlicedRegion, candidate_runs, slice_region
 from tpuflow.lowering.tensors import make_tile, tile_bytes_per_lane
 
@@ -113,17 +114,19 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
                      frozenset(preloads), splits)
     base = _place(inputs, [])
     needed = [(u, t) for u, t in in_place if {u, t} - set(base.tensors) and alone_eligible(u) and alone_eligible(t)]
-    if needed:                 # in place only where two buffers do not fit (in place, reads and writes share banks)
-        inputs.aliases = aliases + needed
+
+    def placed_with(pairs: list[tuple[str, str]]) -> ResidencyPlan:
+        nonlocal family
+        inputs.aliases = aliases + pairs
         family = _family_sets(inputs.aliases)
         verdicts.clear()
-        base = _place(inputs, [])
+        return _place(inputs, [])
+
+    if needed:                 # in place only where two buffers do not fit (in place, reads and writes share banks)
+        base = placed_with(needed)
         kept = [(u, t) for u, t in needed if u in base.tensors]
         if kept != needed:     # pairs that fit no better together stay apart (and may be sliced)
-            inputs.aliases = aliases + kept
-            family = _family_sets(inputs.aliases)
-            verdicts.clear()
-            base = _place(inputs, [])
+            base = placed_with(kept)
     if span_cost is None:
         return base
     rejected = {t for t in producer if eligible(t) and t not in base.tensors and t not in family}
@@ -429,12 +432,7 @@ def _family_sets(aliases: list[tuple[str, str]]) -> dict[str, set[str]]:
 def _alias_families(aliases: list[tuple[str, str]], producer: dict[str, int]) -> list[list[str]]:
     """Tensors sharing one buffer (a Reshape input and its outputs, an in-place output and the
     input it overwrites, and chains of those), each family from its first-made member."""
-    family: dict[str, list[str]] = {}
-    for a, b in aliases:
-        joined = family.get(a, [a]) + [t for t in family.get(b, [b]) if t not in family.get(a, [a])]
-        for t in joined:
-            family[t] = joined
-    unique = {id(f): f for f in family.values()}.values()
+    unique = {id(f): f for f in _family_sets(aliases).values()}.values()
     return sorted((sorted(f, key=lambda t: (producer.get(t, -1), t)) for f in unique), key=lambda f: f[0])
 
 
@@ -445,7 +443,6 @@ def _in_place_pairs(graph: Graph, groups: list[Group], readable: list[dict], wri
     that may write their one output over an input read in place and dying there, of the same
     resident shape and layout: each output tile is written after the group read its rows, so the
     two share one LMEM buffer."""
-    from tpuflow.lowering.opspec import spec
     taken = {t for pair in aliases for t in pair}
     out = []
     for p, group in enumerate(groups):

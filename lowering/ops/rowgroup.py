@@ -341,17 +341,13 @@ class RowGroupEmitter:
         """Rows r0.. of an operand that repeats every `period` rows: one load per run of rows
         inside one period (tile row r reads operand row r mod period)."""
         r0, rt, d0, dt = tile
-        shape = self.graph_shape(op.tensor)
-        period = ewise.row_period(shape, self.group.full_shape, self.group.split)
+        period = ewise.row_period(self.ctx.graph.tensor(op.tensor).shape, self.group.full_shape, self.group.split)
         addr, r = self._ddr_of(op), r0
         while r < r0 + rt:
             run = min(period - r % period, r0 + rt - r)
             piece = dst.sub_channels(r - r0, run, self.chip)
             self.ctx.em.load(piece, self._rows_region(addr, Kind.FULL, (r % period, run, d0, dt)))
             r += run
-
-    def graph_shape(self, tensor: str) -> tuple[int, ...]:
-        return tuple(self.ctx.graph.tensor(tensor).shape)
 
     def _rows_region(self, addr: int, kind: Kind, tile) -> DRegion:
         r0, rt, d0, dt = tile
