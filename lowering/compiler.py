@@ -116,7 +116,8 @@ def resident_ports(graph: Graph, group: Group, chip: ChipConfig,
 def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
                       share: float = RESIDENT_SHARE) -> ResidencyPlan:
     """The residency plan; its sliced spans are chosen by the layer-group search on estimated
-    times (`_members_cost`), and kept when the whole program is faster with them."""
+    times (`_members_cost`), and kept when the groups whose emission they can change (first to
+    last, `_differing_span`) run faster with them than without."""
     if options.layer_group == "off" or share <= 0:
         return ResidencyPlan()
 
