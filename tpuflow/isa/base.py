@@ -240,6 +240,10 @@ class Instruction:
         assignment derives these from the order; see tpuflow.isa.tile)."""
         return False
 
+    def message(self):
+        """The cross-core SEND/WAIT this instruction is (a tpuflow.isa.messages.Message), or None."""
+        return None
+
     def with_waits(self, ids) -> "Instruction":
         """A copy with every WAIT_FIELDS field set to ids[engine.code] (the values are valid ids, so the
         dataclass checks are skipped: this runs once per instruction of a program)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from tpuflow.isa import messages
 from tpuflow.isa.base import (TILE_WAIT_TAG, Accesses, DdrRange, Engine, Instruction, LmemRange, Prec, ddr_range,
                               lmem_ranges)
 
@@ -340,6 +341,22 @@ class SysDma(DmaInstruction):
     def tile_wait(cls, block: int) -> "SysDma":
         """dma.sys.sys_wait that waits until the TILE engine completed block `block`."""
         return cls(op="sys_wait", index=TILE_WAIT_TAG, constant_value=block)
+
+    @classmethod
+    def send(cls, msg_id: int, wait_cnt: int) -> "SysDma":
+        """dma.sys.sys_send: a cross-core message (tpuflow.isa.messages) consumed by `wait_cnt` waits."""
+        return cls(op="sys_send", constant_value=messages.pack(msg_id, wait_cnt, messages.GDMA_COUNT_SHIFT))
+
+    @classmethod
+    def wait(cls, msg_id: int, send_cnt: int) -> "SysDma":
+        """dma.sys.sys_wait: blocks until `send_cnt` sends of `msg_id` arrived (tpuflow.isa.messages)."""
+        return cls(op="sys_wait", constant_value=messages.pack(msg_id, send_cnt, messages.GDMA_COUNT_SHIFT))
+
+    def message(self):
+        if self.op not in ("sys_send", "sys_wait") or self.is_tile_wait:
+            return None
+        msg_id, count = messages.unpack(self.constant_value, messages.GDMA_COUNT_SHIFT)
+        return messages.Message("send" if self.op == "sys_send" else "wait", msg_id, count)
 
     def accesses(self, chip):
         return Accesses()

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from tpuflow.isa import messages
 from tpuflow.isa.base import (TILE_WAIT_TAG, Accesses, Engine, Instruction, LocalTensor, Prec, StrideMode,
                               lmem_ranges, operand_strides)
 
@@ -684,6 +685,22 @@ class SysTiu(TiuInstruction):
     def tile_wait(cls, block: int) -> "SysTiu":
         """system.wait_msg that waits until the TILE engine completed block `block`."""
         return cls(op="wait_msg", reg_idx=TILE_WAIT_TAG, imm=block)
+
+    @classmethod
+    def send(cls, msg_id: int, wait_cnt: int) -> "SysTiu":
+        """system.send_msg: a cross-core message (tpuflow.isa.messages) consumed by `wait_cnt` waits."""
+        return cls(op="send_msg", imm=messages.pack(msg_id, wait_cnt, messages.TIU_COUNT_SHIFT))
+
+    @classmethod
+    def wait(cls, msg_id: int, send_cnt: int) -> "SysTiu":
+        """system.wait_msg: blocks until `send_cnt` sends of `msg_id` arrived (tpuflow.isa.messages)."""
+        return cls(op="wait_msg", imm=messages.pack(msg_id, send_cnt, messages.TIU_COUNT_SHIFT))
+
+    def message(self):
+        if self.op not in ("send_msg", "wait_msg") or self.is_tile_wait:
+            return None
+        msg_id, count = messages.unpack(self.imm, messages.TIU_COUNT_SHIFT)
+        return messages.Message("send" if self.op == "send_msg" else "wait", msg_id, count)
 
     def accesses(self, chip):
         return Accesses()
