@@ -70,6 +70,18 @@ class CoreConfig:
     ddr_bytes: int = p("B", "DDR capacity the compiler may place tensors in")
     ddr_align_bytes: int = p("B", "alignment of DDR tensor addresses", check=_power_of_two)
     gdma_lmem_base_address: int = p("address", "global address at which GDMA sees LMEM (tpuflow choice)")
+    # Multi-core: LMEM (above) is private to each core; DDR (dram.chip_peak_gbps), the L2 SRAM and
+    # the message queue are shared by all cores.
+    l2_sram_bytes: int = p("B", "on-chip L2 SRAM shared by all cores (0: none)", check=_non_negative, default=0,
+                           source="sg2260: tpu-mlir BM1690.h L2_SRAM_SIZE = 0x8000000; bm1684x: BM1684X.h 0x1FB000")
+    l2_sram_gbps: float = p("GB/s", "L2 SRAM bandwidth shared by all cores (0: none)", check=_non_negative,
+                            default=0.0, source="tpu-mlir 1.30.2 python/profile_helper/bm1690_defs.py 'L2 Max BW(GB/s)'")
+    message_ids: int = p("ids", "cross-core message ids: entries of the chip-wide SEND/WAIT message queue",
+                         check=_power_of_two, default=512,
+                         source="tpu-mlir 1.30.2 python/debugger/target_2260/multi_core.py (512 x 14 bit msg queue)")
+    message_latency_ns: float = p("ns", "from a SEND taking effect to a WAIT on another core seeing it",
+                                  check=_non_negative, default=100.0,
+                                  source="no public figure: tpuflow assumption, one fabric round trip (hardware.md)")
 
 
 @dataclass(frozen=True)
@@ -232,6 +244,9 @@ class DramConfig:
     min_write_to_read_ns: float = p("ns", "minimum_write_to_read_cycle_")
     min_read_ns: float = p("ns", "minimal_read_cycle_ (controller + PHY latency of a read)")
     banks_per_umc: int = p("banks", "DRAM banks a UMC keeps pages open in", check=_power_of_two)
+    chip_peak_gbps: float = p("GB/s", "DDR bandwidth all cores together reach (shared UMCs); one core's port "
+                              "reaches peak_gbps (0: cores x peak_gbps)", check=_non_negative, default=0.0,
+                              source="sg2260: hardware.md WDC, 2 channels x 8 UMC x 256 bit x 400 MHz = 204.8 GB/s")
 
 
 @dataclass(frozen=True)
@@ -342,7 +357,19 @@ class ChipConfig:
 
     @property
     def ddr_peak_bytes_per_second(self) -> float:
+        """One core's DDR port."""
         return self.dram.peak_gbps * 1e9
+
+    @property
+    def ddr_chip_peak_bytes_per_second(self) -> float:
+        """DDR bandwidth all cores share (dram.chip_peak_gbps, or cores x one port when it is 0)."""
+        return (self.dram.chip_peak_gbps or self.dram.peak_gbps * self.core.cores) * 1e9
+
+    def check_cores(self, cores: int) -> None:
+        """A program on `cores` cores fits this chip (ConfigError naming core.cores otherwise)."""
+        if not 1 <= cores <= self.core.cores:
+            raise ConfigError(f"chip {self.core.name}: --cores {cores} is not within 1..{self.core.cores} "
+                              f"(key 'core.cores')")
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -502,6 +529,8 @@ def _cross_check(chip: ChipConfig, label: str) -> None:
             raise ConfigError(f"chip file {label}: key '{key}' is impossible: {why}")
 
     need(c.modelled_cores <= c.cores, "core.modelled_cores", "more than core.cores")
+    need(chip.dram.chip_peak_gbps == 0 or chip.dram.chip_peak_gbps >= chip.dram.peak_gbps, "dram.chip_peak_gbps",
+         "less than one core's dram.peak_gbps")
     need(c.lmem_bytes_per_lane % c.lmem_banks == 0, "core.lmem_banks", "must divide lmem_bytes_per_lane")
     need(c.eu_bytes_per_lane >= 4, "core.eu_bytes_per_lane", "must hold at least one fp32")
     need(chip.tile_window_bytes_per_lane <= c.lmem_bytes_per_lane // 2, "tile.slot_bytes",
