@@ -6,7 +6,8 @@ and flags. TIU operands: `res0=(n,c,h,w)@L<lane>:0x<per-lane offset>`, then `:<d
 not fp32 and `:compact` / `:str(n,c,h,w)` when not EU-aligned; a constant operand is `#value`.
 GDMA endpoints: DDR as `0x<address>`, LMEM as `L<lane>:0x<offset>`, tensors with their element
 strides. SFU Taylor coefficients, read by every lane, print as `coef[n]=L*:0x<offset>`.
-SYS waits on the TILE engine (TILE_WAIT_TAG) print as `wait T<k>`. TILE blocks are
+SYS waits on the TILE engine (TILE_WAIT_TAG) print as `wait T<k>`; cross-core messages as
+`msg=<id> cnt=<count>`. A multi-core folder lists core by core under `# core <k>`. TILE blocks are
 LinxISA assembly, e.g. `TMATMUL <M:64, N:32, K:64, FP32> T#2, U#1, ->ACC<8KB>`, with their
 waits as `wait=B5,D9`. Any other field that differs from its default is printed as
 `name=value`, so nothing in the bytes is hidden.
@@ -26,6 +27,7 @@ from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, Engine, GeneralDma, Ins
                          PordTiu, Prec, SfuTiu, StrideMode, SysTiu, TensorDma, TMatmul, TPush, is_lmem,
                          lmem_address, ref_name)
 from tpuflow.isa.gdma import ALL_LANES
+from tpuflow.isa.messages import GDMA_COUNT_SHIFT, TIU_COUNT_SHIFT
 from tpuflow.isa.tile import QUEUES, size_text
 from tpuflow.program import ENGINES, Program
 
@@ -149,8 +151,17 @@ def _tiu_extras(line: _Line, chip: ChipConfig) -> None:
         line.add(f"res1={_tuple(i.res0_shape)}@{lmem_text(i.res1_addr, chip)}", "res1_addr")
     if i.is_tile_wait:
         line.add(f"wait T{i.imm}", "imm", "reg_idx")
+    _message(line, "imm")
     line.flag("opt_relu", "relu")
     line.flag("opt_res_add", "acc")
+
+
+def _message(line: _Line, operand: str) -> None:
+    """A SEND/WAIT's operand as msg=/cnt= (left raw when it has bits outside those two fields)."""
+    message = line.instr.message()
+    shift = TIU_COUNT_SHIFT if operand == "imm" else GDMA_COUNT_SHIFT
+    if message is not None and getattr(line.instr, operand) == message.msg_id | message.count << shift:
+        line.add(f"msg={message.msg_id} cnt={message.count}", operand)
 
 
 def tiu_line(cmd_id: int, instr, chip: ChipConfig) -> str:
@@ -195,6 +206,7 @@ def gdma_line(cmd_id: int, instr, chip: ChipConfig) -> str:
             line.add(f"lanes={instr.dst_csize}", "dst_csize")
     elif instr.is_tile_wait:
         line.add(f"wait T{instr.constant_value}", "constant_value", "index")
+    _message(line, "constant_value")
     line.covered.add("src_data_format")
     suffix = prec_suffix(getattr(instr, "src_data_format", int(Prec.FP32)))
     if suffix:
@@ -250,7 +262,17 @@ def instruction_line(engine: Engine, cmd_id: int, instr, chip: ChipConfig) -> st
 # --------------------------------------------------------------------------- files, programs
 
 def program_lines(program: Program) -> Iterator[str]:
-    """All three streams, with the layer name as a comment wherever it changes."""
+    """All three streams, with the layer name as a comment wherever it changes; core by core (under
+    `# core <k>`) for a multi-core program."""
+    if program.core_count == 1:
+        yield from _core_lines(program)
+        return
+    for k in range(program.core_count):
+        yield f"# core {k}"
+        yield from _core_lines(program.core(k))
+
+
+def _core_lines(program: Program) -> Iterator[str]:
     for engine in ENGINES:
         queue = program.queue(engine)
         yield f"# {engine.name}: {len(queue)} instructions"

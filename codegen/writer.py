@@ -1,8 +1,8 @@
 """Output directory of a compiled Program: per-engine binaries, weight image, manifest.json; and reading it back.
 
-Files (core 0): `<name>.BD.0` (TIU descriptors), `<name>.GDMA.0` (GDMA descriptors),
-`<name>.TILE.0` (CUBE blocks), `<name>.weights.bin` (the DDR weight image, loaded at
-memory.weight_base) and `manifest.json`. Everything is encoded in memory first, then each file
+Files, per core k: `<name>.BD.<k>` (TIU descriptors), `<name>.GDMA.<k>` (GDMA descriptors),
+`<name>.TILE.<k>` (CUBE blocks); once: `<name>.weights.bin` (the DDR weight image, loaded at
+memory.weight_base, shared by all cores) and `manifest.json`. Everything is encoded in memory first, then each file
 is written under a temporary name in the output directory and renamed, manifest last, so a
 failure never leaves half a file. Same Program -> byte-identical files (sorted keys, no
 timestamps).
@@ -12,6 +12,9 @@ hardware-meaning fields, see codegen.sg2260; version 1 folders are refused): too
 name + fingerprint, options, model name, per-engine instruction counts, issue_order run-length
 coded ("B3D2T1" = BBBDDT), the DDR tensor placement, the instruction -> layer map per engine as runs [layer, count], layers
 (LayerInfo, in program order), fused groups, and each file's size and sha256.
+The top-level counts / issue_order / files / layer_map are core 0's (exactly as for a single-core
+program); `cores` is the core count, `core_split` the compiler's per-core split record
+(Program.core_split), and for cores 1.. `per_core` lists {core, counts, issue_order, files, layer_map}.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from tpuflow.errors import InputFileError
 from tpuflow.isa import Engine
 from tpuflow.isa.ids import IdFields, unwrap_queues, wrap_queues
 from tpuflow.options import typed_options
-from tpuflow.program import ENGINES, DdrTensor, LayerInfo, MemoryPlan, Program
+from tpuflow.program import ENGINES, CoreStreams, DdrTensor, LayerInfo, MemoryPlan, Program
 
 from tpuflow.codegen.linx import decode_blocks, encode_blocks
 from tpuflow.codegen.sg2260 import decode_descriptors, encode_descriptors
@@ -83,7 +86,9 @@ def _file_entry(data: bytes, file_name: str) -> dict:
     return {"name": file_name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def manifest_dict(program: Program, files: dict[str, dict]) -> dict:
+def manifest_dict(program: Program, files: dict[str, dict], per_core_files: list[dict] = ()) -> dict:
+    """The manifest of `program`: `files` are core 0's streams and the weights, `per_core_files` the
+    stream entries of cores 1.. (one dict by engine each)."""
     mem = program.memory
     return {
         "format_version": FORMAT_VERSION,
@@ -103,7 +108,16 @@ def manifest_dict(program: Program, files: dict[str, dict]) -> dict:
         "fused_groups": [list(g) for g in program.fused_groups],
         "layer_groups": program.layer_groups,
         "compulsory_ddr_bytes": program.compulsory_ddr_bytes,
+        "cores": program.core_count,
+        "core_split": program.core_split,
+        **({"per_core": [_core_entry(program.core(k), per_core_files[k - 1]) for k in range(1, program.core_count)]}
+           if program.core_count > 1 else {}),
     }
+
+
+def _core_entry(view: Program, files: dict) -> dict:
+    return {"core": view.core_id, "counts": view.counts(), "issue_order": compact_issue_order(view.issue_order),
+            "files": files, "layer_map": {e.value: run_length(view.layer_names(e)) for e in ENGINES}}
 
 
 def _compact(value) -> str:
@@ -145,19 +159,29 @@ def _write_atomically(outdir: Path, contents: dict[str, bytes]) -> None:
                 tmp.unlink()
 
 
+def _core_streams(view: Program, name: str, contents: dict) -> dict:
+    """Encode one core's three streams into `contents`; their manifest file entries by engine."""
+    wrapped = wrap_queues({e: view.queue(e) for e in ENGINES}, view.issue_order, IdFields.of(view.chip))
+    mem = view.memory
+    coeff = (mem.weight_base, mem.weight_base + len(mem.weight_image))
+    files = {}
+    for e in ENGINES:
+        file_name = stream_file_name(name, e, view.core_id)
+        contents[file_name] = encode_stream(e, wrapped[e], coeff)
+        files[e.value] = _file_entry(contents[file_name], file_name)
+    return files
+
+
 def write_program(program: Program, outdir: str | os.PathLike, name: str = "model") -> Path:
     """Write the output directory of `program` (see the module docstring); returns the directory."""
     out = Path(outdir)
-    wrapped = wrap_queues({e: program.queue(e) for e in ENGINES}, program.issue_order, IdFields.of(program.chip))
-    mem = program.memory
-    coeff = (mem.weight_base, mem.weight_base + len(mem.weight_image))
-    streams = {stream_file_name(name, e): encode_stream(e, wrapped[e], coeff) for e in ENGINES}
+    contents: dict[str, bytes] = {}
+    files = _core_streams(program.core(0) if program.core_count > 1 else program, name, contents)
+    per_core = [_core_streams(program.core(k), name, contents) for k in range(1, program.core_count)]
     weights_name = f"{name}.weights.bin"
-    contents = dict(streams)
     contents[weights_name] = bytes(program.memory.weight_image)
-    files = {e.value: _file_entry(streams[stream_file_name(name, e)], stream_file_name(name, e)) for e in ENGINES}
     files["weights"] = _file_entry(contents[weights_name], weights_name)
-    manifest = manifest_text(manifest_dict(program, files))
+    manifest = manifest_text(manifest_dict(program, files, per_core))
     contents[MANIFEST] = manifest.encode()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -227,32 +251,46 @@ def read_program(outdir: str | os.PathLike, chip: ChipConfig | str | os.PathLike
         raise InputFileError(f"{out / MANIFEST}: malformed manifest ({type(exc).__name__}: {exc})") from None
 
 
-def _program_from(out: Path, manifest: dict, chip) -> Program:
-    resolved = manifest_chip(manifest, chip, str(out / MANIFEST))
+def _read_core(out: Path, entry: dict, chip: ChipConfig) -> CoreStreams:
+    """One core's streams from its manifest entry ({counts, issue_order, files, layer_map})."""
     queues = {}
     for e in ENGINES:
-        entry = manifest["files"][e.value]
-        data = _read_file(out, entry)
-        queues[e] = decode_stream(e, data, str(out / entry["name"]))
-        if len(queues[e]) != manifest["counts"][e.value]:
-            raise InputFileError(f"{out / entry['name']}: {len(queues[e])} instructions, the manifest says "
-                                 f"{manifest['counts'][e.value]}")
-        _check_file(out, entry, data)
-    weights = _read_file(out, manifest["files"]["weights"])
-    _check_file(out, manifest["files"]["weights"], weights)
-    layer_map = {e: expand_runs(manifest["layer_map"][e.value]) for e in ENGINES}
-    issue_order = expand_issue_order(manifest["issue_order"])
+        file_entry = entry["files"][e.value]
+        data = _read_file(out, file_entry)
+        queues[e] = decode_stream(e, data, str(out / file_entry["name"]))
+        if len(queues[e]) != entry["counts"][e.value]:
+            raise InputFileError(f"{out / file_entry['name']}: {len(queues[e])} instructions, the manifest says "
+                                 f"{entry['counts'][e.value]}")
+        _check_file(out, file_entry, data)
+    layer_map = {e: expand_runs(entry["layer_map"][e.value]) for e in ENGINES}
+    issue_order = expand_issue_order(entry["issue_order"])
     for e in ENGINES:
         if issue_order.count(e.letter) != len(queues[e]):
             raise InputFileError(f"{out / MANIFEST}: issue_order lists {issue_order.count(e.letter)} {e.value} "
                                  f"instructions, the stream holds {len(queues[e])}")
-    queues = unwrap_queues(queues, issue_order, IdFields.of(resolved))
-    return Program(
-        chip=resolved, tiu=queues[Engine.TIU], gdma=queues[Engine.GDMA], tile=queues[Engine.TILE],
-        tiu_layers=layer_map[Engine.TIU], gdma_layers=layer_map[Engine.GDMA], tile_layers=layer_map[Engine.TILE],
+    queues = unwrap_queues(queues, issue_order, IdFields.of(chip))
+    return CoreStreams(tiu=queues[Engine.TIU], gdma=queues[Engine.GDMA], tile=queues[Engine.TILE],
+                       tiu_layers=layer_map[Engine.TIU], gdma_layers=layer_map[Engine.GDMA],
+                       tile_layers=layer_map[Engine.TILE], issue_order=issue_order)
+
+
+def _program_from(out: Path, manifest: dict, chip) -> Program:
+    resolved = manifest_chip(manifest, chip, str(out / MANIFEST))
+    cores = [_read_core(out, manifest, resolved)] + [_read_core(out, entry, resolved)
+                                                      for entry in manifest.get("per_core", [])]
+    if len(cores) != manifest.get("cores", 1):
+        raise InputFileError(f"{out / MANIFEST}: cores says {manifest.get('cores')}, the manifest lists "
+                             f"{len(cores)} cores' streams")
+    weights = _read_file(out, manifest["files"]["weights"])
+    _check_file(out, manifest["files"]["weights"], weights)
+    first = cores[0]
+    base = Program(
+        chip=resolved, tiu=first.tiu, gdma=first.gdma, tile=first.tile,
+        tiu_layers=first.tiu_layers, gdma_layers=first.gdma_layers, tile_layers=first.tile_layers,
         memory=_memory_plan(manifest, weights),
         layers={key: LayerInfo(**info) for key, info in manifest["layers"]},
         fused_groups=[tuple(g) for g in manifest["fused_groups"]],
         layer_groups=manifest.get("layer_groups", []), compulsory_ddr_bytes=manifest.get("compulsory_ddr_bytes", 0),
         options={k: str(v) for k, v in manifest["options"].items()}, model_name=manifest["model"],
-        issue_order=issue_order)
+        issue_order=first.issue_order, core_split=list(manifest.get("core_split", [])))
+    return base if len(cores) == 1 else Program.from_cores(base, cores)

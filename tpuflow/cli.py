@@ -62,6 +62,8 @@ def _add_compile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT budget in seconds (deterministic)")
     p.add_argument("--layer-group", default="on",
                    help="on (default) | off: keep activations in LMEM across fused groups, or round-trip DDR")
+    p.add_argument("--cores", type=int, default=1,
+                   help="cores to split the model over (default 1, at most the chip's core.cores)")
 
 
 def _add_outputs(p: argparse.ArgumentParser) -> None:
@@ -144,7 +146,7 @@ def _options(args):
     from tpuflow.options import CompileOptions
     return CompileOptions(dtype=args.dtype, matmul=args.matmul, dep_mode=args.dep_mode,
                           schedule=args.schedule, time_limit_s=args.time_limit,
-                          layer_group=args.layer_group)
+                          layer_group=args.layer_group, cores=args.cores)
 
 
 def _shapes(args) -> dict[str, tuple[int, ...]]:

@@ -24,6 +24,7 @@ class CompileOptions:
     schedule: str = "list"       # instruction order: emission order, list scheduling (default), CP-SAT windows
     time_limit_s: float = 20.0   # CP-SAT total budget (deterministic time units)
     layer_group: str = "on"      # on: activations stay in LMEM across fused groups when they fit; off: every group round-trips DDR
+    cores: int = 1               # cores the program is split over (at most the chip's core.cores, checked by the pipeline)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
@@ -34,9 +35,16 @@ class CompileOptions:
                 raise OptionError(f"option --{name.replace('_', '-')}: '{value}' is not one of {', '.join(allowed)}")
         if not self.time_limit_s > 0:
             raise OptionError(f"option --time-limit: must be positive, got {self.time_limit_s}")
+        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
+            raise OptionError(f"option --cores: must be a positive integer, got {self.cores!r}")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The options as recorded in outputs; `cores` only when more than one, so single-core
+        programs, manifests and estimates are exactly what they were before the core axis."""
+        out = asdict(self)
+        if self.cores == 1:
+            del out["cores"]
+        return out
 
     def fingerprint(self) -> str:
         blob = json.dumps(self.as_dict(), sort_keys=True)

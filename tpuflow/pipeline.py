@@ -123,13 +123,24 @@ def compile_model(model, chip: ChipConfig | str | None = None, options: CompileO
     options = options or CompileOptions()
     with step("import and canonicalise the model"):
         graph = load_graph(model, input_shapes)
+    chip.check_cores(options.cores)
     with step(f"lower {graph.name} for {chip.name} ({options.dtype}, matmul={options.matmul})"):
         program = lower(graph, chip, options)
+    _check_core_split(program, options.cores)
     if options.schedule != "program":
         from tpuflow.scheduler import schedule
         with step(f"{options.schedule} schedule of {program.instruction_count} instructions"):
             program = schedule(program, options.schedule, time_limit_s=options.time_limit_s)
     return graph, program
+
+
+def _check_core_split(program, cores: int) -> None:
+    """--cores N is honoured or refused, never silently run on fewer cores (issue 14: until lowering
+    splits over cores, a program with fewer cores than asked is an error)."""
+    if program.core_count < cores:
+        from tpuflow.errors import OptionError
+        raise OptionError(f"option --cores {cores}: the compiler does not split over cores yet "
+                          f"(the program has {program.core_count})")
 
 
 def cmd_compile(model, chip, options: CompileOptions, input_shapes: dict, output: Path) -> int:

@@ -48,7 +48,9 @@ def test_tiu_operands_show_dtype_strides_constants_and_flags():
 
 def test_sys_waits_on_tile_and_other_fields_are_shown():
     assert line(Engine.TIU, 9, SysTiu(op="wait_msg", reg_idx=TILE_WAIT_TAG, imm=3)) == "B9 system.wait_msg wait T3"
-    assert line(Engine.TIU, 9, SysTiu(op="send_msg", imm=5)) == "B9 system.send_msg imm=5"
+    assert line(Engine.TIU, 9, SysTiu(op="send_msg", imm=5)) == "B9 system.send_msg msg=5 cnt=0"
+    assert line(Engine.TIU, 9, SysTiu(op="send_msg", imm=1 << 30)) == f"B9 system.send_msg imm={1 << 30}"
+    assert line(Engine.GDMA, 2, SysDma.wait(7, 4)) == "D2 dma.sys.sys_wait msg=7 cnt=4"
     assert line(Engine.GDMA, 4, SysDma(op="sys_wait", index=TILE_WAIT_TAG, constant_value=2, cmd_id_dep=3)) == \
         "D4 dep=B3 dma.sys.sys_wait wait T2"
 
