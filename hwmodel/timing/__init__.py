@@ -47,14 +47,15 @@ from tpuflow.hwmodel.timing.result import STAGES, STALLS, DramResult, SimResult
 from tpuflow.program import Program
 
 
-def simulate(program: Program, *, dep_mode: str | None = None, check: bool = True) -> SimResult:
-    """Simulate `program` on its chip; see the package docstring."""
+def simulate(program: Program, *, dep_mode: str | None = None, check: bool = True, memory: str = "rate") -> SimResult:
+    """Simulate `program` on its chip; see the package docstring. memory: "rate" (transfers as flows of
+    the shared memory, memory.py) or "burst" (the per-burst GDMA/WDC solve, gdma.py)."""
     from tpuflow.hwmodel.timing.core import Simulator
 
     accesses: list = [[], [], []]
     same = same_instructions(program)
     waits = resolve_waits(program, dep_mode, check=check, keep=accesses, same=same)
-    return Simulator(program, waits, accesses, same).run()
+    return Simulator(program, waits, accesses, same, memory=memory).run()
 
 
 __all__ = ["simulate", "SimResult", "DramResult", "STAGES", "STALLS", "DependencyCheckError",

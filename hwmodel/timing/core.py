@@ -8,11 +8,13 @@ from tpuflow.errors import DeadlockError
 from tpuflow.hwmodel.timing.clocks import Clocks
 from tpuflow.hwmodel.timing.deps import Waits, same_instructions
 from tpuflow.hwmodel.timing.descriptors import descriptor_bits
-from tpuflow.hwmodel.timing.engines import GDMA, TILE, TIU, GdmaEngine, TiuEngine, TileEngine
+from tpuflow.hwmodel.timing.engines import GDMA, TILE, TIU, GdmaEngine, GdmaFlowEngine, TiuEngine, TileEngine
 from tpuflow.isa import Engine
 from tpuflow.hwmodel.timing.events import EventQueue
 from tpuflow.hwmodel.timing.gdma import CommandModel
 from tpuflow.hwmodel.timing.ife import Ife
+from tpuflow.hwmodel.timing.memory import SharedMemory
+from tpuflow.hwmodel.timing.transfers import TransferModel
 from tpuflow.hwmodel.timing.result import STAGES, STALLS, DramResult, SimResult, busy_union_ps
 from tpuflow.program import ENGINES, Program
 
@@ -20,12 +22,19 @@ _IFE_COLUMNS = ("txi_acq", "pack", "decode", "check", "issue", "transfer", "fifo
 _ENGINE_COLUMNS = tuple(c for c in STAGES + STALLS if c not in _IFE_COLUMNS)
 
 
+def shared_capacity(chip) -> float:
+    """How many cores' worth of UMC time each UMC serves (memory.py): chip total over one core's port."""
+    total = getattr(chip.dram, "chip_peak_gbps", 0.0) or chip.dram.peak_gbps * chip.core.cores
+    return max(1.0, total / chip.dram.peak_gbps)
+
+
 class Simulator:
     """One core: the IFE and the three engines on one event heap (sim.queue). Engines fill their columns
     (Python lists, converted to arrays in the result); the IFE stage times and fifo_full stalls are
     gathered from the IFE's per-position lists after the run."""
 
-    def __init__(self, program: Program, waits: Waits, accesses: list | None = None, same: list | None = None):
+    def __init__(self, program: Program, waits: Waits, accesses: list | None = None, same: list | None = None,
+                 memory: str = "rate", queue: EventQueue | None = None, shared: SharedMemory | None = None):
         self.program, self.waits = program, waits
         self.same = same or same_instructions(program)     # per engine: first equal instruction
         self.sync = [0, 0, 0]          # completed instructions per engine (tiu / tdma / tile sync ids)
@@ -33,8 +42,13 @@ class Simulator:
         chip = program.chip
         self.chip = chip
         self.clocks = clocks = Clocks.of(chip)
-        self.queue = EventQueue()
-        self.commands = CommandModel(chip, clocks).table(program.gdma, self.same[GDMA])
+        self.queue = queue or EventQueue()
+        self.memory_model = memory
+        if memory == "burst":
+            self.commands = CommandModel(chip, clocks).table(program.gdma, self.same[GDMA])
+        else:
+            self.commands = TransferModel(chip, clocks).costs(program.gdma, self.same[GDMA])
+            self.memory = shared or SharedMemory(self.queue, chip.umc_count, shared_capacity(chip))
         queues = [program.queue(e) for e in ENGINES]
         self.cols = [{c: [0] * len(q) for c in _ENGINE_COLUMNS} for q in queues]
         self.order = [(e.code, i) for e, i in program.issue_sequence()]
@@ -42,8 +56,9 @@ class Simulator:
         for pos, (code, index) in enumerate(self.order):
             self.pos_of[code][index] = pos
         bits = [descriptor_bits(queues[code][index]) for code, index in self.order]
-        self.engines = [TiuEngine(self, chip, queues[TIU], clocks.tiu.period),
-                        GdmaEngine(self, chip, queues[GDMA], clocks.gdma.period, self.commands),
+        gdma = (GdmaEngine(self, chip, queues[GDMA], clocks.gdma.period, self.commands) if memory == "burst" else
+                GdmaFlowEngine(self, chip, queues[GDMA], clocks.gdma, self.commands, self.memory))
+        self.engines = [TiuEngine(self, chip, queues[TIU], clocks.tiu.period), gdma,
                         TileEngine(self, chip, queues[TILE], clocks.tile)]
         self.ife = Ife(self, chip, clocks, self.order, bits)
 

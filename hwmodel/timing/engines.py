@@ -18,8 +18,10 @@ TIU DPC pipes (CUBE for CONV/MM2, VECTOR otherwise; T = TIU period; d_* = the pi
 Vector ARB has no fixed delay (d_arb = 0; its cost is the bubbles). The per-bus GEN address FIFOs
 (vector_gen_fifo_depth) are not modelled one by one: GEN's run-ahead is bounded by lookahead.
 TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period.
-GDMA: one command at a time, the next after the previous one's end; a command's timeline relative
-to its dispatch comes from gdma.CommandTable (computed for the whole queue before the run).
+GDMA: one command at a time, the next after the previous one's end. Rate model (default): the command
+is a flow of the shared memory (memory.py) from its dispatch; when its bandwidth phase ends at t_bw,
+end = align_gdma(t_bw + latency) (transfers.py). Per-burst model (memory="burst"): the command's
+timeline relative to its dispatch comes from gdma.CommandTable (computed for the whole queue first).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH
 from tpuflow.hwmodel.timing.gdma import CommandTable
+from tpuflow.hwmodel.timing.transfers import TransferCosts
 from tpuflow.isa import Engine, Instruction
 
 TIU, GDMA, TILE = (e.code for e in Engine)
@@ -205,6 +208,63 @@ class GdmaEngine(EngineBase):
             self.dram_first = first if self.dram_first < 0 else min(self.dram_first, first)
             self.dram_last = max(self.dram_last, now + last)
         return end
+
+
+class GdmaFlowEngine(EngineBase):
+    """GDMA on the rate model: a command runs as a flow of sim.memory; stalls: dma_credit = the credit
+    term beyond the other limits, dram = the bandwidth phase beyond the core's own limits (DRAM pages,
+    single-UMC transfers, other cores' transfers)."""
+
+    code = GDMA
+
+    def __init__(self, sim, chip: ChipConfig, instrs, clock, costs: TransferCosts, memory):
+        super().__init__(sim, instrs, clock.period)
+        self.clock, self.costs, self.memory = clock, costs, memory
+        self.col_credit, self.col_dram = self.col["dma_credit"], self.col["dram"]
+        self.free = 0
+        self.running = -1            # the command in flight (-1: none)
+        self.dram_first = -1
+        self.dram_last = 0
+
+    def earliest(self, index: int) -> int:
+        arrival = self.arrival[index]
+        return self.free if self.free > arrival else arrival
+
+    def poke(self) -> None:
+        if self.running < 0:
+            super().poke()
+
+    def _dispatch(self, _) -> None:
+        self.scheduled = False
+        index = self.cmds.popleft()
+        now = self.q.now
+        self.col_dispatch[index] = now
+        arrival = self.arrival[index]
+        self.col_dependency[index] = now - (arrival if arrival > self.free else self.free)
+        self.sim.cmd_taken(self.code, index)
+        self.running = index
+        self.col_start[index] = now
+        c = self.costs
+        self.memory.start(c.solo_ps(index), lambda: c.occupancy_of(index), c.ddr_bytes[index], self._moved)
+
+    def _moved(self, t: int) -> None:
+        """The bandwidth phase of the running command ended at `t`."""
+        index, c = self.running, self.costs
+        start = self.col_start[index]
+        own = max(c.port[index], c.credit[index])
+        self.col_credit[index] = max(0, c.credit[index] - max(c.port[index], c.dram[index]))
+        self.col_dram[index] = max(0, t - start - own)
+        end = self.free = self.clock.align(t + c.latency[index])
+        self.col_end[index] = end
+        if c.ddr_bytes[index]:
+            self.dram_first = start if self.dram_first < 0 else min(self.dram_first, start)
+            self.dram_last = max(self.dram_last, t)
+        self.q.schedule(end, COMPLETE, self._finish, index)
+
+    def _finish(self, index: int) -> None:
+        self.running = -1
+        self._complete(index)
+        self.poke()
 
 
 class TileEngine(EngineBase):

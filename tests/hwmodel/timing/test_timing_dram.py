@@ -107,7 +107,8 @@ def test_fab2t1_outstanding_in_a_command():
     """One TensorDma reading 100 rows of 512 B at 64 KiB stride from UMC 0, then 100 from UMC 1 (same
     channel): with Fab2t1's 32-request limit UMC 1's rows wait behind UMC 0's in the in-order fabric, so
     the command takes longer than with the limit lifted; the UMC-0-only half alone is not affected (one
-    UMC serves in order anyway)."""
+    UMC serves in order anyway). A per-burst fact: checked on the per-burst model (memory="burst"); the
+    rate model does not model fabric outstanding limits (hwmodel/timing/transfers.py)."""
     from tpuflow.hwmodel.timing import simulate
     from tpuflow.hwmodel.timing.synthetic import ProgramBuilder
     from tpuflow.isa import TensorDma, global_lmem_address
@@ -120,7 +121,7 @@ def test_fab2t1_outstanding_in_a_command():
                         dst_nstride=12800, dst_cstride=12800, dst_hstride=128, dst_wstride=1)
         b = ProgramBuilder(chip)
         b.add(dma)
-        return simulate(b.build()).total_ps
+        return simulate(b.build(), memory="burst").total_ps
 
     loose = replace_param(CHIP, "wdc.fab2t1_outstanding", 1000)
     assert run(CHIP, 2) > run(loose, 2) + 1_000_000

@@ -39,10 +39,12 @@ def test_one_load_of_4096_bytes_exact_timeline():
     LMEM write of burst 7: port free, 4 cycles + LMEM latency 29 ns -> 1100 ns = command end.
     Bandwidth over the command: 4096 B / 1090 ns = 3.76 GB/s (one UMC: the transfer is latency- and
     single-UMC-bound, 4096 B / (8 x 120 ns) = 4.27 GB/s = peak / 16 while streaming).
+    This is the per-burst model (memory="burst"); the rate model's timeline of the same command is
+    derived in test_timing_rate.py.
     """
     b = ProgramBuilder(CHIP)
     b.add(copy_bytes(CHIP, 0, 0, 4096, dst_lmem=True))
-    r = simulate(b.build())
+    r = simulate(b.build(), memory="burst")
     i = r.index("gdma", 1)
     assert [int(r.times[s][i]) for s in ("txi_acq", "pack", "decode", "check", "issue", "dispatch")] == \
         [3000, 4000, 7000, 8000, 9000, 10000]
@@ -107,13 +109,13 @@ def test_fifth_read_waits_for_a_credit():
                     dst_nstride=128, dst_cstride=128, dst_hstride=128, dst_wstride=1)
     b = ProgramBuilder(chip)
     b.add(dma)
-    r = simulate(b.build())
+    r = simulate(b.build(), memory="burst")     # per-burst credits (the rate model: test_timing_rate.py)
     i = r.index("gdma", 1)
     assert int(r.times["end"][i]) == 470_000
     assert int(r.stalls["dma_credit"][i]) == 205_000
     b = ProgramBuilder(CHIP)
     b.add(dma)
-    r = simulate(b.build())
+    r = simulate(b.build(), memory="burst")
     assert int(r.times["end"][0]) == 276_000 and int(r.stalls["dma_credit"][0]) == 0
 
 
