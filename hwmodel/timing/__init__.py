@@ -52,6 +52,9 @@ def simulate(program: Program, *, dep_mode: str | None = None, check: bool = Tru
     the shared memory, memory.py) or "burst" (the per-burst GDMA/WDC solve, gdma.py)."""
     from tpuflow.hwmodel.timing.core import Simulator
 
+    if program.core_count > 1:
+        from tpuflow.hwmodel.timing.cores import simulate_cores
+        return simulate_cores(program, dep_mode=dep_mode, check=check, memory=memory)
     accesses: list = [[], [], []]
     same = same_instructions(program)
     waits = resolve_waits(program, dep_mode, check=check, keep=accesses, same=same)

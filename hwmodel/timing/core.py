@@ -34,8 +34,11 @@ class Simulator:
     gathered from the IFE's per-position lists after the run."""
 
     def __init__(self, program: Program, waits: Waits, accesses: list | None = None, same: list | None = None,
-                 memory: str = "rate", queue: EventQueue | None = None, shared: SharedMemory | None = None):
+                 memory: str = "rate", queue: EventQueue | None = None, shared: SharedMemory | None = None,
+                 board=None, core: int | None = None):
+        from tpuflow.hwmodel.timing.cores import MessageBoard, message_latency_ps
         self.program, self.waits = program, waits
+        self.core = core                # None: the only core (names in reports stay as before)
         self.same = same or same_instructions(program)     # per engine: first equal instruction
         self.sync = [0, 0, 0]          # completed instructions per engine (tiu / tdma / tile sync ids)
         self.accesses = accesses if accesses and len(accesses[0]) == len(program.tiu) else None
@@ -43,6 +46,7 @@ class Simulator:
         self.chip = chip
         self.clocks = clocks = Clocks.of(chip)
         self.queue = queue or EventQueue()
+        self.board = board or MessageBoard(self.queue, message_latency_ps(chip))
         self.memory_model = memory
         if memory == "burst":
             self.commands = CommandModel(chip, clocks).table(program.gdma, self.same[GDMA])
@@ -74,6 +78,8 @@ class Simulator:
     # ---- callbacks from the engines
     def cmd_taken(self, code: int, index: int) -> None:
         self.ife.cmd_taken(code, self.pos_of[code][index])
+        if self.engines[code].messages:
+            self.engines[code].message_dispatched(index)
 
     def _ife_columns(self, code: int) -> dict[str, np.ndarray]:
         """IFE stage times and the fifo_full stall of engine `code`'s instructions (queue order)."""
@@ -88,24 +94,25 @@ class Simulator:
 
     # ---- run
     def run(self) -> SimResult:
+        from tpuflow.hwmodel.timing.cores import check_finished
         self.ife.start()
         self.queue.run()
-        self._check_finished()
-        return self._result()
+        check_finished([self])
+        return self.result()
 
-    def _check_finished(self) -> None:
+    def stuck_heads(self) -> list[str]:
+        """What each unfinished engine's head waits for (core named when there are several)."""
         queues = (self.program.tiu, self.program.gdma, self.program.tile)
-        stuck = [e for e, q in zip(self.engines, queues) if e.sync < len(q)]
-        if stuck:
-            heads = "; ".join(e.blocked_on() for e in stuck)
-            if self.ife.pos < len(self.order):
-                code, index = self.order[self.ife.pos]
-                engine = Engine.of_code(code)
-                heads += (f"; the IFE cannot issue {engine.letter}{index + 1}: the "
-                          f"{engine.name} request FIFO and command list are full")
-            raise DeadlockError(f"timing model: engines wait on each other forever: {heads}")
+        where = f"core {self.core} " if self.core is not None else ""
+        heads = [where + e.blocked_on() for e, q in zip(self.engines, queues) if e.sync < len(q)]
+        if heads and self.ife.pos < len(self.order):
+            code, index = self.order[self.ife.pos]
+            engine = Engine.of_code(code)
+            heads.append(f"{where}the IFE cannot issue {engine.letter}{index + 1}: the "
+                         f"{engine.name} request FIFO and command list are full")
+        return heads
 
-    def _result(self) -> SimResult:
+    def result(self) -> SimResult:
         program, waits = self.program, self.waits
         engine = np.concatenate([np.full(len(c["end"]), code, dtype=np.int8) for code, c in enumerate(self.cols)])
         cmd_id = np.concatenate([np.arange(1, len(c["end"]) + 1, dtype=np.int64) for c in self.cols])

@@ -34,7 +34,7 @@ from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH
 from tpuflow.hwmodel.timing.gdma import CommandTable
 from tpuflow.hwmodel.timing.transfers import TransferCosts
-from tpuflow.isa import Engine, Instruction
+from tpuflow.isa import Engine, Instruction, SysDma, SysTiu
 
 TIU, GDMA, TILE = (e.code for e in Engine)
 SYNC_NAMES = ("tiu_sync_id", "tdma_sync_id", "tile_sync_id")   # by Engine.code
@@ -58,11 +58,24 @@ class EngineBase:
         self.col = sim.cols[self.code]
         self.col_dispatch, self.col_dependency = self.col["dispatch"], self.col["dependency"]
         self.col_start, self.col_end = self.col["start"], self.col["end"]
+        self.messages = {i: m for i, instr in enumerate(instrs) if isinstance(instr, (SysTiu, SysDma))
+                         and (m := instr.message()) is not None}   # cross-core SEND / WAIT (cores.py)
 
     def waits_hold(self, index: int) -> bool:
         tiu, gdma, tile = self.waits[index]
         sync = self.sim.sync
-        return sync[TIU] >= tiu and sync[GDMA] >= gdma and sync[TILE] >= tile
+        if not (sync[TIU] >= tiu and sync[GDMA] >= gdma and sync[TILE] >= tile):
+            return False
+        if self.messages:
+            msg = self.messages.get(index)
+            if msg is not None and msg.kind == "wait":
+                return self.sim.board.passes(self, msg)
+        return True
+
+    def message_dispatched(self, index: int) -> None:
+        msg = self.messages.get(index)
+        if msg is not None and msg.kind == "wait":
+            self.sim.board.consume(msg)
 
     # --- to implement
     def earliest(self, index: int) -> int:
@@ -104,13 +117,23 @@ class EngineBase:
 
     def _complete(self, index: int) -> None:
         self.sync = self.sim.sync[self.code] = index + 1
+        if self.messages:
+            msg = self.messages.get(index)
+            if msg is not None and msg.kind == "send":
+                self.sim.board.send(msg)
         self.sim.sync_changed(self.code)
 
     def blocked_on(self) -> str:
         """Why the head instruction cannot go (for deadlock reports)."""
         if not self.cmds:
             return "no command in its list"
-        return self.describe_wait(self.cmds[0])
+        index = self.cmds[0]
+        msg = self.messages.get(index)
+        if msg is not None and msg.kind == "wait" and self.sim.board.sent[msg.msg_id] < msg.count:
+            letter = Engine.of_code(self.code).letter
+            return (f"{letter}{index + 1} waits for message {msg.msg_id} ({self.sim.board.sent[msg.msg_id]} of "
+                    f"{msg.count} sends arrived)")
+        return self.describe_wait(index)
 
     def describe_wait(self, index: int) -> str:
         waited = [(Engine.of_code(o), w) for o, w in enumerate(self.waits[index]) if w or o != TILE and o != self.code]

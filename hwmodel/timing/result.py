@@ -67,6 +67,7 @@ class SimResult:
     chip_fingerprint: str = ""
     waits: dict[str, np.ndarray] = field(default_factory=dict)   # engine -> id of it each row waits for
     extra: dict = field(default_factory=dict)
+    cores: list = field(default_factory=list)      # multi-core: one SimResult per core (core 0 first)
 
     def __len__(self) -> int:
         return len(self.engine)

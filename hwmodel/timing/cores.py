@@ -1,0 +1,100 @@
+"""Every core of a multi-core Program on one event heap: per-core simulators sharing the DRAM (memory.py)
+and the chip-wide message queue; deadlocks name the waiting engines and cores.
+
+Messages (tpuflow.isa.messages: TIU system.send_msg / wait_msg, GDMA dma.sys.sys_send / sys_wait):
+  * a SEND takes effect when it completes (its engine retires in order, so every earlier instruction
+    of that engine has completed) and is seen by the board core.message_latency_ns later: then
+    sent[id] += 1, and remaining[id] = wait_cnt if it was 0;
+  * a WAIT is dispatched only once sent[id] >= send_cnt (its other waits held too); dispatching it
+    consumes one wait: remaining[id] -= 1, and at 0 the id clears (sent[id] = 0);
+  * a WAIT that can never pass leaves its engine unfinished: the run ends with a DeadlockError naming
+    every stuck engine, its core and what its head instruction waits for.
+With one core the board is still there (a single-core program holding messages gets the same rule).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tpuflow.errors import DeadlockError
+from tpuflow.hwmodel.timing.clocks import ns_to_ps
+from tpuflow.hwmodel.timing.events import COMPLETE, EventQueue
+
+
+class MessageBoard:
+    """The chip-wide message queue: per id (sent, remaining waits); engines blocked on an id."""
+
+    def __init__(self, queue: EventQueue, latency_ps: int):
+        self.q, self.latency = queue, latency_ps
+        self.sent: dict[int, int] = defaultdict(int)
+        self.remaining: dict[int, int] = defaultdict(int)
+        self.blocked: dict[int, list] = defaultdict(list)
+
+    def passes(self, engine, msg) -> bool:
+        """Whether a WAIT `msg` may go now; if not, `engine` is poked when the id's count changes."""
+        if self.sent[msg.msg_id] >= msg.count:
+            return True
+        if engine not in self.blocked[msg.msg_id]:
+            self.blocked[msg.msg_id].append(engine)
+        return False
+
+    def consume(self, msg) -> None:
+        i = msg.msg_id
+        self.remaining[i] = max(0, self.remaining[i] - 1)
+        if self.remaining[i] == 0:
+            self.sent[i] = 0
+
+    def send(self, msg) -> None:
+        """A SEND completed now: it reaches the board after the message latency."""
+        self.q.schedule(self.q.now + self.latency, COMPLETE, self._arrive, msg)
+
+    def _arrive(self, msg) -> None:
+        i = msg.msg_id
+        self.sent[i] += 1
+        if self.remaining[i] == 0:
+            self.remaining[i] = msg.count
+        for engine in self.blocked.pop(i, []):
+            engine.poke()
+
+
+def message_latency_ps(chip) -> int:
+    return ns_to_ps(getattr(chip.core, "message_latency_ns", 0.0))
+
+
+def check_finished(simulators) -> None:
+    """Raise DeadlockError naming every engine (and core, with several) that did not finish."""
+    heads = [h for sim in simulators for h in sim.stuck_heads()]
+    if heads:
+        raise DeadlockError(f"timing model: engines wait on each other forever: {'; '.join(heads)}")
+
+
+def simulate_cores(program, *, dep_mode=None, check=True, memory="rate"):
+    """Simulate every core of `program` on one heap; the result is core 0's SimResult with `cores` (one
+    SimResult per core) and the latency of the slowest core."""
+    from tpuflow.hwmodel.timing.core import Simulator, shared_capacity
+    from tpuflow.hwmodel.timing.deps import resolve_waits, same_instructions
+    from tpuflow.hwmodel.timing.memory import SharedMemory
+
+    chip = program.chip
+    queue = EventQueue()
+    shared = SharedMemory(queue, chip.umc_count, shared_capacity(chip)) if memory == "rate" else None
+    board = MessageBoard(queue, message_latency_ps(chip))
+    sims = []
+    for k in range(program.core_count):
+        view = program.core(k)
+        accesses: list = [[], [], []]
+        same = same_instructions(view)
+        waits = resolve_waits(view, dep_mode, check=check, keep=accesses, same=same)
+        sims.append(Simulator(view, waits, accesses, same, memory=memory, queue=queue, shared=shared, board=board,
+                              core=k if program.core_count > 1 else None))
+    for sim in sims:
+        sim.ife.start()
+    queue.run()
+    check_finished(sims)
+    results = [sim.result() for sim in sims]
+    first = results[0]
+    if len(results) > 1:
+        first.cores = results
+        first.total_ps = max(r.total_ps for r in results)
+        first.events = queue.processed
+    return first
