@@ -1,4 +1,4 @@
-"""Functional model of one core: executes a Program on numpy DDR, LMEM, tile registers and ACC.
+"""Functional model of the chip: executes a Program (every core) on numpy DDR, LMEM, tile registers and ACC.
 
 `run(program, inputs)` is the entry point; `Machine` executes single instructions for tests.
 """

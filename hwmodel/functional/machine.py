@@ -24,12 +24,13 @@ def describe(instr: Instruction, cmd_id: int | None = None, layer: str = "") -> 
 
 
 class Machine:
-    """One core. DDR holds `ddr_bytes` bytes; LMEM is [lanes, lmem_bytes_per_lane] bytes; the
-    TILE engine's queue state advances with every TILE instruction executed (in queue order)."""
+    """One core. DDR holds `ddr_bytes` bytes (or is the given `ddr`, shared with the other cores of
+    a chip); LMEM is [lanes, lmem_bytes_per_lane] bytes, private; the TILE engine's queue state
+    advances with every TILE instruction executed (in queue order)."""
 
-    def __init__(self, chip: ChipConfig, ddr_bytes: int, lmem_fill: int = 0):
+    def __init__(self, chip: ChipConfig, ddr_bytes: int, lmem_fill: int = 0, ddr: DdrMemory | None = None):
         self.chip = chip
-        self.ddr = DdrMemory(ddr_bytes)
+        self.ddr = ddr if ddr is not None else DdrMemory(ddr_bytes)
         self.lmem = LocalMemory(chip.lanes, chip.lmem_bytes_per_lane, lmem_fill)
         self.tile = tile.TileState.for_chip(chip)
 

@@ -1,23 +1,27 @@
-"""Race detector: happens-before between engines by vector clocks, and LMEM accesses tracked at
-byte-range precision in buckets of per-lane offsets.
+"""Race detector: happens-before between engines (of every core) by vector clocks, and LMEM (per
+core) and DDR (shared, multi-core programs) accesses tracked at byte-range precision in buckets.
 
-Clocks: instruction k of an engine inherits the clock of the engine's previous instruction
-and, for every wait, the clock (at completion) of the instruction it waited for; component f
-of a clock is the number of f's instructions that happen before it. Accesses (from
-Program.accesses) are kept per bucket (offset // bucket_bytes) as (lane mask, lo, hi, engine,
-cmd_id, is_write). Two accesses race when they overlap in bytes and lanes, come from different
-engines, at least one writes, and the earlier one's cmd_id is beyond the later one's clock.
+Clocks: one component per (core, engine), core * 3 + Engine.code (the engine's code on one core).
+Instruction k of an engine inherits the clock of the engine's previous instruction and, for every
+wait, the clock (at completion) of the instruction it waited for; a message wait also joins the
+clocks of the sends of its round (`joins`, given by the executor). Component f of a clock is the
+number of f's instructions that happen before it. Accesses (from Program.accesses) are kept per
+(space, bucket): space = the core for LMEM (private), DDR for DDR; records are (lane mask, lo, hi,
+component, cmd_id, is_write). Two accesses race when they overlap in bytes and lanes, come from
+different components, at least one writes, and the earlier one's cmd_id is beyond the later one's
+clock. DDR is checked for multi-core programs only (on one core only GDMA touches DDR, in order).
 
 Pruning keeps buckets short without missing a race: a record is dropped once every other
-engine's future clock covers it (it can never race again), or when a later access of the same
-engine covers its part of the bucket (a write covers reads and writes, a read covers reads):
-anything unordered with the older access is unordered with the newer one too.
+component's future clock covers it (it can never race again), or when a later access of the same
+component covers its part of the bucket (a write covers reads and writes, a read covers reads):
+anything unordered with the older access is unordered with the newer one too. With many cores the
+horizon is recomputed every HORIZON_STEPS instructions (an older horizon only prunes less).
 """
 
 from __future__ import annotations
 
 from tpuflow.errors import RaceError
-from tpuflow.isa.base import Accesses, Engine, LmemRange
+from tpuflow.isa.base import Accesses, Engine
 from tpuflow.isa.tile import TileQueueError
 from tpuflow.program import ENGINES, Program
 
@@ -26,70 +30,101 @@ from tpuflow.hwmodel.functional.errors import ExecutionError
 from tpuflow.hwmodel.functional.machine import describe
 
 BUCKET_BYTES = 16384
+DDR_BUCKET_BYTES = 65536
+DDR = -1            # the space key of DDR (LMEM spaces are core numbers)
 NEVER = 1 << 62
+HORIZON_STEPS = 32
+
+
+def join(a: tuple, b: tuple) -> tuple:
+    return tuple(x if x >= y else y for x, y in zip(a, b))
 
 
 class RaceDetector:
-    """Checks each instruction's LMEM accesses, just before it runs, against the recorded ones."""
+    """Checks each instruction's LMEM (and, multi-core, DDR) accesses, just before it runs, against
+    the recorded ones."""
 
     def __init__(self, program: Program, bucket_bytes: int | None = None):
         self.program = program
+        self.views = [program.core(k) for k in range(program.core_count)]
+        self.multi = program.core_count > 1
         self.bucket_bytes = bucket_bytes or BUCKET_BYTES
-        self.sizes = [len(program.queue(e)) for e in ENGINES]
-        self.clocks: list[list[tuple[int, int, int]]] = [[] for _ in ENGINES]
-        self.buckets: dict[int, list[tuple]] = {}
+        self.sizes = [len(view.queue(e)) for view in self.views for e in ENGINES]
+        self.width = len(self.sizes)
+        self.clocks: list[list[tuple]] = [[] for _ in range(self.width)]
+        self.buckets: dict[tuple[int, int], list[tuple]] = {}
+        self._horizon: list[int] | None = None
+        self._steps = 0
 
-    def clock_of(self, engine: Engine, index: int, waits: tuple[Wait, ...]) -> tuple[int, int, int]:
-        e = engine.code
+    def clock_of(self, engine: Engine, index: int, waits: tuple[Wait, ...], core: int = 0,
+                 joins: tuple[tuple, ...] = ()) -> tuple:
+        e = core * len(ENGINES) + engine.code
         own = self.clocks[e]
-        clock = list(own[-1]) if own else [0] * len(ENGINES)
-        clock[e] = index + 1
+        clock = own[-1] if own else (0,) * self.width
+        clock = clock[:e] + (index + 1,) + clock[e + 1:]
         for w in waits:
-            other = self.clocks[w.engine.code][w.count - 1]
-            clock = [max(a, b) for a, b in zip(clock, other)]
-        return tuple(clock)
+            clock = join(clock, self.clocks[core * len(ENGINES) + w.engine.code][w.count - 1])
+        for other in joins:
+            clock = join(clock, other)
+        return clock
 
-    def step(self, engine: Engine, index: int, waits: tuple[Wait, ...]) -> None:
-        """Check the accesses of instruction `index` of `engine` (about to run) and record them."""
-        e = engine.code
-        clock = self.clock_of(engine, index, waits)
-        accesses = self._accesses(engine, index)
+    def step(self, engine: Engine, index: int, waits: tuple[Wait, ...], core: int = 0,
+             joins: tuple[tuple, ...] = ()) -> tuple:
+        """Check the accesses of instruction `index` of `engine` of `core` (about to run), record
+        them, and return its clock."""
+        e = core * len(ENGINES) + engine.code
+        clock = self.clock_of(engine, index, waits, core, joins)
+        accesses = self._accesses(core, engine, index)
         horizon = self.horizon(e, clock)
         for rng in accesses.lmem_reads:
-            self._access(e, index + 1, clock, rng, False, horizon)
+            self._access(core, e, index + 1, clock, ((1 << rng.lanes) - 1) << rng.lane, rng.lo, rng.hi, False, horizon)
         for rng in accesses.lmem_writes:
-            self._access(e, index + 1, clock, rng, True, horizon)
+            self._access(core, e, index + 1, clock, ((1 << rng.lanes) - 1) << rng.lane, rng.lo, rng.hi, True, horizon)
+        if self.multi:
+            for rng in accesses.ddr_reads:
+                self._access(DDR, e, index + 1, clock, 1, rng.lo, rng.hi, False, horizon)
+            for rng in accesses.ddr_writes:
+                self._access(DDR, e, index + 1, clock, 1, rng.lo, rng.hi, True, horizon)
         self.clocks[e].append(clock)
+        return clock
 
     def horizon(self, e: int, clock: tuple) -> list[int]:
-        """Per engine f: the least f-count that every other engine's future instructions have
-        seen (NEVER when no other engine has instructions left): records below it are dead."""
-        views = [(e, clock)]
-        for g in range(len(ENGINES)):
-            if g != e and len(self.clocks[g]) < self.sizes[g]:
-                views.append((g, self.clocks[g][-1] if self.clocks[g] else (0,) * len(ENGINES)))
-        return [min((c[f] for g, c in views if g != f), default=NEVER) for f in range(len(ENGINES))]
+        """Per component f: the least f-count that every other component's future instructions have
+        seen (NEVER when no other has instructions left): records below it are dead."""
+        if self.multi:
+            self._steps += 1
+            if self._horizon is None or self._steps % HORIZON_STEPS == 0:
+                self._horizon = self._views_horizon([(e, clock)] + self._unfinished(e))
+            return self._horizon
+        return self._views_horizon([(e, clock)] + self._unfinished(e))
 
-    def _accesses(self, engine: Engine, index: int) -> Accesses:
+    def _unfinished(self, e: int) -> list[tuple[int, tuple]]:
+        return [(g, self.clocks[g][-1] if self.clocks[g] else (0,) * self.width)
+                for g in range(self.width) if g != e and len(self.clocks[g]) < self.sizes[g]]
+
+    def _views_horizon(self, views: list[tuple[int, tuple]]) -> list[int]:
+        return [min((c[f] for g, c in views if g != f), default=NEVER) for f in range(self.width)]
+
+    def _accesses(self, core: int, engine: Engine, index: int) -> Accesses:
         try:
-            return self.program.accesses(engine, index)
+            return self.views[core].accesses(engine, index)
         except TileQueueError as exc:
-            raise ExecutionError(f"TILE stream: {exc}") from None
+            raise ExecutionError(f"{'core %d ' % core if self.multi else ''}TILE stream: {exc}") from None
 
-    def _access(self, e: int, cid: int, clock: tuple, rng: LmemRange, write: bool, horizon: list[int]) -> None:
-        if rng.lo >= rng.hi or rng.lanes <= 0:
+    def _access(self, space: int, e: int, cid: int, clock: tuple, mask: int, lo: int, hi: int, write: bool,
+                horizon: list[int]) -> None:
+        if lo >= hi or mask <= 0:
             return
-        mask = ((1 << rng.lanes) - 1) << rng.lane
-        size = self.bucket_bytes
-        new = (mask, rng.lo, rng.hi, e, cid, write)
-        for b in range(rng.lo // size, (rng.hi - 1) // size + 1):
-            records = self.buckets.get(b)
+        size = DDR_BUCKET_BYTES if space == DDR else self.bucket_bytes
+        new = (mask, lo, hi, e, cid, write)
+        for b in range(lo // size, (hi - 1) // size + 1):
+            records = self.buckets.get((space, b))
             if records is None:
-                self.buckets[b] = [new]
+                self.buckets[(space, b)] = [new]
                 continue
-            self.buckets[b] = self._merge(records, new, clock, horizon, b * size, (b + 1) * size)
+            self.buckets[(space, b)] = self._merge(space, records, new, clock, horizon, b * size, (b + 1) * size)
 
-    def _merge(self, records: list[tuple], new: tuple, clock: tuple, horizon: list[int],
+    def _merge(self, space: int, records: list[tuple], new: tuple, clock: tuple, horizon: list[int],
                b_lo: int, b_hi: int) -> list[tuple]:
         mask, lo, hi, e, cid, write = new
         new_lo, new_hi = max(lo, b_lo), min(hi, b_hi)
@@ -100,7 +135,7 @@ class RaceDetector:
                 continue
             if e2 != e:
                 if (write or w2) and id2 > clock[e2] and m2 & mask and lo2 < hi and lo < hi2:
-                    raise self._race(rec, new, clock[e2])
+                    raise self._race(space, rec, new, clock[e2])
             elif (write or not w2) and not m2 & ~mask and new_lo <= max(lo2, b_lo) and min(hi2, b_hi) <= new_hi:
                 continue
             kept.append(rec)
@@ -108,17 +143,22 @@ class RaceDetector:
         return kept
 
     def _label(self, e: int, cid: int) -> str:
-        engine = ENGINES[e]
-        instr = self.program.queue(engine)[cid - 1]
-        return describe(instr, cid, self.program.layer_of(engine, cid - 1))
+        core, engine = divmod(e, len(ENGINES))
+        view, engine = self.views[core], ENGINES[engine]
+        label = describe(view.queue(engine)[cid - 1], cid, view.layer_of(engine, cid - 1))
+        return f"core {core} {label}" if self.multi else label
 
-    def _race(self, old: tuple, new: tuple, seen: int) -> RaceError:
-        both = old[0] & new[0]
-        lane = (both & -both).bit_length() - 1
-        offset = max(old[1], new[1])
+    def _race(self, space: int, old: tuple, new: tuple, seen: int) -> RaceError:
         verb = {True: "writes", False: "reads"}
-        later = f"{ENGINES[new[3]].letter}{new[4]}"
-        return RaceError(f"LMEM race at lane {lane} offset {offset:#x}: {self._label(old[3], old[4])} "
-                         f"{verb[old[5]]} and {self._label(new[3], new[4])} {verb[new[5]]} these bytes, "
-                         f"and no wait orders them ({later} is ordered after {ENGINES[old[3]].name} cmd "
-                         f"{seen} at most)")
+        core, engine = divmod(old[3], len(ENGINES))
+        later = f"{ENGINES[new[3] % len(ENGINES)].letter}{new[4]}"
+        earlier = f"{ENGINES[engine].name} cmd {seen}" + (f" of core {core}" if self.multi else "")
+        if space == DDR:
+            where = f"DDR race at {max(old[1], new[1]):#x}"
+        else:
+            both = old[0] & new[0]
+            lane = (both & -both).bit_length() - 1
+            where = f"LMEM race{f' on core {space}' if self.multi else ''} at lane {lane} offset {max(old[1], new[1]):#x}"
+        order = "no wait or message orders them" if self.multi else "no wait orders them"
+        return RaceError(f"{where}: {self._label(old[3], old[4])} {verb[old[5]]} and {self._label(new[3], new[4])} "
+                         f"{verb[new[5]]} these bytes, and {order} ({later} is ordered after {earlier} at most)")

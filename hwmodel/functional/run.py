@@ -8,6 +8,7 @@ import numpy as np
 from tpuflow.isa.base import Prec
 from tpuflow.program import DdrTensor, Program
 
+from tpuflow.hwmodel.functional.cores import execute_cores, has_messages
 from tpuflow.hwmodel.functional.engines import EngineState, make_policy, waits_of
 from tpuflow.hwmodel.functional.errors import ExecutionError, InputMismatchError
 from tpuflow.hwmodel.functional.floats import encode, f32_to_bf16
@@ -85,9 +86,14 @@ def execute_program(machine: Machine, program: Program, *, race_check: bool = Tr
 
 def run(program: Program, inputs: dict[str, np.ndarray], *, race_check: bool = True,
         interleave: str = "round_robin", seed: int = 0) -> dict[str, np.ndarray]:
-    """Execute `program` on a fresh core and return every role 'output' tensor by name
-    (storage dtype: fp32/fp16 as numpy, bf16 as uint16 bit patterns)."""
+    """Execute `program` on fresh cores (one shared DDR, private LMEM each) and return every role
+    'output' tensor by name (storage dtype: fp32/fp16 as numpy, bf16 as uint16 bit patterns).
+    A single-core program without messages runs on the one-core executor as it always did."""
     machine = Machine(program.chip, program.memory.ddr_bytes_used)
     load_inputs(machine, program, inputs)
-    execute_program(machine, program, race_check=race_check, interleave=interleave, seed=seed)
+    if program.core_count == 1 and not has_messages(program):
+        execute_program(machine, program, race_check=race_check, interleave=interleave, seed=seed)
+    else:
+        machines = [machine] + [Machine(program.chip, 0, ddr=machine.ddr) for _ in range(1, program.core_count)]
+        execute_cores(machines, program, race_check=race_check, interleave=interleave, seed=seed)
     return read_outputs(machine, program)
