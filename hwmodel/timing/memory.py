@@ -16,7 +16,7 @@ The speeds are max-min fair in bytes per ps, x_f = s_f * B_f / D_f (progressive 
 unfrozen flow's byte rate rises together; a flow freezes when it reaches its solo rate or a UMC it
 uses is full). One flow alone always runs at s = 1 (o_{f,u} <= D_f), so a single core's commands take
 exactly latency + solo time, in integer ps. Shared speeds are floats; a flow's end is
-ceil(now + R_f / s_f), recomputed at every start and end (events carry a version; stale ones are
+ceil(now + R_f / s_f - 1e-6), recomputed at every start and end (events carry a version; stale ones are
 dropped).
 """
 
@@ -26,6 +26,8 @@ import math
 from typing import Callable
 
 from tpuflow.hwmodel.timing.events import COMPLETE, EventQueue
+
+ROUNDING_PS = 1e-6     # float noise of shared speeds: an end within this of a whole ps is that ps
 
 
 class Flow:
@@ -90,7 +92,7 @@ class SharedMemory:
             flow.speed = speed
             flow.version += 1
             remaining = max(flow.remaining, 0)
-            end = now + (math.ceil(remaining) if speed == 1.0 else math.ceil(remaining / speed))
+            end = now + math.ceil((remaining if speed == 1.0 else remaining / speed) - ROUNDING_PS)
             self.q.schedule(end, COMPLETE, self._end, (flow, flow.version))
 
 
