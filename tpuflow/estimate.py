@@ -150,6 +150,7 @@ def estimate_report(program: Program, sim) -> dict:
     roofline (MACs at the MAC engines' combined peak, DDR bytes at the DRAM peak: it holds for any
     schedule) and `schedule_us`, the scheduler's bound for this program (critical path and per-engine
     relaxation on hwmodel.timing.cost's per-instruction costs: no order of these instructions is faster)."""
+    from tpuflow.hwmodel.timing.result import core_rows
     from tpuflow.scheduler.bounds import program_macs, roofline_ps, schedule_bound_ps
     chip = program.chip
     summary = sim.summary()
@@ -179,6 +180,7 @@ def estimate_report(program: Program, sim) -> dict:
         "engines": engines, "stalls": summary["stalls_us"], "dram": dict(summary["dram"], **ddr_traffic(program)),
         "layer_groups": layer_group_rows(program),
         "layers": [r.as_dict() for r in layers], "top_layers": [r.name for r in top],
+        **({"cores": core_rows(sim)} if getattr(sim, "cores", None) else {}),
     }
 
 

@@ -235,14 +235,15 @@ class GdmaEngine(EngineBase):
 
 class GdmaFlowEngine(EngineBase):
     """GDMA on the rate model: a command runs as a flow of sim.memory; stalls: dma_credit = the credit
-    term beyond the other limits, dram = the bandwidth phase beyond the core's own limits (DRAM pages,
-    single-UMC transfers, other cores' transfers)."""
+    term beyond the other limits, dram = the bandwidth phase beyond the core's own limits and its DDR
+    bytes at dram.peak_gbps (DRAM pages, few UMCs, other cores' transfers)."""
 
     code = GDMA
 
     def __init__(self, sim, chip: ChipConfig, instrs, clock, costs: TransferCosts, memory):
         super().__init__(sim, instrs, clock.period)
         self.clock, self.costs, self.memory = clock, costs, memory
+        self.ps_per_byte = 1000 / chip.dram.peak_gbps
         self.col_credit, self.col_dram = self.col["dma_credit"], self.col["dram"]
         self.free = 0
         self.running = -1            # the command in flight (-1: none)
@@ -276,7 +277,8 @@ class GdmaFlowEngine(EngineBase):
         start = self.col_start[index]
         own = max(c.port[index], c.credit[index])
         self.col_credit[index] = max(0, c.credit[index] - max(c.port[index], c.dram[index]))
-        self.col_dram[index] = max(0, t - start - own)
+        ideal = c.ddr_bytes[index] * self.ps_per_byte          # the bytes at the port's peak rate
+        self.col_dram[index] = max(0, t - start - max(own, ideal))
         end = self.free = self.clock.align(t + c.latency[index])
         self.col_end[index] = end
         if c.ddr_bytes[index]:

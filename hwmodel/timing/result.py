@@ -141,6 +141,20 @@ class SimResult:
         }
 
 
+def core_rows(sim: "SimResult") -> list[dict]:
+    """Per core of a multi-core result (estimate --json `cores`): latency, per-engine busy time,
+    instructions and utilisation (busy / the whole program's latency), stalls, DRAM traffic; [] for one core."""
+    rows = []
+    for k, c in enumerate(sim.cores):
+        s = c.summary()
+        engines = {e: {"busy_us": s["busy_us"].get(e, 0.0), "instructions": s["instructions"][e],
+                       "utilisation": s["busy_us"].get(e, 0.0) / sim.total_us if sim.total_us else 0.0}
+                   for e in ENGINE_NAMES}
+        rows.append({"core": k, "latency_us": s["latency_us"], "engines": engines, "stalls_us": s["stalls_us"],
+                     "dram_bytes": s["dram"]["bytes_read"] + s["dram"]["bytes_written"]})
+    return rows
+
+
 def busy_union_ps(start: np.ndarray, end: np.ndarray) -> int:
     """Length of the union of [start, end) intervals whose starts are non-decreasing."""
     if len(start) == 0:
