@@ -9,7 +9,7 @@ from typing import Callable
 
 from tpuflow.errors import DeadlockError, OptionError
 from tpuflow.isa.base import Engine
-from tpuflow.isa.messages import Message
+from tpuflow.isa.messages import Message, MessageQueue
 from tpuflow.program import ENGINES, Program
 
 from tpuflow.hwmodel.functional.engines import INTERLEAVINGS, EngineState, waits_of
@@ -18,48 +18,6 @@ from tpuflow.hwmodel.functional.machine import Machine, describe
 from tpuflow.hwmodel.functional.race import RaceDetector, join
 
 PER_CORE = len(ENGINES)
-
-
-class MessageQueue:
-    """The chip-wide message queue: per id the sends of the current round and the waits still to
-    consume it; a wait is ready once `count` sends arrived, the last wait of a round clears the id."""
-
-    def __init__(self, ids: int):
-        self.sent = [0] * ids
-        self.remaining = [0] * ids
-
-    def check(self, message: Message, who: str) -> None:
-        if not 0 <= message.msg_id < len(self.sent):
-            raise ExecutionError(f"{who}: message id {message.msg_id} beyond the chip's {len(self.sent)} "
-                                 f"(core.message_ids)")
-        if message.count < 1:
-            raise ExecutionError(f"{who}: message {message.msg_id} with count 0")
-
-    def ready(self, message: Message) -> bool:
-        return message.kind == "send" or self.sent[message.msg_id] >= message.count
-
-    def send(self, message: Message, who: str) -> None:
-        self.check(message, who)
-        i = message.msg_id
-        self.sent[i] += 1
-        if self.remaining[i] == 0:
-            self.remaining[i] = message.count
-        elif self.remaining[i] != message.count:
-            raise ExecutionError(f"{who}: message {i} sent for {message.count} waits, but this round of the id "
-                                 f"expects {self.remaining[i]}")
-
-    def wait(self, message: Message, who: str) -> bool:
-        """Consume one wait of the round; True when that cleared the id."""
-        self.check(message, who)
-        i = message.msg_id
-        self.remaining[i] -= 1
-        if self.remaining[i] == 0:
-            self.sent[i] = 0
-            return True
-        return False
-
-    def leftovers(self) -> list[str]:
-        return [f"message {i}: {n} sends never consumed" for i, n in enumerate(self.sent) if n]
 
 
 class ChipState:
@@ -156,13 +114,14 @@ def execute_cores(machines: list[Machine], program: Program, *, race_check: bool
 
 
 def _deliver(chip: ChipState, message: Message, core: int, engine: Engine, index: int, clock, round_clocks) -> None:
-    who = chip.label(core, engine, index)
+    problem = chip.messages.problem(message) or (chip.messages.send(message) if message.kind == "send" else "")
+    if problem:
+        raise ExecutionError(f"{chip.label(core, engine, index)}: {problem}")
     if message.kind == "send":
-        chip.messages.send(message, who)
         if clock is not None:
             previous = round_clocks.get(message.msg_id)
             round_clocks[message.msg_id] = clock if previous is None else join(previous, clock)
-    elif chip.messages.wait(message, who):
+    elif chip.messages.wait(message):
         round_clocks.pop(message.msg_id, None)
 
 

@@ -8,9 +8,9 @@ from multicore_programs import CHIP, sliced_add_program, sliced_add_reference, w
 
 from tpuflow.errors import DeadlockError, RaceError
 from tpuflow.hwmodel.functional import run
-from tpuflow.hwmodel.functional.cores import MessageQueue
 from tpuflow.hwmodel.functional.engines import INTERLEAVINGS
 from tpuflow.isa import Engine, Message, SysDma
+from tpuflow.isa.messages import MessageQueue
 from tpuflow.program import Program
 
 
@@ -71,9 +71,20 @@ def test_a_barrier_also_orders_the_engines_of_one_core():
 def test_message_queue_follows_the_round_rule():
     queue = MessageQueue(CHIP.core.message_ids)
     send, wait = Message("send", 7, 2), Message("wait", 7, 2)
-    queue.send(send, "a")
-    assert not queue.ready(wait)
-    queue.send(send, "b")
-    assert queue.ready(wait) and not queue.wait(wait, "c") and queue.wait(wait, "d")
+    assert queue.send(send) == "" and not queue.ready(wait)
+    assert queue.send(Message("send", 7, 3)) == "message 7 sent for 3 waits, but this round of the id expects 2"
+    queue.sent[7] = 1
+    assert queue.send(send) == "" and queue.ready(wait) and not queue.wait(wait) and queue.wait(wait)
     assert queue.sent[7] == 0 and queue.leftovers() == []
     assert SysDma.send(7, 2).message() == send
+
+
+def test_a_message_id_beyond_the_chips_queue_is_an_execution_error():
+    from tpuflow.chip import chip_from_dict
+    from tpuflow.hwmodel.functional import ExecutionError
+    program = sliced_add_program(2)
+    small = chip_from_dict({"base": "sg2260", "core": {"message_ids": 1}})
+    streams = program.cores
+    streams[1].gdma[2] = SysDma.send(1, 4)
+    with pytest.raises(ExecutionError, match="message id 1 beyond the chip's 1"):
+        run(Program.from_cores(Program(chip=small, memory=program.memory), streams), {"x": _x(2)})

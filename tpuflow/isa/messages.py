@@ -58,6 +58,48 @@ def unpack(value: int, count_shift: int) -> tuple[int, int]:
     return value & ((1 << MESSAGE_ID_BITS) - 1), (value >> count_shift) & ((1 << MESSAGE_COUNT_BITS) - 1)
 
 
+class MessageQueue:
+    """The chip-wide message queue under the rule above: per id the sends of the current round
+    (`sent`) and the waits still to consume it (`remaining`). Callers check `ready` before `wait`."""
+
+    def __init__(self, ids: int):
+        self.sent = [0] * ids
+        self.remaining = [0] * ids
+
+    def problem(self, message: Message) -> str:
+        """Why `message` cannot be used on this queue ('' when it can)."""
+        if not 0 <= message.msg_id < len(self.sent):
+            return f"message id {message.msg_id} beyond the chip's {len(self.sent)} (core.message_ids)"
+        return f"message {message.msg_id} with count 0" if message.count < 1 else ""
+
+    def ready(self, message: Message) -> bool:
+        """A send always is; a wait once its round has `count` sends (an unusable message is, so
+        that its user reports `problem`)."""
+        return message.kind == "send" or self.problem(message) != "" or self.sent[message.msg_id] >= message.count
+
+    def send(self, message: Message) -> str:
+        """Deliver a send; a non-empty string says why it breaks the round rule."""
+        i = message.msg_id
+        self.sent[i] += 1
+        if self.remaining[i] == 0:
+            self.remaining[i] = message.count
+        elif self.remaining[i] != message.count:
+            return f"message {i} sent for {message.count} waits, but this round of the id expects {self.remaining[i]}"
+        return ""
+
+    def wait(self, message: Message) -> bool:
+        """Consume one wait of the round; True when that cleared the id."""
+        i = message.msg_id
+        self.remaining[i] -= 1
+        if self.remaining[i] == 0:
+            self.sent[i] = 0
+            return True
+        return False
+
+    def leftovers(self) -> list[str]:
+        return [f"message {i}: {n} sends never consumed" for i, n in enumerate(self.sent) if n]
+
+
 def barrier(cores: int, msg_id: int) -> dict[Engine, list[Instruction]]:
     """The instructions every core appends to its TIU and GDMA queues for one chip-wide barrier over
     `cores` cores on `msg_id`: each engine sends then waits, all counts = engines x cores."""
