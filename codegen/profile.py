@@ -137,22 +137,12 @@ def _track_names(engine: str, lanes: int) -> list[tuple[int, str]]:
 
 
 def trace_events(program, sim, bandwidth_bins: int = BANDWIDTH_BINS) -> dict:
-    """The trace document (see the module docstring)."""
-    start_ns, end_ns = sim.times["start"] // 1000, sim.times["end"] // 1000
-    end_ns = np.maximum(end_ns, start_ns)
-    classes = row_classes(program)
-    tids = np.zeros(len(sim.engine), dtype=np.int64)
-    events = [{"ph": "M", "pid": TRACE_PID, "name": "process_name",
-               "args": {"name": f"{program.model_name or 'program'} on {program.chip.name}"}}]
-    for code, engine in enumerate(ENGINE_NAMES):
-        rows = np.flatnonzero(sim.engine == code)
-        lanes = overlap_lanes(start_ns[rows], end_ns[rows])
-        tids[rows] = TRACK_BASE[engine] + lanes
-        for tid, name in _track_names(engine, int(lanes.max()) + 1 if len(rows) else 1):
-            events.append({"ph": "M", "pid": TRACE_PID, "tid": tid, "name": "thread_name", "args": {"name": name}})
-            events.append({"ph": "M", "pid": TRACE_PID, "tid": tid, "name": "thread_sort_index",
-                           "args": {"sort_index": tid}})
-    events += _instruction_events(sim, start_ns, end_ns, tids, classes)
+    """The trace document (see the module docstring); a multi-core result gives one process per core
+    (pid TRACE_PID + core), each with its engine tracks."""
+    name = f"{program.model_name or 'program'} on {program.chip.name}"
+    events = _core_events(program, sim, TRACE_PID, name + (" core 0" if sim.cores else ""))
+    for k, core_sim in enumerate(sim.cores[1:], start=1):
+        events += _core_events(program.core(k), core_sim, TRACE_PID + k, f"{name} core {k}")
     events += _bandwidth_counter(program, sim, bandwidth_bins)
     return {"traceEvents": events,
             "otherData": {"model": program.model_name, "chip": program.chip.name,
@@ -160,7 +150,25 @@ def trace_events(program, sim, bandwidth_bins: int = BANDWIDTH_BINS) -> dict:
                           "time_unit": "us"}}
 
 
-def _instruction_events(sim, start_ns, end_ns, tids, classes) -> list[dict]:
+def _core_events(program, sim, pid: int, name: str) -> list[dict]:
+    """The process of one core: its name, engine tracks and instruction events."""
+    start_ns, end_ns = sim.times["start"] // 1000, sim.times["end"] // 1000
+    end_ns = np.maximum(end_ns, start_ns)
+    classes = row_classes(program)
+    tids = np.zeros(len(sim.engine), dtype=np.int64)
+    events = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}]
+    for code, engine in enumerate(ENGINE_NAMES):
+        rows = np.flatnonzero(sim.engine == code)
+        lanes = overlap_lanes(start_ns[rows], end_ns[rows])
+        tids[rows] = TRACK_BASE[engine] + lanes
+        for tid, track in _track_names(engine, int(lanes.max()) + 1 if len(rows) else 1):
+            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": track}})
+            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
+                           "args": {"sort_index": tid}})
+    return events + _instruction_events(sim, start_ns, end_ns, tids, classes, pid)
+
+
+def _instruction_events(sim, start_ns, end_ns, tids, classes, pid: int = TRACE_PID) -> list[dict]:
     periods = np.asarray(sim.periods_ps, dtype=np.int64)[sim.engine]
     cycles = ((sim.times["end"] - sim.times["start"]) // periods).tolist()
     stall_ns = {cause: (sim.stalls[cause] // 1000).tolist() for cause in sim.stalls}
@@ -173,7 +181,7 @@ def _instruction_events(sim, start_ns, end_ns, tids, classes) -> list[dict]:
         for cause, values in stall_ns.items():
             if values[i]:
                 args[f"stall_{cause}_ns"] = values[i]
-        events.append({"ph": "X", "pid": TRACE_PID, "tid": tid[i], "name": sim.op[i],
+        events.append({"ph": "X", "pid": pid, "tid": tid[i], "name": sim.op[i],
                        "cat": OP_CLASSES[cls[i]], "ts": starts[i] / 1000, "dur": (ends[i] - starts[i]) / 1000,
                        "args": args})
     return events

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tpuflow.codegen.report_data import (ENGINE_NAMES, OP_CLASSES, Bins, dominant, dram_bandwidth_gbps, pieces,
-                                         waited_rows)
+                                         row_classes, waited_rows)
 
 COLUMNS = 3000          # time columns of the whole run (the SVG's viewBox width)
 WIDE_COLUMNS = 2.0      # instructions at least this many columns long are drawn individually
@@ -71,22 +71,28 @@ def build_timeline(program, sim, classes: np.ndarray, nbytes: np.ndarray, layer_
     layer_names = [""] * (max(layer_ids.values(), default=0) + 1)
     for name, k in layer_ids.items():
         layer_names[k] = name
-    waited = waited_rows(sim)
-    rows, y = [], 0
-    for code, engine in enumerate(ENGINE_NAMES):
-        members = np.flatnonzero(sim.engine == code)
-        if not len(members) and engine == "tile":
-            continue
-        row = Row(engine.upper(), f"{len(members)} instr.", y)
-        context = _Context(sim, classes, layer, layer_names, waited, bins, y)
-        row.rects = context.single_bars(members) + context.aggregated(members)
-        rows.append(row)
-        y += ROW_HEIGHT + ROW_GAP
+    rows, y, present = [], 0, set(classes.tolist())
+    for k, core_sim in enumerate(sim.cores or [sim]):       # multi-core: one row per engine of every core
+        if k:
+            core_layer = np.asarray([layer_ids.get(name, 0) for name in core_sim.layer], dtype=np.int64)
+            classes, layer = row_classes(program.core(k)), core_layer
+            present |= set(classes.tolist())
+        waited = waited_rows(core_sim)
+        prefix = f"C{k} " if sim.cores else ""
+        for code, engine in enumerate(ENGINE_NAMES):
+            members = np.flatnonzero(core_sim.engine == code)
+            if not len(members) and engine == "tile":
+                continue
+            row = Row(prefix + engine.upper(), f"{len(members)} instr.", y)
+            context = _Context(core_sim, classes, layer, layer_names, waited, bins, y)
+            row.rects = context.single_bars(members) + context.aggregated(members)
+            rows.append(row)
+            y += ROW_HEIGHT + ROW_GAP
     dram = Row("DRAM", f"peak {sim.dram.peak_gbps:g} GB/s", y)
     dram.rects = _bandwidth_rects(dram_bandwidth_gbps(program, sim, bins, nbytes), bins, sim.dram.peak_gbps, y)
     rows.append(dram)
-    present = sorted(set(classes.tolist()))
-    return Timeline(columns, y + ROW_HEIGHT, sim.total_us, rows, ticks(sim.total_us), [OP_CLASSES[c] for c in present])
+    return Timeline(columns, y + ROW_HEIGHT, sim.total_us, rows, ticks(sim.total_us),
+                    [OP_CLASSES[c] for c in sorted(present)])
 
 
 def ticks(total_us: float, target: int = 10) -> list[tuple[float, str]]:

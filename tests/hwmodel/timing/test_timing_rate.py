@@ -9,6 +9,7 @@ Common numbers (sg2260, derived in test_timing_gdma.py's 4096 B example): the lo
 a 512 B burst holds its UMC 16 beats x 7.5 ns = 120 ns; the first use of a bank opens it: 50 ns.
 """
 
+import numpy as np
 import pytest
 
 from tpuflow.chip import load_chip, replace_param
@@ -149,3 +150,28 @@ def test_removed_send_is_a_deadlock_naming_engines_and_cores():
     text = str(err.value)
     for where in ("core 0 B2", "core 0 D2", "core 1 B2", "core 1 D1"):
         assert f"{where} waits for message 0 (3 of 4 sends arrived)" in text
+
+
+def test_per_core_rows_in_the_json_the_timeline_and_the_trace():
+    """The two-core barrier: estimate's `cores` list has each core's instructions and busy time (core 0's
+    GDMA: the load 10..1099 ns, the send 1099..1107, the wait 1207..1215 -> 1105 ns busy); the report
+    timeline has a row per engine of every core; the trace one process per core holding each of that
+    core's instructions once."""
+    from tpuflow.codegen.profile import TRACE_PID, trace_events
+    from tpuflow.codegen.report_data import row_classes
+    from tpuflow.codegen.report_timeline import build_timeline
+    from tpuflow.hwmodel.timing.result import core_rows
+
+    program = on_cores([barrier_program(CHIP, True), barrier_program(CHIP, False)])
+    r = simulate(program)
+    rows = core_rows(r)
+    assert [row["engines"]["gdma"]["instructions"] for row in rows] == [3, 2]
+    assert rows[0]["engines"]["gdma"]["busy_us"] == pytest.approx(1.105)
+    assert rows[0]["engines"]["gdma"]["utilisation"] == pytest.approx(1.105 / r.total_us)
+    timeline = build_timeline(program, r, row_classes(program), np.zeros(len(r.engine)), {"": 0})
+    assert [row.label for row in timeline.rows] == ["C0 TIU", "C0 GDMA", "C1 TIU", "C1 GDMA", "DRAM"]
+    events = trace_events(program, r)["traceEvents"]
+    for k, core in enumerate(r.cores):
+        slices = [e for e in events if e["ph"] == "X" and e["pid"] == TRACE_PID + k]
+        assert sorted((e["tid"] // 1000, e["args"]["cmd_id"]) for e in slices) == \
+            sorted((int(c) + 1, int(i)) for c, i in zip(core.engine, core.cmd_id))
