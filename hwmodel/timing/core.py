@@ -36,7 +36,7 @@ class Simulator:
     def __init__(self, program: Program, waits: Waits, accesses: list | None = None, same: list | None = None,
                  memory: str = "rate", queue: EventQueue | None = None, shared: SharedMemory | None = None,
                  board=None, core: int | None = None):
-        from tpuflow.hwmodel.timing.cores import MessageBoard, message_latency_ps
+        from tpuflow.hwmodel.timing.cores import message_board
         self.program, self.waits = program, waits
         self.core = core                # None: the only core (names in reports stay as before)
         self.same = same or same_instructions(program)     # per engine: first equal instruction
@@ -46,7 +46,7 @@ class Simulator:
         self.chip = chip
         self.clocks = clocks = Clocks.of(chip)
         self.queue = queue or EventQueue()
-        self.board = board or MessageBoard(self.queue, message_latency_ps(chip))
+        self.board = board or message_board(self.queue, chip)
         self.memory_model = memory
         if memory == "burst":
             self.commands = CommandModel(chip, clocks).table(program.gdma, self.same[GDMA])

@@ -4,9 +4,10 @@ and the chip-wide message queue; deadlocks name the waiting engines and cores.
 Messages (tpuflow.isa.messages: TIU system.send_msg / wait_msg, GDMA dma.sys.sys_send / sys_wait):
   * a SEND takes effect when it completes (its engine retires in order, so every earlier instruction
     of that engine has completed) and is seen by the board core.message_latency_ns later: then
-    sent[id] += 1, and remaining[id] = wait_cnt if it was 0;
+    MessageQueue.send (sent[id] += 1, and remaining[id] = wait_cnt if it was 0);
   * a WAIT is dispatched only once sent[id] >= send_cnt (its other waits held too); dispatching it
-    consumes one wait: remaining[id] -= 1, and at 0 the id clears (sent[id] = 0);
+    consumes one wait (MessageQueue.wait: remaining[id] -= 1, at 0 the id clears);
+  * an id beyond core.message_ids or a round sent with two counts is a ProgramError;
   * a WAIT that can never pass leaves its engine unfinished: the run ends with a DeadlockError naming
     every stuck engine, its core and what its head instruction waits for.
 With one core the board is still there (a single-core program holding messages gets the same rule).
@@ -16,49 +17,61 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tpuflow.errors import DeadlockError
+from tpuflow.errors import DeadlockError, TpuflowError
 from tpuflow.hwmodel.timing.clocks import ns_to_ps
 from tpuflow.hwmodel.timing.events import COMPLETE, EventQueue
+from tpuflow.isa.messages import MessageQueue
+
+
+class ProgramError(TpuflowError):
+    """A program breaks the message rules (an id beyond core.message_ids, a round sent with two counts)."""
 
 
 class MessageBoard:
-    """The chip-wide message queue: per id (sent, remaining waits); engines blocked on an id."""
+    """The chip-wide message queue (tpuflow.isa.messages.MessageQueue: the round rule) in time: sends
+    arrive after the message latency; engines blocked on an id are poked when it changes."""
 
-    def __init__(self, queue: EventQueue, latency_ps: int):
+    def __init__(self, queue: EventQueue, latency_ps: int, ids: int):
         self.q, self.latency = queue, latency_ps
-        self.sent: dict[int, int] = defaultdict(int)
-        self.remaining: dict[int, int] = defaultdict(int)
+        self.queue = MessageQueue(ids)
         self.blocked: dict[int, list] = defaultdict(list)
+
+    def sent(self, msg) -> int:
+        return self.queue.sent[msg.msg_id] if not self.queue.problem(msg) else 0
 
     def passes(self, engine, msg) -> bool:
         """Whether a WAIT `msg` may go now; if not, `engine` is poked when the id's count changes."""
-        if self.sent[msg.msg_id] >= msg.count:
+        self._check(msg)
+        if self.queue.ready(msg):
             return True
         if engine not in self.blocked[msg.msg_id]:
             self.blocked[msg.msg_id].append(engine)
         return False
 
     def consume(self, msg) -> None:
-        i = msg.msg_id
-        self.remaining[i] = max(0, self.remaining[i] - 1)
-        if self.remaining[i] == 0:
-            self.sent[i] = 0
+        self.queue.wait(msg)
 
     def send(self, msg) -> None:
         """A SEND completed now: it reaches the board after the message latency."""
+        self._check(msg)
         self.q.schedule(self.q.now + self.latency, COMPLETE, self._arrive, msg)
 
     def _arrive(self, msg) -> None:
-        i = msg.msg_id
-        self.sent[i] += 1
-        if self.remaining[i] == 0:
-            self.remaining[i] = msg.count
-        for engine in self.blocked.pop(i, []):
+        problem = self.queue.send(msg)
+        if problem:
+            raise ProgramError(f"timing model: {problem}")
+        for engine in self.blocked.pop(msg.msg_id, []):
             engine.poke()
 
+    def _check(self, msg) -> None:
+        problem = self.queue.problem(msg)
+        if problem:
+            raise ProgramError(f"timing model: {problem}")
 
-def message_latency_ps(chip) -> int:
-    return ns_to_ps(getattr(chip.core, "message_latency_ns", 0.0))
+
+def message_board(queue: EventQueue, chip) -> MessageBoard:
+    """The board of `chip`: core.message_latency_ns, core.message_ids."""
+    return MessageBoard(queue, ns_to_ps(chip.core.message_latency_ns), chip.core.message_ids)
 
 
 def check_finished(simulators) -> None:
@@ -78,7 +91,7 @@ def simulate_cores(program, *, dep_mode=None, check=True, memory="rate"):
     chip = program.chip
     queue = EventQueue()
     shared = SharedMemory(queue, chip.umc_count, shared_capacity(chip)) if memory == "rate" else None
-    board = MessageBoard(queue, message_latency_ps(chip))
+    board = message_board(queue, chip)
     sims = []
     for k in range(program.core_count):
         view = program.core(k)

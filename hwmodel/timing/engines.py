@@ -129,9 +129,9 @@ class EngineBase:
             return "no command in its list"
         index = self.cmds[0]
         msg = self.messages.get(index)
-        if msg is not None and msg.kind == "wait" and self.sim.board.sent[msg.msg_id] < msg.count:
+        if msg is not None and msg.kind == "wait" and self.sim.board.sent(msg) < msg.count:
             letter = Engine.of_code(self.code).letter
-            return (f"{letter}{index + 1} waits for message {msg.msg_id} ({self.sim.board.sent[msg.msg_id]} of "
+            return (f"{letter}{index + 1} waits for message {msg.msg_id} ({self.sim.board.sent(msg)} of "
                     f"{msg.count} sends arrived)")
         return self.describe_wait(index)
 
