@@ -1,6 +1,7 @@
 """Lower bounds on the makespan of any order of a program: critical path, per-engine busy time, the
 per-engine one-machine relaxation (busy time with heads and tails, Jackson's preemptive rule) and
-the roofline (MACs at the MAC engines' combined peak, DDR bytes at the DRAM peak).
+the roofline (MACs at the MAC engines' combined peak, DDR bytes at the DRAM peak; on several cores
+the cores' peaks, and the DRAM bandwidth they share, dram.chip_peak_gbps).
 
 The critical path, busy times and relaxations are in the scheduler's DAG model (hwmodel.timing.cost,
 the one per-instruction cost model; precise hazards only), so they bound every schedule as that model
@@ -23,6 +24,13 @@ from tpuflow.scheduler.listsched import EdgeTable, bottom_levels
 ENGINE_NAMES = tuple(e.value for e in Engine)     # by Engine.code
 
 
+def unit_names(dag: Dag) -> tuple[str, ...]:
+    """Name of each engine slot of the DAG: the engine's on one core, `core<k>.<engine>` on several."""
+    if dag.units == len(ENGINE_NAMES):
+        return ENGINE_NAMES
+    return tuple(f"core{u // len(ENGINE_NAMES)}.{ENGINE_NAMES[u % len(ENGINE_NAMES)]}" for u in range(dag.units))
+
+
 def critical_path_ps(dag: Dag, edges: EdgeTable | None = None) -> int:
     """Longest chain of the DAG (durations + lags), as if every node had an engine of its own."""
     if dag.size == 0:
@@ -41,7 +49,7 @@ def engine_relaxation_ps(dag: Dag, edges: EdgeTable | None = None) -> dict[str, 
     heads = _unconstrained_starts(dag, edges)
     tails = bottom_levels(dag, edges) - dag.duration
     out = {}
-    for code, name in enumerate(ENGINE_NAMES):
+    for code, name in enumerate(unit_names(dag)):
         mine = np.flatnonzero(dag.engine == code)
         out[name] = _jackson(heads[mine].tolist(), dag.duration[mine].tolist(), tails[mine].tolist())
     return out
@@ -88,14 +96,16 @@ def program_macs(program: Program) -> int:
 
 
 def ddr_bytes(program: Program) -> int:
-    """DDR bytes the GDMA instructions read plus write (elements moved, not bounding ranges)."""
+    """DDR bytes the GDMA instructions of every core read plus write (elements moved, not bounding ranges)."""
     total = 0
-    for i, instr in enumerate(program.gdma):
-        acc = program.accesses(Engine.GDMA, i)
-        if acc.ddr_reads:
-            total += _source_bytes(instr)
-        if acc.ddr_writes:
-            total += instr.nbytes
+    for k in range(program.core_count):
+        view = program.core(k)
+        for i, instr in enumerate(view.gdma):
+            acc = view.accesses(Engine.GDMA, i)
+            if acc.ddr_reads:
+                total += _source_bytes(instr)
+            if acc.ddr_writes:
+                total += instr.nbytes
     return total
 
 
@@ -109,14 +119,17 @@ def _source_bytes(instr) -> int:
 
 
 def roofline_ps(program: Program) -> tuple[int, int]:
-    """(compute, memory) roofline bounds in ps."""
-    chip = program.chip
+    """(compute, memory) roofline bounds in ps. On N cores: N times one core's MAC peak, and the DDR
+    bytes of every core at the DRAM rate the cores share (N ports, at most dram.chip_peak_gbps)."""
+    chip, cores = program.chip, program.core_count
     dtype = program.options.get("dtype", "fp32")
     peak_per_ps = chip.peak_macs_per_second(dtype, "tiu") / 1e12
-    if program.tile:
+    if any(s.tile for s in program.cores):
         peak_per_ps += chip.peak_macs_per_second(dtype, "tile") / 1e12
+    peak_per_ps *= cores
     compute = int(program_macs(program) / peak_per_ps) if peak_per_ps else 0
-    memory = int(ddr_bytes(program) / (chip.dram.peak_gbps * 1e-3))   # GB/s = bytes per ns
+    gbps = chip.dram.peak_gbps if cores == 1 else min(cores * chip.dram.peak_gbps, chip.ddr_chip_peak_bytes_per_second / 1e9)
+    memory = int(ddr_bytes(program) / (gbps * 1e-3))   # GB/s = bytes per ns
     return compute, memory
 
 
@@ -124,7 +137,7 @@ def lower_bounds(program: Program, dag: Dag | None = None) -> dict:
     """Every bound in ps, the binding one and its value (`lower_bound_ps`)."""
     dag = dag or build_dag(program)
     edges = EdgeTable(dag)
-    busy = {name: int(dag.duration[dag.engine == code].sum()) for code, name in enumerate(ENGINE_NAMES)}
+    busy = {name: int(dag.duration[dag.engine == code].sum()) for code, name in enumerate(unit_names(dag))}
     relaxed = engine_relaxation_ps(dag, edges)
     compute, memory = roofline_ps(program)
     bounds = {"critical_path_ps": critical_path_ps(dag, edges), "engine_busy_ps": busy,

@@ -19,6 +19,12 @@ check_schedule(original, scheduled) lists every problem found (empty = valid):
    its bytes see the same accesses), each access against the last write before it and each read
    against the next write after it: every other hazard on that cell follows through them. The
    cells are built with numpy sorts (no per-pair loop), so the check scales to whole programs.
+
+Multi-core programs (tpuflow.program's core axis) are checked core by core for 1 and the issue
+order; the replay runs every engine of every core with the SEND/WAIT message rule
+(tpuflow.isa.messages: a wait joins the clocks of the sends of its round) and finds deadlocks
+across cores; hazards are checked on each core's LMEM and on the DDR all cores share, in the
+original's replay order, against vector clocks over every (core, engine).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from tpuflow.errors import TpuflowError
 from tpuflow.isa import Engine, SysDma, SysTiu
 from tpuflow.isa.base import ENGINES
 from tpuflow.isa.ids import IdFields, window_floor
+from tpuflow.isa.messages import MessageQueue
 from tpuflow.program import Program
 
 LETTER = "".join(e.letter for e in ENGINES)    # by Engine.code
@@ -48,6 +55,8 @@ def assert_valid(original: Program, scheduled: Program) -> None:
 
 
 def check_schedule(original: Program, scheduled: Program) -> list[str]:
+    if original.core_count > 1 or scheduled.core_count > 1:
+        return _check_cores(original, scheduled)
     problems: list[str] = []
     mapping = _match_instructions(original, scheduled, problems)
     if problems:
@@ -258,3 +267,147 @@ def _name(program: Program, t, row) -> str:
     engine, index = ENGINES[t["engine"][row]], int(t["index"][row])
     layer = program.layer_of(engine, index)
     return f"{LETTER[t['engine'][row]]}{index + 1} ({program.queue(engine)[index].op_name}{', ' + layer if layer else ''})"
+
+
+# ------------------------------------------------------------------ multi-core programs
+
+def _check_cores(original: Program, scheduled: Program) -> list[str]:
+    if original.core_count != scheduled.core_count:
+        return [f"{scheduled.core_count} cores, the original has {original.core_count}"]
+    problems: list[str] = []
+    mappings = []
+    for k in range(original.core_count):
+        found: list[str] = []
+        mappings.append(_match_instructions(original.core(k), scheduled.core(k), found))
+        _check_issue_order(scheduled.core(k), found)
+        problems += [f"core {k}: {p}" for p in found]
+    if problems:
+        return problems
+    clocks, _ = _replay_chip(scheduled, problems)
+    original_problems: list[str] = []
+    _, original_order = _replay_chip(original, original_problems)
+    if original_problems:
+        problems += [f"original: {p}" for p in original_problems]
+    if not problems:
+        _check_chip_hazards(original, mappings, clocks, original_order, problems)
+    return problems
+
+
+def _replay_chip(program: Program, problems: list[str]) -> tuple[list[np.ndarray], dict]:
+    """Per unit (core * 3 + engine code) a (queue length, 3 * cores) array of what is known complete
+    when each instruction starts, and the replay position of every (unit, index)."""
+    n = len(ENGINES)
+    views = [program.core(k) for k in range(program.core_count)]
+    queues = [view.queue(e) for view in views for e in ENGINES]
+    width = len(queues)
+    clocks = [np.zeros((len(q), width), dtype=np.int64) for q in queues]
+    known = [[0] * width for _ in queues]
+    done = [0] * width
+    messages = MessageQueue(program.chip.core.message_ids)
+    rounds: dict[int, list[int]] = {}
+    position: dict[tuple[int, int], int] = {}
+    progressed = True
+    while progressed:
+        progressed = False
+        for unit, q in enumerate(queues):
+            base = unit - unit % n
+            while done[unit] < len(q):
+                instr = q[done[unit]]
+                waits = [(base + o, w) for o, w in _waits(instr) if w > 0]
+                message = instr.message()
+                if any(done[o] < w for o, w in waits) or (message is not None and not messages.ready(message)):
+                    break
+                vc = list(known[unit])
+                vc[unit] = done[unit]
+                for o, w in waits:
+                    vc = [max(a, int(b)) for a, b in zip(vc, clocks[o][w - 1])]
+                    vc[o] = max(vc[o], w)
+                if message is not None:
+                    vc = _deliver(message, unit, done[unit], vc, messages, rounds, problems)
+                clocks[unit][done[unit]] = vc
+                known[unit] = vc
+                position[(unit, done[unit])] = len(position)
+                done[unit] += 1
+                progressed = True
+    stuck = [f"core {u // n} {LETTER[u % n]}{done[u] + 1}" for u in range(width) if done[u] < len(queues[u])]
+    if stuck:
+        problems.append("deadlock across cores, stuck: " + ", ".join(stuck))
+    return clocks, position
+
+
+def _deliver(message, unit: int, index: int, vc: list[int], messages: MessageQueue, rounds: dict,
+             problems: list[str]) -> list[int]:
+    """Apply a send or wait to the message queue; a wait's clock joins its round's sends."""
+    problem = messages.problem(message) or (messages.send(message) if message.kind == "send" else "")
+    if problem:
+        problems.append(problem)
+    if message.kind == "send":
+        done = list(vc)
+        done[unit] = index + 1
+        round_clock = rounds.get(message.msg_id)
+        rounds[message.msg_id] = done if round_clock is None else [max(a, b) for a, b in zip(round_clock, done)]
+        return vc
+    joined = [max(a, b) for a, b in zip(vc, rounds.get(message.msg_id, vc))]
+    if messages.wait(message):
+        rounds.pop(message.msg_id, None)
+    return joined
+
+
+def _chip_range_table(original: Program, order: dict) -> dict[str, np.ndarray]:
+    """_range_table over every core: `engine` is the unit, `pos` the original's replay position,
+    LMEM of core k is space 2 + k, DDR (shared) space 1."""
+    cols = defaultdict(list)
+    n = len(ENGINES)
+    for k in range(original.core_count):
+        view = original.core(k)
+        for engine in ENGINES:
+            for index, instr in enumerate(view.queue(engine)):
+                if instr.is_tile_wait:
+                    continue
+                unit = k * n + engine.code
+                acc = view.accesses(engine, index)
+                rows = [(2 + k, r.lane, r.lane + r.lanes, r.lo, r.hi, 0) for r in acc.lmem_reads] + \
+                       [(2 + k, r.lane, r.lane + r.lanes, r.lo, r.hi, 1) for r in acc.lmem_writes] + \
+                       [(1, 0, 1, r.lo, r.hi, 0) for r in acc.ddr_reads] + [(1, 0, 1, r.lo, r.hi, 1) for r in acc.ddr_writes]
+                for space, l0, l1, lo, hi, write in rows:
+                    if hi <= lo or l1 <= l0:
+                        continue
+                    for name, v in zip(("pos", "engine", "index", "space", "l0", "l1", "lo", "hi", "write"),
+                                       (order[(unit, index)], unit, index, space, l0, l1, lo, hi, write)):
+                        cols[name].append(v)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
+
+
+def _check_chip_hazards(original: Program, mappings: list[dict], clocks: list[np.ndarray], order: dict,
+                        problems: list[str]) -> None:
+    t = _chip_range_table(original, order)
+    if not t:
+        return
+    n = len(ENGINES)
+    new_index = np.array([mappings[u // n][(ENGINES[u % n], i)] for u, i in zip(t["engine"].tolist(), t["index"].tolist())],
+                         dtype=np.int64)
+    for space in sorted(set(t["space"].tolist())):
+        rows = np.flatnonzero(t["space"] == space)
+        earlier, later = _adjacent_pairs(t, rows)
+        ua, ub = t["engine"][earlier], t["engine"][later]
+        na, nb = new_index[earlier], new_index[later]
+        ok = np.where(ua == ub, na < nb, False)
+        cross = ua != ub
+        known = np.zeros(len(earlier), dtype=np.int64)
+        for unit in np.unique(ub[cross]).tolist():
+            sel = cross & (ub == unit)
+            known[sel] = clocks[unit][nb[sel], ua[sel]]
+        ok = ok | (cross & (known >= na + 1))
+        for k in np.flatnonzero(~ok)[:20].tolist():
+            a, b = earlier[k], later[k]
+            problems.append(f"hazard not ordered: original {_unit_name(original, t, a)} "
+                            f"{'writes' if t['write'][a] else 'reads'} bytes that {_unit_name(original, t, b)} "
+                            f"{'writes' if t['write'][b] else 'reads'}; no wait or message orders them in the "
+                            f"scheduled program")
+
+
+def _unit_name(program: Program, t, row) -> str:
+    core, code = divmod(int(t["engine"][row]), len(ENGINES))
+    view, engine, index = program.core(core), ENGINES[code], int(t["index"][row])
+    layer = view.layer_of(engine, index)
+    return f"core {core} {LETTER[code]}{index + 1} ({view.queue(engine)[index].op_name}{', ' + layer if layer else ''})"

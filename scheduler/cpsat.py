@@ -106,9 +106,9 @@ class Refiner:
 
     def _engine_free(self, sched: Schedule, p: int) -> list[int]:
         dag = self.dag
-        free = [0, 0, 0]
+        free = [0] * dag.units
         prefix = sched.order[:p]
-        for e in range(3):
+        for e in range(dag.units):
             mine = prefix[dag.engine[prefix] == e]
             if len(mine):
                 free[e] = int((sched.start[mine] + dag.duration[mine]).max())
@@ -146,13 +146,13 @@ class Refiner:
         local = {int(b): k for k, b in enumerate(nodes)}
         free = self._engine_free(sched, lo)
         suffix = sched.order[hi:]
-        work_after = [int(dag.duration[suffix[dag.engine[suffix] == e]].sum()) for e in range(3)]
+        work_after = [int(dag.duration[suffix[dag.engine[suffix] == e]].sum()) for e in range(dag.units)]
         starts = sched.start
         hint_ps = max(max(int(starts[b] + bl[b]) for b in nodes),
                       max(int(starts[b] + dag.duration[b]) + work_after[dag.engine[b]] for b in nodes))
         earliest = self._earliest(nodes, local, self._releases(nodes, local, free, starts))
         bound = max(math.ceil((earliest[k] + int(bl[b])) / unit) for k, b in enumerate(nodes))
-        for e in range(3):
+        for e in range(dag.units):
             load = int(dag.duration[nodes[dag.engine[nodes] == e]].sum())
             if load:
                 bound = max(bound, math.ceil((free[e] + load + work_after[e]) / unit))
@@ -164,7 +164,7 @@ class Refiner:
         dag, unit = self.dag, self.unit
         model = cp_model.CpModel()
         obj = model.new_int_var(win.bound, win.hint, "makespan")
-        svars, intervals = [], [[], [], []]
+        svars, intervals = [], [[] for _ in range(dag.units)]
         for k, b in enumerate(win.nodes.tolist()):
             d = -(-int(dag.duration[b]) // unit)
             first = -(-win.earliest[k] // unit)

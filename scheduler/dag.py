@@ -5,7 +5,8 @@ are derived from the order, lowering.deps re-inserts them) and minus each queue'
 `end` / `chain_end` (kept last). Edges: RAW/WAR/WAW on precise LMEM and DDR byte ranges
 (scheduler.hazards), the TILE queue order (TILE operands are queue-relative), and the queue
 neighbours of any other SYS instruction (their effect is not described by ranges, so they stay put
-in their queue).
+in their queue); a SEND/WAIT message is a fence of its queue (every earlier node before it, every
+later one after it). Multi-core programs: build_chip_dag.
 
 Timing model (integer ps, hwmodel.timing.cost.instruction_timing_ps: the cost model the bounds and
 the lowering's tiling choices use too):
@@ -38,14 +39,15 @@ def is_stream_end(instr) -> bool:
 
 @dataclass
 class Dag:
-    engine: np.ndarray        # int8 Engine.code per node
+    engine: np.ndarray        # int8 unit per node: Engine.code (+ 3 * core on a multi-core program)
     queue_index: np.ndarray   # 0-based index in the original engine queue
     duration: np.ndarray      # ps the node occupies its engine (>= 1)
     head: np.ndarray          # ps after a cross-engine wait before the node starts
     tail: np.ndarray          # ps after the node's occupancy before it counts as done
     pred_ptr: np.ndarray      # CSR: predecessors of node i are pred_idx[pred_ptr[i]:pred_ptr[i+1]]
     pred_idx: np.ndarray
-    trailer: list[tuple[int, int]]   # (engine code, queue index) of the stream ends, in issue order
+    trailer: list[tuple[int, int]]   # (unit, queue index) of the stream ends, in issue order
+    units: int = 3            # engine slots: a node's `engine` is core * 3 + Engine.code (the code on one core)
 
     @property
     def size(self) -> int:
@@ -81,15 +83,20 @@ def node_timing(instr, chip) -> tuple[int, int, int]:
 class _Builder:
     """Collects the nodes of build_dag in issue order."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, columns: list[list] | None = None, preds: list[list[int]] | None = None,
+                 unit_base: int = 0):
         self.program, self.chip = program, program.chip
         self.finder = HazardFinder(self.chip.lanes, LMEM_LANE_BLOCK, self.chip.chunk_bytes_per_lane)
         self.same = [same_as_earlier(program.queue(e)) for e in Engine]
         self.known: list[dict] = [{}, {}, {}]    # per engine: first equal instruction -> (timing, accesses or None)
-        self.columns: list[list] = [[], [], [], [], []]   # engine, queue index, duration, head, tail
-        self.preds: list[list[int]] = []
+        # engine (unit), queue index, duration, head, tail; shared by the cores of a multi-core DAG
+        self.columns: list[list] = [[], [], [], [], []] if columns is None else columns
+        self.preds: list[list[int]] = [] if preds is None else preds
+        self.unit_base = unit_base
         self.last_node = [-1, -1, -1]
         self.pinned_open = [False, False, False]
+        self.fence = [-1, -1, -1]                      # last SEND/WAIT node per engine
+        self.since_fence: list[list[int]] = [[], [], []]
 
     def add(self, code: int, index: int, instr) -> None:
         node = len(self.preds)
@@ -104,21 +111,35 @@ class _Builder:
         if self.last_node[code] >= 0 and (code == TILE or pinned or self.pinned_open[code]):
             preds.add(self.last_node[code])
         self.pinned_open[code], self.last_node[code] = pinned, node
-        for column, value in zip(self.columns, (code, index, *timing)):
+        self._fence(code, node, instr, preds)
+        for column, value in zip(self.columns, (code + self.unit_base, index, *timing)):
             column.append(value)
         self.preds.append(sorted(preds))
 
-    def dag(self, trailer: list[tuple[int, int]]) -> Dag:
+    def _fence(self, code: int, node: int, instr, preds: set[int]) -> None:
+        """A SEND/WAIT orders what other cores see: every earlier node of its queue stays before it and
+        every later one after it (DDR hazards across cores have no edges of their own)."""
+        if instr.message() is not None:
+            preds.update(self.since_fence[code])
+            self.fence[code], self.since_fence[code] = node, []
+            return
+        if self.fence[code] >= 0:
+            preds.add(self.fence[code])
+        self.since_fence[code].append(node)
+
+    def dag(self, trailer: list[tuple[int, int]], units: int = 3) -> Dag:
         ptr = np.zeros(len(self.preds) + 1, dtype=np.int64)
         ptr[1:] = np.cumsum([len(p) for p in self.preds])
         idx = np.fromiter((a for p in self.preds for a in p), dtype=np.int64, count=int(ptr[-1]))
         engine, qindex, dur, head, tail = self.columns
         return Dag(np.asarray(engine, np.int8), np.asarray(qindex, np.int64), np.asarray(dur, np.int64),
-                   np.asarray(head, np.int64), np.asarray(tail, np.int64), ptr, idx, trailer)
+                   np.asarray(head, np.int64), np.asarray(tail, np.int64), ptr, idx, trailer, units)
 
 
 def build_dag(program: Program) -> Dag:
     """The DAG of `program` (see the module docstring)."""
+    if program.core_count > 1:
+        return build_chip_dag(program)
     builder = _Builder(program)
     trailer: list[tuple[int, int]] = []
     last_ends = {e: len(program.queue(e)) - 1 for e in Engine
@@ -130,3 +151,31 @@ def build_dag(program: Program) -> Dag:
         elif not instr.is_tile_wait:
             builder.add(eng.code, index, instr)
     return builder.dag(trailer)
+
+
+def build_chip_dag(program: Program) -> Dag:
+    """The DAG of a multi-core program: each core's nodes and hazard edges as for one core (LMEM is
+    private; a core's DDR hazards against its own accesses), built in a run order of all cores
+    (scheduler.cores), plus an edge from every send to each wait that consumed it. Cross-core DDR
+    hazards get no edge: the messages order them (the checker verifies that they still do)."""
+    from tpuflow.scheduler.cores import run_order
+    order, consumed = run_order(program)
+    views = [program.core(k) for k in range(program.core_count)]
+    columns: list[list] = [[], [], [], [], []]
+    preds: list[list[int]] = []
+    builders = [_Builder(view, columns, preds, len(Engine) * k) for k, view in enumerate(views)]
+    ends = [{e.code: len(view.queue(e)) - 1 for e in Engine if view.queue(e) and is_stream_end(view.queue(e)[-1])}
+            for view in views]
+    trailer: list[tuple[int, int]] = []
+    node_of: dict[tuple[int, int, int], int] = {}
+    for core, code, index in order:
+        instr = views[core].queue(Engine.of_code(code))[index]
+        if ends[core].get(code) == index:
+            trailer.append((len(Engine) * core + code, index))
+        elif not instr.is_tile_wait:
+            node_of[(core, code, index)] = len(preds)
+            builders[core].add(code, index, instr)
+    for wait, sends in consumed.items():
+        node = node_of[wait]
+        preds[node] = sorted(set(preds[node]) | {node_of[s] for s in sends})
+    return builders[0].dag(trailer, len(Engine) * len(views))

@@ -2,7 +2,7 @@
 `retime`, the earliest-start timing of a given issue order (how every schedule is evaluated).
 
 A schedule is an issue order (node ids, a topological order of the DAG) plus start times. Each
-engine runs its nodes in issue order; `retime` starts each node at the later of its engine being
+engine (of each core: Dag.units) runs its nodes in issue order; `retime` starts each node at the later of its engine being
 free and its predecessors' constraints, so its start times are non-decreasing along the order.
 """
 
@@ -60,14 +60,14 @@ def bottom_levels(dag: Dag, edges: EdgeTable | None = None) -> np.ndarray:
     return np.asarray(bl, dtype=np.int64)
 
 
-def retime(dag: Dag, order, edges: EdgeTable | None = None, engine_free=(0, 0, 0),
+def retime(dag: Dag, order, edges: EdgeTable | None = None, engine_free=None,
            start: np.ndarray | None = None, from_pos: int = 0) -> Schedule:
     """Earliest starts of `order`; with `start` and `from_pos`, nodes before from_pos keep their
-    starts and `engine_free` is each engine's free time after them."""
+    starts and `engine_free` is each engine's (unit's) free time after them."""
     edges = edges or EdgeTable(dag)
     order = np.asarray(order, dtype=np.int64)
     starts = [0] * dag.size if start is None else start.tolist()
-    free = list(engine_free)
+    free = list(engine_free) if engine_free is not None else [0] * dag.units
     eng, dur = dag.engine.tolist(), dag.duration.tolist()
     pp, pred, off = edges.pred_ptr, edges.pred, edges.pred_offset
     for b in order[from_pos:].tolist():
@@ -106,12 +106,12 @@ def priority_schedule(dag: Dag, priority: np.ndarray, edges: EdgeTable | None = 
     eng, dur = dag.engine.tolist(), dag.duration.tolist()
     missing = np.diff(dag.pred_ptr).tolist()
     release = [0] * n
-    pending: list[list] = [[], [], []]    # (release time, -priority, node): predecessors all placed
-    ready: list[list] = [[], [], []]      # (-priority, node): may start at the engine's free time
+    pending: list[list] = [[] for _ in range(dag.units)]    # (release time, -priority, node): predecessors placed
+    ready: list[list] = [[] for _ in range(dag.units)]      # (-priority, node): may start at the engine's free time
     for i in range(n):
         if missing[i] == 0:
             heapq.heappush(pending[eng[i]], (0, -prio[i], i))
-    free = [0, 0, 0]
+    free = [0] * dag.units
     start = [0] * n
     order: list[int] = []
     sp, succ, off = edges.succ_ptr, edges.succ, edges.succ_offset
@@ -142,7 +142,7 @@ def _promote(pending: list, ready: list, t: int) -> None:
 def _next_engine(pending, ready, free) -> tuple[int, int]:
     """(engine, time) of the next start decision: the earliest time an engine can start something."""
     best_e, best_t = -1, None
-    for e in range(3):
+    for e in range(len(free)):
         _promote(pending[e], ready[e], free[e])
         if ready[e]:
             t = free[e]
