@@ -115,6 +115,15 @@ def _relative_bursts(lmem: bool, offset_key: int, shape, strides, esize: int, la
 
 def side_bursts(side: Side, chip: ChipConfig, burst_bytes: int) -> Bursts:
     """Bursts of a side; cached on everything but the part of the address that only shifts them."""
+    rel, shift = relative_bursts(side, chip, burst_bytes)
+    if shift == 0:
+        return rel
+    return Bursts(rel.addr + shift, rel.size, rel.beats, rel.unaligned, rel.stream_end)
+
+
+def relative_bursts(side: Side, chip: ChipConfig, burst_bytes: int) -> tuple[Bursts, int]:
+    """(cached bursts, shift): the side's bursts are the cached ones moved by `shift` bytes (a multiple of
+    burst_bytes, so beats, alignment and burst boundaries do not change)."""
     lmem, addr, shape, strides, esize, copies = side
     lane_bytes = chip.core.lmem_bytes_per_lane
     if lmem:
@@ -127,9 +136,7 @@ def side_bursts(side: Side, chip: ChipConfig, burst_bytes: int) -> Bursts:
         key = addr % burst_bytes
     rel = _relative_bursts(lmem, key, shape, strides, esize, copies, burst_bytes, chip.gdma.bus_bytes,
                            chip.core.lanes, lane_bytes)
-    if shift == 0:
-        return rel
-    return Bursts(rel.addr + shift, rel.size, rel.beats, rel.unaligned, rel.stream_end)
+    return rel, shift
 
 
 def _side(addr: int, shape, strides, esize: int, chip: ChipConfig, lanes_copy: int = 1) -> Side:

@@ -25,13 +25,17 @@ takes (ps, t = dispatch)
     beats x beat_ps + (page hit: a direction turnaround if the UMC's previous request went the other
     way; bank closed: open_page; page miss: close + open), requests served per UMC in the AuxCam
     order of the per-burst model (wdc._service_order) with the open rows carried from command to
-    command in queue order. beat_ps = U x data_width / dram.peak_gbps: one core sees each of the U
-    UMCs at 1/U of its port rate, exactly as in the per-burst model.
+    command in queue order (occupancy.py: once per distinct request pattern). beat_ps = U x
+    data_width / dram.peak_gbps: one core sees each of the U UMCs at 1/U of its port rate, exactly as
+    in the per-burst model.
 
 * reorder: the write side consumes the read stream in order, but each UMC serves its granule's
   bursts one after the other, so the data of the last interleave round (U granules) all arrive at
   the end of the DRAM phase and are written after it: + write-side time x (min(DDR bytes read,
   U x granule) - granule) / DDR bytes read (the round's first granule trickles in during the phase).
+
+Sums over a side's bursts are kept per cached burst list (segments.relative_bursts): moving a side by
+whole bursts changes none of them.
 
 `occupancy[u]` (ps of UMC u) is what the command takes from the shared DRAM; memory.SharedMemory
 divides the UMCs between concurrent commands. A command without DDR side only has port and latency.
@@ -48,10 +52,11 @@ import numpy as np
 
 from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.clocks import Clocks, ns_to_ps
-from tpuflow.hwmodel.timing.gdma import DDR, LMEM, NONE, CommandModel, _Side, direction_floor_ps
-from tpuflow.hwmodel.timing.wdc import (DramState, WdcParams, _count, _direction_switch, _page_state, _service_order,
-                                        runs)
-from tpuflow.isa import Instruction
+from tpuflow.hwmodel.timing.gdma import DDR, LMEM, NONE, charged_ddr_bytes, direction_floor_ps
+from tpuflow.hwmodel.timing.occupancy import command_occupancy, patterns
+from tpuflow.hwmodel.timing.segments import Bursts, relative_bursts, transfer_sides
+from tpuflow.hwmodel.timing.wdc import DramState, WdcParams
+from tpuflow.isa import Instruction, SysDma
 
 
 @dataclass
@@ -67,15 +72,32 @@ class TransferCosts:
     ddr_bytes: list[int]
     state: DramState
 
+    def solo_ps(self, index: int) -> int:
+        """Bandwidth phase of command `index` alone on the chip."""
+        return max(self.port[index], self.credit[index], self.dram[index])
+
     def occupancy_of(self, index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(UMCs, their occupancy ps) of command `index`."""
         row = self.occupancy[index]
         used = np.flatnonzero(row)
         return tuple(used.tolist()), tuple(row[used].tolist())
 
-    def solo_ps(self, index: int) -> int:
-        """Bandwidth phase of command `index` alone on the chip."""
-        return max(self.port[index], self.credit[index], self.dram[index])
+
+class _Sums:
+    """The sums of one cached burst list that the port, credit and latency terms need (ps and bytes)."""
+
+    __slots__ = ("bursts", "count", "issue", "hold", "bus", "fabric", "nbytes", "last_size", "last_beats")
+
+    def __init__(self, bursts: Bursts, model: "TransferModel"):
+        t, b = model.period, bursts
+        penalty = b.unaligned * model.unaligned
+        self.bursts, self.count = b, len(b)
+        self.issue = int((model.issue_gap + penalty).sum())
+        self.hold = int((np.maximum(model.issue_gap, b.beats * t) + penalty).sum())
+        self.bus = int((-(-b.size // model.chip.gdma.bus_bytes)).sum()) * t
+        self.fabric = int((-(-b.size // model.p.fabric_bytes)).sum()) * model.p.fabric_ps
+        self.nbytes = int(b.size.sum())
+        self.last_size, self.last_beats = (int(b.size[-1]), int(b.beats[-1])) if len(b) else (0, 0)
 
 
 class TransferModel:
@@ -83,137 +105,119 @@ class TransferModel:
 
     def __init__(self, chip: ChipConfig, clocks: Clocks):
         g = chip.gdma
-        self.chip, self.commands = chip, CommandModel(chip, clocks)
-        self.p = WdcParams.of(chip, clocks)
+        self.chip = chip
+        self.p = p = WdcParams.of(chip, clocks)
         self.period = clocks.gdma.period
         self.setup = g.cmd_setup_cycles * self.period
         self.issue_gap = g.segment_issue_cycles * self.period
         self.unaligned = g.unaligned_penalty_cycles * self.period
         self.lmem_latency = ns_to_ps(g.lmem_access_latency_ns)
         self.outstanding = (g.outstanding_reads, g.outstanding_writes)
+        self.burst_bytes = min(g.bus_bytes * g.max_burst_beats, 1 << chip.wdc.interleave_bits, chip.dram.page_bytes)
+        self.move = p.umcs * p.page_bytes       # moving requests by this keeps UMCs and moves pages by one
+        self.sums: dict[int, _Sums] = {}
 
+    # ---- one command
+    def _side(self, side):
+        if side is None:
+            return None, 0, NONE
+        rel, shift = relative_bursts(side, self.chip, self.burst_bytes)
+        sums = self.sums.get(id(rel))
+        if sums is None or sums.bursts is not rel:
+            sums = self.sums[id(rel)] = _Sums(rel, self)
+        return sums, shift, (LMEM if side.lmem else DDR)
+
+    def _shape(self, instr: Instruction) -> tuple:
+        """(read sums, shift, kind, write sums, shift, kind, src bytes, dst bytes, charged DDR bytes)."""
+        if isinstance(instr, SysDma):
+            return (None, 0, NONE, None, 0, NONE, 0, 0, 0)
+        src, dst = transfer_sides(instr, self.chip)
+        return (*self._side(src), *self._side(dst), src.nbytes if src is not None else 0, dst.nbytes,
+                charged_ddr_bytes(self.chip, src, dst))
+
+    # ---- a queue
     def costs(self, instrs: list[Instruction], same: list[int] | None = None) -> TransferCosts:
-        sides: list = []
+        shapes: list = []
         for i, instr in enumerate(instrs):
             first = same[i] if same is not None else i
-            sides.append(sides[first] if first < i else self.commands._sides(instr))
-        n = len(instrs)
-        reads, writes, rk, wk, src_bytes, dst_bytes, charged = (list(c) for c in zip(*sides)) if sides else ([],) * 7
-        rs, ws = _Side(reads, rk), _Side(writes, wk)
+            shapes.append(shapes[first] if first < i else self._shape(instr))
+        n = len(shapes)
         state = DramState(self.p)
-        occ, service_rt = self._dram(rs, ws, state, n)
-        base, credit = self._port(rs, ws, service_rt, n)
-        fill = self._head(rs, n) + self._tail(ws, n)
-        floor = direction_floor_ps(self.chip, rk, wk, charged, charged)
-        base = np.maximum(base, floor - fill)          # the floor counts from setup, as in the per-burst model
-        latency = self.setup + fill
-        busiest = (occ.max(axis=1) + self.reorder) if n else np.zeros(0, dtype=np.int64)
-        ddr = np.bincount(rs.cmd[rs.select(DDR)], weights=rs.size[rs.select(DDR)], minlength=n) + \
-            np.bincount(ws.cmd[ws.select(DDR)], weights=ws.size[ws.select(DDR)], minlength=n)
-        return TransferCosts(latency.tolist(), base.tolist(), credit.tolist(), busiest.tolist(), occ,
-                             ddr.astype(np.int64).tolist(), state)
+        occ, service = self._dram(shapes, n, state)
+        fixed, port, fill, reorder, kinds = self._port(shapes)
+        credit = np.maximum(-(-(fixed[:, 0] + service[:, 0]) // self.outstanding[0]),
+                            -(-(fixed[:, 1] + service[:, 1]) // self.outstanding[1]))
+        floor = direction_floor_ps(self.chip, kinds[:, 0], kinds[:, 1], kinds[:, 2], kinds[:, 2])
+        port = np.maximum(port, floor - fill)          # the floor counts from setup, as in the per-burst model
+        busiest = occ.max(axis=1) + reorder if n else np.zeros(0, dtype=np.int64)
+        ddr = [(s[0].nbytes if s[2] == DDR else 0) + (s[3].nbytes if s[5] == DDR else 0) for s in shapes]
+        return TransferCosts((self.setup + fill).tolist(), port.tolist(), credit.tolist(), busiest.tolist(), occ,
+                             ddr, state)
 
-    # ---- DRAM occupancy
-    def _dram(self, rs: _Side, ws: _Side, state: DramState, n: int) -> tuple[np.ndarray, tuple]:
-        """(occupancy ps per command and UMC, (per DDR burst in side order: service ps) for reads, writes)."""
-        p = self.p
-        r, w = rs.select(DDR), ws.select(DDR)
-        occ = np.zeros((n, p.umcs), dtype=np.int64)
-        if not len(r) and not len(w):
-            return occ, (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-        cmd = np.concatenate([rs.cmd[r], ws.cmd[w]])
-        write = np.concatenate([np.zeros(len(r), dtype=bool), np.ones(len(w), dtype=bool)])
-        stream = cmd * 2 + write
-        order = np.argsort(stream, kind="stable")          # reads of a command before its writes
-        addr = np.concatenate([rs.addr[r], ws.addr[w]])[order]
-        size = np.concatenate([rs.size[r], ws.size[w]])[order]
-        write, stream = write[order], stream[order]
-        umc, bank_key, row = p.decode(addr)
-        served = _service_order(p, umc, stream, bank_key, row)
-        u, wr = umc[served], write[served]
-        hit, closed = _page_state(bank_key[served], row[served], state)
-        switch = _direction_switch(u, wr, state)
-        beats = -(-size[served] // p.beat_bytes)
-        close = np.where(wr, p.close_ps[1], p.close_ps[0])
-        turn = np.where(wr, p.turn_ps[1], p.turn_ps[0])
-        service = beats * p.beat_ps + np.where(hit, switch * turn, np.where(closed, p.open_ps, close + p.open_ps))
-        _count(state, u, hit, closed, size, write)
-        starts, _ = runs(stream[served] * p.umcs + u)     # served order is grouped by (stream, UMC)
-        sums = np.add.reduceat(service, starts)
-        np.add.at(occ.reshape(-1), (stream[served][starts] // 2) * p.umcs + u[starts], sums)
-        per_request = np.empty(len(served), dtype=np.int64)     # back to side order: reads then writes
-        per_request[served] = service
-        by_side = np.empty(len(order), dtype=np.int64)
-        by_side[order] = per_request
-        return occ, (by_side[:len(r)], by_side[len(r):])
+    def _port(self, shapes) -> tuple:
+        """Per command: credit constants (read, write), port limit, head + tail, reorder ps, and
+        (read kind, write kind, charged bytes)."""
+        p, t = self.p, self.period
+        trip_r = p.request_ps + p.min_read_ps + p.response_ps
+        rows = []
+        for rs, _, rk, ws, _, wk, _, _, charged in shapes:
+            issue = bus = hold_w = lmem = head = tail = ddr_read = fixed_r = fixed_w = 0
+            if rk == DDR:
+                issue, bus, ddr_read = rs.issue, rs.bus, rs.nbytes
+                fixed_r = rs.count * trip_r + rs.bus
+                head = trip_r + -(-rs.last_size // self.chip.gdma.bus_bytes) * t
+            elif rk == LMEM:
+                lmem = rs.hold
+                head = rs.last_beats * t + self.lmem_latency
+            if wk == DDR:
+                hold_w = ws.hold
+                fixed_w = ws.count * (p.request_ps + p.response_ps) + ws.fabric
+                tail = p.request_ps + -(-ws.last_size // p.fabric_bytes) * p.fabric_ps + p.response_ps
+            elif wk == LMEM:
+                tail = ws.last_beats * t + self.lmem_latency
+            lmem_w = ws.hold if wk == LMEM else 0
+            writes = max(hold_w, lmem_w)
+            late = max(0, min(ddr_read, p.umcs << p.granule_bits) - (1 << p.granule_bits))
+            reorder = writes * late // ddr_read if ddr_read else 0
+            rows.append((fixed_r, fixed_w, max(issue, bus, hold_w, lmem, lmem_w), head + tail, reorder, rk, wk, charged))
+        a = np.asarray(rows, dtype=np.int64).reshape(-1, 8)
+        return a[:, 0:2], a[:, 2], a[:, 3], a[:, 4], a[:, 5:8]
 
-    # ---- the core's own limits
-    def _port(self, rs: _Side, ws: _Side, service: tuple, n: int) -> tuple[np.ndarray, np.ndarray]:
-        p, period = self.p, self.period
-        terms = []
-
-        def total(side: _Side, sel: np.ndarray, per: np.ndarray) -> np.ndarray:
-            return np.bincount(side.cmd[sel], weights=per, minlength=n).astype(np.int64)
-
-        def hold(side: _Side, sel: np.ndarray) -> np.ndarray:
-            return np.maximum(self.issue_gap, side.beats[sel] * period) + side.unaligned[sel] * self.unaligned
-
-        r = rs.select(DDR)
-        bus = -(-rs.size[r] // self.chip.gdma.bus_bytes) * period
-        terms.append(total(rs, r, self.issue_gap + rs.unaligned[r] * self.unaligned))
-        terms.append(total(rs, r, bus))
-        trip_r = p.request_ps + service[0] + p.min_read_ps + p.response_ps + bus
-        credit_r = -(-total(rs, r, trip_r) // self.outstanding[0])
-        w = ws.select(DDR)
-        terms.append(total(ws, w, hold(ws, w)))
-        trip_w = p.request_latency(ws.size[w], True) + service[1] + p.response_ps
-        credit_w = -(-total(ws, w, trip_w) // self.outstanding[1])
-        for side in (rs, ws):
-            lm = side.select(LMEM)
-            terms.append(total(side, lm, hold(side, lm)))
-        credit = np.maximum(credit_r, credit_w)
-        # in-order write side behind per-UMC reads: the last interleave round arrives together
-        writes = np.maximum(terms[2], terms[4])
-        ddr_read = total(rs, r, rs.size[r])
-        round_bytes, granule = p.umcs << p.granule_bits, 1 << p.granule_bits
-        late = np.maximum(0, np.minimum(ddr_read, round_bytes) - granule)
-        self.reorder = np.where(ddr_read > 0, writes * late // np.maximum(ddr_read, 1), 0)
-        return np.max(terms, axis=0), credit
-
-    # ---- pipeline fill and drain
-    def _head(self, rs: _Side, n: int) -> np.ndarray:
-        """Fill: the read side's first data (per command, by its kind and its last burst's size)."""
-        p, period = self.p, self.period
-        head = np.zeros(n, dtype=np.int64)
-        last = self._last_burst(rs, n)
-        kind = rs.kind
-        has = last >= 0
-        beats = np.where(has, rs.beats[np.maximum(last, 0)] if len(rs.beats) else 0, 0)
-        size = np.where(has, rs.size[np.maximum(last, 0)] if len(rs.size) else 0, 0)
-        ddr = has & (kind == DDR)
-        lmem = has & (kind == LMEM)
-        head[ddr] = p.request_ps + p.min_read_ps + p.response_ps + (-(-size[ddr] // self.chip.gdma.bus_bytes)) * period
-        head[lmem] = beats[lmem] * period + self.lmem_latency
-        return head
-
-    def _tail(self, ws: _Side, n: int) -> np.ndarray:
-        """Drain: the write side's last burst done (LMEM write, or DDR write acknowledged)."""
-        p, period = self.p, self.period
-        tail = np.zeros(n, dtype=np.int64)
-        last = self._last_burst(ws, n)
-        has = last >= 0
-        beats = np.where(has, ws.beats[np.maximum(last, 0)] if len(ws.beats) else 0, 0)
-        size = np.where(has, ws.size[np.maximum(last, 0)] if len(ws.size) else 0, 0)
-        ddr = has & (ws.kind == DDR)
-        lmem = has & (ws.kind == LMEM)
-        tail[lmem] = beats[lmem] * period + self.lmem_latency
-        tail[ddr] = p.request_latency(size[ddr], True) + p.response_ps
-        return tail
+    def _dram(self, shapes, n: int, state: DramState) -> tuple[np.ndarray, np.ndarray]:
+        """(occupancy (n, U), DRAM service (n, 2) read/write) via the distinct request patterns."""
+        keys, index, pages, parts = {}, [], [], []
+        for c, (rs, rshift, rk, ws, wshift, wk, *_rest) in enumerate(shapes):
+            if rk != DDR and wk != DDR:
+                continue
+            base = min(s for s, k in ((rshift, rk), (wshift, wk)) if k == DDR)
+            base -= base % self.move
+            key = (id(rs) if rk == DDR else 0, rshift - base if rk == DDR else 0,
+                   id(ws) if wk == DDR else 0, wshift - base if wk == DDR else 0)
+            k = keys.get(key)
+            if k is None:
+                k = keys[key] = len(keys)
+                parts.append((rs.bursts if rk == DDR else None, rshift - base, ws.bursts if wk == DDR else None,
+                              wshift - base))
+            index.append(c)
+            pages.append((k, base // self.move))
+        if not index:
+            return np.zeros((n, self.p.umcs), dtype=np.int64), np.zeros((n, 2), dtype=np.int64)
+        pats = patterns(self.p, *self._requests(parts), len(parts))
+        kp = np.asarray(pages, dtype=np.int64)
+        return command_occupancy(self.p, pats, np.asarray(index, dtype=np.int64), kp[:, 0], kp[:, 1], n, state)
 
     @staticmethod
-    def _last_burst(side: _Side, n: int) -> np.ndarray:
-        """Index of each command's last burst on this side (-1: none)."""
-        return np.where(side.counts > 0, side.start + side.counts - 1, -1) if n else np.zeros(0, dtype=np.int64)
+    def _requests(parts) -> tuple:
+        """(addresses, sizes, write flags, pattern keys) of every pattern's requests, reads before writes."""
+        addr, size, write, key = [], [], [], []
+        for k, (reads, rshift, writes, wshift) in enumerate(parts):
+            for bursts, shift, flag in ((reads, rshift, False), (writes, wshift, True)):
+                if bursts is not None and len(bursts):
+                    addr.append(bursts.addr + shift)
+                    size.append(bursts.size)
+                    write.append(np.full(len(bursts), flag))
+                    key.append(np.full(len(bursts), k, dtype=np.int64))
+        return np.concatenate(addr), np.concatenate(size), np.concatenate(write), np.concatenate(key)
 
 
-__all__ = ["TransferCosts", "TransferModel", "NONE", "LMEM", "DDR"]
+__all__ = ["TransferCosts", "TransferModel"]
