@@ -147,11 +147,12 @@ def cmd_compile(model, chip, options: CompileOptions, input_shapes: dict, output
     from tpuflow.codegen import write_program
     graph, program = compile_model(model, chip, options, input_shapes)
     path = write_program(program, output, name=graph.name)
-    counts = program.counts()
+    counts = {e: sum(c[e] for c in program.core_counts()) for e in ("tiu", "gdma", "tile")}
+    cores = f" on {program.core_count} cores" if program.core_count > 1 else ""
     print(f"compiled {graph.name} for {program.chip.name} (fingerprint {program.chip.fingerprint()}; "
           f"{options.dtype}, matmul={options.matmul}, "
           f"schedule={options.schedule}): {counts['tiu']} TIU, {counts['gdma']} GDMA, {counts['tile']} TILE "
-          f"instructions -> {path}")
+          f"instructions{cores} -> {path}")
     return 0
 
 
@@ -191,7 +192,9 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True) -> di
             "chip_fingerprint": program.chip.fingerprint(), "dtype": options.dtype, "matmul": options.matmul,
             "schedule": options.schedule, "seed": seed, "race_check": race_check,
             "rtol": tol["rtol"], "min_cosine": tol["min_cosine"], "atol": REFERENCE_ATOL,
-            "instructions": program.counts(), "outputs": [dict(e.as_dict(), ok=e.ok(bound)) for e in errors]}
+            "instructions": program.counts(), "outputs": [dict(e.as_dict(), ok=e.ok(bound)) for e in errors],
+            **({"cores": program.core_count, "core_instructions": program.core_counts()}
+               if program.core_count > 1 else {})}
 
 
 def cmd_verify(model, chip, options: CompileOptions, input_shapes: dict, seed: int, race_check: bool,
