@@ -7,12 +7,13 @@ from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph
 from tpuflow.frontend.stats import graph_stats, layer_stats
 from tpuflow.isa import Prec, SysDma, SysTiu
-from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.context import HeldConstants, LowerCtx
 from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.emitplan import NoBuffersPlan, choose_plan, emission_for, no_buffers
 from tpuflow.lowering.groups import Group, form_groups
+from tpuflow.lowering.lmem import align_up
 from tpuflow.lowering.layergroup import RESIDENT_SHARE, RESIDENT_SHARE_FALLBACKS, ResidencyPlan, split_ports
 from tpuflow.lowering.residency import plan_residency
 from tpuflow.lowering.mathops import CONST_REGION_BYTES, const_region_image
@@ -187,7 +188,7 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     """The program of `source`: layer groups at the resident share of LMEM, or at the next
     smaller share when some group does not fit the working area the residents leave it."""
     graph = materialize_broadcasts(fold_matmul_transposes(source))
-    groups = form_groups(graph, fuse_pool=options.matmul == "tiu")
+    groups = form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes)
     for share in RESIDENT_SHARE_FALLBACKS:
         residency = plan_layer_groups(graph, groups, chip, options, share)
         try:
@@ -257,19 +258,74 @@ def _emit_preloads(ctx: LowerCtx, groups: list[Group], upto: int, loaded: set[st
         loaded.add(t.name)
 
 
+# Share of a sliced run's working area (per lane) that its members' constants may hold across
+# its slices; the rest stays the members' own working area. A compiler policy, not a hardware
+# number (measured with `python benchmarks/layergroup_bench.py` and `benchmarks/real_models.py`).
+HELD_SHARE = 0.5
+
+
 def _emit_sliced(ctx: LowerCtx, groups: list[Group], region, options: CompileOptions) -> None:
-    """A sliced run of groups: every member once per slice, each on the rows that slice needs;
-    the run's instructions then follow its timestep table (lowering.timesteps) where hazards allow."""
+    """A sliced run of groups: every member once per slice, each on the sample and rows that slice
+    needs; members whose constants fit hold them in LMEM across the slices (loaded once), or,
+    when the members then do not fit their working area, every slice loads its own."""
+    held, floor = _held_constants(ctx, groups, region, options)
+    if held:
+        attempt = ctx.trial(ctx.lmem_region)
+        attempt.held, attempt.held_floor = held, floor
+        try:
+            _emit_slices(attempt, groups, region, options)
+        except LoweringError:
+            pass
+        else:
+            ctx.commit(attempt)
+            ctx.previous = attempt.previous
+            return
+    _emit_slices(ctx, groups, region, options)
+
+
+def _held_constants(ctx: LowerCtx, groups: list[Group], region,
+                    options: CompileOptions) -> tuple[dict[int, HeldConstants], int | None]:
+    """Blocks at the top of the run's working area for the constants of the members that can
+    hold them, largest first while they fit HELD_SHARE of it: ({member: block}, the blocks' floor)."""
+    top = min(ctx.residency.arena_top(m, ctx.chip.tile_window_offset) for m in region.members)
+    budget, align = int((top - CONST_REGION_BYTES) * HELD_SHARE), ctx.chip.core.lmem_align_bytes
+    ctx.residency.enter_slice(region, 0)
+    probe = ctx.trial(ctx.lmem_region)
+    wanted = []
+    for m in region.members:
+        cls = emitter_for(groups[m], options)
+        probe.group_index = m
+        sizes = cls(probe, groups[m]).held_sizes() if hasattr(cls, "held_sizes") else None
+        if sizes:
+            wanted.append((sum(align_up(x, align) for x in sizes), m))
+    chosen, used = [], 0
+    for size, m in sorted(wanted, key=lambda w: (-w[0], w[1])):
+        if used + size <= budget:
+            chosen.append((m, size))
+            used += size
+    floor = (top - used) // align * align
+    held, addr = {}, floor
+    for m, size in sorted(chosen):
+        held[m] = HeldConstants(addr, size)
+        addr += size
+    return held, (floor if held else None)
+
+
+def _emit_slices(ctx: LowerCtx, groups: list[Group], region, options: CompileOptions) -> None:
+    """Every member once per slice; the run's instructions then follow its timestep table
+    (lowering.timesteps) where hazards allow."""
     before = {name: info.macs for name, info in ctx.layers.items()}
     start, slice_of = len(ctx.em.records), []
     for s in range(region.slices):
         ctx.residency.enter_slice(region, s)
         for m in region.members:
             ctx.group_index = m
-            ctx.out_rows = region.rows[m][s]
+            ctx.out_rows, ctx.out_sample = region.rows[m][s], region.sample_of(s)
             _emit_group(ctx, groups[m], options)
+            if m in ctx.held:
+                ctx.held[m].loaded = True
         slice_of += [s] * (len(ctx.em.records) - start - len(slice_of))
-    ctx.out_rows = None
+    ctx.out_rows = ctx.out_sample = None
     emitted = ctx.em.records[start:]
     ctx.em.records[start:] = [emitted[i] for i in pipelined_order(emitted, slice_of, ctx.chip)]
     for name, info in ctx.layers.items():           # the model's MACs, not those of every slice

@@ -23,6 +23,29 @@ from tpuflow.program import LayerInfo
 
 
 @dataclass
+class HeldConstants:
+    """A sliced run member's constants (bias, weights, epilogue constants) held in LMEM for every
+    slice of the run: loaded in its first slice, read in place after; `form` is what the first
+    slice fixed of their layout (a later slice that would need another layout fails)."""
+
+    addr: int                # per-lane offset of the block
+    size: int                # bytes per lane
+    loaded: bool = False
+    form: object = None
+
+    def offsets(self, sizes: list[int], align: int) -> list[int]:
+        """Packed offsets of buffers of `sizes` (bytes per lane) inside the block."""
+        out, end = [], self.addr
+        for size in sizes:
+            end = -(-end // align) * align
+            out.append(end)
+            end += size
+        if end > self.addr + self.size:
+            raise LoweringError(f"internal: held constants need {end - self.addr} B, {self.size} B reserved")
+        return out
+
+
+@dataclass
 class LowerCtx:
     graph: Graph
     chip: ChipConfig
@@ -35,10 +58,17 @@ class LowerCtx:
     residency: ResidencyPlan = field(default_factory=ResidencyPlan)      # activations kept in LMEM
     group_index: int = 0                                                 # the group being emitted
     out_rows: tuple[int, int] | None = None      # sliced layer groups: output rows to emit (else all)
+    out_sample: int | None = None                # sliced layer groups: the sample to emit (else all)
+    held: dict[int, HeldConstants] = field(default_factory=dict)   # sliced runs: group -> its held constants
+    held_floor: int | None = None                # sliced runs: the held constants lie above it
 
     def rows_to_emit(self, height: int) -> tuple[int, int]:
         """The output rows [lo, hi) of the group being emitted (all of them unless sliced)."""
         return self.out_rows if self.out_rows is not None else (0, height)
+
+    def samples_to_emit(self, batch: int) -> range:
+        """The samples of the group being emitted (all of them unless sliced by sample)."""
+        return range(batch) if self.out_sample is None else range(self.out_sample, self.out_sample + 1)
 
     @property
     def prec(self) -> Prec:
@@ -68,6 +98,8 @@ class LowerCtx:
         """The per-lane LMEM window [start, end) of `region` ("ring" or "full") for the current group."""
         lo = CONST_REGION_BYTES
         top = self.residency.arena_top(self.group_index, self.chip.tile_window_offset)
+        if self.held_floor is not None:
+            top = min(top, self.held_floor)
         return (lo, top) if region == "full" else self._ring_window(lo, top)
 
     def planning_arena(self, region: str) -> GroupArena:
@@ -113,6 +145,11 @@ class LowerCtx:
         if used:
             self.previous = (min(a.start for a in used), max(a.peak for a in used))
         self.arenas = []
+
+    def held_constants(self) -> HeldConstants | None:
+        """Where the group being emitted holds its constants across a sliced run (None: it loads
+        them into its own working area)."""
+        return self.held.get(self.group_index)
 
     def resident(self, tensor: str | None) -> ResidentTensor | None:
         """The LMEM-resident buffer of an activation, or None when it lives in DDR."""

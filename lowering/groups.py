@@ -89,17 +89,32 @@ def _absorb_epilogue(graph: Graph, anchor: OpNode, split: int, allow_col: bool, 
         value = nxt.outputs[0]
 
 
-def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str]) -> Group | None:
+# A row group's view starves the lanes when its rows fill less than 1/STARVED_FILL of them (a
+# 1-channel NCHW map cut after C computes on one lane): another cut point is then preferred.
+STARVED_FILL = 8
+
+
+def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str],
+               lanes: int | None) -> Group | None:
     """The longest run of row-wise nodes after `start` that share its (rows, cols) view: every
     operand classifies against the group's reference shape, values are FULL or ROW. Of the cut
-    points `start` can take, the one that joins the most nodes (the first on ties)."""
-    best = None
+    points `start` can take, the one that joins the most nodes (the first on ties), unless its
+    rows starve the chip's `lanes` and another's do not."""
+    best, best_key = None, None
     for split in node_split_candidates(graph, start):
         if node_fits(graph, start, split):
             group = _row_group_at(graph, start, order, pos, taken, split)
-            if best is None or len(group.nodes) > len(best.nodes):
-                best = group
+            key = (not _starves(group, lanes), len(group.nodes))
+            if best is None or key > best_key:
+                best, best_key = group, key
     return best
+
+
+def _starves(group: Group, lanes: int | None) -> bool:
+    rows = 1
+    for d in group.full_shape[:group.split]:
+        rows *= d
+    return lanes is not None and rows * STARVED_FILL < lanes
 
 
 def _row_group_at(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str], split: int) -> Group:
@@ -152,16 +167,17 @@ def _fusable_pool(graph: Graph, conv: OpNode, value: str, taken: set[str]) -> Op
     return nxt
 
 
-def form_groups(graph: Graph, fuse_pool: bool = True) -> list[Group]:
+def form_groups(graph: Graph, fuse_pool: bool = True, lanes: int | None = None) -> list[Group]:
     """Groups in topological order; every node is in exactly one group. `fuse_pool` lets a
-    pooling join the Conv group before it (TIU path)."""
+    pooling join the Conv group before it (TIU path); `lanes` (the chip's) steers row groups
+    away from views that leave most lanes idle."""
     order = list(graph.nodes())
     taken: set[str] = set()
     groups: list[Group] = []
     for pos, node in enumerate(order):
         if node.name in taken:
             continue
-        group = _group_at(graph, node, order, pos, taken)
+        group = _group_at(graph, node, order, pos, taken, lanes)
         if fuse_pool and group.kind == "conv":
             pool = _fusable_pool(graph, node, group.nodes[-1].outputs[0], taken | {n.name for n in group.nodes})
             if pool is not None:
@@ -173,7 +189,8 @@ def form_groups(graph: Graph, fuse_pool: bool = True) -> list[Group]:
     return groups
 
 
-def _group_at(graph: Graph, node: OpNode, order: list[OpNode], pos: int, taken: set[str]) -> Group:
+def _group_at(graph: Graph, node: OpNode, order: list[OpNode], pos: int, taken: set[str],
+              lanes: int | None) -> Group:
     kind = spec(node.op_type).group
     if kind == "conv":
         return Group("conv", [node] + _absorb_epilogue(graph, node, CONV_EPILOGUE_SPLIT, False, taken),
@@ -188,7 +205,7 @@ def _group_at(graph: Graph, node: OpNode, order: list[OpNode], pos: int, taken: 
     if kind in ("lrn", "view"):
         return Group(kind, [node])
     if kind == "row":
-        group = _row_group(graph, node, order, pos, taken)
+        group = _row_group(graph, node, order, pos, taken, lanes)
         if group is not None:
             return group
         return Group("move", [node])       # elementwise with a general broadcast: expand first

@@ -25,6 +25,7 @@ RESIDENT_SHARE = 0.7
 # planned again with the next smaller share (0: nothing resident, as --layer-group off).
 RESIDENT_SHARE_FALLBACKS = (RESIDENT_SHARE, 0.5, 0.25, 0.0)
 
+NCHW, MATRIX = "nchw", "matrix"     # the two layouts an activation can be kept in
 MAX_GROUP_STRIDE = 1 << 15     # TIU n/c stride fields are 16-bit signed (sg2260_regs.json)
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class ResidentTensor:
     last: int            # index of the last consuming group
     inside: str | None = None   # the Concat this tensor is a channel slice of, or the Reshape input it renames
     row0: int = 0               # slice buffers: the first row of the tensor held (views take global rows)
+    sample0: int = 0            # slice buffers: the sample held (views take global samples)
     layout: str = "nchw"        # NCHW, or MATRIX: (1, rows, 1, cols) with the leading dims in the rows
 
     def tile(self, chip: ChipConfig) -> LTile:
@@ -54,19 +56,25 @@ class ResidentTensor:
         sub = whole.sub_channels(c0, c, chip)
         st = whole.strides
         h0 = self._local_row(h0, h)
+        n = self._local_sample(n)
         addr = sub.addr + (n * st[0] + h0 * st[2] + w0) * self.prec.bytes
         return _as_aligned(chip, LTile(addr, (1, c, h, self.shape[3] if w is None else w), self.prec,
                                        (0, self._group_stride(chip, sub, c), st[2], st[3]), StrideMode.FREE))
 
     def rows_view(self, chip: ChipConfig, r0: int, rows: int, col0: int, cols: int) -> LTile:
         """Rows [r0, r0+rows) x columns [col0, col0+cols) of the (rows on lanes, columns along
-        the lane) view: a row is a channel of (1, C, H, W) (columns = H*W) or a matrix row."""
+        the lane) view: a row is a channel of one sample of (N, C, H, W) (row n*C + c; columns =
+        H*W; the rows stay inside one sample) or a matrix row."""
         whole = self.tile(chip)
+        channels = self.shape[1]
+        n, r0 = (0, r0) if self.layout == MATRIX else divmod(r0, channels)
+        if r0 + rows > channels:
+            raise LoweringError(f"internal: rows {r0}..{r0 + rows} of {self.name} cross a sample")
         sub = whole.sub_channels(r0, rows, chip)
-        if len(self.shape) == 4:       # columns are rows x width (a slice buffer holds some rows)
-            width = self.shape[3]
-            col0 = self._local_row(col0 // width, -(-(col0 % width + cols) // width)) * width + col0 % width
-        return _as_aligned(chip, LTile(sub.addr + col0 * self.prec.bytes, (1, rows, 1, cols), self.prec,
+        width = self.shape[3]          # columns are rows x width (a slice buffer holds some rows)
+        col0 = self._local_row(col0 // width, -(-(col0 % width + cols) // width)) * width + col0 % width
+        addr = sub.addr + (self._local_sample(n) * whole.strides[0] + col0) * self.prec.bytes
+        return _as_aligned(chip, LTile(addr, (1, rows, 1, cols), self.prec,
                                        (0, self._group_stride(chip, sub, rows), cols, 1), StrideMode.FREE))
 
     def _local_row(self, h0: int, h: int) -> int:
@@ -74,6 +82,13 @@ class ResidentTensor:
         if local < 0 or local + h > self.shape[2]:
             raise LoweringError(f"internal: rows {h0}..{h0 + h} of {self.name} are outside its slice buffer "
                                 f"(rows {self.row0}..{self.row0 + self.shape[2]})")
+        return local
+
+    def _local_sample(self, n: int) -> int:
+        local = n - self.sample0
+        if not 0 <= local < self.shape[0]:
+            raise LoweringError(f"internal: sample {n} of {self.name} is outside its slice buffer "
+                                f"(samples {self.sample0}..{self.sample0 + self.shape[0]})")
         return local
 
     def _group_stride(self, chip: ChipConfig, sub: LTile, channels: int) -> int:
@@ -112,16 +127,19 @@ class LayerGroup:
     nodes: tuple[str, ...]            # every ONNX node of the member groups
     resident: tuple[str, ...]         # activations kept in LMEM inside it
     lmem_peak_bytes: int              # resident bytes per lane at the busiest point
-    sliced: tuple[tuple[tuple[str, ...], int], ...] = ()   # (members, slice count) run slice by slice over H
+    sliced: tuple[tuple[tuple[str, ...], int, str], ...] = ()   # (members, slice count, axes) run slice by slice
 
     def as_dict(self) -> dict:
-        """Slicing: "h" when some members run slice by slice over output rows (the sliced runs
-        and their slice counts are listed), else whole tensors (1 slice); each member tiles its
-        own work over output channels and rows inside the group's working area."""
+        """Slicing: the axes some members run slice by slice over ("n": one sample per slice,
+        "h": bands of output rows, "n,h": both; the sliced runs with their slice counts and axes
+        are listed), else whole tensors (1 slice); each member tiles its own work over output
+        channels and rows inside the group's working area."""
+        used = {a for _, _, ax in self.sliced for a in ax.split(",")}
+        axes = [a for a in ("n", "h") if a in used]
         return {"index": self.index, "members": list(self.members), "nodes": list(self.nodes),
-                "resident": list(self.resident), "slicing": "h" if self.sliced else "whole tensors",
-                "slices": max([s for _, s in self.sliced] + [1]),
-                "sliced_runs": [{"members": list(m), "slices": s} for m, s in self.sliced],
+                "resident": list(self.resident), "slicing": ",".join(axes) if axes else "whole tensors",
+                "slices": max([s for _, s, _ in self.sliced] + [1]),
+                "sliced_runs": [{"members": list(m), "slices": s, "axes": ax} for m, s, ax in self.sliced],
                 "lmem_resident_peak_bytes_per_lane": self.lmem_peak_bytes}
 
 
@@ -144,9 +162,9 @@ class ResidencyPlan:
         return next((r for r in self.regions if r.first == index), None)
 
     def enter_slice(self, region: SlicedRegion, s: int) -> None:
-        """Point the slice buffers of `region` at the rows of slice `s`."""
+        """Point the slice buffers of `region` at the sample and rows of slice `s`."""
         for name, rows in region.buffers.items():
-            self.tensors[name] = replace(self.tensors[name], row0=rows[s][0])
+            self.tensors[name] = replace(self.tensors[name], row0=rows[s][0], sample0=region.sample_of(s))
 
     def arena_top(self, index: int, default_top: int) -> int:
         """Where the working area of group `index` ends: below every buffer live at that group."""
@@ -175,7 +193,7 @@ class ResidencyPlan:
                 continue
             inside = [t for t in self.tensors.values() if find(t.first) == find(members[0])]
             peak = max((sum(t.size for t in inside if t.live_at(i)) for i in members), default=0)
-            sliced = tuple((tuple(groups[i].name for i in r.members), r.slices) for r in self.regions
+            sliced = tuple((tuple(groups[i].name for i in r.members), r.slices, r.axes) for r in self.regions
                            if r.first in members)
             out.append(LayerGroup(len(out), tuple(groups[i].name for i in members),
                                   tuple(n.name for i in members for n in groups[i].nodes),
@@ -183,7 +201,6 @@ class ResidencyPlan:
         return out
 
 
-NCHW, MATRIX = "nchw", "matrix"     # the two layouts an activation can be kept in
 
 
 def resident_shape(shape: tuple[int, ...], layout: str | None = None) -> tuple[int, int, int, int] | None:

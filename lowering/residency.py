@@ -16,7 +16,7 @@ from tpuflow.lowering.layergroup import (MATRIX, NCHW, RESIDENT_SHARE, Residency
 from tpuflow.lowering.groupsearch import SpanOption, best_selection
 from tpuflow.lowering.lmem import align_up
 from tpuflow.lowering.opspec import spec
-from tpuflow.lowering.slicing import SlicedRegion, candidate_runs, slice_region
+from tpuflow.lowering.slicing import SlicedRegion, candidate_runs, slice_counts, slice_region
 from tpuflow.lowering.tensors import make_tile, tile_bytes_per_lane
 
 # Ports: (group) -> ({tensor: layout it can read from LMEM}, {tensor: layout it can write there})
@@ -36,7 +36,7 @@ class _Unit:
     containers: dict[str, str] = field(default_factory=dict)   # member -> the Concat it is a slice of
 
 
-SLICE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
+SLICE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)      # row bands per sample
 
 
 @dataclass
@@ -64,6 +64,7 @@ SpanCost = Callable[[ResidencyPlan, tuple[int, ...]], int]
 
 MAX_SPAN_CLUSTERS = 4      # search width: a sliced span covers at most this many clusters of held tensors
 CONTEXT = 1                # groups either side of a span costed with it (their loads and stores overlap it)
+SPAN_EXTENSIONS = 2        # a span also runs on through the readers of what it makes, this many times
 SLICE_COUNT_CHOICES = 2    # slice counts tried per span: the fewest that fit, and the next ones
 
 
@@ -144,7 +145,8 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
 def _refit(inputs: _Inputs, accepted: list[SlicedRegion], region: SlicedRegion) -> SlicedRegion | None:
     """`region`, or the same span with the fewest more slices, that fits beside `accepted`
     (None when none does while slicing pays)."""
-    for slices in (region.slices,) + tuple(k for k in SLICE_COUNTS if k > region.slices):
+    counts = slice_counts(inputs.graph, inputs.groups, region.members, SLICE_COUNTS)
+    for slices in [region.slices] + [k for k in counts if k > region.slices]:
         candidate = region if slices == region.slices else \
             slice_region(inputs.graph, inputs.groups, region.members, slices, set(region.buffers))
         if not _slicing_pays(inputs, candidate):
@@ -157,25 +159,32 @@ def _refit(inputs: _Inputs, accepted: list[SlicedRegion], region: SlicedRegion) 
 def _search_run(inputs: _Inputs, base: ResidencyPlan, run: tuple[int, ...], rejected: set[str],
                 span_cost: SpanCost) -> list[SlicedRegion]:
     """The sliced spans of one run that the layer-group search picks among every span of up to
-    MAX_SPAN_CLUSTERS consecutive clusters of held tensors, at the fewest slice counts that fit:
+    MAX_SPAN_CLUSTERS consecutive clusters of held tensors (each also run on through the readers
+    of what it makes, SPAN_EXTENSIONS times), at the fewest slice counts that fit:
     each saves the estimated time of the groups it affects (its members, and the groups of
     tensors it pushes out of LMEM or makes room for) unsliced minus sliced."""
     clusters = list(_slicing_candidates(inputs, run, rejected))
     options: dict[tuple, SpanOption] = {}
     unsliced: dict[tuple[int, ...], int] = {}
+    spans = []
     for a in range(len(clusters)):
         for b in range(a, min(len(clusters), a + MAX_SPAN_CLUSTERS)):
             members = tuple(i for i in run if clusters[a][0][0] <= i <= clusters[b][0][-1])
             held = set().union(*(h for _, h in clusters[a:b + 1]))
-            for region, plan in _fitting_regions(inputs, run, members, held):
-                key = (region.members, region.slices, tuple(sorted(region.buffers)))
-                if key in options:
-                    continue
-                affected = _affected(inputs, base, plan, region)
-                if affected not in unsliced:
-                    unsliced[affected] = span_cost(base, affected)
-                saving = unsliced[affected] - span_cost(plan, affected)
-                options[key] = SpanOption(run.index(region.first), run.index(region.last), saving, region)
+            for _ in range(SPAN_EXTENSIONS + 1):
+                if (members, held) not in spans:
+                    spans.append((members, held))
+                members = _extended(inputs, run, members)
+    for members, held in spans:
+        for region, plan in _fitting_regions(inputs, run, members, held):
+            key = (region.members, region.slices, tuple(sorted(region.buffers)))
+            if key in options:
+                continue
+            affected = _affected(inputs, base, plan, region)
+            if affected not in unsliced:
+                unsliced[affected] = span_cost(base, affected)
+            saving = unsliced[affected] - span_cost(plan, affected)
+            options[key] = SpanOption(run.index(region.first), run.index(region.last), saving, region)
     return [o.payload for o in best_selection(len(run), list(options.values()))[1]]
 
 
@@ -196,7 +205,8 @@ def _fitting_regions(inputs: _Inputs, run: tuple[int, ...], members: tuple[int, 
     none of the span as it is fits."""
     found = 0
     for members, held in (members, held), _widened(inputs, run, members, held):
-        for slices in SLICE_COUNTS:
+        held = held | _internal(inputs, members)
+        for slices in slice_counts(inputs.graph, inputs.groups, members, SLICE_COUNTS):
             region = slice_region(inputs.graph, inputs.groups, members, slices, held)
             if found == SLICE_COUNT_CHOICES or not _slicing_pays(inputs, region):
                 break
@@ -206,6 +216,26 @@ def _fitting_regions(inputs: _Inputs, run: tuple[int, ...], members: tuple[int, 
                 yield region, plan
         if found:
             return
+
+
+def _extended(inputs: _Inputs, run: tuple[int, ...], members: tuple[int, ...]) -> tuple[int, ...]:
+    """The span run on through the last reader (inside the run) of every 4-D tensor it makes:
+    what would leave the span whole then stays inside it as slices."""
+    inside, last = set(run), members[-1]
+    for t, p in inputs.producer.items():
+        users = inputs.consumers.get(t, ())
+        if p in members and users and set(users) <= inside and len(inputs.graph.tensor(t).shape) == 4:
+            last = max(last, max(users))
+    return tuple(i for i in run if members[0] <= i <= last)
+
+
+def _internal(inputs: _Inputs, members: tuple[int, ...]) -> set[str]:
+    """The eligible 4-D tensors a span makes and only it reads: its members compute them slice
+    by slice anyway, so slice buffers hold them in less LMEM than whole buffers."""
+    inside = set(members)
+    return {t for t, p in inputs.producer.items()
+            if p in inside and inputs.consumers.get(t) and set(inputs.consumers[t]) <= inside
+            and inputs.eligible(t) and len(inputs.graph.tensor(t).shape) == 4}
 
 
 def _widened(inputs: _Inputs, run: tuple[int, ...], members: tuple[int, ...],

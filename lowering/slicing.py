@@ -1,8 +1,8 @@
-"""H-slicing of layer groups: a run of conv / pool / elementwise groups whose activations are too
-large to stay whole in LMEM runs slice by slice over output rows. Each slice computes the rows of
-every member that later members need in that slice (halos propagated backward through kernels,
-strides, pads and dilations; rows at slice borders are recomputed), and every row of every
-member at least once."""
+"""N/H-slicing of layer groups: a run of conv / pool / elementwise groups whose activations are too
+large to stay whole in LMEM runs slice by slice, over samples (batch > 1) and within a sample over
+output rows. Each slice computes, for its sample, the rows of every member that later members need
+in that slice (halos propagated backward through kernels, strides, pads and dilations; rows at
+band borders are recomputed), and every row of every sample of every member at least once."""
 
 from __future__ import annotations
 
@@ -18,13 +18,27 @@ Rows = tuple[int, int]          # [lo, hi)
 
 @dataclass(frozen=True)
 class SlicedRegion:
-    """Consecutive fused groups run `slices` times; `rows[m][s]` are the output rows member m
-    computes in slice s, `buffers[t][s]` the rows of tensor t held in LMEM in slice s."""
+    """Consecutive fused groups run `slices` times: slice s is sample `sample_of(s)` and, within
+    it, row band s % bands; `rows[m][s]` are the output rows member m computes in slice s,
+    `buffers[t][s]` the rows of tensor t held in LMEM in slice s (one sample at a time)."""
 
     members: tuple[int, ...]
     slices: int
     rows: dict[int, tuple[Rows, ...]]
     buffers: dict[str, tuple[Rows, ...]]
+    samples: int = 1
+
+    @property
+    def bands(self) -> int:
+        return self.slices // self.samples
+
+    def sample_of(self, s: int) -> int:
+        return s // self.bands
+
+    @property
+    def axes(self) -> str:
+        """"n", "h" or "n,h": what the slices split."""
+        return ",".join(a for a, used in (("n", self.samples > 1), ("h", self.bands > 1)) if used)
 
     @property
     def first(self) -> int:
@@ -47,12 +61,16 @@ def output_height(graph: Graph, group: Group) -> int:
     return graph.tensor(output_of(group)).shape[2]
 
 
+def samples(graph: Graph, group: Group) -> int:
+    return graph.tensor(output_of(group)).shape[0]
+
+
 def is_sliceable(graph: Graph, group: Group) -> bool:
     """Conv groups (plain or depthwise, epilogue and pool included), pools, and purely
-    elementwise row groups over NCHW (rows = channels): each computes any band of output rows
-    from a band of input rows."""
+    elementwise row groups over NCHW (rows = channels): each computes any band of output rows of
+    any sample from a band of input rows of that sample."""
     out = graph.tensor(output_of(group)).shape
-    if len(out) != 4 or out[0] != 1:
+    if len(out) != 4:
         return False
     if group.kind == "conv":
         node = group.anchor
@@ -105,18 +123,30 @@ def chunk(height: int, slices: int, s: int) -> Rows:
     return height * s // slices, height * (s + 1) // slices
 
 
+def slice_counts(graph: Graph, groups: list[Group], members: tuple[int, ...], counts) -> list[int]:
+    """The slice counts a span can run at: one slice per sample, or `counts` row bands per
+    sample (a batch is always sliced by sample first: no halo, no recomputation)."""
+    n = samples(graph, groups[members[0]])
+    return ([n] if n > 1 else []) + [n * k for k in counts]
+
+
 def slice_region(graph: Graph, groups: list[Group], members: tuple[int, ...], slices: int,
                  held: set[str]) -> SlicedRegion:
     """Rows per member and slice (each member's own share of its rows plus what later members
-    need), and the rows of each tensor in `held` (slice buffers) per slice."""
+    need), and the rows of each tensor in `held` (slice buffers) per slice; `slices` is a
+    multiple of the batch (slice_counts)."""
+    n = samples(graph, groups[members[0]])
+    if slices % n or any(samples(graph, groups[m]) != n for m in members):
+        raise ValueError(f"internal: {slices} slices of a span of batch {n}")
+    bands = slices // n
     rows: dict[int, list[Rows]] = {m: [] for m in members}
     buffers: dict[str, list[Rows]] = {t: [] for t in held}
     produced_by = {output_of(groups[m]): m for m in members}
-    for s in range(slices):
+    for s in range(bands):
         needed: dict[str, Rows] = {}
         for m in reversed(members):
             name = output_of(groups[m])
-            own = chunk(output_height(graph, groups[m]), slices, s)
+            own = chunk(output_height(graph, groups[m]), bands, s)
             band = _hull(needed.get(name), own) if own[1] > own[0] else needed.get(name, (own[0], own[0]))
             rows[m].append(band)
             if band[1] <= band[0]:
@@ -126,17 +156,18 @@ def slice_region(graph: Graph, groups: list[Group], members: tuple[int, ...], sl
                     needed[t] = _hull(needed.get(t), r)
         for t in held:
             buffers[t].append(rows[produced_by[t]][s])
-    return SlicedRegion(tuple(members), slices, {m: tuple(v) for m, v in rows.items()},
-                        {t: tuple(v) for t, v in buffers.items()})
+    return SlicedRegion(tuple(members), slices, {m: tuple(v) * n for m, v in rows.items()},
+                        {t: tuple(v) * n for t, v in buffers.items()}, n)
 
 
 def candidate_runs(graph: Graph, groups: list[Group]) -> list[tuple[int, ...]]:
-    """Maximal runs of consecutive sliceable groups in which every member after the first reads
-    a tensor made by an earlier member."""
+    """Maximal runs of consecutive sliceable groups of one batch size in which every member after
+    the first reads a tensor made by an earlier member."""
     runs, current, made = [], [], set()
     for i, g in enumerate(groups):
         inputs = {t for n in g.nodes for t in n.inputs if t}
-        if is_sliceable(graph, g) and current and inputs & made:
+        if is_sliceable(graph, g) and current and inputs & made \
+                and samples(graph, g) == samples(graph, groups[current[0]]):
             current.append(i)
             made |= g.produced()
             continue

@@ -168,6 +168,7 @@ class ConvEmitter:
             from tpuflow.lowering.ops.pool import pool_geometry
             self.pgeom, _ = pool_geometry(ctx, self.pool)
             self.result = self.pool.outputs[0]
+        self.held = ctx.held_constants()                     # sliced runs: constants held across slices
         self.in_res = ctx.resident(self.node.inputs[0])      # layer groups: input kept in LMEM
         self.out_res = ctx.resident(self.result)             # layer groups: result kept in LMEM
         self.unfolded = None                                 # the original geometry when rows are folded
@@ -204,6 +205,25 @@ class ConvEmitter:
     def misfit(self) -> str:
         return f"no tiling of {'depthwise ' if self.depthwise else ''}conv {self.geom} fits LMEM"
 
+    def held_sizes(self) -> list[int] | None:
+        """Per-lane sizes of the constants (bias, all weights, epilogue constants) this conv can
+        hold in LMEM across the slices of a sliced run; None when it cannot (a grouped conv loads
+        each group's weights into one buffer, a runtime epilogue operand changes per slice)."""
+        geo = self.geom
+        if not self.epi.constants_only() or (geo.groups > 1 and not self.depthwise):
+            return None
+        return self._depthwise_resident_sizes() if self.depthwise else self._resident_sizes(geo.cin, geo.cout, True)
+
+    def _loads_constants(self) -> bool:
+        """Whether this emission loads its constants (not when a previous slice holds them)."""
+        return self.held is None or not self.held.loaded
+
+    def _held_offsets(self, sizes: list[int], form) -> tuple[int, ...] | None:
+        """The constants' offsets in the held block, None when an earlier slice fixed another form."""
+        if self.held.form is not None and self.held.form != form:
+            return None
+        return tuple(self.held.offsets(sizes, self.chip.core.lmem_align_bytes))
+
     def wants_wider(self, plan: ConvPlan) -> bool:
         """A plan that streams its weights although one output-channel tile holds them all is
         compared with the next (larger) region's: resident weights matter more than the ring."""
@@ -217,6 +237,8 @@ class ConvEmitter:
         geo = self.geom
         self.ctx.em.layer = self.node.name
         self.ic_block = plan.ic_block
+        if self.held is not None:
+            self.held.form = plan.ic_block
         if self.depthwise:
             self._emit_depthwise(plan)
         else:
@@ -312,7 +334,8 @@ class ConvEmitter:
 
     def _fits(self, arena, ct, ht, ict, cin_g, cout_g, w_resident, copies=2) -> bool:
         load, outs = self._set_sizes(ct, ht, ict, cin_g, w_resident)
-        return arena.fits(self._resident_sizes(cin_g, cout_g, w_resident) + (load + outs) * copies)
+        resident = [] if self.held else self._resident_sizes(cin_g, cout_g, w_resident)
+        return arena.fits(resident + (load + outs) * copies)
 
     def _choose(self, arena, cin_g: int, cout_g: int):
         """(ct, ht, ict, weights resident) of the first fitting tiling, or None."""
@@ -323,7 +346,7 @@ class ConvEmitter:
         ic_opts = sorted({min(cin_g, lanes * k) for k in range(1, -(-cin_g // lanes) + 1)} | {cin_g}, reverse=True)
         for copies in (2, 1):
             for ict in ic_opts:
-                for w_res in ((True, False) if ict == cin_g else (False,)):
+                for w_res in self._weight_options(ict == cin_g):
                     best = None
                     for ct in c_opts:
                         for ht in h_opts:
@@ -335,6 +358,13 @@ class ConvEmitter:
                     if best:
                         return self._pipelined(best[1], best[2], final, cout_g, w_res) + (ict, w_res)
         return None
+
+    def _weight_options(self, whole_input: bool) -> tuple[bool, ...]:
+        """Whether the weights can stay resident (all input channels per step), and whether they
+        can stream; held constants are always resident."""
+        if self.held:
+            return (True,) if whole_input else ()
+        return (True, False) if whole_input else (False,)
 
     def _pipelined(self, ct: int, ht: int, final: int, cout_g: int, w_res: bool) -> tuple[int, int]:
         """Cut a layer that fits in one tile into several so loads overlap compute: by rows when
@@ -363,9 +393,15 @@ class ConvEmitter:
         load, outs = self._set_sizes(ct, ht, ict, cin_g, w_res, ic_block)
         load_names, out_names = self._set_names(w_res, ict < cin_g)
         res_names = ["bias"] + (["weights"] if w_res else []) + self.epi.resident_names()
-        res, sets = arena.alloc_plan(res_sizes, load + outs, self.node.name, names=(res_names, load_names + out_names))
-        return dict(depthwise=False, ct=ct, ht=ht, ict=ict, w_res=w_res, ic_block=ic_block, residents=tuple(res),
-                    sets=tuple(tuple(x) for x in sets), load_count=len(load))
+        if self.held:
+            res = self._held_offsets(res_sizes, ic_block)
+            if res is None:
+                return None
+            res_sizes, res_names = [], []
+        placed, sets = arena.alloc_plan(res_sizes, load + outs, self.node.name, names=(res_names, load_names + out_names))
+        return dict(depthwise=False, ct=ct, ht=ht, ict=ict, w_res=w_res, ic_block=ic_block,
+                    residents=tuple(res if self.held else placed), sets=tuple(tuple(x) for x in sets),
+                    load_count=len(load))
 
     def _prepare_standard(self, plan: ConvPlan, cin_g: int, cout_g: int) -> None:
         geo, chip, ctx = self.geom, self.chip, self.ctx
@@ -374,10 +410,10 @@ class ConvEmitter:
         self.load_sets = [s[:plan.load_count] for s in plan.sets]
         self.out_sets = [s[plan.load_count:] for s in plan.sets]
         self.bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
-        if self.bias is not None:
+        if self.bias is not None and self._loads_constants():
             ctx.load_const_channels(self.bias_tile, f"bias:{self.node.name}", self.bias.reshape(-1, 1), Prec.FP32)
         self.w_res_offset = res[1] if self.w_res else None
-        self.epi.load_residents(list(res[2 if self.w_res else 1:]), geo.cout, geo.wo)
+        self.epi.load_residents(list(res[2 if self.w_res else 1:]), geo.cout, geo.wo, self._loads_constants())
         self.w_addr = ctx.const_addr(f"convw:{self.node.name}", pack_conv_weights(self.weights, self.ic_block))
 
     def _outputs_fit_short_form(self, cin_g: int, cout_g: int, c_step: int, h_step: int, ic_step: int) -> bool:
@@ -385,7 +421,8 @@ class ConvEmitter:
         if not self._direct(ic_step < cin_g):
             return True
         return all(piece.mode != StrideMode.FREE
-                   for gi in range(self.geom.groups) for n in range(self.geom.n) for c0, ct in steps(cout_g, c_step)
+                   for gi in range(self.geom.groups) for n in self.ctx.samples_to_emit(self.geom.n)
+                   for c0, ct in steps(cout_g, c_step)
                    for h0, ht, _ in self._row_tiles(h_step)
                    for _, _, (piece,) in lane_group_pieces([self.out_res.view(self.chip, n, gi * cout_g + c0, ct,
                                                                                           h0, ht)], self.chip))
@@ -401,8 +438,9 @@ class ConvEmitter:
         if self.w_res:
             self.w_tile = make_tile(self.chip, self.w_res_offset, (1, cout_g, 1, self._weight_elems(cin_g)),
                                     self.ctx.prec, compact=True)
-            self.ctx.em.load(self.w_tile, self._weight_region(oc_base, cout_g, 0, cin_g, cin_g))
-        out_tiles = [(n, c0, ct, h0, ht, pool) for n in range(geo.n) for c0, ct in steps(cout_g, self.ct)
+            if self._loads_constants():
+                self.ctx.em.load(self.w_tile, self._weight_region(oc_base, cout_g, 0, cin_g, cin_g))
+        out_tiles = [(n, c0, ct, h0, ht, pool) for n in self.ctx.samples_to_emit(geo.n) for c0, ct in steps(cout_g, self.ct)
                      for h0, ht, pool in self._row_tiles(self.ht)]
         ic_steps = steps(cin_g, self.ict)
         work = [(ti, t, k) for ti, t in enumerate(out_tiles) for k in range(len(ic_steps))]
@@ -578,10 +616,7 @@ class ConvEmitter:
     def _plan_depthwise(self, arena) -> dict | None:
         geo, chip, ctx = self.geom, self.chip, self.ctx
         prec = ctx.prec
-        kk = geo.kh * geo.kw
-        res_sizes = [tile_bytes_per_lane(chip, (1, geo.cout, 1, 1), Prec.FP32, compact=True),
-                     tile_bytes_per_lane(chip, (1, geo.cout, 1, kk), prec, compact=True)]
-        res_sizes += self.epi.resident_sizes(geo.cout, geo.wo)
+        res_sizes = [] if self.held else self._depthwise_resident_sizes()
         lanes = chip.lanes
 
         def sizes(ct, ht):
@@ -607,10 +642,20 @@ class ConvEmitter:
             return None
         ct, ht = choice[0], choice[1] if self._no_row_traffic() else _pipelined_rows(choice[1], height, geo.wo)
         names = ["input", "conv_out"] + self.epi.set_names() + (["stored"] if self._stage(False) else [])
-        res, sets = arena.alloc_plan(res_sizes, sizes(ct, ht), self.node.name,
-                                     names=(["bias", "weights"] + self.epi.resident_names(), names))
+        res_names = [] if self.held else ["bias", "weights"] + self.epi.resident_names()
+        res, sets = arena.alloc_plan(res_sizes, sizes(ct, ht), self.node.name, names=(res_names, names))
+        if self.held:
+            res = self._held_offsets(self._depthwise_resident_sizes(), self.ic_block)
+            if res is None:
+                return None
         return dict(depthwise=True, ct=ct, ht=ht, ict=geo.cin, w_res=True, ic_block=self.ic_block,
                     residents=tuple(res), sets=tuple(tuple(x) for x in sets), load_count=1)
+
+    def _depthwise_resident_sizes(self) -> list[int]:
+        geo, chip = self.geom, self.chip
+        return ([tile_bytes_per_lane(chip, (1, geo.cout, 1, 1), Prec.FP32, compact=True),
+                 tile_bytes_per_lane(chip, (1, geo.cout, 1, geo.kh * geo.kw), self.ctx.prec, compact=True)]
+                + self.epi.resident_sizes(geo.cout, geo.wo))
 
     def _emit_depthwise(self, plan: ConvPlan) -> None:
         geo, chip, ctx = self.geom, self.chip, self.ctx
@@ -619,11 +664,12 @@ class ConvEmitter:
         row_lo, row_hi = self._row_range()
         bias_tile = make_tile(chip, res[0], (1, geo.cout, 1, 1), Prec.FP32, compact=True)
         w_tile = make_tile(chip, res[1], (1, geo.cout, 1, kk), prec, compact=True)
-        ctx.load_const_channels(w_tile, f"dww:{self.node.name}", self.weights.reshape(geo.cout, kk), prec)
-        if self.bias is not None:
+        if self._loads_constants():
+            ctx.load_const_channels(w_tile, f"dww:{self.node.name}", self.weights.reshape(geo.cout, kk), prec)
+        if self.bias is not None and self._loads_constants():
             ctx.load_const_channels(bias_tile, f"bias:{self.node.name}", self.bias.reshape(-1, 1), Prec.FP32)
-        self.epi.load_residents(list(res[2:]), geo.cout, geo.wo)
-        tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cout, ct)
+        self.epi.load_residents(list(res[2:]), geo.cout, geo.wo, self._loads_constants())
+        tiles = [(n, c0, c, h0, h) for n in ctx.samples_to_emit(geo.n) for c0, c in steps(geo.cout, ct)
                  for h0, h in steps_between(row_lo, row_hi, ht)]
 
         def load(t, s):

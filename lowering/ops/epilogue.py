@@ -98,20 +98,26 @@ class Epilogue:
         return out
 
     # ------------------------------------------------------------ emission
-    def load_residents(self, offsets: list[int], row_count: int, col_count: int) -> None:
+    def constants_only(self) -> bool:
+        """Every resident operand is a constant (the same in every slice of a sliced run)."""
+        return all(op.const is not None for op in self.resident)
+
+    def load_residents(self, offsets: list[int], row_count: int, col_count: int, load: bool = True) -> None:
+        """The resident operands' tiles at `offsets`, loaded unless `load` is False (already there)."""
         ctx, chip, prec = self.ctx, self.ctx.chip, self.ctx.prec
         for op, off in zip(self.resident, offsets):
             ctx.em.layer = op.node
             if op.kind is Kind.ROW:
                 t = make_tile(chip, off, (1, row_count, 1, 1), prec, compact=True)
-                if op.const is not None:
+                if load and op.const is not None:
                     ctx.load_const_channels(t, f"epi:{op.tensor}", np.asarray(op.const).reshape(row_count, 1), prec)
-                else:
+                elif load:
                     ctx.em.load(t, DRegion(self._ddr(op), (1, row_count, 1, 1), (row_count, 1, 1, 1), prec))
             else:
                 width = col_count if op.kind is Kind.COL else 1
                 t = make_tile(chip, off, (1, chip.lanes, 1, width), prec)
-                ctx.em.broadcast_load(t, self._ddr(op), prec)
+                if load:
+                    ctx.em.broadcast_load(t, self._ddr(op), prec)
             self.res_tiles[op.tensor] = t
 
     def _ddr(self, op: EpiOperand) -> int:

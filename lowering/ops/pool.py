@@ -116,7 +116,7 @@ class PoolEmitter:
         row_lo, row_hi = ctx.rows_to_emit(geo.ho)
         if self.inv_count is not None:
             self.map_addr = ctx.const_addr(f"poolcount:{self.node.name}", self.inv_count, Prec.FP32)
-        tiles = [(n, c0, c, h0, h) for n in range(geo.n) for c0, c in steps(geo.cin, plan.ct)
+        tiles = [(n, c0, c, h0, h) for n in ctx.samples_to_emit(geo.n) for c0, c in steps(geo.cin, plan.ct)
                  for h0, h in steps_between(row_lo, row_hi, plan.ht)]
         sets = plan.sets
         pipelined(tiles, len(sets), lambda t, s: self._load(t, sets[s]), lambda t, s: self._compute(t, sets[s]))

@@ -176,7 +176,7 @@ def rows_layout(shape: tuple[int, ...], full_shape: tuple[int, ...], split: int)
     of a tensor: NCHW cut after C, or a matrix cut before its last dim; None if neither."""
     if tuple(shape) != tuple(full_shape):
         return None
-    if len(shape) == 4 and shape[0] == 1 and split == 2:
+    if len(shape) == 4 and split == 2:
         return NCHW
     return MATRIX if len(shape) >= 2 and split == len(shape) - 1 else None
 
@@ -210,6 +210,10 @@ class RowGroupEmitter:
         self.planner = RowPlanner(ctx, group)
         self.rows, self.cols = self.planner.view.rows, self.planner.view.cols
         self.col_range = (0, self.cols)
+        # NCHW over several samples: row tiles stay inside one sample (a resident tensor holds
+        # each sample's channels on the lanes from lane 0)
+        self.sample_rows = group.full_shape[1] if len(group.full_shape) == 4 and group.split == 2 \
+            and (group.full_shape[0] > 1 or ctx.out_sample is not None) else None
         if ctx.out_rows is not None:       # sliced layer groups: NCHW rows [lo, hi) = columns lo*W .. hi*W
             width = group.full_shape[3]
             self.col_range = (ctx.out_rows[0] * width, ctx.out_rows[1] * width)
@@ -243,7 +247,8 @@ class RowGroupEmitter:
         def fits(rt: int, dt: int) -> bool:
             return arena.fits(resident + self._set_sizes(rt, dt))
 
-        row_options = [min(self.rows, lanes * k) for k in range(1, -(-self.rows // lanes) + 1)]
+        rows = self.sample_rows or self.rows
+        row_options = [min(rows, lanes * k) for k in range(1, -(-rows // lanes) + 1)]
         span = self.col_range[1] - self.col_range[0]
         rt = largest_fitting(row_options, lambda r: fits(r, span))
         if rt is not None:
@@ -294,12 +299,19 @@ class RowGroupEmitter:
         self.chunked, self.acc_offset = plan.chunked, plan.accumulator
         self.residents = self._load_residents(list(plan.residents))
         sets = plan.sets
-        tiles = [(r0, r, d0, d) for r0, r in steps(self.rows, plan.rt)
+        tiles = [(r0, r, d0, d) for r0, r in self._row_steps(plan.rt)
                  for d0, d in steps_between(*self.col_range, plan.dt)]
         pipelined(tiles, len(sets), lambda t, s: self._load_tile(t, sets[s]),
                   lambda t, s: self._compute_tile(t, sets[s]))
         for n in self.group.nodes:
             ctx.note_layer(n.name, n.op_type, lmem_peak=plan.peak, group=self.group.name)
+
+    def _row_steps(self, rt: int) -> list[tuple[int, int]]:
+        """(first row, rows) per row tile: over all rows, or sample by sample (sample_rows)."""
+        if self.sample_rows is None:
+            return steps(self.rows, rt)
+        c = self.sample_rows
+        return [(n * c + r0, r) for n in self.ctx.samples_to_emit(self.rows // c) for r0, r in steps(c, rt)]
 
     def _value_tile(self, offsets: list[int], kind: Kind, index: int, rt: int, dt: int, prec: Prec) -> LTile:
         if pool_of(kind) is Kind.FULL:

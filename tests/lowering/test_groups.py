@@ -64,3 +64,25 @@ def test_attention_transposes_fold_into_the_matmuls():
     emitted = set(program.tiu_layers) | set(program.gdma_layers)
     assert not emitted & set(transposes)                  # read through strided / transposed views
     assert any(i.op_name == "mm2.nt" for i in program.tiu)
+
+
+@pytest.mark.parametrize("channels, split", [(1, 3), (4, 3), (16, 2), (64, 2)])
+def test_a_few_channel_map_is_cut_so_its_rows_fill_the_lanes(channels, split, tmp_path):
+    """A row group over (1, C, H, W) is cut after C (rows = channels, the NCHW layout layer groups
+    keep) unless that leaves most of the 64 lanes idle: a 1-channel map is cut after H instead,
+    and the program still matches onnxruntime."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
+    from onnx_build import ModelBuilder
+
+    from tpuflow.pipeline import verify
+    b = ModelBuilder(seed=5)
+    x = b.node("Sigmoid", [b.node("Mul", [b.input("x", (1, channels, 40, 24)), b.input("y", (1, channels, 40, 24))],
+                                  "m")], "s")
+    b.output(x)
+    graph = load_graph(b.model())
+    (group,) = form_groups(graph, lanes=64)
+    assert group.kind == "row" and group.split == split and len(group.nodes) == 2
+    assert form_groups(graph)[0].split == 2                  # without a chip: the NCHW cut
+    assert verify(b.model(), "sg2260", CompileOptions(dtype="fp16"))["ok"]

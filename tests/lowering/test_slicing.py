@@ -123,3 +123,90 @@ def test_a_sliced_program_matches_onnxruntime(monkeypatch, tmp_path):
     assert runs and all(r["slices"] >= 2 for r in runs)
     result = verify(model, str(chip), CompileOptions(), race_check=True)
     assert result["ok"], result
+
+
+def _batched_chain(batch: int):
+    """Convs, a residual Add + Relu row group (its conv input has another reader, so it is not a
+    conv epilogue) and a pool over `batch` samples."""
+    b = ModelBuilder(seed=4)
+    x = b.input("x", (batch, 16, 96, 64))
+
+    def conv(name, x, stride=1):
+        w = b.weight(f"w{name}", (16, 16, 3, 3))
+        return b.node("Conv", [x, w], f"c{name}", kernel_shape=[3, 3], strides=[stride] * 2, pads=[1] * 4)
+
+    skip = b.node("Relu", [conv(0, x)], "r0")
+    x1 = conv(1, skip)
+    y = b.node("Relu", [b.node("Add", [x1, skip], "add")], "r1")
+    x = conv(3, b.node("Add", [y, conv(2, x1)], "merge"), stride=2)
+    x = b.node("MaxPool", [x], "pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    b.output(x)
+    return b.model()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_slice_counts_and_regions_over_samples(batch):
+    from tpuflow.lowering.slicing import slice_counts
+    graph = load(_batched_chain(batch))
+    groups = form_groups(graph)
+    members = candidate_runs(graph, groups)[0]
+    counts = slice_counts(graph, groups, members, (2, 3))
+    assert counts == ([batch] if batch > 1 else []) + [2 * batch, 3 * batch]
+    for slices in counts:
+        region = slice_region(graph, groups, members, slices, set())
+        assert region.samples == batch and region.bands * batch == slices
+        assert [region.sample_of(s) for s in range(slices)] == [s // region.bands for s in range(slices)]
+        for m in members:          # every sample gets the same row bands, covering every row
+            per_sample = [region.rows[m][n * region.bands:(n + 1) * region.bands] for n in range(batch)]
+            assert all(p == per_sample[0] for p in per_sample)
+            height = graph.tensor(output_of(groups[m])).shape[2]
+            assert set().union(*(range(*r) for r in per_sample[0])) == set(range(height))
+    with pytest.raises(ValueError):
+        if batch > 1:
+            slice_region(graph, groups, members, batch + 1, set())
+        else:
+            raise ValueError("a batch of one takes any count")
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_a_program_sliced_over_samples_matches_onnxruntime(monkeypatch, tmp_path, batch):
+    """A batched chain (convs, a residual row group, a pool) whose activations do not fit LMEM
+    whole runs one sample (and row band) per slice, with the race detector on."""
+    import tpuflow.lowering.compiler as compiler
+    from tpuflow.options import CompileOptions
+    from tpuflow.pipeline import compile_model, verify
+    chip = tmp_path / "small_lmem.toml"
+    chip.write_text('base = "sg2260"\n[core]\nlmem_bytes_per_lane = 65536\n')
+    model = _batched_chain(batch)
+    monkeypatch.setattr(compiler, "_members_cost",
+                        lambda graph, groups, chip, options, residency, members:
+                        0 if residency.region_at(members[0]) else 1)
+    _, program = compile_model(model, str(chip), CompileOptions())
+    runs = [r for lg in program.layer_groups for r in lg["sliced_runs"]]
+    assert runs and all(r["slices"] % batch == 0 and "n" in r["axes"] for r in runs)
+    assert any(m.startswith("add") for r in runs for m in r["members"])     # the row group runs sliced too
+    result = verify(model, str(chip), CompileOptions(), race_check=True)
+    assert result["ok"], result
+
+
+def test_sliced_members_hold_their_weights_across_slices(monkeypatch, tmp_path):
+    """Every conv of a sliced run loads its weights once (first slice) and reads them in place in
+    every later slice; the program still matches onnxruntime."""
+    import tpuflow.lowering.compiler as compiler
+    from tpuflow.options import CompileOptions
+    from tpuflow.pipeline import compile_model
+    chip = tmp_path / "small_lmem.toml"
+    chip.write_text('base = "sg2260"\n[core]\nlmem_bytes_per_lane = 65536\n')
+    monkeypatch.setattr(compiler, "_members_cost",
+                        lambda graph, groups, chip, options, residency, members:
+                        0 if residency.region_at(members[0]) else 1)
+    _, program = compile_model(_batched_chain(2), str(chip), CompileOptions())
+    (run,) = [r for lg in program.layer_groups for r in lg["sliced_runs"]]
+    assert run["slices"] >= 4
+    lo = program.memory.weight_base
+    hi = lo + len(program.memory.weight_image)
+    for group in run["members"]:
+        if group.startswith("conv"):
+            const_loads = [ins for ins, name in zip(program.gdma, program.gdma_layers)
+                           if name == group and lo <= getattr(ins, "src_start_addr", -1) < hi]
+            assert len(const_loads) == 1, (group, len(const_loads))
