@@ -1,31 +1,42 @@
-"""Timing model of one core: IFE, TIU (DPC + bank arbitration), GDMA, TILE and WDC/DRAM on one event heap.
+"""Timing model of a chip: IFE, TIU (DPC + bank arbitration), GDMA, TILE of every core and the shared
+WDC/DRAM on one event heap.
 
-    simulate(program, dep_mode=None, check=True) -> SimResult
+    simulate(program, dep_mode=None, check=True, memory="rate") -> SimResult
 
 dep_mode None / "bitmap": the compiled waits, after the IFE check stage has re-derived them from the
 chunk bitmaps (deps.py; a disagreement raises DependencyCheckError, check=False skips the comparison);
 "auto": the serialising CSR DIS_AUTO_DEP_ID = 1 mode. Time is integer picoseconds, events are ordered
 by (time, priority, sequence): the same program gives the same result, bit for bit.
+memory "rate" (default): GDMA commands are flows of the shared DRAM (transfers.py, occupancy.py,
+memory.py), their rates recomputed when a transfer starts or ends; "burst": the per-burst GDMA/WDC
+solve of one core (gdma.py, wdc.py), kept for its exact per-request facts and for comparison.
+A Program with several cores (Program.core_count) runs every core on the same heap (cores.py): DRAM
+shared by all, SEND/WAIT messages between them; SimResult.cores holds one result per core.
 
 Modules (each docstring states its exact rules, which the exact-timeline tests check):
   clocks       clock domains, ps periods, edge alignment
   events       the event heap
   descriptors  descriptor sizes (TXI words, command-FIFO bytes)
   ife          IFE stage recurrences, issue, request FIFOs, hand-over to the command lists
-  engines      TIU (vector / cube DPC pipes), GDMA, TILE as event-driven components
+  engines      TIU (vector / cube DPC pipes), GDMA (flows or per-burst table), TILE as event-driven components
   compute      TPUPerf-derived cycle formulas (TIU classes, TILE blocks)
   banks        LMEM bank-conflict bubbles from the operands' real addresses
   segments     GDMA segmentation and bursts
-  gdma         GDMA command timelines (credits, LMEM port, data bus), solved for a whole queue
-  wdc          memory path: fabrics, outstanding limits, interleave, AuxCam, X2x, DramUnit
+  transfers    rate model: per command latency, port and credit limits, DRAM occupancy per UMC
+  occupancy    rate model: DRAM occupancy once per distinct request pattern, page state across commands
+  memory       rate model: the shared DRAM, max-min fair flow speeds
+  cores        several cores on one heap, the message board, deadlock reports
+  gdma         per-burst model: GDMA command timelines (credits, LMEM port, data bus), one queue
+  wdc          per-burst model: fabrics, outstanding limits, interleave, AuxCam, X2x, DramUnit
   cost         fast per-instruction cost estimates (the scheduler's durations), same formulas
-  result       SimResult (columnar) and its CSV rows
+  result       SimResult (columnar) and its CSV rows, per-core rows
   synthetic    hand-built programs for tests and benchmarks
 
 Modelling choices worth knowing (details in the modules):
-  * A GDMA command's timeline is computed relative to its dispatch (the memory path's clock edges
-    keep a fixed phase to the GDMA's), and the DRAM page state a command sees only depends on the
-    commands before it, so all commands are solved in one vectorised pass before the event run.
+  * Rate model: a command alone takes latency + max(port, credit, DRAM occupancy of its busiest UMC);
+    with other cores' commands in flight the UMCs are shared max-min fair (memory.py). One core never
+    has two commands in flight, so its timeline is the solo one (exact integers). The DRAM page state
+    is per core; the fabric's outstanding limits are not modelled (the per-burst model has them).
   * Descriptors are counted at their long-form size in the command FIFOs.
   * TIU instructions retire in order; a switch between the cube and the vector pipe waits for the
     previous instruction to end.
@@ -33,10 +44,10 @@ Modelling choices worth knowing (details in the modules):
 
 How it stays fast (benchmarks/timing_bench.py; none of it changes a timeline): engine identity and
 waits come from the ISA (Engine.code, Instruction.waits()); the IFE check derives every wait at once
-over (chunk, issue position) rows (deps.py); accesses, TIU work and bank bubbles and GDMA bursts are
-computed once per distinct instruction (ignoring its waits); GDMA commands are solved in cache-sized
-chunks; the event loop keeps Python lists and fills the IFE columns after the run. One heap serves
-every engine, so more cores can join it. What is left is the per-burst GDMA/WDC solve.
+over (chunk, issue position) rows (deps.py); accesses, TIU work and bank bubbles and GDMA shapes are
+computed once per distinct instruction (ignoring its waits), DRAM occupancy once per distinct request
+pattern; the event loop keeps Python lists and fills the IFE columns after the run. What is left
+(synthetic ResNet-50-sized program): the IFE check, the IFE and engine events, the per-pattern DRAM pass.
 """
 
 from __future__ import annotations

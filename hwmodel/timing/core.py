@@ -52,7 +52,7 @@ class Simulator:
             self.commands = CommandModel(chip, clocks).table(program.gdma, self.same[GDMA])
         else:
             self.commands = TransferModel(chip, clocks).costs(program.gdma, self.same[GDMA])
-            self.memory = shared or SharedMemory(self.queue, chip.umc_count, shared_capacity(chip))
+            self.memory = shared or SharedMemory(self.queue, chip.umc_count, shared_capacity(chip), exclusive=True)
         queues = [program.queue(e) for e in ENGINES]
         self.cols = [{c: [0] * len(q) for c in _ENGINE_COLUMNS} for q in queues]
         self.order = [(e.code, i) for e, i in program.issue_sequence()]

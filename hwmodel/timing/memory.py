@@ -17,7 +17,8 @@ unfrozen flow's byte rate rises together; a flow freezes when it reaches its sol
 uses is full). One flow alone always runs at s = 1 (o_{f,u} <= D_f), so a single core's commands take
 exactly latency + solo time, in integer ps. Shared speeds are floats; a flow's end is
 ceil(now + R_f / s_f - 1e-6), recomputed at every start and end (events carry a version; stale ones are
-dropped).
+dropped). With one core (one GDMA, one command at a time) no two flows overlap: the memory is
+`exclusive` and a flow's end is known at its start.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ class Flow:
 class SharedMemory:
     """The flows of every core's GDMA on one event queue (see the module docstring)."""
 
-    def __init__(self, queue: EventQueue, umcs: int, capacity: float):
+    def __init__(self, queue: EventQueue, umcs: int, capacity: float, exclusive: bool = False):
         self.q, self.umcs, self.capacity = queue, umcs, capacity
+        self.exclusive = exclusive      # one GDMA on the chip: flows never overlap, no end events needed
         self.flows: list[Flow] = []
         self.last = 0
         self.recomputes = 0
@@ -54,8 +56,8 @@ class SharedMemory:
         """A transfer starts now; `done(t)` is called at the end of its bandwidth phase; usage() gives its
         (UMCs, occupancy ps)."""
         now = self.q.now
-        if solo <= 0:
-            done(now)
+        if solo <= 0 or self.exclusive:
+            done(now + max(solo, 0))
             return
         flow = Flow(solo, usage, nbytes, done)
         flow.started = now

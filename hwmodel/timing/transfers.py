@@ -116,6 +116,7 @@ class TransferModel:
         self.burst_bytes = min(g.bus_bytes * g.max_burst_beats, 1 << chip.wdc.interleave_bits, chip.dram.page_bytes)
         self.move = p.umcs * p.page_bytes       # moving requests by this keeps UMCs and moves pages by one
         self.sums: dict[int, _Sums] = {}
+        self.charged: dict[tuple, int] = {}
 
     # ---- one command
     def _side(self, side):
@@ -132,8 +133,11 @@ class TransferModel:
         if isinstance(instr, SysDma):
             return (None, 0, NONE, None, 0, NONE, 0, 0, 0)
         src, dst = transfer_sides(instr, self.chip)
-        return (*self._side(src), *self._side(dst), src.nbytes if src is not None else 0, dst.nbytes,
-                charged_ddr_bytes(self.chip, src, dst))
+        form = (src and (src.lmem, *src[2:]), (dst.lmem, *dst[2:]))       # everything but the addresses
+        charged = self.charged.get(form)
+        if charged is None:
+            charged = self.charged[form] = charged_ddr_bytes(self.chip, src, dst)
+        return (*self._side(src), *self._side(dst), src.nbytes if src is not None else 0, dst.nbytes, charged)
 
     # ---- a queue
     def costs(self, instrs: list[Instruction], same: list[int] | None = None) -> TransferCosts:
