@@ -32,7 +32,7 @@ from tpuflow.isa.tile import QUEUES, size_text
 from tpuflow.program import ENGINES, Program
 
 from tpuflow.codegen.writer import MANIFEST, decode_stream, read_manifest, read_program
-from tpuflow.codegen.vendor import decode_vendor_stream, is_stream_dir, read_stream_dir
+from tpuflow.codegen.vendor import decode_vendor_stream, is_stream_dir, read_stream_dir_cores
 
 SHAPE_FIELD = re.compile(r"^(res[01]|opd[0-3])_[nchw]$")
 CAST_ROUNDING = {0: "rne", 1: "rna", 2: "rtz", 3: "floor", 4: "ceil"}
@@ -322,14 +322,21 @@ def file_lines(path: Path, chip=None) -> Iterator[str]:
 def stream_dir_lines(path: Path, chip=None) -> Iterator[str]:
     """Listing of a folder of raw streams (no manifest): each record as the instruction it reads as,
     with the register it was read from (tpu-mlir's streams included, see codegen.vendor)."""
-    program, streams = read_stream_dir(path, _file_chip(path / "x", chip))
+    program, per_core = read_stream_dir_cores(path, _file_chip(path / "x", chip))
+    for k, streams in enumerate(per_core):
+        if len(per_core) > 1:
+            yield f"# core {k}"
+        yield from _raw_stream_lines(streams, program.chip)
+
+
+def _raw_stream_lines(streams, chip) -> Iterator[str]:
     for engine in (Engine.TIU, Engine.GDMA):
         stream = streams[engine]
         yield (f"# {engine.name}: {len(stream.instructions)} records, {stream.consumed_bytes} bytes + "
                f"{stream.padding_bytes} bytes of zero padding; " +
                ", ".join(f"{reg} {n}" for reg, n in sorted(stream.register_counts().items())))
         for index, (instr, reg) in enumerate(zip(stream.instructions, stream.registers)):
-            yield f"{instruction_line(engine, index + 1, instr, program.chip)}    ; {reg}"
+            yield f"{instruction_line(engine, index + 1, instr, chip)}    ; {reg}"
 
 
 def path_lines(path: str | Path, chip=None) -> Iterator[str]:

@@ -323,13 +323,44 @@ def read_stream_dir(directory, chip) -> tuple["Program", dict[Engine, VendorStre
     if len(found) != 1:
         raise InputFileError(f"{directory}: expected the streams of one program (<name>.BD.0 / <name>.GDMA.0), "
                              f"found {sorted(found) or 'none'}")
-    (name, files), = found.items()
-    streams = {}
-    for engine in (Engine.TIU, Engine.GDMA):
-        path = files.get(engine)
-        data = path.read_bytes() if path is not None else b""
-        streams[engine] = decode_vendor_stream(data, engine, str(path))
-    return stream_program(name, streams, chip), streams
+    program, per_core = read_stream_dir_cores(directory, chip)
+    return program, per_core[0]
+
+
+def _core_stream_files(directory, name: str) -> list[dict[Engine, "Path"]]:
+    """Per core k = 0, 1, ... (while either file exists): its `<name>.BD.<k>` / `<name>.GDMA.<k>` paths."""
+    from pathlib import Path
+    cores = []
+    while True:
+        files = {e: Path(directory) / f"{name}.{e.stream_suffix}.{len(cores)}" for e in (Engine.TIU, Engine.GDMA)}
+        files = {e: p for e, p in files.items() if p.is_file()}
+        if not files:
+            return cores
+        cores.append(files)
+
+
+def read_stream_dir_cores(directory, chip) -> tuple["Program", list[dict[Engine, VendorStream]]]:
+    """The Program of a folder of raw streams with every core's `<name>.BD.<k>` / `.GDMA.<k>` pair
+    (cores 0, 1, ... up to the first missing one), and each core's decoded streams."""
+    from tpuflow.errors import InputFileError
+    from tpuflow.program import Program
+    found = stream_files(directory)
+    if len(found) != 1:
+        raise InputFileError(f"{directory}: expected the streams of one program (<name>.BD.0 / <name>.GDMA.0), "
+                             f"found {sorted(found) or 'none'}")
+    name = next(iter(found))
+    per_core = []
+    for files in _core_stream_files(directory, name):
+        streams = {}
+        for engine in (Engine.TIU, Engine.GDMA):
+            path = files.get(engine)
+            data = path.read_bytes() if path is not None else b""
+            streams[engine] = decode_vendor_stream(data, engine, str(path))
+        per_core.append(streams)
+    programs = [stream_program(name, streams, chip) for streams in per_core]
+    if len(programs) == 1:
+        return programs[0], per_core
+    return Program.from_cores(programs[0], [p.cores[0] for p in programs]), per_core
 
 
 def stream_program(name: str, streams: dict[Engine, VendorStream], chip) -> "Program":

@@ -39,3 +39,21 @@ def test_disasm_lists_core_by_core_with_messages(tmp_path):
     lines = list(path_lines(tmp_path))
     assert lines.count("# core 0") == 1 and lines.count("# core 1") == 1
     assert "B2 system.send_msg msg=0 cnt=4" in lines and "D4 dma.sys.sys_wait msg=0 cnt=4" in lines
+
+
+def test_a_folder_of_raw_streams_reads_every_core(tmp_path):
+    import shutil
+
+    from tpuflow.codegen.vendor import read_stream_dir_cores
+    out, raw = tmp_path / "out", tmp_path / "raw"
+    write_program(sliced_add_program(3), out, name="add")
+    raw.mkdir()
+    for path in out.glob("add.*.[0-9]"):
+        if ".TILE." not in path.name:
+            shutil.copy(path, raw / path.name)
+    program, per_core = read_stream_dir_cores(raw, sliced_add_program(3).chip)
+    assert program.core_count == 3 and len(per_core) == 3
+    assert [c.counts() for c in program.cores] == [{k: v for k, v in c.items()} for c in
+                                                   sliced_add_program(3).core_counts()]
+    lines = list(path_lines(raw))
+    assert "# core 2" in lines and any(line.startswith("B2 system.send_msg msg=0 cnt=6") for line in lines)
