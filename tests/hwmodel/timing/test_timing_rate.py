@@ -10,6 +10,7 @@ a 512 B burst holds its UMC 16 beats x 7.5 ns = 120 ns; the first use of a bank 
 """
 
 import numpy as np
+from hypothesis import given, settings, strategies as st
 import pytest
 
 from tpuflow.chip import load_chip, replace_param
@@ -175,3 +176,72 @@ def test_per_core_rows_in_the_json_the_timeline_and_the_trace():
         slices = [e for e in events if e["ph"] == "X" and e["pid"] == TRACE_PID + k]
         assert sorted((e["tid"] // 1000, e["args"]["cmd_id"]) for e in slices) == \
             sorted((int(c) + 1, int(i)) for c, i in zip(core.engine, core.cmd_id))
+
+
+def _occupancy_request_by_request(chip, instrs) -> np.ndarray:
+    """The DRAM occupancy per command and UMC from one pass over every request of the queue (the rules of
+    transfers.py applied request by request, as wdc's per-burst model orders them)."""
+    from tpuflow.hwmodel.timing.clocks import Clocks
+    from tpuflow.hwmodel.timing.gdma import DDR, CommandModel, _Side
+    from tpuflow.hwmodel.timing.wdc import DramState, WdcParams, _direction_switch, _page_state, _service_order
+    p = WdcParams.of(chip, Clocks.of(chip))
+    model = CommandModel(chip, Clocks.of(chip))
+    reads, writes, rk, wk, *_ = zip(*[model._sides(i) for i in instrs])
+    rs, ws = _Side(list(reads), list(rk)), _Side(list(writes), list(wk))
+    r, w = rs.select(DDR), ws.select(DDR)
+    cmd = np.concatenate([rs.cmd[r], ws.cmd[w]])
+    write = np.concatenate([np.zeros(len(r), dtype=bool), np.ones(len(w), dtype=bool)])
+    order = np.argsort(cmd * 2 + write, kind="stable")
+    addr, size = np.concatenate([rs.addr[r], ws.addr[w]])[order], np.concatenate([rs.size[r], ws.size[w]])[order]
+    write, cmd = write[order], cmd[order]
+    umc, bank_key, row = p.decode(addr)
+    served = _service_order(p, umc, cmd * 2 + write, bank_key, row)
+    state = DramState(p)
+    hit, closed = _page_state(bank_key[served], row[served], state)
+    wr = write[served]
+    switch = _direction_switch(umc[served], wr, state)
+    cost = -(-size[served] // p.beat_bytes) * p.beat_ps + np.where(
+        hit, switch * np.where(wr, p.turn_ps[1], p.turn_ps[0]),
+        np.where(closed, p.open_ps, np.where(wr, p.close_ps[1], p.close_ps[0]) + p.open_ps))
+    occ = np.zeros(len(instrs) * p.umcs, dtype=np.int64)
+    np.add.at(occ, cmd[served] * p.umcs + umc[served], cost)
+    return occ.reshape(len(instrs), p.umcs)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["load", "store", "copy"]), st.integers(0, 63),
+                          st.sampled_from([64, 512, 700, 4096, 9000, 70000]), st.integers(1, 6)),
+                min_size=1, max_size=12))
+def test_occupancy_per_pattern_equals_the_request_by_request_pass(commands):
+    """occupancy.py computes each distinct request pattern once and carries the page and direction state
+    from command to command; that must equal applying the rules to every request of the queue in order
+    (loads, stores and DDR -> DDR copies of strided rows at addresses that repeat patterns and pages)."""
+    from tpuflow.hwmodel.timing.clocks import Clocks
+    from tpuflow.hwmodel.timing.transfers import TransferModel
+    from tpuflow.isa import TensorDma, global_lmem_address
+    instrs = []
+    for kind, where, row, rows in commands:
+        ddr = where * 40960
+        shape, nchw = (1, 1, rows, row), (rows * row * 3, rows * row * 3, row * 3, 1)
+        flat = (rows * row, rows * row, row, 1)
+        lmem = global_lmem_address(0, CHIP)
+        src, dst, ss, ds = {"load": (ddr, lmem, nchw, flat), "store": (lmem, ddr, flat, nchw),
+                            "copy": (ddr, ddr + 12_345_600, nchw, flat)}[kind]
+        instrs.append(TensorDma(src_start_addr=src, dst_start_addr=dst, src_nsize=1, src_csize=1, src_hsize=rows,
+                                src_wsize=row, src_nstride=ss[0], src_cstride=ss[1], src_hstride=ss[2],
+                                src_wstride=1, dst_nsize=1, dst_csize=1, dst_hsize=rows, dst_wsize=row,
+                                dst_nstride=ds[0], dst_cstride=ds[1], dst_hstride=ds[2], dst_wstride=1,
+                                src_data_format=4))
+    costs = TransferModel(CHIP, Clocks.of(CHIP)).costs(instrs)
+    assert np.array_equal(costs.occupancy, _occupancy_request_by_request(CHIP, instrs))
+
+
+def test_message_id_beyond_the_chips_queue_is_an_error():
+    """core.message_ids = 4: a SEND on id 5 names the key instead of running."""
+    from tpuflow.hwmodel.timing.cores import ProgramError
+    from tpuflow.isa import SysTiu
+    chip = replace_param(CHIP, "core.message_ids", 4)
+    b = ProgramBuilder(chip)
+    b.add(SysTiu.send(5, 1))
+    with pytest.raises(ProgramError, match="message id 5 beyond the chip's 4 \\(core.message_ids\\)"):
+        simulate(b.build())
