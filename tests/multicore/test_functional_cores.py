@@ -18,7 +18,7 @@ def _x(cores: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((1, 4 * cores, 1, 16)).astype(np.float32)
 
 
-@pytest.mark.parametrize("cores", [2, 4])
+@pytest.mark.parametrize("cores", [2, 4, 8])
 @pytest.mark.parametrize("interleave", INTERLEAVINGS)
 def test_each_core_adds_its_slice_and_core0_reads_core1s_result(cores, interleave):
     x = _x(cores)
