@@ -17,7 +17,10 @@ from tpuflow.program import CoreStreams, Program
     ("9", "chip sg2260: --cores 9 is not within 1..8 (key 'core.cores')"),
     ("0", "option --cores: must be a positive integer, got 0"),
     ("two", "argument --cores: invalid int value: 'two'")])
-def test_bad_or_unsplit_core_counts_are_one_line_errors(cores, message, tmp_path, capsys):
+def test_bad_or_unsplit_core_counts_are_one_line_errors(cores, message, tmp_path, capsys, monkeypatch):
+    import tpuflow.lowering as lowering
+    real = lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda graph, chip, options: real(graph, chip, replace(options, cores=1)))
     assert main(["compile", "mlp", "--cores", cores, "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1] and not (tmp_path / "out").exists()
