@@ -277,7 +277,7 @@ class GdmaFlowEngine(EngineBase):
         start = self.col_start[index]
         own = max(c.port[index], c.credit[index])
         self.col_credit[index] = max(0, c.credit[index] - max(c.port[index], c.dram[index]))
-        ideal = c.ddr_bytes[index] * self.ps_per_byte          # the bytes at the port's peak rate
+        ideal = int(c.ddr_bytes[index] * self.ps_per_byte)     # the bytes at the port's peak rate
         self.col_dram[index] = max(0, t - start - max(own, ideal))
         end = self.free = self.clock.align(t + c.latency[index])
         self.col_end[index] = end
