@@ -24,8 +24,8 @@ dependency recomputed from the chunk bitmaps for that order (scheduler.rebuild).
 Multi-core programs: one DAG over every core (scheduler.dag.build_chip_dag: per-core hazards, an
 edge from each SEND to the WAITs that consume it, one engine slot per core and engine), one list
 schedule over it, and each core's queues rebuilt in its nodes' order (messages stay where they are
-in their queues: SYS instructions are pinned). `cpsat` gives the list order on several cores (its
-final check runs the multi-core timing model, which is not wired into this choice yet).
+in their queues: SEND/WAIT fence their queue). `cpsat` refines that order with the same windows
+(one NoOverlap per engine of every core) and keeps it only if the multi-core timing model agrees.
 Lower bounds: scheduler.bounds. Validity: scheduler.checker (independent of all of the above).
 """
 
@@ -80,7 +80,7 @@ def schedule_with_report(program: Program, method: str, time_limit_s: float = 20
     report.model_ps = {"program": emitted.makespan(dag), "list": listed.makespan(dag)}
     best = Candidate("list", listed) if listed.makespan(dag) <= emitted.makespan(dag) else \
         Candidate("program", emitted, program)
-    if method == "cpsat" and program.core_count == 1:    # multi-core: the list order (see the docstring)
+    if method == "cpsat":
         best = _refine(program, dag, edges, best, time_limit_s, report)
     report.chosen = best.name
     report.result_model_ps = best.schedule.makespan(dag)

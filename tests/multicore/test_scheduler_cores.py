@@ -121,7 +121,7 @@ def test_one_core_schedules_exactly_as_before():
 
 def test_schedule_keeps_the_numbers_of_the_sliced_add_on_four_cores():
     program = sliced_add_program(4)
-    scheduled = schedule(program, "cpsat")        # the list order on several cores
+    scheduled = schedule(program, "cpsat", time_limit_s=2.0)
     assert check_schedule(program, scheduled) == []
     x = np.random.default_rng(0).standard_normal((1, 16, 1, 16)).astype(np.float32)
     np.testing.assert_array_equal(run(scheduled, {"x": x})["z"], sliced_add_reference(x)["z"])
@@ -145,3 +145,12 @@ def test_checker_reports_a_dropped_barrier_as_an_unordered_ddr_hazard():
             broken = without(broken, core=core, engine=engine, index=index)
     problems = check_schedule(program, broken)
     assert any("instruction(s) of the original are missing" in p for p in problems)
+
+
+@given(phases)
+@settings(max_examples=6, deadline=None)
+def test_cpsat_on_random_multicore_programs_is_valid(spec):
+    program = two_phase_program(spec)
+    scheduled, report = schedule_with_report(program, "cpsat", time_limit_s=1.0)
+    assert check_schedule(program, scheduled) == []
+    assert report.chosen in ("list", "program", "cpsat") and report.model_ps["cpsat"] <= report.model_ps["list"]
