@@ -14,7 +14,8 @@ a node occupies its engine for `duration`; an engine runs one node at a time. An
 means start(b) >= start(a) + duration(a) when both are on one engine (in-order pipeline), and
 start(b) >= start(a) + duration(a) + tail(a) + head(b) across engines: `tail` is the TIU compute
 latency before the sync id advances, `head` the TIU pipe fill (DES + GEN + ISSUE + ARB) paid after
-a wait. Completion (what the makespan counts) is start + duration + tail.
+a wait. Completion (what the makespan counts) is start + duration + tail. A SEND's tail includes
+core.message_latency_ns (it reaches the waits on other cores that much later).
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ class _Builder:
             acc = None if code == TILE else instr.accesses(self.chip)
             known = self.known[code][first] = (node_timing(instr, self.chip), acc)
         timing, acc = known
+        message = instr.message()
+        if message is not None and message.kind == "send":     # it reaches the other cores' waits this much later
+            timing = (timing[0], timing[1], timing[2] + round(self.chip.core.message_latency_ns * 1000))
         preds = self.finder.add(node, self.program.accesses(Engine.of_code(code), index) if acc is None else acc)
         pinned = isinstance(instr, (SysTiu, SysDma))
         if self.last_node[code] >= 0 and (code == TILE or pinned or self.pinned_open[code]):

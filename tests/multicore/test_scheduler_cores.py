@@ -154,3 +154,14 @@ def test_cpsat_on_random_multicore_programs_is_valid(spec):
     scheduled, report = schedule_with_report(program, "cpsat", time_limit_s=1.0)
     assert check_schedule(program, scheduled) == []
     assert report.chosen in ("list", "program", "cpsat") and report.model_ps["cpsat"] <= report.model_ps["list"]
+
+
+def test_a_send_reaches_its_waits_after_the_message_latency():
+    program = sliced_add_program(2)
+    dag = build_dag(program)
+    latency = round(program.chip.core.message_latency_ns * 1000)
+    for b in range(dag.size):
+        core, code = divmod(int(dag.engine[b]), 3)
+        message = program.core(core).queue(Engine.of_code(code))[dag.queue_index[b]].message()
+        if message is not None:
+            assert (dag.tail[b] >= latency) == (message.kind == "send")
