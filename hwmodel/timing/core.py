@@ -1,11 +1,12 @@
-"""The simulator of one core: wires IFE, TIU, GDMA (+ WDC) and TILE onto one event heap and runs it."""
+"""The simulator of one core: wires IFE, TIU, GDMA (+ WDC) and TILE onto an event heap (its own, or the one
+every core shares, cores.py) and runs it."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tpuflow.errors import DeadlockError
 from tpuflow.hwmodel.timing.clocks import Clocks
+from tpuflow.hwmodel.timing.cores import check_finished, message_board
 from tpuflow.hwmodel.timing.deps import Waits, same_instructions
 from tpuflow.hwmodel.timing.descriptors import descriptor_bits
 from tpuflow.hwmodel.timing.engines import GDMA, TILE, TIU, GdmaEngine, GdmaFlowEngine, TiuEngine, TileEngine
@@ -24,8 +25,7 @@ _ENGINE_COLUMNS = tuple(c for c in STAGES + STALLS if c not in _IFE_COLUMNS)
 
 def shared_capacity(chip) -> float:
     """How many cores' worth of UMC time each UMC serves (memory.py): chip total over one core's port."""
-    total = getattr(chip.dram, "chip_peak_gbps", 0.0) or chip.dram.peak_gbps * chip.core.cores
-    return max(1.0, total / chip.dram.peak_gbps)
+    return max(1.0, chip.ddr_chip_peak_bytes_per_second / chip.ddr_peak_bytes_per_second)
 
 
 class Simulator:
@@ -36,7 +36,6 @@ class Simulator:
     def __init__(self, program: Program, waits: Waits, accesses: list | None = None, same: list | None = None,
                  memory: str = "rate", queue: EventQueue | None = None, shared: SharedMemory | None = None,
                  board=None, core: int | None = None):
-        from tpuflow.hwmodel.timing.cores import message_board
         self.program, self.waits = program, waits
         self.core = core                # None: the only core (names in reports stay as before)
         self.same = same or same_instructions(program)     # per engine: first equal instruction
@@ -47,7 +46,6 @@ class Simulator:
         self.clocks = clocks = Clocks.of(chip)
         self.queue = queue or EventQueue()
         self.board = board or message_board(self.queue, chip)
-        self.memory_model = memory
         if memory == "burst":
             self.commands = CommandModel(chip, clocks).table(program.gdma, self.same[GDMA])
         else:
@@ -94,7 +92,6 @@ class Simulator:
 
     # ---- run
     def run(self) -> SimResult:
-        from tpuflow.hwmodel.timing.cores import check_finished
         self.ife.start()
         self.queue.run()
         check_finished([self])
