@@ -3,7 +3,8 @@ program with many small instructions.
 
     python benchmarks/timing_bench.py [--chip sg2260] [--repeat 3] [--models resnet50,bert_layer] [--profile]
                                       [--before OLD_timing.json]
-    (--models resnet50@tile times the TILE-path ResNet-50: 430k instructions, minutes)
+    (--models resnet50@tile times the TILE-path ResNet-50: 430k instructions, minutes; resnet50:8 the
+     8-core compile, every core on one heap)
 
 Compiled models go through tpuflow.pipeline.compile_model (schedule "program", TIU matmul path,
 fp32). The synthetic program is hwmodel.timing.synthetic.resnet50_like (ResNet-50's 53 convolutions
@@ -11,7 +12,9 @@ lowered into output-channel chunks x row tiles x 32-channel input chunks: conv +
 + stores + residual adds; 11k instructions). Each is simulated `repeat` times; results go to
 benchmarks/results/timing.json: wall and CPU seconds (best of the repeats; the machine is shared,
 CPU time is the steadier number), simulated instructions per second, DRAM bursts per second, the
-simulated latency and the program's size, plus the compile time of the compiled models.
+simulated latency and the program's size (every core's), plus the compile time of the compiled models.
+Every program is also simulated with the per-burst memory model (memory="burst", the path before the
+rate model) in the same run: its speed and latency under "burst", and speedup_vs_burst.
 --before names a timing.json this benchmark wrote at an earlier commit (run it there, in the same
 session, so both see the same machine load): each program then also records that run's
 instructions_per_s and cpu_s under "before", and the speedup.
@@ -36,25 +39,38 @@ from tpuflow.hwmodel.timing.synthetic import resnet50_like
 RESULTS = Path(__file__).resolve().parent / "results" / "timing.json"
 
 
-def measure(program, repeat: int) -> dict:
+def measure(program, repeat: int, memory: str = "rate") -> dict:
     walls, cpus, result = [], [], None
     for _ in range(repeat):
         w, c = time.perf_counter(), time.process_time()
-        result = simulate(program)
+        result = simulate(program, memory=memory)
         walls.append(time.perf_counter() - w)
         cpus.append(time.process_time() - c)
     wall, cpu = min(walls), min(cpus)
-    n = program.instruction_count
+    n = program.total_instruction_count
+    cores = result.cores or [result]
+    bursts = sum(r.dram.bursts for r in cores)
+    nbytes = sum(r.dram.bytes_read + r.dram.bytes_written for r in cores)
     return {
         "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "wall_s_all": [round(x, 3) for x in walls],
-        "instructions": n, "counts": program.counts(), "dram_bursts": result.dram.bursts,
-        "dram_mbytes": round((result.dram.bytes_read + result.dram.bytes_written) / 1e6, 1),
-        "instructions_per_s": round(n / cpu), "dram_bursts_per_s": round(result.dram.bursts / cpu),
+        "instructions": n, "counts": program.counts(), "cores": len(cores), "dram_bursts": bursts,
+        "dram_mbytes": round(nbytes / 1e6, 1),
+        "instructions_per_s": round(n / cpu), "dram_bursts_per_s": round(bursts / cpu),
         "simulated_latency_us": round(result.total_us, 3), "events": result.events,
         "busy_us": {k: round(v / 1e6, 3) for k, v in result.busy_ps.items()},
         "dram_page_hit_rate": round(result.dram.page_hit_rate, 4),
-        "dram_achieved_gbps": round(result.dram.achieved_gbps(result.total_ps), 2),
+        "dram_achieved_gbps": round(nbytes / result.total_ps * 1e3, 2) if result.total_ps else 0.0,
     }
+
+
+def side_by_side(program, repeat: int) -> dict:
+    """The rate model's numbers, with the per-burst model's (memory="burst", the old path) timed in the same
+    run under "burst" and the speedup."""
+    now = measure(program, repeat)
+    old = measure(program, repeat, memory="burst")
+    now["burst"] = {k: old[k] for k in ("cpu_s", "wall_s", "instructions_per_s", "simulated_latency_us")}
+    now["speedup_vs_burst"] = round(old["cpu_s"] / now["cpu_s"], 2) if now["cpu_s"] else None
+    return now
 
 
 def add_before(report: dict, before: dict) -> None:
@@ -78,12 +94,15 @@ def commit() -> str:
 
 
 def compiled(spec: str, chip):
-    """A compiled bundled model: 'name' (TIU matmul path) or 'name@tile' (TILE path)."""
+    """A compiled bundled model: 'name' (TIU matmul path), 'name@tile' (TILE path), either with ':N' for
+    N cores ('resnet50:8')."""
     from tpuflow.options import CompileOptions
     from tpuflow.pipeline import compile_model
+    spec, _, cores = spec.partition(":")
     name, _, matmul = spec.partition("@")
     t = time.perf_counter()
-    _, program = compile_model(name, chip, CompileOptions(schedule="program", matmul=matmul or "tiu"))
+    options = CompileOptions(schedule="program", matmul=matmul or "tiu", **({"cores": int(cores)} if cores else {}))
+    _, program = compile_model(name, chip, options)
     return program, time.perf_counter() - t
 
 
@@ -102,11 +121,11 @@ def main(argv=None) -> int:
               "programs": {}}
     for name in filter(None, args.models.split(",")):
         program, build = compiled(name, chip)
-        report["programs"][name] = {"compile_s": round(build, 3), **measure(program, args.repeat)}
+        report["programs"][name] = {"compile_s": round(build, 3), **side_by_side(program, args.repeat)}
     t = time.perf_counter()
     program = resnet50_like(chip)
     build = time.perf_counter() - t
-    report["programs"]["synthetic_resnet50_like"] = {"build_s": round(build, 3), **measure(program, args.repeat)}
+    report["programs"]["synthetic_resnet50_like"] = {"build_s": round(build, 3), **side_by_side(program, args.repeat)}
     if args.profile:
         prof = cProfile.Profile()
         prof.runcall(simulate, program)
