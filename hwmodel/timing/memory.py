@@ -34,12 +34,19 @@ ROUNDING_PS = 1e-6     # float noise of shared speeds: an end within this of a w
 class Flow:
     """One transfer in flight: solo bandwidth-phase ps, remaining solo ps, UMC occupancies, bytes."""
 
-    __slots__ = ("solo", "remaining", "usage", "nbytes", "speed", "version", "done", "started")
+    __slots__ = ("solo", "remaining", "usage", "nbytes", "speed", "version", "done", "started", "_per_byte")
 
     def __init__(self, solo: int, usage: Callable[[], tuple], nbytes: int, done: Callable[[int], None]):
         self.solo, self.remaining = solo, solo
         self.usage, self.nbytes = usage, max(1, nbytes)     # usage() -> (UMCs, occupancy ps), asked when shared
         self.speed, self.version, self.done, self.started = 1.0, 0, done, 0
+        self._per_byte = None
+
+    def per_byte(self) -> list[tuple[int, float]]:
+        """(UMC, ps of it per byte moved), computed once."""
+        if self._per_byte is None:
+            self._per_byte = [(u, o / self.nbytes) for u, o in zip(*self.usage())]
+        return self._per_byte
 
 
 class SharedMemory:
@@ -102,7 +109,7 @@ def max_min_speeds(flows: list[Flow], umcs: int, capacity: float) -> list[float]
     """Speeds (fraction of each flow's solo speed) that are max-min fair in bytes per ps (progressive
     filling over the UMCs and each flow's solo rate)."""
     cap = [f.nbytes / f.solo for f in flows]                                   # solo byte rate
-    per_byte = [[(u, o / f.nbytes) for u, o in zip(*f.usage())] for f in flows]   # UMC ps per byte
+    per_byte = [f.per_byte() for f in flows]                                   # UMC ps per byte
     rate = [0.0] * len(flows)
     used = [0.0] * umcs
     active = list(range(len(flows)))
