@@ -20,6 +20,7 @@ from collections import defaultdict
 from tpuflow.errors import DeadlockError, TpuflowError
 from tpuflow.hwmodel.timing.clocks import ns_to_ps
 from tpuflow.hwmodel.timing.events import COMPLETE, EventQueue
+from tpuflow.hwmodel.timing.result import DramResult
 from tpuflow.isa.messages import MessageQueue
 
 
@@ -82,8 +83,9 @@ def check_finished(simulators) -> None:
 
 
 def simulate_cores(program, *, dep_mode=None, check=True, memory="rate"):
-    """Simulate every core of `program` on one heap; the result is core 0's SimResult with `cores` (one
-    SimResult per core) and the latency of the slowest core."""
+    """Simulate every core of `program` on one heap; the result is core 0's SimResult (its instructions,
+    engines and stalls) with `cores` (one SimResult per core), the latency of the slowest core and the
+    DRAM statistics of all cores. memory="burst" gives each core its own per-burst DRAM (no sharing)."""
     from tpuflow.hwmodel.timing.core import Simulator, shared_capacity
     from tpuflow.hwmodel.timing.deps import resolve_waits, same_instructions
     from tpuflow.hwmodel.timing.memory import SharedMemory
@@ -110,4 +112,16 @@ def simulate_cores(program, *, dep_mode=None, check=True, memory="rate"):
         first.cores = results
         first.total_ps = max(r.total_ps for r in results)
         first.events = queue.processed
+        first.dram = chip_dram(sims, results, chip)
     return first
+
+
+def chip_dram(sims, results, chip) -> DramResult:
+    """The DRAM statistics of every core together (the chip's traffic, active from the first core's first
+    DDR access to the last one's; peak = dram.chip_peak_gbps)."""
+    d = [r.dram for r in results]
+    spans = [(e.dram_first, e.dram_last) for e in (sim.engines[1] for sim in sims) if e.dram_first >= 0]
+    active = max(last for _, last in spans) - min(first for first, _ in spans) if spans else 0
+    return DramResult(sum(x.bytes_read for x in d), sum(x.bytes_written for x in d), sum(x.bursts for x in d),
+                      sum(x.page_hits for x in d), sum(x.page_misses for x in d), sum(x.page_opens for x in d),
+                      active, chip.ddr_chip_peak_bytes_per_second / 1e9)

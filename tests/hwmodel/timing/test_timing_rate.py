@@ -245,3 +245,12 @@ def test_message_id_beyond_the_chips_queue_is_an_error():
     b.add(SysTiu.send(5, 1))
     with pytest.raises(ProgramError, match="message id 5 beyond the chip's 4 \\(core.message_ids\\)"):
         simulate(b.build())
+
+
+def test_multi_core_dram_statistics_are_the_chips():
+    """Two cores loading 4096 B each: the result's DRAM counts both (8192 B, 16 bursts, 2 bank opens) against
+    the chip's dram.chip_peak_gbps; each core's own result counts its own."""
+    r = simulate(on_cores([loads(CHIP, (0, 4096)), loads(CHIP, (64 * 1024, 4096))]))
+    assert (r.dram.bytes_read, r.dram.bursts, int(r.dram.page_opens.sum())) == (8192, 16, 2)
+    assert r.dram.peak_gbps == CHIP.dram.chip_peak_gbps
+    assert [c.dram.bytes_read for c in r.cores] == [4096, 4096]
