@@ -15,6 +15,7 @@ With one core the board is still there (a single-core program holding messages g
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 from tpuflow.errors import DeadlockError, TpuflowError
@@ -107,13 +108,10 @@ def simulate_cores(program, *, dep_mode=None, check=True, memory="rate"):
     queue.run()
     check_finished(sims)
     results = [sim.result() for sim in sims]
-    first = results[0]
-    if len(results) > 1:
-        first.cores = results
-        first.total_ps = max(r.total_ps for r in results)
-        first.events = queue.processed
-        first.dram = chip_dram(sims, results, chip)
-    return first
+    if len(results) == 1:
+        return results[0]
+    return dataclasses.replace(results[0], cores=results, total_ps=max(r.total_ps for r in results),
+                               events=queue.processed, dram=chip_dram(sims, results, chip))
 
 
 def chip_dram(sims, results, chip) -> DramResult:
