@@ -115,19 +115,31 @@ def _by_cell(cell: np.ndarray, first: np.ndarray, wr: np.ndarray) -> np.ndarray:
 def _expand(index: np.ndarray, table: dict, keys: np.ndarray) -> tuple[np.ndarray, dict]:
     """Rows of `table` for each command (command c gets the rows of pattern keys[c]), in command order:
     (command of each row, the rows)."""
-    by_key = np.argsort(table["key"], kind="stable")
-    counts = np.bincount(table["key"], minlength=int(keys.max()) + 1 if len(keys) else 0)
+    counts = np.bincount(table["key"], minlength=int(keys.max()) + 1 if len(keys) else 0)   # rows are by key
     starts = np.cumsum(counts) - counts
     n = counts[keys]
     cmd = np.repeat(index, n)
-    pick = by_key[np.repeat(starts[keys], n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)]
+    pick = np.repeat(starts[keys], n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
     return cmd, {name: values[pick] for name, values in table.items()}
+
+
+def _queries_then_updates(q_cmd: np.ndarray, u_cmd: np.ndarray, n: int) -> np.ndarray:
+    """Time order of the rows [queries, updates] (each grouped by ascending command): per command its
+    queries, then its updates (the argsort of (command, kind), without sorting)."""
+    nq, nu = np.bincount(q_cmd, minlength=n), np.bincount(u_cmd, minlength=n)
+    start = np.cumsum(nq + nu) - (nq + nu)
+    q_pos = start[q_cmd] + np.arange(len(q_cmd)) - (np.cumsum(nq) - nq)[q_cmd]
+    u_pos = start[u_cmd] + nq[u_cmd] + np.arange(len(u_cmd)) - (np.cumsum(nu) - nu)[u_cmd]
+    time = np.empty(len(q_cmd) + len(u_cmd), dtype=np.int64)
+    time[q_pos] = np.arange(len(q_cmd))
+    time[u_pos] = len(q_cmd) + np.arange(len(u_cmd))
+    return time
 
 
 def _previous(group: np.ndarray, update: np.ndarray, value: np.ndarray, initial: int) -> np.ndarray:
     """For every row (in time order) the value of the latest earlier update row of its group (`initial`
     if none)."""
-    order = np.argsort(group, kind="stable")
+    order = np.argsort(group.astype(np.int16) if len(group) and group.max() < (1 << 15) else group, kind="stable")
     g, up = group[order], update[order]
     pos = np.arange(len(g))
     latest = np.maximum.accumulate(np.where(up, pos, -1)) if len(g) else pos
@@ -160,7 +172,7 @@ def command_occupancy(p: WdcParams, pats: Patterns, index: np.ndarray, keys: np.
     # rows: queries of a command before its updates, commands in queue order
     bank = np.concatenate([q["umc"] * banks + q_page % banks, last["umc"] * banks + l_page % banks])
     update = np.concatenate([np.zeros(len(q_cmd), dtype=bool), np.ones(len(l_cmd), dtype=bool)])
-    time = np.argsort(np.concatenate([q_cmd * 2, l_cmd * 2 + 1]), kind="stable")
+    time = _queries_then_updates(q_cmd, l_cmd, n)
     rows = np.concatenate([q_page // banks, l_page // banks])
     prev = np.empty(len(time), dtype=np.int64)
     prev[time] = _previous(bank[time], update[time], rows[time], -1)
@@ -168,7 +180,7 @@ def command_occupancy(p: WdcParams, pats: Patterns, index: np.ndarray, keys: np.
     d_cmd, dirs = _expand(index, pats.last_dir, keys)
     u_dir = np.concatenate([dirs["umc"], dirs["umc"]])
     d_update = np.concatenate([np.zeros(len(d_cmd), dtype=bool), np.ones(len(d_cmd), dtype=bool)])
-    d_time = np.argsort(np.concatenate([d_cmd * 2, d_cmd * 2 + 1]), kind="stable")
+    d_time = _queries_then_updates(d_cmd, d_cmd, n)
     d_val = np.concatenate([dirs["first"], dirs["last"]]).astype(np.int64)
     d_prev = np.empty(len(d_time), dtype=np.int64)
     d_prev[d_time] = _previous(u_dir[d_time], d_update[d_time], d_val[d_time], -1)
@@ -181,8 +193,8 @@ def command_occupancy(p: WdcParams, pats: Patterns, index: np.ndarray, keys: np.
     close = np.where(wr, p.close_ps[1], p.close_ps[0])
     turn = np.where(wr, p.turn_ps[1], p.turn_ps[0])
     cost = q["beats"] + np.where(hit, switch * turn, np.where(closed, p.open_ps, close + p.open_ps))
-    np.add.at(occ.reshape(-1), q_cmd * U + q["umc"], cost)
-    np.add.at(service.reshape(-1), q_cmd * 2 + wr, cost)
+    occ += np.bincount(q_cmd * U + q["umc"], weights=cost, minlength=n * U).astype(np.int64).reshape(n, U)
+    service += np.bincount(q_cmd * 2 + wr, weights=cost, minlength=n * 2).astype(np.int64).reshape(n, 2)
     _count(state, pats, keys, q["umc"], hit, closed)
     return occ, service
 
