@@ -27,7 +27,7 @@ from tpuflow.hwmodel.timing.compute import CUBE, cdiv, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.gdma import DDR, LMEM, charged_ddr_bytes, direction_floor_ps
 from tpuflow.hwmodel.timing.segments import side_bursts, transfer_sides
 from tpuflow.hwmodel.timing.wdc import WdcParams
-from tpuflow.isa import (DmaInstruction, Engine, GeneralDma, Instruction, Prec, SysDma, TensorDma, TileInstruction,
+from tpuflow.isa import (DmaInstruction, Engine, Instruction, Prec, SysDma, TensorDma, TileInstruction,
                          TiuInstruction, global_lmem_address)
 
 

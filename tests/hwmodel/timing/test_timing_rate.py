@@ -222,7 +222,7 @@ def test_occupancy_per_pattern_equals_the_request_by_request_pass(commands):
     instrs = []
     for kind, where, row, rows in commands:
         ddr = where * 40960
-        shape, nchw = (1, 1, rows, row), (rows * row * 3, rows * row * 3, row * 3, 1)
+        nchw = (rows * row * 3, rows * row * 3, row * 3, 1)
         flat = (rows * row, rows * row, row, 1)
         lmem = global_lmem_address(0, CHIP)
         src, dst, ss, ds = {"load": (ddr, lmem, nchw, flat), "store": (lmem, ddr, flat, nchw),
