@@ -1,7 +1,7 @@
 """The DRAM every core shares, as a rate model in the event heap: GDMA transfers are flows whose rates are
 recomputed (max-min fair) whenever a transfer starts or ends; no per-burst or per-beat events.
 
-A flow f (one GDMA command, transfers.py) has a bandwidth phase of solo length D_f = max(port_f, dram_f)
+A flow f (one GDMA command, transfers.py) has a bandwidth phase of solo length D_f = max(port, credit, dram)
 ps and takes occupancy o_{f,u} ps of UMC u over it; after the phase, its fixed latency L_f follows
 (no bandwidth), then the command ends on a GDMA clock edge.
 
