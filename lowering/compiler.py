@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from tpuflow.chip import ChipConfig
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph
 from tpuflow.frontend.stats import graph_stats, layer_stats
-from tpuflow.isa import Prec, SysDma, SysTiu
+from tpuflow.isa import Engine, Prec, SysDma, SysTiu
+from tpuflow.isa.messages import barrier, barrier_id
 from tpuflow.lowering.context import HeldConstants, LowerCtx
+from tpuflow.lowering.cores import core_parts
 from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Emitter
@@ -30,7 +34,7 @@ from tpuflow.lowering.tensors import make_tile
 from tpuflow.lowering.timesteps import pipelined_order
 from tpuflow.lowering.weights import WeightImage
 from tpuflow.options import CompileOptions
-from tpuflow.program import DdrTensor, MemoryPlan, Program
+from tpuflow.program import CoreStreams, DdrTensor, MemoryPlan, Program
 
 def tiu_matmul_emitter(ctx: LowerCtx, group: Group):
     """A MatMul group on the TIU: a matrix-vector product on the vector unit when it is one, else MM2."""
@@ -119,8 +123,8 @@ def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, optio
     """The residency plan; its sliced spans are chosen by the layer-group search on estimated
     times (`_members_cost`), and kept when the groups whose emission they can change (first to
     last, `_differing_span`) run faster with them than without."""
-    if options.layer_group == "off" or share <= 0:
-        return ResidencyPlan()
+    if options.layer_group == "off" or share <= 0 or options.cores > 1:
+        return ResidencyPlan()          # several cores: every group's parts meet in DDR (lowering.cores)
 
     def plan(span_cost) -> ResidencyPlan:
         return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
@@ -204,8 +208,33 @@ def _lower_planned(source: Graph, graph: Graph, groups: list[Group], chip: ChipC
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
                    in_lmem=set(residency.tensors), rerun=[(r.first, r.last) for r in residency.regions])
     weights = WeightImage(ddr.weight_base)
-    em = Emitter(chip)
-    ctx = LowerCtx(graph, chip, options, em, ddr, weights, residency=residency)
+    make_ctx = lambda: LowerCtx(graph, chip, options, Emitter(chip), ddr, weights, residency=residency)  # noqa: E731
+    if options.cores > 1:
+        ctxs, split = _emit_over_cores(make_ctx, groups, options), _split_record(graph, groups, options)
+    else:
+        ctxs, split = [_emit_one_core(make_ctx(), groups, options)], []
+    streams = [_finish_core(ctx, chip, options) for ctx in ctxs]
+    image = weights.image()
+    tensors = dict(ddr.tensors)
+    tensors["__weights__"] = DdrTensor("__weights__", weights.base, (len(image),), "uint8", "weight", len(image))
+    memory = MemoryPlan(tensors=tensors, weight_base=weights.base, weight_image=image,
+                        ddr_bytes_used=weights.base + len(image))
+    fused = [tuple(n.name for n in g.nodes) for g in groups if len(g.nodes) > 1]
+    stats = graph_stats(source, layer_stats(source, options.dtype), options.dtype)
+    first = streams[0]
+    program = Program(chip=chip, tiu=first.tiu, gdma=first.gdma, tile=first.tile, tiu_layers=first.tiu_layers,
+                      gdma_layers=first.gdma_layers, tile_layers=first.tile_layers, memory=memory,
+                      layers=ctxs[0].layers, fused_groups=fused,
+                      layer_groups=[lg.as_dict() for lg in residency.layer_groups(groups)],
+                      compulsory_ddr_bytes=stats.compulsory_bytes,
+                      options={k: str(v) for k, v in options.as_dict().items()},
+                      model_name=graph.name, issue_order=first.issue_order)
+    return Program.from_cores(program, streams, split) if len(streams) > 1 else program
+
+
+def _emit_one_core(ctx: LowerCtx, groups: list[Group], options: CompileOptions) -> LowerCtx:
+    """Every group in order on one core: sliced runs slice by slice, resident inputs preloaded."""
+    residency = ctx.residency
     _prologue(ctx)
     index, loaded = 0, set()
     while index < len(groups):
@@ -218,22 +247,65 @@ def _lower_planned(source: Graph, graph: Graph, groups: list[Group], chip: ChipC
         ctx.group_index = index
         _emit_group(ctx, groups[index], options)
         index += 1
+    return ctx
+
+
+def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions) -> list[LowerCtx]:
+    """Every group split over the cores (lowering.cores: each core emits its part, reading and
+    writing DDR), a chip-wide barrier after each group so the next reads what all cores wrote."""
+    ctxs = [make_ctx() for _ in range(options.cores)]
+    for ctx in ctxs:
+        _prologue(ctx)
+    graph = ctxs[0].graph
+    for index, group in enumerate(groups):
+        parts = core_parts(graph, group, options.cores, options, _on_vector_unit(ctxs[0], group))
+        for ctx, part in zip(ctxs, parts):
+            if part is None:
+                continue
+            ctx.group_index = index
+            ctx.out_rows, ctx.out_samples, ctx.out_view_rows = part.rows, part.samples, part.view_rows
+            _emit_group(ctx, group, options)
+            ctx.out_rows = ctx.out_samples = ctx.out_view_rows = None
+        if index < len(groups) - 1:
+            for ctx in ctxs:
+                _emit_barrier(ctx, options.cores, index)
+    return ctxs
+
+
+def _on_vector_unit(ctx: LowerCtx, group: Group) -> bool:
+    return group.kind == "matmul" and is_gemv(ctx, group)
+
+
+def _emit_barrier(ctx: LowerCtx, cores: int, index: int) -> None:
+    ctx.em.layer = "__barrier__"
+    engines = barrier(cores, barrier_id(index))
+    for instr in engines[Engine.TIU]:
+        ctx.em.tiu(instr)
+    for instr in engines[Engine.GDMA]:
+        ctx.em.gdma(instr)
+
+
+def _split_record(graph: Graph, groups: list[Group], options: CompileOptions) -> list[dict]:
+    """The manifest's record of the split: per core, each group's part (a group a core has no
+    part of is not listed)."""
+    out = [{"core": k, "groups": {}} for k in range(options.cores)]
+    for group in groups:
+        shim = SimpleNamespace(graph=graph)
+        vector = group.kind == "matmul" and is_gemv(shim, group)
+        for k, part in enumerate(core_parts(graph, group, options.cores, options, vector)):
+            if part is not None:
+                out[k]["groups"][group.name] = part.as_dict()
+    return out
+
+
+def _finish_core(ctx: LowerCtx, chip: ChipConfig, options: CompileOptions) -> CoreStreams:
+    """End markers, dependency ids and the per-engine queues of one core's instructions."""
+    em = ctx.em
     em.layer = ""
     em.tiu(SysTiu(op="end"))
     em.gdma(SysDma(op="chain_end"))
     queues, layers, order = assign_dependencies(em.records, chip, options.dep_mode)
-    image = weights.image()
-    tensors = dict(ddr.tensors)
-    tensors["__weights__"] = DdrTensor("__weights__", weights.base, (len(image),), "uint8", "weight", len(image))
-    memory = MemoryPlan(tensors=tensors, weight_base=weights.base, weight_image=image,
-                        ddr_bytes_used=weights.base + len(image))
-    fused = [tuple(n.name for n in g.nodes) for g in groups if len(g.nodes) > 1]
-    stats = graph_stats(source, layer_stats(source, options.dtype), options.dtype)
-    return Program(chip=chip, tiu=queues[0], gdma=queues[1], tile=queues[2], tiu_layers=layers[0],
-                   gdma_layers=layers[1], tile_layers=layers[2], memory=memory, layers=ctx.layers,
-                   fused_groups=fused, layer_groups=[lg.as_dict() for lg in residency.layer_groups(groups)],
-                   compulsory_ddr_bytes=stats.compulsory_bytes, options={k: str(v) for k, v in options.as_dict().items()},
-                   model_name=graph.name, issue_order=order)
+    return CoreStreams(queues[0], queues[1], queues[2], layers[0], layers[1], layers[2], order)
 
 
 def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions) -> None:
@@ -320,12 +392,13 @@ def _emit_slices(ctx: LowerCtx, groups: list[Group], region, options: CompileOpt
         ctx.residency.enter_slice(region, s)
         for m in region.members:
             ctx.group_index = m
-            ctx.out_rows, ctx.out_sample = region.rows[m][s], region.sample_of(s)
+            sample = region.sample_of(s)
+            ctx.out_rows, ctx.out_samples = region.rows[m][s], range(sample, sample + 1)
             _emit_group(ctx, groups[m], options)
             if m in ctx.held:
                 ctx.held[m].loaded = True
         slice_of += [s] * (len(ctx.em.records) - start - len(slice_of))
-    ctx.out_rows = ctx.out_sample = None
+    ctx.out_rows = ctx.out_samples = None
     emitted = ctx.em.records[start:]
     ctx.em.records[start:] = [emitted[i] for i in pipelined_order(emitted, slice_of, ctx.chip)]
     for name, info in ctx.layers.items():           # the model's MACs, not those of every slice

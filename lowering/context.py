@@ -58,7 +58,8 @@ class LowerCtx:
     residency: ResidencyPlan = field(default_factory=ResidencyPlan)      # activations kept in LMEM
     group_index: int = 0                                                 # the group being emitted
     out_rows: tuple[int, int] | None = None      # sliced layer groups: output rows to emit (else all)
-    out_sample: int | None = None                # sliced layer groups: the sample to emit (else all)
+    out_samples: range | None = None             # sliced layer groups, cores: the samples to emit (else all)
+    out_view_rows: tuple[int, int] | None = None  # cores: rows [lo, hi) of a row group's / matmul's view (else all)
     held: dict[int, HeldConstants] = field(default_factory=dict)   # sliced runs: group -> its held constants
     held_floor: int | None = None                # sliced runs: the held constants lie above it
 
@@ -67,8 +68,12 @@ class LowerCtx:
         return self.out_rows if self.out_rows is not None else (0, height)
 
     def samples_to_emit(self, batch: int) -> range:
-        """The samples of the group being emitted (all of them unless sliced by sample)."""
-        return range(batch) if self.out_sample is None else range(self.out_sample, self.out_sample + 1)
+        """The samples of the group being emitted (all of them unless sliced or split by sample)."""
+        return range(batch) if self.out_samples is None else self.out_samples
+
+    def view_rows_to_emit(self, rows: int) -> tuple[int, int]:
+        """The rows [lo, hi) of a row group's or matmul's view to emit (all unless split over cores)."""
+        return self.out_view_rows if self.out_view_rows is not None else (0, rows)
 
     @property
     def prec(self) -> Prec:

@@ -16,7 +16,7 @@ from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import MATRIX, NCHW
 from tpuflow.lowering.ops.epilogue import Epilogue
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
-from tpuflow.lowering.tiling import pipelined, steps
+from tpuflow.lowering.tiling import pipelined, steps, steps_between
 
 
 @dataclass(frozen=True)
@@ -280,13 +280,15 @@ class MatmulEmitter(MatmulGroup):
         self.r_tile = make_tile(chip, res_offs[0], self._r_shape(geo.k, geo.n), ctx.prec) if self.r_res else None
         loaded_b = None
         k_steps = steps(geo.k, self.kt)
-        for b in range(geo.batch_count):
+        lo, hi = ctx.view_rows_to_emit(geo.batch_count * geo.m)      # rows b * M + m
+        for b in range(lo // geo.m, -(-hi // geo.m)):
             a_off, b_off, y_off = geo.offsets(b)
             if self.r_res and b_off != loaded_b:
                 ctx.em.layer = self.node.name
                 self._fetch_b(self.r_tile, b, b_off, 0, geo.k, 0, geo.n)
                 loaded_b = b_off
-            out_tiles = [(m0, m, n0, n) for m0, m in steps(geo.m, self.mt) for n0, n in self._column_tiles()]
+            rows = steps_between(max(lo - b * geo.m, 0), min(hi - b * geo.m, geo.m), self.mt)
+            out_tiles = [(m0, m, n0, n) for m0, m in rows for n0, n in self._column_tiles()]
             work = [(ti, t, ks) for ti, t in enumerate(out_tiles) for ks in range(len(k_steps))]
             offs = (a_off, b_off, y_off, b, k_steps)
             pipelined(work, len(self.load_sets), lambda w, s: self._load(w, s, offs),

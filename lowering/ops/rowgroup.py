@@ -213,7 +213,7 @@ class RowGroupEmitter:
         # NCHW over several samples: row tiles stay inside one sample (a resident tensor holds
         # each sample's channels on the lanes from lane 0)
         self.sample_rows = group.full_shape[1] if len(group.full_shape) == 4 and group.split == 2 \
-            and (group.full_shape[0] > 1 or ctx.out_sample is not None) else None
+            and (group.full_shape[0] > 1 or ctx.out_samples is not None) else None
         if ctx.out_rows is not None:       # sliced layer groups: NCHW rows [lo, hi) = columns lo*W .. hi*W
             width = group.full_shape[3]
             self.col_range = (ctx.out_rows[0] * width, ctx.out_rows[1] * width)
@@ -307,11 +307,14 @@ class RowGroupEmitter:
             ctx.note_layer(n.name, n.op_type, lmem_peak=plan.peak, group=self.group.name)
 
     def _row_steps(self, rt: int) -> list[tuple[int, int]]:
-        """(first row, rows) per row tile: over all rows, or sample by sample (sample_rows)."""
+        """(first row, rows) per row tile of the rows to emit: over all of them, or sample by
+        sample (sample_rows)."""
+        lo, hi = self.ctx.view_rows_to_emit(self.rows)
         if self.sample_rows is None:
-            return steps(self.rows, rt)
+            return steps_between(lo, hi, rt)
         c = self.sample_rows
-        return [(n * c + r0, r) for n in self.ctx.samples_to_emit(self.rows // c) for r0, r in steps(c, rt)]
+        return [(r0, r) for n in self.ctx.samples_to_emit(self.rows // c)
+                for r0, r in steps_between(max(lo, n * c), min(hi, (n + 1) * c), rt)]
 
     def _value_tile(self, offsets: list[int], kind: Kind, index: int, rt: int, dt: int, prec: Prec) -> LTile:
         if pool_of(kind) is Kind.FULL:

@@ -197,18 +197,39 @@ def lmem_ranges(addr: int, shape, strides, elem_bytes: int, chip: "ChipConfig") 
     return (LmemRange(0, lanes, lo, hi),)  # several channel groups (or a wrap): every lane
 
 
+MAX_DDR_RANGES = 4096     # a strided DMA's DDR side is described by at most this many ranges
+
+
 def ddr_range(addr: int, shape, strides, elem_bytes: int) -> tuple[DdrRange, ...]:
-    """Bounding DDR range of a strided tensor."""
+    """DDR byte ranges of a strided tensor: the innermost dim whose stride leaves a gap after the
+    dims inside it, and every dim outside it, are enumerated (if that makes more than
+    MAX_DDR_RANGES pieces, the next such dim outwards), the dims inside are bounded; touching
+    pieces are merged. Two cores writing interleaved rows of one tensor touch no common range."""
     if math.prod(shape) == 0:
         return ()
-    lo_el = hi_el = 0
-    for size, stride in zip(shape, strides):
+    dims = [(size, stride) for size, stride in zip(shape, strides) if size > 1]
+    inner_lo, inner_hi, split = 0, 0, 0
+    for d in range(len(dims) - 1, -1, -1):       # innermost first: the first dim that leaves gaps
+        size, stride = dims[d]
+        if not split and abs(stride) > inner_hi - inner_lo + 1 and math.prod(s for s, _ in dims[:d + 1]) <= MAX_DDR_RANGES:
+            split = d + 1
         span = (size - 1) * stride
-        if span < 0:
-            lo_el += span
+        inner_lo, inner_hi = inner_lo + min(span, 0), inner_hi + max(span, 0)
+    lo_el = hi_el = 0
+    for size, stride in dims[split:]:
+        span = (size - 1) * stride
+        lo_el, hi_el = lo_el + min(span, 0), hi_el + max(span, 0)
+    starts = [0]
+    for size, stride in dims[:split]:
+        starts = [s + i * stride for s in starts for i in range(size)]
+    out: list[list[int]] = []
+    for start in sorted(starts):
+        lo, hi = addr + (start + lo_el) * elem_bytes, addr + (start + hi_el + 1) * elem_bytes
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
         else:
-            hi_el += span
-    return (DdrRange(addr + lo_el * elem_bytes, addr + (hi_el + 1) * elem_bytes),)
+            out.append([lo, hi])
+    return tuple(DdrRange(lo, hi) for lo, hi in out)
 
 
 class Instruction:
