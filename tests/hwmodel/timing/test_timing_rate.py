@@ -254,3 +254,11 @@ def test_multi_core_dram_statistics_are_the_chips():
     assert (r.dram.bytes_read, r.dram.bursts, int(r.dram.page_opens.sum())) == (8192, 16, 2)
     assert r.dram.peak_gbps == CHIP.dram.chip_peak_gbps
     assert [c.dram.bytes_read for c in r.cores] == [4096, 4096]
+
+
+def test_shared_memory_runs_repeat_exactly():
+    """Float speeds while flows share UMCs still give the same integer timeline on every run."""
+    programs = [loads(CHIP, *[((16 * k + i) * MIB + 4096 * k, MIB // 2) for i in range(3)]) for k in range(4)]
+    runs = [simulate(on_cores(programs)) for _ in range(2)]
+    for a, b in zip(runs[0].cores, runs[1].cores):
+        assert np.array_equal(a.times["end"], b.times["end"]) and np.array_equal(a.stalls["dram"], b.stalls["dram"])
