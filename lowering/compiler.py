@@ -264,8 +264,9 @@ def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions) -> 
                 continue
             ctx.group_index = index
             ctx.out_rows, ctx.out_samples, ctx.out_view_rows = part.rows, part.samples, part.view_rows
+            ctx.out_view_cols, ctx.out_channels = part.view_cols, part.channels
             _emit_group(ctx, group, options)
-            ctx.out_rows = ctx.out_samples = ctx.out_view_rows = None
+            ctx.out_rows = ctx.out_samples = ctx.out_view_rows = ctx.out_view_cols = ctx.out_channels = None
         if index < len(groups) - 1:
             for ctx in ctxs:
                 _emit_barrier(ctx, options.cores, index)

@@ -60,6 +60,8 @@ class LowerCtx:
     out_rows: tuple[int, int] | None = None      # sliced layer groups: output rows to emit (else all)
     out_samples: range | None = None             # sliced layer groups, cores: the samples to emit (else all)
     out_view_rows: tuple[int, int] | None = None  # cores: rows [lo, hi) of a row group's / matmul's view (else all)
+    out_view_cols: tuple[int, int] | None = None  # cores: output columns [lo, hi) of a matmul (else all)
+    out_channels: tuple[int, int] | None = None   # cores: output channels [lo, hi) of a conv (else all)
     held: dict[int, HeldConstants] = field(default_factory=dict)   # sliced runs: group -> its held constants
     held_floor: int | None = None                # sliced runs: the held constants lie above it
 
@@ -70,6 +72,14 @@ class LowerCtx:
     def samples_to_emit(self, batch: int) -> range:
         """The samples of the group being emitted (all of them unless sliced or split by sample)."""
         return range(batch) if self.out_samples is None else self.out_samples
+
+    def channels_to_emit(self, channels: int) -> tuple[int, int]:
+        """The output channels [lo, hi) of a conv to emit (all unless split over cores)."""
+        return self.out_channels if self.out_channels is not None else (0, channels)
+
+    def view_cols_to_emit(self, cols: int) -> tuple[int, int]:
+        """The output columns [lo, hi) of a matmul to emit (all unless split over cores)."""
+        return self.out_view_cols if self.out_view_cols is not None else (0, cols)
 
     def view_rows_to_emit(self, rows: int) -> tuple[int, int]:
         """The rows [lo, hi) of a row group's or matmul's view to emit (all unless split over cores)."""

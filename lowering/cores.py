@@ -1,9 +1,11 @@
 """Which part of each fused group every core computes when a program is split over cores (issue
-14): samples or output rows of convs and pools, rows of a row group's or a matmul's view; other
-groups run on core 0. DDR is shared, LMEM private: a group's parts read and write DDR."""
+14): samples or output rows of convs and pools, rows of a row group's view, output columns of a
+matmul by weights at least as large as its activations, else its rows; other groups run on core
+0. DDR is shared, LMEM private: a group's parts read and write DDR."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -19,7 +21,9 @@ class CorePart:
 
     samples: range | None = None
     rows: tuple[int, int] | None = None          # conv / pool output rows
+    channels: tuple[int, int] | None = None      # conv output channels
     view_rows: tuple[int, int] | None = None     # row group / matmul view rows (matmul: batch * M)
+    view_cols: tuple[int, int] | None = None     # matmul output columns
 
     def as_dict(self) -> dict:
         out = {}
@@ -27,8 +31,12 @@ class CorePart:
             out["samples"] = [self.samples.start, self.samples.stop]
         if self.rows is not None:
             out["rows"] = list(self.rows)
+        if self.channels is not None:
+            out["channels"] = list(self.channels)
         if self.view_rows is not None:
             out["view_rows"] = list(self.view_rows)
+        if self.view_cols is not None:
+            out["columns"] = list(self.view_cols)
         return out
 
 
@@ -52,11 +60,43 @@ def _split(graph: Graph, group: Group, cores: int, options: CompileOptions,
         if batch >= cores:
             return [_some(CorePart(samples=range(*chunk(batch, cores, k)))) for k in range(cores)]
         height = output_height(graph, group)
+        if _by_channels(graph, group, height, cores):
+            cout = graph.tensor(group.anchor.inputs[1]).shape[0]
+            return [_some(CorePart(channels=chunk(cout, cores, k))) for k in range(cores)]
         return [_some(CorePart(rows=chunk(height, cores, k))) for k in range(cores)]
+    if group.kind == "matmul" and options.matmul == "tiu" and not on_vector_unit and _weight_heavy(graph, group):
+        cols = _geometry(graph, group).n
+        return [_some(CorePart(view_cols=chunk(cols, cores, k))) for k in range(cores)]
     if group.kind == "row" or (group.kind == "matmul" and options.matmul == "tiu" and not on_vector_unit):
         rows = _view_rows(graph, group)
         return [_some(CorePart(view_rows=chunk(rows, cores, k))) for k in range(cores)]
     return None
+
+
+def _geometry(graph: Graph, group: Group):
+    from tpuflow.lowering.ops.matmul import matmul_geometry
+    return matmul_geometry(SimpleNamespace(graph=graph), group.anchor)
+
+
+def _weight_heavy(graph: Graph, group: Group) -> bool:
+    """A matmul by constant weights at least as large as its activations: its output columns are
+    split (each core loads its share of the weights once) rather than its rows (each core would
+    load all of them)."""
+    geo = _geometry(graph, group)
+    weights = graph.tensor(group.anchor.inputs[1])
+    return weights.is_const and geo.k * geo.n >= geo.batch_count * geo.m * geo.k
+
+
+def _by_channels(graph: Graph, group: Group, height: int, cores: int) -> bool:
+    """A plain conv splits its output channels (each core loads its share of the weights, and
+    all of the input) when its weights outweigh its input or it has fewer output rows than cores."""
+    if group.kind != "conv" or group.anchor.attr("group", 1) != 1:
+        return False
+    weights = graph.tensor(group.anchor.inputs[1])
+    source = graph.tensor(group.anchor.inputs[0])
+    return weights.const is not None and (weights.const.size >= math.prod(source.shape) or height < cores)
+
+
 
 
 def _is_nchw(graph: Graph, group: Group) -> bool:
@@ -67,8 +107,7 @@ def _view_rows(graph: Graph, group: Group) -> int:
     """Rows of the group's rows x columns view: the dims before its cut (row groups), batch x M
     (matmuls)."""
     if group.kind == "matmul":
-        from tpuflow.lowering.ops.matmul import matmul_geometry
-        geo = matmul_geometry(SimpleNamespace(graph=graph), group.anchor)
+        geo = _geometry(graph, group)
         return geo.batch_count * geo.m
     rows = 1
     for d in group.full_shape[:group.split]:
@@ -78,7 +117,7 @@ def _view_rows(graph: Graph, group: Group) -> int:
 
 def _some(part: CorePart) -> CorePart | None:
     """None for a part with nothing to compute."""
-    for span in (part.rows, part.view_rows):
+    for span in (part.rows, part.channels, part.view_rows, part.view_cols):
         if span is not None and span[1] <= span[0]:
             return None
     if part.samples is not None and not part.samples:

@@ -169,6 +169,7 @@ class ConvEmitter:
             self.pgeom, _ = pool_geometry(ctx, self.pool)
             self.result = self.pool.outputs[0]
         self.held = ctx.held_constants()                     # sliced runs: constants held across slices
+        self.cout_range = ctx.channels_to_emit(self.geom.cout)   # cores: the output channels this core computes
         self.in_res = ctx.resident(self.node.inputs[0])      # layer groups: input kept in LMEM
         self.out_res = ctx.resident(self.result)             # layer groups: result kept in LMEM
         self.unfolded = None                                 # the original geometry when rows are folded
@@ -242,14 +243,23 @@ class ConvEmitter:
         if self.depthwise:
             self._emit_depthwise(plan)
         else:
-            cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
-            self._prepare_standard(plan, cin_g, cout_g)
-            for gi in range(geo.groups):
-                self._emit_standard(gi * cin_g, gi * cout_g, cin_g, cout_g)
+            cin_g = geo.cin // geo.groups
+            self._prepare_standard(plan, cin_g, self._out_channels()[0][1])
+            for gi, (oc_base, cout_g) in enumerate(self._out_channels()):
+                self._emit_standard(gi * cin_g, oc_base, cin_g, cout_g)
         macs = geo.n * geo.cout * geo.ho * geo.wo * (geo.cin // geo.groups) * geo.kh * geo.kw
         self.ctx.note_layer(self.node.name, "Conv", macs=macs, lmem_peak=plan.peak, group=self.group.name)
         for n in self.group.nodes[1:]:
             self.ctx.note_layer(n.name, n.op_type, lmem_peak=plan.peak, group=self.group.name)
+
+    def _out_channels(self) -> list[tuple[int, int]]:
+        """(first output channel, count) per conv group: the core's channel range of a plain
+        conv, every group's channels of a grouped one."""
+        geo = self.geom
+        if geo.groups == 1:
+            lo, hi = self.cout_range
+            return [(lo, hi - lo)]
+        return [(gi * (geo.cout // geo.groups), geo.cout // geo.groups) for gi in range(geo.groups)]
 
     # ------------------------------------------------------------ sizing
     def _out_prec(self, ic_split: bool) -> Prec:
@@ -382,7 +392,7 @@ class ConvEmitter:
     # ------------------------------------------------------------ standard / grouped
     def _plan_standard(self, arena) -> dict | None:
         geo = self.geom
-        cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
+        cin_g, cout_g = geo.cin // geo.groups, self._out_channels()[0][1]
         choice = self._choose(arena, cin_g, cout_g)
         if choice is None:
             return None
@@ -669,7 +679,7 @@ class ConvEmitter:
         if self.bias is not None and self._loads_constants():
             ctx.load_const_channels(bias_tile, f"bias:{self.node.name}", self.bias.reshape(-1, 1), Prec.FP32)
         self.epi.load_residents(list(res[2:]), geo.cout, geo.wo, self._loads_constants())
-        tiles = [(n, c0, c, h0, h) for n in ctx.samples_to_emit(geo.n) for c0, c in steps(geo.cout, ct)
+        tiles = [(n, c0, c, h0, h) for n in ctx.samples_to_emit(geo.n) for c0, c in steps_between(*self.cout_range, ct)
                  for h0, h in steps_between(row_lo, row_hi, ht)]
 
         def load(t, s):

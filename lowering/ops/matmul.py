@@ -200,6 +200,7 @@ class MatmulEmitter(MatmulGroup):
         self.a_copied = self.a_res is not None and self.a_res.layout == NCHW   # read through a working tile
         self.a_addr = None if self.a_res else self._operand_addr(self.node.inputs[0])
         self.b_addr = None if self.b_res else self._operand_addr(self.node.inputs[1])
+        self.col_range = ctx.view_cols_to_emit(self.geom.n)     # cores: the output columns this core computes
 
     def _operand_addr(self, tensor: str) -> int:
         info = self.ctx.graph.tensor(tensor)
@@ -230,7 +231,8 @@ class MatmulEmitter(MatmulGroup):
     def _choose(self, arena):
         geo, lanes, eu = self.geom, self.chip.lanes, self.chip.eu_count(self.ctx.options.dtype)
         m_opts = sorted({min(geo.m, lanes * i) for i in range(1, -(-geo.m // lanes) + 1)}, reverse=True)
-        n_opts = sorted({geo.n} | {min(geo.n, eu * 2 ** i) for i in range(12)}, reverse=True)
+        width = self.col_range[1] - self.col_range[0]
+        n_opts = sorted({width} | {min(width, eu * 2 ** i) for i in range(12)}, reverse=True)
         k_opts = sorted({geo.k} | {min(geo.k, lanes * 2 ** i) for i in range(10)}, reverse=True)
         if self.a_res is not None and not self.a_copied:
             k_opts = [geo.k]           # MM2 reads A with its aligned row stride: whole rows only
@@ -240,7 +242,7 @@ class MatmulEmitter(MatmulGroup):
             n_opts = sorted({min(n, widest) for n in n_opts}, reverse=True)
         for copies in (2, 1):
             for kt in k_opts:
-                for r_res in ((True, False) if kt == geo.k and not parts else (False,)):
+                for r_res in ((True, False) if kt == geo.k and not parts and width == geo.n else (False,)):
                     for mt in m_opts:
                         for nt in ([geo.n] if r_res else n_opts):
                             res, load, outs = self._sizes(mt, nt, kt, r_res)
@@ -303,7 +305,7 @@ class MatmulEmitter(MatmulGroup):
         in LMEM (layer groups: each part is its own buffer)."""
         parts = self.ctx.residency.splits.get(self.result)
         if not parts:
-            return list(steps(self.geom.n, self.nt))
+            return steps_between(*self.col_range, self.nt)
         return [(c0 + n0, n) for _, c0, width in parts for n0, n in steps(width, self.nt)]
 
     def _result_view(self, row0: int, m0: int, mt: int, b: int, n0: int, nt: int):

@@ -43,16 +43,36 @@ def test_parts_cover_every_row_once_and_unsplit_groups_run_on_core_0(model, core
             assert _covered(parts, "samples") == list(range(graph.tensor(group.nodes[-1].outputs[0]).shape[0]))
         elif first.rows is not None:
             assert _covered(parts, "rows") == list(range(output_height(graph, group)))
+        elif first.channels is not None:
+            assert _covered(parts, "channels") == list(range(graph.tensor(group.anchor.inputs[1]).shape[0]))
         else:
-            rows = _covered(parts, "view_rows")
+            axis = "view_rows" if first.view_rows is not None else "view_cols"
+            rows = _covered(parts, axis)
             assert rows == list(range(len(rows))) and rows
 
 
-def test_a_batch_splits_by_sample_and_a_single_image_by_rows():
+def test_weight_heavy_matmuls_split_columns_and_activation_heavy_ones_rows():
+    graph = load_graph("gpt_block")
+    splits = {}
+    for group in form_groups(graph, lanes=64):
+        if group.kind == "matmul":
+            first = core_parts(graph, group, 2, CompileOptions(cores=2))[0]
+            weights = graph.tensor(group.anchor.inputs[1]).is_const
+            splits[group.name] = (weights, first.view_cols is not None)
+    assert any(w and cols for w, cols in splits.values())            # projections by their weights
+    assert all(w for w, cols in splits.values() if cols)             # only constant weights split columns
+    assert any(not w and not cols for w, cols in splits.values())    # attention: by rows
+
+
+def test_a_batch_splits_by_sample_an_image_by_rows_and_weight_heavy_convs_by_channels():
+    graph = load_graph("resnet50")
+    convs = [g for g in form_groups(graph) if g.kind == "conv"]
+    parts = core_parts(graph, convs[0], 2, CompileOptions(cores=2))          # the stem: a large image
+    assert all(p.rows is not None and p.samples is None for p in parts)
+    deep = core_parts(graph, convs[-1], 2, CompileOptions(cores=2))          # 7 x 7 x 512 -> 2048
+    assert all(p.channels is not None for p in deep)
     graph = load_graph("small_cnn")
     conv = next(g for g in form_groups(graph) if g.kind == "conv")
-    parts = core_parts(graph, conv, 2, CompileOptions(cores=2))
-    assert all(p.rows is not None and p.samples is None for p in parts)
     tile = core_parts(graph, conv, 2, CompileOptions(cores=2, matmul="tile"))
     assert tile == [WHOLE, None]                                   # the TILE path is not split
 
