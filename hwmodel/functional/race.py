@@ -6,16 +6,18 @@ Instruction k of an engine inherits the clock of the engine's previous instructi
 wait, the clock (at completion) of the instruction it waited for; a message wait also joins the
 clocks of the sends of its round (`joins`, given by the executor). Component f of a clock is the
 number of f's instructions that happen before it. Accesses (from Program.accesses) are kept per
-(space, bucket): space = the core for LMEM (private), DDR for DDR; records are (lane mask, lo, hi,
-component, cmd_id, is_write). Two accesses race when they overlap in bytes and lanes, come from
+(space, bucket): space = the core for LMEM (private), DDR for DDR; LMEM records are (lane mask, lo,
+hi, component, cmd_id, is_write), a DDR record is one instruction's ranges in the bucket (lo, hi,
+component, cmd_id, is_write, ranges): strided DMAs have hundreds of rows each. Two accesses race when they overlap in bytes and lanes, come from
 different components, at least one writes, and the earlier one's cmd_id is beyond the later one's
 clock. DDR is checked for multi-core programs only (on one core only GDMA touches DDR, in order).
 
 Pruning keeps buckets short without missing a race: a record is dropped once every other
 component's future clock covers it (it can never race again), or when a later access of the same
 component covers its part of the bucket (a write covers reads and writes, a read covers reads):
-anything unordered with the older access is unordered with the newer one too. With many cores the
-horizon is recomputed every HORIZON_STEPS instructions (an older horizon only prunes less).
+anything unordered with the older access is unordered with the newer one too. A core's LMEM has a
+horizon of its own engines only (no other core touches it); the DDR horizon spans every core and
+is recomputed every HORIZON_STEPS instructions (an older horizon only prunes less).
 """
 
 from __future__ import annotations
@@ -75,16 +77,16 @@ class RaceDetector:
         e = core * len(ENGINES) + engine.code
         clock = self.clock_of(engine, index, waits, core, joins)
         accesses = self._accesses(core, engine, index)
-        horizon = self.horizon(e, clock)
+        horizon = self.core_horizon(core, e, clock) if self.multi else self.horizon(e, clock)
         for rng in accesses.lmem_reads:
             self._access(core, e, index + 1, clock, ((1 << rng.lanes) - 1) << rng.lane, rng.lo, rng.hi, False, horizon)
         for rng in accesses.lmem_writes:
             self._access(core, e, index + 1, clock, ((1 << rng.lanes) - 1) << rng.lane, rng.lo, rng.hi, True, horizon)
         if self.multi:
-            for rng in accesses.ddr_reads:
-                self._access(DDR, e, index + 1, clock, 1, rng.lo, rng.hi, False, horizon)
-            for rng in accesses.ddr_writes:
-                self._access(DDR, e, index + 1, clock, 1, rng.lo, rng.hi, True, horizon)
+            horizon = self.horizon(e, clock)
+            for ranges, write in ((accesses.ddr_reads, False), (accesses.ddr_writes, True)):
+                if ranges:
+                    self._ddr_access(e, index + 1, clock, ranges, write, horizon)
         self.clocks[e].append(clock)
         return clock
 
@@ -97,6 +99,18 @@ class RaceDetector:
                 self._horizon = self._views_horizon([(e, clock)] + self._unfinished(e))
             return self._horizon
         return self._views_horizon([(e, clock)] + self._unfinished(e))
+
+    def core_horizon(self, core: int, e: int, clock: tuple) -> list[int]:
+        """The horizon of a core's private LMEM: only that core's engines can touch it, so a record
+        is dead once the core's other engines have seen it (other components: NEVER, unused)."""
+        first = core * len(ENGINES)
+        mine = range(first, first + len(ENGINES))
+        views = [(e, clock)] + [(g, self.clocks[g][-1] if self.clocks[g] else (0,) * self.width)
+                                for g in mine if g != e and len(self.clocks[g]) < self.sizes[g]]
+        horizon = [NEVER] * self.width
+        for f in mine:
+            horizon[f] = min((c[f] for g, c in views if g != f), default=NEVER)
+        return horizon
 
     def _unfinished(self, e: int) -> list[tuple[int, tuple]]:
         return [(g, self.clocks[g][-1] if self.clocks[g] else (0,) * self.width)
@@ -115,7 +129,7 @@ class RaceDetector:
                 horizon: list[int]) -> None:
         if lo >= hi or mask <= 0:
             return
-        size = DDR_BUCKET_BYTES if space == DDR else self.bucket_bytes
+        size = self.bucket_bytes
         new = (mask, lo, hi, e, cid, write)
         for b in range(lo // size, (hi - 1) // size + 1):
             records = self.buckets.get((space, b))
@@ -123,6 +137,35 @@ class RaceDetector:
                 self.buckets[(space, b)] = [new]
                 continue
             self.buckets[(space, b)] = self._merge(space, records, new, clock, horizon, b * size, (b + 1) * size)
+
+    def _ddr_access(self, e: int, cid: int, clock: tuple, ranges, write: bool, horizon: list[int]) -> None:
+        """DDR: one record per instruction and bucket holding its byte ranges there (a strided DMA has
+        hundreds), checked against each older record whose span overlaps by merging the two lists."""
+        size = DDR_BUCKET_BYTES
+        parts: dict[int, list[tuple[int, int]]] = {}
+        for rng in ranges:
+            if rng.hi <= rng.lo:
+                continue
+            for b in range(rng.lo // size, (rng.hi - 1) // size + 1):
+                parts.setdefault(b, []).append((max(rng.lo, b * size), min(rng.hi, (b + 1) * size)))
+        for b, mine in parts.items():
+            mine.sort()
+            new = (mine[0][0], max(hi for _, hi in mine), e, cid, write, tuple(mine))
+            kept = []
+            for rec in self.buckets.get((DDR, b), ()):
+                lo2, hi2, e2, id2, w2, parts2 = rec
+                if id2 <= horizon[e2]:
+                    continue
+                if e2 != e:
+                    if (write or w2) and id2 > clock[e2] and lo2 < new[1] and new[0] < hi2:
+                        at = _first_overlap(new[5], parts2)
+                        if at is not None:
+                            raise self._race(DDR, (1, at, at + 1, e2, id2, w2), (1, at, at + 1, e, cid, write), clock[e2])
+                elif (write or not w2) and len(mine) == 1 and new[0] <= lo2 and hi2 <= new[1]:
+                    continue
+                kept.append(rec)
+            kept.append(new)
+            self.buckets[(DDR, b)] = kept
 
     def _merge(self, space: int, records: list[tuple], new: tuple, clock: tuple, horizon: list[int],
                b_lo: int, b_hi: int) -> list[tuple]:
@@ -162,3 +205,17 @@ class RaceDetector:
         order = "no wait or message orders them" if self.multi else "no wait orders them"
         return RaceError(f"{where}: {self._label(old[3], old[4])} {verb[old[5]]} and {self._label(new[3], new[4])} "
                          f"{verb[new[5]]} these bytes, and {order} ({later} is ordered after {earlier} at most)")
+
+
+def _first_overlap(a: tuple, b: tuple) -> int | None:
+    """The first byte two lists of ranges (each sorted by start) share, or None."""
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            return lo
+        if a[i][1] <= b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return None

@@ -88,3 +88,39 @@ def test_a_message_id_beyond_the_chips_queue_is_an_execution_error():
     streams[1].gdma[2] = SysDma.send(1, 4)
     with pytest.raises(ExecutionError, match="message id 1 beyond the chip's 1"):
         run(Program.from_cores(Program(chip=small, memory=program.memory), streams), {"x": _x(2)})
+
+
+def _interleaved_program(peer_read: bool) -> Program:
+    """Two cores store 4 rows each into interleaved DDR rows (core k: rows k, k+2, k+4, k+6) with no
+    message between them; with `peer_read`, core 0 then loads row 3, which core 1 writes."""
+    from multicore_programs import LOCAL_STRIDES, SLICE, _glob
+    from tpuflow.isa import TensorDma
+    from tpuflow.program import CoreStreams, DdrTensor, MemoryPlan
+    base_addr, row = 0x1000, 16 * 4
+
+    def dma(src, dst, src_str, dst_str, shape=SLICE):
+        return TensorDma(src_start_addr=src, dst_start_addr=dst,
+                         **{f"src_{k}size": v for k, v in zip("nchw", shape)},
+                         **{f"src_{k}stride": v for k, v in zip("nchw", src_str)},
+                         **{f"dst_{k}size": v for k, v in zip("nchw", shape)},
+                         **{f"dst_{k}stride": v for k, v in zip("nchw", dst_str)})
+    streams = []
+    for k in range(2):
+        gdma = [dma(_glob(0), base_addr + k * row, LOCAL_STRIDES, (128, 32, 16, 1))]
+        if peer_read and k == 0:
+            gdma.append(dma(base_addr + 3 * row, _glob(0x2000), (16, 16, 16, 1), LOCAL_STRIDES, shape=(1, 1, 1, 16)))
+        streams.append(CoreStreams(gdma=gdma, gdma_layers=[f"core{k}"] * len(gdma), issue_order="D" * len(gdma)))
+    memory = MemoryPlan(tensors={"out": DdrTensor("out", base_addr, (8, 16), "fp32", "output", 8 * row)},
+                        ddr_bytes_used=base_addr + 8 * row)
+    return Program.from_cores(Program(chip=CHIP, memory=memory), streams)
+
+
+def test_ddr_races_use_each_rows_bytes_not_the_bounding_range():
+    program = _interleaved_program(peer_read=False)
+    assert len(program.core(1).accesses(Engine.GDMA, 0).ddr_writes) == 4
+    run(program, {}, interleave="random", seed=5)              # interleaved rows: disjoint bytes, no race
+    with pytest.raises(RaceError) as info:
+        run(_interleaved_program(peer_read=True), {}, interleave="gdma_first")
+    text = str(info.value)
+    assert text.startswith("DDR race at 0x10c0: ") and "core 1 D1 dma.tensor (layer core1) writes" in text
+    assert "core 0 D2 dma.tensor (layer core0) reads" in text
