@@ -129,7 +129,7 @@ def compile_model(model, chip: ChipConfig | str | None = None, options: CompileO
     _check_core_split(program, options.cores)
     if options.schedule != "program":
         from tpuflow.scheduler import schedule
-        with step(f"{options.schedule} schedule of {program.instruction_count} instructions"):
+        with step(f"{options.schedule} schedule of {program.total_instruction_count} instructions"):
             program = schedule(program, options.schedule, time_limit_s=options.time_limit_s)
     return graph, program
 
