@@ -14,7 +14,9 @@ instruction whose chunks conflict with TILE blocks must be covered by a SYS tile
 TILE id.
 
 derive_bitmap_waits computes the rule for a whole program at once (numpy: the accesses of every
-instruction as (chunk, issue position) rows, sorted by chunk, with running maxima per engine);
+instruction as (chunk, issue position) rows, sorted by chunk, with running maxima per engine; lane
+groups that every range of the program touches together are one segment there, which changes no
+maximum and leaves far fewer rows);
 ChunkTables is the same rule one instruction at a time, for builders that add instructions in order.
 """
 
@@ -60,13 +62,29 @@ class ChunkMap:
     """Flat chunk indices (lane group * chunks per group + offset chunk) of LMEM ranges, cached (programs
     reuse their buffers)."""
 
-    def __init__(self, chip):
+    def __init__(self, chip, group_cuts=None):
         self.chunk_lanes = chip.deps.chunk_lanes
         self.chunk_bytes = chip.chunk_bytes_per_lane
         self.lane_bytes = chip.lmem_bytes_per_lane
         self.per_group = chip.deps.chunk_count // (chip.lanes // chip.deps.chunk_lanes)
         self.count = chip.deps.chunk_count
         self._cache: dict[tuple, np.ndarray] = {}
+        # lane groups merged into segments (segment_of[group]); None: every group its own
+        self.segment_of = None if group_cuts is None else np.searchsorted(sorted(group_cuts),
+                                                                          np.arange(chip.lanes // self.chunk_lanes),
+                                                                          side="right") - 1
+
+    @staticmethod
+    def group_cuts(chip, range_sets) -> set[int]:
+        """Lane-group boundaries of every range in `range_sets`: groups between two cuts are touched by the
+        same ranges, so they can be one segment without changing any conflict."""
+        cl = chip.deps.chunk_lanes
+        cuts = {0, chip.lanes // cl}
+        for ranges in range_sets:
+            for r in ranges:
+                cuts.add(r.lane // cl)
+                cuts.add((r.lane + r.lanes - 1) // cl + 1)
+        return cuts
 
     def chunks(self, ranges) -> np.ndarray:
         key = tuple((r.lane, r.lanes, r.lo, r.hi) for r in ranges)
@@ -75,7 +93,10 @@ class ChunkMap:
             parts = [np.zeros(0, dtype=np.int64)]
             for lane, lanes, lo, hi in key:
                 hi = min(hi, self.lane_bytes)
-                g = np.arange(lane // self.chunk_lanes, (lane + lanes - 1) // self.chunk_lanes + 1)
+                first, last = lane // self.chunk_lanes, (lane + lanes - 1) // self.chunk_lanes
+                if self.segment_of is not None:
+                    first, last = self.segment_of[first], self.segment_of[last]
+                g = np.arange(first, last + 1)
                 c = np.arange(lo // self.chunk_bytes, (hi - 1) // self.chunk_bytes + 1)
                 parts.append((g[:, None] * self.per_group + c[None, :]).ravel())
             hit = self._cache[key] = np.unique(np.concatenate(parts))
@@ -191,19 +212,10 @@ def derive_bitmap_waits(program: Program, keep: list | None = None,
     """Waits from the chunk bitmaps, and a description of every disagreement with the compiled ones.
     `keep`, if given (three lists, one per engine), receives every instruction's accesses; `same`
     (same_instructions) lets equal instructions share them."""
-    chunk_map = ChunkMap(program.chip)
     order = IssueOrder.of(program)
-    reads, writes = [], []
     same = same or same_instructions(program)
     done: list[list] = [[], [], []]     # accesses per engine, queue order
-    held, by_id = [], {}      # chunk sets by identity of the range tuples (shared by repeated accesses)
-
-    def chunks(ranges) -> np.ndarray:
-        hit = by_id.get(id(ranges))
-        if hit is None:
-            hit = by_id[id(ranges)] = chunk_map.chunks(ranges)
-        return hit
-
+    held = []
     for code, index in zip(order.code.tolist(), order.index.tolist()):
         first = same[code][index]
         acc = done[code][first] if first < index else program.accesses(ENGINES[code], index)
@@ -211,8 +223,11 @@ def derive_bitmap_waits(program: Program, keep: list | None = None,
         if keep is not None:
             keep[code].append(acc)
         held.append(acc)
-        reads.append(chunks(acc.lmem_reads))
-        writes.append(chunks(acc.lmem_writes))
+    distinct = {id(r): r for acc in held for r in (acc.lmem_reads, acc.lmem_writes)}   # shared range tuples
+    chunk_map = ChunkMap(program.chip, ChunkMap.group_cuts(program.chip, distinct.values()))
+    by_id = {key: chunk_map.chunks(ranges) for key, ranges in distinct.items()}
+    reads = [by_id[id(acc.lmem_reads)] for acc in held]
+    writes = [by_id[id(acc.lmem_writes)] for acc in held]
     want = bitmap_conflicts(order, reads, writes)
     waits = compiled_waits(program)
     compiled = np.zeros((len(order.code), 3), dtype=np.int64)
