@@ -262,3 +262,31 @@ def test_shared_memory_runs_repeat_exactly():
     runs = [simulate(on_cores(programs)) for _ in range(2)]
     for a, b in zip(runs[0].cores, runs[1].cores):
         assert np.array_equal(a.times["end"], b.times["end"]) and np.array_equal(a.stalls["dram"], b.stalls["dram"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 10**6),
+                          st.dictionaries(st.integers(0, 3), st.integers(1, 5000), min_size=0, max_size=4)),
+                min_size=1, max_size=6),
+       st.sampled_from([1.0, 1.5, 3.0]))
+def test_max_min_speeds_are_feasible_and_every_flow_is_bottlenecked(flows, capacity):
+    """For any flows: no speed above solo, no UMC above its capacity, and every flow is either at its solo
+    speed or uses a full UMC on which no other flow has a higher byte rate (max-min fairness)."""
+    made = []
+    for solo, nbytes, occ in flows:
+        occ = {u: min(o, solo) for u, o in occ.items()}          # a flow never holds a UMC longer than its phase
+        made.append(Flow(solo, (lambda o=occ: (tuple(o), tuple(o.values()))), nbytes, lambda t: None))
+    speeds = max_min_speeds(made, 4, capacity)
+    rate = [s * f.nbytes / f.solo for s, f in zip(speeds, made)]
+    load = [0.0] * 4
+    for s, f in zip(speeds, made):
+        for u, a in f.per_byte():
+            load[u] += s * f.nbytes / f.solo * a
+    assert all(0 < s <= 1.0 for s in speeds)
+    assert all(x <= capacity * (1 + 1e-9) for x in load)
+    for i, (s, f) in enumerate(zip(speeds, made)):
+        if s < 1.0 - 1e-9:
+            assert any(load[u] >= capacity * (1 - 1e-9) and
+                       all(rate[j] <= rate[i] * (1 + 1e-9) for j, g in enumerate(made)
+                           if any(v == u for v, _ in g.per_byte()))
+                       for u, _ in f.per_byte())
