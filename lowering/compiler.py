@@ -28,6 +28,7 @@ from tpuflow.lowering.ops.lrn import LrnEmitter
 from tpuflow.lowering.ops.matmul import MatmulEmitter
 from tpuflow.lowering.ops.movement import MoveEmitter, ViewEmitter
 from tpuflow.lowering.ops.pool import PoolEmitter
+from tpuflow.lowering.ops.resize_lmem import ResizeLmemEmitter, is_lmem_resize, resize_ports
 from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
 from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts
 from tpuflow.lowering.tensors import make_tile
@@ -73,18 +74,24 @@ def view_emitter(ctx: LowerCtx, group: Group):
 
 
 def move_emitter(ctx: LowerCtx, group: Group):
-    """Data movement in DDR, a channel Concat into an LMEM-resident output, or a column Split
-    whose outputs its producer wrote in place (layer groups: nothing to move)."""
+    """Data movement in DDR, a channel Concat into an LMEM-resident output, a nearest upsampling
+    in a layer group (reading or writing LMEM, or run sliced), or a column Split whose outputs
+    its producer wrote in place (layer groups: nothing to move)."""
     if group.anchor.op_type == "Concat" and uses_lmem(ctx, group):
         return ConcatLmemEmitter(ctx, group)
     if group.anchor.op_type == "Split" and group.anchor.inputs[0] in ctx.residency.splits:
         return LmemViewEmitter(ctx, group)
+    if is_lmem_resize(ctx.graph, group) and (ctx.out_rows is not None or any(
+            ctx.resident(t) is not None for t in (group.anchor.inputs[0], group.anchor.outputs[0]))):
+        return ResizeLmemEmitter(ctx, group)
     return MoveEmitter(ctx, group)
 
 
 def _move_ports(graph: Graph, group: Group, chip: ChipConfig) -> tuple[dict[str, str], dict[str, str]]:
     if group.anchor.op_type == "Split":
         return split_ports(graph, group)
+    if group.anchor.op_type == "Resize":
+        return resize_ports(graph, group, chip)
     return concat_ports(graph, group, chip)
 
 

@@ -79,6 +79,9 @@ def is_sliceable(graph: Graph, group: Group) -> bool:
         return g == 1 or g == cin == graph.tensor(node.inputs[1]).shape[0]
     if group.kind == "pool":
         return True
+    if group.kind == "move":
+        from tpuflow.lowering.ops.resize_lmem import is_lmem_resize
+        return is_lmem_resize(graph, group)
     if group.kind == "row":
         return (group.split == 2 and len(group.full_shape) == 4 and tuple(group.full_shape) == tuple(out)
                 and all(spec(n.op_type).slicing == "rows" for n in group.nodes))
@@ -95,6 +98,9 @@ def input_rows(graph: Graph, group: Group, rows: Rows) -> dict[str, Rows]:
     if group.kind == "pool":
         geom, _ = pool_geometry(shim, group.anchor)
         return {group.anchor.inputs[0]: _window(geom, lo, hi)}
+    if group.kind == "move":                      # nearest upsampling (is_sliceable)
+        from tpuflow.lowering.ops.resize_lmem import resize_input_rows
+        return {group.anchor.inputs[0]: resize_input_rows(group, rows)}
     if group.kind == "conv":
         if group.tail_pool is not None:
             pgeom, _ = pool_geometry(shim, group.tail_pool)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, ClassVar
@@ -205,8 +206,20 @@ def ddr_range(addr: int, shape, strides, elem_bytes: int) -> tuple[DdrRange, ...
     dims inside it, and every dim outside it, are enumerated (if that makes more than
     MAX_DDR_RANGES pieces, the next such dim outwards), the dims inside are bounded; touching
     pieces are merged. Two cores writing interleaved rows of one tensor touch no common range."""
+    return _ddr_ranges(addr, tuple(shape), tuple(strides), elem_bytes)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _ddr_ranges(addr: int, shape: tuple, strides: tuple, elem_bytes: int) -> tuple[DdrRange, ...]:
+    """ddr_range, cached: an instruction's accesses are asked for by every checker and model."""
     if math.prod(shape) == 0:
         return ()
+    return tuple(DdrRange(addr + lo, addr + hi) for lo, hi in _ddr_pieces(shape, strides, elem_bytes))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _ddr_pieces(shape: tuple, strides: tuple, elem_bytes: int) -> tuple[tuple[int, int], ...]:
+    """ddr_range's pieces as byte offsets from the tensor's address (cached: DMAs repeat shapes)."""
     dims = [(size, stride) for size, stride in zip(shape, strides) if size > 1]
     inner_lo, inner_hi, split = 0, 0, 0
     for d in range(len(dims) - 1, -1, -1):       # innermost first: the first dim that leaves gaps
@@ -219,17 +232,16 @@ def ddr_range(addr: int, shape, strides, elem_bytes: int) -> tuple[DdrRange, ...
     for size, stride in dims[split:]:
         span = (size - 1) * stride
         lo_el, hi_el = lo_el + min(span, 0), hi_el + max(span, 0)
-    starts = [0]
+    starts = np.zeros(1, np.int64)
     for size, stride in dims[:split]:
-        starts = [s + i * stride for s in starts for i in range(size)]
-    out: list[list[int]] = []
-    for start in sorted(starts):
-        lo, hi = addr + (start + lo_el) * elem_bytes, addr + (start + hi_el + 1) * elem_bytes
-        if out and lo <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return tuple(DdrRange(lo, hi) for lo, hi in out)
+        starts = (starts[:, None] + np.arange(size, dtype=np.int64) * stride).reshape(-1)
+    starts = np.sort(starts)
+    lo, hi = (starts + lo_el) * elem_bytes, (starts + hi_el + 1) * elem_bytes
+    breaks = np.flatnonzero(lo[1:] > np.maximum.accumulate(hi)[:-1]) + 1     # a piece not touching the ones before
+    first = np.concatenate(([0], breaks))
+    last = np.concatenate((breaks, [len(lo)])) - 1
+    ends = np.maximum.accumulate(hi)[last]
+    return tuple(zip(lo[first].tolist(), ends.tolist()))
 
 
 class Instruction:
