@@ -23,12 +23,14 @@ ChunkTables is the same rule one instruction at a time, for builders that add in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
+from operator import attrgetter
 
 import numpy as np
 
 from tpuflow.errors import OptionError, TpuflowError
 from tpuflow.isa import Engine
-from tpuflow.isa.base import ENGINES, same_as_earlier
+from tpuflow.isa.base import ENGINES
 from tpuflow.isa.ids import IdFields
 from tpuflow.program import Program
 
@@ -204,7 +206,34 @@ def _running_max_before(value: np.ndarray, offset: np.ndarray, first: np.ndarray
 
 def same_instructions(program: Program) -> list[list[int]]:
     """Per engine, same_as_earlier of its queue (TILE operands are queue-relative: every block is its own)."""
-    return [same_as_earlier(program.tiu), same_as_earlier(program.gdma), list(range(len(program.tile)))]
+    return [_same_as_earlier(program.tiu), _same_as_earlier(program.gdma), list(range(len(program.tile)))]
+
+
+def _same_as_earlier(instrs) -> list[int]:
+    """isa.same_as_earlier without a copy per instruction: two instructions (frozen dataclasses, equal when
+    their class and every compared field are) are equal apart from their waits when their class and every
+    compared field but the WAIT_FIELDS are."""
+    first: dict = {}
+    key_of: dict = {}
+    out = []
+    for i, instr in enumerate(instrs):
+        cls = type(instr)
+        get = key_of.get(cls)
+        if get is None:
+            get = key_of[cls] = _fields_but_waits(cls)
+        out.append(first.setdefault(get(instr) if get else instr.without_waits(), i))
+    return out
+
+
+def _fields_but_waits(cls):
+    """attrgetter of a dataclass's compared fields other than its WAIT_FIELDS, and its class (None: not a
+    dataclass with a field-wise __eq__)."""
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.eq:
+        return None
+    waits = set(cls.WAIT_FIELDS.values())
+    names = [f.name for f in dataclass_fields(cls) if f.compare and f.name not in waits]
+    return attrgetter("__class__", *names)
 
 
 def derive_bitmap_waits(program: Program, keep: list | None = None,
