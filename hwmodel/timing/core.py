@@ -7,7 +7,7 @@ import numpy as np
 
 from tpuflow.hwmodel.timing.clocks import Clocks
 from tpuflow.hwmodel.timing.cores import check_finished, message_board
-from tpuflow.hwmodel.timing.deps import Waits, same_instructions
+from tpuflow.hwmodel.timing.deps import IssueOrder, Waits, same_instructions
 from tpuflow.hwmodel.timing.descriptors import descriptor_bits
 from tpuflow.hwmodel.timing.engines import GDMA, TILE, TIU, GdmaEngine, GdmaFlowEngine, TiuEngine, TileEngine
 from tpuflow.isa import Engine
@@ -26,6 +26,28 @@ _ENGINE_COLUMNS = tuple(c for c in STAGES + STALLS if c not in _IFE_COLUMNS)
 def shared_capacity(chip) -> float:
     """How many cores' worth of UMC time each UMC serves (memory.py): chip total over one core's port."""
     return max(1.0, chip.ddr_chip_peak_bytes_per_second / chip.ddr_peak_bytes_per_second)
+
+
+def _descriptor_bits(queues, order) -> list[int]:
+    """descriptor_bits of every instruction in issue order (a TIU or GDMA descriptor's size is its class's)."""
+    of_class: dict = {}
+    bits = []
+    for code, index in order:
+        instr = queues[code][index]
+        if code == TILE:
+            bits.append(descriptor_bits(instr))
+            continue
+        size = of_class.get(type(instr))
+        if size is None:
+            size = of_class[type(instr)] = descriptor_bits(instr)
+        bits.append(size)
+    return bits
+
+
+def _layers(program: Program, engine) -> list[str]:
+    """program.layer_of of every instruction of `engine`'s queue."""
+    names, count = program.layer_names(engine), len(program.queue(engine))
+    return list(names[:count]) + [""] * (count - len(names))
 
 
 class Simulator:
@@ -53,31 +75,17 @@ class Simulator:
             self.memory = shared or SharedMemory(self.queue, chip.umc_count, shared_capacity(chip), exclusive=True)
         queues = [program.queue(e) for e in ENGINES]
         self.cols = [{c: [0] * len(q) for c in _ENGINE_COLUMNS} for q in queues]
-        self.order = [(e.code, i) for e, i in program.issue_sequence()]
-        self.pos_of = [[0] * len(q) for q in queues]
-        for pos, (code, index) in enumerate(self.order):
-            self.pos_of[code][index] = pos
-        bits = [descriptor_bits(queues[code][index]) for code, index in self.order]
+        issue = IssueOrder.of(program)
+        self.order = list(zip(issue.code.tolist(), issue.index.tolist()))      # program.issue_sequence()
+        self.pos_of = [np.flatnonzero(issue.code == code).tolist() for code in range(len(queues))]
+        if any(len(p) != len(q) for p, q in zip(self.pos_of, queues)):
+            raise IndexError(f"issue order {program.issue_order!r} does not match the queues")
+        bits = _descriptor_bits(queues, self.order)
         gdma = (GdmaEngine(self, chip, queues[GDMA], clocks.gdma.period, self.commands) if memory == "burst" else
                 GdmaFlowEngine(self, chip, queues[GDMA], clocks.gdma, self.commands, self.memory))
         self.engines = [TiuEngine(self, chip, queues[TIU], clocks.tiu.period), gdma,
                         TileEngine(self, chip, queues[TILE], clocks.tile)]
         self.ife = Ife(self, chip, clocks, self.order, bits)
-
-    # ---- sync ids
-    def sync_changed(self, code: int) -> None:
-        """Engine `code` completed an instruction: poke the engines whose head waited for exactly that
-        one (a head whose waits held before was already scheduled by its own poke)."""
-        sync = self.sync[code]
-        for engine in self.engines:
-            if engine.cmds and not engine.scheduled and engine.waits[engine.cmds[0]][code] == sync:
-                engine.poke()
-
-    # ---- callbacks from the engines
-    def cmd_taken(self, code: int, index: int) -> None:
-        self.ife.cmd_taken(code, self.pos_of[code][index])
-        if self.engines[code].messages:
-            self.engines[code].message_dispatched(index)
 
     def _ife_columns(self, code: int) -> dict[str, np.ndarray]:
         """IFE stage times and the fifo_full stall of engine `code`'s instructions (queue order)."""
@@ -122,7 +130,7 @@ class Simulator:
         times = {s: np.concatenate([c[s] for c in cols]) for s in STAGES}
         stalls = {s: np.concatenate([c[s] for c in cols]) for s in STALLS}
         ops = [instr.op_name for e in ENGINES for instr in program.queue(e)]
-        layers = [program.layer_of(e, i) for e in ENGINES for i in range(len(program.queue(e)))]
+        layers = [name for e in ENGINES for name in _layers(program, e)]
         busy = {e.value: busy_union_ps(c["start"], c["end"]) for e, c in zip(ENGINES, cols)}
         st, g = self.commands.state, self.engines[GDMA]
         active = g.dram_last - g.dram_first if g.dram_first >= 0 else 0

@@ -29,7 +29,7 @@ from operator import attrgetter
 import numpy as np
 
 from tpuflow.errors import OptionError, TpuflowError
-from tpuflow.isa import Engine
+from tpuflow.isa import Engine, Instruction
 from tpuflow.isa.base import ENGINES
 from tpuflow.isa.ids import IdFields
 from tpuflow.program import Program
@@ -57,7 +57,32 @@ def compiled_waits(program: Program) -> Waits:
 def _waits_array(queue) -> np.ndarray:
     if not queue:
         return np.zeros((0, 3), dtype=np.int64)
-    return np.array([instr.waits() for instr in queue], dtype=np.int64)
+    rows: dict = {}
+    out = []
+    for instr in queue:
+        cls = type(instr)
+        row = rows.get(cls)
+        if row is None:
+            row = rows[cls] = _wait_row(cls)
+        out.append(row(instr))
+    return np.array(out, dtype=np.int64)
+
+
+# Instruction.waits() layouts of the base rule (WAIT_FIELDS by engine code) as one attrgetter each
+_ROW_LAYOUTS = {
+    (0,): lambda get: (lambda instr: (get(instr), 0, 0)),
+    (1,): lambda get: (lambda instr: (0, get(instr), 0)),
+    (0, 1): lambda get: (lambda instr: (*get(instr), 0)),
+}
+
+
+def _wait_row(cls):
+    """Instruction.waits of a class (the same values, without the per-call loop when the class keeps the
+    base rule)."""
+    make = _ROW_LAYOUTS.get(tuple(engine.code for engine in cls.WAIT_FIELDS))
+    if cls.waits is not Instruction.waits or make is None:
+        return cls.waits
+    return make(attrgetter(*cls.WAIT_FIELDS.values()))
 
 
 class ChunkMap:
@@ -245,9 +270,13 @@ def derive_bitmap_waits(program: Program, keep: list | None = None,
     same = same or same_instructions(program)
     done: list[list] = [[], [], []]     # accesses per engine, queue order
     held = []
+    queues, chip = (program.tiu, program.gdma), program.chip
     for code, index in zip(order.code.tolist(), order.index.tolist()):
         first = same[code][index]
-        acc = done[code][first] if first < index else program.accesses(ENGINES[code], index)
+        if first < index:
+            acc = done[code][first]
+        else:   # program.accesses, without its engine lookups for TIU and GDMA
+            acc = queues[code][index].accesses(chip) if code != TILE else program.accesses(Engine.TILE, index)
         done[code].append(acc)
         if keep is not None:
             keep[code].append(acc)

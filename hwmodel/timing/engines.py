@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
@@ -52,8 +54,10 @@ class EngineBase:
         self.period = period
         self.cmds: deque[int] = deque()      # indices in the command list
         self.arrival = [0] * len(instrs)
-        self.waits = [tuple(row) for row in sim.waits.ids[self.code].tolist()]
+        self.waits = sim.waits.ids[self.code].tolist()     # per instruction [tiu, gdma, tile] ids
         self.sync = 0
+        self.sync_ids = sim.sync             # every engine's sync id (shared list, by Engine.code)
+        self.pos_of = sim.pos_of[self.code]  # issue position of each instruction
         self.scheduled = False
         self.col = sim.cols[self.code]
         self.col_dispatch, self.col_dependency = self.col["dispatch"], self.col["dependency"]
@@ -63,8 +67,8 @@ class EngineBase:
 
     def waits_hold(self, index: int) -> bool:
         tiu, gdma, tile = self.waits[index]
-        sync = self.sim.sync
-        if not (sync[TIU] >= tiu and sync[GDMA] >= gdma and sync[TILE] >= tile):
+        sync = self.sync_ids
+        if sync[TIU] < tiu or sync[GDMA] < gdma or sync[TILE] < tile:
             return False
         if self.messages:
             msg = self.messages.get(index)
@@ -90,18 +94,29 @@ class EngineBase:
         """The IFE hands `index` over now; it is in the command list at `at` (earliest() honours it)."""
         self.arrival[index] = at
         self.cmds.append(index)
-        self.poke()
+        if not self.scheduled:
+            self.poke()
 
     def poke(self) -> None:
         if self.scheduled or not self.cmds:
             return
         index = self.cmds[0]
-        if not self.waits_hold(index):
+        tiu, gdma, tile = self.waits[index]
+        sync = self.sync_ids
+        if sync[TIU] < tiu or sync[GDMA] < gdma or sync[TILE] < tile:
+            return
+        if self.messages and not self.waits_hold(index):
             return
         self.scheduled = True
         q = self.q
-        earliest = self.earliest(index)
-        q.schedule(earliest if earliest > q.now else q.now, DISPATCH, self._dispatch)
+        earliest, now = self.earliest(index), q.now
+        q.schedule(earliest if earliest > now else now, DISPATCH, self._dispatch)
+
+    def _taken(self, index: int) -> None:
+        """The instruction left the command list: the IFE frees its bytes; a WAIT message is consumed."""
+        self.sim.ife.cmd_taken(self.code, self.pos_of[index])
+        if self.messages:
+            self.message_dispatched(index)
 
     def _dispatch(self, _) -> None:
         self.scheduled = False
@@ -110,18 +125,24 @@ class EngineBase:
         self.col_dispatch[index] = now
         arrival, earliest = self.arrival[index], self.earliest(index)
         self.col_dependency[index] = now - (arrival if arrival > earliest else earliest)
-        self.sim.cmd_taken(self.code, index)
+        self._taken(index)
         end = self.execute(index, now)
         self.q.schedule(end, COMPLETE, self._complete, index)
         self.poke()
 
     def _complete(self, index: int) -> None:
-        self.sync = self.sim.sync[self.code] = index + 1
+        code, sync = self.code, index + 1
+        self.sync = self.sync_ids[code] = sync
         if self.messages:
             msg = self.messages.get(index)
             if msg is not None and msg.kind == "send":
                 self.sim.board.send(msg)
-        self.sim.sync_changed(self.code)
+        # poke the engines whose head waited for exactly this one (a head whose waits held before was
+        # already scheduled by its own poke)
+        for engine in self.sim.engines:
+            cmds = engine.cmds
+            if cmds and not engine.scheduled and engine.waits[cmds[0]][code] == sync:
+                engine.poke()
 
     def blocked_on(self) -> str:
         """Why the head instruction cannot go (for deadlock reports)."""
@@ -183,7 +204,7 @@ class TiuEngine(EngineBase):
         return w
 
     def earliest(self, index: int) -> int:
-        pipe = self._work(index)[0]
+        pipe = (self.work_of[index] or self._work(index))[0]
         history = self.gen_in_history   # DES holds des_buffer descriptors until GEN takes them
         t = history[0] if len(history) == self.des_buffer else 0
         if self.pipe is not None and pipe != self.pipe and self.end > t:
@@ -192,13 +213,17 @@ class TiuEngine(EngineBase):
         return t if t > arrival else arrival
 
     def execute(self, index: int, now: int) -> int:
-        pipe, body, latency, bubbles = self._work(index)
+        pipe, body, latency, bubbles = self.work_of[index] or self._work(index)
         des, fill, lookahead = self.pipes[pipe]
-        gen_in = max(now + des, self.gen_release)
-        start = max(gen_in + fill, self.body_end)
+        gen_in, start = now + des, self.gen_release
+        gen_in = gen_in if gen_in > start else start
+        start, body_end = gen_in + fill, self.body_end
+        start = start if start > body_end else body_end
         body_end = start + body
-        self.gen_release = max(gen_in + body, body_end - lookahead)
-        end = max(body_end + latency, self.end)
+        release, end = gen_in + body, body_end - lookahead
+        self.gen_release = release if release > end else end
+        end, last = body_end + latency, self.end
+        end = end if end > last else last
         self.gen_in, self.body_end, self.end, self.pipe = gen_in, body_end, end, pipe
         self.gen_in_history.append(gen_in)
         self.col_start[index], self.col_end[index], self.col_bank[index] = start, end, bubbles
@@ -236,7 +261,8 @@ class GdmaEngine(EngineBase):
 class GdmaFlowEngine(EngineBase):
     """GDMA on the rate model: a command runs as a flow of sim.memory; stalls: dma_credit = the credit
     term beyond the other limits, dram = the bandwidth phase beyond the core's own limits and its DDR
-    bytes at dram.peak_gbps (DRAM pages, few UMCs, other cores' transfers)."""
+    bytes at dram.peak_gbps (DRAM pages, few UMCs, other cores' transfers). While a command is in flight
+    the engine stays `scheduled` (nothing else dispatches)."""
 
     code = GDMA
 
@@ -244,7 +270,14 @@ class GdmaFlowEngine(EngineBase):
         super().__init__(sim, instrs, clock.period)
         self.clock, self.costs, self.memory = clock, costs, memory
         self.ps_per_byte = 1000 / chip.dram.peak_gbps
-        self.col_credit, self.col_dram = self.col["dma_credit"], self.col["dram"]
+        port, credit, dram = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (costs.port, costs.credit, costs.dram))
+        ddr = np.asarray(costs.ddr_bytes, dtype=np.int64).reshape(-1)
+        self.solo = np.maximum(np.maximum(port, credit), dram).tolist()      # costs.solo_ps
+        ideal = (ddr * self.ps_per_byte).astype(np.int64)                    # the bytes at the port's peak rate
+        self.own = np.maximum(np.maximum(port, credit), ideal).tolist()
+        self.col["dma_credit"][:] = np.maximum(0, credit - np.maximum(port, dram)).tolist()
+        self.latency, self.ddr_bytes = costs.latency, costs.ddr_bytes
+        self.col_dram = self.col["dram"]
         self.free = 0
         self.running = -1            # the command in flight (-1: none)
         self.dram_first = -1
@@ -254,40 +287,41 @@ class GdmaFlowEngine(EngineBase):
         arrival = self.arrival[index]
         return self.free if self.free > arrival else arrival
 
-    def poke(self) -> None:
-        if self.running < 0:
-            super().poke()
-
     def _dispatch(self, _) -> None:
-        self.scheduled = False
         index = self.cmds.popleft()
         now = self.q.now
         self.col_dispatch[index] = now
-        arrival = self.arrival[index]
-        self.col_dependency[index] = now - (arrival if arrival > self.free else self.free)
-        self.sim.cmd_taken(self.code, index)
+        arrival, free = self.arrival[index], self.free
+        self.col_dependency[index] = now - (arrival if arrival > free else free)
+        self._taken(index)
         self.running = index
         self.col_start[index] = now
+        solo, memory = self.solo[index], self.memory
+        if memory.exclusive:
+            self._moved(now + solo if solo > 0 else now)
+            return
         c = self.costs
-        self.memory.start(c.solo_ps(index), lambda: c.occupancy_of(index), c.ddr_bytes[index], self._moved)
+        memory.start(solo, lambda: c.occupancy_of(index), c.ddr_bytes[index], self._moved)
 
     def _moved(self, t: int) -> None:
         """The bandwidth phase of the running command ended at `t`."""
-        index, c = self.running, self.costs
+        index = self.running
         start = self.col_start[index]
-        own = max(c.port[index], c.credit[index])
-        self.col_credit[index] = max(0, c.credit[index] - max(c.port[index], c.dram[index]))
-        ideal = int(c.ddr_bytes[index] * self.ps_per_byte)     # the bytes at the port's peak rate
-        self.col_dram[index] = max(0, t - start - max(own, ideal))
-        end = self.free = self.clock.align(t + c.latency[index])
+        dram = t - start - self.own[index]
+        self.col_dram[index] = dram if dram > 0 else 0
+        period = self.period
+        end = self.free = -(-(t + self.latency[index]) // period) * period      # the next GDMA clock edge
         self.col_end[index] = end
-        if c.ddr_bytes[index]:
-            self.dram_first = start if self.dram_first < 0 else min(self.dram_first, start)
-            self.dram_last = max(self.dram_last, t)
+        if self.ddr_bytes[index]:
+            first = self.dram_first
+            self.dram_first = start if first < 0 or start < first else first
+            if t > self.dram_last:
+                self.dram_last = t
         self.q.schedule(end, COMPLETE, self._finish, index)
 
     def _finish(self, index: int) -> None:
         self.running = -1
+        self.scheduled = False
         self._complete(index)
         self.poke()
 

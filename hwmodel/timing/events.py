@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 from typing import Callable
 
 # Priorities at equal time: completions publish sync ids before anyone looks at them, then
@@ -18,18 +18,21 @@ class EventQueue:
         self._heap: list[tuple[int, int, int, Callable, object]] = []
         self._seq = 0
         self.now = 0
-        self.processed = 0
+
+    @property
+    def processed(self) -> int:
+        """Events run so far (scheduled minus still waiting)."""
+        return self._seq - len(self._heap)
 
     def schedule(self, time: int, priority: int, callback: Callable, arg: object = None) -> None:
         if time < self.now:
             raise AssertionError(f"event scheduled in the past: {time} < {self.now}")
-        self._seq += 1
-        heapq.heappush(self._heap, (time, priority, self._seq, callback, arg))
+        self._seq = seq = self._seq + 1
+        heappush(self._heap, (time, priority, seq, callback, arg))
 
     def run(self) -> None:
-        heap, pop = self._heap, heapq.heappop
+        heap = self._heap
         while heap:
-            time, _, _, callback, arg = pop(heap)
+            time, _, _, callback, arg = heappop(heap)
             self.now = time
-            self.processed += 1
             callback(arg)

@@ -47,16 +47,14 @@ class FrontEnd:
                     f.decode_cycles * self.F, f.check_cycles * self.F, f.issue_cycles * self.F)
         n = len(bits)
         self.t = {k: [0] * n for k in self.NAMES}
+        self._lists = tuple(self.t[k] for k in self.NAMES)
+        self._txi_ps = [w * self.S for w in self.words]
+        self._constants = (*self.depth, *self.cyc, self.sys_clock.period, self.ife_clock.period)
 
     def advance(self, i: int) -> int:
         """Compute instruction i's stage times (needs iss_push[i-1]); returns when issue is ready."""
-        t = self.t
-        d_cm, d_pre, d_ain, d_aout, d_dec, d_chk = self.depth
-        c_pack, c_a1, c_a2, c_dec, c_chk, c_iss = self.cyc
-        sys_p, ife_p = self.sys_clock.period, self.ife_clock.period
-        txi_l, pp_l, pu_l, a1p_l, a1u_l = t["txi"], t["pack_pop"], t["pack_push"], t["a1_pop"], t["a1_push"]
-        a2p_l, a2u_l, dp_l, du_l = t["a2_pop"], t["a2_push"], t["dec_pop"], t["dec_push"]
-        cp_l, cu_l, ip_l, iu_l = t["chk_pop"], t["chk_push"], t["iss_pop"], t["iss_push"]
+        txi_l, pp_l, pu_l, a1p_l, a1u_l, a2p_l, a2u_l, dp_l, du_l, cp_l, cu_l, ip_l, iu_l = self._lists
+        d_cm, d_pre, d_ain, d_aout, d_dec, d_chk, c_pack, c_a1, c_a2, c_dec, c_chk, c_iss, sys_p, ife_p = self._constants
         if i:
             p = i - 1
             prev_txi, prev_pack, prev_a1, prev_a2 = txi_l[p], pu_l[p], a1u_l[p], a2u_l[p]
@@ -65,7 +63,7 @@ class FrontEnd:
             prev_txi = prev_pack = prev_a1 = prev_a2 = prev_dec = prev_chk = prev_iss = 0
         # a stage holds its instruction until the one `depth` places ahead has left the next FIFO
         # (conditional expressions instead of max(): this runs once per instruction)
-        txi, hold = prev_txi + self.words[i] * self.S, (pp_l[i - d_cm] if i >= d_cm else 0)
+        txi, hold = prev_txi + self._txi_ps[i], (pp_l[i - d_cm] if i >= d_cm else 0)
         txi = txi if txi > hold else hold
         pack_pop = txi if txi > prev_pack else prev_pack
         pack_push, hold = pack_pop + c_pack, (a1p_l[i - d_pre] if i >= d_pre else 0)
@@ -112,7 +110,9 @@ class Ife:
         self.transfer_scheduled = [False, False, False]
         self.blocked = False
         self.pos = 0
-        n = len(order)
+        self.codes = [code for code, _ in order]
+        self.indices = [index for _, index in order]
+        self.count = n = len(order)
         self.ready = [0] * n
         self.issued = self.front.t["iss_push"]
         self.moved = [0] * n          # hand-over start
@@ -125,28 +125,34 @@ class Ife:
 
     def _issue(self, _) -> None:
         pos = self.pos
-        code = self.order[pos][0]
-        if len(self.requests[code]) >= self.depth[code]:
+        code = self.codes[pos]
+        requests = self.requests[code]
+        if len(requests) >= self.depth[code]:
             self.blocked = True
             return
         now = self.q.now
         self.issued[pos] = now
-        self.requests[code].append((pos, now))
-        self._try_transfer(code)
+        requests.append((pos, now))
+        if not self.transfer_scheduled[code]:
+            self._try_transfer(code)
         self.pos = pos = pos + 1
-        if pos < len(self.order):
+        if pos < self.count:
             self.ready[pos] = ready = self.front.advance(pos)
             self.q.schedule(ready, ISSUE, self._issue)
 
     def _try_transfer(self, code: int) -> None:
-        if self.transfer_scheduled[code] or not self.requests[code]:
+        requests = self.requests[code]
+        if self.transfer_scheduled[code] or not requests:
             return
-        pos, pushed = self.requests[code][0]
+        pos, pushed = requests[0]
         if self.used[code] + self.bytes[pos] > self.capacity[code]:
             return   # retried when the engine takes a command (cmd_taken)
         flight = self.in_flight[code]
-        slot = flight[0] if len(flight) >= self.pending_max else 0
-        t = max(self.q.now, pushed, slot)
+        t = self.q.now
+        if pushed > t:
+            t = pushed
+        if len(flight) >= self.pending_max and flight[0] > t:
+            t = flight[0]
         self.transfer_scheduled[code] = True
         self.q.schedule(t, TRANSFER, self._transfer, code)
 
@@ -161,13 +167,15 @@ class Ife:
         arrival = now + self.handover
         flight.append(arrival)
         self.moved[pos], self.arrived[pos] = now, arrival
-        self.engines[code].arrive(self.order[pos][1], arrival)
-        if self.blocked and self.order[self.pos][0] == code:
+        self.engines[code].arrive(self.indices[pos], arrival)
+        if self.blocked and self.codes[self.pos] == code:
             self.blocked = False
             self.q.schedule(now, ISSUE, self._issue)
-        self._try_transfer(code)
+        if self.requests[code]:
+            self._try_transfer(code)
 
     def cmd_taken(self, code: int, pos: int) -> None:
         """The engine took a command out of its list: its bytes are free."""
         self.used[code] -= self.bytes[pos]
-        self._try_transfer(code)
+        if not self.transfer_scheduled[code] and self.requests[code]:
+            self._try_transfer(code)

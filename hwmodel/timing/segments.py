@@ -139,14 +139,27 @@ def relative_bursts(side: Side, chip: ChipConfig, burst_bytes: int) -> tuple[Bur
     return rel, shift
 
 
+_PREC_BYTES = {int(p): p.bytes for p in Prec}       # Prec(code).bytes without the enum call
+
+
 def _side(addr: int, shape, strides, esize: int, chip: ChipConfig, lanes_copy: int = 1) -> Side:
-    if is_lmem(addr, chip):
-        return Side(True, lmem_address(addr, chip), tuple(shape), tuple(strides), esize, lanes_copy)
+    base = chip.core.gdma_lmem_base_address
+    if addr >= base:      # is_lmem
+        return Side(True, addr - base, tuple(shape), tuple(strides), esize, lanes_copy)
     return Side(False, addr, tuple(shape), tuple(strides), esize, lanes_copy)
 
 
 def transfer_sides(instr: Instruction, chip: ChipConfig) -> tuple[Side | None, Side]:
     """(source side or None for a constant fill, destination side) of a GDMA data command."""
+    if type(instr) is TensorDma:      # the common command: its fields read directly
+        es = _PREC_BYTES[instr.src_data_format]
+        i = instr
+        dst = _side(i.dst_start_addr, (i.dst_nsize, i.dst_csize, i.dst_hsize, i.dst_wsize),
+                    (i.dst_nstride, i.dst_cstride, i.dst_hstride, i.dst_wstride), es, chip)
+        if i.fill_constant_en:
+            return None, dst
+        return _side(i.src_start_addr, (i.src_nsize, i.src_csize, i.src_hsize, i.src_wsize),
+                     (i.src_nstride, i.src_cstride, i.src_hstride, i.src_wstride), es, chip), dst
     if isinstance(instr, TensorDma):
         es = Prec(instr.src_data_format).bytes
         dst = _side(instr.dst_start_addr, instr.dst_shape, instr.dst_strides, es, chip)

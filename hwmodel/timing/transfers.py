@@ -161,49 +161,51 @@ class TransferModel:
     def _port(self, shapes) -> tuple:
         """Per command: credit constants (read, write), port limit, head + tail, reorder ps, and
         (read kind, write kind, charged bytes)."""
-        p, t = self.p, self.period
-        trip_r = p.request_ps + p.min_read_ps + p.response_ps
-        rows = []
+        rows, of_form = [], {}
         for rs, _, rk, ws, _, wk, _, _, charged in shapes:
-            issue = bus = hold_w = lmem = head = tail = ddr_read = fixed_r = fixed_w = 0
-            if rk == DDR:
-                issue, bus, ddr_read = rs.issue, rs.bus, rs.nbytes
-                fixed_r = rs.count * trip_r + rs.bus
-                head = trip_r + -(-rs.last_size // self.chip.gdma.bus_bytes) * t
-            elif rk == LMEM:
-                lmem = rs.hold
-                head = rs.last_beats * t + self.lmem_latency
-            if wk == DDR:
-                hold_w = ws.hold
-                fixed_w = ws.count * (p.request_ps + p.response_ps) + ws.fabric
-                tail = p.request_ps + -(-ws.last_size // p.fabric_bytes) * p.fabric_ps + p.response_ps
-            elif wk == LMEM:
-                tail = ws.last_beats * t + self.lmem_latency
-            lmem_w = ws.hold if wk == LMEM else 0
-            writes = max(hold_w, lmem_w)
-            late = max(0, min(ddr_read, p.umcs << p.granule_bits) - (1 << p.granule_bits))
-            reorder = writes * late // ddr_read if ddr_read else 0
-            rows.append((fixed_r, fixed_w, max(issue, bus, hold_w, lmem, lmem_w), head + tail, reorder, rk, wk, charged))
+            form = (id(rs), rk, id(ws), wk, charged)       # the row does not depend on the shifts
+            row = of_form.get(form)
+            if row is None:
+                row = of_form[form] = self._port_row(rs, rk, ws, wk, charged)
+            rows.append(row)
         a = np.asarray(rows, dtype=np.int64).reshape(-1, 8)
         return a[:, 0:2], a[:, 2], a[:, 3], a[:, 4], a[:, 5:8]
+
+    def _port_row(self, rs, rk, ws, wk, charged) -> tuple:
+        p, t = self.p, self.period
+        trip_r = p.request_ps + p.min_read_ps + p.response_ps
+        issue = bus = hold_w = lmem = head = tail = ddr_read = fixed_r = fixed_w = 0
+        if rk == DDR:
+            issue, bus, ddr_read = rs.issue, rs.bus, rs.nbytes
+            fixed_r = rs.count * trip_r + rs.bus
+            head = trip_r + -(-rs.last_size // self.chip.gdma.bus_bytes) * t
+        elif rk == LMEM:
+            lmem = rs.hold
+            head = rs.last_beats * t + self.lmem_latency
+        if wk == DDR:
+            hold_w = ws.hold
+            fixed_w = ws.count * (p.request_ps + p.response_ps) + ws.fabric
+            tail = p.request_ps + -(-ws.last_size // p.fabric_bytes) * p.fabric_ps + p.response_ps
+        elif wk == LMEM:
+            tail = ws.last_beats * t + self.lmem_latency
+        lmem_w = ws.hold if wk == LMEM else 0
+        writes = max(hold_w, lmem_w)
+        late = max(0, min(ddr_read, p.umcs << p.granule_bits) - (1 << p.granule_bits))
+        reorder = writes * late // ddr_read if ddr_read else 0
+        return (fixed_r, fixed_w, max(issue, bus, hold_w, lmem, lmem_w), head + tail, reorder, rk, wk, charged)
 
     def _dram(self, shapes, n: int, state: DramState) -> tuple[np.ndarray, np.ndarray]:
         """(occupancy (n, U), DRAM service (n, 2) read/write) via the distinct request patterns."""
         keys, index, pages, parts = {}, [], [], []
-        for c, (rs, rshift, rk, ws, wshift, wk, *_rest) in enumerate(shapes):
-            if rk != DDR and wk != DDR:
-                continue
-            base = min(s for s, k in ((rshift, rk), (wshift, wk)) if k == DDR)
-            base -= base % self.move
-            key = (id(rs) if rk == DDR else 0, rshift - base if rk == DDR else 0,
-                   id(ws) if wk == DDR else 0, wshift - base if wk == DDR else 0)
-            k = keys.get(key)
-            if k is None:
-                k = keys[key] = len(keys)
-                parts.append((rs.bursts if rk == DDR else None, rshift - base, ws.bursts if wk == DDR else None,
-                              wshift - base))
-            index.append(c)
-            pages.append((k, base // self.move))
+        move = self.move
+        of_shape: dict = {}          # id(shape) -> (pattern, page shift) or None; equal commands share shapes
+        for c, shape in enumerate(shapes):
+            hit = of_shape.get(id(shape), False)
+            if hit is False:
+                hit = of_shape[id(shape)] = self._pattern(shape, keys, parts, move)
+            if hit is not None:
+                index.append(c)
+                pages.append(hit)
         if not index:
             return np.zeros((n, self.p.umcs), dtype=np.int64), np.zeros((n, 2), dtype=np.int64)
         pats = patterns(self.p, *self._requests(parts), len(parts))
@@ -211,17 +213,37 @@ class TransferModel:
         return command_occupancy(self.p, pats, np.asarray(index, dtype=np.int64), kp[:, 0], kp[:, 1], n, state)
 
     @staticmethod
+    def _pattern(shape, keys: dict, parts: list, move: int) -> tuple[int, int] | None:
+        """(pattern key, page shift) of a command's DDR requests (None: no DDR side); new patterns are added
+        to `keys` and `parts`."""
+        rs, rshift, rk, ws, wshift, wk = shape[:6]
+        read, write = rk == DDR, wk == DDR
+        if not read and not write:
+            return None
+        base = (rshift if rshift < wshift else wshift) if read and write else (rshift if read else wshift)
+        base -= base % move
+        key = (id(rs) if read else 0, rshift - base if read else 0, id(ws) if write else 0, wshift - base if write else 0)
+        k = keys.get(key)
+        if k is None:
+            k = keys[key] = len(keys)
+            parts.append((rs.bursts if read else None, rshift - base, ws.bursts if write else None, wshift - base))
+        return k, base // move
+
+    @staticmethod
     def _requests(parts) -> tuple:
         """(addresses, sizes, write flags, pattern keys) of every pattern's requests, reads before writes."""
-        addr, size, write, key = [], [], [], []
+        lists, shifts, flags, keys = [], [], [], []
         for k, (reads, rshift, writes, wshift) in enumerate(parts):
             for bursts, shift, flag in ((reads, rshift, False), (writes, wshift, True)):
                 if bursts is not None and len(bursts):
-                    addr.append(bursts.addr + shift)
-                    size.append(bursts.size)
-                    write.append(np.full(len(bursts), flag))
-                    key.append(np.full(len(bursts), k, dtype=np.int64))
-        return np.concatenate(addr), np.concatenate(size), np.concatenate(write), np.concatenate(key)
+                    lists.append(bursts)
+                    shifts.append(shift)
+                    flags.append(flag)
+                    keys.append(k)
+        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        addr = np.concatenate([b.addr for b in lists]) + np.repeat(np.asarray(shifts, dtype=np.int64), counts)
+        return (addr, np.concatenate([b.size for b in lists]), np.repeat(np.asarray(flags, dtype=bool), counts),
+                np.repeat(np.asarray(keys, dtype=np.int64), counts))
 
 
 __all__ = ["TransferCosts", "TransferModel"]
