@@ -13,13 +13,11 @@ and optionally
     wants_wider(plan) -> bool           whether a plan that fits should still be compared with
                                         the next region's (else the first fitting plan is taken)
     misfit() -> str                     why nothing fits, for the error (default NO_FIT)
-Emitters not converted yet are served by LegacyAdapter, which runs their one-shot emit() in a
-trial per region.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 from tpuflow.errors import LoweringError
@@ -61,42 +59,6 @@ def no_buffers(ctx, region: str) -> NoBuffersPlan:
     return NoBuffersPlan(region, ctx.window(region), ())
 
 
-@dataclass(frozen=True)
-class LegacyPlan(FrozenPlan):
-    """The outcome of a not-yet-converted emitter's emission in a trial: its buffers are what it
-    allocated; `trial` (not part of the plan's value) holds the instructions to commit."""
-
-    trial: object = field(default=None, compare=False, hash=False, repr=False)
-
-
-class LegacyAdapter:
-    """Serves an emitter that still chooses, allocates and emits in one emit() call: planning a
-    region runs that emission in a trial context for the region; a plan is its committed result."""
-
-    def __init__(self, make: Callable, ctx, group):
-        self.make, self.ctx, self.group = make, ctx, group
-
-    def plan(self, region: str) -> LegacyPlan | None:
-        trial = self.ctx.trial(region)
-        try:
-            self.make(trial, self.group).emit()
-        except LoweringError:
-            if region == REGIONS[-1]:
-                raise                       # the legacy emitters do not tell space from other errors
-            return None
-        buffers = tuple(b for a in trial.arenas for b in a.names)
-        return LegacyPlan(trial.lmem_region, self.ctx.window(trial.lmem_region), buffers, trial)
-
-    def prefers(self, plan: FrozenPlan, other: FrozenPlan) -> bool:
-        return False
-
-    def wants_wider(self, plan: FrozenPlan) -> bool:
-        return False
-
-    def emit_into(self, trial, plan: LegacyPlan) -> None:
-        trial.commit(plan.trial)
-
-
 class PlannedEmission:
     """A protocol emitter's planning instance (over the real context, read only) and how to emit."""
 
@@ -123,12 +85,9 @@ class PlannedEmission:
         self.make(trial, self.group).emit(plan)
 
 
-def emission_for(make: Callable, ctx, group):
-    """The planner of a group: the protocol emitter itself, or the adapter of a legacy one."""
-    emitter = make(ctx, group)
-    if hasattr(emitter, "plan"):
-        return PlannedEmission(make, emitter, group)
-    return LegacyAdapter(make, ctx, group)
+def emission_for(make: Callable, ctx, group) -> PlannedEmission:
+    """The planner of a group: its emitter over the real context (planning reads it only)."""
+    return PlannedEmission(make, make(ctx, group), group)
 
 
 def choose_plan(emission, ctx, group) -> FrozenPlan:

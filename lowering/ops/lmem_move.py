@@ -1,14 +1,18 @@
 """Data movement through LMEM for the cases a DDR -> DDR DMA would do element by element: transposes
 that move the innermost axis (load rows, TIU C<->W transpose, store rows) and concats whose pieces
 are short runs (load each input's rows, TIU strided copy into the interleaved row, store the rows).
-Both keep every DMA segment a long run, so they run near DRAM bandwidth."""
+Both keep every DMA segment a long run, so they run near DRAM bandwidth. Every path has a planner
+(plan_*: block sizes and buffer offsets from a planning arena, frozen in an LmemTiling; None when
+one block does not fit) and an emitter that emits a tiling and decides nothing."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from tpuflow.isa import CwBcTiu, Prec, StrideMode
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.lmem import GroupArena
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import largest_fitting, pipelined, steps
 
@@ -17,10 +21,53 @@ SHORT_RUN_BYTES = 128                               # DMA runs shorter than this
 MAX_DMA = 65535
 
 
-def fits(ctx: LowerCtx, shapes: list[tuple[int, int, int, int]], prec: Prec) -> bool:
-    """Whether one set of tiles of these shapes fits the group's LMEM region (the LMEM paths'
+@dataclass(frozen=True)
+class LmemTiling:
+    """What a movement path through LMEM planned: each buffer set's per-lane offsets (two sets
+    when they fit twice, so loads run ahead of compute)."""
+
+    sets: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class TransposeTiling(LmemTiling):
+    """Rows, columns and batch items of one transposed block."""
+
+    rows: int
+    cols: int
+    batch: int
+
+
+@dataclass(frozen=True)
+class RowTiling(LmemTiling):
+    """q consecutive rows per lane in a block (row interleaves, strided rows, interpolation along
+    the last axis), or output rows per chunk (interpolation along the axis before it)."""
+
+    q: int
+
+
+@dataclass(frozen=True)
+class PlaneTiling(LmemTiling):
+    """Planes (one per lane) and rows of each in one block (upsampling, padding)."""
+
+    planes: int
+    rows: int
+
+
+def fits(arena: GroupArena, shapes: list[tuple[int, int, int, int]], prec: Prec) -> bool:
+    """Whether one set of tiles of these shapes fits the (empty) planning arena (the LMEM paths'
     smallest blocks; callers fall back to plain DMAs otherwise)."""
-    return ctx.arena().fits([tile_bytes_per_lane(ctx.chip, s, prec) for s in shapes])
+    return arena.fits([tile_bytes_per_lane(arena.chip, s, prec) for s in shapes])
+
+
+def allocate(arena: GroupArena, per_set: list[int], names: list[str], max_copies: int = 2
+             ) -> tuple[tuple[int, ...], ...] | None:
+    """Up to `max_copies` sets of buffers of `per_set` bytes per lane allocated from `arena`
+    (named `names`), or None when one set does not fit."""
+    if not arena.fits(per_set):
+        return None
+    _, sets = arena.alloc_plan([], per_set, names[0], max_copies, names=([], names))
+    return tuple(tuple(s) for s in sets)
 
 
 def cw_transpose(ctx: LowerCtx, dst: LTile, src: LTile) -> None:
@@ -31,17 +78,11 @@ def cw_transpose(ctx: LowerCtx, dst: LTile, src: LTile) -> None:
     ctx.em.tiu(CwBcTiu(op="cw_ts", opd0_c=src.c, opd0_w=src.w, **f))
 
 
-def transpose_2d(ctx: LowerCtx, label: str, src: int, src_row: int, dst: int, dst_row: int,
-                 rows: int, cols: int, prec: Prec, batch: tuple[int, int, int] = (1, 0, 0)) -> None:
-    """dst[k, c, r] = src[k, r, c] for r < rows, c < cols, k < batch count; element (k, r, c) of src
-    at src + k*src_batch + r*src_row + c, element (k, c, r) of dst at dst + k*dst_batch +
-    c*dst_row + r (element strides; batch = (count, src_batch, dst_batch)). Blocks of rows x cols
-    (x several batch items along H) go DDR -> LMEM (rows on lanes), through one CW transpose and
-    back, double-buffered."""
-    chip = ctx.chip
-    count, src_batch, dst_batch = batch
-    arena = ctx.arena()
-    sizes = lambda rt, ct, kt=1: [tile_bytes_per_lane(chip, (1, rt, kt, ct), prec),
+def plan_transpose(arena: GroupArena, rows: int, cols: int, count: int, prec: Prec) -> TransposeTiling | None:
+    """Blocks of transpose_2d: the largest rows x cols block (of the block edges) whose buffers
+    fit twice, then as many whole planes per block as fit (when a block is a whole plane)."""
+    chip = arena.chip
+    sizes = lambda rt, ct, kt=1: [tile_bytes_per_lane(chip, (1, rt, kt, ct), prec),  # noqa: E731
                                   tile_bytes_per_lane(chip, (1, ct, kt, rt), prec)]
     rt = largest_fitting([min(rows, b) for b in BLOCK_OPTIONS], lambda r: arena.fits(sizes(r, min(cols, r)) * 2))
     rt = rt or min(rows, chip.lanes)
@@ -49,8 +90,22 @@ def transpose_2d(ctx: LowerCtx, label: str, src: int, src_row: int, dst: int, ds
     kt = 1
     if rt == rows and ct == cols and count > 1:          # whole planes: several per block
         kt = largest_fitting(list(range(1, min(count, MAX_DMA) + 1)), lambda k: arena.fits(sizes(rt, ct, k) * 2)) or 1
-    _, sets = arena.alloc_plan([], sizes(rt, ct, kt), label)
-    blocks = [(k0, k, r0, r, c0, c) for k0, k in steps(count, kt) for r0, r in steps(rows, rt) for c0, c in steps(cols, ct)]
+    sets = allocate(arena, sizes(rt, ct, kt), ["rows", "transposed"])
+    return None if sets is None else TransposeTiling(sets, rt, ct, kt)
+
+
+def transpose_2d(ctx: LowerCtx, tiling: TransposeTiling, src: int, src_row: int, dst: int, dst_row: int,
+                 rows: int, cols: int, prec: Prec, batch: tuple[int, int, int] = (1, 0, 0)) -> None:
+    """dst[k, c, r] = src[k, r, c] for r < rows, c < cols, k < batch count; element (k, r, c) of src
+    at src + k*src_batch + r*src_row + c, element (k, c, r) of dst at dst + k*dst_batch +
+    c*dst_row + r (element strides; batch = (count, src_batch, dst_batch)). Blocks of the
+    tiling's rows x cols (x batch items along H) go DDR -> LMEM (rows on lanes), through one CW
+    transpose and back, double-buffered."""
+    chip = ctx.chip
+    count, src_batch, dst_batch = batch
+    sets = tiling.sets
+    blocks = [(k0, k, r0, r, c0, c) for k0, k in steps(count, tiling.batch) for r0, r in steps(rows, tiling.rows)
+              for c0, c in steps(cols, tiling.cols)]
     b = prec.bytes
 
     def load(block, s):
@@ -82,7 +137,14 @@ def as_batched_transpose(dims: list[list[int]]) -> tuple[list[list[int]], tuple[
     return dims[:-2], (rows, a2, cols, b1)
 
 
-def emit_batched_transpose(ctx: LowerCtx, label: str, src: int, dst: int, outer: list[list[int]],
+def plan_batched_transpose(arena: GroupArena, outer: list[list[int]], geometry: tuple[int, int, int, int],
+                           prec: Prec) -> TransposeTiling | None:
+    """The tiling of emit_batched_transpose (the innermost outer dim is its batch)."""
+    rows, _, cols, _ = geometry
+    return plan_transpose(arena, rows, cols, outer[-1][0] if outer else 1, prec)
+
+
+def emit_batched_transpose(ctx: LowerCtx, tiling: TransposeTiling, src: int, dst: int, outer: list[list[int]],
                            geometry: tuple[int, int, int, int], prec: Prec) -> None:
     rows, src_row, cols, dst_row = geometry
     batch = (1, 0, 0)
@@ -90,36 +152,47 @@ def emit_batched_transpose(ctx: LowerCtx, label: str, src: int, dst: int, outer:
         (count, sb, db), outer = outer[-1], outer[:-1]
         batch = (count, sb, db)
     for s_off, d_off in _outer_offsets(outer):
-        transpose_2d(ctx, label, src + s_off * prec.bytes, src_row, dst + d_off * prec.bytes, dst_row,
+        transpose_2d(ctx, tiling, src + s_off * prec.bytes, src_row, dst + d_off * prec.bytes, dst_row,
                      rows, cols, prec, batch)
 
 
-def _row_blocks(ctx: LowerCtx, rows: int, widths: list[int], total: int, prec: Prec, label: str):
-    """Buffer sets (one buffer of q rows per width) and the blocks of rows they process."""
-    chip = ctx.chip
-    return _blocks_of_rows(ctx, rows, lambda q: [tile_bytes_per_lane(chip, (1, 1, 1, q * w), prec) for w in widths],
-                           MAX_DMA // total, label)
-
-
-def _blocks_of_rows(ctx: LowerCtx, rows: int, per_set, q_limit: int, label: str):
-    """Buffer sets of per_set(q) bytes (double-buffered when that fits) and the blocks of rows
-    they process: (first row, lanes, q rows per lane), q as large as LMEM and `q_limit` allow."""
-    chip, arena = ctx.chip, ctx.arena()
-    q_max = max(1, min(-(-rows // chip.lanes), q_limit))
+def plan_row_blocks(arena: GroupArena, rows: int, per_set, q_limit: int, names: list[str]) -> RowTiling | None:
+    """Buffer sets of per_set(q) bytes (double-buffered when that fits) for blocks of q rows per
+    lane, q as large as LMEM and `q_limit` allow; None when one set of one row does not fit."""
+    q_max = max(1, min(-(-rows // arena.chip.lanes), q_limit))
     options = sorted({max(1, q_max >> k) for k in range(16)}, reverse=True)
     q = largest_fitting(options, lambda v: arena.fits(per_set(v) * 2)) or 1
-    _, sets = arena.alloc_plan([], per_set(q), label)
+    sets = allocate(arena, per_set(q), names)
+    return None if sets is None else RowTiling(sets, q)
+
+
+def row_blocks(ctx: LowerCtx, rows: int, q: int) -> list[tuple[int, int, int]]:
+    """The blocks of rows a row tiling processes: (first row, lanes, q rows per lane)."""
     blocks = []
-    for r0, r in steps(rows, chip.lanes * q):
+    for r0, r in steps(rows, ctx.chip.lanes * q):
         full, rem = divmod(r, q)
         if full:
             blocks.append((r0, full, q))
         if rem:
             blocks.append((r0 + full * q, 1, rem))
-    return sets, blocks
+    return blocks
 
 
-def interleave_rows(ctx: LowerCtx, label: str, srcs: list[tuple[int, int]], dst: int, rows: int,
+def plan_interleave(arena: GroupArena, rows: int, widths: list[int], prec: Prec) -> RowTiling | None:
+    """The tiling of interleave_rows (one buffer per input width and one for the output rows)."""
+    total = sum(widths)
+    per_set = lambda q: [tile_bytes_per_lane(arena.chip, (1, 1, 1, q * w), prec) for w in widths + [total]]  # noqa: E731
+    return plan_row_blocks(arena, rows, per_set, MAX_DMA // total, [f"piece{k}" for k in range(len(widths))] + ["rows"])
+
+
+def plan_deinterleave(arena: GroupArena, rows: int, widths: list[int], prec: Prec) -> RowTiling | None:
+    """The tiling of deinterleave_rows (one buffer for the input rows and one per output width)."""
+    total = sum(widths)
+    per_set = lambda q: [tile_bytes_per_lane(arena.chip, (1, 1, 1, q * w), prec) for w in [total] + widths]  # noqa: E731
+    return plan_row_blocks(arena, rows, per_set, MAX_DMA // total, ["rows"] + [f"piece{k}" for k in range(len(widths))])
+
+
+def interleave_rows(ctx: LowerCtx, tiling: RowTiling, srcs: list[tuple[int, int]], dst: int, rows: int,
                     prec: Prec) -> None:
     """Concat of row-major (rows, width_k) matrices along their columns into dst (rows, sum width):
     blocks of rows spread over lanes (q consecutive rows per lane, so every DMA run is a lane's q
@@ -127,7 +200,7 @@ def interleave_rows(ctx: LowerCtx, label: str, srcs: list[tuple[int, int]], dst:
     block stored in one run per lane. `srcs` are (address, width) in column order."""
     chip, em = ctx.chip, ctx.em
     total = sum(w for _, w in srcs)
-    sets, blocks = _row_blocks(ctx, rows, [w for _, w in srcs] + [total], total, prec, label)
+    sets, blocks = tiling.sets, row_blocks(ctx, rows, tiling.q)
     b = prec.bytes
 
     def load(block, s):
@@ -158,16 +231,12 @@ def _load_plane_rows(ctx: LowerCtx, offset: int, src: int, block, h: int, w: int
                 DRegion(src + (p0 * h * w + y0 * w) * prec.bytes, (1, p, y, w), (p * h * w, h * w, w, 1), prec))
 
 
-def upsample_nearest(ctx: LowerCtx, label: str, src: int, dst: int, rows: int, h: int, w: int, rh: int, rw: int,
-                     prec: Prec) -> None:
-    """dst[r, y, x] = src[r, y // rh, x // rw] for `rows` planes of h x w: blocks of planes on lanes
-    (and of their rows), loaded in one run per plane, replicated by rh TIU copies whose source
-    strides repeat each element rw times, stored in one run per plane."""
-    chip, em, b = ctx.chip, ctx.em, prec.bytes
-    ho, wo = h * rh, w * rw
-    arena = ctx.arena()
-    sizes = lambda rt, ht: [tile_bytes_per_lane(chip, (1, rt, ht, w), prec),
-                            tile_bytes_per_lane(chip, (1, rt, ht * rh, wo), prec)]
+def plan_upsample(arena: GroupArena, rows: int, h: int, w: int, rh: int, rw: int, prec: Prec) -> PlaneTiling | None:
+    """The tiling of upsample_nearest: up to 8 lanes' worth of whole planes per block when they fit
+    twice, else a lane's worth of planes and as many of their rows as fit."""
+    chip = arena.chip
+    sizes = lambda rt, ht: [tile_bytes_per_lane(chip, (1, rt, ht, w), prec),  # noqa: E731
+                            tile_bytes_per_lane(chip, (1, rt, ht * rh, w * rw), prec)]
     row_options = [min(rows, chip.lanes * k) for k in (8, 4, 2, 1)]
     rt = largest_fitting(row_options, lambda r: arena.fits(sizes(r, h) * 2))
     if rt is None:
@@ -175,8 +244,19 @@ def upsample_nearest(ctx: LowerCtx, label: str, src: int, dst: int, rows: int, h
         ht = largest_fitting(list(range(1, h + 1)), lambda t: arena.fits(sizes(rt, t) * 2)) or 1
     else:
         ht = h
-    _, sets = arena.alloc_plan([], sizes(rt, ht), label)
-    blocks = [(r0, r, h0, hh) for r0, r in steps(rows, rt) for h0, hh in steps(h, ht)]
+    sets = allocate(arena, sizes(rt, ht), ["rows", "repeated"])
+    return None if sets is None else PlaneTiling(sets, rt, ht)
+
+
+def upsample_nearest(ctx: LowerCtx, tiling: PlaneTiling, src: int, dst: int, rows: int, h: int, w: int, rh: int,
+                     rw: int, prec: Prec) -> None:
+    """dst[r, y, x] = src[r, y // rh, x // rw] for `rows` planes of h x w: blocks of planes on lanes
+    (and of their rows), loaded in one run per plane, replicated by rh TIU copies whose source
+    strides repeat each element rw times, stored in one run per plane."""
+    chip, em, b = ctx.chip, ctx.em, prec.bytes
+    ho, wo = h * rh, w * rw
+    sets = tiling.sets
+    blocks = [(r0, r, h0, hh) for r0, r in steps(rows, tiling.planes) for h0, hh in steps(h, tiling.rows)]
 
     def load(block, s):
         _load_plane_rows(ctx, sets[s][0], src, block, h, w, prec)
@@ -209,14 +289,14 @@ def as_strided_rows(dims: list[list[int]], prec: Prec) -> tuple[list[list[int]],
     return dims[:-2], (rows, src_row, step, width, dst_row)
 
 
-def deinterleave_rows(ctx: LowerCtx, label: str, src: int, dsts: list[tuple[int, int]], rows: int,
+def deinterleave_rows(ctx: LowerCtx, tiling: RowTiling, src: int, dsts: list[tuple[int, int]], rows: int,
                       prec: Prec) -> None:
     """Split of a row-major (rows, sum width) matrix along its columns into (rows, width_k) matrices
     at `dsts` ((address, width) in column order): the inverse of interleave_rows (blocks of q rows
     per lane loaded in one run, each piece's columns TIU-copied out, stored in one run per lane)."""
     chip, em = ctx.chip, ctx.em
     total = sum(w for _, w in dsts)
-    sets, blocks = _row_blocks(ctx, rows, [total] + [w for _, w in dsts], total, prec, label)
+    sets, blocks = tiling.sets, row_blocks(ctx, rows, tiling.q)
     b = prec.bytes
 
     def load(block, s):
@@ -245,10 +325,19 @@ def strided_min_tiles(geometry: tuple[int, int, int, int, int]) -> list[tuple[in
     return [(1, 1, 1, (width - 1) * step + 1), (1, 1, 1, width)]
 
 
-def emit_strided_rows(ctx: LowerCtx, label: str, src: int, dst: int, outer: list[list[int]],
+def plan_strided_rows(arena: GroupArena, geometry: tuple[int, int, int, int, int], prec: Prec) -> RowTiling | None:
+    """The tiling of strided_rows: q rows' spans and their compact rows per lane."""
+    rows, src_row, step, width, dst_row = geometry
+    span = (width - 1) * step + 1
+    per_set = lambda q: [tile_bytes_per_lane(arena.chip, (1, 1, q, span), prec),  # noqa: E731
+                         tile_bytes_per_lane(arena.chip, (1, 1, 1, q * width), prec)]
+    return plan_row_blocks(arena, rows, per_set, MAX_DMA // max(span, width), ["spans", "picked"])
+
+
+def emit_strided_rows(ctx: LowerCtx, tiling: RowTiling, src: int, dst: int, outer: list[list[int]],
                       geometry: tuple[int, int, int, int, int], prec: Prec) -> None:
     for s_off, d_off in _outer_offsets(outer):
-        strided_rows(ctx, label, src + s_off * prec.bytes, dst + d_off * prec.bytes, geometry, prec)
+        strided_rows(ctx, tiling, src + s_off * prec.bytes, dst + d_off * prec.bytes, geometry, prec)
 
 
 def _outer_offsets(outer: list[list[int]]):
@@ -262,7 +351,7 @@ def _outer_offsets(outer: list[list[int]]):
         yield s_off, d_off
 
 
-def strided_rows(ctx: LowerCtx, label: str, src: int, dst: int, geometry: tuple[int, int, int, int, int],
+def strided_rows(ctx: LowerCtx, tiling: RowTiling, src: int, dst: int, geometry: tuple[int, int, int, int, int],
                  prec: Prec) -> None:
     """dst[r*dst_row + j] = src[r*src_row + j*step] for r < rows, j < width: each row's span
     ((width-1)*step + 1 elements) loaded in one run (q consecutive rows per lane), the columns picked
@@ -270,9 +359,7 @@ def strided_rows(ctx: LowerCtx, label: str, src: int, dst: int, geometry: tuple[
     rows, src_row, step, width, dst_row = geometry
     chip, em, b = ctx.chip, ctx.em, prec.bytes
     span = (width - 1) * step + 1
-    per_set = lambda q: [tile_bytes_per_lane(chip, (1, 1, q, span), prec),  # noqa: E731
-                         tile_bytes_per_lane(chip, (1, 1, 1, q * width), prec)]
-    sets, blocks = _blocks_of_rows(ctx, rows, per_set, MAX_DMA // max(span, width), label)
+    sets, blocks = tiling.sets, row_blocks(ctx, rows, tiling.q)
 
     def load(block, s):
         r0, lanes, qq = block
@@ -292,19 +379,26 @@ def strided_rows(ctx: LowerCtx, label: str, src: int, dst: int, geometry: tuple[
     pipelined(blocks, len(sets), load, pick_store)
 
 
-def pad_last_axis(ctx: LowerCtx, label: str, src: int, dst: int, planes: int, h: int, w: int, pl: int, pr: int,
-                  mode: str, dst_plane: int, dst_row: int, prec: Prec, value: float = 0.0) -> None:
+def plan_pad(arena: GroupArena, planes: int, h: int, w: int, wo: int, prec: Prec) -> PlaneTiling | None:
+    """The tiling of pad_last_axis: a lane's worth of planes and as many of their rows as fit twice."""
+    chip = arena.chip
+    sizes = lambda pt, ht: [tile_bytes_per_lane(chip, (1, pt, ht, w), prec),  # noqa: E731
+                            tile_bytes_per_lane(chip, (1, pt, ht, wo), prec)]
+    pt = min(planes, chip.lanes)
+    ht = largest_fitting(list(range(1, h + 1)), lambda t: arena.fits(sizes(pt, t) * 2)) or 1
+    sets = allocate(arena, sizes(pt, ht), ["rows", "padded"])
+    return None if sets is None else PlaneTiling(sets, pt, ht)
+
+
+def pad_last_axis(ctx: LowerCtx, tiling: PlaneTiling, src: int, dst: int, planes: int, h: int, w: int, pl: int,
+                  pr: int, mode: str, dst_plane: int, dst_row: int, prec: Prec, value: float = 0.0) -> None:
     """Rows padded along the last axis in LMEM (constant `value`, reflect or edge): planes of h x w (planes on lanes,
     contiguous in src) become h x (w + pl + pr) rows at dst + p*dst_plane + y*dst_row; the interior
     and each pad column are TIU copies, so both DMAs move whole rows."""
     chip, em, b = ctx.chip, ctx.em, prec.bytes
     wo = w + pl + pr
-    arena = ctx.arena()
-    sizes = lambda pt, ht: [tile_bytes_per_lane(chip, (1, pt, ht, w), prec), tile_bytes_per_lane(chip, (1, pt, ht, wo), prec)]
-    pt = min(planes, chip.lanes)
-    ht = largest_fitting(list(range(1, h + 1)), lambda t: arena.fits(sizes(pt, t) * 2)) or 1
-    _, sets = arena.alloc_plan([], sizes(pt, ht), label)
-    blocks = [(p0, p, y0, y) for p0, p in steps(planes, pt) for y0, y in steps(h, ht)]
+    sets = tiling.sets
+    blocks = [(p0, p, y0, y) for p0, p in steps(planes, tiling.planes) for y0, y in steps(h, tiling.rows)]
 
     def source_column(j: int) -> int:
         """Input column that output column j (of the padded row) takes."""
@@ -374,39 +468,52 @@ def _period(taps) -> int:
     return 1
 
 
-def interpolate_axis(ctx: LowerCtx, label: str, src: int, dst: int, planes: int, inner_axis_w: bool,
-                     n_in: int, n_out: int, other: int, taps, prec: Prec) -> None:
-    """Two-tap interpolation along one axis in LMEM. inner_axis_w: the axis is the last one (rows of
-    n_in -> n_out, `planes` rows, q per lane); else it is the one before the last (`planes` planes
-    on lanes, each n_in x other -> n_out x other, in chunks of output rows with their input rows)."""
-    chip, em, b = ctx.chip, ctx.em, prec.bytes
-    arena = ctx.arena()
+def _tap_span(taps, o0: int, o1: int) -> tuple[int, int]:
+    """The input rows [lo, hi) outputs [o0, o1) of a two-tap interpolation read."""
+    return min(taps[o][0] for o in range(o0, o1)), max(taps[o][2] for o in range(o0, o1)) + 1
+
+
+def plan_interpolation(arena: GroupArena, planes: int, inner_axis_w: bool, n_in: int, n_out: int, other: int,
+                       taps, prec: Prec) -> RowTiling | None:
+    """The tiling of interpolate_axis (input, fp32 accumulator and output buffers): q rows per
+    lane along the last axis, or chunks of q output rows (with the input rows they read) along
+    the axis before it; as large as fit twice."""
+    chip = arena.chip
     if inner_axis_w:
-        per = lambda q: [tile_bytes_per_lane(chip, (1, 1, q, n_in), prec), tile_bytes_per_lane(chip, (1, 1, q, n_out), Prec.FP32),
+        per = lambda q: [tile_bytes_per_lane(chip, (1, 1, q, n_in), prec),  # noqa: E731
+                         tile_bytes_per_lane(chip, (1, 1, q, n_out), Prec.FP32),
                          tile_bytes_per_lane(chip, (1, 1, q, n_out), prec)]
         q_max = max(1, min(-(-planes // chip.lanes), MAX_DMA))
-        q = largest_fitting(sorted({max(1, q_max >> k) for k in range(16)}), lambda v: arena.fits(per(v) * 2)) or 1
-        _, sets = arena.alloc_plan([], per(q), label)
-        blocks = []
-        for r0, r in steps(planes, chip.lanes * q):
-            full, rem = divmod(r, q)
-            blocks += [(r0, full, q, 0, n_out)] if full else []
-            blocks += [(r0 + full * q, 1, rem, 0, n_out)] if rem else []
+        options = sorted({max(1, q_max >> k) for k in range(16)})
     else:
         lanes = min(planes, chip.lanes)
-        span = lambda o0, o1: (min(taps[o][0] for o in range(o0, o1)), max(taps[o][2] for o in range(o0, o1)) + 1)
-        need = lambda oc: max(span(o, min(o + oc, n_out))[1] - span(o, min(o + oc, n_out))[0] for o in range(0, n_out, oc))
-        per = lambda oc: [tile_bytes_per_lane(chip, (1, lanes, need(oc), other), prec),
+        need = lambda oc: max(hi - lo for lo, hi in (_tap_span(taps, o, min(o + oc, n_out))  # noqa: E731
+                                                      for o in range(0, n_out, oc)))
+        per = lambda oc: [tile_bytes_per_lane(chip, (1, lanes, need(oc), other), prec),  # noqa: E731
                           tile_bytes_per_lane(chip, (1, lanes, oc, other), Prec.FP32),
                           tile_bytes_per_lane(chip, (1, lanes, oc, other), prec)]
         options = sorted({max(1, n_out >> k) for k in range(12)})
-        oc = largest_fitting(options, lambda v: arena.fits(per(v) * 2)) or 1
-        _, sets = arena.alloc_plan([], per(oc), label)
-        blocks = [(p0, p, 1, o0, o0 + c) for p0, p in steps(planes, lanes) for o0, c in steps(n_out, oc)]
+    q = largest_fitting(options, lambda v: arena.fits(per(v) * 2)) or 1
+    sets = allocate(arena, per(q), ["input", "accumulator", "output"])
+    return None if sets is None else RowTiling(sets, q)
+
+
+def interpolate_axis(ctx: LowerCtx, tiling: RowTiling, src: int, dst: int, planes: int, inner_axis_w: bool,
+                     n_in: int, n_out: int, other: int, taps, prec: Prec) -> None:
+    """Two-tap interpolation along one axis in LMEM. inner_axis_w: the axis is the last one (rows of
+    n_in -> n_out, `planes` rows, q per lane); else it is the one before the last (`planes` planes
+    on lanes, each n_in x other -> n_out x other, in chunks of q output rows with their input rows)."""
+    chip, em, b = ctx.chip, ctx.em, prec.bytes
+    sets = tiling.sets
+    if inner_axis_w:
+        blocks = [(r0, lanes, qq, 0, n_out) for r0, lanes, qq in row_blocks(ctx, planes, tiling.q)]
+    else:
+        lanes = min(planes, chip.lanes)
+        blocks = [(p0, p, 1, o0, o0 + c) for p0, p in steps(planes, lanes) for o0, c in steps(n_out, tiling.q)]
 
     def rows_of(block):
         p0, p, q, o0, o1 = block
-        return (0, n_in) if inner_axis_w else span(o0, o1)
+        return (0, n_in) if inner_axis_w else _tap_span(taps, o0, o1)
 
     def load(block, s):
         p0, p, q, o0, o1 = block
@@ -448,14 +555,18 @@ def interpolate_axis(ctx: LowerCtx, label: str, src: int, dst: int, planes: int,
     pipelined(blocks, len(sets), load, compute_store)
 
 
-def replicate_row(ctx: LowerCtx, label: str, src: int, dst: int, rows: int, width: int, prec: Prec) -> None:
+def plan_replicate_row(arena: GroupArena, width: int, prec: Prec) -> LmemTiling | None:
+    """The one buffer of replicate_row (the row)."""
+    sets = allocate(arena, [tile_bytes_per_lane(arena.chip, (1, 1, 1, width), prec)], ["row"], max_copies=1)
+    return None if sets is None else LmemTiling(sets)
+
+
+def replicate_row(ctx: LowerCtx, tiling: LmemTiling, src: int, dst: int, rows: int, width: int, prec: Prec) -> None:
     """dst (rows, width) = the row at src repeated: the row loaded once into LMEM and stored with a
     zero row stride on the LMEM side, so DDR is read once (not `rows` times from the same few
     interleave granules) and written in one contiguous stream."""
     chip, em, b = ctx.chip, ctx.em, prec.bytes
-    arena = ctx.arena()
-    off = arena.alloc(tile_bytes_per_lane(chip, (1, 1, 1, width), prec), label)
-    row = make_tile(chip, off, (1, 1, 1, width), prec)
+    row = make_tile(chip, tiling.sets[0][0], (1, 1, 1, width), prec)
     em.load(row, DRegion(src, (1, 1, 1, width), (width, width, width, 1), prec))
     for r0, r in steps(rows, MAX_DMA):
         repeated = LTile(row.addr, (1, 1, r, width), prec, (0, row.strides[1], 0, 1), StrideMode.FREE)

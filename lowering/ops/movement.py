@@ -5,16 +5,19 @@ own their buffer (innermost-axis moves go through LMEM, ops/lmem_move.py)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from tpuflow.errors import LoweringError
 from tpuflow.isa import Prec
 from tpuflow.lowering.context import LowerCtx
-from tpuflow.lowering.emitplan import NoBuffersPlan, no_buffers
+from tpuflow.lowering.emitplan import FrozenPlan, NoBuffersPlan, no_buffers
 from tpuflow.lowering.groups import Group
+from tpuflow.lowering.lmem import GroupArena
 from tpuflow.lowering.ops import lmem_move
-from tpuflow.lowering.ops.gather import emit_runtime_gather
+from tpuflow.lowering.ops.gather import GatherTiling, gather_rows, plan_gather, runtime_gather
+from tpuflow.lowering.ops.lmem_move import LmemTiling
 from tpuflow.lowering.tensors import DRegion
 
 MAX_DIM = 65535
@@ -83,7 +86,22 @@ def fill_nd(ctx: LowerCtx, addr: int, strides, shape, prec: Prec, value: float) 
     ctx.em.fill(DRegion(addr, tuple(d[0] for d in dims), tuple(d[1] for d in dims), prec), value)
 
 
+@dataclass(frozen=True)
+class MovePlan(FrozenPlan):
+    """A movement through LMEM: the tiling of its path (lmem_move / gather; its class names the
+    path where a node has two). A movement with no LMEM path (DDR -> DDR DMAs only) plans a
+    NoBuffersPlan."""
+
+    tiling: LmemTiling
+
+
+NO_ROOM = object()          # a planner's answer when the node's LMEM path does not fit and it has no other
+
+
 class MoveEmitter:
+    """Plans (_plan_<op>: None for the DDR -> DDR path, an LmemTiling, or NO_ROOM) and emits
+    (_emit_<op>(tiling)) one movement node."""
+
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group = ctx, group
         self.node = group.anchor
@@ -98,40 +116,101 @@ class MoveEmitter:
             return self.ctx.const_addr(f"move:{tensor}", np.asarray(info.const))
         return self.ctx.ddr_addr(tensor)
 
-    def emit(self) -> None:
-        self.ctx.em.layer = self.node.name
-        handler = getattr(self, f"_emit_{self.node.op_type.lower()}", None)
-        if handler is None:
+    def _handler(self, kind: str):
+        op = self.node.op_type.lower()
+        if getattr(self, f"_emit_{op}", None) is None:
             raise LoweringError(f"node {self.node.name}: no lowering for {self.node.op_type} with these operand shapes")
-        handler()
-        self.ctx.note_layer(self.node.name, self.node.op_type, group=self.group.name)
+        return getattr(self, f"_{kind}_{op}", None)
+
+    def plan(self, region: str) -> FrozenPlan | None:
+        """The node's path and, for a path through LMEM, its tiling in `region` (None: it has only
+        that path and it does not fit)."""
+        planner = self._handler("plan")
+        arena = self.ctx.planning_arena(region)
+        tiling = planner(arena) if planner is not None else None
+        if tiling is NO_ROOM:
+            return None
+        if tiling is None:
+            return no_buffers(self.ctx, region)
+        return MovePlan(region, self.ctx.window(region), tuple(arena.names), tiling)
+
+    def misfit(self) -> str:
+        return f"the LMEM buffers of {self.node.op_type} {self.node.name} fit no region"
+
+    def emit(self, plan: FrozenPlan) -> None:
+        self.ctx.em.layer = self.node.name
+        self._handler("emit")(getattr(plan, "tiling", None))
+        self.ctx.note_layer(self.node.name, self.node.op_type, lmem_peak=plan.peak, group=self.group.name)
 
     def _copy_whole(self, src: str, dst: str) -> None:
         shape = self.shape(dst)
         copy_nd(self.ctx, self.src_addr(src), contiguous_strides(shape), self.ctx.ddr_addr(dst),
                 contiguous_strides(shape), shape, self.prec)
 
-    _emit_cast = _emit_identity = _emit_reshape = lambda self: self._copy_whole(self.node.inputs[0], self.node.outputs[0])
+    def _emit_cast(self, tiling: None) -> None:
+        self._copy_whole(self.node.inputs[0], self.node.outputs[0])
 
-    def _emit_transpose(self) -> None:
+    _emit_identity = _emit_reshape = _emit_cast
+
+    # ------------------------------------------------------------------ Transpose
+
+    def _transpose_dims(self):
         x, y = self.node.inputs[0], self.node.outputs[0]
         perm = self.node.attr("perm")
         in_st = contiguous_strides(self.shape(x))
         out_shape = self.shape(y)
         src_st, dst_st = [in_st[p] for p in perm], contiguous_strides(out_shape)
-        batched = lmem_move.as_batched_transpose(merge_dims(out_shape, src_st, dst_st))
-        if batched is not None:          # the innermost axis moves: through LMEM, long DMA runs
-            lmem_move.emit_batched_transpose(self.ctx, self.node.name, self.src_addr(x), self.ctx.ddr_addr(y),
-                                             *batched, self.prec)
+        return out_shape, src_st, dst_st, lmem_move.as_batched_transpose(merge_dims(out_shape, src_st, dst_st))
+
+    def _plan_transpose(self, arena: GroupArena):
+        batched = self._transpose_dims()[3]
+        if batched is None:
+            return None
+        tiling = lmem_move.plan_batched_transpose(arena, *batched, self.prec)
+        return NO_ROOM if tiling is None else tiling
+
+    def _emit_transpose(self, tiling: lmem_move.TransposeTiling | None) -> None:
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        out_shape, src_st, dst_st, batched = self._transpose_dims()
+        if tiling is not None:          # the innermost axis moves: through LMEM, long DMA runs
+            lmem_move.emit_batched_transpose(self.ctx, tiling, self.src_addr(x), self.ctx.ddr_addr(y), *batched,
+                                             self.prec)
             return
         copy_nd(self.ctx, self.src_addr(x), src_st, self.ctx.ddr_addr(y), dst_st, out_shape, self.prec)
 
-    def _emit_concat(self) -> None:
+    # ------------------------------------------------------------------ Concat, Split
+
+    def _row_widths(self, whole: str, pieces, axis: int) -> tuple[int, list[int]] | None:
+        """(rows, widths) of a concat / split along `axis` whose pieces are short runs (e.g. along
+        a small innermost axis), rows interleaved in LMEM; None when it is not one."""
+        shape = self.shape(whole)
+        rows, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        widths = [self.shape(t)[axis] * inner for t in pieces]
+        if rows <= 1 or min(widths) * self.prec.bytes >= lmem_move.SHORT_RUN_BYTES or sum(widths) > lmem_move.MAX_DMA:
+            return None
+        return rows, widths
+
+    def _plan_rows(self, arena: GroupArena, whole: str, pieces, plan_path):
+        """The tiling of a concat / split through LMEM when it is one and its smallest blocks fit."""
+        found = self._row_widths(whole, pieces, self.node.attr("axis"))
+        if found is None:
+            return None
+        rows, widths = found
+        if not lmem_move.fits(arena, [(1, 1, 1, w) for w in widths] + [(1, 1, 1, sum(widths))], self.prec):
+            return None
+        return plan_path(arena, rows, widths, self.prec)
+
+    def _plan_concat(self, arena: GroupArena):
+        return self._plan_rows(arena, self.node.outputs[0], self.node.inputs, lmem_move.plan_interleave)
+
+    def _emit_concat(self, tiling: lmem_move.RowTiling | None) -> None:
         y = self.node.outputs[0]
         axis = self.node.attr("axis")
-        out_shape = self.shape(y)
-        out_st = contiguous_strides(out_shape)
-        if self._concat_through_lmem(axis, out_shape):
+        out_st = contiguous_strides(self.shape(y))
+        if tiling is not None:
+            rows, widths = self._row_widths(y, self.node.inputs, axis)
+            srcs = [(self.src_addr(x), w) for x, w in zip(self.node.inputs, widths)]
+            lmem_move.interleave_rows(self.ctx, tiling, srcs, self.ctx.ddr_addr(y), rows, self.prec)
             return
         offset = 0
         for x in self.node.inputs:
@@ -143,27 +222,17 @@ class MoveEmitter:
                 continue                      # its producer wrote it in place (ddrplan)
             copy_nd(self.ctx, src, contiguous_strides(shape), dst, out_st, shape, self.prec)
 
-    def _concat_through_lmem(self, axis: int, out_shape) -> bool:
-        """A concat whose pieces are short runs (e.g. along a small innermost axis) interleaves
-        rows in LMEM; True when it did."""
-        rows = math.prod(out_shape[:axis])
-        inner = math.prod(out_shape[axis + 1:])
-        widths = [self.shape(x)[axis] * inner for x in self.node.inputs]
-        if rows <= 1 or min(widths) * self.prec.bytes >= lmem_move.SHORT_RUN_BYTES:
-            return False
-        if sum(widths) > lmem_move.MAX_DMA or not lmem_move.fits(
-                self.ctx, [(1, 1, 1, w) for w in widths] + [(1, 1, 1, sum(widths))], self.prec):
-            return False
-        srcs = [(self.src_addr(x), w) for x, w in zip(self.node.inputs, widths)]
-        lmem_move.interleave_rows(self.ctx, self.node.name, srcs, self.ctx.ddr_addr(self.node.outputs[0]),
-                                  rows, self.prec)
-        return True
+    def _plan_split(self, arena: GroupArena):
+        return self._plan_rows(arena, self.node.inputs[0], self.node.outputs, lmem_move.plan_deinterleave)
 
-    def _emit_split(self) -> None:
+    def _emit_split(self, tiling: lmem_move.RowTiling | None) -> None:
         x = self.node.inputs[0]
         axis = self.node.attr("axis")
         in_st = contiguous_strides(self.shape(x))
-        if self._split_through_lmem(x, axis):
+        if tiling is not None:          # a split into short runs de-interleaves rows in LMEM
+            rows, widths = self._row_widths(x, self.node.outputs, axis)
+            dsts = [(self.ctx.ddr_addr(y), w) for y, w in zip(self.node.outputs, widths)]
+            lmem_move.deinterleave_rows(self.ctx, tiling, self.src_addr(x), dsts, rows, self.prec)
             return
         offset = 0
         for y in self.node.outputs:
@@ -172,20 +241,11 @@ class MoveEmitter:
                     self.ctx.ddr_addr(y), contiguous_strides(shape), shape, self.prec)
             offset += shape[axis]
 
-    def _split_through_lmem(self, x: str, axis: int) -> bool:
-        """A split into short runs (e.g. along a small innermost axis) de-interleaves rows in LMEM."""
-        shape = self.shape(x)
-        rows, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
-        widths = [self.shape(y)[axis] * inner for y in self.node.outputs]
-        if rows <= 1 or min(widths) * self.prec.bytes >= lmem_move.SHORT_RUN_BYTES or sum(widths) > lmem_move.MAX_DMA:
-            return False
-        if not lmem_move.fits(self.ctx, [(1, 1, 1, w) for w in widths] + [(1, 1, 1, sum(widths))], self.prec):
-            return False
-        dsts = [(self.ctx.ddr_addr(y), w) for y, w in zip(self.node.outputs, widths)]
-        lmem_move.deinterleave_rows(self.ctx, self.node.name, self.src_addr(x), dsts, rows, self.prec)
-        return True
+    # ------------------------------------------------------------------ Slice
 
-    def _emit_slice(self) -> None:
+    def _slice_dims(self):
+        """(element offset of the first element, src strides, dst strides, out shape, strided rows
+        geometry or None)."""
         x, y = self.node.inputs[0], self.node.outputs[0]
         in_st = contiguous_strides(self.shape(x))
         starts, steps_ = self.node.attr("starts"), self.node.attr("steps")
@@ -193,18 +253,37 @@ class MoveEmitter:
             raise LoweringError(f"node {self.node.name}: negative Slice steps are not supported")
         base = sum(s * st for s, st in zip(starts, in_st))
         out_shape = self.shape(y)
-        src, src_st, dst_st = self.src_addr(x) + base * self.prec.bytes, [st * k for st, k in zip(in_st, steps_)], \
-            contiguous_strides(out_shape)
-        strided = lmem_move.as_strided_rows(merge_dims(out_shape, src_st, dst_st), self.prec)
-        if strided is not None and lmem_move.fits(self.ctx, lmem_move.strided_min_tiles(strided[1]), self.prec):           # every step-th element of the innermost axis: via LMEM
-            lmem_move.emit_strided_rows(self.ctx, self.node.name, src, self.ctx.ddr_addr(y), *strided, self.prec)
+        src_st, dst_st = [st * k for st, k in zip(in_st, steps_)], contiguous_strides(out_shape)
+        return base, src_st, dst_st, out_shape, lmem_move.as_strided_rows(merge_dims(out_shape, src_st, dst_st), self.prec)
+
+    def _plan_slice(self, arena: GroupArena):
+        strided = self._slice_dims()[4]
+        if strided is None or not lmem_move.fits(arena, lmem_move.strided_min_tiles(strided[1]), self.prec):
+            return None
+        return lmem_move.plan_strided_rows(arena, strided[1], self.prec)
+
+    def _emit_slice(self, tiling: lmem_move.RowTiling | None) -> None:
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        base, src_st, dst_st, out_shape, strided = self._slice_dims()
+        src = self.src_addr(x) + base * self.prec.bytes
+        if tiling is not None:           # every step-th element of the innermost axis: via LMEM
+            lmem_move.emit_strided_rows(self.ctx, tiling, src, self.ctx.ddr_addr(y), *strided, self.prec)
             return
         copy_nd(self.ctx, src, src_st, self.ctx.ddr_addr(y), dst_st, out_shape, self.prec)
 
-    def _emit_gather(self) -> None:
+    # ------------------------------------------------------------------ Gather
+
+    def _plan_gather(self, arena: GroupArena):
+        if self.ctx.graph.tensor(self.node.inputs[1]).is_const:
+            return None
+        tiling = plan_gather(arena, self.node.name, runtime_gather(self.ctx, self.node), self.prec)
+        return NO_ROOM if tiling is None else tiling
+
+    def _emit_gather(self, tiling: GatherTiling | None) -> None:
         x, idx_name = self.node.inputs[0], self.node.inputs[1]
-        if not self.ctx.graph.tensor(idx_name).is_const:
-            emit_runtime_gather(self.ctx, self.node, self.src_addr(x))
+        if tiling is not None:          # runtime indices
+            gather_rows(self.ctx, tiling, self.src_addr(x), runtime_gather(self.ctx, self.node),
+                        self.ctx.ddr_addr(idx_name), self.ctx.ddr_addr(self.node.outputs[0]))
             return
         y = self.node.outputs[0]
         axis = self.node.attr("axis", 0)
@@ -223,28 +302,47 @@ class MoveEmitter:
             copy_nd(self.ctx, src, (x_shape[axis] * inner, 1), dst, (count * inner, 1), (outer, run * inner), self.prec)
             pos += run
 
-    def _emit_pad(self) -> None:
+    # ------------------------------------------------------------------ Pad
+
+    def _pad_geometry(self):
+        """(channels, rows, width, padded width) of the planes the last axis's pads are applied to in
+        LMEM, or None when the last axis has no pads (or the tensor is 1-D)."""
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        in_shape, out_shape, pads = self.shape(x), self.shape(y), self.node.attr("pads")
+        rank = len(out_shape)
+        if rank < 2 or not (pads[rank - 1] or pads[2 * rank - 1]):
+            return None
+        return in_shape[-3] if rank >= 3 else 1, in_shape[-2], in_shape[-1], out_shape[-1]
+
+    def _plan_pad(self, arena: GroupArena):
+        geometry = self._pad_geometry()
+        if geometry is None:
+            return None
+        channels, h, w, wo = geometry
+        planes = min(channels, self.ctx.chip.lanes)
+        if not lmem_move.fits(arena, [(1, planes, 1, w), (1, planes, 1, wo)], self.prec):
+            return None
+        return lmem_move.plan_pad(arena, channels, h, w, wo, self.prec)
+
+    def _emit_pad(self, tiling: lmem_move.PlaneTiling | None) -> None:
         x, y = self.node.inputs[0], self.node.outputs[0]
         pads = self.node.attr("pads")
         value = float(self.node.attr("value", 0.0))
-        self._pad_from_inside(x, y, pads, self.node.attr("mode", "constant"), value)
+        self._pad_from_inside(x, y, pads, self.node.attr("mode", "constant"), value, tiling)
 
-    def _pad_from_inside(self, x: str, y: str, pads, mode: str, value: float = 0.0) -> None:
-        """The input into the middle (with the last axis's pads, through LMEM, when it has any),
-        then axis by axis (innermost first) each pad slab filled with `value` (constant), or copied
-        from the output position it mirrors (reflect) or repeats (edge); a slab spans the padded
-        extent of the inner axes and the interior of the outer ones."""
+    def _pad_from_inside(self, x: str, y: str, pads, mode: str, value: float, tiling) -> None:
+        """The input into the middle (with the last axis's pads, through LMEM, when it has a
+        tiling), then axis by axis (innermost first) each pad slab filled with `value` (constant),
+        or copied from the output position it mirrors (reflect) or repeats (edge); a slab spans the
+        padded extent of the inner axes and the interior of the outer ones."""
         in_shape, out_shape = self.shape(x), self.shape(y)
         rank = len(out_shape)
         out_st = contiguous_strides(out_shape)
         dst, b = self.ctx.ddr_addr(y), self.prec.bytes
         base = sum(pads[i] * out_st[i] for i in range(rank))
         first = rank - 1
-        w, wo = in_shape[-1], out_shape[-1]
-        planes = min(in_shape[-3] if rank >= 3 else 1, self.ctx.chip.lanes)
-        if rank >= 2 and (pads[rank - 1] or pads[2 * rank - 1]) and \
-                lmem_move.fits(self.ctx, [(1, planes, 1, w), (1, planes, 1, wo)], self.prec):
-            self._pad_rows_in_lmem(x, y, pads, mode, base, value)    # the interior and the last axis's pads
+        if tiling is not None:
+            self._pad_rows_in_lmem(x, y, pads, mode, base, value, tiling)    # the interior and the last axis's pads
             first = rank - 2
         else:
             copy_nd(self.ctx, self.src_addr(x), contiguous_strides(in_shape), dst + base * b, out_st, in_shape, self.prec)
@@ -268,7 +366,8 @@ class MoveEmitter:
                 src = dst + (outer + (begin + src_i) * out_st[axis]) * b
                 copy_nd(self.ctx, src, out_st, dst + (outer + o * out_st[axis]) * b, out_st, slab, self.prec)
 
-    def _pad_rows_in_lmem(self, x: str, y: str, pads, mode: str, base: int, value: float) -> None:
+    def _pad_rows_in_lmem(self, x: str, y: str, pads, mode: str, base: int, value: float,
+                          tiling: lmem_move.PlaneTiling) -> None:
         """The input's rows padded along the last axis in LMEM and stored at their padded place
         (`base`: the interior's first element)."""
         in_shape, out_shape = self.shape(x), self.shape(y)
@@ -279,31 +378,41 @@ class MoveEmitter:
         plane_stride = out_st[-3] if rank >= 3 else 0
         lead = [[d, hw, o] for d, hw, o in zip(in_shape[:-3], contiguous_strides(in_shape)[:-3], out_st[:-3])]
         for s_off, d_off in lmem_move._outer_offsets(lead):
-            lmem_move.pad_last_axis(self.ctx, self.node.name, self.src_addr(x) + s_off * self.prec.bytes,
+            lmem_move.pad_last_axis(self.ctx, tiling, self.src_addr(x) + s_off * self.prec.bytes,
                                     self.ctx.ddr_addr(y) + (base - pads[rank - 1] + d_off) * self.prec.bytes, channels, h, w,
                                     pads[rank - 1], pads[2 * rank - 1], mode, plane_stride, out_st[-2], self.prec,
                                     value)
 
-    def _emit_resize(self) -> None:
-        """Nearest-neighbour upsampling by integer repeats of the last two axes (lmem_move)."""
-        x, y = self.node.inputs[0], self.node.outputs[0]
+    # ------------------------------------------------------------------ Resize, Resample, Expand, ScatterND
+
+    def _resize_geometry(self) -> tuple[int, int, int, int, int]:
+        """(planes, h, w, rh, rw) of a nearest upsampling by integer repeats of the last two axes."""
         repeats = tuple(self.node.attr("repeats"))
-        in_shape = self.shape(x)
+        in_shape = self.shape(self.node.inputs[0])
         if any(r != 1 for r in repeats[:-2]):
             raise LoweringError(f"node {self.node.name}: Resize repeats {repeats} on a leading axis")
-        rows, h, w = math.prod(in_shape[:-2]), in_shape[-2], in_shape[-1]
+        return math.prod(in_shape[:-2]), in_shape[-2], in_shape[-1], repeats[-2], repeats[-1]
+
+    def _plan_resize(self, arena: GroupArena):
+        rows, h, w, rh, rw = self._resize_geometry()
         lanes = min(rows, self.ctx.chip.lanes)
-        if not lmem_move.fits(self.ctx, [(1, lanes, 1, w), (1, lanes, repeats[-2], w * repeats[-1])], self.prec):
+        if not lmem_move.fits(arena, [(1, lanes, 1, w), (1, lanes, rh, w * rw)], self.prec):
+            return None
+        return lmem_move.plan_upsample(arena, rows, h, w, rh, rw, self.prec)
+
+    def _emit_resize(self, tiling: lmem_move.PlaneTiling | None) -> None:
+        """Nearest-neighbour upsampling by integer repeats of the last two axes (lmem_move)."""
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        rows, h, w, rh, rw = self._resize_geometry()
+        if tiling is None:
             # rows too long for LMEM: a stride-0 DMA repeats every element (element-granular, slow)
-            rh, rw = repeats[-2], repeats[-1]
             copy_nd(self.ctx, self.src_addr(x), (h * w, w, 0, 1, 0), self.ctx.ddr_addr(y),
                     contiguous_strides((rows, h, rh, w, rw)), (rows, h, rh, w, rw), self.prec)
             return
-        lmem_move.upsample_nearest(self.ctx, self.node.name, self.src_addr(x), self.ctx.ddr_addr(y),
-                                   math.prod(in_shape[:-2]), in_shape[-2], in_shape[-1], repeats[-2], repeats[-1],
+        lmem_move.upsample_nearest(self.ctx, tiling, self.src_addr(x), self.ctx.ddr_addr(y), rows, h, w, rh, rw,
                                    self.prec)
 
-    def _emit_scatternd(self) -> None:
+    def _emit_scatternd(self, tiling: None) -> None:
         """data copied to the output, then each run of consecutive update rows copied over its rows."""
         data, updates = self.node.inputs
         y = self.node.outputs[0]
@@ -319,46 +428,68 @@ class MoveEmitter:
             copy_nd(self.ctx, src + i * inner * b, (1,), dst + rows[i] * inner * b, (1,), (run * inner,), self.prec)
             i += run
 
-    def _emit_resample(self) -> None:
-        """Two-tap interpolation along one of the last two axes (lmem_move.interpolate_axis)."""
-        x, y = self.node.inputs[0], self.node.outputs[0]
+    def _resample_geometry(self):
+        """(planes, along the last axis, input length, taps, other) of a two-tap interpolation."""
         axis, taps = self.node.attr("axis"), self.node.attr("taps")
-        in_shape = self.shape(x)
+        in_shape = self.shape(self.node.inputs[0])
         rank = len(in_shape)
         if axis == rank - 1:
-            planes, other = math.prod(in_shape[:-1]), 1
-        else:
-            planes, other = math.prod(in_shape[:axis]), math.prod(in_shape[axis + 1:])
-        lmem_move.interpolate_axis(self.ctx, self.node.name, self.src_addr(x), self.ctx.ddr_addr(y), planes,
-                                   axis == rank - 1, in_shape[axis], len(taps), other, taps, self.prec)
+            return math.prod(in_shape[:-1]), True, in_shape[axis], taps, 1
+        return math.prod(in_shape[:axis]), False, in_shape[axis], taps, math.prod(in_shape[axis + 1:])
 
-    def _emit_expand(self) -> None:
-        x, y = self.node.inputs[0], self.node.outputs[0]
-        out_shape = self.shape(y)
-        in_shape = (1,) * (len(out_shape) - len(self.shape(x))) + tuple(self.shape(x))
+    def _plan_resample(self, arena: GroupArena):
+        planes, last, n_in, taps, other = self._resample_geometry()
+        tiling = lmem_move.plan_interpolation(arena, planes, last, n_in, len(taps), other, taps, self.prec)
+        return NO_ROOM if tiling is None else tiling
+
+    def _emit_resample(self, tiling: lmem_move.RowTiling) -> None:
+        """Two-tap interpolation along one of the last two axes (lmem_move.interpolate_axis)."""
+        planes, last, n_in, taps, other = self._resample_geometry()
+        lmem_move.interpolate_axis(self.ctx, tiling, self.src_addr(self.node.inputs[0]),
+                                   self.ctx.ddr_addr(self.node.outputs[0]), planes, last, n_in, len(taps), other, taps,
+                                   self.prec)
+
+    def _expand_dims(self):
+        """(src strides, dst strides, merged dims) of the broadcast copy."""
+        out_shape = self.shape(self.node.outputs[0])
+        x_shape = self.shape(self.node.inputs[0])
+        in_shape = (1,) * (len(out_shape) - len(x_shape)) + tuple(x_shape)
         in_st = contiguous_strides(in_shape)
         src_st = [0 if d == 1 and o != 1 else s for d, o, s in zip(in_shape, out_shape, in_st)]
         dst_st = contiguous_strides(out_shape)
-        dims = merge_dims(out_shape, src_st, dst_st)
+        return src_st, dst_st, merge_dims(out_shape, src_st, dst_st)
+
+    def _plan_expand(self, arena: GroupArena):
+        """Each element repeated along the innermost axis: rows replicated in LMEM (stride-0 TIU
+        copies, a PlaneTiling); whole rows repeated: the row read once, its repeats written from
+        LMEM (an LmemTiling of one buffer); else plain DMAs (None)."""
+        dims = self._expand_dims()[2]
         if len(dims) >= 2 and dims[-1][1:] == [0, 1] and dims[-2][1] == 1 and dims[-2][2] == dims[-1][0]:
-            # each element repeated along the innermost axis: replicate rows in LMEM (stride-0 TIU copies)
             rows, width = dims[-2][0], dims[-1][0]
             lanes = min(rows, self.ctx.chip.lanes)
-            if lmem_move.fits(self.ctx, [(1, lanes, 1, 1), (1, lanes, 1, width)], self.prec):
-                for s_off, d_off in lmem_move._outer_offsets(dims[:-2]):
-                    lmem_move.upsample_nearest(self.ctx, self.node.name, self.src_addr(x) + s_off * self.prec.bytes,
-                                               self.ctx.ddr_addr(y) + d_off * self.prec.bytes, rows, 1, 1, 1, width,
-                                               self.prec)
-                return
+            if lmem_move.fits(arena, [(1, lanes, 1, 1), (1, lanes, 1, width)], self.prec):
+                return lmem_move.plan_upsample(arena, rows, 1, 1, 1, width, self.prec)
         if len(dims) >= 2 and dims[-1][1:] == [1, 1] and dims[-2][1] == 0 and dims[-2][2] == dims[-1][0] \
-                and lmem_move.fits(self.ctx, [(1, 1, 1, dims[-1][0])], self.prec):
-            # whole rows repeated: read the row once, write the repeats from LMEM
+                and lmem_move.fits(arena, [(1, 1, 1, dims[-1][0])], self.prec):
+            return lmem_move.plan_replicate_row(arena, dims[-1][0], self.prec)
+        return None
+
+    def _emit_expand(self, tiling: lmem_move.LmemTiling | None) -> None:
+        x, y = self.node.inputs[0], self.node.outputs[0]
+        src_st, dst_st, dims = self._expand_dims()
+        b = self.prec.bytes
+        if isinstance(tiling, lmem_move.PlaneTiling):
+            rows, width = dims[-2][0], dims[-1][0]
             for s_off, d_off in lmem_move._outer_offsets(dims[:-2]):
-                lmem_move.replicate_row(self.ctx, self.node.name, self.src_addr(x) + s_off * self.prec.bytes,
-                                        self.ctx.ddr_addr(y) + d_off * self.prec.bytes, dims[-2][0], dims[-1][0],
-                                        self.prec)
+                lmem_move.upsample_nearest(self.ctx, tiling, self.src_addr(x) + s_off * b, self.ctx.ddr_addr(y) + d_off * b,
+                                           rows, 1, 1, 1, width, self.prec)
             return
-        copy_nd(self.ctx, self.src_addr(x), src_st, self.ctx.ddr_addr(y), dst_st, out_shape, self.prec)
+        if tiling is not None:
+            for s_off, d_off in lmem_move._outer_offsets(dims[:-2]):
+                lmem_move.replicate_row(self.ctx, tiling, self.src_addr(x) + s_off * b, self.ctx.ddr_addr(y) + d_off * b,
+                                        dims[-2][0], dims[-1][0], self.prec)
+            return
+        copy_nd(self.ctx, self.src_addr(x), src_st, self.ctx.ddr_addr(y), dst_st, self.shape(y), self.prec)
 
 
 class ViewEmitter:
