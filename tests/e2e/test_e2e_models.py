@@ -60,3 +60,13 @@ def test_compile_output_is_byte_identical(tmp_path, matmul):
     assert names == sorted(p.name for p in b.iterdir()) and len(names) == 5
     match, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
     assert not mismatch and not errors
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cores", [2, 8])
+@pytest.mark.parametrize("model", SMALL + LIGHT + HEAVY)
+def test_model_verifies_on_several_cores(model, cores):
+    """Issue 14: every bundled model split over 2 and 8 cores (fp16, race detector over every
+    core's LMEM and the shared DDR) computes what onnxruntime computes."""
+    result = verify(model, None, CompileOptions(dtype="fp16", cores=cores), seed=0, race_check=True)
+    assert result["ok"], (model, cores, result["outputs"])
