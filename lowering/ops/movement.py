@@ -1,6 +1,8 @@
 """Data movement as GDMA DDR -> DDR transfers: Transpose, Concat, Split, Slice, Gather (constant
 indices; runtime ones in ops/gather.py), Pad, Resize, Expand, Cast, and copies for views that must
-own their buffer (innermost-axis moves go through LMEM, ops/lmem_move.py)."""
+own their buffer (innermost-axis moves go through LMEM, ops/lmem_move.py). MoveEmitter follows
+the emitter protocol (lowering.emitplan): plan(region) picks a node's path (DDR -> DDR DMAs, or
+through LMEM with its blocks and buffers) and emit(plan) emits that path."""
 
 from __future__ import annotations
 
@@ -135,7 +137,7 @@ class MoveEmitter:
         return MovePlan(region, self.ctx.window(region), tuple(arena.names), tiling)
 
     def misfit(self) -> str:
-        return f"the LMEM buffers of {self.node.op_type} {self.node.name} fit no region"
+        return f"no block of {self.node.op_type} {self.node.name} fits LMEM"
 
     def emit(self, plan: FrozenPlan) -> None:
         self.ctx.em.layer = self.node.name
