@@ -105,6 +105,11 @@ class Simulator:
         check_finished([self])
         return self.result()
 
+    def release(self) -> None:
+        """Drop the engines and the IFE (they point back at the simulator): the run's objects are freed by
+        reference counting instead of waiting for a cyclic garbage collection."""
+        self.engines = self.ife = None
+
     def stuck_heads(self) -> list[str]:
         """What each unfinished engine's head waits for (core named when there are several)."""
         queues = (self.program.tiu, self.program.gdma, self.program.tile)

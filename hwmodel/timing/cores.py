@@ -108,10 +108,13 @@ def simulate_cores(program, *, dep_mode=None, check=True, memory="rate"):
     queue.run()
     check_finished(sims)
     results = [sim.result() for sim in sims]
+    dram = chip_dram(sims, results, chip) if len(results) > 1 else None
+    for sim in sims:
+        sim.release()
     if len(results) == 1:
         return results[0]
     return dataclasses.replace(results[0], cores=results, total_ps=max(r.total_ps for r in results),
-                               events=queue.processed, dram=chip_dram(sims, results, chip))
+                               events=queue.processed, dram=dram)
 
 
 def chip_dram(sims, results, chip) -> DramResult:

@@ -33,7 +33,7 @@ import numpy as np
 from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
-from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH
+from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH, push
 from tpuflow.hwmodel.timing.gdma import CommandTable
 from tpuflow.hwmodel.timing.transfers import TransferCosts
 from tpuflow.isa import Engine, Instruction, SysDma, SysTiu
@@ -110,7 +110,8 @@ class EngineBase:
         self.scheduled = True
         q = self.q
         earliest, now = self.earliest(index), q.now
-        q.schedule(earliest if earliest > now else now, DISPATCH, self._dispatch)
+        q.seq = seq = q.seq + 1
+        push(q.heap, (earliest if earliest > now else now, DISPATCH, seq, self._dispatch, None))
 
     def _taken(self, index: int) -> None:
         """The instruction left the command list: the IFE frees its bytes; a WAIT message is consumed."""
@@ -317,7 +318,9 @@ class GdmaFlowEngine(EngineBase):
             self.dram_first = start if first < 0 or start < first else first
             if t > self.dram_last:
                 self.dram_last = t
-        self.q.schedule(end, COMPLETE, self._finish, index)
+        q = self.q
+        q.seq = seq = q.seq + 1
+        push(q.heap, (end, COMPLETE, seq, self._finish, index))       # end >= t >= now
 
     def _finish(self, index: int) -> None:
         self.running = -1

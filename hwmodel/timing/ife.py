@@ -28,7 +28,7 @@ from collections import deque
 
 from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.clocks import Clocks
-from tpuflow.hwmodel.timing.events import ISSUE, TRANSFER
+from tpuflow.hwmodel.timing.events import ISSUE, TRANSFER, push
 
 class FrontEnd:
     """The recurrences of the stages before issue (everything that does not depend on engines)."""
@@ -137,8 +137,10 @@ class Ife:
             self._try_transfer(code)
         self.pos = pos = pos + 1
         if pos < self.count:
-            self.ready[pos] = ready = self.front.advance(pos)
-            self.q.schedule(ready, ISSUE, self._issue)
+            self.ready[pos] = ready = self.front.advance(pos)     # >= now: issue follows the stages
+            q = self.q
+            q.seq = seq = q.seq + 1
+            push(q.heap, (ready, ISSUE, seq, self._issue, None))
 
     def _try_transfer(self, code: int) -> None:
         requests = self.requests[code]
@@ -148,13 +150,15 @@ class Ife:
         if self.used[code] + self.bytes[pos] > self.capacity[code]:
             return   # retried when the engine takes a command (cmd_taken)
         flight = self.in_flight[code]
-        t = self.q.now
+        q = self.q
+        t = q.now
         if pushed > t:
             t = pushed
         if len(flight) >= self.pending_max and flight[0] > t:
             t = flight[0]
         self.transfer_scheduled[code] = True
-        self.q.schedule(t, TRANSFER, self._transfer, code)
+        q.seq = seq = q.seq + 1
+        push(q.heap, (t, TRANSFER, seq, self._transfer, code))
 
     def _transfer(self, code: int) -> None:
         self.transfer_scheduled[code] = False

@@ -314,8 +314,13 @@ def fabric_limits(p: WdcParams, umc: np.ndarray, stream: np.ndarray) -> FabricLi
 
 def _service_order(p: WdcParams, umc, stream, bank_key, row) -> np.ndarray:
     """Issue indices in service order: by stream, then UMC (stable), then AuxCam page grouping."""
-    order = np.argsort(umc.astype(np.int16), kind="stable")          # radix sorts (16-bit keys)
-    order = order[np.argsort(_narrow(stream[order]), kind="stable")]
+    if len(stream) and bool(np.all(stream[1:] >= stream[:-1])):
+        # streams already in order (one command's or pattern's requests, reads then writes): one adaptive
+        # stable sort of (stream, UMC) is the same order as the two radix passes below, faster
+        order = np.argsort(stream * p.umcs + umc, kind="stable")
+    else:
+        order = np.argsort(umc.astype(np.int16), kind="stable")          # radix sorts (16-bit keys)
+        order = order[np.argsort(_narrow(stream[order]), kind="stable")]
     key = stream[order] * p.umcs + umc[order]
     page = (bank_key[order] % p.banks) + row[order] * p.banks         # the UMC-local page number
     back = (key[1:] == key[:-1]) & (page[1:] < page[:-1])

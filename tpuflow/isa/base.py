@@ -179,10 +179,17 @@ def operand_strides(mode: int, shape, given, prec: Prec, chip: "ChipConfig", add
 
 def lmem_ranges(addr: int, shape, strides, elem_bytes: int, chip: "ChipConfig") -> tuple[LmemRange, ...]:
     """Bounding LMEM ranges of a tensor (conservative: one byte interval for all its lanes)."""
+    core = chip.core
+    return _lmem_ranges(addr, tuple(shape), tuple(strides), elem_bytes, core.lanes, core.lmem_bytes_per_lane)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _lmem_ranges(addr: int, shape: tuple, strides: tuple, elem_bytes: int, lanes: int,
+                 lane_bytes: int) -> tuple[LmemRange, ...]:
+    """lmem_ranges, cached: programs reuse their LMEM buffers, and every checker and model asks."""
     n, c, h, w = shape
     if n * c * h * w == 0:
         return ()
-    lanes, lane_bytes = chip.lanes, chip.lmem_bytes_per_lane
     start = (addr // lane_bytes) % lanes
     base = addr % lane_bytes
     groups = (start + c - 1) // lanes + 1
