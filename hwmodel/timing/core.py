@@ -44,6 +44,15 @@ def _descriptor_bits(queues, order) -> list[int]:
     return bits
 
 
+def _op_names(queue, same: list[int]) -> list[str]:
+    """op_name of every instruction of a queue (equal instructions share it)."""
+    names: list[str] = []
+    for i, instr in enumerate(queue):
+        first = same[i]
+        names.append(names[first] if first < i else instr.op_name)
+    return names
+
+
 def _layers(program: Program, engine) -> list[str]:
     """program.layer_of of every instruction of `engine`'s queue."""
     names, count = program.layer_names(engine), len(program.queue(engine))
@@ -87,9 +96,9 @@ class Simulator:
                         TileEngine(self, chip, queues[TILE], clocks.tile)]
         self.ife = Ife(self, chip, clocks, self.order, bits)
 
-    def _ife_columns(self, code: int) -> dict[str, np.ndarray]:
-        """IFE stage times and the fifo_full stall of engine `code`'s instructions (queue order)."""
-        pos = np.asarray(self.pos_of[code], dtype=np.int64)
+    def _ife_columns(self) -> dict[str, np.ndarray]:
+        """IFE stage times and the fifo_full stall of every instruction (engine-major rows, queue order)."""
+        pos = np.asarray(self.pos_of[TIU] + self.pos_of[GDMA] + self.pos_of[TILE], dtype=np.int64)
         ife, front = self.ife, self.ife.front.t
         at = (lambda values: np.asarray(values, dtype=np.int64)[pos])
         issue, moved = at(front["iss_push"]), at(ife.moved)
@@ -130,14 +139,17 @@ class Simulator:
         first_field = [next(iter(q[0].WAIT_FIELDS)).code if q else 0 for q in map(program.queue, ENGINES)]
         deps = np.concatenate([w[:, column] for w, column in zip(waits.ids, first_field)])   # cmd_id_dep
         on = {e.value: ids[:, e.code] for e in ENGINES}
-        cols = [{**{k: np.asarray(v, dtype=np.int64) for k, v in c.items()}, **self._ife_columns(code)}
-                for code, c in enumerate(self.cols)]
-        times = {s: np.concatenate([c[s] for c in cols]) for s in STAGES}
-        stalls = {s: np.concatenate([c[s] for c in cols]) for s in STALLS}
-        ops = [instr.op_name for e in ENGINES for instr in program.queue(e)]
+        t, g, b = self.cols
+        columns = {k: np.asarray(t[k] + g[k] + b[k], dtype=np.int64) for k in _ENGINE_COLUMNS}
+        columns.update(self._ife_columns())
+        times = {s: columns[s] for s in STAGES}
+        stalls = {s: columns[s] for s in STALLS}
+        ops = [name for e in ENGINES for name in _op_names(program.queue(e), self.same[e.code])]
         layers = [name for e in ENGINES for name in _layers(program, e)]
-        busy = {e.value: busy_union_ps(c["start"], c["end"]) for e, c in zip(ENGINES, cols)}
-        st, g = self.commands.state, self.engines[GDMA]
+        bounds = np.cumsum([0] + [len(c["end"]) for c in self.cols]).tolist()
+        busy = {e.value: busy_union_ps(times["start"][lo:hi], times["end"][lo:hi])
+                for e, lo, hi in zip(ENGINES, bounds, bounds[1:])}
+        st, g = self.commands.state, self.engines[GDMA]     # g: the GDMA engine from here
         active = g.dram_last - g.dram_first if g.dram_first >= 0 else 0
         dram = DramResult(st.bytes_read, st.bytes_written, st.bursts, st.page_hits.copy(), st.page_misses.copy(),
                           st.page_opens.copy(), active, self.chip.dram.peak_gbps)

@@ -50,10 +50,9 @@ def patterns(p: WdcParams, addr: np.ndarray, size: np.ndarray, write: np.ndarray
     """The pattern tables of requests given pattern by pattern (key ascending; reads before writes)."""
     U, banks = p.umcs, p.banks
     stream = key * 2 + write
-    umc, bank_key, row = p.decode(addr)
-    served = _service_order(p, umc, stream, bank_key, row)
-    u, wr, k = umc[served], write[served], key[served]
-    page = row[served] * banks + bank_key[served] % banks
+    umc, local_page = p.umc_page(addr)
+    served = _service_order(p, umc, stream, None, None, local_page)
+    u, wr, k, page = umc[served], write[served], key[served], local_page[served]
     klass = (k * U + u) * banks + page % banks
     by_class = np.argsort(klass, kind="stable")
     starts, ends = _runs(klass[by_class])
@@ -94,15 +93,15 @@ def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.append(0, change + 1), np.append(change, len(values) - 1)
 
 
-def _expand(index: np.ndarray, table: dict, keys: np.ndarray) -> tuple[np.ndarray, dict]:
+def _expand(index: np.ndarray, table: dict, keys: np.ndarray, columns: tuple) -> tuple[np.ndarray, np.ndarray, dict]:
     """Rows of `table` for each command (command c gets the rows of pattern keys[c]), in command order:
-    (command of each row, the rows)."""
+    (command of each row, rows per command, the rows' `columns`)."""
     counts = np.bincount(table["key"], minlength=int(keys.max()) + 1 if len(keys) else 0)   # rows are by key
     starts = np.cumsum(counts) - counts
     n = counts[keys]
     cmd = np.repeat(index, n)
-    pick = np.repeat(starts[keys], n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-    return cmd, {name: values[pick] for name, values in table.items()}
+    pick = np.repeat(starts[keys] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+    return cmd, n, {name: table[name][pick] for name in columns}
 
 
 def _previous(group: np.ndarray, value: np.ndarray, initial: int) -> np.ndarray:
@@ -130,14 +129,13 @@ def command_occupancy(p: WdcParams, pats: Patterns, index: np.ndarray, keys: np.
     service = np.zeros((n, 2), dtype=np.int64)
     occ[index] = pats.occupancy[keys]
     service[index] = pats.service[keys]
-    q_cmd, q = _expand(index, pats.first, keys)
-    shift = np.zeros(n, dtype=np.int64)
-    shift[index] = pages
-    shift = shift[q_cmd]
+    q_cmd, rows, q = _expand(index, pats.first, keys, ("umc", "page", "last_page", "write", "first_of_umc",
+                                                        "switch", "beats"))
+    shift = np.repeat(pages, rows)
     q_page = q["page"] + shift
     bank = q["umc"] * banks + q_page % banks
     prev = _previous(bank, (q["last_page"] + shift) // banks, -1)
-    d_cmd, dirs = _expand(index, pats.last_dir, keys)
+    d_cmd, _, dirs = _expand(index, pats.last_dir, keys, ("umc", "last"))
     last_dir = np.full(n * U, -1, dtype=np.int64)
     last_dir[d_cmd * U + dirs["umc"]] = _previous(dirs["umc"], dirs["last"].astype(np.int64), -1)
     wr = q["write"]

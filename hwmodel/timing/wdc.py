@@ -128,16 +128,21 @@ class WdcParams:
 
     def decode(self, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(umc, bank key = umc * banks + bank, row) of DDR byte addresses."""
-        g = addr >> self.granule_bits
-        if all(v & (v - 1) == 0 for v in (self.umcs, self.page_bytes, self.banks)):   # shifts and masks
-            ub, pb, bb = (v.bit_length() - 1 for v in (self.umcs, self.page_bytes, self.banks))
-            umc = g & (self.umcs - 1)
-            page = (((g >> ub) << self.granule_bits) | (addr & ((1 << self.granule_bits) - 1))) >> pb
+        umc, page = self.umc_page(addr)
+        if self.banks & (self.banks - 1) == 0:
+            bb = self.banks.bit_length() - 1
             return umc, (umc << bb) | (page & (self.banks - 1)), page >> bb
-        umc = g % self.umcs
-        local = ((g // self.umcs) << self.granule_bits) | (addr & ((1 << self.granule_bits) - 1))
-        page = local // self.page_bytes
         return umc, umc * self.banks + page % self.banks, page // self.banks
+
+    def umc_page(self, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(umc, UMC-local page = row * banks + bank) of DDR byte addresses."""
+        g = addr >> self.granule_bits
+        if all(v & (v - 1) == 0 for v in (self.umcs, self.page_bytes)):   # shifts and masks
+            ub, pb = (v.bit_length() - 1 for v in (self.umcs, self.page_bytes))
+            umc = g & (self.umcs - 1)
+            return umc, (((g >> ub) << self.granule_bits) | (addr & ((1 << self.granule_bits) - 1))) >> pb
+        local = ((g // self.umcs) << self.granule_bits) | (addr & ((1 << self.granule_bits) - 1))
+        return g % self.umcs, local // self.page_bytes
 
     def unloaded_read_ps(self, nbytes: int, miss: bool = False) -> int:
         """Issue-to-response time of one read reaching an idle UMC on a clock edge (page hit, or a
@@ -312,8 +317,9 @@ def fabric_limits(p: WdcParams, umc: np.ndarray, stream: np.ndarray) -> FabricLi
     return FabricLimits(refs, order, group_rank(counts))
 
 
-def _service_order(p: WdcParams, umc, stream, bank_key, row) -> np.ndarray:
-    """Issue indices in service order: by stream, then UMC (stable), then AuxCam page grouping."""
+def _service_order(p: WdcParams, umc, stream, bank_key, row, local_page=None) -> np.ndarray:
+    """Issue indices in service order: by stream, then UMC (stable), then AuxCam page grouping. `local_page`
+    (row * banks + bank, WdcParams.umc_page) may be given instead of bank_key and row."""
     if len(stream) and bool(np.all(stream[1:] >= stream[:-1])):
         # streams already in order (one command's or pattern's requests, reads then writes): one adaptive
         # stable sort of (stream, UMC) is the same order as the two radix passes below, faster
@@ -322,7 +328,10 @@ def _service_order(p: WdcParams, umc, stream, bank_key, row) -> np.ndarray:
         order = np.argsort(umc.astype(np.int16), kind="stable")          # radix sorts (16-bit keys)
         order = order[np.argsort(_narrow(stream[order]), kind="stable")]
     key = stream[order] * p.umcs + umc[order]
-    page = (bank_key[order] % p.banks) + row[order] * p.banks         # the UMC-local page number
+    if local_page is not None:
+        page = local_page[order]
+    else:
+        page = (bank_key[order] % p.banks) + row[order] * p.banks     # the UMC-local page number
     back = (key[1:] == key[:-1]) & (page[1:] < page[:-1])
     if not np.any(back):
         return order             # pages never go back within a (stream, UMC): already grouped
