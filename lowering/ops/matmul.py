@@ -120,6 +120,10 @@ class MatmulGroup:
         self.result = self.epi.output
 
 
+# A tiling other than the first that fits (whole K, B resident, the most rows, then columns) is
+# taken only when it moves this many times fewer DDR bytes (a compiler policy: a BERT-base layer at
+# seq 2048 streams its 4.7 MB FFN weights once per 64-row tile under the first fit).
+TRAFFIC_GAIN = 1.5
 HEADS_PERM = (0, 2, 1, 3)      # [1, S, H, D] <-> [1, H, S, D]: attention heads folded into a MatMul's batch
 KEYS_PERM = (0, 2, 3, 1)       # [1, S, H, D] -> [1, H, D, S]: keys transposed for Q K^T
 
@@ -241,14 +245,37 @@ class MatmulEmitter(MatmulGroup):
             widest = max(width for _, _, width in parts)
             n_opts = sorted({min(n, widest) for n in n_opts}, reverse=True)
         for copies in (2, 1):
+            fitting = []               # per (kt, B resident, mt): the widest column tile that fits
             for kt in k_opts:
                 for r_res in ((True, False) if kt == geo.k and not parts and width == geo.n else (False,)):
                     for mt in m_opts:
-                        for nt in ([geo.n] if r_res else n_opts):
-                            res, load, outs = self._sizes(mt, nt, kt, r_res)
-                            if arena.fits(res + (load + outs) * copies):
-                                return mt, nt, kt, r_res
+                        nt = next((nt for nt in ([geo.n] if r_res else n_opts)
+                                   if self._fits(arena, (mt, nt, kt, r_res), copies)), None)
+                        if nt is not None:
+                            fitting.append((mt, nt, kt, r_res))
+            if fitting:
+                return self._least_traffic(fitting)
         return None
+
+    def _fits(self, arena, choice: tuple[int, int, int, bool], copies: int) -> bool:
+        res, load, outs = self._sizes(*choice)
+        return arena.fits(res + (load + outs) * copies)
+
+    def _least_traffic(self, fitting: list[tuple[int, int, int, bool]]) -> tuple[int, int, int, bool]:
+        """The first fitting tiling (whole K, B resident, the most rows and columns), unless
+        another moves TRAFFIC_GAIN times fewer DDR bytes: A is loaded once per column tile, B once
+        per row tile unless it stays resident."""
+        geo = self.geom
+        rows, cols = geo.m, self.col_range[1] - self.col_range[0]
+        a_bytes = 0 if self.a_res is not None and not self.a_copied else rows * geo.k
+        b_bytes = 0 if self.b_res is not None else geo.k * cols
+
+        def traffic(choice) -> int:
+            mt, nt, kt, r_res = choice
+            return a_bytes * -(-cols // nt) + b_bytes * (1 if r_res else -(-rows // mt))
+
+        best = min(fitting, key=traffic)               # the first of the least on ties
+        return best if traffic(best) * TRAFFIC_GAIN < traffic(fitting[0]) else fitting[0]
 
     def misfit(self) -> str:
         geo = self.geom
