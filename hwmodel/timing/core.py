@@ -94,6 +94,8 @@ class Simulator:
                 GdmaFlowEngine(self, chip, queues[GDMA], clocks.gdma, self.commands, self.memory))
         self.engines = [TiuEngine(self, chip, queues[TIU], clocks.tiu.period), gdma,
                         TileEngine(self, chip, queues[TILE], clocks.tile)]
+        for engine in self.engines:
+            engine.watch(self.engines)
         self.ife = Ife(self, chip, clocks, self.order, bits)
 
     def _ife_columns(self) -> dict[str, np.ndarray]:

@@ -57,6 +57,8 @@ class EngineBase:
         self.waits = sim.waits.ids[self.code].tolist()     # per instruction [tiu, gdma, tile] ids
         self.sync = 0
         self.sync_ids = sim.sync             # every engine's sync id (shared list, by Engine.code)
+        self.watchers: list = []             # the engines with an instruction that waits on this one (watch())
+        self.planned = 0                     # earliest() of the head when its dispatch was scheduled
         self.pos_of = sim.pos_of[self.code]  # issue position of each instruction
         self.scheduled = False
         self.col = sim.cols[self.code]
@@ -64,6 +66,11 @@ class EngineBase:
         self.col_start, self.col_end = self.col["start"], self.col["end"]
         self.messages = {i: m for i, instr in enumerate(instrs) if isinstance(instr, (SysTiu, SysDma))
                          and (m := instr.message()) is not None}   # cross-core SEND / WAIT (cores.py)
+
+    def watch(self, engines: list) -> None:
+        """Only engines that have an instruction waiting on this engine's sync id can be released by it."""
+        ids = self.sim.waits.ids
+        self.watchers = [e for e in engines if e is not self and bool(ids[e.code][:, self.code].any())]
 
     def waits_hold(self, index: int) -> bool:
         tiu, gdma, tile = self.waits[index]
@@ -109,7 +116,8 @@ class EngineBase:
             return
         self.scheduled = True
         q = self.q
-        earliest, now = self.earliest(index), q.now
+        self.planned = earliest = self.earliest(index)     # unchanged until this dispatch executes
+        now = q.now
         q.seq = seq = q.seq + 1
         push(q.heap, (earliest if earliest > now else now, DISPATCH, seq, self._dispatch, None))
 
@@ -124,7 +132,7 @@ class EngineBase:
         index = self.cmds.popleft()
         now = self.q.now
         self.col_dispatch[index] = now
-        arrival, earliest = self.arrival[index], self.earliest(index)
+        arrival, earliest = self.arrival[index], self.planned
         self.col_dependency[index] = now - (arrival if arrival > earliest else earliest)
         self._taken(index)
         end = self.execute(index, now)
@@ -140,7 +148,7 @@ class EngineBase:
                 self.sim.board.send(msg)
         # poke the engines whose head waited for exactly this one (a head whose waits held before was
         # already scheduled by its own poke)
-        for engine in self.sim.engines:
+        for engine in self.watchers:
             cmds = engine.cmds
             if cmds and not engine.scheduled and engine.waits[cmds[0]][code] == sync:
                 engine.poke()
