@@ -125,18 +125,21 @@ def relative_bursts(side: Side, chip: ChipConfig, burst_bytes: int) -> tuple[Bur
     """(cached bursts, shift): the side's bursts are the cached ones moved by `shift` bytes (a multiple of
     burst_bytes, so beats, alignment and burst boundaries do not change)."""
     lmem, addr, shape, strides, esize, copies = side
-    lane_bytes = chip.core.lmem_bytes_per_lane
+    key, shift = burst_position(lmem, addr, chip, burst_bytes)
+    rel = _relative_bursts(lmem, key, shape, strides, esize, copies, burst_bytes, chip.gdma.bus_bytes,
+                           chip.core.lanes, chip.core.lmem_bytes_per_lane)
+    return rel, shift
+
+
+def burst_position(lmem: bool, addr: int, chip: ChipConfig, burst_bytes: int) -> tuple[int, int]:
+    """(key, shift) of a side's address: sides equal but for their addresses have the same relative bursts
+    when their keys are equal, moved by their shifts (relative_bursts)."""
     if lmem:
         # keep the start lane and the offset within a burst; the rest of the offset shifts every burst
+        lane_bytes = chip.core.lmem_bytes_per_lane
         offset = addr % lane_bytes
-        shift = offset - offset % burst_bytes
-        key = (addr // lane_bytes % chip.core.lanes) * lane_bytes + offset % burst_bytes
-    else:
-        shift = addr - addr % burst_bytes
-        key = addr % burst_bytes
-    rel = _relative_bursts(lmem, key, shape, strides, esize, copies, burst_bytes, chip.gdma.bus_bytes,
-                           chip.core.lanes, lane_bytes)
-    return rel, shift
+        return (addr // lane_bytes % chip.core.lanes) * lane_bytes + offset % burst_bytes, offset - offset % burst_bytes
+    return addr % burst_bytes, addr - addr % burst_bytes
 
 
 _PREC_BYTES = {int(p): p.bytes for p in Prec}       # Prec(code).bytes without the enum call

@@ -46,7 +46,8 @@ occupancy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 
 import numpy as np
 
@@ -54,9 +55,15 @@ from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.clocks import Clocks, ns_to_ps
 from tpuflow.hwmodel.timing.gdma import DDR, LMEM, NONE, charged_ddr_bytes, direction_floor_ps
 from tpuflow.hwmodel.timing.occupancy import command_occupancy, patterns
-from tpuflow.hwmodel.timing.segments import Bursts, relative_bursts, transfer_sides
+from tpuflow.hwmodel.timing.segments import Bursts, burst_position, relative_bursts, transfer_sides
 from tpuflow.hwmodel.timing.wdc import DramState, WdcParams
-from tpuflow.isa import Instruction, SysDma
+from tpuflow.isa import Instruction, SysDma, TensorDma
+
+
+# every dma.tensor field but the two addresses and the wait: with the burst positions of the addresses, what
+# a command's transfer shape depends on (TransferModel._tensor_shape)
+_TENSOR_FORM = attrgetter(*[f.name for f in fields(TensorDma) if f.name not in ("src_start_addr", "dst_start_addr",
+                                                                              "cmd_id_dep")])
 
 
 @dataclass
@@ -117,6 +124,8 @@ class TransferModel:
         self.move = p.umcs * p.page_bytes       # moving requests by this keeps UMCs and moves pages by one
         self.sums: dict[int, _Sums] = {}
         self.charged: dict[tuple, int] = {}
+        self.tensor_forms: dict[tuple, tuple] = {}
+        self.lmem_base = chip.core.gdma_lmem_base_address
 
     # ---- one command
     def _side(self, side):
@@ -130,8 +139,30 @@ class TransferModel:
 
     def _shape(self, instr: Instruction) -> tuple:
         """(read sums, shift, kind, write sums, shift, kind, src bytes, dst bytes, charged DDR bytes)."""
+        if type(instr) is TensorDma:
+            return self._tensor_shape(instr)
         if isinstance(instr, SysDma):
             return (None, 0, NONE, None, 0, NONE, 0, 0, 0)
+        return self._sides_shape(instr)
+
+    def _tensor_shape(self, instr: TensorDma) -> tuple:
+        """_shape of a dma.tensor, once per form: commands whose fields but the addresses are equal and whose
+        addresses have the same burst_position keys share everything but the shifts."""
+        chip, base, burst = self.chip, self.lmem_base, self.burst_bytes
+        src, dst = instr.src_start_addr, instr.dst_start_addr
+        src_lmem, dst_lmem = src >= base, dst >= base
+        src_key, src_shift = burst_position(src_lmem, src - base if src_lmem else src, chip, burst)
+        dst_key, dst_shift = burst_position(dst_lmem, dst - base if dst_lmem else dst, chip, burst)
+        form = (_TENSOR_FORM(instr), src_lmem, src_key, dst_lmem, dst_key)
+        shared = self.tensor_forms.get(form)
+        if shared is None:
+            shape = self._sides_shape(instr)
+            shared = self.tensor_forms[form] = (shape[0], shape[2], shape[3], shape[5], *shape[6:])
+            assert shape[1] == (src_shift if shape[2] != NONE else 0) and shape[4] == dst_shift
+        rs, rk, ws, wk, src_bytes, dst_bytes, charged = shared
+        return (rs, src_shift if rk != NONE else 0, rk, ws, dst_shift, wk, src_bytes, dst_bytes, charged)
+
+    def _sides_shape(self, instr: Instruction) -> tuple:
         src, dst = transfer_sides(instr, self.chip)
         form = (src and (src.lmem, *src[2:]), (dst.lmem, *dst[2:]))       # everything but the addresses
         charged = self.charged.get(form)
