@@ -53,7 +53,8 @@ def patterns(p: WdcParams, addr: np.ndarray, size: np.ndarray, write: np.ndarray
     umc, local_page = p.umc_page(addr)
     served = _service_order(p, umc, stream, None, None, local_page)
     u, wr, k, page = umc[served], write[served], key[served], local_page[served]
-    klass = (k * U + u) * banks + page % banks
+    cell = k * U + u
+    klass = cell * banks + page % banks
     by_class = np.argsort(klass, kind="stable")
     starts, ends = _runs(klass[by_class])
     fk, lk = by_class[starts], by_class[ends]          # first / last request of each class, by class
@@ -61,7 +62,6 @@ def patterns(p: WdcParams, addr: np.ndarray, size: np.ndarray, write: np.ndarray
     previous[by_class[1:]] = page[by_class[:-1]]
     previous[fk] = -1
     hit, first = previous == page, previous < 0
-    cell = k * U + u
     by_cell = np.argsort(cell.astype(np.int16) if len(cell) and cell.max() < (1 << 15) else cell, kind="stable")
     c, w = cell[by_cell], wr[by_cell]
     switch = np.zeros(len(c), dtype=bool)      # the other way than the cell's previous request
@@ -69,11 +69,12 @@ def patterns(p: WdcParams, addr: np.ndarray, size: np.ndarray, write: np.ndarray
     cell_starts, cell_ends = _runs(c)
     first_umc = np.zeros(len(u), dtype=bool)
     first_umc[by_cell[cell_starts]] = True
-    beats = -(-size[served] // p.beat_bytes) * p.beat_ps
+    beats = (size[served] + (p.beat_bytes - 1)) // p.beat_bytes * p.beat_ps     # whole beats
     close = np.where(wr, p.close_ps[1], p.close_ps[0])
     turn = np.where(wr, p.turn_ps[1], p.turn_ps[0])
     cost = np.where(first, 0, beats + np.where(hit, switch * turn, close + p.open_ps))   # first: per command
     flat = (lambda values: np.bincount(cell, weights=values, minlength=count * U).astype(np.int64).reshape(count, U))
+    tally = (lambda mask: np.bincount(cell[mask], minlength=count * U).astype(np.int64).reshape(count, U))
     decided = ~first
     svc = np.bincount(k * 2 + wr, weights=cost, minlength=count * 2).astype(np.int64).reshape(count, 2)
     rw = np.bincount(k * 2 + write, weights=size, minlength=count * 2).astype(np.int64).reshape(count, 2)
@@ -81,7 +82,7 @@ def patterns(p: WdcParams, addr: np.ndarray, size: np.ndarray, write: np.ndarray
                 "first_of_umc": first_umc[fk], "switch": switch[fk], "beats": beats[fk]}
     lu = by_cell[cell_ends]
     dirs = {"key": k[lu], "umc": u[lu], "last": wr[lu]}
-    return Patterns(flat(cost), flat(decided & hit), flat(decided & ~hit), svc, rw,
+    return Patterns(flat(cost), tally(decided & hit), tally(decided & ~hit), svc, rw,
                     np.bincount(key, minlength=count), deferred, dirs)
 
 
