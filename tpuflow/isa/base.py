@@ -221,7 +221,13 @@ def _ddr_ranges(addr: int, shape: tuple, strides: tuple, elem_bytes: int) -> tup
     """ddr_range, cached: an instruction's accesses are asked for by every checker and model."""
     if math.prod(shape) == 0:
         return ()
-    return tuple(DdrRange(addr + lo, addr + hi) for lo, hi in _ddr_pieces(shape, strides, elem_bytes))
+    ranges = []
+    for lo, hi in _ddr_pieces(shape, strides, elem_bytes):     # DdrRange(addr + lo, addr + hi), without __init__
+        r = object.__new__(DdrRange)                               # (a strided DMA has up to MAX_DDR_RANGES)
+        fields_of = r.__dict__
+        fields_of["lo"], fields_of["hi"] = addr + lo, addr + hi
+        ranges.append(r)
+    return tuple(ranges)
 
 
 @functools.lru_cache(maxsize=1 << 16)
