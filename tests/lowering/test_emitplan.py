@@ -18,7 +18,6 @@ import tpuflow.lowering.compiler as compiler
 from tpuflow.errors import LoweringError
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import REGIONS, FrozenPlan, NoBuffersPlan, PlannedEmission
-from tpuflow.lowering.lmem import GroupArena
 from tpuflow.lowering.mathops import CONST_REGION_BYTES
 from tpuflow.lowering.ops import lmem_move
 from tpuflow.lowering.ops.gather import GatherTiling
