@@ -135,7 +135,8 @@ def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, optio
 
     def plan(span_cost) -> ResidencyPlan:
         return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
-                              lambda g: resident_ports(graph, g, chip, options), span_cost, share)
+                              lambda g: resident_ports(graph, g, chip, options), span_cost, share,
+                              matrix_slicing=options.matmul == "tiu")
 
     def cost(residency: ResidencyPlan, members: tuple[int, ...]) -> int:
         return _members_cost(graph, groups, chip, options, residency, members)
@@ -403,13 +404,16 @@ def _emit_slices(ctx: LowerCtx, groups: list[Group], region, options: CompileOpt
         ctx.residency.enter_slice(region, s)
         for m in region.members:
             ctx.group_index = m
-            sample = region.sample_of(s)
-            ctx.out_rows, ctx.out_samples = region.rows[m][s], range(sample, sample + 1)
+            if region.matrix:
+                ctx.out_view_rows = region.rows[m][s]
+            else:
+                sample = region.sample_of(s)
+                ctx.out_rows, ctx.out_samples = region.rows[m][s], range(sample, sample + 1)
             _emit_group(ctx, groups[m], options)
             if m in ctx.held:
                 ctx.held[m].loaded = True
         slice_of += [s] * (len(ctx.em.records) - start - len(slice_of))
-    ctx.out_rows = ctx.out_samples = None
+    ctx.out_rows = ctx.out_samples = ctx.out_view_rows = None
     emitted = ctx.em.records[start:]
     ctx.em.records[start:] = [emitted[i] for i in pipelined_order(emitted, slice_of, ctx.chip)]
     for name, info in ctx.layers.items():           # the model's MACs, not those of every slice

@@ -67,12 +67,16 @@ class ResidentTensor:
         H*W; the rows stay inside one sample) or a matrix row."""
         whole = self.tile(chip)
         channels = self.shape[1]
-        n, r0 = (0, r0) if self.layout == MATRIX else divmod(r0, channels)
-        if r0 + rows > channels:
-            raise LoweringError(f"internal: rows {r0}..{r0 + rows} of {self.name} cross a sample")
+        if self.layout == MATRIX:      # a slice buffer holds rows row0.. of the matrix
+            n, r0 = 0, r0 - self.row0
+        else:
+            n, r0 = divmod(r0, channels)
+        if r0 < 0 or r0 + rows > channels:
+            raise LoweringError(f"internal: rows {r0}..{r0 + rows} of {self.name} are outside one sample / its slice buffer")
         sub = whole.sub_channels(r0, rows, chip)
-        width = self.shape[3]          # columns are rows x width (a slice buffer holds some rows)
-        col0 = self._local_row(col0 // width, -(-(col0 % width + cols) // width)) * width + col0 % width
+        width = self.shape[3]          # NCHW: columns are rows x width (a slice buffer holds some rows)
+        if self.layout != MATRIX:
+            col0 = self._local_row(col0 // width, -(-(col0 % width + cols) // width)) * width + col0 % width
         addr = sub.addr + (self._local_sample(n) * whole.strides[0] + col0) * self.prec.bytes
         return _as_aligned(chip, LTile(addr, (1, rows, 1, cols), self.prec,
                                        (0, self._group_stride(chip, sub, rows), cols, 1), StrideMode.FREE))
@@ -135,7 +139,7 @@ class LayerGroup:
         are listed), else whole tensors (1 slice); each member tiles its own work over output
         channels and rows inside the group's working area."""
         used = {a for _, _, ax in self.sliced for a in ax.split(",")}
-        axes = [a for a in ("n", "h") if a in used]
+        axes = [a for a in ("n", "h", "rows") if a in used]
         return {"index": self.index, "members": list(self.members), "nodes": list(self.nodes),
                 "resident": list(self.resident), "slicing": ",".join(axes) if axes else "whole tensors",
                 "slices": max([s for _, s, _ in self.sliced] + [1]),

@@ -36,7 +36,7 @@ class _Unit:
     containers: dict[str, str] = field(default_factory=dict)   # member -> the Concat it is a slice of
 
 
-SLICE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)      # row bands per sample
+SLICE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)     # row bands per sample
 
 
 @dataclass
@@ -70,7 +70,7 @@ SLICE_COUNT_CHOICES = 2    # slice counts tried per span: the fewest that fit, a
 
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
                    ports: Callable[[Group], tuple[set[str], set[str]]], span_cost: SpanCost | None,
-                   share: float = RESIDENT_SHARE) -> ResidencyPlan:
+                   share: float = RESIDENT_SHARE, matrix_slicing: bool = False) -> ResidencyPlan:
     """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
     to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it has
     a resident layout, it is neither a graph input nor output, and it fits the resident share of
@@ -132,7 +132,7 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
         return base
     rejected = {t for t in producer if eligible(t) and t not in base.tensors and t not in family}
     regions: list[SlicedRegion] = []
-    for run in candidate_runs(graph, groups):
+    for run in candidate_runs(graph, groups, matrix_slicing):
         regions += _search_run(inputs, base, run, rejected, span_cost)
     accepted: list[SlicedRegion] = []
     for region in regions:                    # chosen span by span: each with more slices if needed to fit beside the others
@@ -224,9 +224,14 @@ def _extended(inputs: _Inputs, run: tuple[int, ...], members: tuple[int, ...]) -
     inside, last = set(run), members[-1]
     for t, p in inputs.producer.items():
         users = inputs.consumers.get(t, ())
-        if p in members and users and set(users) <= inside and len(inputs.graph.tensor(t).shape) == 4:
+        if p in members and users and set(users) <= inside and _sliceable_tensor(inputs, t):
             last = max(last, max(users))
     return tuple(i for i in run if members[0] <= i <= last)
+
+
+def _sliceable_tensor(inputs: _Inputs, name: str) -> bool:
+    """A tensor a slice buffer can hold: NCHW (4-D, bands of rows) or a matrix (bands of rows on lanes)."""
+    return inputs.layouts.get(name) == MATRIX or len(inputs.graph.tensor(name).shape) == 4
 
 
 def _internal(inputs: _Inputs, members: tuple[int, ...]) -> set[str]:
@@ -235,7 +240,7 @@ def _internal(inputs: _Inputs, members: tuple[int, ...]) -> set[str]:
     inside = set(members)
     return {t for t, p in inputs.producer.items()
             if p in inside and inputs.consumers.get(t) and set(inputs.consumers[t]) <= inside
-            and inputs.eligible(t) and len(inputs.graph.tensor(t).shape) == 4}
+            and inputs.eligible(t) and _sliceable_tensor(inputs, t)}
 
 
 def _widened(inputs: _Inputs, run: tuple[int, ...], members: tuple[int, ...],
@@ -250,7 +255,7 @@ def _widened(inputs: _Inputs, run: tuple[int, ...], members: tuple[int, ...],
         for t, p in inputs.producer.items():
             users = inputs.consumers.get(t, ())
             if (t not in held and p in inside and users and set(users) <= inside and inputs.eligible(t)
-                    and len(inputs.graph.tensor(t).shape) == 4 and p <= hi and max(users) >= lo):
+                    and _sliceable_tensor(inputs, t) and p <= hi and max(users) >= lo):
                 held.add(t)
                 lo, hi, grown = min(lo, p), max(hi, max(users)), True
     return tuple(i for i in run if lo <= i <= hi), held
@@ -262,7 +267,7 @@ def _slicing_candidates(inputs: _Inputs, run: tuple[int, ...], rejected: set[str
     inside = set(run)
     held = sorted((inputs.producer[t], max(inputs.consumers[t]), t) for t in rejected
                   if inputs.producer[t] in inside and set(inputs.consumers[t]) <= inside
-                  and len(inputs.graph.tensor(t).shape) == 4)
+                  and _sliceable_tensor(inputs, t))
     cluster: list[tuple[int, int, str]] = []
     for item in held:
         if cluster and item[0] > max(c[1] for c in cluster):
@@ -336,9 +341,10 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
         first, last = life(name, min(inputs.consumers[name]), max(inputs.consumers[name]))
         units.append(_Unit(inputs.shape_of(name), first, last, [(name, 0, first, last)]))
     for name, r in held.items():
-        n, c, h, w = graph.tensor(name).shape
-        units.append(_Unit((1, c, r.capacity(name), w), r.first, r.last, [(name, 0, r.first, r.last)], sliced=True))
-    units.sort(key=lambda u: (u.first, u.last, u.members[0][0]))
+        n, c, h, w = inputs.shape_of(name)
+        shape = (1, r.capacity(name), 1, w) if r.matrix else (1, c, r.capacity(name), w)
+        units.append(_Unit(shape, r.first, r.last, [(name, 0, r.first, r.last)], sliced=True))
+    units.sort(key=lambda u: (not u.sliced, u.first, u.last, u.members[0][0]))   # slice buffers first: their span needs them
     plan = ResidencyPlan(region_top=top, regions=list(regions))
     placed: list[tuple[int, int, _Unit]] = []
     for unit in units:

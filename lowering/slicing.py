@@ -27,6 +27,7 @@ class SlicedRegion:
     rows: dict[int, tuple[Rows, ...]]
     buffers: dict[str, tuple[Rows, ...]]
     samples: int = 1
+    matrix: bool = False        # bands of view rows of matmuls and row groups (no halo), not of NCHW rows
 
     @property
     def bands(self) -> int:
@@ -37,7 +38,9 @@ class SlicedRegion:
 
     @property
     def axes(self) -> str:
-        """"n", "h" or "n,h": what the slices split."""
+        """"n", "h", "n,h" or "rows" (matrix rows): what the slices split."""
+        if self.matrix:
+            return "rows"
         return ",".join(a for a, used in (("n", self.samples > 1), ("h", self.bands > 1)) if used)
 
     @property
@@ -59,6 +62,43 @@ def output_of(group: Group) -> str:
 
 def output_height(graph: Graph, group: Group) -> int:
     return graph.tensor(output_of(group)).shape[2]
+
+
+def view_rows(graph: Graph, group: Group) -> int | None:
+    """Rows of a matrix-sliceable group's view: batch x M of a matmul, the rows of a row group cut
+    before its last axis; None for other groups."""
+    if group.kind == "matmul":
+        from tpuflow.lowering.ops.matmul import matmul_geometry
+        geo = matmul_geometry(SimpleNamespace(graph=graph), group.anchor)
+        return geo.batch_count * geo.m
+    shape = group.full_shape if group.kind == "row" else ()
+    if group.kind == "row" and len(shape) >= 2 and group.split == len(shape) - 1:
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+        return rows
+    return None
+
+
+def _matrix_extent(graph: Graph, group: Group, made: set[str]) -> int | None:
+    """The view rows of a group that can run on a band of them inside a run that made `made`:
+    a matmul whose right operand is not made in the run and whose left operand, when made there,
+    is read row for row; a row group cut before its last axis."""
+    rows = view_rows(graph, group)
+    if rows is None or group.kind == "row":
+        return rows
+    node = group.anchor
+    a, b = node.inputs[0], node.inputs[1]
+    if b in made or (a in made and (node.attr("a_perm") is not None or _rows_of(graph.tensor(a).shape) != rows)):
+        return None
+    return rows
+
+
+def _rows_of(shape) -> int:
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return rows
 
 
 def samples(graph: Graph, group: Group) -> int:
@@ -132,7 +172,7 @@ def chunk(height: int, slices: int, s: int) -> Rows:
 def slice_counts(graph: Graph, groups: list[Group], members: tuple[int, ...], counts) -> list[int]:
     """The slice counts a span can run at: one slice per sample, or `counts` row bands per
     sample (a batch is always sliced by sample first: no halo, no recomputation)."""
-    n = samples(graph, groups[members[0]])
+    n = 1 if _is_matrix_span(graph, groups, members) else samples(graph, groups[members[0]])
     return ([n] if n > 1 else []) + [n * k for k in counts]
 
 
@@ -141,6 +181,8 @@ def slice_region(graph: Graph, groups: list[Group], members: tuple[int, ...], sl
     """Rows per member and slice (each member's own share of its rows plus what later members
     need), and the rows of each tensor in `held` (slice buffers) per slice; `slices` is a
     multiple of the batch (slice_counts)."""
+    if _is_matrix_span(graph, groups, members):
+        return _matrix_region(graph, groups, members, slices, held)
     n = samples(graph, groups[members[0]])
     if slices % n or any(samples(graph, groups[m]) != n for m in members):
         raise ValueError(f"internal: {slices} slices of a span of batch {n}")
@@ -166,20 +208,54 @@ def slice_region(graph: Graph, groups: list[Group], members: tuple[int, ...], sl
                         {t: tuple(v) * n for t, v in buffers.items()}, n)
 
 
-def candidate_runs(graph: Graph, groups: list[Group]) -> list[tuple[int, ...]]:
-    """Maximal runs of consecutive sliceable groups of one batch size in which every member after
-    the first reads a tensor made by an earlier member."""
-    runs, current, made = [], [], set()
+def _is_matrix_span(graph: Graph, groups: list[Group], members: tuple[int, ...]) -> bool:
+    first = groups[members[0]]
+    return first.kind == "matmul" or (first.kind == "row" and view_rows(graph, first) is not None
+                                      and not _nchw_row_group(graph, first))
+
+
+def _nchw_row_group(graph: Graph, group: Group) -> bool:
+    out = graph.tensor(output_of(group)).shape
+    return (len(out) == 4 and group.split == 2 and len(group.full_shape) == 4
+            and tuple(group.full_shape) == tuple(out))
+
+
+def _matrix_region(graph: Graph, groups: list[Group], members: tuple[int, ...], slices: int,
+                   held: set[str]) -> SlicedRegion:
+    """Every member computes the same band of view rows per slice (rows are independent)."""
+    rows = view_rows(graph, groups[members[0]])
+    bands = tuple(chunk(rows, slices, s) for s in range(slices))
+    return SlicedRegion(tuple(members), slices, {m: bands for m in members}, {t: bands for t in held},
+                        1, matrix=True)
+
+
+def candidate_runs(graph: Graph, groups: list[Group], matrix: bool = False) -> list[tuple[int, ...]]:
+    """Maximal runs of consecutive sliceable groups in which every member after the first reads a
+    tensor made by an earlier member: NCHW runs of one batch size (sliced by samples and output
+    rows), and with `matrix` runs of matmuls and row groups over the same number of view rows
+    (sliced by bands of rows; a matmul's right operand comes from outside the run)."""
+    runs, current, made, kind = [], [], set(), None
     for i, g in enumerate(groups):
         inputs = {t for n in g.nodes for t in n.inputs if t}
-        if is_sliceable(graph, g) and current and inputs & made \
-                and samples(graph, g) == samples(graph, groups[current[0]]):
+        if current and inputs & made and _signature(graph, g, made, matrix) == kind:
             current.append(i)
             made |= g.produced()
             continue
         if len(current) > 1:
             runs.append(tuple(current))
-        current, made = ([i], set(g.produced())) if is_sliceable(graph, g) else ([], set())
+        kind = _signature(graph, g, set(), matrix)
+        current, made = ([i], set(g.produced())) if kind is not None else ([], set())
     if len(current) > 1:
         runs.append(tuple(current))
     return runs
+
+
+def _signature(graph: Graph, group: Group, made: set[str], matrix: bool):
+    """What members of one run share: ("nchw", batch) or ("rows", view rows); None when the group
+    cannot join (or start) a run."""
+    if group.kind in ("conv", "pool", "move") or _nchw_row_group(graph, group):
+        return ("nchw", samples(graph, group)) if is_sliceable(graph, group) else None
+    if not matrix:
+        return None
+    rows = _matrix_extent(graph, group, made)
+    return None if rows is None else ("rows", rows)
