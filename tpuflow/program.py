@@ -88,59 +88,6 @@ class CoreStreams:
     gdma_layers: list[str] = field(default_factory=list)
     tile_layers: list[str] = field(default_factory=list)
     issue_order: str = ""
-    # Core axis (see the module docstring): the streams of cores 1.. (core 0's are the fields above),
-    # the compiler's per-core split record, and which core a single-core view `core(k)` shows.
-    extra_cores: list[CoreStreams] = field(default_factory=list)
-    core_split: list[dict] = field(default_factory=list)
-    core_id: int = 0
-
-    @property
-    def core_count(self) -> int:
-        return 1 + len(self.extra_cores)
-
-    @property
-    def cores(self) -> list[CoreStreams]:
-        """Every core's streams, core 0 first (core 0's shares its lists with this Program)."""
-        own = CoreStreams(self.tiu, self.gdma, self.tile, self.tiu_layers, self.gdma_layers,
-                          self.tile_layers, self.issue_order)
-        return [own, *self.extra_cores]
-
-    def core(self, k: int) -> "Program":
-        """A single-core Program of core k's streams, sharing memory, layers and options; itself
-        for core 0 of a single-core program."""
-        if k == 0 and not self.extra_cores:
-            return self
-        if not 0 <= k < self.core_count:
-            raise IndexError(f"core {k} of a {self.core_count}-core program")
-        s = self.cores[k]
-        view = self.with_queues(s.tiu, s.gdma, s.tile, s.tiu_layers, s.gdma_layers, s.tile_layers, s.issue_order)
-        view.extra_cores, view.core_id = [], k
-        return view
-
-    @classmethod
-    def from_cores(cls, base: "Program", streams: list[CoreStreams], core_split: list[dict] | None = None) -> "Program":
-        """A Program with `streams` as its cores (streams[0] is core 0), everything else from `base`."""
-        if not streams:
-            raise ValueError("a program has at least one core")
-        first = streams[0]
-        prog = base.with_queues(first.tiu, first.gdma, first.tile, first.tiu_layers, first.gdma_layers,
-                                first.tile_layers, first.issue_order)
-        prog.extra_cores = [CoreStreams(list(s.tiu), list(s.gdma), list(s.tile), list(s.tiu_layers),
-                                        list(s.gdma_layers), list(s.tile_layers), s.issue_order) for s in streams[1:]]
-        prog.core_split = list(base.core_split if core_split is None else core_split)
-        return prog
-
-    def with_cores(self, streams: list[CoreStreams]) -> "Program":
-        """A copy with every core's streams replaced (used by the per-core scheduler)."""
-        return Program.from_cores(self, streams)
-
-    @property
-    def total_instruction_count(self) -> int:
-        return sum(s.instruction_count for s in self.cores)
-
-    def core_counts(self) -> list[dict[str, int]]:
-        """Per core, the instruction count of each engine (the manifest's per-core counts)."""
-        return [s.counts() for s in self.cores]
 
     def queue(self, engine: Engine) -> list[Instruction]:
         return (self.tiu, self.gdma, self.tile)[Engine(engine).code]
