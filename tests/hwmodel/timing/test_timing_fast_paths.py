@@ -2,6 +2,9 @@
 compiled-waits table (deps.py) against isa.same_as_earlier and Instruction.waits(), and the DRAM pass of the
 rate model (occupancy per UMC, service per direction, page counts) against one request-by-request pass."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
@@ -9,6 +12,9 @@ from tpuflow.chip import load_chip
 from tpuflow.hwmodel.timing.deps import _same_as_earlier, _waits_array
 from tpuflow.isa import SysDma, SysTiu, TensorDma, global_lmem_address
 from tpuflow.isa.base import TILE_WAIT_TAG, same_as_earlier
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dram_reference import by_request  # noqa: E402
 
 CHIP = load_chip("sg2260")
 LMEM = global_lmem_address(0, CHIP)
@@ -46,38 +52,6 @@ def test_tiu_waits_rows_keep_the_sys_rule():
     assert _waits_array(queue).tolist() == [[0, 2, 0], [0, 1, 3], [0, 0, 5]]
 
 
-def _by_request(chip, instrs):
-    """(occupancy (n, U), service (n, 2) read/write, page hits / misses / opens per UMC) from one pass over
-    every DDR request of the queue in order (wdc's per-request rules)."""
-    from tpuflow.hwmodel.timing.clocks import Clocks
-    from tpuflow.hwmodel.timing.gdma import DDR, CommandModel, _Side
-    from tpuflow.hwmodel.timing.wdc import DramState, WdcParams, _direction_switch, _page_state, _service_order
-    p = WdcParams.of(chip, Clocks.of(chip))
-    reads, writes, rk, wk, *_ = zip(*[CommandModel(chip, Clocks.of(chip))._sides(i) for i in instrs])
-    rs, ws = _Side(list(reads), list(rk)), _Side(list(writes), list(wk))
-    r, w = rs.select(DDR), ws.select(DDR)
-    cmd = np.concatenate([rs.cmd[r], ws.cmd[w]])
-    write = np.concatenate([np.zeros(len(r), dtype=bool), np.ones(len(w), dtype=bool)])
-    order = np.argsort(cmd * 2 + write, kind="stable")
-    addr, size = np.concatenate([rs.addr[r], ws.addr[w]])[order], np.concatenate([rs.size[r], ws.size[w]])[order]
-    write, cmd = write[order], cmd[order]
-    umc, bank_key, row = p.decode(addr)
-    served = _service_order(p, umc, cmd * 2 + write, bank_key, row)
-    state = DramState(p)
-    hit, closed = _page_state(bank_key[served], row[served], state)
-    wr, u, c = write[served], umc[served], cmd[served]
-    switch = _direction_switch(u, wr, state)
-    cost = -(-size[served] // p.beat_bytes) * p.beat_ps + np.where(
-        hit, switch * np.where(wr, p.turn_ps[1], p.turn_ps[0]),
-        np.where(closed, p.open_ps, np.where(wr, p.close_ps[1], p.close_ps[0]) + p.open_ps))
-    n, U = len(instrs), p.umcs
-    occ, service = np.zeros(n * U, dtype=np.int64), np.zeros(n * 2, dtype=np.int64)
-    np.add.at(occ, c * U + u, cost)
-    np.add.at(service, c * 2 + wr, cost)
-    counts = [np.bincount(u[m], minlength=U) for m in (hit, ~hit & ~closed, closed)]
-    return occ.reshape(n, U), service.reshape(n, 2), counts
-
-
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["load", "store", "copy"]), st.integers(0, 40),
                           st.sampled_from([64, 700, 4096, 9000]), st.integers(1, 5),
@@ -108,7 +82,7 @@ def test_dram_pass_per_pattern_equals_the_request_by_request_pass(commands):
     shapes = [model._shape(i) for i in instrs]
     state = DramState(model.p)
     occ, service = model._dram(shapes, len(instrs), state)
-    want_occ, want_service, (hits, misses, opens) = _by_request(CHIP, instrs)
+    want_occ, want_service, (hits, misses, opens) = by_request(CHIP, instrs)
     assert np.array_equal(occ, want_occ)
     assert np.array_equal(service, want_service)
     assert np.array_equal(state.page_hits, hits) and np.array_equal(state.page_misses, misses)

@@ -9,6 +9,9 @@ Common numbers (sg2260, derived in test_timing_gdma.py's 4096 B example): the lo
 a 512 B burst holds its UMC 16 beats x 7.5 ns = 120 ns; the first use of a bank opens it: 50 ns.
 """
 
+import sys
+from pathlib import Path
+
 import numpy as np
 from hypothesis import given, settings, strategies as st
 import pytest
@@ -20,6 +23,9 @@ from tpuflow.hwmodel.timing.memory import Flow, max_min_speeds
 from tpuflow.hwmodel.timing.synthetic import ProgramBuilder, copy_bytes
 from tpuflow.isa import Engine, barrier
 from tpuflow.program import CoreStreams, Program
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dram_reference import by_request  # noqa: E402
 
 CHIP = load_chip("sg2260")
 MIB = 1 << 20
@@ -178,36 +184,6 @@ def test_per_core_rows_in_the_json_the_timeline_and_the_trace():
             sorted((int(c) + 1, int(i)) for c, i in zip(core.engine, core.cmd_id))
 
 
-def _occupancy_request_by_request(chip, instrs) -> np.ndarray:
-    """The DRAM occupancy per command and UMC from one pass over every request of the queue (the rules of
-    transfers.py applied request by request, as wdc's per-burst model orders them)."""
-    from tpuflow.hwmodel.timing.clocks import Clocks
-    from tpuflow.hwmodel.timing.gdma import DDR, CommandModel, _Side
-    from tpuflow.hwmodel.timing.wdc import DramState, WdcParams, _direction_switch, _page_state, _service_order
-    p = WdcParams.of(chip, Clocks.of(chip))
-    model = CommandModel(chip, Clocks.of(chip))
-    reads, writes, rk, wk, *_ = zip(*[model._sides(i) for i in instrs])
-    rs, ws = _Side(list(reads), list(rk)), _Side(list(writes), list(wk))
-    r, w = rs.select(DDR), ws.select(DDR)
-    cmd = np.concatenate([rs.cmd[r], ws.cmd[w]])
-    write = np.concatenate([np.zeros(len(r), dtype=bool), np.ones(len(w), dtype=bool)])
-    order = np.argsort(cmd * 2 + write, kind="stable")
-    addr, size = np.concatenate([rs.addr[r], ws.addr[w]])[order], np.concatenate([rs.size[r], ws.size[w]])[order]
-    write, cmd = write[order], cmd[order]
-    umc, bank_key, row = p.decode(addr)
-    served = _service_order(p, umc, cmd * 2 + write, bank_key, row)
-    state = DramState(p)
-    hit, closed = _page_state(bank_key[served], row[served], state)
-    wr = write[served]
-    switch = _direction_switch(umc[served], wr, state)
-    cost = -(-size[served] // p.beat_bytes) * p.beat_ps + np.where(
-        hit, switch * np.where(wr, p.turn_ps[1], p.turn_ps[0]),
-        np.where(closed, p.open_ps, np.where(wr, p.close_ps[1], p.close_ps[0]) + p.open_ps))
-    occ = np.zeros(len(instrs) * p.umcs, dtype=np.int64)
-    np.add.at(occ, cmd[served] * p.umcs + umc[served], cost)
-    return occ.reshape(len(instrs), p.umcs)
-
-
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["load", "store", "copy"]), st.integers(0, 63),
                           st.sampled_from([64, 512, 700, 4096, 9000, 70000]), st.integers(1, 6)),
@@ -233,7 +209,7 @@ def test_occupancy_per_pattern_equals_the_request_by_request_pass(commands):
                                 dst_nstride=ds[0], dst_cstride=ds[1], dst_hstride=ds[2], dst_wstride=1,
                                 src_data_format=4))
     costs = TransferModel(CHIP, Clocks.of(CHIP)).costs(instrs)
-    assert np.array_equal(costs.occupancy, _occupancy_request_by_request(CHIP, instrs))
+    assert np.array_equal(costs.occupancy, by_request(CHIP, instrs)[0])
 
 
 def test_message_id_beyond_the_chips_queue_is_an_error():
