@@ -87,7 +87,8 @@ class _Builder:
     def __init__(self, program: Program, columns: list[list] | None = None, preds: list[list[int]] | None = None,
                  unit_base: int = 0):
         self.program, self.chip = program, program.chip
-        self.finder = HazardFinder(self.chip.lanes, LMEM_LANE_BLOCK, self.chip.chunk_bytes_per_lane)
+        self.finder = HazardFinder(self.chip.lanes, LMEM_LANE_BLOCK, self.chip.chunk_bytes_per_lane,
+                                   exact_ddr=program.core_count > 1)
         self.same = [same_as_earlier(program.queue(e)) for e in Engine]
         self.known: list[dict] = [{}, {}, {}]    # per engine: first equal instruction -> (timing, accesses or None)
         # engine (unit), queue index, duration, head, tail; shared by the cores of a multi-core DAG

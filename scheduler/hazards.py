@@ -116,9 +116,20 @@ class AccessIndex:
 class HazardFinder:
     """Precise-range predecessors of each instruction, fed in original issue order."""
 
-    def __init__(self, lanes: int, lane_block: int, lmem_block: int, ddr_block: int = 1 << 16):
+    def _ddr_boxes(self, ranges) -> list[tuple[int, int, int, int]]:
+        ranges = [r for r in ranges if r.hi > r.lo]
+        if not self.exact_ddr and len(ranges) > 1:
+            return [(0, 1, min(r.lo for r in ranges), max(r.hi for r in ranges))]
+        return [(0, 1, r.lo, r.hi) for r in ranges]
+
+    def __init__(self, lanes: int, lane_block: int, lmem_block: int, ddr_block: int = 1 << 16,
+                 exact_ddr: bool = False):
         self.lmem = AccessIndex(min(lane_block, lanes), lmem_block)
         self.ddr = AccessIndex(1, ddr_block)
+        # One core orders its DMAs in its queue: each instruction's DDR pieces are taken as their
+        # hull (a strided DMA can have thousands of pieces). Several cores need the exact pieces:
+        # cores write interleaved row bands of one tensor at the same time.
+        self.exact_ddr = exact_ddr
 
     def add(self, node: int, acc) -> set[int]:
         """Predecessors of `node` with accesses `acc` (an isa Accesses), then record them."""
@@ -126,8 +137,7 @@ class HazardFinder:
         parts = (
             (lmem, lmem.pieces([(r.lane, r.lanes, r.lo, r.hi) for r in acc.lmem_reads if r.hi > r.lo and r.lanes > 0]),
              lmem.pieces([(r.lane, r.lanes, r.lo, r.hi) for r in acc.lmem_writes if r.hi > r.lo and r.lanes > 0])),
-            (ddr, ddr.pieces([(0, 1, r.lo, r.hi) for r in acc.ddr_reads if r.hi > r.lo]),
-             ddr.pieces([(0, 1, r.lo, r.hi) for r in acc.ddr_writes if r.hi > r.lo])),
+            (ddr, ddr.pieces(self._ddr_boxes(acc.ddr_reads)), ddr.pieces(self._ddr_boxes(acc.ddr_writes))),
         )
         preds: set[int] = set()
         for index, reads, writes in parts:

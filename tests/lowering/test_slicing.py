@@ -189,9 +189,11 @@ def test_a_program_sliced_over_samples_matches_onnxruntime(monkeypatch, tmp_path
     assert result["ok"], result
 
 
-def test_sliced_members_hold_their_weights_across_slices(monkeypatch, tmp_path):
-    """Every conv of a sliced run loads its weights once (first slice) and reads them in place in
-    every later slice; the program still matches onnxruntime."""
+@pytest.mark.parametrize("prefer", ["held", "plain"])
+def test_sliced_members_hold_their_weights_across_slices(monkeypatch, tmp_path, prefer):
+    """With constants held, every conv of a sliced run loads its weights once (first slice) and
+    reads them in place in every later slice; the compiler keeps that variant or the one where
+    every slice loads its own, whichever its timing model finds faster (forced here both ways)."""
     import tpuflow.lowering.compiler as compiler
     from tpuflow.options import CompileOptions
     from tpuflow.pipeline import compile_model
@@ -199,7 +201,9 @@ def test_sliced_members_hold_their_weights_across_slices(monkeypatch, tmp_path):
     chip.write_text('base = "sg2260"\n[core]\nlmem_bytes_per_lane = 65536\n')
     monkeypatch.setattr(compiler, "_members_cost",
                         lambda graph, groups, chip, options, residency, members:
-                        0 if residency.region_at(members[0]) else 1)
+                        0 if any(r.first in members for r in residency.regions) else 1)
+    sign = 1 if prefer == "held" else -1                 # fewer loads (held) timed faster, or slower
+    monkeypatch.setattr(compiler, "_records_ps", lambda records, chip, options: sign * len(records))
     _, program = compile_model(_batched_chain(2), str(chip), CompileOptions())
     (run,) = [r for lg in program.layer_groups for r in lg["sliced_runs"]]
     assert run["slices"] >= 4
@@ -209,4 +213,4 @@ def test_sliced_members_hold_their_weights_across_slices(monkeypatch, tmp_path):
         if group.startswith("conv"):
             const_loads = [ins for ins, name in zip(program.gdma, program.gdma_layers)
                            if name == group and lo <= getattr(ins, "src_start_addr", -1) < hi]
-            assert len(const_loads) == 1, (group, len(const_loads))
+            assert len(const_loads) == (1 if prefer == "held" else run["slices"]), (group, len(const_loads))
