@@ -117,11 +117,9 @@ def run_case(name: str, chip: str, dtype: str) -> dict:
 
 
 def _disable_lmem_paths() -> None:
-    from tpuflow.lowering.ops import lmem_move, movement
+    from tpuflow.lowering.ops import lmem_move
     lmem_move.as_batched_transpose = lambda dims: None
     lmem_move.as_strided_rows = lambda dims, prec: None
-    movement.MoveEmitter._concat_through_lmem = lambda self, axis, shape: False
-    movement.MoveEmitter._split_through_lmem = lambda self, x, axis: False
     lmem_move.fits = lambda ctx, shapes, prec: False        # Expand, Pad and Resize paths check it
 
 

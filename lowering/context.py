@@ -101,14 +101,6 @@ class LowerCtx:
     previous: tuple[int, int] = (0, 0)                         # buffers of the previous group
     arenas: list[GroupArena] = field(default_factory=list)     # those handed out for the current group
 
-    def arena(self) -> GroupArena:
-        """A fresh arena over this context's region, remembered for the ring (emitters not yet
-        planning through lowering.emitplan allocate from it while they emit)."""
-        start, end = self.window(self.lmem_region)
-        arena = GroupArena(self.chip, used=start, limit=end)
-        self.arenas.append(arena)
-        return arena
-
     def window(self, region: str) -> tuple[int, int]:
         """The per-lane LMEM window [start, end) of `region` ("ring" or "full") for the current group."""
         lo = CONST_REGION_BYTES

@@ -12,7 +12,6 @@ from typing import Callable
 
 import numpy as np
 
-from tpuflow.errors import LoweringError
 from tpuflow.isa import AccCvt, CwBcTiu, Prec, StrideMode, TMatmul, TPush, global_lmem_address, size_code, tile_ref
 from tpuflow.hwmodel.timing.cost import tile_load_cycles
 from tpuflow.lowering.context import LowerCtx
@@ -330,17 +329,6 @@ class _TileOutput:
                  ["value"] + self.epi.set_names() + ["stored"])
         res_offs, sets = arena.alloc_plan(res, per, self.label, names=names)
         return tuple(res_offs), tuple(tuple(x) for x in sets)
-
-    def prepare(self, mt: int, nt: int, rows_total: int, cols_total: int) -> None:
-        self.arena = None
-        if not self.needs_tiu:
-            return
-        arena = self.ctx.arena()
-        res, per = self._sizes(mt, nt, rows_total, cols_total)
-        res_offs, sets = arena.alloc_plan(res, per, self.label)
-        self.arena = arena
-        self.load(res_offs, sets, rows_total, cols_total)
-        self.peak = arena.peak
 
     def load(self, res_offs, sets, rows_total: int, cols_total: int) -> None:
         """Take the buffers and load the resident epilogue operands (and the row bias)."""
