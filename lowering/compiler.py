@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from tpuflow.chip import ChipConfig
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph
 from tpuflow.frontend.stats import graph_stats, layer_stats
 from tpuflow.isa import Engine, Prec, SysDma, SysTiu
 from tpuflow.isa.messages import barrier, barrier_id
-from tpuflow.lowering.context import HeldConstants, LowerCtx
+from tpuflow.lowering.context import WHOLE, HeldConstants, LowerCtx
 from tpuflow.lowering.cores import core_parts
 from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.deps import assign_dependencies
@@ -81,7 +79,7 @@ def move_emitter(ctx: LowerCtx, group: Group):
         return ConcatLmemEmitter(ctx, group)
     if group.anchor.op_type == "Split" and group.anchor.inputs[0] in ctx.residency.splits:
         return LmemViewEmitter(ctx, group)
-    if is_lmem_resize(ctx.graph, group) and (ctx.out_rows is not None or any(
+    if is_lmem_resize(ctx.graph, group) and (ctx.part.rows is not None or any(
             ctx.resident(t) is not None for t in (group.anchor.inputs[0], group.anchor.outputs[0]))):
         return ResizeLmemEmitter(ctx, group)
     return MoveEmitter(ctx, group)
@@ -169,7 +167,6 @@ def _members_cost(graph: Graph, groups: list[Group], chip: ChipConfig, options: 
     order on the timing model (hwmodel.timing: the per-instruction costs of hwmodel.timing.cost,
     with the memory system; list-scheduling each candidate too tripled planning time and changed
     no decision on the sliced real models)."""
-    from tpuflow.hwmodel.timing import simulate
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
                    in_lmem=set(residency.tensors), rerun=[(r.first, r.last) for r in residency.regions])
     em = Emitter(chip)
@@ -186,11 +183,7 @@ def _members_cost(graph: Graph, groups: list[Group], chip: ChipConfig, options: 
                 _emit_group(ctx, groups[m], options)
     except LoweringError:
         return INFEASIBLE_PS
-    em.tiu(SysTiu(op="end"))
-    em.gdma(SysDma(op="chain_end"))
-    queues, _, order = assign_dependencies(em.records, chip, options.dep_mode)
-    span = Program(chip=chip, tiu=queues[0], gdma=queues[1], tile=queues[2], issue_order=order)
-    return simulate(span).total_ps
+    return _alone_ps(em, chip, options)
 
 
 INFEASIBLE_PS = 1 << 62          # the cost of groups that cannot be emitted under a plan
@@ -218,10 +211,10 @@ def _lower_planned(source: Graph, graph: Graph, groups: list[Group], chip: ChipC
     weights = WeightImage(ddr.weight_base)
     make_ctx = lambda: LowerCtx(graph, chip, options, Emitter(chip), ddr, weights, residency=residency)  # noqa: E731
     if options.cores > 1:
-        ctxs, split = _emit_over_cores(make_ctx, groups, options), _split_record(graph, groups, options)
+        ctxs, split = _emit_over_cores(make_ctx, groups, options)
     else:
         ctxs, split = [_emit_one_core(make_ctx(), groups, options)], []
-    streams = [_finish_core(ctx, chip, options) for ctx in ctxs]
+    streams = [_finish_core(ctx.em, chip, options) for ctx in ctxs]
     image = weights.image()
     tensors = dict(ddr.tensors)
     tensors["__weights__"] = DdrTensor("__weights__", weights.base, (len(image),), "uint8", "weight", len(image))
@@ -258,27 +251,29 @@ def _emit_one_core(ctx: LowerCtx, groups: list[Group], options: CompileOptions) 
     return ctx
 
 
-def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions) -> list[LowerCtx]:
+def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions) -> tuple[list[LowerCtx], list[dict]]:
     """Every group split over the cores (lowering.cores: each core emits its part, reading and
-    writing DDR), a chip-wide barrier after each group so the next reads what all cores wrote."""
+    writing DDR), a chip-wide barrier after each group so the next reads what all cores wrote;
+    (the cores' contexts, the manifest's record of the split: per core, each group's part)."""
     ctxs = [make_ctx() for _ in range(options.cores)]
+    split = [{"core": k, "groups": {}} for k in range(options.cores)]
     for ctx in ctxs:
         _prologue(ctx)
     graph = ctxs[0].graph
     for index, group in enumerate(groups):
         parts = core_parts(graph, group, options.cores, options, _on_vector_unit(ctxs[0], group))
-        for ctx, part in zip(ctxs, parts):
+        for ctx, part, record in zip(ctxs, parts, split):
             if part is None:
                 continue
+            record["groups"][group.name] = part.as_dict()
             ctx.group_index = index
-            ctx.out_rows, ctx.out_samples, ctx.out_view_rows = part.rows, part.samples, part.view_rows
-            ctx.out_view_cols, ctx.out_channels = part.view_cols, part.channels
+            ctx.part = part
             _emit_group(ctx, group, options)
-            ctx.out_rows = ctx.out_samples = ctx.out_view_rows = ctx.out_view_cols = ctx.out_channels = None
+            ctx.part = WHOLE
         if index < len(groups) - 1:
             for ctx in ctxs:
                 _emit_barrier(ctx, options.cores, index)
-    return ctxs
+    return ctxs, split
 
 
 def _on_vector_unit(ctx: LowerCtx, group: Group) -> bool:
@@ -294,27 +289,27 @@ def _emit_barrier(ctx: LowerCtx, cores: int, index: int) -> None:
         ctx.em.gdma(instr)
 
 
-def _split_record(graph: Graph, groups: list[Group], options: CompileOptions) -> list[dict]:
-    """The manifest's record of the split: per core, each group's part (a group a core has no
-    part of is not listed)."""
-    out = [{"core": k, "groups": {}} for k in range(options.cores)]
-    for group in groups:
-        shim = SimpleNamespace(graph=graph)
-        vector = group.kind == "matmul" and is_gemv(shim, group)
-        for k, part in enumerate(core_parts(graph, group, options.cores, options, vector)):
-            if part is not None:
-                out[k]["groups"][group.name] = part.as_dict()
-    return out
-
-
-def _finish_core(ctx: LowerCtx, chip: ChipConfig, options: CompileOptions) -> CoreStreams:
+def _finish_core(em: Emitter, chip: ChipConfig, options: CompileOptions) -> CoreStreams:
     """End markers, dependency ids and the per-engine queues of one core's instructions."""
-    em = ctx.em
     em.layer = ""
     em.tiu(SysTiu(op="end"))
     em.gdma(SysDma(op="chain_end"))
     queues, layers, order = assign_dependencies(em.records, chip, options.dep_mode)
     return CoreStreams(queues[0], queues[1], queues[2], layers[0], layers[1], layers[2], order)
+
+
+def _alone_ps(em: Emitter, chip: ChipConfig, options: CompileOptions) -> int:
+    """Estimated time (ps) of an emitter's instructions run alone on the timing model."""
+    from tpuflow.hwmodel.timing import simulate
+    s = _finish_core(em, chip, options)
+    return simulate(Program(chip=chip, tiu=s.tiu, gdma=s.gdma, tile=s.tile, issue_order=s.issue_order)).total_ps
+
+
+def _records_ps(records, chip: ChipConfig, options: CompileOptions) -> int:
+    """_alone_ps of emitted records (a copy: the records themselves are left as they are)."""
+    em = Emitter(chip)
+    em.records = list(records)
+    return _alone_ps(em, chip, options)
 
 
 def _emit_group(ctx: LowerCtx, group: Group, options: CompileOptions) -> None:
@@ -374,17 +369,6 @@ def _emit_sliced(ctx: LowerCtx, groups: list[Group], region, options: CompileOpt
     ctx.previous = best.previous
 
 
-def _records_ps(records, chip: ChipConfig, options: CompileOptions) -> int:
-    """Estimated time (ps) of emitted records run alone on the timing model."""
-    from tpuflow.hwmodel.timing import simulate
-    em = Emitter(chip)
-    em.records = list(records)
-    em.tiu(SysTiu(op="end"))
-    em.gdma(SysDma(op="chain_end"))
-    queues, _, order = assign_dependencies(em.records, chip, options.dep_mode)
-    return simulate(Program(chip=chip, tiu=queues[0], gdma=queues[1], tile=queues[2], issue_order=order)).total_ps
-
-
 def _held_constants(ctx: LowerCtx, groups: list[Group], region,
                     options: CompileOptions) -> tuple[dict[int, HeldConstants], int | None]:
     """Blocks at the top of the run's working area for the constants of the members that can
@@ -422,16 +406,12 @@ def _emit_slices(ctx: LowerCtx, groups: list[Group], region, options: CompileOpt
         ctx.residency.enter_slice(region, s)
         for m in region.members:
             ctx.group_index = m
-            if region.matrix:
-                ctx.out_view_rows = region.rows[m][s]
-            else:
-                sample = region.sample_of(s)
-                ctx.out_rows, ctx.out_samples = region.rows[m][s], range(sample, sample + 1)
+            ctx.part = region.part(m, s)
             _emit_group(ctx, groups[m], options)
             if m in ctx.held:
                 ctx.held[m].loaded = True
         slice_of += [s] * (len(ctx.em.records) - start - len(slice_of))
-    ctx.out_rows = ctx.out_samples = ctx.out_view_rows = None
+    ctx.part = WHOLE
     emitted = ctx.em.records[start:]
     ctx.em.records[start:] = [emitted[i] for i in pipelined_order(emitted, slice_of, ctx.chip)]
     for name, info in ctx.layers.items():           # the model's MACs, not those of every slice

@@ -45,6 +45,30 @@ class HeldConstants:
         return out
 
 
+@dataclass(frozen=True)
+class EmitPart:
+    """What of a group one emission computes (None fields: all of it along that axis): a slice of
+    a sliced run, or one core's part (lowering.cores)."""
+
+    samples: range | None = None
+    rows: tuple[int, int] | None = None          # conv / pool / NCHW row-group output rows
+    channels: tuple[int, int] | None = None      # conv output channels
+    view_rows: tuple[int, int] | None = None     # row group / matmul view rows (matmul: batch * M)
+    view_cols: tuple[int, int] | None = None     # matmul output columns
+
+    def as_dict(self) -> dict:
+        names = {"view_cols": "columns"}
+        out = {}
+        for key in ("samples", "rows", "channels", "view_rows", "view_cols"):
+            value = getattr(self, key)
+            if value is not None:
+                out[names.get(key, key)] = [value.start, value.stop] if isinstance(value, range) else list(value)
+        return out
+
+
+WHOLE = EmitPart()
+
+
 @dataclass
 class LowerCtx:
     graph: Graph
@@ -57,33 +81,29 @@ class LowerCtx:
     tile_pushes: list[int] = field(default_factory=lambda: [0, 0, 0, 0])   # TILE queue pushes so far
     residency: ResidencyPlan = field(default_factory=ResidencyPlan)      # activations kept in LMEM
     group_index: int = 0                                                 # the group being emitted
-    out_rows: tuple[int, int] | None = None      # sliced layer groups: output rows to emit (else all)
-    out_samples: range | None = None             # sliced layer groups, cores: the samples to emit (else all)
-    out_view_rows: tuple[int, int] | None = None  # cores: rows [lo, hi) of a row group's / matmul's view (else all)
-    out_view_cols: tuple[int, int] | None = None  # cores: output columns [lo, hi) of a matmul (else all)
-    out_channels: tuple[int, int] | None = None   # cores: output channels [lo, hi) of a conv (else all)
+    part: EmitPart = WHOLE                       # what of the group this emission computes
     held: dict[int, HeldConstants] = field(default_factory=dict)   # sliced runs: group -> its held constants
     held_floor: int | None = None                # sliced runs: the held constants lie above it
 
     def rows_to_emit(self, height: int) -> tuple[int, int]:
         """The output rows [lo, hi) of the group being emitted (all of them unless sliced)."""
-        return self.out_rows if self.out_rows is not None else (0, height)
+        return self.part.rows if self.part.rows is not None else (0, height)
 
     def samples_to_emit(self, batch: int) -> range:
         """The samples of the group being emitted (all of them unless sliced or split by sample)."""
-        return range(batch) if self.out_samples is None else self.out_samples
+        return range(batch) if self.part.samples is None else self.part.samples
 
     def channels_to_emit(self, channels: int) -> tuple[int, int]:
         """The output channels [lo, hi) of a conv to emit (all unless split over cores)."""
-        return self.out_channels if self.out_channels is not None else (0, channels)
+        return self.part.channels if self.part.channels is not None else (0, channels)
 
     def view_cols_to_emit(self, cols: int) -> tuple[int, int]:
         """The output columns [lo, hi) of a matmul to emit (all unless split over cores)."""
-        return self.out_view_cols if self.out_view_cols is not None else (0, cols)
+        return self.part.view_cols if self.part.view_cols is not None else (0, cols)
 
     def view_rows_to_emit(self, rows: int) -> tuple[int, int]:
         """The rows [lo, hi) of a row group's or matmul's view to emit (all unless split over cores)."""
-        return self.out_view_rows if self.out_view_rows is not None else (0, rows)
+        return self.part.view_rows if self.part.view_rows is not None else (0, rows)
 
     @property
     def prec(self) -> Prec:

@@ -6,6 +6,7 @@ band borders are recomputed), and every row of every sample of every member at l
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -36,6 +37,14 @@ class SlicedRegion:
     def sample_of(self, s: int) -> int:
         return s // self.bands
 
+    def part(self, member: int, s: int):
+        """What member `member` computes in slice `s` (lowering.context.EmitPart)."""
+        from tpuflow.lowering.context import EmitPart
+        if self.matrix:
+            return EmitPart(view_rows=self.rows[member][s])
+        sample = self.sample_of(s)
+        return EmitPart(samples=range(sample, sample + 1), rows=self.rows[member][s])
+
     @property
     def axes(self) -> str:
         """"n", "h", "n,h" or "rows" (matrix rows): what the slices split."""
@@ -64,20 +73,24 @@ def output_height(graph: Graph, group: Group) -> int:
     return graph.tensor(output_of(group)).shape[2]
 
 
+def matmul_geometry_of(graph: Graph, group: Group):
+    """The MatmulGeom of a matmul group, from the graph alone."""
+    from tpuflow.lowering.ops.matmul import matmul_geometry
+    return matmul_geometry(SimpleNamespace(graph=graph), group.anchor)
+
+
 def view_rows(graph: Graph, group: Group) -> int | None:
-    """Rows of a matrix-sliceable group's view: batch x M of a matmul, the rows of a row group cut
-    before its last axis; None for other groups."""
+    """Rows of a group's rows x columns view: batch x M of a matmul, the dims before a row
+    group's cut; None for other groups."""
     if group.kind == "matmul":
-        from tpuflow.lowering.ops.matmul import matmul_geometry
-        geo = matmul_geometry(SimpleNamespace(graph=graph), group.anchor)
+        geo = matmul_geometry_of(graph, group)
         return geo.batch_count * geo.m
-    shape = group.full_shape if group.kind == "row" else ()
-    if group.kind == "row" and len(shape) >= 2 and group.split == len(shape) - 1:
-        rows = 1
-        for d in shape[:-1]:
-            rows *= d
-        return rows
-    return None
+    return math.prod(group.full_shape[:group.split]) if group.kind == "row" else None
+
+
+def _cut_before_last(group: Group) -> bool:
+    """A row group whose view keeps the last axis as its columns (a matrix layout)."""
+    return len(group.full_shape) >= 2 and group.split == len(group.full_shape) - 1
 
 
 def _matrix_extent(graph: Graph, group: Group, made: set[str]) -> int | None:
@@ -85,19 +98,14 @@ def _matrix_extent(graph: Graph, group: Group, made: set[str]) -> int | None:
     a matmul whose right operand is not made in the run and whose left operand, when made there,
     is read row for row; a row group cut before its last axis."""
     rows = view_rows(graph, group)
-    if rows is None or group.kind == "row":
-        return rows
+    if group.kind == "row":
+        return rows if _cut_before_last(group) else None
+    if rows is None:
+        return None
     node = group.anchor
     a, b = node.inputs[0], node.inputs[1]
-    if b in made or (a in made and (node.attr("a_perm") is not None or _rows_of(graph.tensor(a).shape) != rows)):
+    if b in made or (a in made and (node.attr("a_perm") is not None or math.prod(graph.tensor(a).shape[:-1]) != rows)):
         return None
-    return rows
-
-
-def _rows_of(shape) -> int:
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
     return rows
 
 
@@ -210,7 +218,7 @@ def slice_region(graph: Graph, groups: list[Group], members: tuple[int, ...], sl
 
 def _is_matrix_span(graph: Graph, groups: list[Group], members: tuple[int, ...]) -> bool:
     first = groups[members[0]]
-    return first.kind == "matmul" or (first.kind == "row" and view_rows(graph, first) is not None
+    return first.kind == "matmul" or (first.kind == "row" and _cut_before_last(first)
                                       and not _nchw_row_group(graph, first))
 
 

@@ -4,7 +4,6 @@ epilogue."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -468,7 +467,7 @@ class ConvEmitter:
         return DRegion(addr, (1, ct, 1, elems), (ct * row, row, elems, 1), prec)
 
     def _input_region(self, n: int, c0: int, ct: int, r0: int, rows: int) -> DRegion:
-        geo, prec = self.geom, self.ctx.prec
+        geo = self.geom
         base = ((n * geo.cin + c0) * geo.h + r0) * geo.w
         return self.ctx.region(self.node.inputs[0], (1, ct, rows, geo.w), base,
                                (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))

@@ -16,7 +16,7 @@ from tpuflow.lowering.ewise import ROW_NORMALIZE, ROW_REDUCE, SCRATCH_NEED, Kind
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import MATRIX, NCHW
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
-from tpuflow.lowering.tiling import largest_fitting, pipelined, steps, steps_between
+from tpuflow.lowering.tiling import largest_fitting, pipelined, steps_between
 
 
 
@@ -213,10 +213,10 @@ class RowGroupEmitter:
         # NCHW over several samples: row tiles stay inside one sample (a resident tensor holds
         # each sample's channels on the lanes from lane 0)
         self.sample_rows = group.full_shape[1] if len(group.full_shape) == 4 and group.split == 2 \
-            and (group.full_shape[0] > 1 or ctx.out_samples is not None) else None
-        if ctx.out_rows is not None:       # sliced layer groups: NCHW rows [lo, hi) = columns lo*W .. hi*W
+            and (group.full_shape[0] > 1 or ctx.part.samples is not None) else None
+        if ctx.part.rows is not None:      # sliced layer groups: NCHW rows [lo, hi) = columns lo*W .. hi*W
             width = group.full_shape[3]
-            self.col_range = (ctx.out_rows[0] * width, ctx.out_rows[1] * width)
+            self.col_range = (ctx.part.rows[0] * width, ctx.part.rows[1] * width)
         self.chunked = False               # a reduction over rows too long for LMEM, in column chunks
         stage = 1 if ctx.prec != Prec.FP32 and group.stored else 0
         needs_temp = any(n.op_type in ROW_NORMALIZE for n in group.nodes)
