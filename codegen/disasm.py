@@ -92,7 +92,10 @@ class _Line:
             if f.name in self.covered or SHAPE_FIELD.match(f.name):
                 continue
             value = getattr(self.instr, f.name)
-            if f.default is dataclasses.MISSING or value != f.default:
+            default = f.default
+            if default is None:     # a field the instruction derives when left at None (ConvTiu's signs)
+                default = getattr(dataclasses.replace(self.instr, **{f.name: None}), f.name)
+            if default is dataclasses.MISSING or value != default:
                 self.parts.append(f"{f.name}={value}")
 
     def text(self, head: str) -> str:

@@ -37,8 +37,9 @@ weight_ic_block = 1 (compact [ic][kh][kw], its short_opd1_str). Otherwise the lo
 Hardware-meaning fields: descriptor fields the dataclass does not carry but whose value follows
 from the instruction (`DERIVED` below) are written as tpu-mlir 1.30.2's bm1690 decoder reads them
 and checked on decode: arith `tsk_opd_num` (1 for unary ops, 2 otherwise), cast's round mode and
-div's iteration count (3) in `opd2_n_str`; the `opt_X_sign` flags (1 for integer precisions, all tpuflow integers are signed;
-cast's result sign in `opt_opd2_sign`); conv/pool `opt_opd3_const = 1` with the padding value in
+div's iteration count (3) in `opd2_n_str`; the `opt_X_sign` flags the dataclass lacks (1 for integer precisions: those integers are signed;
+cast's result sign in `opt_opd2_sign`; ConvTiu / Mm2Tiu carry opt_opd0_sign / opt_opd1_sign and RqDqTiu
+its signs as fields, written as they are); conv/pool `opt_opd3_const = 1` with the padding value in
 `opd3_addr` (0, or -inf / +inf in opd0's precision for max / min pooling) and, in the long forms,
 their weight / bias layouts `short_opd1_str` / `short_opd2_str` (compact); sfu.rsqrt's Newton
 steps in `opd2_n_str` (3 steps, as tpu-mlir writes); `stride_enable = 1` on
@@ -68,7 +69,7 @@ from typing import Callable, Mapping
 
 from tpuflow.errors import BinaryFormatError, EncodingError
 from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GatherDma, GeneralDma, Instruction, LinTiu, MatrixDma,
-                         Mm2Tiu, PordTiu, Prec, SfuTiu, SysDma, SysTiu, TensorDma)
+                         Mm2Tiu, PordTiu, Prec, RqDqTiu, SfuTiu, SysDma, SysTiu, TensorDma)
 
 from tpuflow.codegen.bitfields import FieldRangeError, Layout, LogicalField
 
@@ -124,6 +125,7 @@ KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
     CmpTiu: (("sCMP", SCMP_IMPLIED), ("CMP", {})),
     CwBcTiu: (("sCW&sBC", {}), ("CW&BC", {})),
     SysTiu: (("SYS", {}),),
+    RqDqTiu: (("sRQ&sDQ", {}), ("RQ&DQ", {})),   # every field by name, signs included (no derived fields)
     TensorDma: (("DMA_tensor（0x000）", {}), ("DMA_cw_transpose", {})),
     MatrixDma: (("DMA_matrix", {}),),
     GeneralDma: (("DMA_general", {}),),

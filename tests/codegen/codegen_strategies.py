@@ -39,6 +39,9 @@ def descriptor_instruction(draw, cls):
         if f.name == "op":
             values["op"] = draw(st.sampled_from(sorted(cls.OPS)))
             continue
+        if f.default is None:   # derived from other fields when left at None (ConvTiu / Mm2Tiu signs)
+            values[f.name] = None
+            continue
         default = None if f.default is dataclasses.MISSING else f.default
         if (use_defaults or f.name not in codec.forms[-1].layout.fields) and default is not None:
             values[f.name] = default

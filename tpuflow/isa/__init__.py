@@ -7,7 +7,7 @@ from tpuflow.isa.gdma import (GDMA_KINDS, DmaInstruction, GatherDma, GeneralDma,
 from tpuflow.isa.messages import BARRIER_ENGINES, Message, barrier, barrier_id
 from tpuflow.isa.tile import (QUEUES, TILE_KINDS, AccCvt, TileInstruction, TileQueues, TMatmul, TPush,
                               ref_name, resolve_stream, size_bytes, size_code, tile_ref)
-from tpuflow.isa.tiu import (TIU_KINDS, ArTiu, CmpTiu, ConvTiu, CwBcTiu, LinTiu, Mm2Tiu, MmTiu, PordTiu, SfuTiu,
-                             SysTiu, TiuInstruction)
+from tpuflow.isa.tiu import (TIU_KINDS, ArTiu, CmpTiu, ConvTiu, CwBcTiu, LinTiu, Mm2Tiu, MmTiu, PordTiu, RqDqTiu,
+                             SfuTiu, SysTiu, TiuInstruction)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -10,12 +10,30 @@ Conventions shared by every kind (the contract between lowering, functional mode
   for float precisions, a signed 32-bit integer otherwise.
 * `cmd_id_dep`: this instruction starts once GDMA has completed that cmd_id (0 = no wait).
 * Float arithmetic is done in fp32 and rounded to the result precision (round to nearest even).
+
+Integer forms (issue 15). Sources: tpu-mlir's SG2260 (bm1690) debugger, python/debugger/target_1690/
+opparam.py (sCONV_converter, sMM2_converter, sRQ_sDQ_converter), and its reference arithmetic,
+lib/Support/MathUtils.cpp (RightShiftRound, saturate), lib/Dialect/Tpu/Interfaces/Common/
+RequantIntAxis.cpp, RequantInt.cpp, RequantFp.cpp, and the two-word per-channel requant packing of
+its BM1684X-family ConvLowering::LoweringINT8 (the non-BM1684X branch).
+
+* An integer operand X is read as signed when opt_X_sign = 1, unsigned when 0 (tpu-mlir reads every
+  operand as get_dtype(opt_X_prec, opt_X_sign)); ConvTiu / Mm2Tiu default the flag to signed.
+* CONV / MM2 with INT8 opd0 and opd1: exact products accumulated in int32 with the INT32 bias
+  (opd2, signed) and, with opt_res_add, the INT32 res0; res0 is INT32. Accumulation wraps in two's
+  complement (INT32_ACCUMULATION_WRAPS, a tpuflow assumption: no public figure; 2**31 / 2**14 =
+  131072 int8 products are needed to overflow). opt_relu clamps the int32 sum at zero. An INT8 res0
+  needs the cube's fused requantisation (opt_rq, parameters in TGCR registers written by
+  SYS_TR_ACC), which tpuflow does not model: requantise with RqDqTiu instead.
+* RQ / DQ (tsk_typ 4): RqDqTiu below.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
 
 from tpuflow.isa import messages
 from tpuflow.isa.base import (TILE_WAIT_TAG, Accesses, Engine, Instruction, LocalTensor, Prec, StrideMode,
@@ -25,6 +43,18 @@ if TYPE_CHECKING:
     from tpuflow.chip import ChipConfig
 
 FP32 = int(Prec.FP32)
+INT8 = int(Prec.INT8)
+INT32 = int(Prec.INT32)
+INT32_ACCUMULATION_WRAPS = True     # tpuflow assumption (module docstring): int32 sums wrap, never saturate
+
+
+def normalize_signs(instr, prefixes) -> None:
+    """Set every opt_X_sign left at None to the default: 1 (signed) for an integer precision, 0 for a
+    float one (the value tpu-mlir's decoder needs, tests/codegen/data)."""
+    for prefix in prefixes:
+        name = f"opt_{prefix}_sign"
+        if getattr(instr, name) is None:
+            object.__setattr__(instr, name, int(not Prec(getattr(instr, f"opt_{prefix}_prec")).is_float))
 
 
 class TiuInstruction(Instruction):
@@ -87,6 +117,9 @@ class ConvTiu(TiuInstruction):
     B = ALIGNED_IC_BLOCK[opt_opd0_prec], the cube's input-channel-aligned layout. opd2: bias (1, res0_c, 1, 1) compact (or a scalar
     when opt_opd2_const). opt_res_add accumulates into res0 (partial sums over input channels);
     opt_relu clamps at zero after the sum. Products are accumulated in fp32.
+
+    Integer form (module docstring, "Integer forms"): opd0 and the weights INT8, each signed or unsigned by
+    opt_opd0_sign / opt_opd1_sign; the int32 bias (opt_opd2_prec INT32) and res0 INT32.
     """
 
     TSK_TYP: ClassVar[int] = 0
@@ -133,6 +166,8 @@ class ConvTiu(TiuInstruction):
     opt_relu: int = 0
     opt_res_add: int = 0
     weight_ic_block: int = 1
+    opt_opd0_sign: int | None = None    # None: signed for an integer precision (see normalize_signs)
+    opt_opd1_sign: int | None = None
 
     short_opd1_str: ClassVar[int] = StrideMode.COMPACT
     short_opd2_str: ClassVar[int] = StrideMode.COMPACT
@@ -144,6 +179,7 @@ class ConvTiu(TiuInstruction):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        normalize_signs(self, ("opd0", "opd1"))
         if self.weight_ic_block < 1:
             raise ValueError(f"conv weight_ic_block must be >= 1, got {self.weight_ic_block}")
 
@@ -175,6 +211,9 @@ class Mm2Tiu(TiuInstruction):
     unless opt_opd2_const), then relu if opt_relu. fp32 accumulation. Lanes cannot read each
     other's LMEM: output row r (on lane (res0 start + r) % lanes) reads the bias row from its own
     lane at opd2's per-lane offset, so the lowering broadcasts the row to every lane it uses.
+
+    Integer form (module docstring, "Integer forms"): L and R INT8, each signed or unsigned by opt_opd0_sign /
+    opt_opd1_sign; the bias row INT32 (opt_opd2_prec) and res0 INT32.
     """
 
     TSK_TYP: ClassVar[int] = 2
@@ -199,6 +238,12 @@ class Mm2Tiu(TiuInstruction):
     opt_opd2_prec: int = FP32
     opt_res_add: int = 0
     opt_relu: int = 0
+    opt_opd0_sign: int | None = None    # None: signed for an integer precision (see normalize_signs)
+    opt_opd1_sign: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        normalize_signs(self, ("opd0", "opd1"))
 
     @property
     def mnk(self) -> tuple[int, int, int]:
@@ -706,5 +751,161 @@ class SysTiu(TiuInstruction):
         return Accesses()
 
 
+# ---------------------------------------------------------------- RQ / DQ (tsk_typ 4)
+
+# Rounding modes of RQ / DQ (opd2_n_str): tpu-mlir's RoundingMode numbering (include/tpu_mlir/Support/
+# MathUtils.h; its first five are ArTiu cast's). That the descriptor field uses the same numbering
+# is tpuflow's assumption (tpu-mlir's debugger prints opd2_n_str as "round_mode" unconverted).
+RQ_ROUND_MODES = {"half_to_even": 0, "half_away_from_zero": 1, "towards_zero": 2, "down": 3, "up": 4,
+                  "half_up": 5, "half_down": 6}
+RQ_SHIFT_RANGE = (-128, 127)          # the stored shift is an int8 (tpu-mlir: (-rshift) & 0xff)
+RQ_ZERO_POINT_RANGE = (-(1 << 15), (1 << 15) - 1)   # an int16 (tpu-mlir: (zp & 0xffff) << 16, si16)
+RQ_PARAM_WORDS = 2                    # 32-bit words per channel of a per-channel parameter tensor
+
+
+@dataclass(frozen=True)
+class RqDqTiu(TiuInstruction):
+    """quant.rq0 / rq1 / dq0 (tsk_typ 4, registers RQ&DQ and sRQ&sDQ): requantise or dequantise
+    opd0 elementwise into res0, both of res0's (N, C, H, W) with their own layouts. opd0 is read as
+    get_dtype(opt_opd0_prec, opt_opd0_sign); res0 is written in opt_res0_prec, signed when
+    opt_opd2_sign (tpu-mlir sRQ_sDQ_converter: res0 dtype = (opt_res0_prec, opt_opd2_sign)).
+
+    Parameters, per op (x = opd0 element, c = its channel, words as 32-bit little endian):
+
+    * rq1 (integer requant): multiplier m (int32), shift s (int8), zero point zp (int16).
+      res0 = saturate(zp + RightShiftRound(x * m, -s, mode)), exact 64-bit x * m: s < 0 shifts right
+      by -s with the rounding `mode`, s > 0 shifts left (tpu-mlir stores s = -rshift: RequantIntAxis
+      inference `rshift = -(char)(word1 & 0xff)`, backend `shift_value = -rshift`). saturate clamps to
+      res0's range (int8 [-128, 127], uint8 [0, 255], int16, uint16, int32, uint32).
+    * rq0 (float requant): scale, offset (fp32): res0 = saturate(round_mode(fp32(fp32(x) * scale) +
+      offset)) (tpu-mlir RequantFpOp MultiplierShift mode: to_int((float)x * scale + offset)); the
+      product and the sum are each rounded to fp32 (no fused multiply-add: tpuflow assumption).
+    * dq0 (float dequant): zero point zp (int16), scale (fp32): res0 = fp32(x - zp) * scale in fp32,
+      rounded to res0's float precision (nearest even), the formula of ONNX DequantizeLinear.
+
+    RightShiftRound(v, r, mode) = v / 2**r rounded by `mode` = opd2_n_str (RQ_ROUND_MODES): half to
+    even, half away from zero, towards zero, down (floor), up (ceil), half up (+inf), half down
+    (-inf); tpu-mlir MathUtils.cpp RightShiftRound. rq0 rounds the real value the same way.
+
+    Where the parameters come from (opt_opd1_const, tpu-mlir sRQ_sDQ_converter):
+    * constants (opt_opd1_const = 1): opd1_addr and opd2_addr are 32-bit words: rq1 (m, s | zp << 8),
+      rq0 (scale bits, offset bits), dq0 (zp, scale bits). Build them with `rq1_scalars`,
+      `rq0_scalars`, `dq0_scalars`.
+    * per channel (opt_opd1_const = 0): opd1 is an LMEM tensor (1, C, 1, RQ_PARAM_WORDS) of 32-bit
+      words, compact, channel c on res0's lane of c (opd1's start lane = res0's): rq1 (m, s | zp << 16)
+      (tpu-mlir's BM1688/BM1690 requant table, ConvLowering non-BM1684X branch and RequantIntAxis),
+      rq0 (scale, offset), dq0 (zp, scale) (the debugger reads opd2 at opd1 + 4 bytes). opd2_addr is
+      0. That channel groups past the first lane group sit RQ_PARAM_WORDS words apart is tpuflow's
+      assumption (the debugger shows one group). Build the words with `rq1_channel_words` etc.
+    Not modelled: dq1 (integer dequant), sym_range, opt_relu (never set; the decoder rejects them).
+    """
+
+    TSK_TYP: ClassVar[int] = 4
+    PREFIX: ClassVar[str] = "quant"
+    OPS: ClassVar[dict] = {"rq0": 0, "rq1": 1, "dq0": 3}
+    op: str
+    res0_addr: int
+    res0_n: int
+    res0_c: int
+    res0_h: int
+    res0_w: int
+    opd0_addr: int
+    opd1_addr: int = 0
+    opd2_addr: int = 0
+    opt_opd1_const: int = 1
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = INT8
+    opt_opd0_prec: int = INT32
+    opt_opd0_sign: int = 1
+    opt_opd2_sign: int = 1
+    opd2_n_str: int = 0
+    short_res0_str: int = 0
+    res0_n_str: int = 0
+    res0_c_str: int = 0
+    res0_h_str: int = 0
+    res0_w_str: int = 0
+    short_opd0_str: int = 0
+    opd0_n_str: int = 0
+    opd0_c_str: int = 0
+    opd0_h_str: int = 0
+    opd0_w_str: int = 0
+
+    short_opd1_str: ClassVar[int] = StrideMode.COMPACT
+
+    @property
+    def opt_opd1_prec(self) -> int:
+        return INT32            # the per-channel parameter words (rq0 / dq0 reinterpret word bits as fp32)
+
+    @property
+    def round_mode(self) -> int:
+        return self.opd2_n_str
+
+    def params_shape(self) -> tuple[int, int, int, int]:
+        return (1, self.res0_c, 1, RQ_PARAM_WORDS)
+
+    def read_operands(self, chip):
+        ops = [("opd0", self.res0_shape)]
+        if not self.opt_opd1_const:
+            ops.append(("opd1", self.params_shape()))
+        return ops
+
+    def write_operands(self, chip):
+        return [("res0", self.res0_shape)]
+
+
+def _check_range(name: str, value: int, lo: int, hi: int) -> int:
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} = {value} is outside [{lo}, {hi}]")
+    return value
+
+
+def _f32_bits(value: float) -> int:
+    return int(np.array(value, np.float32).view(np.uint32))
+
+
+def _rq1_second_word(rshift: int, zero_point: int, zp_bit: int) -> int:
+    shift = _check_range("shift (-rshift)", -int(rshift), *RQ_SHIFT_RANGE)
+    zp = _check_range("zero point", int(zero_point), *RQ_ZERO_POINT_RANGE)
+    return (shift & 0xFF) | ((zp & 0xFFFF) << zp_bit)
+
+
+def rq1_scalars(multiplier: int, rshift: int, zero_point: int) -> dict[str, int]:
+    """RqDqTiu fields of a quant.rq1 with one multiplier, right shift (negative: left) and zero point."""
+    _check_range("multiplier", int(multiplier), -(1 << 31), (1 << 31) - 1)
+    return {"opd1_addr": int(multiplier) & 0xFFFFFFFF, "opd2_addr": _rq1_second_word(rshift, zero_point, 8),
+            "opt_opd1_const": 1}
+
+
+def rq0_scalars(scale: float, offset: float) -> dict[str, int]:
+    """RqDqTiu fields of a quant.rq0 with one fp32 scale and offset."""
+    return {"opd1_addr": _f32_bits(scale), "opd2_addr": _f32_bits(offset), "opt_opd1_const": 1}
+
+
+def dq0_scalars(zero_point: int, scale: float) -> dict[str, int]:
+    """RqDqTiu fields of a quant.dq0 with one zero point and fp32 scale."""
+    zp = _check_range("zero point", int(zero_point), *RQ_ZERO_POINT_RANGE)
+    return {"opd1_addr": zp & 0xFFFFFFFF, "opd2_addr": _f32_bits(scale), "opt_opd1_const": 1}
+
+
+def rq1_channel_words(multipliers, rshifts, zero_points) -> np.ndarray:
+    """(C, 2) int32 per-channel words of a quant.rq1 (opt_opd1_const = 0): (m, s | zp << 16)."""
+    m = [_check_range("multiplier", int(v), -(1 << 31), (1 << 31) - 1) for v in multipliers]
+    second = [_rq1_second_word(r, z, 16) for r, z in zip(rshifts, zero_points, strict=True)]
+    return np.array([m, second], dtype=np.int64).T.astype(np.uint32).view(np.int32)
+
+
+def rq0_channel_words(scales, offsets) -> np.ndarray:
+    """(C, 2) int32 per-channel words of a quant.rq0: (scale bits, offset bits)."""
+    pairs = np.stack([np.asarray(scales, np.float32), np.asarray(offsets, np.float32)], axis=1)
+    return np.ascontiguousarray(pairs).view(np.int32)
+
+
+def dq0_channel_words(zero_points, scales) -> np.ndarray:
+    """(C, 2) int32 per-channel words of a quant.dq0: (zp, scale bits)."""
+    zps = [_check_range("zero point", int(z), *RQ_ZERO_POINT_RANGE) for z in zero_points]
+    bits = np.asarray(scales, np.float32).view(np.int32)
+    return np.stack([np.array(zps, np.int32), bits], axis=1)
+
+
 TIU_KINDS: tuple[type[TiuInstruction], ...] = (ConvTiu, Mm2Tiu, ArTiu, PordTiu, SfuTiu, LinTiu, CmpTiu,
-                                               CwBcTiu, SysTiu)
+                                               CwBcTiu, SysTiu, RqDqTiu)
