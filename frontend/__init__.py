@@ -33,6 +33,7 @@ def load(model: Any, input_shapes: Mapping[str, Any] | None = None, name: str | 
     array-likes; InputValue entries of `input_shapes` count too): the Graph's model then has them
     as initializers. Unsupported operators are rejected up front, all in one UnsupportedOpError."""
     from tpuflow.frontend import canonical, ceil_mode, control, folding, importing, legality, pinning, quirks, reader
+    from tpuflow.frontend import imp_quant, qoperator
     from tpuflow.frontend.onnx_view import infer_types
     from tpuflow.frontend.verify import lint
 
@@ -40,6 +41,7 @@ def load(model: Any, input_shapes: Mapping[str, Any] | None = None, name: str | 
     input_shapes, pinned = pinning.split_inputs(input_shapes)
     proto = pinning.pin_inputs(proto, label, {**pinned, **(input_values or {})})
     view = reader.view_of(proto, label, name or _name_of(model, label))
+    qoperator.to_qdq(view)
     legality.check_supported(view)
     reader.run_checker(proto, label, [n.proto for n in view.nodes])
     reader.fix_input_shapes(view, input_shapes)
@@ -54,8 +56,12 @@ def load(model: Any, input_shapes: Mapping[str, Any] | None = None, name: str | 
             infer_types(view)
             folding.fold_constants(view)
         legality.check_supported(view)
+    imp_quant.transpose_gemm_weights(view)
     draft = importing.import_view(view)
     lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "import")
+    if imp_quant.is_quantized(draft):
+        imp_quant.absorb(draft, view.dequantized, label)
+        lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "quantized-op absorption")
     if canonical.fold_affine_into_conv(draft):
         lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "BatchNormalization folding")
     return draft.to_graph(proto, view.opset)

@@ -52,6 +52,9 @@ def _fold_node(node: ONode, view: OnnxView) -> list[np.ndarray] | None:
         return None
     if node.op_type == "ConstantOfShape":
         return [_constant_of_shape(node, view.consts[names[0]])]
+    if node.op_type in ("DequantizeLinear", "QuantizeLinear"):
+        from tpuflow.frontend.imp_quant import fold_quantization
+        return [fold_quantization(node, view)]
     try:
         return evaluate(node, {t: view.consts[t] for t in dict.fromkeys(names)}, view)
     except Exception as exc:  # noqa: BLE001 - the reference implementation's complaint is the model's

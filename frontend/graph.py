@@ -9,16 +9,20 @@ from typing import Any, Iterator, Mapping
 import networkx as nx
 import numpy as np
 
+from tpuflow.frontend.quant import Quant
+
 
 @dataclass(frozen=True, eq=False)
 class TensorInfo:
     """A tensor of the graph. `shape` is fully static after the frontend; `const` holds the
-    value of constants (weights, folded tensors), None for runtime tensors."""
+    value of constants (weights, folded tensors), None for runtime tensors. `quant` is set on
+    quantized tensors only (dtype = quant.storage; frontend/quant.py says what they mean)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str                      # numpy dtype name: "float32", "int64", "bool", ...
     const: np.ndarray | None = None
+    quant: Quant | None = None
 
     @property
     def is_const(self) -> bool:

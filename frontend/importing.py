@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from tpuflow.frontend.registry import IMPORTERS
 from tpuflow.frontend import imp_conv, imp_elementwise, imp_matmul, imp_norm, imp_shape  # noqa: F401 (registers)
 from tpuflow.frontend import imp_activation, imp_broadcast, imp_norm2, imp_reduce  # noqa: F401 (registers)
 from tpuflow.frontend import imp_convtranspose, imp_einsum, imp_rnn, imp_spatial  # noqa: F401 (registers)
+from tpuflow.frontend import imp_quant  # noqa: F401 (registers)
 from tpuflow.frontend import imp_compute  # noqa: F401,E402 (registers; after imp_elementwise: replaces Where)
 
 
@@ -128,7 +130,7 @@ def resolve_aliases(draft: Draft, aliases: list[tuple[str, str]]) -> None:
         r = root[out]
         info = draft.tensors[r]
         if info.is_const:
-            draft.tensors[out] = TensorInfo(out, info.shape, info.dtype, info.const)
+            draft.tensors[out] = replace(info, name=out)
         elif r in inputs or r in outputs or r in renamed:
             copies.append((r, out))
         else:

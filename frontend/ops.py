@@ -44,6 +44,11 @@ conventions of the canonical form (what the lowering receives):
   w0 * x[.., i0, ..] + w1 * x[.., i1, ..] along `axis` (linear Resize, one node per axis).
 - ScatterND (data, updates): rows = the constant linear row indices (non-negative) of data viewed
   as (rows, row elements); update i overwrites row rows[i], in order (the last write wins).
+- QuantizeLinear / DequantizeLinear (category "convert", no attributes): the float <-> integer
+  boundaries of a quantized model; the parameters are the Quant of the integer side's TensorInfo
+  (frontend/quant.py holds the whole quantized-graph contract: any op above may read and write
+  quantized tensors, meaning dequantize -> op -> quantize). Their group is a placeholder: the
+  pipeline stops quantized graphs before the lowering until the int8 lowering exists.
 """
 
 from __future__ import annotations
@@ -124,6 +129,8 @@ class OpKind(str, Enum):
     RESIZE = "Resize"
     SCATTER_ND = "ScatterND"
     RESAMPLE = "Resample"
+    QUANTIZE = "QuantizeLinear"
+    DEQUANTIZE = "DequantizeLinear"
 
     def __str__(self) -> str:
         return self.value
@@ -132,8 +139,9 @@ class OpKind(str, Enum):
 K = OpKind
 
 # remap: outputs gathered from computed input positions by their own kernels (Resize, ScatterND, Resample)
+# convert: float <-> quantized integer boundaries (QuantizeLinear, DequantizeLinear)
 CATEGORIES = ("unary", "binary", "ternary", "contraction", "reduce", "pool", "normalize", "view", "movement",
-              "remap")
+              "remap", "convert")
 GROUPS = ("conv", "matmul", "pool", "lrn", "view", "row", "move")
 ROW_ROLES = ("", "elementwise", "reduce", "normalize")
 SLICING = ("window", "rows", "none")
@@ -270,6 +278,8 @@ SPECS: dict[OpKind, OpSpec] = {
     K.RESIZE: _move(shapes.resize, ("repeats",), "remap"),
     K.SCATTER_ND: _move(shapes.same, ("rows",), "remap"),
     K.RESAMPLE: _move(shapes.resample, ("axis", "taps"), "remap"),
+    K.QUANTIZE: _move(shapes.same, (), "convert"),
+    K.DEQUANTIZE: _move(shapes.same, (), "convert"),
 }
 
 
@@ -305,6 +315,7 @@ POOL = kinds(lambda s: s.category == "pool")
 NORMALIZE = kinds(lambda s: s.category == "normalize")
 VIEW = kinds(lambda s: s.category == "view")                     # no data movement
 MOVEMENT = kinds(lambda s: s.category == "movement")
+CONVERT = kinds(lambda s: s.category == "convert")              # quantized-model boundaries
 ALL = frozenset(OpKind)
 
 # Attributes every node of a kind carries after the frontend; inputs (by position) that must be constant.

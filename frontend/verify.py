@@ -10,7 +10,7 @@ import numpy as np
 
 from tpuflow.errors import TpuflowError
 from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
-from tpuflow.frontend.ops import ALL, expected_shapes, spec
+from tpuflow.frontend.ops import ALL, CONVERT, expected_shapes, spec
 
 
 class GraphLintError(TpuflowError):
@@ -32,6 +32,11 @@ def _check_tensor(stage: str, info: TensorInfo) -> None:
     if info.const is not None and (tuple(info.const.shape) != tuple(info.shape) or info.const.dtype.name != info.dtype):
         _fail(stage, where, f"constant value is {info.const.dtype.name}{list(info.const.shape)} but the tensor "
               f"says {info.dtype}{list(info.shape)}", "build TensorInfo from the constant itself")
+    q = info.quant
+    if q is not None and (q.storage != info.dtype or q.per_channel and (
+            q.axis >= len(info.shape) or info.shape[q.axis] != q.channels)):
+        _fail(stage, where, f"quantization {q.describe()} does not fit {info.dtype}{list(info.shape)}",
+              "give a quantized tensor its storage dtype and one scale per channel of its axis")
 
 
 def _check_node(stage: str, node: OpNode, tensors: dict[str, TensorInfo], defined: set[str]) -> None:
@@ -60,6 +65,17 @@ def _check_node(stage: str, node: OpNode, tensors: dict[str, TensorInfo], define
         if t in defined:
             _fail(stage, where, f"tensor '{t}' is produced twice", "give every new tensor a fresh name")
     _check_shapes(stage, where, node, tensors)
+    if node.op_type in CONVERT:
+        _check_convert(stage, where, node, tensors)
+
+
+def _check_convert(stage: str, where: str, node: OpNode, tensors: dict[str, TensorInfo]) -> None:
+    """QuantizeLinear: float in, quantized out; DequantizeLinear: quantized in, float out."""
+    side = node.outputs[0] if node.op_type == "QuantizeLinear" else node.inputs[0]
+    other = node.inputs[0] if node.op_type == "QuantizeLinear" else node.outputs[0]
+    if tensors[side].quant is None or tensors[other].quant is not None:
+        _fail(stage, where, f"'{side}' must be quantized and '{other}' not",
+              "set TensorInfo.quant on the integer side of a quantization boundary only")
 
 
 def _check_shapes(stage: str, where: str, node: OpNode, tensors: dict[str, TensorInfo]) -> None:
