@@ -1,4 +1,9 @@
-"""Canonical Graph -> ONNX (opset 18), so onnxruntime can run exactly what the lowering receives."""
+"""Canonical Graph -> ONNX (opset 18), so onnxruntime can run exactly what the lowering receives.
+
+A quantized graph (frontend/quant.py) is exported in QDQ form: an op on quantized tensors becomes
+DequantizeLinear of each quantized input -> the float op -> QuantizeLinear of its output; an int32
+runtime tensor (a product's accumulator, an integer product's result) is exported as the float
+tensor of its real values."""
 
 from __future__ import annotations
 
@@ -6,7 +11,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tpuflow.frontend.graph import Graph, OpNode
+from dataclasses import replace
+
+from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
 from tpuflow.frontend.ops import REDUCE, OpKind, spec
 from tpuflow.frontend.shapes import pool_output_choices
 
@@ -20,6 +27,15 @@ class _Exporter:
         self.graph = graph
         self.nodes: list[onnx.NodeProto] = []
         self.extra: list[onnx.TensorProto] = []
+        self.real: dict[str, TensorInfo] = {}        # float stand-ins of quantized tensors
+
+    def tensor(self, name: str) -> TensorInfo:
+        return self.real[name] if name in self.real else self.graph.tensor(name)
+
+    def is_real(self, name: str) -> bool:
+        """An int32 runtime tensor, exported as its real values."""
+        t = self.graph.tensor(name)
+        return t.quant is not None and t.dtype == "int32" and not t.is_const
 
     def const(self, node: OpNode, tag: str, value) -> str:
         name = f"{node.name}/export_{tag}"
@@ -29,12 +45,56 @@ class _Exporter:
     def add(self, op: str, node: OpNode, inputs, **attrs) -> None:
         self.nodes.append(helper.make_node(op, list(inputs), list(node.outputs), name=node.name, **attrs))
 
+    def quant_params(self, node: OpNode, t: TensorInfo) -> tuple[list[str], dict]:
+        q = t.quant
+        inputs = [self.const(node, f"{t.name}_scale", q.scale), self.const(node, f"{t.name}_zero_point", q.zero_point)]
+        return inputs, ({"axis": q.axis} if q.per_channel else {})
+
+    def convert(self, op: str, node: OpNode, x: str, t: TensorInfo, out: str, name: str) -> None:
+        params, attrs = self.quant_params(node, t)
+        self.nodes.append(helper.make_node(op, [x, *params], [out], name=name, **attrs))
+
+    def quantized(self, n: OpNode) -> bool:
+        """Export `n` in QDQ form when it touches quantized tensors; False when it does not."""
+        tensors = [self.graph.tensor(t) for t in (*n.inputs, *n.outputs)]
+        if all(t.quant is None for t in tensors):
+            return False
+        if n.op_type in (K.QUANTIZE, K.DEQUANTIZE):
+            side = self.graph.tensor(n.outputs[0] if n.op_type == K.QUANTIZE else n.inputs[0])
+            if self.is_real(side.name):
+                self.nodes.append(helper.make_node("Identity", list(n.inputs), list(n.outputs), name=n.name))
+            else:
+                self.convert(n.op_type, n, n.inputs[0], side, n.outputs[0], n.name)
+            return True
+        inputs = []
+        for i, name in enumerate(n.inputs):
+            t = self.graph.tensor(name)
+            if t.quant is None or self.is_real(name):
+                inputs.append(name)
+                continue
+            real = f"{n.name}/export_real{i}"
+            self.convert("DequantizeLinear", n, name, t, real, f"{real}/dequantize")
+            self.real[real] = TensorInfo(real, t.shape, "float32")
+            inputs.append(real)
+        out = self.graph.tensor(n.outputs[0])
+        needs_q = out.quant is not None and not self.is_real(out.name)
+        result = f"{n.name}/export_float" if needs_q else out.name
+        self.real[result] = TensorInfo(result, out.shape, "float32")
+        self.float_node(replace(n, inputs=tuple(inputs), outputs=(result,)))
+        if needs_q:
+            self.convert("QuantizeLinear", n, result, out, out.name, f"{n.name}/export_quantize")
+        return True
+
     def node(self, n: OpNode) -> None:
+        if not self.quantized(n):
+            self.float_node(n)
+
+    def float_node(self, n: OpNode) -> None:
         k, a = OpKind(n.op_type), n.attrs
         if spec(k).export_same:
             self.add(k.value, n, n.inputs, **{x: _plain(a[x]) for x in spec(k).attrs})
         elif k == K.CLIP:
-            dtype = self.graph.tensor(n.inputs[0]).dtype
+            dtype = self.tensor(n.inputs[0]).dtype
             self.add("Clip", n, [n.inputs[0], self.const(n, "min", np.asarray(a["min"], dtype)),
                                  self.const(n, "max", np.asarray(a["max"], dtype))])
         elif k == K.CAST:
@@ -52,7 +112,7 @@ class _Exporter:
             axes = self.const(n, "axes", np.arange(len(a["starts"]), dtype=np.int64))
             self.add("Slice", n, [n.inputs[0], ints["starts"], ints["ends"], axes, ints["steps"]])
         elif k == K.PAD:
-            dtype = self.graph.tensor(n.inputs[0]).dtype
+            dtype = self.tensor(n.inputs[0]).dtype
             self.add("Pad", n, [n.inputs[0], self.const(n, "pads", np.asarray(a["pads"], np.int64)),
                                 self.const(n, "value", np.asarray(a["value"], dtype))], mode="constant")
         elif k == K.EXPAND:
@@ -64,9 +124,9 @@ class _Exporter:
 
     def pool(self, n: OpNode, k: OpKind) -> None:
         a = n.attrs
-        floor, _ = pool_output_choices(n, self.graph.tensor(n.inputs[0]).shape)
+        floor, _ = pool_output_choices(n, self.tensor(n.inputs[0]).shape)
         attrs = dict(kernel_shape=list(a["kernel_shape"]), strides=list(a["strides"]), pads=list(a["pads"]),
-                     ceil_mode=int(self.graph.tensor(n.outputs[0]).shape != floor))
+                     ceil_mode=int(self.tensor(n.outputs[0]).shape != floor))
         if k == K.MAX_POOL:
             attrs["dilations"] = list(a["dilations"])
         else:

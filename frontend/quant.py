@@ -162,3 +162,14 @@ def accumulator_quant(x: Quant, w: Quant, axis: int) -> Quant:
     scale * weight scale (float32), per-channel along `axis` of the accumulator when the weights are."""
     scale = (x.scale.astype(np.float32) * w.scale.astype(np.float32)).astype(np.float32)
     return Quant(scale, np.zeros(scale.shape, np.int32), axis if w.per_channel else None, "int32")
+
+
+def first_quantized_node(graph) -> tuple | None:
+    """(node, tensor) of the first node (in graph order) that reads or writes a quantized tensor of
+    `graph` (a frontend Graph), or None for a float graph."""
+    for node in graph.nodes():
+        for name in (*node.inputs, *node.outputs):
+            tensor = graph.tensor(name)
+            if tensor.quant is not None:
+                return node, tensor
+    return None

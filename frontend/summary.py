@@ -5,7 +5,10 @@ macs, vector_ops, params, weight_bytes, activation_bytes, input_bytes, output_by
 compulsory_bytes, ops (op type -> count), peak_macs_per_second, ddr_peak_bytes_per_second,
 compute_bound_us, memory_bound_us, lower_bound_us, bound ("compute" | "memory"), and layers: one
 row per node {name, op, output_shape, macs, vector_ops, params, weight_bytes, activation_bytes,
-lower_bound_us, bound}, where a layer's bound uses its own weights + inputs + outputs as traffic.
+lower_bound_us, bound, quant}, where a layer's bound uses its own weights + inputs + outputs as traffic;
+`quant` says how its output and constant inputs are quantized ("" in float graphs), and the top-level
+`quantized` lists every quantized tensor {name, dtype, granularity (per-tensor | per-channel), axis,
+const} (empty for float models; frontend/quant.py says what they mean).
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ def inspect_summary(graph: Graph, chip: ChipConfig, dtype: str) -> dict[str, Any
     totals = graph_stats(graph, layers, dtype)
     bound = roofline(totals.macs, totals.compulsory_bytes, chip, dtype)
     rows = []
-    for l in layers:
+    for l, node in zip(layers, graph.nodes()):
         r = roofline(l.macs, l.weight_bytes + l.activation_bytes, chip, dtype)
         rows.append({"name": l.name, "op": l.op_type, "output_shape": list(l.output_shape), "macs": l.macs,
                      "vector_ops": l.vector_ops, "params": l.params, "weight_bytes": l.weight_bytes,
                      "activation_bytes": l.activation_bytes, "lower_bound_us": r.lower_bound_s * 1e6,
-                     "bound": r.bound})
+                     "bound": r.bound, "quant": _layer_quant(graph, node)})
     return {
         "model": graph.name, "chip": chip.name, "chip_fingerprint": chip.fingerprint(), "dtype": dtype,
         "inputs": _io(graph, graph.inputs), "outputs": _io(graph, graph.outputs),
@@ -46,7 +49,22 @@ def inspect_summary(graph: Graph, chip: ChipConfig, dtype: str) -> dict[str, Any
         "ddr_peak_bytes_per_second": chip.ddr_peak_bytes_per_second,
         "compute_bound_us": bound.compute_s * 1e6, "memory_bound_us": bound.memory_s * 1e6,
         "lower_bound_us": bound.lower_bound_s * 1e6, "bound": bound.bound, "layers": rows,
+        "quantized": _quantized_tensors(graph),
     }
+
+
+def _layer_quant(graph: Graph, node) -> str:
+    """'uint8 per-tensor; w int8 per-channel(axis 0, 64); b int32 ...' for a node on quantized tensors."""
+    out = graph.tensor(node.outputs[0]).quant
+    parts = [out.describe()] if out else []
+    consts = [graph.tensor(t).quant for t in node.inputs[1:] if graph.tensor(t).is_const and graph.tensor(t).quant]
+    parts += [f"{'b' if q.storage == 'int32' else 'w'} {q.describe()}" for q in consts]
+    return "; ".join(parts)
+
+
+def _quantized_tensors(graph: Graph) -> list[dict[str, Any]]:
+    return [{"name": t.name, "dtype": t.dtype, "granularity": "per-channel" if t.quant.per_channel else "per-tensor",
+             "axis": t.quant.axis, "const": t.is_const} for t in graph.tensors.values() if t.quant is not None]
 
 
 def si(value: float, unit: str = "") -> str:
@@ -77,14 +95,30 @@ def format_summary(s: dict[str, Any]) -> str:
     shown = s["layers"][:MAX_TEXT_LAYERS]
     rows = [(l["name"], l["op"], _shape(l["output_shape"]), si(l["macs"]), si(l["params"]), si(l["weight_bytes"], "B"),
              si(l["activation_bytes"], "B"), f"{l['lower_bound_us']:.3g}", l["bound"]) for l in shown]
-    lines += _table(rows, ("layer", "op", "output", "MACs", "params", "weights", "activations", "bound us", "by"))
+    header = ("layer", "op", "output", "MACs", "params", "weights", "activations", "bound us", "by")
+    if s["quantized"]:
+        rows = [r + (l["quant"],) for r, l in zip(rows, shown)]
+        header += ("quantized",)
+    lines += _table(rows, header)
     if len(s["layers"]) > len(shown):
         lines.append(f"... {len(s['layers']) - len(shown)} more layers (--json lists all)")
     lines += ["", f"total: {si(s['macs'], 'MAC')}s, {si(s['params'])} params, weights {si(s['weight_bytes'], 'B')}, "
               f"activations {si(s['activation_bytes'], 'B')}, vector ops {si(s['vector_ops'])}",
               "ops: " + ", ".join(f"{op} {n}" for op, n in s["ops"].items()),
+              *_quantized_line(s["quantized"]),
               f"roofline: compute {si(s['macs'], 'MAC')} / {si(s['peak_macs_per_second'], 'MAC/s')} = "
               f"{us(s['compute_bound_us'])}; memory {si(s['compulsory_bytes'], 'B')} (weights + inputs + outputs)"
               f" / {si(s['ddr_peak_bytes_per_second'], 'B/s')} = {us(s['memory_bound_us'])}",
               f"lower bound {us(s['lower_bound_us'])} ({s['bound']}-bound)"]
     return "\n".join(lines)
+
+
+def _quantized_line(tensors: list[dict[str, Any]]) -> list[str]:
+    """'quantized tensors: 9 (uint8 per-tensor 6, int8 per-channel 2 constant, ...)', or nothing."""
+    if not tensors:
+        return []
+    counts: dict[str, int] = {}
+    for t in tensors:
+        key = f"{t['dtype']} {t['granularity']}" + (" constant" if t["const"] else "")
+        counts[key] = counts.get(key, 0) + 1
+    return [f"quantized tensors: {len(tensors)} (" + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) + ")"]

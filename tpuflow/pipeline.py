@@ -123,6 +123,7 @@ def compile_model(model, chip: ChipConfig | str | None = None, options: CompileO
     options = options or CompileOptions()
     with step("import and canonicalise the model"):
         graph = load_graph(model, input_shapes)
+    _refuse_quantized(graph)
     chip.check_cores(options.cores)
     with step(f"lower {graph.name} for {chip.name} ({options.dtype}, matmul={options.matmul})"):
         program = lower(graph, chip, options)
@@ -132,6 +133,19 @@ def compile_model(model, chip: ChipConfig | str | None = None, options: CompileO
         with step(f"{options.schedule} schedule of {program.total_instruction_count} instructions"):
             program = schedule(program, options.schedule, time_limit_s=options.time_limit_s)
     return graph, program
+
+
+def _refuse_quantized(graph) -> None:
+    """A pre-quantized model (QDQ / QOperator) imports, but there is no int8 lowering yet (issue 15):
+    one clear error naming the first quantized node instead of a failure inside the lowering."""
+    from tpuflow.frontend.quant import first_quantized_node
+    found = first_quantized_node(graph)
+    if found is not None:
+        from tpuflow.errors import LoweringError
+        node, tensor = found
+        raise LoweringError(f"node '{node.name}' ({node.op_type}) uses quantized tensor '{tensor.name}' "
+                            f"({tensor.quant.describe()}): the int8 lowering is not available yet, so pre-quantized "
+                            "models can be inspected (tpuflow inspect) but not compiled")
 
 
 def _check_core_split(program, cores: int) -> None:

@@ -57,6 +57,9 @@ OP_CASES = {
     "Resample": ("Resize", {"x": (1, 2, 3, 4)}, {"roi": NO_ROI, "scales": np.asarray([1, 1, 2, 1.5], np.float32)},
                  dict(mode="linear")),
     "ScatterND": ("ScatterND", {"x": (4, 3), "u": (2, 3)}, {"i": i64(1, 3).reshape(2, 1)}, dict(order=["x", "i", "u"])),
+    "QuantizeLinear": ("QuantizeLinear", X, {"s": np.float32(0.1), "z": np.uint8(3)}, dict(out_elem=T.UINT8)),
+    "DequantizeLinear": ("DequantizeLinear", X, {"s": np.float32(0.1), "z": np.int8(-2)},
+                         dict(elem=T.INT8, out_elem=T.FLOAT)),
 }
 LARGE = ("alexnet", "vgg19", "zfnet512", "bert_base")   # hundreds of MB of weights, no kind the others lack
 SOURCES = [f"model:{n}" for n in models.names() if n not in LARGE] + [f"op:{n}" for n in OP_CASES]
