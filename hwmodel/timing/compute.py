@@ -11,7 +11,7 @@ chip.compute.cube_ic_per_cycle / cube_ohow_per_cycle of the dtype, `L` = lanes):
   MM (mm.normal, read from tpu-mlir streams only)   steps = M * ceil(res0_c/L) * ceil(res0_w/eu);
         body = steps * (K + acc + bias), startup tiu.mm_startup_cycles (hardware.md, TPUPerf MM v1);
         acc / bias = 1 with opt_res_add / a bias tensor (tpu-mlir 1.30.2 compiler_profile: 512 / 520 / 528)
-  AR, LIN, CMP, SFU, CW/BC   body = N * ceil(C/L) * ceil(H*W/eu) * passes  (of res0's shape)
+  AR, LIN, CMP, SFU, CW/BC, RQ/DQ   body = N * ceil(C/L) * ceil(H*W/eu) * passes  (of res0's shape)
         passes: SFU taylor = opd1_n terms, taylor_4x = ceil(opd1_n/4), otherwise 1
   PorD  body = N * ceil(C/L) * ceil(Ho*Wo/eu) * kh*kw
   SYS   body = 0
@@ -19,7 +19,11 @@ chip.compute.cube_ic_per_cycle / cube_ohow_per_cycle of the dtype, `L` = lanes):
 cycles = startup (tiu.startup_cycles of the class) + body + bank-conflict bubbles (see banks.py).
 The cube pipe (CONV, MM2) consumes `ic` input channels for `ohow` output pixels on each lane every
 `s` cycles, so its MACs/cycle never exceed chip.peak_macs_per_cycle (the roofline bound holds).
-fp32 "cube" work runs at ic = 1, ohow = 16 (the vector EU), as the chip files state.
+fp32 "cube" work runs at ic = 1, ohow = 16 (the vector EU), as the chip files state. The integer form
+(int8 / uint8 operands, int32 result) runs at the int8 rates (`ic` of the opd0 precision, 1 byte).
+RQ/DQ (RqDqTiu) is a vector-pipe class like AR: `eu` of its widest operand (an int32 input: 16 per
+lane), compute latency tiu.compute_latency_cycles "4.*" (hardware.md: RQDQ 8); hardware.md gives no
+start-up figure for RQ/DQ, so it pays AR's (RQDQ_STARTUP_KEY, a tpuflow assumption).
 
 TILE (cycles of the tile clock): TMATMUL/TGEMV do ceil(M/fm)*ceil(N/fn)*ceil(K/K0) fractal steps
 of fm*fn*K0 MACs at tile.tile_macs_per_cycle (K0 = k_fractal_bytes / element bytes; TGEMV M = 1):
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 
 from tpuflow.chip import ChipConfig
 from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, CwBcTiu, Instruction, LinTiu, Mm2Tiu, MmTiu, PordTiu,
-                         Prec, SfuTiu, SysTiu, TiuInstruction, TMatmul, TPush)
+                         Prec, RqDqTiu, SfuTiu, SysTiu, TiuInstruction, TMatmul, TPush)
 from tpuflow.isa.tile import DT_BYTES
 
 CUBE, VECTOR = "cube", "vector"
@@ -116,8 +120,9 @@ def _vector_steps(instr: TiuInstruction, chip: ChipConfig) -> int:
     return n * cdiv(c, chip.lanes) * cdiv(h * w, eu)
 
 
+RQDQ_STARTUP_KEY = "ar"      # RQ/DQ pays AR's start-up (module docstring: no public RQ/DQ figure)
 _STARTUP_KEY = {ArTiu: "ar", SfuTiu: "sfu", LinTiu: "lin", CmpTiu: "cmp", CwBcTiu: "cwbc", PordTiu: "pord",
-                ConvTiu: "conv", SysTiu: "sys"}
+                ConvTiu: "conv", SysTiu: "sys", RqDqTiu: RQDQ_STARTUP_KEY}
 
 
 def tiu_work(instr: TiuInstruction, chip: ChipConfig) -> TiuWork:
