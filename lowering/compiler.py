@@ -9,7 +9,7 @@ from tpuflow.frontend.stats import graph_stats, layer_stats
 from tpuflow.isa import Engine, Prec, SysDma, SysTiu
 from tpuflow.isa.messages import barrier, barrier_id
 from tpuflow.lowering.context import WHOLE, HeldConstants, LowerCtx
-from tpuflow.lowering.cores import core_parts
+from tpuflow.lowering.cores import CELL_BYTES, CrossCoreHazards, core_parts, crossing_tensors, ddr_cells
 from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Emitter
@@ -124,12 +124,16 @@ def resident_ports(graph: Graph, group: Group, chip: ChipConfig,
 
 
 def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
-                      share: float = RESIDENT_SHARE) -> ResidencyPlan:
+                      share: float = RESIDENT_SHARE, crossing: set[str] = frozenset()) -> ResidencyPlan:
     """The residency plan; its sliced spans are chosen by the layer-group search on estimated
     times (`_members_cost`), and kept when the groups whose emission they can change (first to
-    last, `_differing_span`) run faster with them than without."""
-    if options.layer_group == "off" or share <= 0 or options.cores > 1:
-        return ResidencyPlan()          # several cores: every group's parts meet in DDR (lowering.cores)
+    last, `_differing_span`) run faster with them than without. Several cores: whole tensors
+    only, none of `crossing` (activations a core reads from another core's part)."""
+    if options.layer_group == "off" or share <= 0:
+        return ResidencyPlan()
+    if options.cores > 1:
+        return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
+                              lambda g: _local_ports(resident_ports(graph, g, chip, options), crossing), None, share)
 
     def plan(span_cost) -> ResidencyPlan:
         return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
@@ -145,6 +149,13 @@ def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, optio
     whole = plan(None)          # spans are costed locally: keep them only if the program agrees
     span = _differing_span(graph, groups, searched, whole)
     return searched if cost(searched, span) < cost(whole, span) else whole
+
+
+def _local_ports(ports: tuple[dict[str, str], dict[str, str]], crossing: set[str]):
+    """A group's LMEM ports without the activations that cross cores (they meet in DDR)."""
+    readable, writable = ports
+    return ({t: v for t, v in readable.items() if t not in crossing},
+            {t: v for t, v in writable.items() if t not in crossing})
 
 
 def _differing_span(graph: Graph, groups: list[Group], a: ResidencyPlan, b: ResidencyPlan) -> tuple[int, ...]:
@@ -194,8 +205,9 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     smaller share when some group does not fit the working area the residents leave it."""
     graph = materialize_broadcasts(fold_matmul_transposes(source))
     groups = form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes)
+    crossing = _crossing_tensors(graph, groups, chip, options) if options.cores > 1 else frozenset()
     for share in RESIDENT_SHARE_FALLBACKS:
-        residency = plan_layer_groups(graph, groups, chip, options, share)
+        residency = plan_layer_groups(graph, groups, chip, options, share, crossing)
         try:
             return _lower_planned(source, graph, groups, chip, options, residency)
         except LoweringError:
@@ -211,7 +223,7 @@ def _lower_planned(source: Graph, graph: Graph, groups: list[Group], chip: ChipC
     weights = WeightImage(ddr.weight_base)
     make_ctx = lambda: LowerCtx(graph, chip, options, Emitter(chip), ddr, weights, residency=residency)  # noqa: E731
     if options.cores > 1:
-        ctxs, split = _emit_over_cores(make_ctx, groups, options)
+        ctxs, split, _ = _emit_over_cores(make_ctx, groups, options, ddr.weight_base)
     else:
         ctxs, split = [_emit_one_core(make_ctx(), groups, options)], []
     streams = [_finish_core(ctx.em, chip, options) for ctx in ctxs]
@@ -251,18 +263,27 @@ def _emit_one_core(ctx: LowerCtx, groups: list[Group], options: CompileOptions) 
     return ctx
 
 
-def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions) -> tuple[list[LowerCtx], list[dict]]:
-    """Every group split over the cores (lowering.cores: each core emits its part, reading and
-    writing DDR), a chip-wide barrier after each group so the next reads what all cores wrote;
-    (the cores' contexts, the manifest's record of the split: per core, each group's part)."""
+def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions, ddr_limit: int,
+                     barriers: bool = True) -> tuple[list[LowerCtx], list[dict], list[list[tuple[int, int]]]]:
+    """Every group split over the cores (lowering.cores: each core emits its part; activations
+    resident in LMEM stay where their core's part made them), with a chip-wide barrier before a
+    group only where one core touches DDR that another core wrote, or writes DDR another core
+    read, since the last barrier (lowering.cores.CrossCoreHazards; none with `barriers` off);
+    (the cores' contexts, the manifest's record of the split: per core, each group's part,
+    per group and core the [start, end) of its records)."""
     ctxs = [make_ctx() for _ in range(options.cores)]
     split = [{"core": k, "groups": {}} for k in range(options.cores)]
     for ctx in ctxs:
         _prologue(ctx)
-    graph = ctxs[0].graph
+    graph, chip = ctxs[0].graph, ctxs[0].chip
+    hazards = CrossCoreHazards(ddr_limit) if barriers else None
+    loaded: list[set[str]] = [set() for _ in ctxs]
+    spans, count = [], 0
     for index, group in enumerate(groups):
         parts = core_parts(graph, group, options.cores, options, _on_vector_unit(ctxs[0], group))
-        for ctx, part, record in zip(ctxs, parts, split):
+        starts = [len(ctx.em.records) for ctx in ctxs]
+        for ctx, part, record, done in zip(ctxs, parts, split, loaded):
+            _emit_preloads(ctx, groups, index, done)
             if part is None:
                 continue
             record["groups"][group.name] = part.as_dict()
@@ -270,10 +291,65 @@ def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions) -> 
             ctx.part = part
             _emit_group(ctx, group, options)
             ctx.part = WHOLE
-        if index < len(groups) - 1:
-            for ctx in ctxs:
-                _emit_barrier(ctx, options.cores, index)
-    return ctxs, split
+        if hazards is not None and _needs_barrier(hazards, ctxs, starts, chip, ddr_limit):
+            for ctx, start in zip(ctxs, starts):
+                _insert_barrier(ctx, start, options.cores, count)
+            count += 1
+        spans.append([(start, len(ctx.em.records)) for ctx, start in zip(ctxs, starts)])
+    return ctxs, split, spans
+
+
+def _needs_barrier(hazards: CrossCoreHazards, ctxs: list[LowerCtx], starts: list[int], chip: ChipConfig,
+                   ddr_limit: int) -> bool:
+    """Whether the group just emitted (each core's records from its start) conflicts with DDR
+    accesses of other cores since the last barrier; its accesses are then recorded."""
+    cells = [ddr_cells(ctx.em.records[start:], chip, ddr_limit) for ctx, start in zip(ctxs, starts)]
+    conflict = any(hazards.conflicts(k, reads, writes) for k, (reads, writes) in enumerate(cells))
+    if conflict:
+        hazards.barrier()
+    for k, (reads, writes) in enumerate(cells):
+        hazards.record(k, reads, writes)
+    return conflict
+
+
+def _insert_barrier(ctx: LowerCtx, at: int, cores: int, index: int) -> None:
+    """A chip-wide barrier before the records from `at` on."""
+    after, layer = ctx.em.records[at:], ctx.em.layer
+    del ctx.em.records[at:]
+    _emit_barrier(ctx, cores, index)
+    ctx.em.records.extend(after)
+    ctx.em.layer = layer
+
+
+def _crossing_tensors(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions) -> set[str]:
+    """The activations some core reads from another core's part (or from a core that made all of
+    it), found on the program that keeps every activation in DDR: they cannot stay in one core's
+    LMEM. With a view or Concat sharing their DDR buffer, the whole family crosses."""
+    if options.layer_group == "off":
+        return set()
+    ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options))
+    make_ctx = lambda: LowerCtx(graph, chip, options, Emitter(chip), ddr, WeightImage(ddr.weight_base))  # noqa: E731
+    ctxs, _, spans = _emit_over_cores(make_ctx, groups, options, ddr.weight_base, barriers=False)
+    per_group = [[ddr_cells(ctx.em.records[a:b], chip, ddr.weight_base) for ctx, (a, b) in zip(ctxs, span)]
+                 for span in spans]
+    reads = [[t for t in dict.fromkeys(x for n in g.nodes for x in n.inputs) if t in ddr.tensors and t not in g.produced()]
+             for g in groups]
+    cells_of = {t: (d.addr // CELL_BYTES, -(-(d.addr + d.nbytes) // CELL_BYTES)) for t, d in ddr.tensors.items()}
+    return _buffer_families(crossing_tensors(per_group, reads, cells_of, ddr.weight_base), groups, ddr)
+
+
+def _buffer_families(names: set[str], groups: list[Group], ddr) -> set[str]:
+    """`names` with every tensor sharing a DDR buffer with one of them (views, Concat members)."""
+    pairs = [(g.anchor.inputs[0], g.anchor.outputs[0]) for g in groups if g.kind == "view"]
+    pairs += [(t, root) for t, (root, _) in ddr.concat_members.items()]
+    out, grown = set(names), True
+    while grown:
+        grown = False
+        for a, b in pairs:
+            if (a in out) != (b in out):
+                out |= {a, b}
+                grown = True
+    return out
 
 
 def _on_vector_unit(ctx: LowerCtx, group: Group) -> bool:

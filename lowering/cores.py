@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from tpuflow.frontend.graph import Graph
+from tpuflow.isa import Engine
 from tpuflow.lowering.context import WHOLE, EmitPart
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.slicing import chunk, matmul_geometry_of, output_height, output_of, view_rows
@@ -75,3 +78,108 @@ def _some(part: EmitPart) -> EmitPart | None:
     if part.samples is not None and not part.samples:
         return None
     return part
+
+
+# ------------------------------------------------------------------ data crossing cores
+# DDR is tracked in cells of CELL_BYTES (an fp16/bf16 element; coarser data can only make two
+# cores' accesses look shared, which costs a barrier or keeps a tensor in DDR, never a race).
+CELL_BYTES = 2
+
+
+def ddr_cells(records, chip, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cells read, cells written) below byte `limit` by the GDMA instructions among `records`."""
+    reads, writes = [], []
+    for record in records:
+        if record.engine == Engine.GDMA:
+            acc = record.instr.accesses(chip)
+            reads.extend(acc.ddr_reads)
+            writes.extend(acc.ddr_writes)
+    return _cells(reads, limit), _cells(writes, limit)
+
+
+def _cells(ranges, limit: int) -> np.ndarray:
+    """The cells the byte ranges touch (below `limit`), with repeats."""
+    if not ranges:
+        return np.zeros(0, np.int64)
+    lo = np.fromiter((r.lo for r in ranges), np.int64, len(ranges)) // CELL_BYTES
+    hi = -(-np.minimum(np.fromiter((r.hi for r in ranges), np.int64, len(ranges)), limit) // CELL_BYTES)
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    lengths = hi - lo
+    if not len(lengths):
+        return np.zeros(0, np.int64)
+    firsts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    return np.repeat(lo - firsts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+class LastWriters:
+    """Per DDR cell, the core that wrote it last (-1: none yet): run group by
+    group over a program with a barrier after every group, it tells which reads see another
+    core's data."""
+
+    def __init__(self, limit: int):
+        self.core = np.full(-(-limit // CELL_BYTES), -1, np.int16)
+
+    def foreign(self, core: int, reads: np.ndarray) -> np.ndarray:
+        """The cells among `reads` that another core wrote last (with repeats)."""
+        writer = self.core[reads]
+        return reads[(writer != -1) & (writer != core)]
+
+    def write(self, writes_by_core: list[np.ndarray]) -> None:
+        """One group's writes on every core (cores of one group write disjoint cells)."""
+        for core, cells in enumerate(writes_by_core):
+            self.core[cells] = core
+
+
+def crossing_tensors(per_group: list[list[tuple[np.ndarray, np.ndarray]]], read_tensors: list[list[str]],
+                     cells_of: dict[str, tuple[int, int]], limit: int) -> set[str]:
+    """The activations some core reads after another core wrote them, from a program that keeps
+    every activation in DDR: `per_group[g][k]` = (cells read, cells written) by core k in group g,
+    `read_tensors[g]` the activations group g reads, `cells_of[t]` the cells [lo, hi) of t."""
+    writers, crossing = LastWriters(limit), set()
+    marked = np.zeros(len(writers.core), bool)
+    for g, cores in enumerate(per_group):
+        foreign = [writers.foreign(k, reads) for k, (reads, _) in enumerate(cores)]
+        for cells in foreign:
+            marked[cells] = True
+        for t in read_tensors[g]:
+            lo, hi = cells_of.get(t, (0, 0))
+            if marked[lo:hi].any():
+                crossing.add(t)
+        for cells in foreign:
+            marked[cells] = False
+        writers.write([writes for _, writes in cores])
+    return crossing
+
+
+class CrossCoreHazards:
+    """Since the last barrier, per DDR cell: the core that wrote it and the core that read it
+    (-2: several). A group needs a barrier before it when one of its cores reads or writes a
+    cell another core wrote, or writes a cell another core read, since that barrier."""
+
+    def __init__(self, limit: int):
+        cells = -(-limit // CELL_BYTES)
+        self.epoch = 1
+        self.written_in = np.zeros(cells, np.int32)
+        self.writer = np.zeros(cells, np.int16)
+        self.read_in = np.zeros(cells, np.int32)
+        self.reader = np.zeros(cells, np.int16)
+
+    def _others(self, when: np.ndarray, who: np.ndarray, core: int, cells: np.ndarray) -> bool:
+        now = when[cells] == self.epoch
+        return bool(np.any(who[cells][now] != core))
+
+    def conflicts(self, core: int, reads: np.ndarray, writes: np.ndarray) -> bool:
+        return (self._others(self.written_in, self.writer, core, reads)
+                or self._others(self.written_in, self.writer, core, writes)
+                or self._others(self.read_in, self.reader, core, writes))
+
+    def record(self, core: int, reads: np.ndarray, writes: np.ndarray) -> None:
+        self.written_in[writes], self.writer[writes] = self.epoch, core
+        fresh = self.read_in[reads] != self.epoch
+        shared = ~fresh & (self.reader[reads] != core)
+        self.reader[reads] = np.where(shared, -2, core)
+        self.read_in[reads] = self.epoch
+
+    def barrier(self) -> None:
+        self.epoch += 1
