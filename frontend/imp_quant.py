@@ -19,6 +19,7 @@ explicit DequantizeLinear / QuantizeLinear nodes.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -36,6 +37,15 @@ ABSORBED = frozenset({K.CONV, K.MATMUL, K.ADD, K.MUL, K.RELU, K.CLIP, K.MAX_POOL
                       K.GLOBAL_AVERAGE_POOL, K.CONCAT, K.RESHAPE, K.TRANSPOSE, K.SLICE})
 INTEGER_MOVES = frozenset({K.MAX_POOL, K.RESHAPE, K.TRANSPOSE, K.SLICE, K.CONCAT})   # exact on stored integers
 BIAS_RTOL = 1e-6           # a model's bias scale counts as input scale * weight scale within this
+
+
+class Dequantized(NamedTuple):
+    """A constant DequantizeLinear folding removed: the model's integers, their Quant, and the name
+    of the model's integer tensor (the quantized constant of the canonical graph is named after it)."""
+
+    values: np.ndarray
+    quant: Quant
+    source: str
 
 
 def _node_quant(label: str, node: ONode, scale, zero_point, storage: str, shape: tuple[int, ...]) -> Quant:
@@ -95,7 +105,7 @@ def fold_quantization(node: ONode, view: OnnxView) -> np.ndarray:
             int(node.attr("output_dtype", 0)) or TensorProto.UINT8).name
         return quantize(x, _node_quant(view.label, node, scale, zp, storage, tuple(x.shape)))
     quant = _node_quant(view.label, node, scale, zp, x.dtype.name, tuple(x.shape))
-    view.dequantized[node.outputs[0]] = (x, quant)
+    view.dequantized[node.outputs[0]] = Dequantized(x, quant, node.input(0))
     return dequantize(x, quant).astype(scale.dtype)
 
 
@@ -106,13 +116,14 @@ def transpose_gemm_weights(view: OnnxView) -> None:
         b = node.input(1)
         if node.op_type != "Gemm" or not node.attr("transB", 0) or b not in view.dequantized or len(view.consts[b].shape) != 2:
             continue
-        values, quant = view.dequantized[b]
+        values, quant, source = view.dequantized[b]
         name = f"{b}/transposed"
         while name in view.consts:
             name += "_"
         view.consts[name] = np.ascontiguousarray(view.consts[b].T)
-        view.dequantized[name] = (np.ascontiguousarray(values.T), quant.with_axis(None if quant.axis is None
-                                                                                  else 1 - quant.axis))
+        axis = None if quant.axis is None else 1 - quant.axis
+        view.dequantized[name] = Dequantized(np.ascontiguousarray(values.T), quant.with_axis(axis),
+                                             f"{source}/transposed")
         node.inputs = (node.inputs[0], name) + node.inputs[2:]
         node.attrs = {**node.attrs, "transB": 0}
 
@@ -125,7 +136,7 @@ def is_quantized(draft: Draft) -> bool:
 class _Absorber:
     """One sweep of absorption over a Draft (see the module docstring)."""
 
-    def __init__(self, draft: Draft, dequantized: dict[str, tuple[np.ndarray, Quant]]):
+    def __init__(self, draft: Draft, dequantized: dict[str, Dequantized]):
         self.d, self.deq = draft, dequantized
         self.producer = {t: n for n in draft.nodes for t in n.outputs}
         self.users: dict[str, list[OpNode]] = {}
@@ -145,7 +156,8 @@ class _Absorber:
             return p.inputs[0]
         if t in self.deq and self.d.tensors[t].is_const:
             if t not in self.qconsts:
-                self.qconsts[t] = self.quantized_const(f"{t}_quantized", *self.deq[t])
+                values, quant, source = self.deq[t]
+                self.qconsts[t] = self.quantized_const(source, values, quant)
             return self.qconsts[t]
         return None
 
@@ -233,7 +245,7 @@ class _Absorber:
             return None
         acc = accumulator_quant(self.quant(x), self.quant(w), axis)
         if b in self.deq:
-            values, quant = self.deq[b]
+            values, quant, _ = self.deq[b]
             same = quant.storage == "int32" and np.allclose(np.broadcast_to(quant.scale, acc.scale.shape), acc.scale,
                                                             rtol=BIAS_RTOL, atol=0)
             if same and np.all(quant.zero_point == 0):
@@ -250,7 +262,7 @@ class _Absorber:
         return [replace(n, inputs=(x, w), outputs=(out,))]
 
 
-def absorb(draft: Draft, dequantized: dict[str, tuple[np.ndarray, Quant]], label: str) -> None:
+def absorb(draft: Draft, dequantized: dict[str, Dequantized], label: str) -> None:
     """Absorb DQ -> op -> Q patterns into ops on quantized tensors, then carry Quant through integer
     moves and check that nothing else reads stored integers (see the module docstring)."""
     ab = _Absorber(draft, dequantized)

@@ -63,7 +63,7 @@ class OnnxView:
     outputs: list[str]
     consts: dict[str, np.ndarray] = field(default_factory=dict)
     types: dict[str, tuple[Dims | None, int]] = field(default_factory=dict)
-    # float constants folded from DequantizeLinear(constant): name -> (integers, Quant) (frontend/imp_quant.py)
+    # float constants folded from DequantizeLinear(constant): name -> imp_quant.Dequantized (integers, Quant)
     dequantized: dict[str, tuple[np.ndarray, Any]] = field(default_factory=dict)
 
     def load_constants(self) -> None:

@@ -93,7 +93,9 @@ class RandomReader:
 
     def __init__(self, model: onnx.ModelProto, count: int = 4, seed: int = 0):
         rng = np.random.default_rng(seed)
-        shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+        consts = {t.name for t in model.graph.initializer}
+        shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input
+                  if i.name not in consts}
         self.batches = iter([{k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
                              for _ in range(count)])
 
@@ -102,16 +104,19 @@ class RandomReader:
 
 
 @functools.lru_cache(maxsize=None)
-def quantized(name: str, fmt: str, per_channel: bool, activation: str) -> onnx.ModelProto:
-    """MODELS[name] quantized by onnxruntime (fmt "QDQ" | "QOperator", activations "QInt8" | "QUInt8",
-    int8 weights). Cached: several tests look at one model."""
+def quantized(name: str, fmt: str, per_channel: bool, activation: str, extra: tuple = ()) -> onnx.ModelProto:
+    """MODELS[name] (or a bundled model's name) quantized by onnxruntime (fmt "QDQ" | "QOperator",
+    activations "QInt8" | "QUInt8", int8 weights; `extra`: quantize_static extra_options as pairs).
+    Cached: several tests look at one model."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from tpuflow import models
     logging.getLogger().setLevel(logging.ERROR)
-    model = MODELS[name]()
+    model = MODELS[name]() if name in MODELS else models.build_model(name)
     reader = type("Reader", (RandomReader, CalibrationDataReader), {})(model)
     with tempfile.TemporaryDirectory(prefix="tpuflow_quant_") as tmp:
         src, dst = Path(tmp) / "float.onnx", Path(tmp) / "quant.onnx"
         onnx.save(model, src)
         quantize_static(str(src), str(dst), reader, quant_format=getattr(QuantFormat, fmt), per_channel=per_channel,
-                        activation_type=getattr(QuantType, activation), weight_type=QuantType.QInt8)
+                        activation_type=getattr(QuantType, activation), weight_type=QuantType.QInt8,
+                        extra_options=dict(extra))
         return onnx.load(str(dst))

@@ -43,17 +43,19 @@ CONV_BIAS = np.asarray([0.1, -0.2, 0.05, 0.3], f32)
 
 def opset13_conv_chain() -> onnx.ModelProto:
     """Conv (per-channel int8 weights, axis 0; float bias) -> Relu -> Clip(0, 2) -> MaxPool, every
-    step between DQ and Q; activations int8, the last one asymmetric."""
+    step between DQ and Q; activations int8, the last one asymmetric with its scale from a Constant
+    node (as PyTorch exporters write them)."""
     n = helper.make_node
     nodes = [*qdq("x", "sx", "z0", "x"),
              n("DequantizeLinear", ["wq", "sw", "zw"], ["w_real"], name="w_dequantize", axis=0),
              n("Conv", ["x_real", "w_real", "bias"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              *qdq("c", "sc", "z0", "c"), n("Relu", ["c_real"], ["r"], name="relu"),
              *qdq("r", "sc", "z0", "r"), n("Clip", ["r_real", "lo", "hi"], ["k"], name="clip"),
+             n("Constant", [], ["sk"], name="scale_constant", value=arr("sk_value", 0.01, f32)),
              *qdq("k", "sk", "zk", "k"), n("MaxPool", ["k_real"], ["p"], name="pool", kernel_shape=[2, 2],
                                             strides=[2, 2]),
              *qdq("p", "sk", "zk", "p"), n("Identity", ["p_real"], ["y"], name="out")]
-    inits = [arr("sx", 0.05, f32), arr("z0", 0, i8), arr("sc", 0.04, f32), arr("sk", 0.01, f32), arr("zk", -100, i8),
+    inits = [arr("sx", 0.05, f32), arr("z0", 0, i8), arr("sc", 0.04, f32), arr("zk", -100, i8),
              arr("wq", rng.integers(-127, 128, (4, 3, 3, 3)), i8), arr("sw", W_SCALE, f32), arr("zw", [0] * 4, i8),
              arr("bias", CONV_BIAS, f32), arr("lo", 0, f32), arr("hi", 2, f32)]
     return model(nodes, {"x": (1, 3, 8, 8)}, {"y": (1, 4, 4, 4)}, inits, 13)
@@ -91,7 +93,7 @@ def test_opset13_qdq_chain_is_absorbed_op_by_op():
     conv = g.node("conv")
     x, w, b, y = (g.tensor(t) for t in (*conv.inputs, *conv.outputs))
     assert w.quant.axis == 0 and np.array_equal(w.quant.scale, W_SCALE) and w.dtype == "int8"
-    assert np.array_equal(w.const, numpy_helper.to_array(m.graph.initializer[5]))
+    assert np.array_equal(w.const, numpy_helper.to_array(m.graph.initializer[4])) and w.name == "wq"
     acc = (np.float32(0.05) * W_SCALE).astype(f32)
     assert b.dtype == "int32" and b.quant.axis == 0 and np.array_equal(b.quant.scale, acc)
     assert np.array_equal(b.const, np.rint(CONV_BIAS.astype(np.float64) / acc).astype(i32))     # float bias rounded

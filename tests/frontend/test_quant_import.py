@@ -179,3 +179,39 @@ def test_the_canonical_graph_computes_what_onnxruntime_computes(case):
         for name, e, a in zip(g.outputs, expected, actual):
             assert e.shape == a.shape and np.max(np.abs(e - a)) <= (0 if case[1] == "QDQ" else max(steps)), name
             assert np.unique(e).size > 3, name                  # a real signal, not a saturated constant
+
+
+@pytest.mark.parametrize("fmt", ["QDQ", "QOperator"])
+def test_asymmetric_weights_and_symmetric_activations(fmt):
+    """WeightSymmetric off (int8 weights with zero points), ActivationSymmetric on (zero point 0)."""
+    extra = (("WeightSymmetric", False), ("ActivationSymmetric", True))
+    model = quantized("cnn", fmt, True, "QInt8", extra)
+    g = load(model)
+    expected = {"QDQ": [Q, "Conv", "Relu", "MaxPool", *EXPECTED_OPS["cnn"][3:]],     # Relu kept: int8 range < 0
+                "QOperator": [Q, "Conv", DQ, "Relu", "MaxPool", Q, *EXPECTED_OPS["cnn"][3:]]}  # no QLinearRelu
+    assert [n.op_type for n in g.nodes()] == expected[fmt]
+    weights = [g.tensor(n.inputs[1]) for n in g.nodes() if n.op_type in ("Conv", "MatMul")]
+    # onnxruntime 1.32 honours WeightSymmetric=False in the QOperator format only
+    assert any(np.any(w.quant.zero_point != 0) for w in weights) == (fmt == "QOperator")
+    activations = [t for t in g.tensors.values() if t.quant is not None and not t.is_const and t.dtype == "int8"]
+    assert activations and all(np.all(t.quant.zero_point == 0) for t in activations)
+    feeds = random_feeds(g, seed=1)
+    steps = max(float(t.quant.scale) for t in activations)
+    for e, a in zip(run_ort(model, feeds), run_ort(graph_to_onnx(g), feeds)):
+        assert np.max(np.abs(e - a)) <= (0 if fmt == "QDQ" else steps)
+
+
+@pytest.mark.parametrize("fmt", ["QDQ", "QOperator"])
+def test_bundled_transformer_layer(fmt):
+    """bert_layer quantized by onnxruntime: every MatMul / Add / Mul that onnxruntime quantizes works
+    on quantized tensors; LayerNormalization, Softmax, Erf, Div stay float between DQ and Q."""
+    model = quantized("bert_layer", fmt, True, "QUInt8")
+    g = load(model)
+    kinds = {n.op_type for n in g.nodes() if any(g.tensor(t).quant is not None for t in (*n.inputs, *n.outputs))}
+    floats = {n.op_type for n in g.nodes() if all(g.tensor(t).quant is None for t in (*n.inputs, *n.outputs))}
+    assert {"MatMul", "Add", Q, DQ} <= kinds and floats == {"LayerNormalization", "Softmax", "Erf", "Div"}
+    assert sum(n.op_type == "MatMul" and g.tensor(n.outputs[0]).quant is not None for n in g.nodes()) >= 6
+    feeds = random_feeds(g, seed=2)
+    steps = max(float(t.quant.scale.max()) for t in g.tensors.values() if t.quant is not None and not t.is_const)
+    for e, a in zip(run_ort(model, feeds), run_ort(graph_to_onnx(g), feeds)):
+        assert np.max(np.abs(e - a)) <= (0 if fmt == "QDQ" else steps)
