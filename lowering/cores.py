@@ -40,11 +40,42 @@ def _split(graph: Graph, group: Group, cores: int, options: CompileOptions,
         return [_some(EmitPart(rows=chunk(height, cores, k))) for k in range(cores)]
     if group.kind == "matmul" and options.matmul == "tiu" and not on_vector_unit and _weight_heavy(graph, group):
         cols = matmul_geometry_of(graph, group).n
-        return [_some(EmitPart(view_cols=chunk(cols, cores, k))) for k in range(cores)]
+        step = _head_width(graph, group, cols, cores)
+        return [_some(EmitPart(view_cols=_granules(cols, step, cores, k))) for k in range(cores)]
     if group.kind == "row" or (group.kind == "matmul" and options.matmul == "tiu" and not on_vector_unit):
         rows = view_rows(graph, group)
-        return [_some(EmitPart(view_rows=chunk(rows, cores, k))) for k in range(cores)]
+        step = _batch_rows(graph, group, rows, cores)
+        return [_some(EmitPart(view_rows=_granules(rows, step, cores, k))) for k in range(cores)]
     return None
+
+
+def _granules(size: int, step: int, cores: int, k: int) -> tuple[int, int]:
+    """Core k's share of `size` in whole steps of `step`."""
+    lo, hi = chunk(size // step, cores, k)
+    return lo * step, hi * step
+
+
+def _head_width(graph: Graph, group: Group, cols: int, cores: int) -> int:
+    """The granule of a matmul's column split: a head's width when a Reshape cuts its output
+    columns into at least `cores` heads (attention: a core's heads then stay whole, and the
+    attention of those heads needs no other core's columns), else one column."""
+    for user in graph.consumers(group.nodes[-1].outputs[0]):
+        shape = graph.tensor(user.outputs[0]).shape if user.op_type == "Reshape" else ()
+        if len(shape) >= 2 and cols % shape[-1] == 0 and cols // shape[-1] >= cores and shape[-1] < cols:
+            return shape[-1]
+    return 1
+
+
+def _batch_rows(graph: Graph, group: Group, rows: int, cores: int) -> int:
+    """The granule of a view-rows split: whole matrices of a batch (heads of an attention) when
+    there are at least as many as cores, so a core's rows use whole heads of its operands."""
+    if group.kind == "matmul":
+        geo = matmul_geometry_of(graph, group)
+        batch, per = geo.batch_count, geo.m
+    else:
+        per = group.full_shape[group.split - 1] if group.split >= 2 else rows
+        batch = rows // per
+    return per if batch >= cores and batch * per == rows else 1
 
 
 def _weight_heavy(graph: Graph, group: Group) -> bool:
