@@ -5,7 +5,9 @@ keep their integers), the Gemm weight transposition, and the pass that absorbs D
 Absorption (`absorb`, on the Draft after import): an op of ABSORBED whose every input is the real value
 of a quantized tensor (a DequantizeLinear's output, or a constant that was dequantized) and whose
 output's only use is one QuantizeLinear takes the quantized tensors directly and produces the
-QuantizeLinear's output. Conv takes per-tensor activations and per-tensor or axis-0 weights, its
+QuantizeLinear's output; an op of ON_GRID (exact on quantized values) whose result is used in float
+instead runs on the quantized tensor, keeps its input's Quant, and is followed by the DequantizeLinear
+(so QOperator's DQ -> Relu -> MaxPool -> Q becomes Relu -> MaxPool on integers). Conv takes per-tensor activations and per-tensor or axis-0 weights, its
 bias becomes int32 (frontend/quant.py); MatMul takes per-tensor activations and per-tensor or
 last-axis weights, and a MatMul -> Add(constant bias) -> Q chain (Gemm) becomes MatMul -> int32
 accumulator -> Add(int32 bias). A Conv / MatMul whose inputs all have scale 1 and whose result is
@@ -25,7 +27,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from tpuflow.errors import ModelError
-from tpuflow.frontend.draft import Draft
+from tpuflow.frontend.draft import Draft, make_node
 from tpuflow.frontend.graph import OpNode
 from tpuflow.frontend.onnx_view import ONode, OnnxView
 from tpuflow.frontend.ops import OpKind
@@ -36,6 +38,7 @@ K = OpKind
 ABSORBED = frozenset({K.CONV, K.MATMUL, K.ADD, K.MUL, K.RELU, K.CLIP, K.MAX_POOL, K.AVERAGE_POOL,
                       K.GLOBAL_AVERAGE_POOL, K.CONCAT, K.RESHAPE, K.TRANSPOSE, K.SLICE})
 INTEGER_MOVES = frozenset({K.MAX_POOL, K.RESHAPE, K.TRANSPOSE, K.SLICE, K.CONCAT})   # exact on stored integers
+ON_GRID = INTEGER_MOVES | {K.RELU}      # exact on quantized values in their input's Quant (Relu: max(q, zero point))
 BIAS_RTOL = 1e-6           # a model's bias scale counts as input scale * weight scale within this
 
 
@@ -188,10 +191,34 @@ class _Absorber:
             return self.product(n)
         ins = [self.real_of(t) for t in n.inputs]
         q = self.quantize_of(n.outputs[0])
-        if q is None or None in ins:
+        if None in ins:
             return None
+        if q is None:
+            return self.on_grid(n, ins) if n.op_type in ON_GRID else None
         self.dropped.add(q.name)
         return [replace(n, inputs=tuple(ins), outputs=q.outputs)]
+
+    def on_grid(self, n: OpNode, ins: list[str]) -> list[OpNode] | None:
+        """An ON_GRID op on quantized runtime inputs of one Quant whose result is used in float: it runs
+        on the quantized tensor (its output keeps the Quant) and a DequantizeLinear after it gives the
+        float result (DequantizeLinear moved below exact ops)."""
+        quants = {self.quant(t) for t in ins}
+        if len(quants) != 1 or any(self.d.tensors[t].is_const for t in ins):
+            return None
+        try:
+            carried = _carried(self.d, replace(n, inputs=tuple(ins)), quants.pop(), n.name)
+        except ModelError:
+            return None
+        out = self.d.tensors[n.outputs[0]]
+        quantized = self.d.add_tensor(f"{out.name}_quantized", out.shape, carried.storage)
+        self.d.tensors[quantized] = replace(self.d.tensors[quantized], quant=carried)
+        name = f"{n.name}/dequantize"
+        while name in self.d._node_names:
+            name += "_"
+        self.d._node_names.add(name)
+        dequantize = make_node(name, K.DEQUANTIZE, (quantized,), (out.name,))
+        self.producer[out.name] = dequantize
+        return [replace(n, inputs=tuple(ins), outputs=(quantized,)), dequantize]
 
     def product(self, n: OpNode) -> list[OpNode] | None:
         x, w = self.real_of(n.inputs[0]), self.real_of(n.inputs[1])

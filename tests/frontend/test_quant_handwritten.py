@@ -224,3 +224,22 @@ def test_quantize_rule_matches_onnxruntime_on_ties_and_saturation():
         from tpuflow.frontend.quant import Quant
         expected = run_ort(m, {"x": x})[0]
         assert np.array_equal(quantize(x, Quant(np.float32(1), np.asarray(zp, storage), None, storage)), expected)
+
+
+def test_exact_ops_move_above_the_dequantize():
+    """Gemm(transB=1) of two activations: the Transpose the Gemm import adds runs on the int8 tensor
+    (DequantizeLinear moved below it), so the MatMul takes quantized operands; a Reshape whose result
+    is used in float runs on integers too, before its DequantizeLinear."""
+    n = helper.make_node
+    nodes = [*qdq("a", "s", "z", "a"), *qdq("b", "s", "z", "b"),
+             n("Gemm", ["a_real", "b_real"], ["m"], name="gemm", transB=1), *qdq("m", "sm", "z", "m"),
+             n("Reshape", ["m_real", "shape"], ["r"], name="reshape"), n("Softmax", ["r"], ["y"], name="softmax")]
+    inits = [arr("s", 0.03, f32), arr("z", 0, i8), arr("sm", 0.1, f32), arr("shape", [12], np.int64)]
+    m = model(nodes, {"a": (3, 5), "b": (4, 5)}, {"y": (12,)}, inits, 13)
+    g = load(m)
+    assert [x.op_type for x in g.nodes()] == ["QuantizeLinear", "QuantizeLinear", "Transpose", "MatMul", "Reshape",
+                                              "DequantizeLinear", "Softmax"]
+    transpose, reshape = (next(x for x in g.nodes() if x.op_type == k) for k in ("Transpose", "Reshape"))
+    assert g.tensor(transpose.outputs[0]).quant == g.tensor("b_q").quant
+    assert g.tensor(reshape.outputs[0]).quant == g.tensor("m_q").quant
+    assert_runs_like_the_model(m, g)
