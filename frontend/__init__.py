@@ -41,9 +41,10 @@ def load(model: Any, input_shapes: Mapping[str, Any] | None = None, name: str | 
     input_shapes, pinned = pinning.split_inputs(input_shapes)
     proto = pinning.pin_inputs(proto, label, {**pinned, **(input_values or {})})
     view = reader.view_of(proto, label, name or _name_of(model, label))
+    as_given = [n.proto for n in view.nodes]
     qoperator.to_qdq(view)
     legality.check_supported(view)
-    reader.run_checker(proto, label, [n.proto for n in view.nodes])
+    reader.run_checker(proto, label, as_given)
     reader.fix_input_shapes(view, input_shapes)
     view.load_constants()
     quirks.fill_default_attrs(view)

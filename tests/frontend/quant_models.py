@@ -20,13 +20,14 @@ def _init(rng, name: str, shape: tuple[int, ...], scale: float = 0.3) -> onnx.Te
     return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
 
 
-def _model(name: str, nodes, inputs: dict[str, tuple], outputs: dict[str, tuple], inits) -> onnx.ModelProto:
+def _model(name: str, nodes, inputs: dict[str, tuple], outputs: dict[str, tuple], inits,
+           opset: int = OPSET) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(k, T.FLOAT, list(v)) for k, v in inputs.items()],
                               [helper.make_tensor_value_info(k, T.FLOAT, list(v)) for k, v in outputs.items()], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
-def cnn() -> onnx.ModelProto:
+def cnn(opset: int = OPSET) -> onnx.ModelProto:
     """conv + relu + maxpool + conv (no bias) + residual add + global average pool + flatten + gemm."""
     rng = np.random.default_rng(1)
     n = helper.make_node
@@ -40,7 +41,7 @@ def cnn() -> onnx.ModelProto:
              n("Gemm", ["f", "fw", "fb"], ["y"], name="fc", transB=1)]
     inits = [_init(rng, "w1", (8, 3, 3, 3)), _init(rng, "b1", (8,), 0.1), _init(rng, "w2", (8, 8, 3, 3), 0.2),
              _init(rng, "fw", (10, 8)), _init(rng, "fb", (10,), 0.1)]
-    return _model("cnn", nodes, {"x": (1, 3, 12, 12)}, {"y": (1, 10)}, inits)
+    return _model("cnn", nodes, {"x": (1, 3, 12, 12)}, {"y": (1, 10)}, inits, opset)
 
 
 def matmul_chain() -> onnx.ModelProto:
@@ -86,6 +87,7 @@ def attention_softmax() -> onnx.ModelProto:
 
 
 MODELS = {"cnn": cnn, "matmul_chain": matmul_chain, "concat_net": concat_net, "attention": attention_softmax}
+OTHER_MODELS = {"cnn_opset11": lambda: cnn(11)}
 
 
 class RandomReader:
@@ -111,7 +113,8 @@ def quantized(name: str, fmt: str, per_channel: bool, activation: str, extra: tu
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from tpuflow import models
     logging.getLogger().setLevel(logging.ERROR)
-    model = MODELS[name]() if name in MODELS else models.build_model(name)
+    builder = MODELS.get(name) or OTHER_MODELS.get(name)
+    model = builder() if builder else models.build_model(name)
     reader = type("Reader", (RandomReader, CalibrationDataReader), {})(model)
     with tempfile.TemporaryDirectory(prefix="tpuflow_quant_") as tmp:
         src, dst = Path(tmp) / "float.onnx", Path(tmp) / "quant.onnx"

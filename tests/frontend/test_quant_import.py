@@ -212,3 +212,17 @@ def test_bundled_transformer_layer(fmt):
     steps = max(float(t.quant.scale.max()) for t in g.tensors.values() if t.quant is not None and not t.is_const)
     for e, a in zip(run_ort(model, feeds), run_ort(graph_to_onnx(g), feeds)):
         assert np.max(np.abs(e - a)) <= (0 if fmt == "QDQ" else steps)
+
+
+def test_qoperator_per_channel_below_opset_13():
+    """QLinearConv / QGemm with per-channel weights are valid at opset 11; their QDQ form needs
+    DequantizeLinear's axis (opset 13): the model is checked as given, the rewrite is internal."""
+    model = quantized("cnn_opset11", "QOperator", True, "QUInt8")
+    assert model.opset_import[0].version == 11
+    g = load(model)
+    assert [n.op_type for n in g.nodes()] == EXPECTED_OPS["cnn"]
+    assert g.tensor(g.node("conv1_quant").inputs[1]).quant.axis == 0
+    feeds = random_feeds(g, seed=0)
+    steps = max(float(t.quant.scale.max()) for t in g.tensors.values() if t.quant is not None and not t.is_const)
+    for e, a in zip(run_ort(model, feeds), run_ort(graph_to_onnx(g), feeds)):
+        assert np.max(np.abs(e - a)) <= steps
