@@ -6,7 +6,7 @@ every register of the table (tpu-mlir 1.30.2's layouts), reads each record's fie
 builds the tpuflow instruction that does the same work on the same operands, so that the timing
 model can simulate the vendor's program as it is:
 
-* sCONV / sPorD / sAR / sMM2 / sCMP / sSFU / LIN / sCW&sBC / DMA_tensor / DMA_matrix /
+* sCONV / sPorD / sAR / sMM2 / sCMP / sSFU / LIN / sCW&sBC / sRQ&sDQ / DMA_tensor / DMA_matrix /
   DMA_general / DMA_gather / sDMA_sys / SYS (and the long forms): the dataclass of the same kind,
   its fields copied by name. Ops outside the
   dataclass's op set become the op of equal cost: saturating add/sub/mul -> add/sub/mul, other
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from tpuflow.errors import BinaryFormatError
 from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GatherDma, GeneralDma, Instruction, LinTiu,
-                         MatrixDma, Mm2Tiu, MmTiu, PordTiu, Prec, SfuTiu, SysDma, SysTiu, TensorDma)
+                         MatrixDma, Mm2Tiu, MmTiu, PordTiu, Prec, RqDqTiu, SfuTiu, SysDma, SysTiu, TensorDma)
 
 from tpuflow.codegen.sg2260 import HEAD_BYTES, INTEGER_PRECS, REGISTER_OPS, address_tags, head_table, register_layout
 
@@ -111,7 +111,13 @@ def _tiu(cls, values: dict, op: str | None, **override) -> Instruction:
 
 
 def _conv(v: dict) -> Instruction:
-    return _tiu(ConvTiu, v, "normal")
+    """opd3 is the padding value only when constant (tpu-mlir can read it from LMEM: then zero padding here)."""
+    return _tiu(ConvTiu, v, "normal", opd3_addr=v.get("opd3_addr", 0) if v.get("opt_opd3_const") else 0)
+
+
+def _rq_dq(v: dict) -> Instruction:
+    """RQ&DQ: RqDqTiu by name; dq1 (integer dequant, not modelled) is read as rq1, the op of equal cost."""
+    return _tiu(RqDqTiu, v, _op(RqDqTiu, v["tsk_eu_typ"], "rq1"))
 
 
 def _pord(v: dict) -> Instruction:
@@ -225,7 +231,7 @@ def _sys_dma(v: dict, where: str) -> Instruction:
 TIU_RULES = {"sCONV": _conv, "CONV": _conv, "sPorD": _pord, "PorD": _pord, "sAR": _arith, "AR": _arith,
              "sMM": _mm, "MM": _mm, "sMM2": _mm2, "MM2": _mm2, "sCMP": _cmp, "CMP": _cmp, "sSFU": _sfu,
              "SFU": _sfu, "LIN": _lin, "sLIN": _lin, "sCW&sBC": _cwbc, "CW&BC": _cwbc, "SYS": _sys,
-             "SYS_TR_ACC": _tr_acc}
+             "SYS_TR_ACC": _tr_acc, "sRQ&sDQ": _rq_dq, "RQ&DQ": _rq_dq}
 DMA_RULES = {"DMA_tensor（0x000）": _tensor_dma, "DMA_cw_transpose": _cw_transpose_dma, "DMA_matrix": _matrix_dma, "DMA_general": _general_dma,
              "DMA_gather": _gather_dma, "sDMA_sys": _sys_dma}
 END_OPS = {Engine.TIU: ("SYS", 31), Engine.GDMA: ("sDMA_sys", 0)}

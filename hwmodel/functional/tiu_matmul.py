@@ -11,13 +11,13 @@ from tpuflow.isa.tiu import ConvTiu, Mm2Tiu
 from tpuflow.hwmodel.functional import operands
 from tpuflow.hwmodel.functional.errors import ExecutionError
 from tpuflow.hwmodel.functional.floats import to_f32
-from tpuflow.hwmodel.functional.integers import values_of, wrap_int32
+from tpuflow.hwmodel.functional.integers import value_range, values_of, wrap_int32
 from tpuflow.hwmodel.functional.windows import Window, pad, windows
 
 
-def conv2d(x: np.ndarray, weight: np.ndarray, win: Window) -> np.ndarray:
-    """x (N, IC, H, W) fp32, weight (OC, IC, KH, KW) fp32 -> (N, OC, OH, OW) fp32, zero padding."""
-    cols = windows(pad(x, win, 0.0), win)                       # (N, IC, KH, KW, OH, OW)
+def conv2d(x: np.ndarray, weight: np.ndarray, win: Window, fill: float = 0.0) -> np.ndarray:
+    """x (N, IC, H, W) fp32, weight (OC, IC, KH, KW) fp32 -> (N, OC, OH, OW) fp32, padding with `fill`."""
+    cols = windows(pad(x, win, fill), win)                      # (N, IC, KH, KW, OH, OW)
     out = np.tensordot(weight, cols, axes=([1, 2, 3], [1, 2, 3]))  # (OC, N, OH, OW)
     return out.transpose(1, 0, 2, 3)
 
@@ -54,6 +54,8 @@ def execute_conv(m, ins: ConvTiu) -> None:
     n, oc, ic = ins.res0_n, ins.res0_c, ins.opd0_c
     if is_integer_form(ins):
         return _execute_integer_conv(m, ins)
+    if ins.opd3_addr:
+        raise ExecutionError(f"a float conv pads with zeros only, got the pad value field {ins.opd3_addr:#x}")
     x = operands.value(m, ins, "opd0", (n, ic, ins.opd0_h, ins.opd0_w), as_float=True)
     weight = conv_weights(operands.value(m, ins, "opd1", ins.weight_shape(), as_float=True), ins)
     y = conv2d(x, weight, Window.of(ins))
@@ -63,11 +65,14 @@ def execute_conv(m, ins: ConvTiu) -> None:
 
 
 def _execute_integer_conv(m, ins: ConvTiu) -> None:
-    """int32 res0 = wrap(conv(x, w) + bias (+ res0)), relu; zero padding."""
+    """int32 res0 = wrap(conv(x, w) + bias (+ res0)), relu; padding with ConvTiu.pad_value."""
     _check_integer_result(ins)
     x = _integer_operand(m, ins, "opd0", (ins.res0_n, ins.opd0_c, ins.opd0_h, ins.opd0_w))
     weight = conv_weights(_integer_operand(m, ins, "opd1", ins.weight_shape()), ins)
-    y = conv2d(x, weight, Window.of(ins)).astype(np.int64)
+    lo, hi = value_range(Prec(ins.opt_opd0_prec), bool(ins.opt_opd0_sign))
+    if not lo <= ins.pad_value <= hi:
+        raise ExecutionError(f"pad value {ins.pad_value} is outside opd0's range [{lo}, {hi}]")
+    y = conv2d(x, weight, Window.of(ins), float(ins.pad_value)).astype(np.int64)
     bias = operands.value(m, ins, "opd2", (1, ins.res0_c, 1, 1), as_float=False)
     _finish_integer(m, ins, y + np.reshape(bias, (1, -1, 1, 1)), ins.res0_shape)
 

@@ -213,8 +213,8 @@ def test_unknown_head_and_unmodelled_kinds_name_the_offset():
 
 def test_bits_tpuflow_never_writes_are_rejected():
     blob = bytearray(encode_descriptor(conv(short_res0_str=1)))
-    blob[127] = 0x80  # top bit of opd3_addr: ConvTiu has no opd3
-    with pytest.raises(BinaryFormatError, match="byte offset 0: CONV field opd3_addr"):
+    blob[123] = 0x80  # top bit of res1_addr: ConvTiu has no res1 (its opd3_addr is the padding value)
+    with pytest.raises(BinaryFormatError, match="byte offset 0: CONV field res1_addr"):
         decode_descriptors(bytes(blob), Engine.TIU)
 
 

@@ -48,7 +48,7 @@ def rq_instructions(draw):
     layout = {}
     if draw(st.booleans()):   # free strides: only the long RQ&DQ register holds them
         layout = {"short_res0_str": 3, "res0_w_str": 1, "res0_h_str": shape["res0_w"],
-                  "short_opd0_str": draw(st.sampled_from([0, 1])), "res0_c_str": draw(st.integers(0, 1 << 15))}
+                  "short_opd0_str": draw(st.sampled_from([0, 1])), "res0_c_str": draw(st.integers(0, (1 << 15) - 1))}
     return RqDqTiu(op=op, res0_addr=draw(LMEM_ADDR), opd0_addr=draw(LMEM_ADDR), **shape, **params, **layout,
                    opt_res0_prec=out_prec, opt_opd0_prec=draw(st.sampled_from([INT8, INT16, INT32])),
                    opt_opd0_sign=draw(st.integers(0, 1)), opt_opd2_sign=draw(st.integers(0, 1)),
@@ -98,6 +98,16 @@ def test_int8_conv_and_mm2_signs_are_written_and_read_back(signs):
         assert _field(data, register, "opt_opd0_prec") == INT8
 
 
+def test_conv_pad_value_is_written_two_s_complement_in_opd3():
+    conv = ConvTiu(res0_addr=0, res0_n=1, res0_c=8, res0_h=4, res0_w=4, opd0_addr=0x4000, opd0_c=3, opd0_h=6,
+                   opd0_w=6, opd1_addr=0x8000, opd1_h=3, opd1_w=3, opt_opd0_prec=INT8, opt_opd1_prec=INT8,
+                   opt_opd2_prec=INT32, opt_res0_prec=INT32, weight_ic_block=64, opd3_addr=-7)
+    data = _round_trip(conv)
+    assert _field(data, "sCONV", "opd3_addr") == 0xFFFFFFF9 and _field(data, "sCONV", "opt_opd3_const") == 1
+    assert conv.pad_value == -7
+    assert dataclasses.replace(conv, opd3_addr=None).opd3_addr == 0
+
+
 def test_signs_default_to_signed_for_integers_and_unsigned_for_floats():
     base = dict(op="nn", res0_addr=0, res0_c=4, res0_w=4, opd0_addr=64, opd0_c=4, opd0_w=4, opd1_addr=128,
                 opd1_c=4, opd1_w=4)
@@ -123,3 +133,31 @@ def test_unmodelled_rq_dq_forms_are_refused_with_the_byte_offset():
     sym = _rq_record(sym_range=1).to_bytes(32, "little")
     with pytest.raises(BinaryFormatError, match="sym_range"):
         decode_descriptors(sym, Engine.TIU)
+
+
+def test_vendor_streams_read_rq_dq_records_and_constant_conv_pads():
+    """tpu-mlir's RQ&DQ records become RqDqTiu (dq1, not modelled, as rq1 of equal cost); a conv's opd3 is its
+    pad value only when opt_opd3_const is set."""
+    from tpuflow.codegen.vendor import decode_vendor_stream
+    from tpuflow.isa import SysTiu
+
+    rq = RqDqTiu(op="dq0", res0_addr=0x100, res0_n=1, res0_c=70, res0_h=3, res0_w=5, opd0_addr=0x2000,
+                 opt_opd0_prec=INT8, opt_res0_prec=int(Prec.FP16), **dq0_scalars(-3, 0.5))
+    dq1 = _rq_record(tsk_eu_typ=4).to_bytes(32, "little")
+    conv = ConvTiu(res0_addr=0, res0_n=1, res0_c=8, res0_h=4, res0_w=4, opd0_addr=0x4000, opd0_c=3, opd0_h=6,
+                   opd0_w=6, opd1_addr=0x8000, opd1_h=3, opd1_w=3, opt_opd0_prec=INT8, opt_opd1_prec=INT8,
+                   opt_opd2_prec=INT32, opt_res0_prec=INT32, weight_ic_block=64, opd3_addr=5)
+    from_lmem = _set_fields(encode_descriptor(conv), "sCONV", opt_opd3_const=0)
+    data = encode_descriptor(rq) + dq1 + encode_descriptor(conv) + from_lmem + encode_descriptor(SysTiu(op="end"))
+    got = decode_vendor_stream(data, Engine.TIU).instructions
+    assert got[0] == rq and got[1].op == "rq1"
+    as_read = dataclasses.replace(conv, weight_ic_block=1)     # the vendor reader leaves weight blocks at 1
+    assert got[2] == as_read and got[3] == dataclasses.replace(as_read, opd3_addr=0)
+
+
+def _set_fields(data: bytes, register: str, **over) -> bytes:
+    raw = int.from_bytes(data, "little")
+    fields = register_layout(register).fields
+    for name, value in over.items():
+        raw = (raw & ~fields[name].mask) | fields[name].place(value)
+    return raw.to_bytes(len(data), "little")

@@ -120,6 +120,11 @@ class ConvTiu(TiuInstruction):
 
     Integer form (module docstring, "Integer forms"): opd0 and the weights INT8, each signed or unsigned by
     opt_opd0_sign / opt_opd1_sign; the int32 bias (opt_opd2_prec INT32) and res0 INT32.
+    opd3_addr is the padding value (the descriptor's constant opd3, opt_opd3_const = 1, read in opd0's
+    precision: tpu-mlir sCONV_converter): 0 pads with zeros; an integer input may pad with any value
+    of its range, e.g. its zero point, as tpu-mlir pads asymmetric int8 inputs. It is kept as the field's
+    32 bits (a negative value given is stored two's complement, as PordTiu's pooling pads are written);
+    a float input pads with zeros only (a non-zero float pad value is not modelled).
     """
 
     TSK_TYP: ClassVar[int] = 0
@@ -168,6 +173,7 @@ class ConvTiu(TiuInstruction):
     weight_ic_block: int = 1
     opt_opd0_sign: int | None = None    # None: signed for an integer precision (see normalize_signs)
     opt_opd1_sign: int | None = None
+    opd3_addr: int | None = None        # the padding value's 32 bits; None: 0 (zero padding)
 
     short_opd1_str: ClassVar[int] = StrideMode.COMPACT
     short_opd2_str: ClassVar[int] = StrideMode.COMPACT
@@ -180,8 +186,14 @@ class ConvTiu(TiuInstruction):
     def __post_init__(self) -> None:
         super().__post_init__()
         normalize_signs(self, ("opd0", "opd1"))
+        object.__setattr__(self, "opd3_addr", (self.opd3_addr or 0) & 0xFFFFFFFF)
         if self.weight_ic_block < 1:
             raise ValueError(f"conv weight_ic_block must be >= 1, got {self.weight_ic_block}")
+
+    @property
+    def pad_value(self) -> int:
+        """The padding value of an integer input (opd3_addr's 32 bits as a signed integer)."""
+        return (self.opd3_addr ^ 0x80000000) - 0x80000000
 
     @property
     def weight_ic_padded(self) -> int:

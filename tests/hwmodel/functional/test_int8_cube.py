@@ -1,6 +1,7 @@
 """The integer form of conv.normal and mm2.nn / nt / tt: int8 and uint8 operands (opt_X_sign), exact int32
-accumulation with an INT32 bias, opt_res_add wrapping in two's complement, relu; against int64 references
-written with Python loops / numpy int64 einsum (no float arithmetic)."""
+accumulation with an INT32 bias, opt_res_add wrapping in two's complement, relu, conv padding with a value
+(an input's zero point); against int64 references written with Python loops / numpy int64 einsum (no float
+arithmetic)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def stored_int8(values: np.ndarray) -> np.ndarray:
     return np.asarray(values, np.int64).astype(np.uint8).view(np.int8)
 
 
-def conv_reference(x, w, stride, dil, pads, out_hw) -> np.ndarray:
-    """int64 direct convolution, zero padding."""
+def conv_reference(x, w, stride, dil, pads, out_hw, fill: int = 0) -> np.ndarray:
+    """int64 direct convolution, padding with `fill`."""
     n, ic, h, wd = x.shape
     oc, _, kh, kw = w.shape
     up, lf = pads
@@ -44,8 +45,9 @@ def conv_reference(x, w, stride, dil, pads, out_hw) -> np.ndarray:
             for y in range(oh):
                 for z in range(ow):
                     r, c = y * stride[0] + i * dil[0] - up, z * stride[1] + j * dil[1] - lf
-                    if 0 <= r < h and 0 <= c < wd:
-                        out[:, :, y, z] += np.einsum("ni,oi->no", x[:, :, r, c], w[:, :, i, j])
+                    inside = 0 <= r < h and 0 <= c < wd
+                    taps = x[:, :, r, c] if inside else np.full(x.shape[:2], fill, np.int64)
+                    out[:, :, y, z] += np.einsum("ni,oi->no", taps, w[:, :, i, j])
     return out
 
 
@@ -55,7 +57,7 @@ conv_cases = st.fixed_dictionaries({
     "kw": st.integers(1, 3), "sy": st.integers(1, 2), "sx": st.integers(1, 2), "dy": st.integers(1, 2),
     "pads": st.tuples(*[st.integers(0, 2)] * 4), "lanes": st.tuples(*[st.integers(0, LANES - 1)] * 3),
     "signs": st.tuples(st.booleans(), st.booleans()), "bias": st.sampled_from(["tensor", "const", "none"]),
-    "relu": st.booleans(), "res_add": st.booleans(),
+    "relu": st.booleans(), "res_add": st.booleans(), "pad_value": st.integers(0, 255),
 })
 
 
@@ -69,6 +71,7 @@ def run_int8_conv(c, old_values=None):
     up, dn, lf, rt = c["pads"]
     oh, ow = _out(c["h"], up, dn, c["kh"], c["dy"], c["sy"]), _out(c["w"], lf, rt, c["kw"], 1, c["sx"])
     x_signed, w_signed = c["signs"]
+    pad_value = c.get("pad_value", 0) - (128 if x_signed else 0)      # anywhere in the input's range
     xs = int8_values(rng, (c["n"], c["ic"], c["h"], c["w"]), x_signed)
     ws = int8_values(rng, (c["oc"], c["ic"], c["kh"], c["kw"]), w_signed)
     bs = rng.integers(-(1 << 20), 1 << 20, size=c["oc"])
@@ -88,8 +91,9 @@ def run_int8_conv(c, old_values=None):
                       opt_opd2_prec=Prec.INT32, opt_opd0_sign=int(x_signed), opt_opd1_sign=int(w_signed),
                       opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=lf, opd0_rt_pad=rt, res_op_y_str=c["sy"],
                       res_op_x_str=c["sx"], opd1_y_ins0=c["dy"] - 1, opt_relu=int(c["relu"]),
-                      opt_res_add=int(c["res_add"]), weight_ic_block=c["block"], **bias_fields[c["bias"]]), 1)
-    ref = conv_reference(xs, ws, (c["sy"], c["sx"]), (c["dy"], 1), (up, lf), (oh, ow))
+                      opt_res_add=int(c["res_add"]), weight_ic_block=c["block"], opd3_addr=pad_value,
+                      **bias_fields[c["bias"]]), 1)
+    ref = conv_reference(xs, ws, (c["sy"], c["sx"]), (c["dy"], 1), (up, lf), (oh, ow), pad_value)
     ref = ref + {"tensor": bs.reshape(1, -1, 1, 1), "const": -77, "none": 0}[c["bias"]]
     if c["res_add"]:
         ref = wrap32(ref) + np.asarray(old, np.int64)
@@ -157,6 +161,15 @@ def test_int8_mm2_equals_the_integer_matmul(c):
     ref = wrap32(wrap32(ref) + (old if c["res_add"] else 0))
     ref = np.maximum(ref, 0) if c["relu"] else ref
     assert (m.read_local(res).reshape(mm, n).astype(np.int64) == ref).all()
+
+
+def test_pad_value_outside_the_input_range_is_refused():
+    conv = ConvTiu(res0_addr=0x30000, res0_n=1, res0_c=1, res0_h=1, res0_w=1, opd0_addr=0, opd0_c=1, opd0_h=1,
+                   opd0_w=1, opd1_addr=0x10000, opd1_h=1, opd1_w=1, opt_opd0_prec=Prec.INT8, opt_opd1_prec=Prec.INT8,
+                   opt_opd2_prec=Prec.INT32, opt_res0_prec=Prec.INT32, opd3_addr=200)        # signed int8 input
+    with pytest.raises(ExecutionError, match=r"pad value 200 is outside opd0's range \[-128, 127\]"):
+        Machine(CHIP, 64).execute(conv, 2)
+    assert ConvTiu(**{**conv.field_values(), "opd3_addr": -128}).pad_value == -128
 
 
 @pytest.mark.parametrize("res_prec, bias_prec", [(Prec.INT8, Prec.INT32), (Prec.FP32, Prec.INT32),
