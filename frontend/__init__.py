@@ -31,7 +31,8 @@ def load(model: Any, input_shapes: Mapping[str, Any] | None = None, name: str | 
     `input_shapes` fixes the symbolic dimensions of runtime inputs; a symbolic dimension left over
     is a ModelError naming the input. `input_values` pins inputs to constants (InputValue or
     array-likes; InputValue entries of `input_shapes` count too): the Graph's model then has them
-    as initializers. Unsupported operators are rejected up front, all in one UnsupportedOpError."""
+    as initializers. Unsupported operators are rejected up front, all in one UnsupportedOpError.
+    Pre-quantized models (QDQ, QOperator) give the canonical quantized graph of frontend/quant.py."""
     from tpuflow.frontend import canonical, ceil_mode, control, folding, importing, legality, pinning, quirks, reader
     from tpuflow.frontend import imp_quant, qoperator
     from tpuflow.frontend.onnx_view import infer_types

@@ -340,8 +340,12 @@ def _carried(draft: Draft, n: OpNode, q: Quant, where: str) -> Quant:
     """The Quant an integer move gives its output: its input's, the channel axis followed."""
     if n.op_type == K.CONCAT and any(draft.tensors[t].quant != q for t in n.inputs):
         raise ModelError(f"{where}: concatenates quantized tensors of different scales / zero points")
-    if not q.per_channel or n.op_type in (K.MAX_POOL, K.CONCAT) and n.attrs.get("axis") != q.axis:
+    if not q.per_channel or n.op_type in (K.MAX_POOL, K.RELU) or n.op_type == K.CONCAT and n.attrs["axis"] != q.axis:
         return q
+    if n.op_type == K.SLICE:
+        dim = draft.tensors[n.inputs[0]].shape[q.axis]
+        if (n.attrs["starts"][q.axis], n.attrs["ends"][q.axis], n.attrs["steps"][q.axis]) == (0, dim, 1):
+            return q
     if n.op_type == K.TRANSPOSE:
         return q.with_axis(list(n.attrs["perm"]).index(q.axis))
     if n.op_type == K.RESHAPE:
@@ -350,4 +354,4 @@ def _carried(draft: Draft, n: OpNode, q: Quant, where: str) -> Quant:
         for k in range(len(dst)):
             if int(np.prod(dst[:k])) == before and dst[k] == src[q.axis]:
                 return q.with_axis(k)
-    raise ModelError(f"{where}: moves the channel axis of a per-channel quantized tensor")
+    raise ModelError(f"{where}: changes the channels of a per-channel quantized tensor")

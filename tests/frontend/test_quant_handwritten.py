@@ -243,3 +243,37 @@ def test_exact_ops_move_above_the_dequantize():
     assert g.tensor(transpose.outputs[0]).quant == g.tensor("b_q").quant
     assert g.tensor(reshape.outputs[0]).quant == g.tensor("m_q").quant
     assert_runs_like_the_model(m, g)
+
+
+def per_channel_move(op: str, attrs: dict, extra_inits: list, dq_axis: int | None, out_shape) -> onnx.ModelProto:
+    """x [1, 4, 2, 3] -> QuantizeLinear per channel (axis 1) -> `op` on the stored integers -> DQ
+    (per channel on `dq_axis`, or per-tensor when None)."""
+    n = helper.make_node
+    inputs = ["xq"] + [t.name for t in extra_inits]
+    dq = ["mq", "s", "z"] if dq_axis is not None else ["mq", "s1", "z1"]
+    nodes = [n("QuantizeLinear", ["x", "s", "z"], ["xq"], name="quantize", axis=1),
+             n(op, inputs, ["mq"], name="move", **attrs),
+             n("DequantizeLinear", dq, ["y"], name="dequantize", **({} if dq_axis is None else {"axis": dq_axis}))]
+    extra_inits = extra_inits + [arr("s1", 0.1, f32), arr("z1", 0, i8)]
+    inits = [arr("s", [0.1, 0.2, 0.3, 0.4], f32), arr("z", [0, 1, 2, 3], i8), *extra_inits]
+    return model(nodes, {"x": (1, 4, 2, 3)}, {"y": out_shape}, inits, 13)
+
+
+@pytest.mark.parametrize("op,attrs,inits,axis,shape", [
+    ("Transpose", {"perm": [0, 2, 3, 1]}, [], 3, (1, 2, 3, 4)),
+    ("Reshape", {}, [arr("shape", [1, 4, 6], np.int64)], 1, (1, 4, 6)),
+    ("MaxPool", {"kernel_shape": [2, 2], "pads": [0, 0, 0, 1]}, [], 1, (1, 4, 1, 3)),
+])
+def test_per_channel_quantization_follows_its_channels_through_integer_moves(op, attrs, inits, axis, shape):
+    m = per_channel_move(op, attrs, inits, axis, shape)
+    g = load(m)
+    moved = g.tensor("mq").quant
+    assert moved.axis == axis and moved == g.tensor("xq").quant.with_axis(axis)
+    assert_runs_like_the_model(m, g)
+
+
+def test_a_move_that_cuts_the_channels_of_a_per_channel_tensor_is_refused():
+    m = per_channel_move("Slice", {}, [arr("b", [1], np.int64), arr("e", [3], np.int64), arr("a", [1], np.int64)],
+                         None, (1, 2, 2, 3))
+    with pytest.raises(ModelError, match=r"node 'move' \(Slice\).*changes the channels"):
+        load(m)
