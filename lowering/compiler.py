@@ -30,6 +30,7 @@ from tpuflow.lowering.ops.resize_lmem import ResizeLmemEmitter, is_lmem_resize, 
 from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
 from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts
 from tpuflow.lowering.tensors import make_tile
+from tpuflow.lowering.tensor_parallel import split_mlp_pairs
 from tpuflow.lowering.timesteps import pipelined_order
 from tpuflow.lowering.weights import WeightImage
 from tpuflow.options import CompileOptions
@@ -204,12 +205,15 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     """The program of `source`: layer groups at the resident share of LMEM, or at the next
     smaller share when some group does not fit the working area the residents leave it."""
     graph = materialize_broadcasts(fold_matmul_transposes(source))
+    pins: dict[str, int] = {}
+    if options.cores > 1 and options.matmul == "tiu":
+        graph, pins = split_mlp_pairs(graph, options.cores, chip.lanes)
     groups = form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes)
-    crossing = _crossing_tensors(graph, groups, chip, options) if options.cores > 1 else frozenset()
+    crossing = _crossing_tensors(graph, groups, chip, options, pins) if options.cores > 1 else frozenset()
     for share in RESIDENT_SHARE_FALLBACKS:
         residency = plan_layer_groups(graph, groups, chip, options, share, crossing)
         try:
-            return _lower_planned(source, graph, groups, chip, options, residency)
+            return _lower_planned(source, graph, groups, chip, options, residency, pins)
         except LoweringError:
             if not residency.tensors:
                 raise
@@ -217,13 +221,13 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
 
 
 def _lower_planned(source: Graph, graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
-                   residency: ResidencyPlan) -> Program:
+                   residency: ResidencyPlan, pins: dict[str, int] | None = None) -> Program:
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
                    in_lmem=set(residency.tensors), rerun=[(r.first, r.last) for r in residency.regions])
     weights = WeightImage(ddr.weight_base)
     make_ctx = lambda: LowerCtx(graph, chip, options, Emitter(chip), ddr, weights, residency=residency)  # noqa: E731
     if options.cores > 1:
-        ctxs, split, _ = _emit_over_cores(make_ctx, groups, options, ddr.weight_base)
+        ctxs, split, _ = _emit_over_cores(make_ctx, groups, options, ddr.weight_base, pins or {})
     else:
         ctxs, split = [_emit_one_core(make_ctx(), groups, options)], []
     streams = [_finish_core(ctx.em, chip, options) for ctx in ctxs]
@@ -264,7 +268,7 @@ def _emit_one_core(ctx: LowerCtx, groups: list[Group], options: CompileOptions) 
 
 
 def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions, ddr_limit: int,
-                     barriers: bool = True) -> tuple[list[LowerCtx], list[dict], list[list[tuple[int, int]]]]:
+                     pins: dict[str, int], barriers: bool = True) -> tuple[list[LowerCtx], list[dict], list[list[tuple[int, int]]]]:
     """Every group split over the cores (lowering.cores: each core emits its part; activations
     resident in LMEM stay where their core's part made them), with a chip-wide barrier before a
     group only where one core touches DDR that another core wrote, or writes DDR another core
@@ -280,7 +284,8 @@ def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions, ddr
     loaded: list[set[str]] = [set() for _ in ctxs]
     spans, count = [], 0
     for index, group in enumerate(groups):
-        parts = core_parts(graph, group, options.cores, options, _on_vector_unit(ctxs[0], group))
+        parts = core_parts(graph, group, options.cores, options, _on_vector_unit(ctxs[0], group),
+                           pins.get(group.anchor.name))
         starts = [len(ctx.em.records) for ctx in ctxs]
         for ctx, part, record, done in zip(ctxs, parts, split, loaded):
             _emit_preloads(ctx, groups, index, done)
@@ -321,7 +326,8 @@ def _insert_barrier(ctx: LowerCtx, at: int, cores: int, index: int) -> None:
     ctx.em.layer = layer
 
 
-def _crossing_tensors(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions) -> set[str]:
+def _crossing_tensors(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
+                      pins: dict[str, int]) -> set[str]:
     """The activations some core reads from another core's part (or from a core that made all of
     it), found on the program that keeps every activation in DDR: they cannot stay in one core's
     LMEM. With a view or Concat sharing their DDR buffer, the whole family crosses."""
@@ -329,7 +335,7 @@ def _crossing_tensors(graph: Graph, groups: list[Group], chip: ChipConfig, optio
         return set()
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options))
     make_ctx = lambda: LowerCtx(graph, chip, options, Emitter(chip), ddr, WeightImage(ddr.weight_base))  # noqa: E731
-    ctxs, _, spans = _emit_over_cores(make_ctx, groups, options, ddr.weight_base, barriers=False)
+    ctxs, _, spans = _emit_over_cores(make_ctx, groups, options, ddr.weight_base, pins, barriers=False)
     per_group = [[ddr_cells(ctx.em.records[a:b], chip, ddr.weight_base) for ctx, (a, b) in zip(ctxs, span)]
                  for span in spans]
     reads = [[t for t in dict.fromkeys(x for n in g.nodes for x in n.inputs) if t in ddr.tensors and t not in g.produced()]

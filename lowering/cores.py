@@ -18,9 +18,12 @@ from tpuflow.options import CompileOptions
 
 
 def core_parts(graph: Graph, group: Group, cores: int, options: CompileOptions,
-               on_vector_unit: bool = False) -> list[EmitPart | None]:
+               on_vector_unit: bool = False, pinned: int | None = None) -> list[EmitPart | None]:
     """Per core, its part of `group` (None: that core has nothing of it). A group that does not
-    split runs whole on core 0; `on_vector_unit`: a matmul the GEMV path computes (core 0)."""
+    split runs whole on core 0, a `pinned` one whole on that core (lowering.tensor_parallel);
+    `on_vector_unit`: a matmul the GEMV path computes (core 0)."""
+    if pinned is not None:
+        return [WHOLE if k == pinned else None for k in range(cores)]
     parts = _split(graph, group, cores, options, on_vector_unit)
     return parts if parts is not None else [WHOLE] + [None] * (cores - 1)
 

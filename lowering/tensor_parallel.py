@@ -1,0 +1,155 @@
+"""Tensor-parallel MLP pairs for several cores (issue 14): MatMul(X, W1) -> elementwise chain ->
+MatMul(G, W2), both by constant weights, becomes per core k the product by W1's column block k,
+the chain on those columns and the product by W2's row block k (all on core k: its hidden
+columns never leave its LMEM), then the sum of the cores' partial results (a row group every
+core runs on its rows). Bytes: the hidden activation G (M x H) is no longer read whole by every
+core ((cores - 1) x |G| saved); the partials cost a write and a read (2 x cores x |Y|)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import numpy as np
+
+from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
+from tpuflow.lowering.ewise import ELEMENTWISE
+from tpuflow.lowering.slicing import chunk
+
+
+def split_mlp_pairs(graph: Graph, cores: int, lanes: int) -> tuple[Graph, dict[str, int]]:
+    """The graph with every MLP pair that moves fewer bytes split over `cores`, and the core
+    each new node is pinned to ({node name: core}); the graph itself when none is."""
+    pairs = [p for p in (_pair_at(graph, n) for n in graph.nodes() if n.op_type == "MatMul") if p]
+    pairs = _disjoint([p for p in pairs if _pays(graph, p, cores, lanes)])
+    if not pairs:
+        return graph, {}
+    tensors, pins = dict(graph.tensors), {}
+    replaced = {}
+    for first, chain, last in pairs:
+        replaced[first.name] = _split_pair(graph, first, chain, last, cores, lanes, tensors, pins)
+        for n in chain + [last]:
+            replaced[n.name] = []
+    nodes = [m for n in graph.nodes() for m in replaced.get(n.name, [n])]
+    return Graph(graph.name, nodes, tensors, graph.inputs, graph.outputs, graph.model, graph.opset), pins
+
+
+def _disjoint(pairs: list) -> list:
+    """The pairs in order, without those sharing a MatMul with an earlier one."""
+    taken, out = set(), []
+    for first, chain, last in pairs:
+        if not {first.name, last.name} & taken:
+            out.append((first, chain, last))
+            taken |= {first.name, last.name}
+    return out
+
+
+def _weights(graph: Graph, node: OpNode) -> np.ndarray | None:
+    """A MatMul's constant 2-D right operand, read plainly (no folded transposes)."""
+    if any(node.attr(k) is not None for k in ("a_perm", "b_perm", "y_perm")):
+        return None
+    b = graph.tensor(node.inputs[1])
+    return b.const if b.is_const and len(b.shape) == 2 and not graph.tensor(node.inputs[0]).is_const else None
+
+
+def _pair_at(graph: Graph, first: OpNode):
+    """(first MatMul, elementwise chain, second MatMul) starting at `first`, or None: the chain's
+    other operands are constants, its tensors are read inside it only, and its one result is the
+    second MatMul's left operand."""
+    if _weights(graph, first) is None:
+        return None
+    hidden = graph.tensor(first.outputs[0]).shape
+    inside, chain = {first.outputs[0]}, []
+    for node in graph.nodes():
+        used = [t for t in node.inputs if t in inside]
+        if not used or node is first:
+            continue
+        if node.op_type == "MatMul" and node.inputs[0] in inside and used == [node.inputs[0]]:
+            w = _weights(graph, node)
+            return (first, chain, node) if w is not None and w.shape[0] == hidden[-1] and \
+                _closed(graph, inside, chain, node) else None
+        if node.op_type not in ELEMENTWISE or graph.tensor(node.outputs[0]).shape != hidden or \
+                any(t not in inside and not graph.tensor(t).is_const for t in node.inputs if t):
+            return None
+        chain.append(node)
+        inside.add(node.outputs[0])
+    return None
+
+
+def _closed(graph: Graph, inside: set[str], chain: list[OpNode], last: OpNode) -> bool:
+    """Every tensor of the pair is read by the pair only (the second MatMul reading one)."""
+    members = {n.name for n in chain} | {last.name}
+    return all(t not in graph.outputs and all(u.name in members for u in graph.consumers(t)) for t in inside) \
+        and sum(1 for t in inside if last.name in {u.name for u in graph.consumers(t)}) == 1
+
+
+def _pays(graph: Graph, pair, cores: int, lanes: int) -> bool:
+    """Whether splitting moves fewer bytes: every core reading the whole hidden activation
+    against every core writing and reading a partial result, with whole lanes of columns each."""
+    first, _, last = pair
+    hidden = graph.tensor(first.outputs[0]).shape[-1]
+    hidden_bytes = graph.tensor(last.inputs[0]).size
+    out_bytes = graph.tensor(last.outputs[0]).size
+    return hidden // cores >= lanes and hidden_bytes * (cores - 1) > 2 * cores * out_bytes
+
+
+def _split_pair(graph: Graph, first: OpNode, chain: list[OpNode], last: OpNode, cores: int, lanes: int,
+                tensors: dict[str, TensorInfo], pins: dict[str, int]) -> list[OpNode]:
+    """The pair's nodes per core, then the sum of the partials under the second MatMul's output name."""
+    hidden = graph.tensor(first.outputs[0]).shape[-1]
+    step = lanes if hidden % lanes == 0 else 1
+    nodes, partials = [], []
+    for k in range(cores):
+        lo, hi = (x * step for x in chunk(hidden // step, cores, k))
+        rename = {t: f"{t}@core{k}" for t in [first.outputs[0]] + [n.outputs[0] for n in chain]}
+        made = [_node(first, (first.inputs[0], _const(graph, tensors, first.inputs[1], lo, hi, axis=1)),
+                      rename, k)]
+        for n in chain:
+            inputs = tuple(rename.get(t) or _const(graph, tensors, t, lo, hi, axis=-1) for t in n.inputs)
+            made.append(_node(n, inputs, rename, k))
+        partial = f"{last.outputs[0]}@core{k}"
+        made.append(OpNode(f"{last.name}@core{k}", "MatMul",
+                           (rename[last.inputs[0]], _const(graph, tensors, last.inputs[1], lo, hi, axis=0)), (partial,)))
+        view = f"{partial}/view"        # keeps the sum out of this MatMul's epilogue (it reads other cores' partials)
+        made.append(OpNode(f"{last.name}@core{k}/view", "Reshape", (partial,), (view,),
+                           MappingProxyType({"shape": graph.tensor(last.outputs[0]).shape, "view": True})))
+        for n in made:
+            pins[n.name] = k
+        for t, core_t in rename.items():
+            info = graph.tensor(t)
+            tensors[core_t] = TensorInfo(core_t, info.shape[:-1] + (hi - lo,), info.dtype)
+        for t in (partial, view):
+            tensors[t] = TensorInfo(t, graph.tensor(last.outputs[0]).shape, graph.tensor(last.outputs[0]).dtype)
+        nodes += made
+        partials.append(view)
+    return nodes + _sum(last, partials, tensors, graph)
+
+
+def _node(original: OpNode, inputs: tuple[str, ...], rename: dict[str, str], core: int) -> OpNode:
+    return OpNode(f"{original.name}@core{core}", original.op_type, inputs,
+                  tuple(rename[t] for t in original.outputs), original.attrs)
+
+
+def _const(graph: Graph, tensors: dict[str, TensorInfo], name: str, lo: int, hi: int, axis: int) -> str:
+    """A constant's block [lo, hi) along `axis` (as it is when that axis has size 1 or it is a scalar)."""
+    info = graph.tensor(name)
+    value = np.asarray(info.const)
+    if value.ndim == 0 or value.shape[axis] == 1:
+        return name
+    block = f"{name}@{lo}:{hi}"
+    if block not in tensors:
+        part = np.ascontiguousarray(np.take(value, np.arange(lo, hi), axis=axis))
+        tensors[block] = TensorInfo(block, part.shape, info.dtype, part, info.quant)
+    return block
+
+
+def _sum(last: OpNode, partials: list[str], tensors: dict[str, TensorInfo], graph: Graph) -> list[OpNode]:
+    """Add nodes summing `partials` into the second MatMul's output."""
+    info = graph.tensor(last.outputs[0])
+    nodes, acc = [], partials[0]
+    for k, p in enumerate(partials[1:], start=1):
+        out = last.outputs[0] if k == len(partials) - 1 else f"{last.outputs[0]}/sum{k}"
+        if out not in tensors:
+            tensors[out] = TensorInfo(out, info.shape, info.dtype)
+        nodes.append(OpNode(f"{last.name}/sum{k}", "Add", (acc, p), (out,)))
+        acc = out
+    return nodes
