@@ -30,6 +30,7 @@ its BM1684X-family ConvLowering::LoweringINT8 (the non-BM1684X branch).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -879,6 +880,21 @@ def _rq1_second_word(rshift: int, zero_point: int, zp_bit: int) -> int:
     shift = _check_range("shift (-rshift)", -int(rshift), *RQ_SHIFT_RANGE)
     zp = _check_range("zero point", int(zero_point), *RQ_ZERO_POINT_RANGE)
     return (shift & 0xFF) | ((zp & 0xFFFF) << zp_bit)
+
+
+def rq1_multiplier_shift(scale: float) -> tuple[int, int]:
+    """(multiplier, rshift) with multiplier / 2**rshift the nearest such value to `scale`, |multiplier| in
+    [2**30, 2**31) (31 significant bits, as tpu-mlir's get_scale_and_shift at 32 bits); (0, 0) for 0. A
+    scale needing a shift outside the stored int8 (RQ_SHIFT_RANGE, negated) is a ValueError."""
+    if scale == 0:
+        return 0, 0
+    fraction, exponent = math.frexp(abs(scale))          # abs(scale) = fraction * 2**exponent, fraction in [0.5, 1)
+    multiplier = round(fraction * (1 << 31))
+    if multiplier == 1 << 31:
+        multiplier, exponent = 1 << 30, exponent + 1
+    rshift = 31 - exponent
+    _check_range("shift (-rshift)", -rshift, *RQ_SHIFT_RANGE)
+    return (multiplier if scale > 0 else -multiplier), rshift
 
 
 def rq1_scalars(multiplier: int, rshift: int, zero_point: int) -> dict[str, int]:

@@ -251,3 +251,15 @@ def test_wrong_precisions_name_the_instruction():
         with pytest.raises(ExecutionError, match=f"quant.{op}"):
             m.execute(instr, 3)
     assert LANES == 64
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(2.0 ** -90, 2.0 ** 90), st.booleans())
+def test_rq1_multiplier_shift_is_the_nearest_31_bit_fixed_point_scale(scale, negative):
+    from tpuflow.isa.tiu import rq1_multiplier_shift
+    scale = -scale if negative else scale
+    multiplier, rshift = rq1_multiplier_shift(scale)
+    assert (1 << 30) <= abs(multiplier) < (1 << 31) and (multiplier < 0) == negative
+    exact = Fraction(scale) * 2 ** rshift
+    assert abs(exact - multiplier) <= Fraction(1, 2)          # nearest multiplier at this shift
+    assert rq1_multiplier_shift(0.0) == (0, 0)
