@@ -37,13 +37,17 @@ class Draft:
     def claim(self, name: str) -> None:
         self._names.add(name)
 
-    def add_node(self, base: str, op_type: str, inputs, outputs, attrs: dict[str, Any] | None = None) -> OpNode:
-        """Append a node named `base` (suffixed when taken)."""
+    def node_name(self, base: str) -> str:
+        """Reserve and return a node name derived from `base` (suffixed when taken)."""
         name, k = base, 1
         while name in self._node_names:
             name, k = f"{base}_{k}", k + 1
         self._node_names.add(name)
-        node = make_node(name, op_type, inputs, outputs, attrs)
+        return name
+
+    def add_node(self, base: str, op_type: str, inputs, outputs, attrs: dict[str, Any] | None = None) -> OpNode:
+        """Append a node named `base` (suffixed when taken)."""
+        node = make_node(self.node_name(base), op_type, inputs, outputs, attrs)
         self.nodes.append(node)
         return node
 

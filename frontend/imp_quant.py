@@ -7,12 +7,12 @@ of a quantized tensor (a DequantizeLinear's output, or a constant that was dequa
 output's only use is one QuantizeLinear takes the quantized tensors directly and produces the
 QuantizeLinear's output; an op of ON_GRID (exact on quantized values) whose result is used in float
 instead runs on the quantized tensor, keeps its input's Quant, and is followed by the DequantizeLinear
-(so QOperator's DQ -> Relu -> MaxPool -> Q becomes Relu -> MaxPool on integers). Conv takes per-tensor activations and per-tensor or axis-0 weights, its
-bias becomes int32 (frontend/quant.py); MatMul takes per-tensor activations and per-tensor or
-last-axis weights, and a MatMul -> Add(constant bias) -> Q chain (Gemm) becomes MatMul -> int32
-accumulator -> Add(int32 bias). A Conv / MatMul whose inputs all have scale 1 and whose result is
-Cast to int32 (ConvInteger / MatMulInteger) gives an int32 result of scale 1; a Cast of such a tensor
-to float is a DequantizeLinear. Ops of INTEGER_MOVES that read stored integers directly (QOperator
+(so QOperator's DQ -> Relu -> MaxPool -> Q becomes Relu -> MaxPool on integers). Conv takes
+per-tensor activations and per-tensor or axis-0 weights, its bias becomes int32 (frontend/quant.py);
+MatMul takes per-tensor activations and per-tensor or last-axis weights, and a MatMul -> Add(constant
+bias) -> Q chain (Gemm) becomes MatMul -> int32 accumulator -> Add(int32 bias). A Conv / MatMul
+whose inputs all have scale 1 and whose result is Cast to int32 (ConvInteger / MatMulInteger) gives
+an int32 result of scale 1; a Cast of such a tensor to float is a DequantizeLinear. Ops of INTEGER_MOVES that read stored integers directly (QOperator
 models run MaxPool, Reshape, ... on uint8) carry their input's Quant to their output. Any other op
 reading stored integers is an error naming the node; everything not absorbed stays float between
 explicit DequantizeLinear / QuantizeLinear nodes.
@@ -117,7 +117,7 @@ def transpose_gemm_weights(view: OnnxView) -> None:
     and float value, the channel axis moved), so the Gemm importer passes them through by name."""
     for node in view.nodes:
         b = node.input(1)
-        if node.op_type != "Gemm" or not node.attr("transB", 0) or b not in view.dequantized or len(view.consts[b].shape) != 2:
+        if node.op_type != "Gemm" or not node.attr("transB", 0) or b not in view.dequantized:
             continue
         values, quant, source = view.dequantized[b]
         name = f"{b}/transposed"
@@ -212,11 +212,7 @@ class _Absorber:
         out = self.d.tensors[n.outputs[0]]
         quantized = self.d.add_tensor(f"{out.name}_quantized", out.shape, carried.storage)
         self.d.tensors[quantized] = replace(self.d.tensors[quantized], quant=carried)
-        name = f"{n.name}/dequantize"
-        while name in self.d._node_names:
-            name += "_"
-        self.d._node_names.add(name)
-        dequantize = make_node(name, K.DEQUANTIZE, (quantized,), (out.name,))
+        dequantize = make_node(self.d.node_name(f"{n.name}/dequantize"), K.DEQUANTIZE, (quantized,), (out.name,))
         self.producer[out.name] = dequantize
         return [replace(n, inputs=tuple(ins), outputs=(quantized,)), dequantize]
 
@@ -273,10 +269,10 @@ class _Absorber:
         acc = accumulator_quant(self.quant(x), self.quant(w), axis)
         if b in self.deq:
             values, quant, _ = self.deq[b]
-            same = quant.storage == "int32" and np.allclose(np.broadcast_to(quant.scale, acc.scale.shape), acc.scale,
-                                                            rtol=BIAS_RTOL, atol=0)
+            same = quant.storage == "int32" and quant.scale.shape in ((), acc.scale.shape) and np.allclose(
+                np.broadcast_to(quant.scale, acc.scale.shape), acc.scale, rtol=BIAS_RTOL, atol=0)
             if same and np.all(quant.zero_point == 0):
-                return self.quantized_const(f"{b}_int32", values, acc)
+                return self.quantized_const(self.deq[b].source, values, acc)
         return self.quantized_const(f"{b}_int32", quantize(info.const, acc), acc)
 
     def integer_product(self, n: OpNode, x: str, w: str, cast: OpNode) -> list[OpNode] | None:

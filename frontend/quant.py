@@ -133,7 +133,8 @@ def onnx_quant(scale: np.ndarray, zero_point: np.ndarray | None, storage: str, s
     """The Quant of an ONNX QuantizeLinear / DequantizeLinear: `scale` and `zero_point` as the model
     has them, `storage` the integer dtype, `shape` the quantized tensor's shape, `axis` and
     `block_size` the node's attributes. A scale and zero point of one element each are per-tensor
-    (onnxruntime writes a bias scale of shape [1] with a scalar zero point); a 1-D scale of the channel count of `axis` is per-channel. Raises QuantParamError."""
+    (onnxruntime writes a bias scale of shape [1] with a scalar zero point); a 1-D scale of the
+    channel count of `axis` is per-channel. Raises QuantParamError."""
     scale = np.asarray(scale)
     if scale.dtype.kind != "f":
         raise QuantParamError(f"scale has dtype {scale.dtype.name}, not a float type")
