@@ -7,15 +7,15 @@ of a quantized tensor (a DequantizeLinear's output, or a constant that was dequa
 output's only use is one QuantizeLinear takes the quantized tensors directly and produces the
 QuantizeLinear's output; an op of ON_GRID (exact on quantized values) whose result is used in float
 instead runs on the quantized tensor, keeps its input's Quant, and is followed by the DequantizeLinear
-(so QOperator's DQ -> Relu -> MaxPool -> Q becomes Relu -> MaxPool on integers). Conv takes
-per-tensor activations and per-tensor or axis-0 weights, its bias becomes int32 (frontend/quant.py);
-MatMul takes per-tensor activations and per-tensor or last-axis weights, and a MatMul -> Add(constant
-bias) -> Q chain (Gemm) becomes MatMul -> int32 accumulator -> Add(int32 bias). A Conv / MatMul
-whose inputs all have scale 1 and whose result is Cast to int32 (ConvInteger / MatMulInteger) gives
-an int32 result of scale 1; a Cast of such a tensor to float is a DequantizeLinear. Ops of INTEGER_MOVES that read stored integers directly (QOperator
-models run MaxPool, Reshape, ... on uint8) carry their input's Quant to their output. Any other op
-reading stored integers is an error naming the node; everything not absorbed stays float between
-explicit DequantizeLinear / QuantizeLinear nodes.
+(so QOperator's DQ -> Relu -> MaxPool -> Q becomes Relu -> MaxPool on integers). Conv takes per-tensor
+activations and per-tensor or axis-0 weights, its bias becomes int32 (frontend/quant.py); MatMul takes
+per-tensor activations and per-tensor or last-axis weights, and a MatMul -> Add(constant bias) -> Q
+chain (Gemm) becomes MatMul -> int32 accumulator -> Add(int32 bias). A Conv / MatMul whose inputs all
+have scale 1 and whose result is Cast to int32 (ConvInteger / MatMulInteger) gives an int32 result of
+scale 1; a Cast of such a tensor to float is a DequantizeLinear. Ops of INTEGER_MOVES that read stored
+integers directly (QOperator models run MaxPool, Reshape, ... on uint8) carry their input's Quant to
+their output. Any other op reading stored integers is an error naming the node; everything not absorbed
+stays float between explicit DequantizeLinear / QuantizeLinear nodes.
 """
 
 from __future__ import annotations
