@@ -277,3 +277,24 @@ def test_a_move_that_cuts_the_channels_of_a_per_channel_tensor_is_refused():
                          None, (1, 2, 2, 3))
     with pytest.raises(ModelError, match=r"node 'move' \(Slice\).*changes the channels"):
         load(m)
+
+
+def test_weight_only_quantization_and_shared_float_results_stay_float():
+    """DequantizeLinear on weights only (float activations): the Conv stays float on the dequantized
+    weights; a quantized op whose float result has another use besides its QuantizeLinear stays float."""
+    n = helper.make_node
+    nodes = [n("DequantizeLinear", ["wq", "sw"], ["w_real"], name="w_dequantize"),
+             n("Conv", ["x", "w_real"], ["c"], name="conv"), *qdq("c", "s", "z", "c"),
+             n("Mul", ["c_real", "c_real"], ["r"], name="square"), *qdq("r", "s", "z", "r"),
+             n("Add", ["r_real", "r"], ["y"], name="uses_float_too")]
+    inits = [arr("wq", rng.integers(-127, 128, (4, 3, 1, 1)), i8), arr("sw", 0.02, f32), arr("s", 0.05, f32),
+             arr("z", 0, i8)]
+    m = model(nodes, {"x": (1, 3, 4, 4)}, {"y": (1, 4, 4, 4)}, inits, 13)
+    g = load(m)
+    assert [x.op_type for x in g.nodes()] == ["Conv", "QuantizeLinear", "DequantizeLinear", "Mul", "QuantizeLinear",
+                                              "DequantizeLinear", "Add"]
+    assert all(g.tensor(t).quant is None for t in g.node("square").inputs)
+    conv = g.node("conv")
+    assert all(g.tensor(t).quant is None for t in (*conv.inputs, *conv.outputs))
+    assert g.tensor(conv.inputs[1]).dtype == "float32"
+    assert_runs_like_the_model(m, g)
