@@ -16,11 +16,23 @@ from tpuflow.hwmodel.functional.machine import Machine
 from tpuflow.hwmodel.functional.race import RaceDetector
 
 
+UNSIGNED_DTYPES = {"uint8": Prec.INT8, "uint16": Prec.INT16}    # stored like their signed precision, read unsigned
+
+
 def tensor_prec(tensor: DdrTensor) -> Prec:
+    if tensor.dtype in UNSIGNED_DTYPES:
+        return UNSIGNED_DTYPES[tensor.dtype]
     try:
         return Prec.from_name(tensor.dtype)
     except KeyError:
         raise ExecutionError(f"DDR tensor {tensor.name!r}: unsupported dtype {tensor.dtype!r}") from None
+
+
+def storage_dtype(tensor: DdrTensor) -> np.dtype:
+    """numpy dtype of a DDR tensor's elements as the user sees them (uint8 / uint16 unsigned)."""
+    if tensor.dtype in UNSIGNED_DTYPES:
+        return np.dtype(tensor.dtype)
+    return tensor_prec(tensor).storage_dtype
 
 
 def _input_bytes(tensor: DdrTensor, value) -> np.ndarray:
@@ -35,7 +47,7 @@ def _input_bytes(tensor: DdrTensor, value) -> np.ndarray:
         return f32_to_bf16(array.astype(np.float32))
     if array.dtype.kind not in "fiub":
         raise InputMismatchError(f"input {tensor.name!r}: dtype {array.dtype} is not numeric")
-    return np.ascontiguousarray(array.astype(prec.storage_dtype) if prec is not Prec.BF16 else encode(array, prec))
+    return np.ascontiguousarray(array.astype(storage_dtype(tensor)) if prec is not Prec.BF16 else encode(array, prec))
 
 
 def load_inputs(machine: Machine, program: Program, inputs: dict) -> None:
@@ -59,7 +71,7 @@ def load_inputs(machine: Machine, program: Program, inputs: dict) -> None:
 def read_outputs(machine: Machine, program: Program) -> dict[str, np.ndarray]:
     out = {}
     for tensor in program.memory.by_role("output"):
-        dtype = tensor_prec(tensor).storage_dtype
+        dtype = storage_dtype(tensor)
         count = int(np.prod(tensor.shape, dtype=np.int64))
         raw = machine.read_ddr(tensor.addr, count * dtype.itemsize)
         out[tensor.name] = raw.view(dtype).reshape(tuple(tensor.shape))
@@ -87,7 +99,8 @@ def execute_program(machine: Machine, program: Program, *, race_check: bool = Tr
 def run(program: Program, inputs: dict[str, np.ndarray], *, race_check: bool = True,
         interleave: str = "round_robin", seed: int = 0) -> dict[str, np.ndarray]:
     """Execute `program` on fresh cores (one shared DDR, private LMEM each) and return every role
-    'output' tensor by name (storage dtype: fp32/fp16 as numpy, bf16 as uint16 bit patterns).
+    'output' tensor by name (storage dtype: fp32/fp16 as numpy, bf16 as uint16 bit patterns, DDR dtype
+    uint8 / uint16 as unsigned numpy arrays).
     A single-core program without messages runs on the one-core executor as it always did."""
     machine = Machine(program.chip, program.memory.ddr_bytes_used)
     load_inputs(machine, program, inputs)

@@ -125,3 +125,36 @@ def test_int8_program_runs_exactly_and_costs_less_than_fp16():
     t8 = int(conv8.times["end"][conv8.index("tiu", 1)] - conv8.times["start"][conv8.index("tiu", 1)])
     t16 = int(conv16.times["end"][conv16.index("tiu", 1)] - conv16.times["start"][conv16.index("tiu", 1)])
     assert t16 - t8 == 2 * 64 * 9 * 1000
+
+
+def test_uint8_tensors_in_ddr_requantise_unsigned_to_unsigned():
+    """A uint8 DDR input (dtype "uint8") loaded as 1-byte INT8 data, quant.rq1 reading it unsigned (opt_opd0_sign
+    0) into uint8 (opt_opd2_sign 0) with per-channel parameters, stored to a uint8 output: y = clip(zp +
+    round_half_away((x - 0) * m / 2**r), 0, 255)."""
+    c, hw = 70, (3, 5)
+    x_t = local(flat(3, 0), (1, c, *hw), Prec.INT8)
+    q_t = local(flat(3, 0x1000), (1, c, 1, 2), Prec.INT32, "compact")
+    y_t = local(flat(3, 0x2000), (1, c, *hw), Prec.INT8)
+    rng = np.random.default_rng(9)
+    mults, rshifts, zps = rng.integers(1 << 30, 1 << 31, size=c), rng.integers(30, 33, size=c), rng.integers(0, 40, size=c)
+    words = rq1_channel_words(mults, rshifts, zps)
+    gdma = [_ddr_to_lmem(0, x_t), _ddr_to_lmem(WEIGHT_BASE, q_t),
+            _dma(y_t.addr + CHIP.core.gdma_lmem_base_address, Y_ADDR, y_t.shape, y_t.strides, _row_major(y_t.shape),
+                 Prec.INT8, cmd_id_dep=1)]
+    rq = RqDqTiu(op="rq1", res0_addr=y_t.addr, res0_n=1, res0_c=c, res0_h=hw[0], res0_w=hw[1], opd0_addr=x_t.addr,
+                 opt_opd0_prec=int(Prec.INT8), opt_opd0_sign=0, opt_opd2_sign=0, opt_opd1_const=0,
+                 opd1_addr=q_t.addr, opd2_n_str=MODE, cmd_id_dep=2)
+    size = c * hw[0] * hw[1]
+    tensors = {"x": DdrTensor("x", 0, (1, c, *hw), "uint8", "input", size),
+               "q": DdrTensor("q", WEIGHT_BASE, words.shape, "int32", "weight", words.nbytes),
+               "y": DdrTensor("y", Y_ADDR, (1, c, *hw), "uint8", "output", size)}
+    program = Program(chip=CHIP, tiu=[rq], gdma=gdma, tiu_layers=["rq"], gdma_layers=["rq"] * 3,
+                      memory=MemoryPlan(tensors=tensors, weight_base=WEIGHT_BASE, weight_image=words.tobytes(),
+                                        ddr_bytes_used=Y_ADDR + size), model_name="uint8_rq", issue_order="DDBD")
+    x = rng.integers(0, 256, size=(1, c, *hw)).astype(np.uint8)
+    got = run(program, {"x": x})["y"]
+    v = x.astype(np.int64) * mults.reshape(1, -1, 1, 1)
+    r = rshifts.reshape(1, -1, 1, 1)
+    want = np.clip(((v + (np.int64(1) << (r - 1))) >> r) + zps.reshape(1, -1, 1, 1), 0, 255)
+    assert got.dtype == np.uint8 and (got == want).all() and (want > 127).any()
+    simulate(program)          # the chunk-bitmap dependencies written above are the ones the IFE derives
