@@ -73,3 +73,22 @@ def test_int8_conv_never_costs_more_than_fp16_and_halves_the_channel_loop(cin, c
     w8, w16 = tiu_work(int8, CHIP), tiu_work(fp16, CHIP)
     assert w8.steps == w16.steps
     assert w8.cycles_per_step == k * k * -(-cin // 64) and w16.cycles_per_step == k * k * -(-cin // 32)
+
+
+def test_int8_loads_move_one_byte_per_element():
+    """A (1, 64, 56, 56) activation load: int8 moves 200704 DDR bytes, fp16 twice that; int8 lands in the
+    64-per-lane EU-aligned layout (3136 elements = 49 EU vectors of 64 bytes per lane)."""
+    from tpuflow.hwmodel.timing import simulate
+    from tpuflow.hwmodel.timing.synthetic import load
+    shape = (1, 64, 56, 56)
+    int8, fp16 = load(CHIP, 0x1000, 0x0, shape, INT8), load(CHIP, 0x1000, 0x0, shape, FP16)
+    assert int8.dst_cstride == 3136 and fp16.dst_cstride == 3136          # elements: 49 x 64 and 98 x 32
+    assert sum(r.hi - r.lo for r in int8.accesses(CHIP).ddr_reads) == 64 * 56 * 56
+    assert sum(r.hi - r.lo for r in fp16.accesses(CHIP).ddr_reads) == 2 * 64 * 56 * 56
+
+    def alone(instr):
+        b = ProgramBuilder(CHIP)
+        b.add(instr)
+        return simulate(b.build()).total_ps
+    assert instruction_cycles(int8, CHIP) < instruction_cycles(fp16, CHIP)
+    assert alone(int8) < alone(fp16)
