@@ -25,6 +25,11 @@ its BM1684X-family ConvLowering::LoweringINT8 (the non-BM1684X branch).
   131072 int8 products are needed to overflow). opt_relu clamps the int32 sum at zero. An INT8 res0
   needs the cube's fused requantisation (opt_rq, parameters in TGCR registers written by
   SYS_TR_ACC), which tpuflow does not model: requantise with RqDqTiu instead.
+* Zero points: the input's is the conv's padding value (ConvTiu.opd3_addr) and otherwise folds into
+  the int32 bias; a kernel zero point exists only inside opt_rq (sCONV's opd4 / TGCR register 5, "kzp"),
+  so tpuflow's weights are symmetric (zero point 0). sym_range (symmetric saturation) is never set.
+* Quantized tensors use 1-byte elements everywhere: LMEM layouts (64 int8 per EU vector, 64-channel
+  cube weight blocks, ConvTiu.ALIGNED_IC_BLOCK) and DMAs (src_data_format INT8).
 * RQ / DQ (tsk_typ 4): RqDqTiu below.
 """
 
