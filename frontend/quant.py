@@ -5,21 +5,33 @@ The canonical quantized graph (frontend/imp_quant.py builds it, frontend/graph.p
 - A *quantized tensor* is a TensorInfo whose `quant` is a Quant and whose `dtype` equals
   `quant.storage` ("int8", "uint8" or "int32"). Its stored integers q stand for the real values
   real = (q - zero_point) * scale, broadcast along `axis` when per-channel. Float tensors have
-  quant None; nothing else about them changes.
+  quant None; nothing else about them changes. Graph inputs and outputs may be quantized too
+  (integer inputs of ConvInteger / MatMulInteger, uint8 outputs of QOperator models).
 - A quantized constant (weights, biases) holds the model's integers exactly (TensorInfo.const is
-  the integer array); its Quant is the model's scale and zero point.
+  the integer array) with the model's scale and zero point; only a bias the model keeps in float
+  (PyTorch exports) is rounded to int32 by `quantize`.
 - An op of the canonical vocabulary (frontend/ops.py) whose inputs or outputs are quantized
   computes on real values and rounds once: out = quantize(op(real(inputs)), out.quant), with
   quantize = round half to even, add the zero point, saturate to the storage range (the ONNX
   QuantizeLinear rule). It is exactly the ONNX QDQ meaning of DequantizeLinear -> op ->
   QuantizeLinear, so int8 lowering may pick any integer form that gives the same integers.
-- A Conv bias is an int32 constant with zero point 0 and scale = input scale * weight scale
-  (per output channel, axis 0, when the weights are per-channel), so the accumulator adds it
-  unscaled. A MatMul that had a bias (Gemm) produces an int32 accumulator tensor with that same
-  scale (axis = last axis when the weights are per-channel), consumed by an Add of the int32 bias.
+  Attributes keep their real-valued meaning (Clip min / max are real values). The kinds that
+  appear on quantized tensors are imp_quant.ABSORBED: Conv, MatMul, Add, Mul, Relu, Clip,
+  MaxPool, AveragePool, GlobalAveragePool, Concat, Reshape, Transpose, Slice. Relu, MaxPool and
+  the moves (imp_quant.ON_GRID) usually have their input's Quant on their output: then they are
+  exact on the stored integers (Relu: max(q, zero_point)).
+- Conv and MatMul take a per-tensor quantized activation (input 0) and weights quantized per
+  tensor or per channel: axis 0 (output channels) for Conv, the last axis (columns) for MatMul.
+  A Conv bias is an int32 constant with zero point 0 and scale = input scale * weight scale
+  (float32, per output channel on axis 0 when the weights are per-channel), so the accumulator
+  adds it unscaled. A MatMul that had a bias (Gemm) produces an int32 accumulator tensor of that
+  scale (on its last axis when the weights are per-channel), consumed by an Add of the int32 bias
+  that produces the 8-bit output. ConvInteger / MatMulInteger give Conv / MatMul with an int32
+  result of scale 1 (inputs of scale 1 and the model's zero points).
 - Float <-> integer boundaries are explicit QuantizeLinear / DequantizeLinear nodes (OpKind
   QUANTIZE / DEQUANTIZE, no attributes): DequantizeLinear's parameters are its input's Quant,
-  QuantizeLinear's are its output's Quant.
+  QuantizeLinear's are its output's Quant. Ops without an int8 form in the model (Softmax,
+  LayerNormalization, ...) stay float between them.
 """
 
 from __future__ import annotations
