@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tpuflow.isa.base import Prec
-from tpuflow.isa.tiu import RqDqTiu
+from tpuflow.isa.tiu import RQ0_FUSED_MULTIPLY_ADD, RQ0_NAN_RESULT, RqDqTiu
 
 from tpuflow.hwmodel.functional import operands
 from tpuflow.hwmodel.functional.errors import ExecutionError
@@ -76,14 +76,19 @@ def execute_rq1(m, ins: RqDqTiu) -> None:
 
 
 def execute_rq0(m, ins: RqDqTiu) -> None:
-    """res0 = saturate(round_mode(fp32(fp32(x) * scale) + offset)); NaN gives 0 (tpuflow assumption)."""
+    """res0 = saturate(round_mode(fp32(fp32(x) * scale) + offset)) (one rounding to fp32 of x * scale + offset
+    with RQ0_FUSED_MULTIPLY_ADD); NaN gives RQ0_NAN_RESULT."""
     prec = _integer_result(ins)
     in_prec = Prec(ins.opt_opd0_prec)
     stored = operands.raw(m, ins, "opd0", ins.res0_shape)
     x = to_f32(stored, in_prec) if in_prec.is_float else values_of(stored, bool(ins.opt_opd0_sign)).astype(np.float32)
     first, second = param_words(m, ins)
-    y = (x * _as_f32(first)).astype(np.float32) + _as_f32(second)
-    rounded = np.nan_to_num(round_real(y.astype(np.float32), ins.round_mode), nan=0.0)
+    scale, offset = _as_f32(first), _as_f32(second)
+    if RQ0_FUSED_MULTIPLY_ADD:
+        y = (x.astype(np.float64) * scale + offset).astype(np.float32)     # the product exact in float64
+    else:
+        y = (x * scale).astype(np.float32) + offset
+    rounded = np.nan_to_num(round_real(y.astype(np.float32), ins.round_mode), nan=float(RQ0_NAN_RESULT))
     _store(m, ins, np.clip(rounded, -2.0 ** 62, 2.0 ** 62).astype(np.int64), prec)   # inf saturates
 
 

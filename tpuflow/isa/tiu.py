@@ -779,6 +779,8 @@ RQ_ROUND_MODES = {"half_to_even": 0, "half_away_from_zero": 1, "towards_zero": 2
 RQ_SHIFT_RANGE = (-128, 127)          # the stored shift is an int8 (tpu-mlir: (-rshift) & 0xff)
 RQ_ZERO_POINT_RANGE = (-(1 << 15), (1 << 15) - 1)   # an int16 (tpu-mlir: (zp & 0xffff) << 16, si16)
 RQ_PARAM_WORDS = 2                    # 32-bit words per channel of a per-channel parameter tensor
+RQ0_FUSED_MULTIPLY_ADD = False        # tpuflow assumption: rq0 rounds x * scale to fp32 before adding offset
+RQ0_NAN_RESULT = 0                    # tpuflow assumption: rq0 of a NaN (float opd0) gives this integer
 
 
 @dataclass(frozen=True)
@@ -797,7 +799,8 @@ class RqDqTiu(TiuInstruction):
       res0's range (int8 [-128, 127], uint8 [0, 255], int16, uint16, int32, uint32).
     * rq0 (float requant): scale, offset (fp32): res0 = saturate(round_mode(fp32(fp32(x) * scale) +
       offset)) (tpu-mlir RequantFpOp MultiplierShift mode: to_int((float)x * scale + offset)); the
-      product and the sum are each rounded to fp32 (no fused multiply-add: tpuflow assumption).
+      product and the sum are each rounded to fp32 (RQ0_FUSED_MULTIPLY_ADD, a tpuflow assumption); a
+      NaN gives RQ0_NAN_RESULT (assumption).
     * dq0 (float dequant): zero point zp (int16), scale (fp32): res0 = fp32(x - zp) * scale in fp32,
       rounded to res0's float precision (nearest even), the formula of ONNX DequantizeLinear.
 

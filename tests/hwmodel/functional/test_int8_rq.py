@@ -263,3 +263,13 @@ def test_rq1_multiplier_shift_is_the_nearest_31_bit_fixed_point_scale(scale, neg
     exact = Fraction(scale) * 2 ** rshift
     assert abs(exact - multiplier) <= Fraction(1, 2)          # nearest multiplier at this shift
     assert rq1_multiplier_shift(0.0) == (0, 0)
+
+
+def test_rq0_of_float_input_nan_and_infinities():
+    from tpuflow.isa.tiu import RQ0_NAN_RESULT
+    m = Machine(CHIP, 64)
+    src, dst = local(flat(0, 0x1000), (1, 1, 1, 4), Prec.FP32), local(flat(0, 0x2000), (1, 1, 1, 4), Prec.INT8)
+    m.write_local(src, np.array([np.nan, np.inf, -np.inf, 2.5], np.float32).reshape(src.shape))
+    m.execute(RqDqTiu(op="rq0", res0_addr=dst.addr, res0_n=1, res0_c=1, res0_h=1, res0_w=4, opd0_addr=src.addr,
+                      opt_opd0_prec=int(Prec.FP32), **rq0_scalars(1.0, 0.0), opd2_n_str=MODES["half_to_even"]))
+    assert m.read_local(dst).ravel().tolist() == [RQ0_NAN_RESULT, 127, -128, 2]
