@@ -24,11 +24,12 @@ from typing import Iterator
 from tpuflow.chip import ChipConfig, load_chip
 from tpuflow.errors import InputFileError
 from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, Engine, GeneralDma, Instruction, MatrixDma,
-                         PordTiu, Prec, SfuTiu, StrideMode, SysTiu, TensorDma, TMatmul, TPush, is_lmem,
+                         PordTiu, Prec, RqDqTiu, SfuTiu, StrideMode, SysTiu, TensorDma, TMatmul, TPush, is_lmem,
                          lmem_address, ref_name)
 from tpuflow.isa.gdma import ALL_LANES
 from tpuflow.isa.messages import GDMA_COUNT_SHIFT, TIU_COUNT_SHIFT
 from tpuflow.isa.tile import QUEUES, size_text
+from tpuflow.isa.tiu import RQ_ROUND_MODES
 from tpuflow.program import ENGINES, Program
 
 from tpuflow.codegen.writer import MANIFEST, decode_stream, read_manifest, read_program
@@ -62,7 +63,7 @@ def prec_of(code: int) -> Prec | None:
 def prec_suffix(code: int) -> str:
     """`:fp16` etc., nothing for fp32."""
     prec = prec_of(code)
-    return "" if prec is Prec.FP32 else f":{prec.dtype_name}" if prec else f":prec{code}"
+    return "" if prec is Prec.FP32 else f":{prec.dtype_name}" if prec is not None else f":prec{code}"
 
 
 def _tuple(values) -> str:
@@ -148,6 +149,8 @@ def _tiu_extras(line: _Line, chip: ChipConfig) -> None:
     if isinstance(i, ArTiu) and i.op == "cast":
         rounding = CAST_ROUNDING.get(i.opd2_addr, i.opd2_addr) if i.opt_opd2_const else "?"
         line.add(f"round={rounding}", "opd2_addr", "opt_opd2_const")
+    if isinstance(i, RqDqTiu):
+        _rq_dq(line)
     if isinstance(i, SfuTiu) and i.op in ("taylor", "taylor_4x"):
         line.add(f"coef[{i.opd1_n}]=L*:0x{i.opd1_addr % chip.lmem_bytes_per_lane:04x}", "opd1_addr", "opd1_n")
     if isinstance(i, SfuTiu) and i.op == "normalize":
@@ -157,6 +160,30 @@ def _tiu_extras(line: _Line, chip: ChipConfig) -> None:
     _message(line, "imm")
     line.flag("opt_relu", "relu")
     line.flag("opt_res_add", "acc")
+
+
+RQ_ROUNDING = {code: name for name, code in RQ_ROUND_MODES.items()}
+
+
+def _rq_dq(line: _Line) -> None:
+    """RQ/DQ: the round mode, signs of input and result, constant parameters decoded (RqDqTiu's packing)."""
+    i = line.instr
+    line.add(f"round={RQ_ROUNDING.get(i.opd2_n_str, i.opd2_n_str)}", "opd2_n_str")
+    line.covered.update({"opt_opd0_sign", "opt_opd2_sign"})     # integers are signed unless the line says so
+    if not i.opt_opd0_sign and not Prec(i.opt_opd0_prec).is_float:
+        line.parts.append("unsigned_in")
+    if not i.opt_opd2_sign and not Prec(i.opt_res0_prec).is_float:
+        line.parts.append("unsigned_out")
+    if not i.opt_opd1_const:
+        line.covered.add("opd2_addr")
+        return
+    a, b = i.opd1_addr & 0xFFFFFFFF, i.opd2_addr & 0xFFFFFFFF
+    s32 = (lambda v: (v ^ 0x80000000) - 0x80000000)
+    s8, s16 = (lambda v: ((v & 0xFF) ^ 0x80) - 0x80), (lambda v: ((v & 0xFFFF) ^ 0x8000) - 0x8000)
+    f32 = (lambda v: const_text(v, Prec.FP32)[1:])
+    text = {"rq1": f"mul={s32(a)} rshift={-s8(b)} zp={s16(b >> 8)}", "rq0": f"scale={f32(a)} offset={f32(b)}",
+            "dq0": f"zp={s16(a)} scale={f32(b)}"}[i.op]
+    line.add(text, "opd1_addr", "opd2_addr")
 
 
 def _message(line: _Line, operand: str) -> None:

@@ -161,3 +161,21 @@ def _set_fields(data: bytes, register: str, **over) -> bytes:
     for name, value in over.items():
         raw = (raw & ~fields[name].mask) | fields[name].place(value)
     return raw.to_bytes(len(data), "little")
+
+
+def test_disassembly_of_int8_lines():
+    from tpuflow.chip import load_chip
+    from tpuflow.codegen.disasm import tiu_line
+    chip = load_chip("sg2260")
+    shape = dict(res0_addr=0x8000, res0_n=1, res0_c=64, res0_h=8, res0_w=8, opd0_addr=0x0)
+    rq = RqDqTiu(op="rq1", **shape, **rq1_scalars(12345, 9, -3), opd2_n_str=1, opt_opd2_sign=0)
+    assert tiu_line(3, rq, chip) == ("B3 quant.rq1 res0=(1,64,8,8)@L0:0x8000:int8 opd0=(1,64,8,8)@L0:0x0000:int32 "
+                                     "round=half_away_from_zero unsigned_out mul=12345 rshift=9 zp=-3")
+    dq = RqDqTiu(op="dq0", **shape, opt_opd0_prec=INT8, opt_opd0_sign=0, opt_res0_prec=int(Prec.FP16),
+                 **dq0_scalars(128, 0.125))
+    assert tiu_line(4, dq, chip).endswith("round=half_to_even unsigned_in zp=128 scale=0.125")
+    conv = ConvTiu(res0_addr=0x8000, res0_n=1, res0_c=64, res0_h=8, res0_w=8, opd0_addr=0x0, opd0_c=64, opd0_h=8,
+                   opd0_w=8, opd1_addr=0x4000, opd1_h=1, opd1_w=1, opt_opd0_prec=INT8, opt_opd1_prec=INT8,
+                   opt_opd2_prec=INT32, opt_res0_prec=INT32)
+    assert "opd0=(1,64,8,8)@L0:0x0000:int8 opd1=(1,64,1,64)@L0:0x4000:int8:compact" in tiu_line(1, conv, chip)
+    assert "sign" not in tiu_line(1, conv, chip)       # signed int8 is the default, not printed
