@@ -60,7 +60,7 @@ def load(model: Any, input_shapes: Mapping[str, Any] | None = None, name: str | 
         legality.check_supported(view)
     imp_quant.transpose_gemm_weights(view)
     draft = importing.import_view(view)
-    lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "import")
+    lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "import", quantized=False)
     if imp_quant.is_quantized(draft):
         imp_quant.absorb(draft, view.dequantized, label)
         lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "quantized-op absorption")

@@ -39,7 +39,8 @@ def _check_tensor(stage: str, info: TensorInfo) -> None:
               "give a quantized tensor its storage dtype and one scale per channel of its axis")
 
 
-def _check_node(stage: str, node: OpNode, tensors: dict[str, TensorInfo], defined: set[str]) -> None:
+def _check_node(stage: str, node: OpNode, tensors: dict[str, TensorInfo], defined: set[str],
+                quantized: bool = True) -> None:
     where = f"node '{node.name}' ({node.op_type})"
     if node.op_type not in ALL:
         _fail(stage, where, "op type is not an OpKind", "lower it to canonical ops in an importer")
@@ -67,6 +68,11 @@ def _check_node(stage: str, node: OpNode, tensors: dict[str, TensorInfo], define
     _check_shapes(stage, where, node, tensors)
     if node.op_type in CONVERT:
         _check_convert(stage, where, node, tensors)
+    elif quantized and any(tensors[t].quant is not None and not tensors[t].is_const for t in node.inputs):
+        for t in node.outputs:
+            if tensors[t].quant is None and np.dtype(tensors[t].dtype).kind in "iu":
+                _fail(stage, where, f"reads quantized tensors but its integer output '{t}' has no quantization",
+                      "carry TensorInfo.quant (dataclasses.replace) when rewriting quantized tensors")
 
 
 def _check_convert(stage: str, where: str, node: OpNode, tensors: dict[str, TensorInfo]) -> None:
@@ -93,8 +99,10 @@ def _check_shapes(stage: str, where: str, node: OpNode, tensors: dict[str, Tenso
 
 
 def lint(nodes: Iterable[OpNode], tensors: dict[str, TensorInfo], inputs: list[str], outputs: list[str],
-         stage: str = "frontend") -> None:
-    """Check the canonical-graph invariants; raises GraphLintError naming the node and the fix."""
+         stage: str = "frontend", quantized: bool = True) -> None:
+    """Check the canonical-graph invariants; raises GraphLintError naming the node and the fix.
+    `quantized=False` skips the rule that a node reading quantized tensors writes quantized (or
+    float) ones: right after import, before frontend/imp_quant.absorb has carried the Quants."""
     for info in tensors.values():
         _check_tensor(stage, info)
     defined: set[str] = set()
@@ -107,7 +115,7 @@ def lint(nodes: Iterable[OpNode], tensors: dict[str, TensorInfo], inputs: list[s
         if node.name in names:
             _fail(stage, f"node '{node.name}'", "name used twice", "give every node a unique name")
         names.add(node.name)
-        _check_node(stage, node, tensors, defined)
+        _check_node(stage, node, tensors, defined, quantized)
         defined.update(node.outputs)
     for name in outputs:
         if name not in defined and not (name in tensors and tensors[name].is_const):

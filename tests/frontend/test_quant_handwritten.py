@@ -298,3 +298,19 @@ def test_weight_only_quantization_and_shared_float_results_stay_float():
     assert all(g.tensor(t).quant is None for t in (*conv.inputs, *conv.outputs))
     assert g.tensor(conv.inputs[1]).dtype == "float32"
     assert_runs_like_the_model(m, g)
+
+
+def test_the_graph_check_catches_a_pass_that_drops_a_quantization():
+    from tpuflow.frontend.draft import make_node
+    from tpuflow.frontend.graph import TensorInfo
+    from tpuflow.frontend.quant import Quant
+    from tpuflow.frontend.verify import GraphLintError, lint
+    q = Quant(np.float32(0.1), np.int8(0), None, "int8")
+    tensors = {"x": TensorInfo("x", (2, 3), "int8", quant=q), "y": TensorInfo("y", (2, 3), "int8", quant=q)}
+    lint([make_node("relu", "Relu", ("x",), ("y",))], tensors, ["x"], ["y"])
+    tensors["y"] = TensorInfo("y", (2, 3), "int8")
+    with pytest.raises(GraphLintError, match=r"node 'relu' \(Relu\): reads quantized tensors but its integer output"):
+        lint([make_node("relu", "Relu", ("x",), ("y",))], tensors, ["x"], ["y"])
+    tensors["y"] = TensorInfo("y", (2, 3), "uint8", quant=q)
+    with pytest.raises(GraphLintError, match=r"tensor 'y': quantization int8 per-tensor does not fit uint8"):
+        lint([make_node("relu", "Relu", ("x",), ("y",))], tensors, ["x"], ["y"])
