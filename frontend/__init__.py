@@ -64,6 +64,8 @@ def load(model: Any, input_shapes: Mapping[str, Any] | None = None, name: str | 
     if imp_quant.is_quantized(draft):
         imp_quant.absorb(draft, view.dequantized, label)
         lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "quantized-op absorption")
+    canonical.sink_views_below_elementwise(draft)
+    lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "views moved below elementwise ops")
     if canonical.fold_affine_into_conv(draft):
         lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "BatchNormalization folding")
     return draft.to_graph(proto, view.opset)

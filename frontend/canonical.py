@@ -1,5 +1,7 @@
 """Canonicalising passes over the Draft: per-channel affine ops (BatchNormalization's Mul + Add)
-folded into the preceding Conv when that Conv's output has no other consumer."""
+folded into the preceding Conv when that Conv's output has no other consumer; elementwise ops
+moved ahead of the views that drop trailing unit axes (1-D layers run as [N, C, L, 1]), so the
+view pairs between consecutive 1-D layers cancel."""
 
 from __future__ import annotations
 
@@ -7,9 +9,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from tpuflow.frontend.draft import Draft
+from tpuflow.frontend.draft import Draft, make_node
 from tpuflow.frontend.graph import OpNode
-from tpuflow.frontend.ops import OpKind
+from tpuflow.frontend.ops import OpKind, spec
 
 
 def _per_channel(value: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray | None:
@@ -76,3 +78,96 @@ def fold_affine_into_conv(draft: Draft) -> int:
         if not removed:
             return total
         draft.prune()
+
+
+def _drops_unit_axes(draft: Draft, node: OpNode) -> int:
+    """How many trailing unit axes a Reshape removes (its output is its input's shape without
+    them), else 0."""
+    if node.op_type != OpKind.RESHAPE:
+        return 0
+    src, out = draft.tensors[node.inputs[0]].shape, draft.tensors[node.outputs[0]].shape
+    extra = len(src) - len(out)
+    return extra if extra > 0 and src[:len(out)] == out and all(d == 1 for d in src[len(out):]) else 0
+
+
+def _sinkable(draft: Draft, node: OpNode, producers: dict[str, OpNode], users: dict[str, int]):
+    """(view, its input, unit axes) when elementwise `node` reads one runtime tensor, made by a view
+    that drops trailing unit axes and read by nothing else, its other operands constants, and its
+    output has that tensor's shape; else None."""
+    if spec(node.op_type).row_role != "elementwise":
+        return None
+    runtime = [t for t in node.inputs if t and draft.const(t) is None]
+    if len(runtime) != 1 or runtime[0] in draft.outputs or users.get(runtime[0], 0) != 1:
+        return None
+    view = producers.get(runtime[0])
+    units = _drops_unit_axes(draft, view) if view is not None else 0
+    if not units or draft.tensors[node.outputs[0]].shape != draft.tensors[runtime[0]].shape:
+        return None
+    return view, view.inputs[0], units
+
+
+def _sink(draft: Draft, node: OpNode, view: OpNode, source: str, units: int) -> list[OpNode]:
+    """`node` computed on the view's source (constants get the trailing unit axes too), then the
+    view to the node's old output."""
+    def operand(t: str) -> str:
+        if not t or t == view.outputs[0]:
+            return source if t else t
+        value = draft.const(t)
+        return t if value.ndim == 0 else draft.add_const(f"{t}/unit", value.reshape(value.shape + (1,) * units))
+    info = draft.tensors[node.outputs[0]]
+    wide = draft.add_tensor(f"{node.outputs[0]}/unit", info.shape + (1,) * units, info.dtype)
+    moved = replace(node, inputs=tuple(operand(t) for t in node.inputs), outputs=(wide,))
+    back = make_node(draft.node_name(f"{node.name}/view"), OpKind.RESHAPE, (wide,), node.outputs,
+                     {**view.attrs, "shape": info.shape})
+    return [moved, back]
+
+
+def _fold_views(draft: Draft) -> int:
+    """A view of a view reads the first view's input; a view to its input's own shape is dropped
+    (its readers read the input) unless it makes a graph output. Returns the views changed."""
+    producers = {t: n for n in draft.nodes for t in n.outputs}
+    changed, rename, nodes = 0, {}, []
+    for n in draft.nodes:
+        if n.op_type == OpKind.RESHAPE:
+            first = producers.get(n.inputs[0])
+            if first is not None and first.op_type == OpKind.RESHAPE:
+                n = replace(n, inputs=first.inputs)
+                producers[n.outputs[0]] = n
+                changed += 1
+            if draft.tensors[n.inputs[0]].shape == draft.tensors[n.outputs[0]].shape and n.outputs[0] not in draft.outputs:
+                rename[n.outputs[0]] = n.inputs[0]
+                changed += 1
+                continue
+        nodes.append(n)
+    def final(t: str) -> str:
+        while t in rename:
+            t = rename[t]
+        return t
+    draft.nodes = [replace(n, inputs=tuple(final(t) for t in n.inputs)) for n in nodes]
+    draft.prune()
+    return changed
+
+
+def sink_views_below_elementwise(draft: Draft) -> int:
+    """Move elementwise ops ahead of the views that drop trailing unit axes, then cancel the view
+    pairs that leaves (Conv1d -> view -> Relu -> view -> Conv1d becomes Conv -> Relu -> Conv over
+    [N, C, L, 1]); returns how many ops moved (views may have folded without any)."""
+    moved = 0
+    while True:
+        producers = {t: n for n in draft.nodes for t in n.outputs}
+        users: dict[str, int] = {}
+        for n in draft.nodes:
+            for t in set(n.inputs):
+                users[t] = users.get(t, 0) + 1
+        nodes, count = [], 0
+        for n in draft.nodes:
+            found = _sinkable(draft, n, producers, users)
+            if found is None:
+                nodes.append(n)
+                continue
+            nodes.extend(_sink(draft, n, *found))
+            count += 1
+        draft.nodes = nodes
+        moved += count
+        if not _fold_views(draft) and not count:
+            return moved

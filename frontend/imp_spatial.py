@@ -56,8 +56,10 @@ def conv_1d(node: ONode, ctx) -> None:
     if d == 1 and group == 1 and s >= FRAMING_MIN_STRIDE and s <= w.shape[2] <= FRAMING_MAX_BLOCK_TAPS * s:
         x, w, s, pb, pe = _as_blocks(rw, x, w, s, pb, pe, lo)
         n, c, length = rw.shape(x)
-    y2 = conv2d(rw, rw.reshape(x, (n, c, 1, length)), w[:, :, None, :], b, (n, o, 1, lo), (1, s), (1, d),
-                (0, pb, 0, pe), group)
+    # the signal runs down H (a [N, C, L, 1] view of the same bytes): layer groups slice 1-D chains
+    # by rows like images
+    y2 = conv2d(rw, rw.reshape(x, (n, c, length, 1)), w[:, :, :, None], b, (n, o, lo, 1), (s, 1), (d, 1),
+                (pb, 0, pe, 0), group)
     rw.reshape(y2, (n, o, lo), out=y)
 
 
@@ -113,7 +115,7 @@ def _pool_attrs(kind: OpKind, node: ONode, kernel, strides, dilations, pads) -> 
 
 
 def pool_nd(kind: OpKind, node: ONode, ctx) -> None:
-    """1-D pools as 2-D with H = 1; 3-D pools as a 2-D pool over (H, W) then one over depth."""
+    """1-D pools as 2-D with W = 1 (the signal down H, like 1-D convs); 3-D pools as a 2-D pool over (H, W) then one over depth."""
     x, y = node.input(0), node.outputs[0]
     kernel = tuple(int(k) for k in node.attr("kernel_shape"))
     dims, out_dims = ctx.shape(x), ctx.shape(y)
@@ -121,8 +123,8 @@ def pool_nd(kind: OpKind, node: ONode, ctx) -> None:
     rw = Rewriter(ctx)
     n, c = dims[:2]
     if len(kernel) == 1:
-        y2 = rw.op(kind, (rw.reshape(x, (n, c, 1, dims[2])),), (n, c, 1, out_dims[2]),
-                   **_pool_attrs(kind, node, (1, *kernel), (1, *s), (1, *d), (0, begins[0], 0, ends[0])))
+        y2 = rw.op(kind, (rw.reshape(x, (n, c, dims[2], 1)),), (n, c, out_dims[2], 1),
+                   **_pool_attrs(kind, node, (*kernel, 1), (*s, 1), (*d, 1), (begins[0], 0, ends[0], 0)))
         rw.reshape(y2, out_dims, out=y)
         return
     depth, h, w = dims[2:]

@@ -29,6 +29,16 @@ MIN_ROW_ELEMENTS = 256   # a row tile keeps at least this many contiguous elemen
                          # smaller DMA segments are latency-bound and cost more than the overlap wins
 
 
+def row_options(total: int) -> list[int]:
+    """Output rows per tile tried, most first: every row, halves of them while more than 64 (tall
+    thin layers: a 1-D signal runs down H), then 64, 32, ..., 1."""
+    halves, rows = set(), total
+    while rows > 64:
+        rows = -(-rows // 2)
+        halves.add(rows)
+    return sorted({total} | halves | {min(total, x) for x in (64, 32, 16, 8, 4, 2, 1)}, reverse=True)
+
+
 def _pipelined_rows(fitting: int, total: int, width: int = 1) -> int:
     """Rows per tile: at most what fits, few enough that the layer runs as several tiles, and
     never so few that a channel's slice of the tile is a tiny DMA segment."""
@@ -68,6 +78,95 @@ class ConvGeom:
 
     def halo_rows(self, count: int) -> int:
         return (count - 1) * self.sy + (self.kh - 1) * self.dy + 1
+
+    def input_cols(self, ow0: int, count: int) -> tuple[int, int, int, int]:
+        """(first loaded column, columns loaded, left pad, right pad) for output columns [ow0, ow0+count)."""
+        start = ow0 * self.sx - self.pl
+        end = start + (count - 1) * self.sx + (self.kw - 1) * self.dx + 1
+        lo, hi = max(start, 0), min(end, self.w)
+        return lo, max(hi - lo, 0), lo - start, end - hi
+
+    def halo_cols(self, count: int) -> int:
+        return min(self.w, (count - 1) * self.sx + (self.kw - 1) * self.dx + 1)
+
+
+@dataclass(frozen=True)
+class ColumnWindow:
+    """The columns of one output tile: final output columns [out0, out0 + out_n), the conv output
+    columns they need (more when a pool is fused, with the pool's left/right pads), and the input
+    columns the conv reads with its left/right pads. A layer whose whole rows do not fit LMEM
+    runs in several windows (W slicing); otherwise one window covers every column."""
+
+    out0: int
+    out_n: int
+    conv0: int
+    conv_n: int
+    in0: int
+    in_n: int
+    lf: int
+    rt: int
+    pool_lf: int = 0
+    pool_rt: int = 0
+
+    @property
+    def whole(self) -> bool:
+        return self.in0 == 0 and self.conv0 == 0 and self.out0 == 0
+
+
+def column_windows(geo: ConvGeom, pgeom: ConvGeom | None, step: int | None) -> list[ColumnWindow]:
+    """The column windows of a conv (with its fused pool `pgeom`) at `step` final columns per
+    window; one window of every column when `step` is None."""
+    final_w = pgeom.wo if pgeom is not None else geo.wo
+    if step is None:
+        return [ColumnWindow(0, final_w, 0, geo.wo, 0, geo.w, geo.pl, geo.pr,
+                             *((pgeom.pl, pgeom.pr) if pgeom is not None else (0, 0)))]
+    out = []
+    for q0, qn in steps(final_w, step):
+        c0, cn, plf, prt = pgeom.input_cols(q0, qn) if pgeom is not None else (q0, qn, 0, 0)
+        i0, i_n, lf, rt = geo.input_cols(c0, cn)
+        if not cn or not i_n:
+            raise LoweringError(f"conv tile of output columns [{q0}, {q0 + qn}) reads only padding")
+        out.append(ColumnWindow(q0, qn, c0, cn, i0, i_n, lf, rt, plf, prt))
+    return out
+
+
+def window_widths(geo: ConvGeom, pgeom: ConvGeom | None, step: int | None) -> tuple[int, int, int]:
+    """(input, conv output, final output) columns a window of `step` final columns spans at most."""
+    if step is None:
+        return geo.w, geo.wo, pgeom.wo if pgeom is not None else geo.wo
+    conv = min(geo.wo, pgeom.halo_cols(step)) if pgeom is not None else step
+    return geo.halo_cols(conv), conv, step
+
+
+def read_amplification(geo: ConvGeom, rows: int, cols: int) -> float:
+    """Input elements a tile of `rows` x `cols` conv outputs reads per element its stride covers
+    (the row and column halos' overhead): the measure W slicing minimises."""
+    return geo.halo_rows(rows) / (rows * geo.sy) * geo.halo_cols(cols) / (cols * geo.sx)
+
+
+def narrowest_read(options, amplification):
+    """The option (whole rows first, then column steps) with the least input re-reading: whole rows
+    when they fit, else the window step whose fitting tile reads least; `options` yields (wt,
+    choice or None) and amplification(wt, choice) scores a fitting one."""
+    best = None
+    for wt, choice in options:
+        if choice is None:
+            continue
+        if wt is None:
+            return wt, choice
+        score = amplification(wt, choice)
+        if best is None or score < best[0] - 1e-12:
+            best = (score, wt, choice)
+    return (best[1], best[2]) if best else (None, None)
+
+
+def width_steps(final_w: int) -> list[int]:
+    """Final output columns per window tried, widest first, when whole rows do not fit (W slicing)."""
+    out, step = [], final_w
+    while step > 1:
+        step = -(-step // 2)
+        out.append(step)
+    return out
 
 
 def fold_kernel_rows(geo: ConvGeom) -> ConvGeom:
@@ -142,6 +241,7 @@ class ConvPlan(FrozenPlan):
     residents: tuple[int, ...]
     sets: tuple[tuple[int, ...], ...]
     load_count: int
+    wt: int | None = None       # final output columns per window (W slicing); None: whole rows
 
 
 class ConvEmitter:
@@ -282,24 +382,26 @@ class ConvEmitter:
         return min(self.geom.ho, self.pgeom.halo_rows(final_rows)) if self.pool is not None else final_rows
 
     def _set_sizes(self, ct: int, ht: int, ict: int, cin_g: int, w_resident: bool,
-                   ic_block: int | None = None) -> tuple[list[int], list[int]]:
+                   ic_block: int | None = None, wt: int | None = None) -> tuple[list[int], list[int]]:
         """(per-step load buffers, per-output-tile buffers) in bytes per lane; `ht` counts final
-        output rows (pool rows when a pool is fused); weights in `ic_block`-channel blocks."""
+        output rows (pool rows when a pool is fused), `wt` final output columns per window (None:
+        whole rows); weights in `ic_block`-channel blocks."""
         geo, chip, prec = self.geom, self.chip, self.ctx.prec
         split = ict < cin_g
         conv_rows = self._conv_rows(ht)
-        load = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ict, geo.halo_rows(conv_rows), geo.w), prec)]
+        in_w, conv_w, final_w = window_widths(geo, self._pool_geom(), wt)
+        load = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ict, geo.halo_rows(conv_rows), in_w), prec)]
         if not w_resident:
             load.append(tile_bytes_per_lane(chip, (1, ct, 1, self._weight_elems(ict, ic_block)), prec, compact=True))
         if self.unfolded is not None:        # the raw input rows the folded rows are copied from
             raw = self.unfolded
-            load.append(tile_bytes_per_lane(chip, (1, raw.cin, raw.halo_rows(conv_rows), raw.w), prec))
-        out_shape = (1, ct, conv_rows, geo.wo)
+            load.append(tile_bytes_per_lane(chip, (1, raw.cin, raw.halo_rows(conv_rows), in_w), prec))
+        out_shape = (1, ct, conv_rows, conv_w)
         outs = [0 if self._direct(split) else tile_bytes_per_lane(chip, out_shape, self._out_prec(split))]
         outs += self.epi.set_sizes(out_shape)
         final = 0 if self.out_res else None
         if self.pool is not None:
-            outs.append(tile_bytes_per_lane(chip, (1, ct, ht, self.pgeom.wo), prec) if final is None else final)
+            outs.append(tile_bytes_per_lane(chip, (1, ct, ht, final_w), prec) if final is None else final)
         elif self._stage(split):
             outs.append(tile_bytes_per_lane(chip, out_shape, prec) if final is None else final)
         return load, outs
@@ -341,17 +443,38 @@ class ConvEmitter:
                                            compact=True))
         return out + self.epi.resident_sizes(geo.cout, geo.wo)
 
-    def _fits(self, arena, ct, ht, ict, cin_g, cout_g, w_resident, copies=2) -> bool:
-        load, outs = self._set_sizes(ct, ht, ict, cin_g, w_resident)
+    def _fits(self, arena, ct, ht, ict, cin_g, cout_g, w_resident, copies=2, wt=None) -> bool:
+        load, outs = self._set_sizes(ct, ht, ict, cin_g, w_resident, wt=wt)
         resident = [] if self.held else self._resident_sizes(cin_g, cout_g, w_resident)
         return arena.fits(resident + (load + outs) * copies)
 
+    def _pool_geom(self) -> ConvGeom | None:
+        return self.pgeom if self.pool is not None else None
+
+    def _final_width(self) -> int:
+        return self.pgeom.wo if self.pool is not None else self.geom.wo
+
+    def _width_options(self) -> list[int | None]:
+        """Whole rows, then (W slicing) ever narrower column windows when the layer's operands
+        live in DDR and no epilogue operand is laid out per column."""
+        sliceable = (self.in_res is None and self.out_res is None and not self.epi.full_resident()
+                     and not self.epi.has_columns())
+        return [None] + (width_steps(self._final_width()) if sliceable else [])
+
     def _choose(self, arena, cin_g: int, cout_g: int):
-        """(ct, ht, ict, weights resident) of the first fitting tiling, or None."""
+        """(ct, ht, ict, weights resident, wt) of the first fitting tiling, or None: whole rows
+        when any tiling of them fits, else the column windows whose tiles re-read least input."""
+        options = ((wt, self._choose_at(arena, cin_g, cout_g, wt)) for wt in self._width_options())
+        wt, choice = narrowest_read(options, lambda wt, c: read_amplification(
+            self.geom, self._conv_rows(c[1]), window_widths(self.geom, self._pool_geom(), wt)[1]))
+        return None if choice is None else choice + (wt,)
+
+    def _choose_at(self, arena, cin_g: int, cout_g: int, wt: int | None):
+        """(ct, ht, ict, weights resident) of the first fitting tiling at `wt` columns, or None."""
         lanes = self.chip.lanes
         c_opts = sorted({min(cout_g, lanes * k) for k in range(1, -(-cout_g // lanes) + 1)}, reverse=True)
         final = self._final_rows()
-        h_opts = sorted({min(final, x) for x in (final, 64, 32, 16, 8, 4, 2, 1)}, reverse=True)
+        h_opts = row_options(final)
         ic_opts = sorted({min(cin_g, lanes * k) for k in range(1, -(-cin_g // lanes) + 1)} | {cin_g}, reverse=True)
         for copies in (2, 1):
             for ict in ic_opts:
@@ -359,13 +482,15 @@ class ConvEmitter:
                     best = None
                     for ct in c_opts:
                         for ht in h_opts:
-                            if self._fits(arena, ct, ht, ict, cin_g, cout_g, w_res, copies):
+                            if self._fits(arena, ct, ht, ict, cin_g, cout_g, w_res, copies, wt):
                                 score = ct * ht
                                 if best is None or score > best[0]:
                                     best = (score, ct, ht)
                                 break
+                    if best and wt is not None:          # column windows already pipeline
+                        return best[1], best[2], ict, w_res
                     if best:
-                        return self._pipelined(best[1], best[2], final, cout_g, w_res) + (ict, w_res)
+                        return self._pipelined(best[1], best[2], final, cout_g, w_res, self._final_width()) + (ict, w_res)
         return None
 
     def _weight_options(self, whole_input: bool) -> tuple[bool, ...]:
@@ -375,14 +500,14 @@ class ConvEmitter:
             return (True,) if whole_input else ()
         return (True, False) if whole_input else (False,)
 
-    def _pipelined(self, ct: int, ht: int, final: int, cout_g: int, w_res: bool) -> tuple[int, int]:
+    def _pipelined(self, ct: int, ht: int, final: int, cout_g: int, w_res: bool, width: int) -> tuple[int, int]:
         """Cut a layer that fits in one tile into several so loads overlap compute: by rows when
         the weights stay resident, else by output channels (each weight slice is still loaded
         once; the input is re-read per slice)."""
         if w_res and self._no_row_traffic():
             return ct, ht                     # nothing moves per row tile: whole rows, fewest instructions
         if w_res:
-            return ct, _pipelined_rows(ht, final, self.pgeom.wo if self.pool is not None else self.geom.wo)
+            return ct, _pipelined_rows(ht, final, width)
         lanes = self.chip.lanes
         if -(-cout_g // ct) < PIPELINE_STEPS and cout_g >= PIPELINE_STEPS * lanes:
             ct = -(-cout_g // PIPELINE_STEPS // lanes) * lanes
@@ -395,11 +520,11 @@ class ConvEmitter:
         choice = self._choose(arena, cin_g, cout_g)
         if choice is None:
             return None
-        ct, ht, ict, w_res = choice
+        ct, ht, ict, w_res, wt = choice
         # the long CONV form (strided result) holds compact weights only; they are smaller
         ic_block = self.ic_block if self._outputs_fit_short_form(cin_g, cout_g, ct, ht, ict) else 1
         res_sizes = self._resident_sizes(cin_g, cout_g, w_res, ic_block)
-        load, outs = self._set_sizes(ct, ht, ict, cin_g, w_res, ic_block)
+        load, outs = self._set_sizes(ct, ht, ict, cin_g, w_res, ic_block, wt)
         load_names, out_names = self._set_names(w_res, ict < cin_g)
         res_names = ["bias"] + (["weights"] if w_res else []) + self.epi.resident_names()
         if self.held:
@@ -410,11 +535,11 @@ class ConvEmitter:
         placed, sets = arena.alloc_plan(res_sizes, load + outs, self.node.name, names=(res_names, load_names + out_names))
         return dict(depthwise=False, ct=ct, ht=ht, ict=ict, w_res=w_res, ic_block=ic_block,
                     residents=tuple(res if self.held else placed), sets=tuple(tuple(x) for x in sets),
-                    load_count=len(load))
+                    load_count=len(load), wt=wt)
 
     def _prepare_standard(self, plan: ConvPlan, cin_g: int, cout_g: int) -> None:
         geo, chip, ctx = self.geom, self.chip, self.ctx
-        self.ct, self.ht, self.ict, self.w_res = plan.ct, plan.ht, plan.ict, plan.w_res
+        self.ct, self.ht, self.ict, self.w_res, self.wt = plan.ct, plan.ht, plan.ict, plan.w_res, plan.wt
         res = plan.residents
         self.load_sets = [s[:plan.load_count] for s in plan.sets]
         self.out_sets = [s[plan.load_count:] for s in plan.sets]
@@ -449,8 +574,10 @@ class ConvEmitter:
                                     self.ctx.prec, compact=True)
             if self._loads_constants():
                 self.ctx.em.load(self.w_tile, self._weight_region(oc_base, cout_g, 0, cin_g, cin_g))
-        out_tiles = [(n, c0, ct, h0, ht, pool) for n in self.ctx.samples_to_emit(geo.n) for c0, ct in steps(cout_g, self.ct)
-                     for h0, ht, pool in self._row_tiles(self.ht)]
+        windows = column_windows(geo, self._pool_geom(), self.wt)
+        out_tiles = [(n, c0, ct, h0, ht, pool, cols) for n in self.ctx.samples_to_emit(geo.n)
+                     for c0, ct in steps(cout_g, self.ct) for h0, ht, pool in self._row_tiles(self.ht)
+                     for cols in windows]
         ic_steps = steps(cin_g, self.ict)
         work = [(ti, t, k) for ti, t in enumerate(out_tiles) for k in range(len(ic_steps))]
         ctx = (ic_base, oc_base, cin_g, ic_steps)
@@ -466,19 +593,20 @@ class ConvEmitter:
         addr = self.w_addr + (oc0 * row + ic0 * geo.kh * geo.kw) * prec.bytes
         return DRegion(addr, (1, ct, 1, elems), (ct * row, row, elems, 1), prec)
 
-    def _input_region(self, n: int, c0: int, ct: int, r0: int, rows: int) -> DRegion:
+    def _input_region(self, n: int, c0: int, ct: int, r0: int, rows: int, cols: ColumnWindow) -> DRegion:
         geo = self.geom
-        base = ((n * geo.cin + c0) * geo.h + r0) * geo.w
-        return self.ctx.region(self.node.inputs[0], (1, ct, rows, geo.w), base,
+        base = ((n * geo.cin + c0) * geo.h + r0) * geo.w + cols.in0
+        return self.ctx.region(self.node.inputs[0], (1, ct, rows, cols.in_n), base,
                                (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))
 
-    def _output_region(self, tensor: str, n: int, c0: int, ct: int, h0: int, ht: int) -> DRegion:
+    def _output_region(self, tensor: str, n: int, c0: int, ct: int, h0: int, ht: int, cols: ColumnWindow) -> DRegion:
         geo = self.geom
-        base = ((n * geo.cout + c0) * geo.ho + h0) * geo.wo
-        return self.ctx.region(tensor, (1, ct, ht, geo.wo), base, (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1))
+        base = ((n * geo.cout + c0) * geo.ho + h0) * geo.wo + cols.conv0
+        return self.ctx.region(tensor, (1, ct, ht, cols.conv_n), base,
+                               (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1))
 
     def _load_step(self, work, s: int, cctx) -> None:
-        ti, (n, c0, ct, h0, ht, pool), k = work
+        ti, (n, c0, ct, h0, ht, pool, cols), k = work
         ic_base, oc_base, cin_g, ic_steps = cctx
         geo, em = self.geom, self.ctx.em
         ic0, ict = ic_steps[k]
@@ -486,26 +614,27 @@ class ConvEmitter:
         em.layer = self.node.name
         offs = self.load_sets[s]
         if self.unfolded is not None:
-            self._load_folded_rows(make_tile(self.chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec), offs[-1], n, h0, ht)
+            self._load_folded_rows(make_tile(self.chip, offs[0], (1, ict, rows, cols.in_n), self.ctx.prec), offs[-1],
+                                   n, h0, ht, cols)
         elif rows and self.in_res is None:
-            em.load(make_tile(self.chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec),
-                    self._input_region(n, ic_base + ic0, ict, r0, rows))
+            em.load(make_tile(self.chip, offs[0], (1, ict, rows, cols.in_n), self.ctx.prec),
+                    self._input_region(n, ic_base + ic0, ict, r0, rows, cols))
         if not self.w_res:
             w = make_tile(self.chip, offs[1], (1, ct, 1, self._weight_elems(ict)), self.ctx.prec, compact=True)
             em.load(w, self._weight_region(oc_base + c0, ct, ic0, ict, cin_g))
         if k == len(ic_steps) - 1 and self.epi.full:
             out_offs = self.out_sets[ti % len(self.out_sets)]
-            self.epi.load_tile(out_offs[1:], (1, ct, ht, geo.wo),
-                               lambda addr: self._epi_region(addr, n, oc_base + c0, ct, h0, ht))
+            self.epi.load_tile(out_offs[1:], (1, ct, ht, cols.conv_n),
+                               lambda addr: self._epi_region(addr, n, oc_base + c0, ct, h0, ht, cols))
 
-    def _load_folded_rows(self, dst: LTile, raw_offset: int, n: int, h0: int, ht: int) -> None:
+    def _load_folded_rows(self, dst: LTile, raw_offset: int, n: int, h0: int, ht: int, cols: ColumnWindow) -> None:
         """Channel c*kh + i of `dst`, row k = input row (h0+k)*sy + i*dy - pad_top of channel c
         (zero where that row is padding): the tile's raw input rows arrive in one DMA, then one
         LMEM-to-LMEM strided copy per (c, i) (no DRAM traffic)."""
         geo, em, prec, chip = self.unfolded, self.ctx.em, self.ctx.prec, self.chip
         lo, rows, _, _ = geo.input_rows(h0, ht)
-        raw = make_tile(chip, raw_offset, (1, geo.cin, rows, geo.w), prec)
-        em.load(raw, self.ctx.region(self.node.inputs[0], raw.shape, (n * geo.cin * geo.h + lo) * geo.w,
+        raw = make_tile(chip, raw_offset, (1, geo.cin, rows, cols.in_n), prec)
+        em.load(raw, self.ctx.region(self.node.inputs[0], raw.shape, (n * geo.cin * geo.h + lo) * geo.w + cols.in0,
                                      (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1)))
         for c in range(geo.cin):
             for i in range(geo.kh):
@@ -518,7 +647,7 @@ class ConvEmitter:
                 if last >= first:
                     r0 = (h0 + first) * geo.sy + i * geo.dy - geo.pt - lo
                     src = raw.sub_channels(c, 1, chip)
-                    src = LTile(src.addr + r0 * src.strides[2] * prec.bytes, (1, 1, last - first + 1, geo.w), prec,
+                    src = LTile(src.addr + r0 * src.strides[2] * prec.bytes, (1, 1, last - first + 1, cols.in_n), prec,
                                 (src.strides[0], src.strides[1], geo.sy * src.strides[2], 1), StrideMode.FREE)
                     em.lmem_copy(self._rows_of(lane_tile, first, last - first + 1), src)
 
@@ -526,14 +655,14 @@ class ConvEmitter:
         return LTile(tile.addr + k0 * tile.strides[2] * tile.prec.bytes, (1, 1, count, tile.w), tile.prec,
                      tile.strides, tile.mode)
 
-    def _epi_region(self, addr: int, n, c0, ct, h0, ht) -> DRegion:
+    def _epi_region(self, addr: int, n, c0, ct, h0, ht, cols: ColumnWindow) -> DRegion:
         geo, prec = self.geom, self.ctx.prec
-        base = ((n * geo.cout + c0) * geo.ho + h0) * geo.wo
-        return DRegion(addr + base * prec.bytes, (1, ct, ht, geo.wo),
+        base = ((n * geo.cout + c0) * geo.ho + h0) * geo.wo + cols.conv0
+        return DRegion(addr + base * prec.bytes, (1, ct, ht, cols.conv_n),
                        (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1), prec)
 
     def _compute_step(self, work, s: int, cctx) -> None:
-        ti, (n, c0, ct, h0, ht, pool), k = work
+        ti, (n, c0, ct, h0, ht, pool, cols), k = work
         ic_base, oc_base, cin_g, ic_steps = cctx
         geo, chip, em = self.geom, self.chip, self.ctx.em
         ic0, ict = ic_steps[k]
@@ -543,13 +672,13 @@ class ConvEmitter:
         if self._direct(split):
             out = self.out_res.view(chip, n, oc_base + c0, ct, h0, ht)
         else:
-            out = make_tile(chip, out_offs[0], (1, ct, ht, geo.wo), self._out_prec(split))
+            out = make_tile(chip, out_offs[0], (1, ct, ht, cols.conv_n), self._out_prec(split))
         if not rows:
             raise LoweringError(f"layer {self.node.name}: an output tile reads only padding")
         if self.in_res is not None:
             inp = self.in_res.view(chip, n, ic_base + ic0, ict, r0, rows)
         else:
-            inp = make_tile(chip, offs[0], (1, ict, rows, geo.w), self.ctx.prec)
+            inp = make_tile(chip, offs[0], (1, ict, rows, cols.in_n), self.ctx.prec)
         if self.w_res:
             wt = self.w_tile.sub_channels(c0, ct, chip)
             kk = geo.kh * geo.kw
@@ -561,13 +690,14 @@ class ConvEmitter:
         em.layer = self.node.name
         for c_off, count, (piece,) in lane_group_pieces([out], chip):
             sub = (lambda t: t) if count == ct else (lambda t: t.sub_channels(c_off, count, chip))  # noqa: E731
-            em.tiu(self._conv(piece, inp, sub(wt), bias if bias is None else sub(bias), up, dn, first=(k == 0),
-                              last=(k == len(ic_steps) - 1)))
+            em.tiu(self._conv(piece, inp, sub(wt), bias if bias is None else sub(bias), (up, dn, cols.lf, cols.rt),
+                              first=(k == 0), last=(k == len(ic_steps) - 1)))
         if k == len(ic_steps) - 1:
-            self._finish_tile(out, out_offs, n, oc_base + c0, ct, h0, ht, split, pool)
+            self._finish_tile(out, out_offs, n, oc_base + c0, ct, h0, ht, split, pool, cols)
 
-    def _conv(self, out: LTile, inp: LTile, wt: LTile, bias: LTile | None, up: int, dn: int,
+    def _conv(self, out: LTile, inp: LTile, wt: LTile, bias: LTile | None, pads: tuple[int, int, int, int],
               first: bool, last: bool) -> ConvTiu:
+        """One conv instruction; `pads` (up, down, left, right) of this tile's input window."""
         geo = self.geom
         f = out.fields("res0", with_shape=True)
         f.update(inp.fields("opd0"))
@@ -576,16 +706,17 @@ class ConvEmitter:
         if bias is not None:
             f.update(opd2_addr=bias.addr, opt_opd2_const=0, opt_opd2_prec=int(Prec.FP32))
         relu = last and self.fused_relu
-        return ConvTiu(**f, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
+        up, dn, lf, rt = pads
+        return ConvTiu(**f, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=lf, opd0_rt_pad=rt,
                        res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1,
                        opt_res_add=0 if first else 1, opt_relu=int(relu), weight_ic_block=self.ic_block)
 
-    def _finish_tile(self, out: LTile, out_offs, n, c0, ct, h0, ht, split: bool, pool=None) -> None:
+    def _finish_tile(self, out: LTile, out_offs, n, c0, ct, h0, ht, split: bool, pool, cols: ColumnWindow) -> None:
         em = self.ctx.em
         window = lambda res: res.view(self.chip, n, c0, ct, h0, ht)      # noqa: E731
         value = self.epi.apply(out, out_offs[1:], c0, 0, window) if not self.epi.empty else out
         if pool is not None:
-            self._pool_and_store(value, out_offs[-1], n, c0, ct, pool)
+            self._pool_and_store(value, out_offs[-1], n, c0, ct, pool, cols)
             return
         if self._stage(split):
             if self.out_res is not None:
@@ -598,28 +729,29 @@ class ConvEmitter:
         if self.out_res is not None:
             return
         em.layer = self.group.nodes[-1].name
-        em.store(value, self._output_region(self.result, n, c0, ct, h0, ht))
+        em.store(value, self._output_region(self.result, n, c0, ct, h0, ht, cols))
 
-    def _pool_and_store(self, value: LTile, offset: int, n, c0, ct, pool) -> None:
+    def _pool_and_store(self, value: LTile, offset: int, n, c0, ct, pool, cols: ColumnWindow) -> None:
         """The fused pooling over the conv tile in LMEM, then the store of the pooled rows."""
         q0, qt, up, dn = pool
         pg, em, prec = self.pgeom, self.ctx.em, self.ctx.prec
         if self.out_res is not None:
             out = self.out_res.view(self.chip, n, c0, ct, q0, qt)
         else:
-            out = make_tile(self.chip, offset, (1, ct, qt, pg.wo), prec)
+            out = make_tile(self.chip, offset, (1, ct, qt, cols.out_n), prec)
         src = value          # whole rows (aligned, as sPorD reads them): columns past the windows are not read
         op = "maxpooling" if self.pool.op_type == "MaxPool" else "avgpooling"
         extra = pool_scale_fields(op, src.prec, 1.0 / (pg.kh * pg.kw))
         em.layer = self.pool.name
         emit_pord(em, self.chip, out, src, op=op, opd0_h=value.h, opd0_w=value.w,
-                  opd1_h=pg.kh, opd1_w=pg.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=pg.pl,
-                  opd0_rt_pad=pg.pr, res_op_x_str=pg.sx, res_op_y_str=pg.sy, opd1_x_ins0=pg.dx - 1,
+                  opd1_h=pg.kh, opd1_w=pg.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=cols.pool_lf,
+                  opd0_rt_pad=cols.pool_rt, res_op_x_str=pg.sx, res_op_y_str=pg.sy, opd1_x_ins0=pg.dx - 1,
                   opd1_y_ins0=pg.dy - 1, **extra)
         if self.out_res is not None:
             return
-        base = ((n * pg.cin + c0) * pg.ho + q0) * pg.wo
-        em.store(out, self.ctx.region(self.result, (1, ct, qt, pg.wo), base, (pg.cin * pg.ho * pg.wo, pg.ho * pg.wo, pg.wo, 1)))
+        base = ((n * pg.cin + c0) * pg.ho + q0) * pg.wo + cols.out0
+        em.store(out, self.ctx.region(self.result, (1, ct, qt, cols.out_n), base,
+                                      (pg.cin * pg.ho * pg.wo, pg.ho * pg.wo, pg.wo, 1)))
 
     # ------------------------------------------------------------ depthwise
     def _plan_depthwise(self, arena) -> dict | None:
@@ -628,37 +760,36 @@ class ConvEmitter:
         res_sizes = [] if self.held else self._depthwise_resident_sizes()
         lanes = chip.lanes
 
-        def sizes(ct, ht):
-            out_shape = (1, ct, ht, geo.wo)
-            s = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ct, geo.halo_rows(ht), geo.w), prec),
+        def sizes(ct, ht, wt):
+            in_w, conv_w, _ = window_widths(geo, None, wt)
+            out_shape = (1, ct, ht, conv_w)
+            s = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ct, geo.halo_rows(ht), in_w), prec),
                  0 if self._direct(False) else tile_bytes_per_lane(chip, out_shape, self._out_prec(False))]
             s += self.epi.set_sizes(out_shape)
             if self._stage(False):
                 s.append(0 if self.out_res else tile_bytes_per_lane(chip, out_shape, prec))
             return s
 
-        choice = None
         row_lo, row_hi = self._row_range()
         height = row_hi - row_lo
-        for ct in sorted({min(geo.cout, lanes * k) for k in range(1, -(-geo.cout // lanes) + 1)}, reverse=True):
-            for ht in sorted({min(height, x) for x in (height, 64, 32, 16, 8, 4, 2, 1)}, reverse=True):
-                if arena.fits(res_sizes + sizes(ct, ht) * 2):
-                    choice = (ct, ht)
-                    break
-            if choice:
-                break
+        c_opts = sorted({min(geo.cout, lanes * k) for k in range(1, -(-geo.cout // lanes) + 1)}, reverse=True)
+        h_opts = row_options(height)
+        options = ((wt, next(((ct, ht) for ct in c_opts for ht in h_opts if arena.fits(res_sizes + sizes(ct, ht, wt) * 2)),
+                             None)) for wt in self._width_options())
+        wt, choice = narrowest_read(options, lambda wt, c: read_amplification(geo, c[1], wt))
         if choice is None:
             return None
-        ct, ht = choice[0], choice[1] if self._no_row_traffic() else _pipelined_rows(choice[1], height, geo.wo)
+        ct, ht = choice
+        ht = ht if self._no_row_traffic() or wt is not None else _pipelined_rows(ht, height, geo.wo)
         names = ["input", "conv_out"] + self.epi.set_names() + (["stored"] if self._stage(False) else [])
         res_names = [] if self.held else ["bias", "weights"] + self.epi.resident_names()
-        res, sets = arena.alloc_plan(res_sizes, sizes(ct, ht), self.node.name, names=(res_names, names))
+        res, sets = arena.alloc_plan(res_sizes, sizes(ct, ht, wt), self.node.name, names=(res_names, names))
         if self.held:
             res = self._held_offsets(self._depthwise_resident_sizes(), self.ic_block)
             if res is None:
                 return None
         return dict(depthwise=True, ct=ct, ht=ht, ict=geo.cin, w_res=True, ic_block=self.ic_block,
-                    residents=tuple(res), sets=tuple(tuple(x) for x in sets), load_count=1)
+                    residents=tuple(res), sets=tuple(tuple(x) for x in sets), load_count=1, wt=wt)
 
     def _depthwise_resident_sizes(self) -> list[int]:
         geo, chip = self.geom, self.chip
@@ -678,42 +809,45 @@ class ConvEmitter:
         if self.bias is not None and self._loads_constants():
             ctx.load_const_channels(bias_tile, f"bias:{self.node.name}", self.bias.reshape(-1, 1), Prec.FP32)
         self.epi.load_residents(list(res[2:]), geo.cout, geo.wo, self._loads_constants())
-        tiles = [(n, c0, c, h0, h) for n in ctx.samples_to_emit(geo.n) for c0, c in steps_between(*self.cout_range, ct)
-                 for h0, h in steps_between(row_lo, row_hi, ht)]
+        windows = column_windows(geo, None, plan.wt)
+        tiles = [(n, c0, c, h0, h, cols) for n in ctx.samples_to_emit(geo.n)
+                 for c0, c in steps_between(*self.cout_range, ct) for h0, h in steps_between(row_lo, row_hi, ht)
+                 for cols in windows]
 
         def load(t, s):
-            n, c0, c, h0, h = t
+            n, c0, c, h0, h, cols = t
             r0, rows, _, _ = geo.input_rows(h0, h)
             ctx.em.layer = self.node.name
             if self.in_res is None:
-                ctx.em.load(make_tile(chip, sets[s][0], (1, c, rows, geo.w), prec),
-                            self._input_region(n, c0, c, r0, rows))
+                ctx.em.load(make_tile(chip, sets[s][0], (1, c, rows, cols.in_n), prec),
+                            self._input_region(n, c0, c, r0, rows, cols))
             if self.epi.full:
-                self.epi.load_tile(sets[s][2:], (1, c, h, geo.wo), lambda addr: self._epi_region(addr, n, c0, c, h0, h))
+                self.epi.load_tile(sets[s][2:], (1, c, h, cols.conv_n),
+                                   lambda addr: self._epi_region(addr, n, c0, c, h0, h, cols))
 
         def compute(t, s):
-            n, c0, c, h0, h = t
+            n, c0, c, h0, h, cols = t
             r0, rows, up, dn = geo.input_rows(h0, h)
             if self._direct(False):
                 out = self.out_res.view(chip, n, c0, c, h0, h)
             else:
-                out = make_tile(chip, sets[s][1], (1, c, h, geo.wo), self._out_prec(False))
+                out = make_tile(chip, sets[s][1], (1, c, h, cols.conv_n), self._out_prec(False))
             if self.in_res is not None:
                 inp = self.in_res.view(chip, n, c0, c, r0, rows)
             else:
-                inp = make_tile(chip, sets[s][0], (1, c, rows, geo.w), prec)
+                inp = make_tile(chip, sets[s][0], (1, c, rows, cols.in_n), prec)
             per_channel = {"opd1": w_tile.sub_channels(c0, c, chip)}
             extra = {}
             if self.bias is not None:
                 per_channel["opd2"] = bias_tile.sub_channels(c0, c, chip)
                 extra = {"opt_opd2_const": 0}
             ctx.em.layer = self.node.name
-            emit_pord(ctx.em, chip, out, inp, per_channel, op="depthwise", opd0_h=rows, opd0_w=geo.w,
+            emit_pord(ctx.em, chip, out, inp, per_channel, op="depthwise", opd0_h=rows, opd0_w=inp.w,
                       opd1_h=geo.kh, opd1_w=geo.kw, opt_opd1_const=0, opt_opd1_prec=int(prec),
                       opt_relu=int(self.fused_relu),
-                      opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
+                      opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=cols.lf, opd0_rt_pad=cols.rt,
                       res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
                       opd1_y_ins0=geo.dy - 1, **extra)
-            self._finish_tile(out, sets[s][1:], n, c0, c, h0, h, False)
+            self._finish_tile(out, sets[s][1:], n, c0, c, h0, h, False, None, cols)
 
         pipelined(tiles, len(sets), load, compute)

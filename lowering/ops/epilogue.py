@@ -97,6 +97,14 @@ class Epilogue:
                 out.append(tile_bytes_per_lane(chip, (1, chip.lanes, 1, width), prec))
         return out
 
+    def full_resident(self) -> bool:
+        """Some FULL operand is resident in LMEM (read in place as a view of its rows)."""
+        return any(self.ctx.resident(op.tensor) is not None for op in self.full)
+
+    def has_columns(self) -> bool:
+        """Some operand holds one value per column (a COL operand, loaded whole)."""
+        return any(op.kind is Kind.COL for op in self.operands)
+
     # ------------------------------------------------------------ emission
     def constants_only(self) -> bool:
         """Every resident operand is a constant (the same in every slice of a sliced run)."""

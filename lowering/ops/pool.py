@@ -15,7 +15,8 @@ from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitter import pool_scale_fields
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import NCHW
-from tpuflow.lowering.ops.conv import ConvGeom, _pipelined_rows, emit_pord
+from tpuflow.lowering.ops.conv import (ColumnWindow, ConvGeom, _pipelined_rows, column_windows, emit_pord,
+                                       narrowest_read, read_amplification, row_options, width_steps)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps, steps_between
 
@@ -50,12 +51,14 @@ def count_map(geom: ConvGeom, include_pad: bool) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PoolPlan(FrozenPlan):
-    """Channels and output rows per tile; `sets` holds each buffer set's offsets
-    (input, output[, inv_count]) — one set, or two that alternate so loads overlap compute."""
+    """Channels, output rows and output columns (None: whole rows) per tile; `sets` holds each
+    buffer set's offsets (input, output[, inv_count]) — one set, or two that alternate so loads
+    overlap compute."""
 
     ct: int
     ht: int
     sets: tuple[tuple[int, ...], ...]
+    wt: int | None = None
 
 
 class PoolEmitter:
@@ -79,12 +82,25 @@ class PoolEmitter:
     def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
         return {group.anchor.inputs[0]: NCHW}, {group.anchor.outputs[0]: NCHW}
 
-    def _sizes(self, ct: int, ht: int) -> list[int]:
+    def _windows(self, wt: int | None) -> list[ColumnWindow]:
+        """The tiles' column windows: every column the windows reach, or `wt` output columns each."""
+        geo = self.geom
+        if wt is None:
+            return [ColumnWindow(0, geo.wo, 0, geo.wo, 0, self.in_w, geo.pl, geo.pr)]
+        return column_windows(geo, None, wt)
+
+    def _width_options(self) -> list[int | None]:
+        """Whole rows, then (W slicing, operands in DDR) ever narrower column windows."""
+        sliceable = self.in_res is None and self.out_res is None
+        return [None] + (width_steps(self.geom.wo) if sliceable else [])
+
+    def _sizes(self, ct: int, ht: int, wt: int | None = None) -> list[int]:
         geo, chip, prec = self.geom, self.chip, self.ctx.prec
-        s = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ct, geo.halo_rows(ht), self.in_w), prec),
-             0 if self.out_res else tile_bytes_per_lane(chip, (1, ct, ht, geo.wo), prec)]
+        in_w, out_w = (self.in_w, geo.wo) if wt is None else (geo.halo_cols(wt), wt)
+        s = [0 if self.in_res else tile_bytes_per_lane(chip, (1, ct, geo.halo_rows(ht), in_w), prec),
+             0 if self.out_res else tile_bytes_per_lane(chip, (1, ct, ht, out_w), prec)]
         if self.inv_count is not None:
-            s.append(tile_bytes_per_lane(chip, (1, chip.lanes, ht, geo.wo), Prec.FP32))
+            s.append(tile_bytes_per_lane(chip, (1, chip.lanes, ht, out_w), Prec.FP32))
         return s
 
     def _buffer_names(self) -> list[str]:
@@ -96,17 +112,20 @@ class PoolEmitter:
         arena = ctx.planning_arena(region)
         row_lo, row_hi = ctx.rows_to_emit(geo.ho)
         height = row_hi - row_lo
-        choice = next(((ct, ht, copies) for copies in (2, 1)
-                       for ct in sorted({min(geo.cin, chip.lanes * k) for k in range(1, -(-geo.cin // chip.lanes) + 1)},
-                                        reverse=True)
-                       for ht in sorted({min(height, x) for x in (height, 64, 32, 16, 8, 4, 2, 1)}, reverse=True)
-                       if arena.fits(self._sizes(ct, ht) * copies)), None)
+        c_opts = sorted({min(geo.cin, chip.lanes * k) for k in range(1, -(-geo.cin // chip.lanes) + 1)}, reverse=True)
+        h_opts = row_options(height)
+        options = ((wt, next(((ct, ht, copies) for copies in (2, 1) for ct in c_opts for ht in h_opts
+                              if arena.fits(self._sizes(ct, ht, wt) * copies)), None))
+                   for wt in self._width_options())
+        wt, choice = narrowest_read(options, lambda wt, c: read_amplification(geo, c[1], wt))
         if choice is None:
             return None
         in_lmem = self.in_res is not None and self.out_res is not None and self.inv_count is None
-        ct, ht, copies = choice[0], choice[1] if in_lmem else _pipelined_rows(choice[1], height, geo.wo), choice[2]
-        _, sets = arena.alloc_plan([], self._sizes(ct, ht), self.node.name, copies, names=([], self._buffer_names()))
-        return PoolPlan(region, ctx.window(region), tuple(arena.names), ct, ht, tuple(tuple(s) for s in sets))
+        ct, ht, copies = choice
+        ht = ht if in_lmem or wt is not None else _pipelined_rows(ht, height, geo.wo)
+        _, sets = arena.alloc_plan([], self._sizes(ct, ht, wt), self.node.name, copies,
+                                   names=([], self._buffer_names()))
+        return PoolPlan(region, ctx.window(region), tuple(arena.names), ct, ht, tuple(tuple(s) for s in sets), wt)
 
     def misfit(self) -> str:
         return "no tiling of the pool fits LMEM"
@@ -116,50 +135,52 @@ class PoolEmitter:
         row_lo, row_hi = ctx.rows_to_emit(geo.ho)
         if self.inv_count is not None:
             self.map_addr = ctx.const_addr(f"poolcount:{self.node.name}", self.inv_count, Prec.FP32)
-        tiles = [(n, c0, c, h0, h) for n in ctx.samples_to_emit(geo.n) for c0, c in steps(geo.cin, plan.ct)
-                 for h0, h in steps_between(row_lo, row_hi, plan.ht)]
+        windows = self._windows(plan.wt)
+        tiles = [(n, c0, c, h0, h, cols) for n in ctx.samples_to_emit(geo.n) for c0, c in steps(geo.cin, plan.ct)
+                 for h0, h in steps_between(row_lo, row_hi, plan.ht) for cols in windows]
         sets = plan.sets
         pipelined(tiles, len(sets), lambda t, s: self._load(t, sets[s]), lambda t, s: self._compute(t, sets[s]))
         ctx.note_layer(self.node.name, self.node.op_type, lmem_peak=plan.peak, group=self.group.name)
 
     def _load(self, tile, offs) -> None:
-        n, c0, c, h0, h = tile
+        n, c0, c, h0, h, cols = tile
         geo, ctx, prec = self.geom, self.ctx, self.ctx.prec
         r0, rows, _, _ = geo.input_rows(h0, h)
         ctx.em.layer = self.node.name
-        base = ((n * geo.cin + c0) * geo.h + r0) * geo.w
+        base = ((n * geo.cin + c0) * geo.h + r0) * geo.w + cols.in0
         if self.in_res is None:
-            src = ctx.region(self.node.inputs[0], (1, c, rows, self.in_w), base,
+            src = ctx.region(self.node.inputs[0], (1, c, rows, cols.in_n), base,
                              (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))
-            ctx.em.load(make_tile(self.chip, offs[0], (1, c, rows, self.in_w), prec), src)
+            ctx.em.load(make_tile(self.chip, offs[0], (1, c, rows, cols.in_n), prec), src)
         if self.inv_count is not None:
-            t = make_tile(self.chip, offs[2], (1, min(c, self.chip.lanes), h, geo.wo), Prec.FP32)
-            ctx.em.load(t, DRegion(self.map_addr + h0 * geo.wo * 4, t.shape, (0, 0, geo.wo, 1), Prec.FP32))
+            t = make_tile(self.chip, offs[2], (1, min(c, self.chip.lanes), h, cols.out_n), Prec.FP32)
+            ctx.em.load(t, DRegion(self.map_addr + (h0 * geo.wo + cols.out0) * 4, t.shape, (0, 0, geo.wo, 1),
+                                   Prec.FP32))
 
     def _compute(self, tile, offs) -> None:
-        n, c0, c, h0, h = tile
+        n, c0, c, h0, h, cols = tile
         geo, ctx, prec, chip = self.geom, self.ctx, self.ctx.prec, self.chip
         r0, rows, up, dn = geo.input_rows(h0, h)
         if self.out_res is not None:
             out = self.out_res.view(chip, n, c0, c, h0, h)
         else:
-            out = make_tile(chip, offs[1], (1, c, h, geo.wo), prec)
+            out = make_tile(chip, offs[1], (1, c, h, cols.out_n), prec)
         if self.in_res is not None:
             inp = self.in_res.view(chip, n, c0, c, r0, rows, geo.w)   # whole rows (aligned, for sPorD)
         else:
-            inp = make_tile(chip, offs[0], (1, c, rows, self.in_w), prec)
+            inp = make_tile(chip, offs[0], (1, c, rows, cols.in_n), prec)
         op = "maxpooling" if self.is_max else "avgpooling"
         extra = pool_scale_fields(op, inp.prec, self.scale if not self.is_max else 1.0)
         ctx.em.layer = self.node.name
         emit_pord(ctx.em, chip, out, inp, op=op, opd0_h=rows, opd0_w=inp.w,
-                  opd1_h=geo.kh, opd1_w=geo.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl,
-                  opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=geo.sy,
+                  opd1_h=geo.kh, opd1_w=geo.kw, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=cols.lf,
+                  opd0_rt_pad=cols.rt, res_op_x_str=geo.sx, res_op_y_str=geo.sy,
                   opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1, **extra)
         if self.inv_count is not None:
-            m = make_tile(chip, offs[2], (1, min(c, chip.lanes), h, geo.wo), Prec.FP32)
+            m = make_tile(chip, offs[2], (1, min(c, chip.lanes), h, cols.out_n), Prec.FP32)
             ctx.em.ar("mul", out, out, LTile(m.addr, out.shape, Prec.FP32, (0, 0, m.strides[2], 1), StrideMode.FREE))
         if self.out_res is not None:
             return
-        base = ((n * geo.cin + c0) * geo.ho + h0) * geo.wo
-        ctx.em.store(out, ctx.region(self.node.outputs[0], (1, c, h, geo.wo), base,
+        base = ((n * geo.cin + c0) * geo.ho + h0) * geo.wo + cols.out0
+        ctx.em.store(out, ctx.region(self.node.outputs[0], (1, c, h, cols.out_n), base,
                                      (geo.cin * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1)))

@@ -75,7 +75,8 @@ def test_shapes_unknown_until_folding_take_more_rounds(monkeypatch):
     monkeypatch.setattr(folding, "fold_pass", lambda view: rounds.append(1) or original(view))
     g = assert_canonical_matches(model(nodes, [("x", [2, 6])], [("y", [2, 6])]))
     assert len(rounds) >= 2
-    assert kinds(g) == ["Reshape", "Reshape"] and g.tensor("y").shape == (2, 6)
+    # the second Reshape reads x directly (a view of a view is one view)
+    assert kinds(g) == ["Reshape"] and g.tensor("y").shape == (2, 6)
 
 
 def _conv_bn(extra_consumer: bool = False, conv_is_output: bool = False):
