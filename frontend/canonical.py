@@ -93,8 +93,10 @@ def _drops_unit_axes(draft: Draft, node: OpNode) -> int:
 def _sinkable(draft: Draft, node: OpNode, producers: dict[str, OpNode], users: dict[str, int]):
     """(view, its input, unit axes) when elementwise `node` reads one runtime tensor, made by a view
     that drops trailing unit axes and read by nothing else, its other operands constants, and its
-    output has that tensor's shape; else None."""
-    if spec(node.op_type).row_role != "elementwise":
+    output has that tensor's shape; else None. Ops on quantized tensors stay (their Quants are per
+    tensor: the int8 lowering handles them)."""
+    if spec(node.op_type).row_role != "elementwise" or any(
+            draft.tensors[t].quant is not None for t in (*node.inputs, *node.outputs) if t):
         return None
     runtime = [t for t in node.inputs if t and draft.const(t) is None]
     if len(runtime) != 1 or runtime[0] in draft.outputs or users.get(runtime[0], 0) != 1:

@@ -314,3 +314,17 @@ def test_the_graph_check_catches_a_pass_that_drops_a_quantization():
     tensors["y"] = TensorInfo("y", (2, 3), "uint8", quant=q)
     with pytest.raises(GraphLintError, match=r"tensor 'y': quantization int8 per-tensor does not fit uint8"):
         lint([make_node("relu", "Relu", ("x",), ("y",))], tensors, ["x"], ["y"])
+
+
+def test_views_stay_above_quantized_elementwise_ops():
+    """canonical.sink_views_below_elementwise leaves ops on quantized tensors alone (it would make
+    integer tensors without a Quant): Reshape dropping a unit axis, then a quantized Relu."""
+    n = helper.make_node
+    nodes = [*qdq("x", "s", "z", "x"), n("Reshape", ["x_real", "shape"], ["r"], name="view"), *qdq("r", "s", "z", "r"),
+             n("Relu", ["r_real"], ["y0"], name="relu"), *qdq("y0", "s", "z", "y")]
+    inits = [arr("s", 0.1, f32), arr("z", 3, i8), arr("shape", [1, 4, 6], np.int64)]
+    m = model(nodes, {"x": (1, 4, 6, 1)}, {"y_real": (1, 4, 6)}, inits, 13)
+    g = load(m)
+    assert [x.op_type for x in g.nodes()] == ["QuantizeLinear", "Reshape", "Relu", "DequantizeLinear"]
+    assert all(g.tensor(t).quant is not None for t in (*g.node("relu").inputs, *g.node("relu").outputs))
+    assert_runs_like_the_model(m, g)
