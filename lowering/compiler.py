@@ -125,16 +125,21 @@ def resident_ports(graph: Graph, group: Group, chip: ChipConfig,
 
 
 def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
-                      share: float = RESIDENT_SHARE, crossing: set[str] = frozenset()) -> ResidencyPlan:
+                      share: float = RESIDENT_SHARE, crossing: frozenset = frozenset(),
+                      gathered: frozenset = frozenset()) -> ResidencyPlan:
     """The residency plan; its sliced spans are chosen by the layer-group search on estimated
     times (`_members_cost`), and kept when the groups whose emission they can change (first to
     last, `_differing_span`) run faster with them than without. Several cores: whole tensors
-    only, none of `crossing` (activations a core reads from another core's part)."""
+    only, none of `crossing` (activations a core reads from another core's part) but those
+    `gathered` (every core loads them whole from DDR once, as graph inputs are preloaded)."""
     if options.layer_group == "off" or share <= 0:
         return ResidencyPlan()
     if options.cores > 1:
-        return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
-                              lambda g: _local_ports(resident_ports(graph, g, chip, options), crossing), None, share)
+        plan = plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
+                              lambda g: _local_ports(resident_ports(graph, g, chip, options), crossing, gathered),
+                              None, share, gathered=gathered)
+        plan.gathered = frozenset(t for t in gathered if t in plan.tensors)
+        return plan
 
     def plan(span_cost) -> ResidencyPlan:
         return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
@@ -152,10 +157,11 @@ def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, optio
     return searched if cost(searched, span) < cost(whole, span) else whole
 
 
-def _local_ports(ports: tuple[dict[str, str], dict[str, str]], crossing: set[str]):
-    """A group's LMEM ports without the activations that cross cores (they meet in DDR)."""
+def _local_ports(ports: tuple[dict[str, str], dict[str, str]], crossing: frozenset, gathered: frozenset):
+    """A group's LMEM ports without the activations that cross cores (they meet in DDR; those
+    gathered are read from LMEM after every core loaded them whole)."""
     readable, writable = ports
-    return ({t: v for t, v in readable.items() if t not in crossing},
+    return ({t: v for t, v in readable.items() if t not in crossing or t in gathered},
             {t: v for t, v in writable.items() if t not in crossing})
 
 
@@ -209,9 +215,9 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     if options.cores > 1 and options.matmul == "tiu":
         graph, pins = split_mlp_pairs(graph, options.cores, chip.lanes)
     groups = form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes)
-    crossing = _crossing_tensors(graph, groups, chip, options, pins) if options.cores > 1 else frozenset()
+    crossing, gathered = _crossing_tensors(graph, groups, chip, options, pins) if options.cores > 1 else ((), ())
     for share in RESIDENT_SHARE_FALLBACKS:
-        residency = plan_layer_groups(graph, groups, chip, options, share, crossing)
+        residency = plan_layer_groups(graph, groups, chip, options, share, frozenset(crossing), frozenset(gathered))
         try:
             return _lower_planned(source, graph, groups, chip, options, residency, pins)
         except LoweringError:
@@ -223,7 +229,7 @@ def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
 def _lower_planned(source: Graph, graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
                    residency: ResidencyPlan, pins: dict[str, int] | None = None) -> Program:
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options),
-                   in_lmem=set(residency.tensors), rerun=[(r.first, r.last) for r in residency.regions])
+                   in_lmem=set(residency.tensors) - residency.gathered, rerun=[(r.first, r.last) for r in residency.regions])
     weights = WeightImage(ddr.weight_base)
     make_ctx = lambda: LowerCtx(graph, chip, options, Emitter(chip), ddr, weights, residency=residency)  # noqa: E731
     if options.cores > 1:
@@ -327,12 +333,13 @@ def _insert_barrier(ctx: LowerCtx, at: int, cores: int, index: int) -> None:
 
 
 def _crossing_tensors(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
-                      pins: dict[str, int]) -> set[str]:
+                      pins: dict[str, int]) -> tuple[set[str], set[str]]:
     """The activations some core reads from another core's part (or from a core that made all of
     it), found on the program that keeps every activation in DDR: they cannot stay in one core's
-    LMEM. With a view or Concat sharing their DDR buffer, the whole family crosses."""
+    LMEM. With a view or Concat sharing their DDR buffer, the whole family crosses. And those
+    every core reads more of than their size, outside such families (lowering.cores)."""
     if options.layer_group == "off":
-        return set()
+        return set(), set()
     ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options))
     make_ctx = lambda: LowerCtx(graph, chip, options, Emitter(chip), ddr, WeightImage(ddr.weight_base))  # noqa: E731
     ctxs, _, spans = _emit_over_cores(make_ctx, groups, options, ddr.weight_base, pins, barriers=False)
@@ -341,7 +348,8 @@ def _crossing_tensors(graph: Graph, groups: list[Group], chip: ChipConfig, optio
     reads = [[t for t in dict.fromkeys(x for n in g.nodes for x in n.inputs) if t in ddr.tensors and t not in g.produced()]
              for g in groups]
     cells_of = {t: (d.addr // CELL_BYTES, -(-(d.addr + d.nbytes) // CELL_BYTES)) for t, d in ddr.tensors.items()}
-    return _buffer_families(crossing_tensors(per_group, reads, cells_of, ddr.weight_base), groups, ddr)
+    crossing, gathered = crossing_tensors(per_group, reads, cells_of, ddr.weight_base)
+    return _buffer_families(crossing, groups, ddr), {t for t in gathered if _buffer_families({t}, groups, ddr) == {t}}
 
 
 def _buffer_families(names: set[str], groups: list[Group], ddr) -> set[str]:

@@ -179,8 +179,12 @@ class LowerCtx:
         return self.held.get(self.group_index)
 
     def resident(self, tensor: str | None) -> ResidentTensor | None:
-        """The LMEM-resident buffer of an activation, or None when it lives in DDR."""
-        return self.residency.tensors.get(tensor) if tensor else None
+        """The LMEM-resident buffer of an activation, or None when it lives in DDR (a gathered
+        one lives in DDR for its producer: every core loads it whole before its first reader)."""
+        held = self.residency.tensors.get(tensor) if tensor else None
+        if held is not None and tensor in self.residency.gathered and self.group_index < held.first:
+            return None
+        return held
 
     def ddr_addr(self, tensor: str) -> int:
         if tensor not in self.ddr.tensors:

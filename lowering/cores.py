@@ -166,24 +166,32 @@ class LastWriters:
 
 
 def crossing_tensors(per_group: list[list[tuple[np.ndarray, np.ndarray]]], read_tensors: list[list[str]],
-                     cells_of: dict[str, tuple[int, int]], limit: int) -> set[str]:
+                     cells_of: dict[str, tuple[int, int]], limit: int) -> tuple[set[str], set[str]]:
     """The activations some core reads after another core wrote them, from a program that keeps
     every activation in DDR: `per_group[g][k]` = (cells read, cells written) by core k in group g,
-    `read_tensors[g]` the activations group g reads, `cells_of[t]` the cells [lo, hi) of t."""
+    `read_tensors[g]` the activations group g reads, `cells_of[t]` the cells [lo, hi) of t; and
+    those of them every core reads more of than their size (over all its groups): each core
+    then loads them whole into its LMEM once instead."""
     writers, crossing = LastWriters(limit), set()
     marked = np.zeros(len(writers.core), bool)
-    for g, cores in enumerate(per_group):
-        foreign = [writers.foreign(k, reads) for k, (reads, _) in enumerate(cores)]
+    cores = len(per_group[0]) if per_group else 0
+    read_by: dict[str, list[int]] = {}
+    for g, accesses in enumerate(per_group):
+        foreign = [writers.foreign(k, reads) for k, (reads, _) in enumerate(accesses)]
         for cells in foreign:
             marked[cells] = True
         for t in read_tensors[g]:
             lo, hi = cells_of.get(t, (0, 0))
             if marked[lo:hi].any():
                 crossing.add(t)
+            counts = read_by.setdefault(t, [0] * cores)
+            for k, (reads, _) in enumerate(accesses):
+                counts[k] += int(np.count_nonzero((reads >= lo) & (reads < hi)))
         for cells in foreign:
             marked[cells] = False
-        writers.write([writes for _, writes in cores])
-    return crossing
+        writers.write([writes for _, writes in accesses])
+    gathered = {t for t in crossing if all(n > cells_of[t][1] - cells_of[t][0] for n in read_by[t])}
+    return crossing, gathered
 
 
 class CrossCoreHazards:
@@ -209,11 +217,14 @@ class CrossCoreHazards:
                 or self._others(self.read_in, self.reader, core, writes))
 
     def record(self, core: int, reads: np.ndarray, writes: np.ndarray) -> None:
-        self.written_in[writes], self.writer[writes] = self.epoch, core
-        fresh = self.read_in[reads] != self.epoch
-        shared = ~fresh & (self.reader[reads] != core)
-        self.reader[reads] = np.where(shared, -2, core)
-        self.read_in[reads] = self.epoch
+        self._mark(self.written_in, self.writer, core, writes)
+        self._mark(self.read_in, self.reader, core, reads)
+
+    def _mark(self, when: np.ndarray, who: np.ndarray, core: int, cells: np.ndarray) -> None:
+        """`core` touched `cells` in this epoch (-2 where another core did too)."""
+        shared = (when[cells] == self.epoch) & (who[cells] != core)
+        who[cells] = np.where(shared, -2, core)
+        when[cells] = self.epoch
 
     def barrier(self) -> None:
         self.epoch += 1

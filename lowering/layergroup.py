@@ -156,10 +156,14 @@ class ResidencyPlan:
     # A MatMul result split along its columns: never stored whole, the MatMul writes each column
     # range straight into the Split output that holds it: tensor -> ((output, first column, columns), ...)
     splits: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
+    # Several cores: activations other cores made that every core loads whole into LMEM before
+    # its first reader (as graph inputs are preloaded); they keep their DDR buffer
+    gathered: frozenset = frozenset()
 
     def preloads_due(self, index: int, graph_inputs) -> list[ResidentTensor]:
-        """Graph inputs kept in LMEM whose first reader is at or before group `index`."""
-        return sorted((t for t in self.tensors.values() if t.name in graph_inputs and t.first <= index),
+        """Graph inputs (and gathered activations) kept in LMEM whose first reader is at or before group `index`."""
+        return sorted((t for t in self.tensors.values()
+                       if (t.name in graph_inputs or t.name in self.gathered) and t.first <= index),
                       key=lambda t: (t.first, t.name))
 
     def region_at(self, index: int) -> SlicedRegion | None:

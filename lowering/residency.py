@@ -70,7 +70,8 @@ SLICE_COUNT_CHOICES = 2    # slice counts tried per span: the fewest that fit, a
 
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
                    ports: Callable[[Group], tuple[set[str], set[str]]], span_cost: SpanCost | None,
-                   share: float = RESIDENT_SHARE, matrix_slicing: bool = False) -> ResidencyPlan:
+                   share: float = RESIDENT_SHARE, matrix_slicing: bool = False,
+                   gathered: frozenset = frozenset()) -> ResidencyPlan:
     """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
     to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it has
     a resident layout, it is neither a graph input nor output, and it fits the resident share of
@@ -80,7 +81,9 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
     row-wise group's output overwrites an input dying there when the two would not fit apart.
     Tensors too large to stay whole are held as row slices where a span of a run of sliceable
     groups around them runs slice by slice (lowering.slicing); the spans and their slice counts
-    are chosen by the layer-group search (lowering.groupsearch) on `span_cost` (none without one)."""
+    are chosen by the layer-group search (lowering.groupsearch) on `span_cost` (none without one).
+    `gathered` activations (several cores) are loaded whole before their first reader like graph
+    inputs, when several groups read them in one layout."""
     top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
     budget = int((top - lo) * share) // chip.bank_bytes * chip.bank_bytes
     producer, consumers = _producers_and_consumers(graph, groups)
@@ -109,7 +112,7 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
         return verdicts[name]
 
     layouts = {t: writable[p].get(t) for t, p in producer.items() if writable[p].get(t)}
-    preloads = _preloads(graph, chip, prec, consumers, readable)
+    preloads = _preloads(graph, chip, prec, consumers, readable, gathered)
     layouts.update(preloads)
     inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible, layouts, aliases,
                      frozenset(preloads), splits)
@@ -411,11 +414,13 @@ def _settle_splits(inputs: _Inputs, plan: ResidencyPlan) -> None:
             plan.consumers.pop(t, None)
 
 
-def _preloads(graph: Graph, chip: ChipConfig, prec: Prec, consumers, readable: list[dict]) -> dict[str, str]:
-    """Graph inputs that several groups read, all in one LMEM layout: loaded into LMEM once
-    before the first of them instead of read from DDR by each ({input: layout})."""
+def _preloads(graph: Graph, chip: ChipConfig, prec: Prec, consumers, readable: list[dict],
+              gathered: frozenset = frozenset()) -> dict[str, str]:
+    """Graph inputs (and `gathered` activations) that several groups read, all in one LMEM
+    layout: loaded into LMEM once before the first of them instead of read from DDR by each
+    ({input: layout})."""
     out = {}
-    for name in graph.inputs:
+    for name in list(graph.inputs) + sorted(gathered):
         users = consumers.get(name, ())
         layouts = {readable[j].get(name) for j in users}
         if len(users) < 2 or len(layouts) != 1 or None in layouts:
