@@ -45,13 +45,18 @@ class _Exporter:
     def add(self, op: str, node: OpNode, inputs, **attrs) -> None:
         self.nodes.append(helper.make_node(op, list(inputs), list(node.outputs), name=node.name, **attrs))
 
-    def quant_params(self, node: OpNode, t: TensorInfo) -> tuple[list[str], dict]:
+    def quant_params(self, node: OpNode, t: TensorInfo, float_dtype: str) -> tuple[list[str], dict]:
+        """Scale (in the float side's dtype, as ONNX requires) and zero point constants, and the axis."""
         q = t.quant
-        inputs = [self.const(node, f"{t.name}_scale", q.scale), self.const(node, f"{t.name}_zero_point", q.zero_point)]
+        inputs = [self.const(node, f"{t.name}_scale", q.scale.astype(float_dtype)),
+                  self.const(node, f"{t.name}_zero_point", q.zero_point)]
         return inputs, ({"axis": q.axis} if q.per_channel else {})
 
     def convert(self, op: str, node: OpNode, x: str, t: TensorInfo, out: str, name: str) -> None:
-        params, attrs = self.quant_params(node, t)
+        """QuantizeLinear / DequantizeLinear `x` -> `out`, `t` the integer side."""
+        float_side = x if op == "QuantizeLinear" else out
+        known = float_side in self.real or float_side in self.graph.tensors
+        params, attrs = self.quant_params(node, t, self.tensor(float_side).dtype if known else "float32")
         self.nodes.append(helper.make_node(op, [x, *params], [out], name=name, **attrs))
 
     def quantized(self, n: OpNode) -> bool:

@@ -328,3 +328,22 @@ def test_views_stay_above_quantized_elementwise_ops():
     assert [x.op_type for x in g.nodes()] == ["QuantizeLinear", "Reshape", "Relu", "DequantizeLinear"]
     assert all(g.tensor(t).quant is not None for t in (*g.node("relu").inputs, *g.node("relu").outputs))
     assert_runs_like_the_model(m, g)
+
+
+@pytest.mark.parametrize("op,attrs,float_op", [("QLinearSigmoid", {}, "Sigmoid"),
+                                               ("QLinearLeakyRelu", {"alpha": 0.1}, "LeakyRelu")])
+def test_contrib_ops_without_an_int8_form_stay_float_between_dq_and_q(op, attrs, float_op):
+    n = helper.make_node
+    nodes = [n("QuantizeLinear", ["x", "s", "z"], ["xq"], name="quantize"),
+             n(op, ["xq", "s", "z", "s2", "z2"], ["yq"], name="contrib", domain="com.microsoft", **attrs),
+             n("DequantizeLinear", ["yq", "s2", "z2"], ["y"], name="dequantize")]
+    inits = [arr("s", 0.05, f32), arr("z", 128, u8), arr("s2", 0.004, f32), arr("z2", 0, u8)]
+    graph = helper.make_graph(nodes, "contrib", [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [2, 3])], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)],
+                          ir_version=8)
+    g = load(m)
+    assert [x.op_type for x in g.nodes()] == ["QuantizeLinear", "DequantizeLinear", float_op, "QuantizeLinear",
+                                              "DequantizeLinear"]
+    assert g.node("contrib").op_type == float_op and g.tensor("yq").quant.zero_point.dtype == np.uint8
+    assert_runs_like_the_model(m, g, steps=0.004)
