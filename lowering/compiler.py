@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tpuflow.chip import ChipConfig
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph
@@ -209,7 +211,30 @@ INFEASIBLE_PS = 1 << 62          # the cost of groups that cannot be emitted und
 
 def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     """The program of `source`: layer groups at the resident share of LMEM, or at the next
-    smaller share when some group does not fit the working area the residents leave it."""
+    smaller share when some group does not fit the working area the residents leave it.
+    Several cores: the program split over them, or all of it on core 0 (the others idle) when
+    that runs faster on the timing model (small models whose parts would meet in DDR too often)."""
+    split = lower_split(source, chip, options)
+    if options.cores == 1:
+        return split
+    whole = _on_core_0(lower_split(source, chip, replace(options, cores=1)), options, chip)
+    from tpuflow.hwmodel.timing import simulate
+    return whole if simulate(whole).total_ps < simulate(split).total_ps else split
+
+
+def _on_core_0(program: Program, options: CompileOptions, chip: ChipConfig) -> Program:
+    """A one-core program as a program over `options.cores` cores, the others idle."""
+    idle = _finish_core(Emitter(chip), chip, options)
+    program = Program.from_cores(program, [program.cores[0]] + [idle] * (options.cores - 1),
+                                 [{"core": 0, "groups": {name: {} for name in program.layers}}]
+                                 + [{"core": k, "groups": {}} for k in range(1, options.cores)])
+    program.options = {k: str(v) for k, v in options.as_dict().items()}
+    return program
+
+
+def lower_split(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
+    """The program split over `options.cores` (lowering.cores, lowering.tensor_parallel), faster
+    or not than one core (lower() chooses)."""
     graph = materialize_broadcasts(fold_matmul_transposes(source))
     pins: dict[str, int] = {}
     if options.cores > 1 and options.matmul == "tiu":

@@ -73,8 +73,9 @@ def _barriers(program) -> list[int]:
     return [sum(1 for i in core.tiu if isinstance(i, SysTiu) and i.op == "wait_msg") for core in program.cores]
 
 
-def test_attention_of_a_cores_heads_stays_in_its_lmem_and_barriers_only_where_data_crosses():
+def test_attention_of_a_cores_heads_stays_in_its_lmem_and_barriers_only_where_data_crosses(split_lowering):
     _, program = compile_model("bert_layer", "sg2260", CompileOptions(dtype="fp16", cores=4))
+    assert all(len(core.tiu) > 2 for core in program.cores)                   # split, not on core 0 alone
     resident = {t for lg in program.layer_groups for t in lg["resident"]}
     assert {"attention/query/bias", "attention/key/bias", "attention/value/bias", "attention/scale",
             "attention/softmax"} <= resident
@@ -84,6 +85,20 @@ def test_attention_of_a_cores_heads_stays_in_its_lmem_and_barriers_only_where_da
 
 
 @pytest.mark.parametrize("model, cores", [("bert_layer", 4), ("small_cnn", 4), ("llama_mlp", 2)])
-def test_programs_with_core_local_layer_groups_match_onnxruntime(model, cores):
+def test_programs_with_core_local_layer_groups_match_onnxruntime(model, cores, split_lowering):
     result = verify(model, "sg2260", CompileOptions(dtype="fp16", cores=cores), race_check=True)
     assert result["ok"], result
+
+
+def test_a_model_whose_split_is_slower_runs_on_core_0_and_the_others_idle():
+    from tpuflow.hwmodel.timing import simulate
+    from tpuflow.lowering.compiler import lower_split
+    from tpuflow.pipeline import load_graph
+    options = CompileOptions(dtype="fp16", cores=2, schedule="program")
+    _, program = compile_model("mobilenetv2", "sg2260", options)
+    _, one = compile_model("mobilenetv2", "sg2260", CompileOptions(dtype="fp16", schedule="program"))
+    split = lower_split(load_graph("mobilenetv2"), program.chip, options)
+    assert simulate(split).total_ps > simulate(one).total_ps          # splitting it costs more than it gains
+    assert program.core_count == 2 and program.core(1).tiu == [SysTiu(op="end")]
+    assert program.core(0).tiu == one.tiu and program.core(0).gdma == one.gdma
+    assert simulate(program).total_ps == simulate(one).total_ps

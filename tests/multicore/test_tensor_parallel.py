@@ -68,7 +68,7 @@ def test_an_mlp_pair_becomes_a_pinned_chain_per_core_and_a_sum():
     assert not none
 
 
-def test_each_core_moves_the_bytes_the_plan_predicts_and_weights_are_read_once_chip_wide():
+def test_each_core_moves_the_bytes_the_plan_predicts_and_weights_are_read_once_chip_wide(split_lowering):
     cores = 4
     _, program = compile_model(_mlp(), "sg2260", CompileOptions(dtype="fp16", cores=cores))
     weights = program.memory.weight_base
@@ -83,12 +83,12 @@ def test_each_core_moves_the_bytes_the_plan_predicts_and_weights_are_read_once_c
     assert sum(r for r, _ in weight_reads) == 2 * WIDTH * HIDDEN * FP16   # every weight once chip-wide
 
 
-def test_an_mlp_split_over_cores_matches_onnxruntime():
+def test_an_mlp_split_over_cores_matches_onnxruntime(split_lowering):
     result = verify(_mlp(), "sg2260", CompileOptions(dtype="fp16", cores=4), race_check=True)
     assert result["ok"], result
 
 
 @pytest.mark.parametrize("heads", [4, 8])
-def test_a_two_layer_encoder_on_four_cores_matches_onnxruntime(heads):
+def test_a_two_layer_encoder_on_four_cores_matches_onnxruntime(heads, split_lowering):
     result = verify(_encoder(2, heads), "sg2260", CompileOptions(dtype="fp16", cores=4), race_check=True)
     assert result["ok"], result
