@@ -16,7 +16,7 @@ from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.layergroup import ResidencyPlan, ResidentTensor
 from tpuflow.lowering.lmem import GroupArena
 from tpuflow.lowering.mathops import CONST_REGION_BYTES
-from tpuflow.lowering.tensors import DRegion, LTile, make_tile
+from tpuflow.lowering.tensors import DRegion, LTile, make_tile, storage_prec
 from tpuflow.lowering.weights import WeightImage
 from tpuflow.options import CompileOptions
 from tpuflow.program import LayerInfo
@@ -110,6 +110,11 @@ class LowerCtx:
         """Storage precision of activations and weights."""
         return Prec.from_name(self.options.dtype)
 
+    def tensor_prec(self, tensor: str) -> Prec:
+        """Storage precision of one tensor: a quantized tensor's integer storage (INT8 for int8 and
+        uint8, INT32), `prec` for every float tensor (tensors.storage_prec)."""
+        return storage_prec(self.graph.tensors.get(tensor), self.prec)
+
     # LMEM regions: the working area (below the tile window and below every resident activation
     # live during the group) is used as a ring: a group gets the space above the previous group's
     # buffers, or the space below them, whichever is at least half the area (else the half they
@@ -195,7 +200,8 @@ class LowerCtx:
         """A view of `tensor`'s DDR buffer as a 4-D region (contiguous strides unless given)."""
         n, c, h, w = shape4
         st = strides or (c * h * w, h * w, w, 1)
-        return DRegion(self.ddr_addr(tensor) + offset_elems * self.prec.bytes, tuple(shape4), tuple(st), self.prec)
+        prec = self.tensor_prec(tensor)
+        return DRegion(self.ddr_addr(tensor) + offset_elems * prec.bytes, tuple(shape4), tuple(st), prec)
 
     def const(self, tensor: str, prec: Prec | None = None) -> np.ndarray:
         info = self.graph.tensor(tensor)

@@ -73,15 +73,14 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
     `rerun`: spans of groups [first, last] run once per slice (sliced layer groups): a buffer
     read inside a span lives until the span's end, since its first members run again."""
     align = chip.core.ddr_align_bytes
-    esize = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
     tensors: dict[str, DdrTensor] = {}
     cursor = 0
 
     def fixed(name: str, role: str) -> None:
         nonlocal cursor
         shape = graph.tensor(name).shape
-        stored = "int32" if role == "input" and _indices_only(graph, name) else dtype
-        nbytes = _count(shape) * (4 if stored == "int32" else esize)
+        stored = "int32" if role == "input" and _indices_only(graph, name) else stored_dtype(graph, name, dtype)
+        nbytes = _count(shape) * ELEMENT_BYTES[stored]
         tensors[name] = DdrTensor(name, cursor, shape, stored, role, nbytes)
         cursor = align_up(cursor + nbytes, align)
 
@@ -91,7 +90,7 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
         if name not in tensors:
             fixed(name, "output")
     pool = FirstFit(align_up(cursor, align), align)
-    members = _concat_members(graph, groups, esize, in_lmem)
+    members = _concat_members(graph, groups, dtype, in_lmem)
     last_use = _last_use(graph, groups, members)
     for first, last in rerun:
         for name, when in last_use.items():
@@ -101,12 +100,13 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
     def place(name: str) -> None:
         root, offset = alias_root(members, name)
         if root not in tensors:
-            shape = graph.tensor(root).shape
-            nbytes = _count(shape) * esize
-            tensors[root] = DdrTensor(root, pool.alloc(nbytes), shape, dtype, "activation", nbytes)
+            shape, stored = graph.tensor(root).shape, stored_dtype(graph, root, dtype)
+            nbytes = _count(shape) * ELEMENT_BYTES[stored]
+            tensors[root] = DdrTensor(root, pool.alloc(nbytes), shape, stored, "activation", nbytes)
         if name != root:
-            shape = graph.tensor(name).shape
-            tensors[name] = DdrTensor(name, tensors[root].addr + offset, shape, dtype, "alias", _count(shape) * esize)
+            shape, stored = graph.tensor(name).shape, stored_dtype(graph, name, dtype)
+            tensors[name] = DdrTensor(name, tensors[root].addr + offset, shape, stored, "alias",
+                                      _count(shape) * ELEMENT_BYTES[stored])
 
     for index, group in enumerate(groups):
         if group.kind == "view":
@@ -126,7 +126,17 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
     return DdrPlan(tensors, scratch_base, scratch_bytes, weight_base, members)
 
 
-def _concat_members(graph: Graph, groups: list[Group], esize: int,
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int32": 4, "int8": 1, "uint8": 1}
+
+
+def stored_dtype(graph: Graph, name: str, dtype: str) -> str:
+    """The DDR dtype of a tensor: a quantized tensor's integer storage ("int8", "uint8", "int32"),
+    the program's float `dtype` (--dtype) for every other tensor."""
+    quant = graph.tensor(name).quant
+    return quant.storage if quant is not None else dtype
+
+
+def _concat_members(graph: Graph, groups: list[Group], dtype: str,
                     in_lmem: set[str] = frozenset()) -> dict[str, tuple[str, int]]:
     """Concat inputs that can be written straight into their slice of the Concat's output, so the
     Concat copies nothing for them: the output must be one contiguous slice per input (every dim
@@ -145,7 +155,7 @@ def _concat_members(graph: Graph, groups: list[Group], esize: int,
         offset = 0
         for x in node.inputs:
             info = graph.tensor(x)
-            slice_bytes = _count(info.shape) * esize
+            slice_bytes = _count(info.shape) * ELEMENT_BYTES[stored_dtype(graph, x, dtype)]
             if (not info.is_const and x not in graph.inputs and x not in graph.outputs and x not in members
                     and node.inputs.count(x) == 1 and x in producer and producer[x].kind != "view"):
                 members[x] = (node.outputs[0], offset)

@@ -9,6 +9,18 @@ from tpuflow.chip import ChipConfig
 from tpuflow.isa import Prec, StrideMode, aligned_strides
 
 
+# DDR / LMEM precision of a quantized tensor's storage (frontend.quant.STORAGES): uint8 is stored like
+# int8 and read unsigned by the instructions' sign flags
+QUANT_STORAGE_PRECS = {"int8": Prec.INT8, "uint8": Prec.INT8, "int32": Prec.INT32}
+
+
+def storage_prec(info, float_prec: Prec) -> Prec:
+    """The precision a tensor (a frontend TensorInfo, or None) is stored in: its integer storage when
+    it is quantized, the program's float precision (`float_prec`, --dtype) otherwise."""
+    quant = getattr(info, "quant", None)
+    return QUANT_STORAGE_PRECS[quant.storage] if quant is not None else float_prec
+
+
 @dataclass(frozen=True)
 class LTile:
     """An (N, C, H, W) tensor in LMEM. `addr` is flat (lane * lmem_bytes_per_lane + offset);
