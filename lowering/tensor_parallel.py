@@ -3,7 +3,8 @@ MatMul(G, W2), both by constant weights, becomes per core k the product by W1's 
 the chain on those columns and the product by W2's row block k (all on core k: its hidden
 columns never leave its LMEM), then the sum of the cores' partial results (a row group every
 core runs on its rows). Bytes: the hidden activation G (M x H) is no longer read whole by every
-core ((cores - 1) x |G| saved); the partials cost a write and a read (2 x cores x |Y|)."""
+core, nor stored and reloaded around the chain; the partials cost a write and a read
+(2 x cores x |Y|)."""
 
 from __future__ import annotations
 
@@ -83,13 +84,15 @@ def _closed(graph: Graph, inside: set[str], chain: list[OpNode], last: OpNode) -
 
 
 def _pays(graph: Graph, pair, cores: int, lanes: int) -> bool:
-    """Whether splitting moves fewer bytes: every core reading the whole hidden activation
-    against every core writing and reading a partial result, with whole lanes of columns each."""
-    first, _, last = pair
+    """Whether splitting moves fewer activation bytes, with whole lanes of columns per core.
+    Unsplit, the first MatMul's column parts are stored, the chain (a row group of its own
+    unless empty) reads and stores them whole, and every core reads all of the hidden result;
+    split, every core writes its partial result and reads its rows of all of them."""
+    first, chain, last = pair
     hidden = graph.tensor(first.outputs[0]).shape[-1]
     hidden_bytes = graph.tensor(last.inputs[0]).size
-    out_bytes = graph.tensor(last.outputs[0]).size
-    return hidden // cores >= lanes and hidden_bytes * (cores - 1) > 2 * cores * out_bytes
+    unsplit = (1 + cores + (2 if chain else 0)) * hidden_bytes
+    return hidden // cores >= lanes and unsplit > 2 * cores * graph.tensor(last.outputs[0]).size
 
 
 def _split_pair(graph: Graph, first: OpNode, chain: list[OpNode], last: OpNode, cores: int, lanes: int,

@@ -20,12 +20,12 @@ ROWS, WIDTH, HIDDEN = 128, 256, 1024
 FP16 = 2
 
 
-def _mlp() -> onnx.ModelProto:
+def _mlp(hidden: int = HIDDEN) -> onnx.ModelProto:
     b = ModelBuilder("mlp_pair", opset=17)
     x = b.input("x", (1, ROWS, WIDTH))
-    h = b.op("MatMul", [x, b.linear_weight("w1", WIDTH, HIDDEN)], name="fc1")
+    h = b.op("MatMul", [x, b.linear_weight("w1", WIDTH, hidden)], name="fc1")
     g = b.op("Relu", [h], name="act")
-    b.op("MatMul", [g, b.linear_weight("w2", HIDDEN, WIDTH)], name="fc2", outputs=["y"])
+    b.op("MatMul", [g, b.linear_weight("w2", hidden, WIDTH)], name="fc2", outputs=["y"])
     b.output("y", (1, ROWS, WIDTH))
     return b.build()
 
@@ -64,7 +64,9 @@ def test_an_mlp_pair_becomes_a_pinned_chain_per_core_and_a_sum():
     assert graph.tensor("w1@512:768").shape == (WIDTH, 256) and graph.tensor("w2@512:768").shape == (256, WIDTH)
     assert [n for n, t in ops if t == "Add"] == ["fc2/sum1", "fc2/sum2", "fc2/sum3"]
     assert graph.producer("y").name == "fc2/sum3"
-    _, none = split_mlp_pairs(load_graph(_mlp()), 2, 64)     # 2 cores: the hidden read twice costs less
+    _, none = split_mlp_pairs(load_graph(_mlp(WIDTH)), 4, 64)   # no wider hidden: (4 + 3) |G| < 2 x 4 |Y|
+    assert not none
+    _, none = split_mlp_pairs(load_graph(_mlp()), 32, 64)        # 1024 hidden columns: 32 per core, not a lane each
     assert not none
 
 
