@@ -212,22 +212,27 @@ INFEASIBLE_PS = 1 << 62          # the cost of groups that cannot be emitted und
 def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     """The program of `source`: layer groups at the resident share of LMEM, or at the next
     smaller share when some group does not fit the working area the residents leave it.
-    Several cores: the program split over them, or all of it on core 0 (the others idle) when
-    that runs faster on the timing model (small models whose parts would meet in DDR too often)."""
-    split = lower_split(source, chip, options)
+    Several cores: the program split over all of them, over half of them or on core 0 alone
+    (the others idle), whichever runs fastest on the timing model (a split's parts meet in DDR:
+    small models, and layers whose exchange grows with the core count, can run faster on fewer)."""
     if options.cores == 1:
-        return split
-    whole = _on_core_0(lower_split(source, chip, replace(options, cores=1)), options, chip)
+        return lower_split(source, chip, options)
     from tpuflow.hwmodel.timing import simulate
-    return whole if simulate(whole).total_ps < simulate(split).total_ps else split
+    used = [options.cores] + ([options.cores // 2] if options.cores // 2 > 1 else []) + [1]
+    programs = [_widened(lower_split(source, chip, replace(options, cores=n)), options, chip) for n in used]
+    times = [simulate(p).total_ps for p in programs]
+    return programs[times.index(min(times))]
 
 
-def _on_core_0(program: Program, options: CompileOptions, chip: ChipConfig) -> Program:
-    """A one-core program as a program over `options.cores` cores, the others idle."""
+def _widened(program: Program, options: CompileOptions, chip: ChipConfig) -> Program:
+    """A program over fewer cores than `options.cores` as one over all of them, the rest idle."""
+    used = program.core_count
+    if used == options.cores:
+        return program
+    split = program.core_split or [{"core": 0, "groups": {name: {} for name in program.layers}}]
     idle = _finish_core(Emitter(chip), chip, options)
-    program = Program.from_cores(program, [program.cores[0]] + [idle] * (options.cores - 1),
-                                 [{"core": 0, "groups": {name: {} for name in program.layers}}]
-                                 + [{"core": k, "groups": {}} for k in range(1, options.cores)])
+    program = Program.from_cores(program, program.cores + [idle] * (options.cores - used),
+                                 split + [{"core": k, "groups": {}} for k in range(used, options.cores)])
     program.options = {k: str(v) for k, v in options.as_dict().items()}
     return program
 
