@@ -260,6 +260,12 @@ class TileConfig:
     fill_latency_cycles: int = p("cycles", "pipeline fill of a TMATMUL / TGEMV", check=_non_negative)
     acccvt_bytes_per_cycle: int = p("B/cycle", "ACCCVT drain bandwidth")
     block_overhead_cycles: int = p("cycles", "decode and issue of one block", check=_non_negative)
+    buffer_chunk_bytes: int = p(
+        "B", "tile-buffer DMA port: GDMA moves tile-window bytes in chunks of this size and converts "
+        "ND <-> Nz / Zn in flight, so a slot's element order costs nothing on its side (0: the window is "
+        "plain LMEM, a strided element order costs its pieces)", check=_non_negative, default=256,
+        source="LinxCore Janus design notes (issue 16): tile registers are a dedicated banked buffer, "
+               "DMA transfers in 256-byte chunks with ND->Nz conversion in flight")
 
 
 @dataclass(frozen=True)
@@ -339,6 +345,11 @@ class ChipConfig:
         index = queue * self.tile.queue_slots + slot
         lane, depth = index % self.core.lanes, index // self.core.lanes
         return lane * self.core.lmem_bytes_per_lane + self.tile_window_offset + depth * self.tile.slot_bytes
+
+    def in_tile_buffer(self, lmem_offset: int) -> bool:
+        """Whether a flat LMEM address lies in the tile window and is reached through the tile
+        buffer's DMA port (tile.buffer_chunk_bytes > 0)."""
+        return self.tile.buffer_chunk_bytes > 0 and lmem_offset % self.core.lmem_bytes_per_lane >= self.tile_window_offset
 
     @property
     def chunk_bytes_per_lane(self) -> int:

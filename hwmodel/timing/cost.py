@@ -136,13 +136,20 @@ def tile_load_cycles(chip: ChipConfig, rows: int, cols: int, esize: int, *, runt
     * runtime: one strided DMA per tile from a row-major matrix whose rows are 4 x cols elements
       apart, in contiguous pieces of `piece_elems` elements (default a whole chunk row; 1 when the
       source runs the other way: element by element);
-    * constant (pre-arranged in the weight image): one contiguous DMA per `batch` tiles."""
+    * constant (pre-arranged in the weight image): one contiguous DMA per `batch` tiles.
+    With a tile buffer (tile.buffer_chunk_bytes > 0) a runtime tile is read in its source order and
+    converted in flight: one DMA per `batch` tiles whose DDR side is runs of `piece_elems` elements
+    (default a tile row of `cols`), 4 runs apart; the slot side costs its bytes (segments.py)."""
     k0 = max(1, chip.tile.k_fractal_bytes // esize)
     piece = min(k0, piece_elems or k0)
-    key = (id(chip), rows, cols, esize, runtime, piece, batch)
+    key = (id(chip), rows, cols, esize, runtime, piece_elems, batch)
     hit = _TILE_LOADS.get(key)
     if hit is not None and hit[0] is chip:
         return hit[1]
+    if runtime and chip.tile.buffer_chunk_bytes:
+        cycles = _buffered_load_cycles(chip, rows * cols * batch, piece_elems or cols, esize) / batch
+        _TILE_LOADS[key] = (chip, cycles)
+        return cycles
     chunks = cdiv(cols, k0)
     prec = int({1: Prec.INT8, 2: Prec.FP16, 4: Prec.FP32}[esize])
     ddr, lmem, row = 1 << 30, global_lmem_address(0, chip), 4 * chunks * k0
@@ -170,3 +177,18 @@ def tile_load_cycles(chip: ChipConfig, rows: int, cols: int, esize: int, *, runt
 
 
 _TILE_LOADS: dict[tuple, tuple[ChipConfig, float]] = {}
+
+
+def _buffered_load_cycles(chip: ChipConfig, elems: int, run: int, esize: int) -> int:
+    """gdma_cycles of one DMA of `elems` elements from DDR runs of `run` elements into a tile slot."""
+    run = max(1, min(run, elems))
+    runs = min(cdiv(elems, run), 65535)          # a descriptor dimension holds 16 bits
+    prec = int({1: Prec.INT8, 2: Prec.FP16, 4: Prec.FP32}[esize])
+    slot = global_lmem_address(chip.tile_slot_address(0, 0), chip)
+    instr = TensorDma(src_start_addr=1 << 30, dst_start_addr=slot,
+                      src_nsize=1, src_csize=1, src_hsize=runs, src_wsize=run,
+                      src_nstride=4 * run * runs, src_cstride=4 * run * runs, src_hstride=4 * run, src_wstride=1,
+                      dst_nsize=1, dst_csize=1, dst_hsize=runs, dst_wsize=run,
+                      dst_nstride=run * runs, dst_cstride=run * runs, dst_hstride=run, dst_wstride=1,
+                      src_data_format=prec)
+    return gdma_cycles(instr, chip)

@@ -91,9 +91,11 @@ def _run_elements(side: Side | None) -> int:
     return {3: c * h * w, 2: h * w, 1: w, 0: 1}[k]
 
 
-def run_elements(src: Side | None, dst: Side | None) -> int:
-    """Elements in one contiguous run of a transfer (contiguous on both sides)."""
-    return min(_run_elements(src), _run_elements(dst))
+def run_elements(src: Side | None, dst: Side | None, chip: ChipConfig | None = None) -> int:
+    """Elements in one contiguous run of a transfer (contiguous on both sides; a side in the tile
+    buffer takes any element order, segments.py, so it does not cut runs)."""
+    in_buffer = (lambda s: chip is not None and s is not None and s.lmem and chip.in_tile_buffer(s.addr))
+    return min(_run_elements(None if in_buffer(src) else src), _run_elements(None if in_buffer(dst) else dst))
 
 
 def charged_ddr_bytes(chip: ChipConfig, src: Side | None, dst: Side | None) -> int:
@@ -103,7 +105,7 @@ def charged_ddr_bytes(chip: ChipConfig, src: Side | None, dst: Side | None) -> i
     if ddr is None or ddr.lmem:
         return src.nbytes if src is not None else 0
     g = chip.gdma
-    run = run_elements(src, dst)
+    run = run_elements(src, dst, chip)
     runs = -(-ddr.nbytes // (run * ddr.esize))
     element = g.element_load_run_bytes if ddr is src else g.element_store_run_bytes
     per_run = element if run == 1 and element else g.min_run_bytes

@@ -126,6 +126,9 @@ def relative_bursts(side: Side, chip: ChipConfig, burst_bytes: int) -> tuple[Bur
     burst_bytes, so beats, alignment and burst boundaries do not change)."""
     lmem, addr, shape, strides, esize, copies = side
     key, shift = burst_position(lmem, addr, chip, burst_bytes)
+    if lmem and chip.in_tile_buffer(addr):
+        return _tile_buffer_bursts(key - TILE_BUFFER_KEY, side.nbytes, chip.tile.buffer_chunk_bytes,
+                                   chip.gdma.bus_bytes), shift
     rel = _relative_bursts(lmem, key, shape, strides, esize, copies, burst_bytes, chip.gdma.bus_bytes,
                            chip.core.lanes, chip.core.lmem_bytes_per_lane)
     return rel, shift
@@ -133,13 +136,30 @@ def relative_bursts(side: Side, chip: ChipConfig, burst_bytes: int) -> tuple[Bur
 
 def burst_position(lmem: bool, addr: int, chip: ChipConfig, burst_bytes: int) -> tuple[int, int]:
     """(key, shift) of a side's address: sides equal but for their addresses have the same relative bursts
-    when their keys are equal, moved by their shifts (relative_bursts)."""
+    when their keys are equal, moved by their shifts (relative_bursts). Sides in the tile buffer get keys
+    of their own (TILE_BUFFER_KEY and up)."""
     if lmem:
         # keep the start lane and the offset within a burst; the rest of the offset shifts every burst
         lane_bytes = chip.core.lmem_bytes_per_lane
         offset = addr % lane_bytes
-        return (addr // lane_bytes % chip.core.lanes) * lane_bytes + offset % burst_bytes, offset - offset % burst_bytes
+        key = (addr // lane_bytes % chip.core.lanes) * lane_bytes + offset % burst_bytes
+        if chip.in_tile_buffer(addr):
+            key = TILE_BUFFER_KEY + offset % burst_bytes
+        return key, offset - offset % burst_bytes
     return addr % burst_bytes, addr - addr % burst_bytes
+
+
+TILE_BUFFER_KEY = 1 << 62     # burst_position keys of sides in the tile buffer start here
+
+
+@lru_cache(maxsize=1024)
+def _tile_buffer_bursts(offset: int, nbytes: int, chunk_bytes: int, bus_bytes: int) -> Bursts:
+    """A side in the tile buffer (tile.buffer_chunk_bytes > 0): the buffer's DMA port takes the side's
+    bytes as one stream of chunk_bytes chunks and converts ND <-> Nz / Zn in flight, so its element
+    order (a scatter into Nz / Zn fractals) costs nothing; only its byte count does. The chunks
+    start at the side's offset within a burst (`offset`) and the stream is in the other side's order."""
+    return split_bursts(np.asarray([offset], dtype=np.int64), np.asarray([nbytes], dtype=np.int64),
+                        chunk_bytes, bus_bytes)
 
 
 _PREC_BYTES = {int(p): p.bytes for p in Prec}       # Prec(code).bytes without the enum call

@@ -149,7 +149,14 @@ class ConstOperand(Operand):
 
 class RowsOperand(Operand):
     """A runtime matrix in DDR (row-major with `row_stride`, or column-major when `col_major`:
-    element (i, j) at i + j * row_stride), rearranged into Nz / Zn by strided DMAs."""
+    element (i, j) at i + j * row_stride), rearranged into Nz / Zn by one DMA per tile (two when
+    the chunked axis has a ragged end).
+
+    The DMA walks the source in its own order (its innermost axis is the one contiguous in DDR, so
+    DDR sees runs of a whole tile row or column) and scatters into the slot's fractal order: the tile
+    buffer's port converts ND / DN -> Nz / Zn in flight (tile.buffer_chunk_bytes, segments.py). With
+    no tile buffer (buffer_chunk_bytes = 0) the walk follows the slot instead: contiguous K0-element
+    pieces on the LMEM side."""
 
     def __init__(self, ctx, layout, addr: int, rows: int, cols: int, row_stride: int, col_major: bool = False):
         super().__init__(ctx, layout, rows, cols)
@@ -163,20 +170,79 @@ class RowsOperand(Operand):
             ctx.em.fill(DRegion(dst, (1, 1, 1, rp * cp), (rp * cp, rp * cp, rp * cp, 1), self.prec), 0.0)
         rs, cs = (1, self.row_stride) if self.col_major else (self.row_stride, 1)
         src = self.addr + (r0 * rs + c0 * cs) * e
-        if self.layout == "nz":      # chunks of k0 columns; inside a chunk rows then columns
-            self._chunks(dst, src, c, self.k0, (self.k0 * cs, 0, rs, cs), (rp * self.k0, 0, self.k0, 1), r)
-        else:                        # chunks of k0 rows; inside a chunk columns then rows
-            self._chunks(dst, src, r, self.k0, (self.k0 * rs, 0, cs, rs), (cp * self.k0, 0, self.k0, 1), c)
+        if self.layout == "nz":      # chunked axis: columns (K), c0 per fractal row; rows k0 apart
+            self._scatter(dst, src, (c, cs), (r, rs), rp)
+        else:                        # Zn: chunked axis rows (K), r0 per fractal column; columns r0 apart
+            self._scatter(dst, src, (r, rs), (c, cs), cp)
 
-    def _chunks(self, dst, src, extent, k0, src_st, dst_st, other) -> None:
-        e = self.prec.bytes
-        full, rest = divmod(extent, k0)
-        if full:
-            self.ctx.em.region_copy(DRegion(dst, (full, 1, other, k0), dst_st, self.prec),
-                                 DRegion(src, (full, 1, other, k0), src_st, self.prec))
-        if rest:
-            self.ctx.em.region_copy(DRegion(dst + full * dst_st[0] * e, (1, 1, other, rest), dst_st, self.prec),
-                                 DRegion(src + full * src_st[0] * e, (1, 1, other, rest), src_st, self.prec))
+    def load_slots(self, slot_addrs, blocks) -> None:
+        """Through a tile buffer, runs of equal K tiles bound for neighbouring lanes' slots come in
+        one DMA (a K panel: the tile index walks the lanes); otherwise tile by tile."""
+        lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
+        while i < len(blocks):
+            j = i + 1
+            while (self.ctx.chip.tile.buffer_chunk_bytes and j < len(blocks)
+                   and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes and self._k_next(blocks[j - 1], blocks[j])):
+                j += 1
+            if j - i == 1:
+                self.load(slot_addrs[i], *blocks[i])
+            else:
+                self._load_panel(slot_addrs[i], blocks[i:j])
+            i = j
+
+    def _k_next(self, prev, block) -> bool:
+        """Whether `block` is the K tile right after `prev`, both of the same whole-fractal size."""
+        (pr0, pr, pc0, pc), (r0, r, c0, c) = prev, block
+        if (pr, pc) != (r, c):
+            return False
+        if self.layout == "nz":
+            return r0 == pr0 and c0 == pc0 + pc and pc % self.k0 == 0
+        return c0 == pc0 and r0 == pr0 + pr and pr % self.k0 == 0
+
+    def _load_panel(self, slot_addr: int, blocks) -> None:
+        """`blocks` (consecutive K tiles of whole fractals) into consecutive lanes' slots, one DMA:
+        c walks the tiles (lanes), n / h / w the fractal scatter inside each slot."""
+        ctx, e, k0 = self.ctx, self.prec.bytes, self.k0
+        r0, r, c0, c = blocks[0]
+        rp, cp = self.padded(r, c)
+        count, slot_elems = len(blocks), ctx.chip.tile.slot_bytes // e
+        dst = global_lmem_address(slot_addr, ctx.chip)
+        if (rp, cp) != (r, c):
+            ctx.em.fill(DRegion(dst, (1, count, 1, rp * cp), (count * slot_elems, slot_elems, rp * cp, 1), self.prec), 0.0)
+        rs, cs = (1, self.row_stride) if self.col_major else (self.row_stride, 1)
+        src = self.addr + (r0 * rs + c0 * cs) * e
+        (ch, ch_src), (ot, ot_src), other_pad = ((c, cs), (r, rs), rp) if self.layout == "nz" else ((r, rs), (c, cs), cp)
+        tile_src = ch * ch_src
+        if ch_src == 1:     # n = other, c = tile, h = chunk, w = inner: DDR runs of a panel row
+            shape = (ot, count, ch // k0, k0)
+            s_st, d_st = (ot_src, tile_src, k0, 1), (k0, slot_elems, other_pad * k0, 1)
+        else:               # n = chunk, c = tile, h = inner, w = other: DDR runs of a tile column
+            shape = (ch // k0, count, k0, ot)
+            s_st, d_st = (k0 * ch_src, tile_src, ch_src, 1), (other_pad * k0, slot_elems, 1, k0)
+        ctx.em.region_copy(DRegion(dst, shape, d_st, self.prec), DRegion(src, shape, s_st, self.prec))
+
+    def _scatter(self, dst: int, src: int, chunked: tuple[int, int], other: tuple[int, int], other_pad: int) -> None:
+        """Copy an (extent, source stride) `chunked` axis cut into K0 chunks (fractal stride
+        other_pad * K0, element stride 1 in the slot) and an `other` axis (stride K0 in the slot)."""
+        k0, e = self.k0, self.prec.bytes
+        (ch, ch_src), (ot, ot_src) = chunked, other
+        full, rest = divmod(ch, k0)
+        buffered = self.ctx.chip.tile.buffer_chunk_bytes > 0
+        for count, width, offset in ((full, k0, 0), (1 if rest else 0, rest, full * k0)):
+            if not count:
+                continue
+            s0, d0 = src + offset * ch_src * e, dst + offset * other_pad * e
+            dims = {"chunk": (count, k0 * ch_src, other_pad * k0), "inner": (width, ch_src, 1), "other": (ot, ot_src, k0)}
+            if not buffered:
+                order = ("chunk", "other", "inner")
+            elif ch_src == 1:
+                order = ("other", "chunk", "inner")
+            else:
+                order = ("chunk", "inner", "other")
+            shape = tuple(dims[o][0] for o in order)
+            self.ctx.em.region_copy(
+                DRegion(d0, (shape[0], 1, shape[1], shape[2]), (dims[order[0]][2], 0, dims[order[1]][2], dims[order[2]][2]), self.prec),
+                DRegion(s0, (shape[0], 1, shape[1], shape[2]), (dims[order[0]][1], 0, dims[order[1]][1], dims[order[2]][1]), self.prec))
 
 
 class TileGemm:
@@ -219,13 +285,23 @@ class TileGemm:
         tm, tn, tk = -(-self.m // d.mt), -(-self.n // d.nt), -(-self.k // d.kt)
         a_loads = tm * tk * (1 if d.resident == "a" else tn)
         b_loads = tn * tk * (1 if d.resident == "b" else tm)
-        def load_ns(op, rows, cols):   # one tile load, priced by hwmodel.timing.cost
+        buffered = chip.tile.buffer_chunk_bytes > 0
+
+        def load_ns(op, rows, cols, resident):   # one tile load, priced by hwmodel.timing.cost
             runtime = isinstance(op, RowsOperand)
             along_k = (op.layout == "nz") != op.col_major if runtime else True
-            cycles = tile_load_cycles(chip, rows, cols, e, runtime=runtime, piece_elems=None if along_k else 1,
-                                      batch=1 if runtime else STREAM_BATCH)
+            batch = min(tk, tile.queue_slots if resident else STREAM_BATCH) if buffered or not runtime else 1
+            if buffered and runtime:     # DDR runs: a panel row across the batch, or one tile column
+                piece = cols * batch if along_k else rows
+            else:
+                piece = None if along_k else 1
+            cycles = tile_load_cycles(chip, rows, cols, e, runtime=runtime, piece_elems=piece, batch=batch)
             return cycles * 1e3 / chip.clocks.gdma_clock_mhz
-        dma_ns = a_loads * load_ns(self.a, d.mt, d.kt) + b_loads * load_ns(self.b, d.nt, d.kt)
+        tile = chip.tile
+        dma_ns = (a_loads * load_ns(self.a, d.mt, d.kt, d.resident == "a")
+                  + b_loads * load_ns(self.b, d.nt, d.kt, d.resident == "b"))
+        store = tile_load_cycles(chip, d.mt, d.nt, self.out_prec.bytes, runtime=True, piece_elems=d.nt)
+        dma_ns += tm * tn * store * 1e3 / chip.clocks.gdma_clock_mhz
         macs = chip.compute.tile_macs_per_cycle[self.ctx.options.dtype]
         block = chip.tile.block_overhead_cycles + chip.tile.fill_latency_cycles + d.mt * d.nt * d.kt / macs
         return max(dma_ns, tm * tn * tk * block * 1e3 / chip.clocks.tile_clock_mhz)
@@ -260,9 +336,10 @@ class TileGemm:
 
     def _batch(self, side: str) -> int:
         """K tiles of a streaming operand loaded and pushed together: constant tiles in runs
-        (one DMA each), runtime tiles one by one."""
+        (one DMA each), runtime tiles too through a tile buffer (RowsOperand.load_slots), one by
+        one without."""
         op = self.a if side == "a" else self.b
-        return STREAM_BATCH if isinstance(op, ConstOperand) else 1
+        return STREAM_BATCH if isinstance(op, ConstOperand) or self.ctx.chip.tile.buffer_chunk_bytes else 1
 
     def _tile(self, m0: int, mt: int, n0: int, nt: int, k_steps, keep_panel: bool) -> None:
         em, cur, res = self.ctx.em, self.cursor, self.dims.resident

@@ -6,6 +6,19 @@ Tile registers (tpuflow's design, documented here once):
   is backed by `chip.tile.slot_bytes` of LMEM at `chip.tile_slot_address(q, s)`: the slots are
   spread one per lane at the top of every lane (the tile window), so GDMA and TIU reach them as
   ordinary LMEM and the chunk bitmaps see each slot separately.
+* Backing (issue 16): the window is the tile buffer. Its bytes stay LMEM addresses (one slot per
+  lane), so the chunk bitmaps, the functional model and the encodings are unchanged, but GDMA
+  reaches it through the buffer's own DMA port (`chip.tile.buffer_chunk_bytes`, 256 B): the port
+  takes a command's slot side as one stream of chunks and converts ND / DN -> Nz / Zn in flight
+  (LinxCore's design), so a fill that walks its DDR source row by row and scatters into fractal
+  order costs its DDR runs and its bytes, not one LMEM piece per K0 elements. A command may fill
+  several neighbouring slots (c walks the lanes): one DMA per K panel of a runtime operand.
+  Chosen over striping a slot across lanes: the TIU never reads slots in place (results leave
+  through a copy), striping would cut every fill into 64 per-lane segments, and the dependency
+  contract (tile registers are LMEM-backed, one chunk bitmap) stays as it is. `buffer_chunk_bytes
+  = 0` models a plain LMEM window (fills pay their LMEM pieces; the lowering then walks in slot
+  order). Double buffering: a queue's 16 slots rotate, so the next K panel loads into the next
+  slots while the TILE engine reads the current ones (TPUSH waits for its own fill only).
 * A push onto queue q lands in slot (pushes_so_far(q) % queue_slots). Operand code c names
   queue c // 16 at distance c % 16 + 1 (T#1 = the newest T tile). Pushes come from ACCCVT
   (ACC -> tile) and from TPUSH.

@@ -138,10 +138,16 @@ def test_schedule_bound_never_exceeds_the_simulated_makespan(chip):
 
 def test_tile_loads_cost_more_the_finer_their_pieces():
     """Per tile: a constant tile batched 8 per DMA < one contiguous tile < a runtime tile in 32 B
-    pieces < a runtime tile element by element (sg2260, fp32, 64 x 128)."""
-    const8 = tile_load_cycles(SG2260, 64, 128, 4, runtime=False, batch=8)
-    const1 = tile_load_cycles(SG2260, 64, 128, 4, runtime=False)
-    pieces = tile_load_cycles(SG2260, 64, 128, 4, runtime=True)
-    elements = tile_load_cycles(SG2260, 64, 128, 4, runtime=True, piece_elems=1)
+    pieces < a runtime tile element by element (sg2260 with a plain LMEM tile window, fp32, 64 x 128);
+    through the tile buffer (ND -> Nz in flight) a runtime tile read as 512 B rows costs about a
+    contiguous one."""
+    from tpuflow.chip import replace_param
+    plain = replace_param(SG2260, "tile.buffer_chunk_bytes", 0)
+    const8 = tile_load_cycles(plain, 64, 128, 4, runtime=False, batch=8)
+    const1 = tile_load_cycles(plain, 64, 128, 4, runtime=False)
+    pieces = tile_load_cycles(plain, 64, 128, 4, runtime=True)
+    elements = tile_load_cycles(plain, 64, 128, 4, runtime=True, piece_elems=1)
     assert const8 < const1 < pieces < elements
     assert pieces / const1 > 4 and math.isfinite(elements)
+    buffered = tile_load_cycles(SG2260, 64, 128, 4, runtime=True)
+    assert buffered < pieces / 4 and buffered <= 2 * const1
