@@ -102,3 +102,12 @@ def test_a_model_whose_split_is_slower_runs_on_core_0_and_the_others_idle():
     assert program.core_count == 2 and program.core(1).tiu == [SysTiu(op="end")]
     assert program.core(0).tiu == one.tiu and program.core(0).gdma == one.gdma
     assert simulate(program).total_ps == simulate(one).total_ps
+
+
+def test_a_split_program_is_the_same_every_time(tmp_path):
+    from tpuflow.cli import main
+    for d in ("a", "b"):
+        assert main(["compile", "bert_layer", "--cores", "4", "--dtype", "fp16", "-o", str(tmp_path / d)]) == 0
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert len(names) == 14 and names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes() for n in names)
