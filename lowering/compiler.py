@@ -31,6 +31,8 @@ from tpuflow.lowering.ops.pool import PoolEmitter
 from tpuflow.lowering.ops.resize_lmem import ResizeLmemEmitter, is_lmem_resize, resize_ports
 from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
 from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts
+from tpuflow.lowering.quant import quantized_groups
+from tpuflow.lowering.ops.quant_ops import quant_emitter
 from tpuflow.lowering.tensors import make_tile
 from tpuflow.lowering.tensor_parallel import split_mlp_pairs
 from tpuflow.lowering.timesteps import pipelined_order
@@ -100,7 +102,7 @@ move_emitter.resident_ports = _move_ports
 
 
 TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": tiu_matmul_emitter, "pool": PoolEmitter,
-                "lrn": LrnEmitter, "move": move_emitter, "view": view_emitter}
+                "lrn": LrnEmitter, "move": move_emitter, "view": view_emitter, "quant": quant_emitter}
 
 
 def emitter_for(group: Group, options: CompileOptions):
@@ -244,7 +246,7 @@ def lower_split(source: Graph, chip: ChipConfig, options: CompileOptions) -> Pro
     pins: dict[str, int] = {}
     if options.cores > 1 and options.matmul == "tiu":
         graph, pins = split_mlp_pairs(graph, options.cores, chip.lanes)
-    groups = form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes)
+    groups = quantized_groups(graph, form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes))
     crossing, gathered = _crossing_tensors(graph, groups, chip, options, pins) if options.cores > 1 else ((), ())
     for share in RESIDENT_SHARE_FALLBACKS:
         residency = plan_layer_groups(graph, groups, chip, options, share, frozenset(crossing), frozenset(gathered))

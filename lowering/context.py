@@ -210,10 +210,10 @@ class LowerCtx:
         return np.asarray(info.const)
 
     def const_addr(self, key: str, array: np.ndarray, prec: Prec | None = None) -> int:
-        return self.weights.add((key,), np.asarray(array), prec or self.prec)
+        return self.weights.add((key,), np.asarray(array), self.prec if prec is None else prec)
 
     def const_region(self, key: str, array: np.ndarray, shape4, prec: Prec | None = None) -> DRegion:
-        p = prec or self.prec
+        p = self.prec if prec is None else prec
         addr = self.weights.add((key,), np.asarray(array).reshape(-1), p)
         n, c, h, w = shape4
         return DRegion(addr, tuple(shape4), (c * h * w, h * w, w, 1), p)
@@ -236,7 +236,7 @@ class LowerCtx:
                      DRegion(addr, shape, (used * groups * width, groups * width, groups * width, 1), prec))
 
     def scratch_region(self, offset_bytes: int, shape4, prec: Prec | None = None) -> DRegion:
-        p = prec or self.prec
+        p = self.prec if prec is None else prec
         n, c, h, w = shape4
         need = offset_bytes + math.prod(shape4) * p.bytes
         if need > self.ddr.scratch_bytes:

@@ -86,17 +86,22 @@ class LTile:
         return replace(self, prec=prec)
 
 
+def eu_elements(chip: ChipConfig, prec: Prec) -> int:
+    """Elements of `prec` per EU vector of a lane (the aligned layout's unit; int32 included)."""
+    return chip.core.eu_bytes_per_lane // prec.bytes
+
+
 def make_tile(chip: ChipConfig, addr: int, shape, prec: Prec, compact: bool = False) -> LTile:
     """A tile with the hardware's aligned (or compact) layout at `addr`."""
     start = (addr // chip.lmem_bytes_per_lane) % chip.lanes
-    strides = aligned_strides(tuple(shape), chip.eu_count(prec.dtype_name), chip.lanes, start, compact)
+    strides = aligned_strides(tuple(shape), eu_elements(chip, prec), chip.lanes, start, compact)
     return LTile(addr, tuple(shape), prec, strides, StrideMode.COMPACT if compact else StrideMode.ALIGNED)
 
 
 def tile_bytes_per_lane(chip: ChipConfig, shape, prec: Prec, compact: bool = False) -> int:
     """Per-lane bytes an aligned/compact tile of `shape` starting on lane 0 occupies."""
     n, c, h, w = shape
-    strides = aligned_strides(tuple(shape), chip.eu_count(prec.dtype_name), chip.lanes, 0, compact)
+    strides = aligned_strides(tuple(shape), eu_elements(chip, prec), chip.lanes, 0, compact)
     groups = -(-c // chip.lanes)
     span = (n - 1) * strides[0] + (groups - 1) * strides[1] + (h - 1) * strides[2] + w
     return span * prec.bytes

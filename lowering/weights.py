@@ -22,6 +22,8 @@ def to_storage(array: np.ndarray, prec: Prec) -> np.ndarray:
         return rounded.astype(np.uint16)
     if prec == Prec.INT32:
         return a.astype(np.int32)
+    if prec == Prec.INT8:
+        return a.astype(np.int8)
     raise ValueError(f"no storage for {prec}")
 
 

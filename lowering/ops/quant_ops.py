@@ -1,0 +1,427 @@
+"""Emitters of the int8 lowering (issue 15): the "quant" groups of lowering/quant.py, DDR to DDR.
+
+How each kind computes (the canonical meaning out = quantize(op(real(inputs)), out.quant)):
+
+- Conv: CONV with int8 input and weights into an int32 accumulator, the input's zero point as the
+  padding value and folded into the int32 bias (bias - zp_x * sum of the channel's weights), then
+  quant.rq0 per output channel (fp32 scale s_x * s_w[c] / s_y, offset zp_y, round half to even:
+  onnxruntime's requantisation, a float multiply and a nearest-even round) into int8 / uint8. A
+  fused Relu is CONV's relu on the int32 sum (exact: quantize is monotonic and quantize(0) = zp);
+  a fused Clip clamps the requantised values, held as int32, to quantize(min) / quantize(max) and
+  narrows them with an identity quant.rq1 (saturating to the 8-bit range).
+- MatMul by constant weights (the Gemm form, with its int32 bias Add): the same 1x1 CONV over the
+  activation read transposed, (1, K, 1, rows) with the K input channels on lanes, so the output
+  columns land on lanes and their per-channel requant and bias are per-lane parameters; the
+  result is stored back transposed. (The MM2 form is left for later.)
+- QuantizeLinear: quant.rq0 of the float input (scale 1 / s, offset zp). DequantizeLinear:
+  quant.dq0 into --dtype. Both per tensor.
+- Add / Mul / Relu / Clip of quantized tensors: each input dequantised to fp32 (dq0), the op in
+  fp32 on the vector unit, requantised by rq0: the QDQ meaning with fp32 arithmetic (one rounding
+  of the real result, as onnxruntime's QLinearAdd computes in float).
+- MaxPool / AveragePool / GlobalAveragePool: PordTiu has no integer rule, so the input becomes the
+  exact fp32 integers q - zp_in (dq0 with scale 1), the pool runs in fp32 (exact for max; the mean
+  of integers rounds once in fp32), and rq0 scales by s_in / s_out and adds zp_out. A MaxPool
+  whose output has its input's Quant gives back exactly the input's integers.
+
+Every emitter tiles its tensors, double-buffers the per-tile buffers when they fit twice, and
+plans before it emits (lowering.emitplan).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpuflow.errors import LoweringError
+from tpuflow.frontend.quant import quantize
+from tpuflow.isa import ConvTiu, PordTiu, Prec
+from tpuflow.isa.tiu import RQ_ROUND_MODES, RqDqTiu, dq0_scalars, rq0_channel_words, rq0_scalars, rq1_scalars
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitplan import FrozenPlan
+from tpuflow.lowering.emitter import pool_scale_fields
+from tpuflow.lowering.groups import Group
+from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
+from tpuflow.lowering.ops.pool import pool_geometry
+from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tiling import steps
+from tpuflow.lowering.weights import pack_conv_weights
+
+HALF_TO_EVEN = RQ_ROUND_MODES["half_to_even"]
+IC_BLOCK = ConvTiu.ALIGNED_IC_BLOCK[int(Prec.INT8)]      # 64 one-byte input channels per weight block
+
+
+@dataclass(frozen=True)
+class QuantPlan(FrozenPlan):
+    """A quant group's tiling: `choice` (the emitter's tile sizes), the resident buffers' offsets
+    and each double-buffered set's offsets."""
+
+    choice: tuple = ()
+    resident: tuple[int, ...] = ()
+    sets: tuple[tuple[int, ...], ...] = ()
+
+
+def signed(ctx: LowerCtx, tensor: str) -> int:
+    """1 for a signed stored tensor, 0 for uint8 (the instructions' sign flags)."""
+    quant = ctx.graph.tensor(tensor).quant
+    return 0 if quant is not None and quant.storage == "uint8" else 1
+
+
+def per_tensor(ctx: LowerCtx, tensor: str) -> tuple[float, int]:
+    """(scale, zero point) of a per-tensor quantized tensor."""
+    quant = ctx.graph.tensor(tensor).quant
+    if quant is None or quant.per_channel:
+        raise LoweringError(f"internal: {tensor} is not quantized per tensor")
+    return float(quant.scale), int(quant.zero_point)
+
+
+def emit_rq(ctx: LowerCtx, op: str, out: LTile, inp: LTile, params: dict, in_signed: int = 1,
+            out_signed: int = 1) -> None:
+    """One quant.rq0 / rq1 / dq0 of `inp` into `out` (same shape), rounding half to even."""
+    fields = out.fields("res0", with_shape=True)
+    fields.update(inp.fields("opd0"))
+    ctx.em.tiu(RqDqTiu(op=op, **fields, opt_opd0_sign=in_signed, opt_opd2_sign=out_signed,
+                       opd2_n_str=HALF_TO_EVEN, **params))
+
+
+class Planned:
+    """plan(): the first tile choice (largest first) whose buffers fit the region, double-buffered
+    when two sets fit. Subclasses give choices() and sizes(choice) -> (resident, per-set) bytes."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        self.ctx, self.group, self.node, self.chip = ctx, group, group.anchor, ctx.chip
+
+    def plan(self, region: str) -> QuantPlan | None:
+        for choice in self.choices():
+            resident, per_set = self.sizes(choice)
+            arena = self.ctx.planning_arena(region)
+            try:
+                res, sets = arena.alloc_plan(resident, per_set, self.node.name)
+            except LoweringError:
+                continue
+            return QuantPlan(region, self.ctx.window(region), tuple(arena.names), tuple(choice), tuple(res),
+                             tuple(tuple(s) for s in sets))
+        return None
+
+    def bytes(self, shape, prec: Prec, compact: bool = False) -> int:
+        return tile_bytes_per_lane(self.chip, shape, prec, compact)
+
+    def note(self, plan: QuantPlan, macs: int = 0) -> None:
+        for node in self.group.nodes:
+            self.ctx.note_layer(node.name, node.op_type, macs if node is self.node else 0, plan.peak, self.group.name)
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+def lane_rows(count: int, lanes: int) -> int:
+    """The largest divisor of `count` that is at most `lanes` (a flat tensor viewed as rows x cols)."""
+    return max(d for d in range(1, min(count, lanes) + 1) if count % d == 0)
+
+
+class ElementwiseQuant(Planned):
+    """QuantizeLinear, DequantizeLinear, and Add / Mul / Relu / Clip of same-shaped quantized
+    tensors, over the flat tensor viewed as (lanes, cols) in column steps."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        super().__init__(ctx, group)
+        g = ctx.graph
+        self.inputs = [t for t in self.node.inputs if t and not g.tensor(t).is_const]
+        self.out = self.node.outputs[0]
+        self.count = math.prod(g.tensor(self.out).shape)
+        self.rows = lane_rows(self.count, self.chip.lanes)
+        self.cols = self.count // self.rows
+        self.direct = self.node.op_type in ("QuantizeLinear", "DequantizeLinear")
+
+    def choices(self):
+        width, out = self.cols, []
+        while width >= 1:
+            out.append((width,))
+            if width == 1:
+                break
+            width = -(-width // 2)
+        return out
+
+    def sizes(self, choice):
+        (width,) = choice
+        shape = (1, self.rows, 1, width)
+        per_set = [self.bytes(shape, self.ctx.tensor_prec(t), True) for t in self.inputs]
+        if not self.direct:
+            per_set += [self.bytes(shape, Prec.FP32, True)] * len(self.inputs)
+        per_set.append(self.bytes(shape, self.ctx.tensor_prec(self.out), True))
+        return [], per_set
+
+    def emit(self, plan: QuantPlan) -> None:
+        ctx = self.ctx
+        ctx.em.layer = self.node.name
+        (width,) = plan.choice
+        for index, (c0, cw) in enumerate(steps(self.cols, width)):
+            offs = plan.sets[index % len(plan.sets)]
+            shape = (1, self.rows, 1, cw)
+            tiles = [make_tile(self.chip, off, shape, ctx.tensor_prec(t), compact=True)
+                     for off, t in zip(offs, self.inputs)]
+            for tile, t in zip(tiles, self.inputs):
+                ctx.em.load(tile, self._region(t, c0, cw))
+            out = make_tile(self.chip, offs[-1], shape, ctx.tensor_prec(self.out), compact=True)
+            work = [make_tile(self.chip, off, shape, Prec.FP32, compact=True)
+                    for off in offs[len(tiles):len(tiles) * 2]]
+            self._compute(out, tiles, work)
+            ctx.em.store(out, self._region(self.out, c0, cw))
+        self.note(plan)
+
+    def _region(self, tensor: str, c0: int, cw: int) -> DRegion:
+        return self.ctx.region(tensor, (1, self.rows, 1, cw), c0, (self.count, self.cols, cw, 1))
+
+    def _compute(self, out: LTile, tiles: list[LTile], work: list[LTile]) -> None:
+        ctx, op = self.ctx, self.node.op_type
+        s_out, zp_out = per_tensor(ctx, self.out) if op != "DequantizeLinear" else (1.0, 0)
+        if op == "QuantizeLinear":
+            emit_rq(ctx, "rq0", out, tiles[0], rq0_scalars(1.0 / s_out, zp_out), out_signed=signed(ctx, self.out))
+            return
+        if op == "DequantizeLinear":
+            s, zp = per_tensor(ctx, self.inputs[0])
+            emit_rq(ctx, "dq0", out, tiles[0], dq0_scalars(zp, s), in_signed=signed(ctx, self.inputs[0]))
+            return
+        for w, tile, t in zip(work, tiles, self.inputs):
+            s, zp = per_tensor(ctx, t)
+            emit_rq(ctx, "dq0", w, tile, dq0_scalars(zp, s), in_signed=signed(ctx, t))
+        acc = work[0]
+        if op in ("Add", "Mul"):
+            ctx.em.ar("add" if op == "Add" else "mul", acc, acc, work[1] if len(work) > 1 else acc)
+        elif op == "Relu":
+            ctx.em.ar("max", acc, acc, 0.0)
+        elif op == "Clip":
+            lo, hi = self.node.attr("min"), self.node.attr("max")
+            if lo is not None:
+                ctx.em.ar("max", acc, acc, float(lo))
+            if hi is not None:
+                ctx.em.ar("min", acc, acc, float(hi))
+        emit_rq(ctx, "rq0", out, acc, rq0_scalars(1.0 / s_out, zp_out), out_signed=signed(ctx, self.out))
+
+
+# ---------------------------------------------------------------- pools
+
+
+class PoolQuant(Planned):
+    """MaxPool / AveragePool / GlobalAveragePool on int8: dq0 to the exact fp32 integers q - zp,
+    the fp32 pool, rq0 by s_in / s_out + zp_out; tiled over samples, channel groups and rows."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        super().__init__(ctx, group)
+        self.x, self.out = self.node.inputs[0], self.node.outputs[0]
+        self.global_ = self.node.op_type == "GlobalAveragePool"
+        if self.global_:
+            n, c, h, w = ctx.graph.tensor(self.x).shape
+            self.geom = ConvGeom(n, c, h, w, c, h, w, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1)
+        else:
+            self.geom, _ = pool_geometry(ctx, self.node)
+
+    def choices(self):
+        geo, lanes = self.geom, self.chip.lanes
+        channels = [geo.cin] + [lanes * k for k in (8, 4, 2, 1) if lanes * k < geo.cin]
+        rows = [geo.ho] if self.global_ else row_options(geo.ho)
+        return [(c, r) for c in channels for r in rows]
+
+    def sizes(self, choice):
+        c, r = choice
+        geo = self.geom
+        in_shape, out_shape = (1, c, geo.halo_rows(r) if not self.global_ else geo.h, geo.w), (1, c, r, geo.wo)
+        return [], [self.bytes(in_shape, Prec.INT8), self.bytes(in_shape, Prec.FP32),
+                    self.bytes(out_shape, Prec.FP32), self.bytes(out_shape, Prec.INT8)]
+
+    def emit(self, plan: QuantPlan) -> None:
+        ctx, geo = self.ctx, self.geom
+        ctx.em.layer = self.node.name
+        ct, rt = plan.choice
+        index = 0
+        for n in range(geo.n):
+            for c0, c in steps(geo.cin, ct):
+                for h0, h in steps(geo.ho, rt):
+                    self._tile(plan.sets[index % len(plan.sets)], n, c0, c, h0, h)
+                    index += 1
+        self.note(plan)
+
+    def _tile(self, offs, n: int, c0: int, c: int, h0: int, h: int) -> None:
+        ctx, geo, chip = self.ctx, self.geom, self.chip
+        r0, rows, up, dn = (0, geo.h, 0, 0) if self.global_ else geo.input_rows(h0, h)
+        in_q = make_tile(chip, offs[0], (1, c, rows, geo.w), Prec.INT8)
+        in_f = make_tile(chip, offs[1], (1, c, rows, geo.w), Prec.FP32)
+        out_f = make_tile(chip, offs[2], (1, c, h, geo.wo), Prec.FP32)
+        out_q = make_tile(chip, offs[3], (1, c, h, geo.wo), Prec.INT8)
+        ctx.em.load(in_q, ctx.region(self.x, in_q.shape, ((n * geo.cin + c0) * geo.h + r0) * geo.w,
+                                     (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1)))
+        s_in, zp_in = per_tensor(ctx, self.x)
+        s_out, zp_out = per_tensor(ctx, self.out)
+        emit_rq(ctx, "dq0", in_f, in_q, dq0_scalars(zp_in, 1.0), in_signed=signed(ctx, self.x))
+        if self.global_:
+            ctx.em.row_pool("avgpooling", out_f, in_f, 1.0 / (geo.h * geo.w))
+        else:
+            is_max = self.node.op_type == "MaxPool"
+            op = "maxpooling" if is_max else "avgpooling"
+            f = out_f.fields("res0", with_shape=True)
+            f.update(in_f.fields("opd0"))
+            f.update(pool_scale_fields(op, Prec.FP32, 1.0 / (geo.kh * geo.kw)))
+            ctx.em.tiu(PordTiu(op=op, **f, opd0_h=rows, opd0_w=geo.w, opd1_h=geo.kh, opd1_w=geo.kw,
+                               opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
+                               res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
+                               opd1_y_ins0=geo.dy - 1))
+        emit_rq(ctx, "rq0", out_q, out_f, rq0_scalars(s_in / s_out, zp_out), out_signed=signed(ctx, self.out))
+        ctx.em.store(out_q, ctx.region(self.out, out_q.shape, ((n * geo.cin + c0) * geo.ho + h0) * geo.wo,
+                                       (geo.cin * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1)))
+
+
+# ---------------------------------------------------------------- products
+
+
+@dataclass(frozen=True)
+class Requant:
+    """What follows a product's int32 sum: the per-channel rq0 words, CONV's relu, and the
+    quantized Clip bounds (None: no clamp)."""
+
+    words: np.ndarray            # (C, 2) int32
+    relu: bool
+    clamp: tuple[int, int] | None
+
+
+class ProductQuant(Planned):
+    """Conv, or MatMul by constant weights as a 1x1 CONV over the transposed activation: int8 x
+    int8 -> int32 with the folded bias, then the per-channel requantisation. Tiled over output
+    channel chunks (weights, bias and requant words loaded once per chunk), samples and rows."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        super().__init__(ctx, group)
+        g, node = ctx.graph, self.node
+        self.x, self.out = node.inputs[0], group.nodes[-1].outputs[0]
+        x_shape = g.tensor(self.x).shape
+        w_info = g.tensor(node.inputs[1])
+        if node.op_type == "Conv":
+            self.geom = conv_geometry(ctx, node)
+            weights = np.asarray(w_info.const, np.int64)
+            bias = self._const_bias(node.inputs[2] if len(node.inputs) > 2 else None)
+        else:
+            k, cols = w_info.shape
+            self.rows = math.prod(x_shape[:-1])
+            self.geom = ConvGeom(1, k, 1, self.rows, cols, 1, 1, 1, self.rows, 1, 1, 1, 1, 0, 0, 0, 0, 1)
+            weights = np.asarray(w_info.const, np.int64).T.reshape(cols, k, 1, 1)
+            adds = [m for m in group.nodes if m.op_type == "Add"]
+            bias = self._const_bias(adds[0].inputs[1] if adds else None)
+        s_x, zp_x = per_tensor(ctx, self.x)
+        self.zp_x = zp_x
+        folded = bias - zp_x * weights.reshape(weights.shape[0], -1).sum(axis=1)
+        if np.abs(folded).max(initial=0) >= 1 << 31:
+            raise LoweringError(f"node {node.name}: the folded int32 bias overflows")
+        self.bias = folded.astype(np.int32)
+        self.packed = pack_conv_weights(weights.astype(np.int8), IC_BLOCK)
+        self.requant = self._requant(w_info.quant, s_x)
+
+    def _const_bias(self, name: str | None) -> np.ndarray:
+        if name is None:
+            return np.zeros(self.geom.cout, np.int64)
+        return np.asarray(self.ctx.graph.tensor(name).const, np.int64).reshape(-1)
+
+    def _requant(self, w_quant, s_x: float) -> Requant:
+        s_y, zp_y = per_tensor(self.ctx, self.out)
+        s_w = np.broadcast_to(np.asarray(w_quant.scale, np.float64).reshape(-1), (self.geom.cout,))
+        s_xw = (np.float32(s_x) * s_w.astype(np.float32)).astype(np.float64)     # the accumulator's scale
+        words = rq0_channel_words((s_xw / s_y).astype(np.float32), np.full(self.geom.cout, zp_y, np.float32))
+        acts = [m for m in self.group.nodes[1:] if m.op_type in ("Relu", "Clip")]
+        relu = any(m.op_type == "Relu" for m in acts)
+        clamp = None
+        for m in (m for m in acts if m.op_type == "Clip"):
+            quant = self.ctx.graph.tensor(self.out).quant
+            lo, hi = m.attr("min"), m.attr("max")
+            qlo = int(quantize(np.float32(lo), quant)) if lo is not None else -(1 << 31)
+            qhi = int(quantize(np.float32(hi), quant)) if hi is not None else (1 << 31) - 1
+            clamp = (qlo, qhi)
+        return Requant(words, relu, clamp)
+
+    def choices(self):
+        geo, lanes = self.geom, self.chip.lanes
+        chunks = [geo.cout] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < geo.cout]
+        return [(ct, rt) for ct in chunks for rt in row_options(geo.ho)]
+
+    def sizes(self, choice):
+        ct, rt = choice
+        geo = self.geom
+        consts = [self.bytes((1, ct, 1, self.packed.shape[1]), Prec.INT8, True),
+                  self.bytes((1, ct, 1, 1), Prec.INT32, True), self.bytes((1, ct, 1, 2), Prec.INT32, True)]
+        resident = consts * (2 if ct < geo.cout else 1)
+        out_shape = (1, ct, rt, geo.wo)
+        per_set = [self.bytes((1, geo.cin, min(geo.h, geo.halo_rows(rt)), geo.w), Prec.INT8),
+                   self.bytes(out_shape, Prec.INT32), self.bytes(out_shape, Prec.INT8)]
+        return resident, per_set
+
+    def emit(self, plan: QuantPlan) -> None:
+        ctx, geo = self.ctx, self.geom
+        ctx.em.layer = self.node.name
+        ct, rt = plan.choice
+        w_addr = ctx.const_addr(f"{self.node.name}:int8_weights", self.packed, Prec.INT8)
+        b_addr = ctx.const_addr(f"{self.node.name}:int32_bias", self.bias, Prec.INT32)
+        q_addr = ctx.const_addr(f"{self.node.name}:rq0_words", self.requant.words, Prec.INT32)
+        width, index = self.packed.shape[1], 0
+        for chunk, (c0, c) in enumerate(steps(geo.cout, ct)):
+            wt, bt, qt = (make_tile(self.chip, off, shape, prec, compact=True) for off, shape, prec in zip(
+                plan.resident[3 * (chunk % (len(plan.resident) // 3)):][:3],
+                ((1, c, 1, width), (1, c, 1, 1), (1, c, 1, 2)), (Prec.INT8, Prec.INT32, Prec.INT32)))
+            ctx.em.load(wt, DRegion(w_addr + c0 * width, wt.shape, (c * width, width, width, 1), Prec.INT8))
+            ctx.em.load(bt, DRegion(b_addr + c0 * 4, bt.shape, (c, 1, 1, 1), Prec.INT32))
+            ctx.em.load(qt, DRegion(q_addr + c0 * 8, qt.shape, (2 * c, 2, 2, 1), Prec.INT32))
+            for n in range(geo.n):
+                for h0, h in steps(geo.ho, rt):
+                    self._tile(plan.sets[index % len(plan.sets)], (wt, bt, qt), n, c0, c, h0, h)
+                    index += 1
+        self.note(plan, geo.n * geo.cout * geo.ho * geo.wo * geo.cin * geo.kh * geo.kw)
+
+    def _tile(self, offs, consts, n: int, c0: int, c: int, h0: int, h: int) -> None:
+        ctx, geo, chip = self.ctx, self.geom, self.chip
+        wt, bt, qt = consts
+        r0, rows, up, dn = geo.input_rows(h0, h)
+        xt = make_tile(chip, offs[0], (1, geo.cin, rows, geo.w), Prec.INT8)
+        acc = make_tile(chip, offs[1], (1, c, h, geo.wo), Prec.INT32)
+        out = make_tile(chip, offs[2], (1, c, h, geo.wo), Prec.INT8)
+        ctx.em.load(xt, self._x_region(n, r0, rows))
+        fields = acc.fields("res0", with_shape=True)
+        fields.update(xt.fields("opd0"))
+        ctx.em.tiu(ConvTiu(**fields, opd0_c=geo.cin, opd0_h=rows, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=geo.kh,
+                           opd1_w=geo.kw, opd2_addr=bt.addr, opt_opd2_const=0, opt_opd1_prec=int(Prec.INT8),
+                           opt_opd2_prec=int(Prec.INT32), opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl,
+                           opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
+                           opd1_y_ins0=geo.dy - 1, opt_relu=int(self.requant.relu), weight_ic_block=IC_BLOCK,
+                           opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1, opd3_addr=self.zp_x))
+        params = dict(opt_opd1_const=0, opd1_addr=qt.addr)
+        if self.requant.clamp is None:
+            emit_rq(ctx, "rq0", out, acc, params, out_signed=signed(ctx, self.out))
+        else:
+            lo, hi = self.requant.clamp
+            emit_rq(ctx, "rq0", acc, acc, params)               # int32: no saturation before the clamp
+            ctx.em.ar("max", acc, acc, int(lo))
+            ctx.em.ar("min", acc, acc, int(hi))
+            emit_rq(ctx, "rq1", out, acc, rq1_scalars(1, 0, 0), out_signed=signed(ctx, self.out))
+        ctx.em.store(out, self._y_region(n, c0, c, h0, h))
+
+    def _x_region(self, n: int, r0: int, rows: int) -> DRegion:
+        geo = self.geom
+        if self.node.op_type == "Conv":
+            return self.ctx.region(self.x, (1, geo.cin, rows, geo.w), (n * geo.cin * geo.h + r0) * geo.w,
+                                   (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))
+        k = geo.cin                                     # the activation (rows, K) read as (1, K, 1, rows)
+        return self.ctx.region(self.x, (1, k, 1, self.rows), 0, (self.rows * k, 1, self.rows * k, k))
+
+    def _y_region(self, n: int, c0: int, c: int, h0: int, h: int) -> DRegion:
+        geo = self.geom
+        if self.node.op_type == "Conv":
+            return self.ctx.region(self.out, (1, c, h, geo.wo), ((n * geo.cout + c0) * geo.ho + h0) * geo.wo,
+                                   (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1))
+        cols = geo.cout
+        return self.ctx.region(self.out, (1, c, 1, self.rows), c0, (self.rows * cols, 1, self.rows * cols, cols))
+
+
+def quant_emitter(ctx: LowerCtx, group: Group):
+    """The emitter of a "quant" group (lowering/quant.py), by its first node's kind."""
+    op = group.anchor.op_type
+    if op in ("Conv", "MatMul"):
+        return ProductQuant(ctx, group)
+    if op in ("MaxPool", "AveragePool", "GlobalAveragePool"):
+        return PoolQuant(ctx, group)
+    return ElementwiseQuant(ctx, group)

@@ -1,0 +1,155 @@
+"""Which quantized nodes the int8 lowering supports, and the groups it emits them in (issue 15).
+
+A node is *quantized* when it reads or writes a quantized tensor (frontend/quant.py). The int8
+lowering (lowering/ops/quant_ops.py) emits every quantized node in a group of kind "quant", DDR to
+DDR (layer groups never keep a quantized tensor in LMEM: the quant emitters have no LMEM ports):
+
+- Conv (group 1, int8 weights of zero point 0) and MatMul by constant int8 weights (the Gemm form,
+  with the int32 bias Add that follows its int32 accumulator), each with a following Relu / Clip
+  on its 8-bit output fused;
+- QuantizeLinear, DequantizeLinear (per tensor), and Add / Mul / Relu / Clip of same-shaped
+  quantized tensors;
+- MaxPool, AveragePool, GlobalAveragePool;
+- Reshape views (no instructions: the DDR buffer is shared, as for float views).
+
+Everything else on quantized tensors is refused before lowering by `check_supported`, one line
+naming the node.
+"""
+
+from __future__ import annotations
+
+from tpuflow.errors import LoweringError
+from tpuflow.frontend.graph import Graph, OpNode
+from tpuflow.lowering.groups import Group
+
+PRODUCTS = ("Conv", "MatMul")
+ACTIVATIONS = ("Relu", "Clip")
+ELEMENTWISE = ("QuantizeLinear", "DequantizeLinear", "Add", "Mul", "Relu", "Clip")
+POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool")
+VIEWS = ("Reshape",)
+SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS
+
+
+def is_quantized(graph: Graph, node: OpNode) -> bool:
+    """Whether `node` reads or writes a quantized tensor."""
+    return any(t and graph.tensor(t).quant is not None for t in (*node.inputs, *node.outputs))
+
+
+def check_supported(graph: Graph) -> None:
+    """One LoweringError naming the first quantized node the int8 lowering cannot emit."""
+    for node in graph.nodes():
+        if not is_quantized(graph, node):
+            continue
+        why = unsupported_reason(graph, node)
+        if why:
+            raise LoweringError(f"node '{node.name}' ({node.op_type}) on quantized tensors: {why}")
+
+
+def unsupported_reason(graph: Graph, node: OpNode) -> str:
+    """Why the int8 lowering cannot emit `node` ('' when it can)."""
+    op = node.op_type
+    if op not in SUPPORTED:
+        return f"the int8 lowering has no {op} yet (supported: {', '.join(SUPPORTED)})"
+    outs = [graph.tensor(t) for t in node.outputs]
+    ins = [graph.tensor(t) for t in node.inputs if t]
+    if op in PRODUCTS:
+        return _product_reason(graph, node)
+    if op == "Add" and any(t.dtype == "int32" for t in ins):
+        producer = graph.producer(node.inputs[0])
+        if producer is None or producer.op_type != "MatMul":
+            return "an int32 Add only as the bias of a MatMul's accumulator"
+        return ""
+    if op in ELEMENTWISE:
+        runtime = [t for t in ins if not t.is_const]
+        if any(t.is_const for t in ins) and op not in ("QuantizeLinear", "DequantizeLinear"):
+            return "constant operands of elementwise int8 ops are not supported yet"
+        if any(t.shape != outs[0].shape for t in runtime):
+            return "broadcasting elementwise int8 ops are not supported yet"
+        if any(t.quant is not None and t.quant.per_channel for t in runtime + outs):
+            return "per-channel quantized activations are not supported yet"
+        if op not in ("QuantizeLinear", "DequantizeLinear") and outs[0].quant is None:
+            return "a float result of quantized inputs is not supported"
+        if any(t.quant is not None and t.quant.storage == "int32" for t in runtime + outs):
+            return "int32 tensors only as a MatMul's accumulator"
+        return ""
+    if op in POOLS:
+        if len(graph.tensor(node.inputs[0]).shape) != 4:
+            return "only 2-D pooling of NCHW tensors"
+        if op == "AveragePool" and any(node.attr("pads", (0, 0, 0, 0))) and not node.attr("count_include_pad", 0):
+            return "padded AveragePool without count_include_pad is not supported yet"
+        if node.attr("ceil_mode", 0):
+            return "ceil_mode pooling is not supported yet"
+    return ""
+
+
+def _product_reason(graph: Graph, node: OpNode) -> str:
+    x, w = graph.tensor(node.inputs[0]), graph.tensor(node.inputs[1])
+    out = graph.tensor(node.outputs[0])
+    if x.quant is None or w.quant is None or not w.is_const:
+        return "only products of a quantized activation by constant int8 weights"
+    if x.quant.per_channel or w.quant.storage != "int8" or (w.quant.zero_point != 0).any():
+        return "weights must be int8 with zero point 0, the activation per-tensor"
+    if node.op_type == "Conv":
+        if node.attr("group", 1) != 1:
+            return "grouped / depthwise int8 convolution is not supported yet"
+        if out.quant is None or out.quant.storage == "int32":
+            return "a Conv with an int32 or float result is not supported yet"
+        return ""
+    if len(w.shape) != 2 or node.attr("a_perm") is not None or node.attr("y_perm") is not None:
+        return "MatMul only by a 2-D constant, untransposed"
+    if out.quant is not None and out.quant.storage == "int32":
+        users = graph.consumers(node.outputs[0])
+        if len(users) != 1 or users[0].op_type != "Add" or not graph.tensor(users[0].inputs[1]).is_const \
+                or graph.tensor(users[0].outputs[0]).quant is None:
+            return "an int32 MatMul result must feed one Add of a constant int32 bias"
+    elif out.quant is None:
+        return "a MatMul with a float result is not supported yet"
+    return ""
+
+
+def quantized_groups(graph: Graph, groups: list[Group]) -> list[Group]:
+    """`groups` with every group holding a quantized node re-formed as "quant" groups: a Conv /
+    MatMul with its bias Add and a following Relu / Clip, every other quantized node alone
+    (quantized Reshapes stay "view" groups). Float groups are returned as they are."""
+    if not any(is_quantized(graph, n) for g in groups for n in g.nodes):
+        return groups
+    out: list[Group] = []
+    claimed: set[str] = set()
+    for group in groups:
+        if not any(is_quantized(graph, n) for n in group.nodes):
+            out.append(group)
+            continue
+        for node in group.nodes:
+            if node.name in claimed:
+                continue
+            if not is_quantized(graph, node):
+                raise LoweringError(f"node '{node.name}' ({node.op_type}): a float node the fusion put in one group "
+                                    "with quantized nodes is not supported by the int8 lowering yet")
+            if node.op_type in VIEWS:
+                made = Group("view", [node])
+            else:
+                made = Group("quant", [node] + (_fused_after(graph, node) if node.op_type in PRODUCTS else []))
+            claimed.update(n.name for n in made.nodes)
+            made.stored = _stored(graph, made)
+            out.append(made)
+    return out
+
+
+def _fused_after(graph: Graph, node: OpNode) -> list[OpNode]:
+    """The bias Add of a MatMul's int32 accumulator, then one Relu / Clip on the 8-bit result."""
+    fused, value = [], node.outputs[0]
+    if graph.tensor(value).dtype == "int32":
+        fused.append(graph.consumers(value)[0])
+        value = fused[-1].outputs[0]
+    users = graph.consumers(value)
+    if (len(users) == 1 and value not in graph.outputs and users[0].op_type in ACTIVATIONS
+            and graph.tensor(users[0].outputs[0]).quant is not None):
+        fused.append(users[0])
+    return fused
+
+
+def _stored(graph: Graph, group: Group) -> list[str]:
+    """The group's outputs read outside it (or graph outputs): they get DDR buffers."""
+    inside = {n.name for n in group.nodes}
+    return [t for n in group.nodes for t in n.outputs
+            if t and (t in graph.outputs or any(c.name not in inside for c in graph.consumers(t)))]

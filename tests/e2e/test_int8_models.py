@@ -1,0 +1,103 @@
+"""Pre-quantized models compile through the int8 lowering and verify against onnxruntime running the same
+model (issue 15): the small CNN of tests/frontend/quant_models.py (conv + relu + maxpool + conv + residual
+add + global average pool + gemm) quantized in the test by onnxruntime's quantize_static (QDQ and QOperator,
+per-channel and per-tensor weights, int8 and uint8 activations, seeded random calibration), and the
+hand-written QDQ models of the frontend tests; an unsupported quantized op is one line naming the node."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frontend"))
+
+from quant_models import quantized  # noqa: E402
+from test_quant_handwritten import opset13_conv_chain, opset21_matmul  # noqa: E402
+from tpuflow import cli  # noqa: E402
+from tpuflow.frontend.quant import dequantize  # noqa: E402
+from tpuflow.options import CompileOptions  # noqa: E402
+from tpuflow.pipeline import QUANT_MIN_COSINE, QUANT_STEPS_ALLOWED, compile_model, verify  # noqa: E402
+
+CNN_CASES = list(itertools.product(("QDQ", "QOperator"), (True, False), ("QInt8", "QUInt8")))
+CNN_IDS = [f"{f}-{'channel' if c else 'tensor'}-{a}" for f, c, a in CNN_CASES]
+
+
+@pytest.mark.parametrize("case", CNN_CASES, ids=CNN_IDS)
+def test_quantized_cnn_verifies_within_two_output_steps(case):
+    result = verify(quantized("cnn", *case), "sg2260", CompileOptions(dtype="fp16"))
+    (out,) = result["outputs"]
+    assert result["ok"], out
+    assert out["quant_step"] > 0 and out["max_abs_err"] <= QUANT_STEPS_ALLOWED * out["quant_step"]
+    assert out["cosine"] >= QUANT_MIN_COSINE
+    assert result["instructions"]["tiu"] > 0
+
+
+@pytest.mark.parametrize("case", CNN_CASES[:4:3], ids=CNN_IDS[:4:3])
+def test_fp32_program_gives_onnxruntimes_integers(case):
+    """With fp32 float tensors the only float rounding left is the final dequantisation: the chip's
+    int8 output equals onnxruntime's (its requantisation is the same fp32 multiply and nearest-even round)."""
+    result = verify(quantized("cnn", *case), "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
+
+
+@pytest.mark.parametrize("build", [opset13_conv_chain, opset21_matmul])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_handwritten_qdq_models_verify(build, dtype):
+    """Conv with float bias -> Relu (fused) -> Clip (standalone, requantised) -> MaxPool; uint8 MatMul with
+    per-column weights and its int32 bias."""
+    result = verify(build(), "sg2260", CompileOptions(dtype=dtype))
+    assert result["ok"], result["outputs"]
+
+
+def test_quantized_tensors_are_one_byte_in_ddr_and_float_ones_keep_dtype():
+    graph, program = compile_model(quantized("cnn", "QDQ", True, "QUInt8"), "sg2260", CompileOptions(dtype="fp16"))
+    tensors = program.memory.tensors
+    assert tensors["x"].dtype == "fp16" and tensors["y"].dtype == "fp16"
+    q = [t for name, t in tensors.items() if name in graph.tensors and graph.tensor(name).quant is not None]
+    assert q and all(t.dtype == "uint8" and t.nbytes == int(np.prod(t.shape)) for t in q)
+
+
+def test_unsupported_quantized_op_is_one_line_naming_the_node(tmp_path, capsys):
+    import onnx
+    path = tmp_path / "concat_qdq.onnx"
+    onnx.save(quantized("concat_net", "QDQ", False, "QInt8"), path)
+    for argv in (["compile", str(path), "-o", str(tmp_path / "out")], ["estimate", str(path)]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert "node 'concat' (Concat) on quantized tensors" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_requantised_maxpool_keeps_the_inputs_integers():
+    """The cnn's MaxPool has its input's Quant: through dq0 (q - zp), the fp32 pool and rq0 (scale 1) the
+    pooled integers are exactly the window maxima of the stored integers."""
+    from tpuflow.hwmodel.functional.run import Machine, execute_program, load_inputs, storage_dtype
+    import tpuflow.lowering.ddrplan as ddrplan
+    model = quantized("cnn", "QDQ", False, "QInt8")
+    release = ddrplan.FirstFit.release
+    ddrplan.FirstFit.release = lambda *a: None            # keep every intermediate buffer to read it back
+    try:
+        graph, program = compile_model(model, "sg2260", CompileOptions(dtype="fp32"))
+    finally:
+        ddrplan.FirstFit.release = release
+    machine = Machine(program.chip, program.memory.ddr_bytes_used)
+    load_inputs(machine, program, {"x": np.random.default_rng(3).standard_normal((1, 3, 12, 12)).astype(np.float32)})
+    execute_program(machine, program)
+    pool = next(n for n in graph.nodes() if n.op_type == "MaxPool")
+
+    def read(name):
+        t = program.memory.tensors[name]
+        dt = storage_dtype(t)
+        return machine.read_ddr(t.addr, int(np.prod(t.shape)) * dt.itemsize).view(dt).reshape(t.shape)
+
+    x, y = read(pool.inputs[0]), read(pool.outputs[0])
+    assert graph.tensor(pool.inputs[0]).quant == graph.tensor(pool.outputs[0]).quant
+    want = x.reshape(1, 8, 6, 2, 6, 2).max(axis=(3, 5))
+    assert np.array_equal(y, want) and len(np.unique(want)) > 20
+    assert np.allclose(dequantize(y, graph.tensor(pool.outputs[0]).quant).max(), dequantize(want, graph.tensor(
+        pool.outputs[0]).quant).max())
