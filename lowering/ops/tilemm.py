@@ -313,13 +313,29 @@ class TileGemm:
             order = [(m, n, i == len(m_steps) - 1) for n in n_steps for i, m in enumerate(m_steps)]
         else:
             order = [(m, n, j == len(n_steps) - 1) for m in m_steps for j, n in enumerate(n_steps)]
+        streams = self._streams([(m0, mt, n0, nt) for (m0, mt), (n0, nt), _ in order], k_steps)
         for index, ((m0, mt), (n0, nt), last_use) in enumerate(order):
             first_use = index == 0 or order[index - 1][2]
             if d.resident and first_use:         # the resident operand's K tiles for this row / column
                 self._load_k_tiles(d.resident, k_steps, m0, mt, n0, nt)
-            self._tile(m0, mt, n0, nt, k_steps, keep_panel=not last_use)
+            self._tile(mt, nt, k_steps, streams, keep_panel=not last_use)
             deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
                                                        self.ctx.chip.tile.queue_slots), m0, mt, n0, nt)
+
+    def _streams(self, tiles, k_steps) -> dict[str, "_Stream"]:
+        """The streaming operands' tiles (and the bias rows) in the order the blocks read them,
+        across output tiles: each loads a batch of upcoming tiles when it runs dry."""
+        out = {}
+        for side, queue, op in (("a", Q_T, self.a), ("b", Q_U, self.b)):
+            if side != self.dims.resident:
+                blocks = [(m0, mt, k0, kt) if side == "a" else (k0, kt, n0, nt)
+                          for m0, mt, n0, nt in tiles for k0, kt in k_steps]
+                out[side] = _Stream(blocks, self._batch(side), lambda b, q=queue, o=op: self._load_blocks(q, o, b),
+                                    lambda q=queue: self.cursor.pushes[q])
+        if self.bias is not None:
+            out["bias"] = _Stream([(n0, nt) for _, _, n0, nt in tiles], STREAM_BATCH, self._load_bias,
+                                  lambda: self.cursor.pushes[Q_N])
+        return out
 
     def _push(self, queue: int, nbytes: int) -> None:
         self.ctx.em.tile(TPush(dst_queue=queue, dst_size=size_code(nbytes), dt=self.dt))
@@ -328,37 +344,27 @@ class TileGemm:
     def _load_k_tiles(self, side: str, k_steps, m0: int, mt: int, n0: int, nt: int) -> None:
         """Load and push A's (side "a") or B's tiles for the K steps `k_steps`."""
         queue, op = (Q_T, self.a) if side == "a" else (Q_U, self.b)
-        blocks = [(m0, mt, k0, kt) if side == "a" else (k0, kt, n0, nt) for k0, kt in k_steps]
+        self._load_blocks(queue, op, [(m0, mt, k0, kt) if side == "a" else (k0, kt, n0, nt) for k0, kt in k_steps])
+
+    def _load_blocks(self, queue: int, op: Operand, blocks) -> None:
         op.load_slots([self.cursor.next_slot_addr(queue, j) for j in range(len(blocks))], blocks)
         e = self.ctx.prec.bytes
         for r0, r, c0, c in blocks:
             self._push(queue, r * c * e)
 
     def _batch(self, side: str) -> int:
-        """K tiles of a streaming operand loaded and pushed together: constant tiles in runs
-        (one DMA each), runtime tiles too through a tile buffer (RowsOperand.load_slots), one by
-        one without."""
+        """Tiles of a streaming operand loaded and pushed together (half a queue, so the next batch
+        loads while this one is read): constant tiles in runs (one DMA each), runtime tiles too
+        through a tile buffer (RowsOperand.load_slots, one DMA per K panel), one by one without."""
         op = self.a if side == "a" else self.b
         return STREAM_BATCH if isinstance(op, ConstOperand) or self.ctx.chip.tile.buffer_chunk_bytes else 1
 
-    def _tile(self, m0: int, mt: int, n0: int, nt: int, k_steps, keep_panel: bool) -> None:
-        em, cur, res = self.ctx.em, self.cursor, self.dims.resident
+    def _tile(self, mt: int, nt: int, k_steps, streams: dict[str, "_Stream"], keep_panel: bool) -> None:
+        em, res = self.ctx.em, self.dims.resident
         depth = len(k_steps)
-        distance = {}
         for i, (k0, kt) in enumerate(k_steps):
-            for side in ("a", "b"):
-                if side == res:
-                    distance[side] = depth - i
-                    continue
-                batch = self._batch(side)
-                if i % batch == 0:
-                    self._load_k_tiles(side, k_steps[i:i + batch], m0, mt, n0, nt)
-                distance[side] = min(i - i % batch + batch, depth) - i
-            bias_src = -1
-            if i == 0 and self.bias is not None:
-                self._load_bias(cur.next_slot_addr(Q_N), n0, nt)
-                self._push(Q_N, ceil_to(nt, 16) * 4)
-                bias_src = tile_ref("N", 1)
+            distance = {side: depth - i if side == res else streams[side].take() for side in ("a", "b")}
+            bias_src = tile_ref("N", streams["bias"].take()) if i == 0 and "bias" in streams else -1
             gemv = "TGEMV" if mt == 1 else "TMATMUL"
             fn = gemv + (".ACC" if i else ".BIAS" if bias_src >= 0 else "")
             em.tile(TMatmul(fn=fn, dt=self.dt, m=mt, n=nt, k=kt,
@@ -367,25 +373,68 @@ class TileGemm:
                             acc_size=size_code(ceil_to(mt, 16) * ceil_to(nt, 16) * 4), bias_src=bias_src))
         em.tile(AccCvt(layout="NZ2ND", row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
                        dst_dt=TILE_DT[self.out_prec]))
-        cur.push(Q_M)
+        self.cursor.push(Q_M)
 
-    def _load_bias(self, slot: int, n0: int, nt: int) -> None:
-        row = np.zeros(ceil_to(nt, 16), np.float32)
-        row[:nt] = self.bias[n0:n0 + nt]
-        addr = self.ctx.const_addr(f"{self.bias_key}:tilebias:{n0}:{nt}", row, Prec.FP32)
-        self.ctx.em.general_copy(global_lmem_address(slot, self.ctx.chip), addr, row.size, Prec.FP32)
+    def _load_bias(self, blocks) -> None:
+        """Bias rows (1 x N fp32, N padded to 16) for `blocks` ((n0, nt) each) into the next N slots:
+        runs of equal rows bound for neighbouring lanes in one DMA from one constant."""
+        chip, lane_bytes = self.ctx.chip, self.ctx.chip.lmem_bytes_per_lane
+        slots = [self.cursor.next_slot_addr(Q_N, j) for j in range(len(blocks))]
+        i = 0
+        while i < len(blocks):
+            j = i + 1
+            while j < len(blocks) and slots[j] == slots[j - 1] + lane_bytes and blocks[j][1] == blocks[i][1]:
+                j += 1
+            width = ceil_to(blocks[i][1], 16)
+            rows = np.zeros((j - i, width), np.float32)
+            for r, (n0, nt) in enumerate(blocks[i:j]):
+                rows[r, :nt] = self.bias[n0:n0 + nt]
+            key = f"{self.bias_key}:tilebias:" + ";".join(f"{n0}:{nt}" for n0, nt in blocks[i:j])
+            addr = self.ctx.const_addr(key, rows.reshape(-1), Prec.FP32)
+            shape, strides = (1, j - i, 1, width), ((j - i) * width, width, width, 1)
+            self.ctx.em.region_copy(DRegion(global_lmem_address(slots[i], chip), shape,
+                                            ((j - i) * chip.tile.slot_bytes // 4, chip.tile.slot_bytes // 4, width, 1),
+                                            Prec.FP32),
+                                    DRegion(addr, shape, strides, Prec.FP32))
+            i = j
+        for _, nt in blocks:
+            self._push(Q_N, ceil_to(nt, 16) * 4)
+
+
+class _Stream:
+    """The tiles of one streaming operand in the order TMATMULs read them: `take` gives the next
+    tile's queue distance, loading (and pushing) the next batch first when none is left. Batches
+    end on multiples of `batch` pushes of their queue (`queue_pushes()`), so with a batch dividing
+    the queue depth a batch never wraps from the last slot (lane) to the first: one DMA each."""
+
+    def __init__(self, blocks: list, batch: int, load: Callable[[list], None], queue_pushes: Callable[[], int]):
+        self.blocks, self.batch, self.load, self.queue_pushes = blocks, batch, load, queue_pushes
+        self.pushed = self.used = 0
+
+    def take(self) -> int:
+        if self.used == self.pushed:
+            size = self.batch - self.queue_pushes() % self.batch
+            chunk = self.blocks[self.pushed:self.pushed + size]
+            self.load(chunk)
+            self.pushed += len(chunk)
+        self.used += 1
+        return self.pushed - self.used + 1
 
 
 class _TileOutput:
-    """Stores result tiles from their slot, or moves them to lanes for a TIU epilogue first."""
+    """Stores result tiles from their slots, or moves them to lanes for a TIU epilogue first.
+    Result tiles of one row of output tiles sit in neighbouring M slots (lanes): up to `group` of
+    them leave together (one store, or one copy to lanes and one epilogue pass over the row span)."""
 
     def __init__(self, ctx: LowerCtx, epi: Epilogue, extra_row_bias: np.ndarray | None, label: str):
         self.ctx, self.epi, self.label = ctx, epi, label
         self.row_bias = extra_row_bias
         self.needs_tiu = not epi.empty or extra_row_bias is not None
+        self.group = STREAM_BATCH
+        self.pending: list | None = None
 
     def _sizes(self, mt: int, nt: int, rows_total: int, cols_total: int) -> tuple[list[int], list[int]]:
-        """(resident buffers, per-tile buffers) in bytes per lane for the TIU epilogue."""
+        """(resident buffers, per-span buffers) in bytes per lane for the TIU epilogue."""
         chip, shape = self.ctx.chip, (1, mt, 1, nt)
         res = self.epi.resident_sizes(rows_total, cols_total)
         if self.row_bias is not None:
@@ -395,22 +444,25 @@ class _TileOutput:
         return res, per
 
     def plan(self, arena, mt: int, nt: int, rows_total: int, cols_total: int):
-        """(resident offsets, buffer sets) allocated from `arena`, ((), ()) when no TIU epilogue
-        runs, None when they do not fit."""
+        """(resident offsets, buffer sets, tiles per span) allocated from `arena`, ((), (),
+        STREAM_BATCH) when no TIU epilogue runs, None when they do not fit. The span is the widest
+        of STREAM_BATCH, ..., 2, 1 tiles (at most a row of them) whose buffers fit."""
         if not self.needs_tiu:
-            return (), ()
-        res, per = self._sizes(mt, nt, rows_total, cols_total)
-        if not arena.fits(res + per):
-            return None
+            return (), (), STREAM_BATCH
         names = (self.epi.resident_names() + (["row_bias"] if self.row_bias is not None else []),
                  ["value"] + self.epi.set_names() + ["stored"])
-        res_offs, sets = arena.alloc_plan(res, per, self.label, names=names)
-        return tuple(res_offs), tuple(tuple(x) for x in sets)
+        row_tiles = -(-cols_total // nt)
+        for group in (g for g in (8, 4, 2, 1) if g <= STREAM_BATCH and (g == 1 or g <= row_tiles)):
+            res, per = self._sizes(mt, min(group * nt, cols_total) if group > 1 else nt, rows_total, cols_total)
+            if arena.fits(res + per):
+                res_offs, sets = arena.alloc_plan(res, per, self.label, names=names)
+                return tuple(res_offs), tuple(tuple(x) for x in sets), group
+        return None
 
-    def load(self, res_offs, sets, rows_total: int, cols_total: int) -> None:
+    def load(self, res_offs, sets, rows_total: int, cols_total: int, group: int) -> None:
         """Take the buffers and load the resident epilogue operands (and the row bias)."""
         chip = self.ctx.chip
-        self.sets = sets
+        self.sets, self.group = sets, group
         self.epi.load_residents(list(res_offs[:len(self.epi.resident)]), rows_total, cols_total)
         if self.row_bias is not None:
             self.bias_tile = make_tile(chip, res_offs[-1], (1, rows_total, 1, 1), Prec.FP32, compact=True)
@@ -418,18 +470,41 @@ class _TileOutput:
             self.ctx.em.load(self.bias_tile, DRegion(addr, (1, rows_total, 1, 1), (rows_total, 1, 1, 1), Prec.FP32))
         self.count = 0
 
-    def deliver(self, slot: int, row0: int, mt: int, col0: int, nt: int, dst: DRegion, full_region) -> None:
+    def deliver(self, slot: int, row0: int, mt: int, col0: int, nt: int, regions) -> None:
+        """Result tile (row0, mt) x (col0, nt) is in `slot`; `regions(col0, width)` gives the DDR
+        destination of those rows and columns and the epilogue's full-operand region function."""
+        p, lane_bytes = self.pending, self.ctx.chip.lmem_bytes_per_lane
+        if p is not None and not (p["row0"] == row0 and p["mt"] == mt and p["nt"] == nt and len(p["slots"]) < self.group
+                                  and col0 == p["col0"] + len(p["slots"]) * nt and slot == p["slots"][-1] + lane_bytes):
+            self.flush()
+        if self.pending is None:
+            self.pending = {"row0": row0, "mt": mt, "col0": col0, "nt": nt, "slots": [slot], "regions": regions}
+        else:
+            self.pending["slots"].append(slot)
+        if len(self.pending["slots"]) == self.group:
+            self.flush()
+
+    def flush(self) -> None:
+        """Deliver the pending span of result tiles."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return
         em, chip = self.ctx.em, self.ctx.chip
+        row0, mt, col0, nt, slots = p["row0"], p["mt"], p["col0"], p["nt"], p["slots"]
+        count, width = len(slots), len(slots) * nt
+        dst, full_region = p["regions"](col0, width)
         src_prec = Prec.FP32 if self.needs_tiu else self.ctx.prec
-        slot_view = DRegion(global_lmem_address(slot, chip), (1, 1, mt, nt), (mt * nt, mt * nt, nt, 1), src_prec)
-        if not self.needs_tiu:
-            em.region_copy(dst, slot_view)
+        slot_elems = chip.tile.slot_bytes // src_prec.bytes
+        slot_view = DRegion(global_lmem_address(slots[0], chip), (1, count, mt, nt),
+                            (count * slot_elems, slot_elems, nt, 1), src_prec)
+        if not self.needs_tiu:      # tile j -> columns j * nt.. of the same rows
+            em.region_copy(DRegion(dst.addr, (1, count, mt, nt), (width, nt, dst.strides[1], 1), dst.prec), slot_view)
             return
         offs = self.sets[self.count % len(self.sets)]
         self.count += 1
-        value = make_tile(chip, offs[0], (1, mt, 1, nt), Prec.FP32)
-        em.region_copy(DRegion(global_lmem_address(value.addr, chip), value.shape, value.strides, Prec.FP32),
-                              slot_view)
+        value = make_tile(chip, offs[0], (1, mt, 1, width), Prec.FP32)
+        em.region_copy(DRegion(global_lmem_address(value.addr, chip), (count, mt, 1, nt),
+                               (nt, value.strides[1], nt, 1), Prec.FP32), slot_view)
         if self.epi.full:
             self.epi.load_tile(offs[1:], value.shape, full_region)
         if self.row_bias is not None:
@@ -452,6 +527,7 @@ class TilePlan(FrozenPlan):
     dims: TileDims
     residents: tuple[int, ...]
     sets: tuple[tuple[int, ...], ...]
+    out_group: int = 1
 
 
 class TileMatmulEmitter:
@@ -490,7 +566,7 @@ class TileMatmulEmitter:
         planned = out.plan(arena, dims.mt, dims.nt, geo.batch_count * geo.m, geo.n)
         if planned is None:
             return None
-        return TilePlan(region, self.ctx.window(region), tuple(arena.names), dims, *planned)
+        return TilePlan(region, self.ctx.window(region), tuple(arena.names), dims, *planned[:2], out_group=planned[2])
 
     def emit(self, plan: TilePlan) -> None:
         ctx, geo = self.ctx, self.geom
@@ -502,17 +578,20 @@ class TileMatmulEmitter:
             _, _, y_off = geo.offsets(b)
             gemm = self._gemm(out, b)
             if b == 0 and out.needs_tiu:
-                out.load(plan.residents, plan.sets, geo.batch_count * geo.m, geo.n)
+                out.load(plan.residents, plan.sets, geo.batch_count * geo.m, geo.n, plan.out_group)
 
-            def deliver(slot, m0, mt, n0, nt, b=b, y_off=y_off):
-                rs = geo.y.row_stride
-                dst = DRegion(ctx.ddr_addr(result) + (y_off + m0 * rs + n0) * prec.bytes, (1, mt, 1, nt),
-                              (mt * rs, rs, nt, 1), prec)
-                full = lambda addr: DRegion(addr + (y_off + m0 * geo.n + n0) * prec.bytes, (1, mt, 1, nt),
-                                            (mt * geo.n, geo.n, nt, 1), prec)
-                out.deliver(slot, b * geo.m + m0, mt, n0, nt, dst, full)
+            def deliver(slot, m0, mt, n0, nt, y_off=y_off):
+                def regions(c0, width):
+                    rs = geo.y.row_stride
+                    dst = DRegion(ctx.ddr_addr(result) + (y_off + m0 * rs + c0) * prec.bytes, (1, mt, 1, width),
+                                  (mt * rs, rs, width, 1), prec)
+                    full = lambda addr: DRegion(addr + (y_off + m0 * geo.n + c0) * prec.bytes,   # noqa: E731
+                                                (1, mt, 1, width), (mt * geo.n, geo.n, width, 1), prec)
+                    return dst, full
+                out.deliver(slot, b * geo.m + m0, mt, n0, nt, regions)
 
             gemm.run(deliver)
+            out.flush()
         ctx.note_layer(self.node.name, "MatMul", macs=geo.batch_count * geo.m * geo.n * geo.k,
                        lmem_peak=plan.peak, group=self.group.name)
         for n in self.group.epilogue:
@@ -554,6 +633,7 @@ class TileConvPlan(FrozenPlan):
     nhwc_pt: int
     nhwc_sets: tuple[tuple[int, ...], ...]
     output_buffers: int
+    out_group: int = 1
 
     @property
     def peak(self) -> int:
@@ -620,8 +700,8 @@ class TileConvEmitter:
         if not arena.fits(sizes(ct, pt)):
             return None
         _, sets = arena.alloc_plan([], sizes(ct, pt), f"{self.node.name}:nhwc", names=([], ["nhwc_in", "nhwc_out"]))
-        return TileConvPlan(region, ctx.window(region), tuple(arena.names), dims, *planned, ct, pt,
-                            tuple(tuple(x) for x in sets), output_buffers)
+        return TileConvPlan(region, ctx.window(region), tuple(arena.names), dims, *planned[:2], ct, pt,
+                            tuple(tuple(x) for x in sets), output_buffers, out_group=planned[2])
 
     def emit(self, plan: TileConvPlan) -> None:
         ctx, geo = self.ctx, self.geom
@@ -635,11 +715,17 @@ class TileConvEmitter:
                 ic0, oc0 = gi * cin_g, gi * cout_g
                 gemm = self._gemm(out, weights, gi)
                 if n == 0 and gi == 0 and out.needs_tiu:
-                    out.load(plan.residents, plan.sets, geo.cout, pix)
+                    out.load(plan.residents, plan.sets, geo.cout, pix, plan.out_group)
                 self._im2col(n, ic0, cin_g, plan)
-                gemm.run(lambda slot, m0, mt, n0, nt, n=n, oc0=oc0: out.deliver(
-                    slot, oc0 + m0, mt, n0, nt, self._y_region(ctx.ddr_addr(self.epi.output), n, oc0 + m0, mt, n0, nt),
-                    lambda addr, n=n, c=oc0 + m0, mt=mt, n0=n0, nt=nt: self._y_region(addr, n, c, mt, n0, nt)))
+
+                def deliver(slot, m0, mt, n0, nt, n=n, oc0=oc0):
+                    def regions(p0, width, c=oc0 + m0):
+                        return (self._y_region(ctx.ddr_addr(self.epi.output), n, c, mt, p0, width),
+                                lambda addr: self._y_region(addr, n, c, mt, p0, width))
+                    out.deliver(slot, oc0 + m0, mt, n0, nt, regions)
+
+                gemm.run(deliver)
+                out.flush()
         macs = geo.n * geo.cout * pix * kdim
         ctx.note_layer(self.node.name, "Conv", macs=macs, lmem_peak=plan.peak, group=self.group.name)
         for nd in self.group.epilogue:
