@@ -1,5 +1,5 @@
 """Canonicalising passes over the Draft: per-channel affine ops (BatchNormalization's Mul + Add)
-folded into the preceding Conv when that Conv's output has no other consumer; elementwise ops
+folded into the preceding Conv or ConvTranspose when its output has no other consumer; elementwise ops
 moved ahead of the views that drop trailing unit axes (1-D layers run as [N, C, L, 1]), so the
 view pairs between consecutive 1-D layers cancel."""
 
@@ -25,6 +25,9 @@ def _per_channel(value: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray | 
     return np.broadcast_to(full.reshape(-1), (channels,))
 
 
+FOLDS_AFFINE = {OpKind.CONV: 0, OpKind.CONV_TRANSPOSE: 1}    # op -> the weights' output-channel axis
+
+
 def _affine_partner(draft: Draft, conv: OpNode, users: dict[str, list[OpNode]]) -> tuple[OpNode, np.ndarray] | None:
     y = conv.outputs[0]
     if y in draft.outputs or len(users.get(y, [])) != 1:
@@ -42,10 +45,11 @@ def _affine_partner(draft: Draft, conv: OpNode, users: dict[str, list[OpNode]]) 
 
 def _fold(draft: Draft, conv: OpNode, op: OpNode, vector: np.ndarray) -> OpNode:
     weights = draft.const(conv.inputs[1])
-    bias = draft.const(conv.inputs[2]) if len(conv.inputs) > 2 else np.zeros(weights.shape[0], weights.dtype)
+    axis = FOLDS_AFFINE[conv.op_type]
+    bias = draft.const(conv.inputs[2]) if len(conv.inputs) > 2 else np.zeros(weights.shape[axis], weights.dtype)
     v = vector.astype(np.float64)
     if op.op_type == OpKind.MUL:
-        weights = weights.astype(np.float64) * v[:, None, None, None]
+        weights = weights.astype(np.float64) * v.reshape((-1,) + (1,) * (weights.ndim - 1 - axis))
         bias = bias.astype(np.float64) * v
     else:
         bias = bias.astype(np.float64) + v
@@ -68,7 +72,7 @@ def fold_affine_into_conv(draft: Draft) -> int:
         for n in draft.nodes:
             if n.name in removed:
                 continue
-            partner = _affine_partner(draft, n, users) if n.op_type == OpKind.CONV else None
+            partner = _affine_partner(draft, n, users) if n.op_type in FOLDS_AFFINE else None
             if partner:
                 n = _fold(draft, n, *partner)
                 removed.add(partner[0].name)

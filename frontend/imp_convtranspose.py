@@ -1,5 +1,6 @@
-"""ConvTranspose (1-D, 2-D and 3-D) as canonical Convs: when kernel == stride (no dilation, no output
-padding) a 1x1 Conv producing every kernel tap, then a pixel shuffle and a crop; otherwise zero
+"""ConvTranspose (1-D, 2-D and 3-D) as canonical ops: when kernel == stride (no dilation, no output
+padding) the canonical ConvTranspose (each input pixel becomes a kernel-sized block; 2-D, group 1)
+or a 1x1 Conv producing every kernel tap, then a pixel shuffle, and a crop; otherwise zero
 insertion between input elements, then a stride-1 Conv with the flipped, transposed kernel whose
 padding is (k - 1) * d - pad (negative parts cropped from the output)."""
 
@@ -52,6 +53,12 @@ def _crop(rw: Rewriter, x: str, begins, ends, out: str | None) -> str:
     return rw.reshape(x, rw.shape(x), out=out) if out else x
 
 
+# The canonical ConvTranspose computes its output channels on lanes, one conv per kernel tap; with
+# fewer output channels than this (1/8 of the 64 lanes of the SG2260 / BM1684X family, the lowering's
+# STARVED_FILL for row groups) the tap-stacked 1x1 Conv (O * kh * kw channels) fills more lanes and
+# is faster even with its pixel shuffle in DDR (PP-OCRv4 det's last upsampling, 1 channel: 127 us
+# decomposed vs 320 us + a one-lane Sigmoid epilogue as the canonical op)
+DECONV_MIN_CHANNELS = 8
 SPREAD_MAX_ELEMENTS = 1 << 20    # the 0/1 interleave matrix [W, kw*W] up to this size (4 MB at fp32)
 
 
@@ -60,6 +67,12 @@ def _pixel_shuffle(rw, x, w, bias, group, begins, ends, out):
     Conv computes every tap, then the taps are interleaved into the output."""
     n, c, h, wd = rw.shape(x)
     kh, kw = w.shape[2:]
+    if group == 1 and len(w.shape) == 4 and w.shape[1] >= DECONV_MIN_CHANNELS:
+        inputs = [x, rw.const(w, tag="W")] + ([rw.const(bias, tag="B")] if bias is not None else [])
+        cropped = any(begins) or any(ends)
+        y = rw.op(K.CONV_TRANSPOSE, inputs, (n, w.shape[1], h * kh, wd * kw), None if cropped else out,
+                  kernel_shape=(kh, kw), strides=(kh, kw))
+        return _crop(rw, y, begins, ends, out) if cropped else y
     conv_w = _as_conv_weights(w, group, flip=False)                  # [O, Cg, kh, kw]
     o = conv_w.shape[0]
     if group == 1 and wd * kw * wd <= SPREAD_MAX_ELEMENTS:

@@ -67,6 +67,7 @@ class OpKind(str, Enum):
     __hash__ = str.__hash__          # so OpKind.X and "X" are the same set member
 
     CONV = "Conv"
+    CONV_TRANSPOSE = "ConvTranspose"
     MATMUL = "MatMul"
     ADD = "Add"
     SUB = "Sub"
@@ -142,7 +143,7 @@ K = OpKind
 # convert: float <-> quantized integer boundaries (QuantizeLinear, DequantizeLinear)
 CATEGORIES = ("unary", "binary", "ternary", "contraction", "reduce", "pool", "normalize", "view", "movement",
               "remap", "convert")
-GROUPS = ("conv", "matmul", "pool", "lrn", "view", "row", "move")
+GROUPS = ("conv", "deconv", "matmul", "pool", "lrn", "view", "row", "move")
 ROW_ROLES = ("", "elementwise", "reduce", "normalize")
 SLICING = ("window", "rows", "none")
 ROW_AXES = ("", "spatial", "axes", "last_axis", "axis")
@@ -227,6 +228,10 @@ WINDOW = ("kernel_shape", "strides", "dilations", "pads")      # sliding-window 
 SPECS: dict[OpKind, OpSpec] = {
     K.CONV: OpSpec("contraction", shapes.conv, "conv", attrs=WINDOW[:3] + ("group", "pads"), const_inputs=(1, 2),
                    export_same=True, slicing="window"),
+    # kernel == stride only (every output pixel from one input pixel: a 1x1 Conv per kernel tap whose
+    # results interleave), ONNX weights [C, O, kh, kw], group 1, no pads (the importer crops)
+    K.CONV_TRANSPOSE: OpSpec("contraction", shapes.conv_transpose_blocks, "deconv", attrs=("kernel_shape", "strides"),
+                             const_inputs=(1, 2), export_same=True),
     K.MATMUL: OpSpec("contraction", shapes.matmul, "matmul", export_same=True),
     K.ADD: _ar("add", True, import_same=True), K.SUB: _ar("sub", import_same=True),
     K.MUL: _ar("mul", True, import_same=True), K.DIV: _ar("div", import_same=True),

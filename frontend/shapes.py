@@ -28,6 +28,15 @@ def conv(n: OpNode, ins: list[Shape]) -> list[Shape]:
     return [(batch, wshape[0], _window_out(h, kh, sh, dh, t, b)[0], _window_out(w, kw, sw, dw, l, r)[0])]
 
 
+def conv_transpose_blocks(n: OpNode, ins: list[Shape]) -> list[Shape]:
+    """ConvTranspose with kernel == stride: each input pixel becomes a kh x kw block."""
+    (batch, channels, h, w), wshape = ins[0], ins[1]
+    (kh, kw), strides = n.attrs["kernel_shape"], n.attrs["strides"]
+    if tuple(strides) != (kh, kw) or wshape[0] != channels or tuple(wshape[2:]) != (kh, kw):
+        raise ValueError(f"weights {wshape}, kernel {kh}x{kw} stride {tuple(strides)} over {channels} channels")
+    return [(batch, wshape[1], h * kh, w * kw)]
+
+
 def pool_output_choices(n: OpNode, shape: Shape) -> list[Shape]:
     """Floor and ceil-mode output shapes of a MaxPool / AveragePool."""
     batch, channels, h, w = shape

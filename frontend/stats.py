@@ -68,6 +68,8 @@ def node_macs(node: OpNode, graph: Graph) -> int:
         n, _, ho, wo = graph.tensor(node.outputs[0]).shape
         cout, cin_per_group, kh, kw = graph.tensor(node.inputs[1]).shape
         return n * cout * ho * wo * cin_per_group * kh * kw
+    if node.op_type == OpKind.CONV_TRANSPOSE:
+        return graph.tensor(node.outputs[0]).size * graph.tensor(node.inputs[0]).shape[1]
     if node.op_type == OpKind.MATMUL:
         return graph.tensor(node.outputs[0]).size * graph.tensor(node.inputs[0]).shape[-1]
     return 0

@@ -23,6 +23,7 @@ from tpuflow.lowering.residency import plan_residency
 from tpuflow.lowering.mathops import CONST_REGION_BYTES, const_region_image
 from tpuflow.lowering.ops.concat_lmem import ConcatLmemEmitter, concat_ports, uses_lmem
 from tpuflow.lowering.ops.conv import ConvEmitter
+from tpuflow.lowering.ops.deconv import DeconvEmitter
 from tpuflow.lowering.ops.gemv import GemvEmitter, is_gemv
 from tpuflow.lowering.ops.lrn import LrnEmitter
 from tpuflow.lowering.ops.matmul import MatmulEmitter
@@ -101,8 +102,8 @@ def _move_ports(graph: Graph, group: Group, chip: ChipConfig) -> tuple[dict[str,
 move_emitter.resident_ports = _move_ports
 
 
-TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "matmul": tiu_matmul_emitter, "pool": PoolEmitter,
-                "lrn": LrnEmitter, "move": move_emitter, "view": view_emitter, "quant": quant_emitter}
+TIU_EMITTERS = {"row": RowGroupEmitter, "conv": ConvEmitter, "deconv": DeconvEmitter, "matmul": tiu_matmul_emitter,
+                "pool": PoolEmitter, "lrn": LrnEmitter, "move": move_emitter, "view": view_emitter, "quant": quant_emitter}
 
 
 def emitter_for(group: Group, options: CompileOptions):

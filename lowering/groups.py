@@ -15,7 +15,7 @@ CONV_EPILOGUE_SPLIT = 2     # NCHW: rows = (n, c), cols = (h, w)
 
 @dataclass
 class Group:
-    kind: str                         # conv | matmul | row | pool | lrn | move | view
+    kind: str                         # conv | deconv | matmul | row | pool | lrn | move | view
     nodes: list[OpNode]
     split: int = 0                    # row groups: where the output shape is cut into rows x cols
     stored: list[str] = field(default_factory=list)   # tensors written to DDR (consumed outside)
@@ -194,6 +194,9 @@ def _group_at(graph: Graph, node: OpNode, order: list[OpNode], pos: int, taken: 
     kind = spec(node.op_type).group
     if kind == "conv":
         return Group("conv", [node] + _absorb_epilogue(graph, node, CONV_EPILOGUE_SPLIT, False, taken),
+                     CONV_EPILOGUE_SPLIT)
+    if kind == "deconv":
+        return Group("deconv", [node] + _absorb_epilogue(graph, node, CONV_EPILOGUE_SPLIT, False, taken),
                      CONV_EPILOGUE_SPLIT)
     if kind == "matmul":
         split = len(graph.tensor(node.outputs[0]).shape) - 1

@@ -133,3 +133,13 @@ def test_framing_conv_1d_becomes_a_stride_1_conv_over_blocks(s, taps, cut, b, e,
     graph = check(node_model("Conv", {"x": (1, 2, 11 * s + 3)}, consts, strides=[s], pads=[b, e]))
     conv = next(n for n in graph.nodes() if n.op_type == "Conv")
     assert conv.attrs["strides"] == (1, 1) and graph.tensor(conv.inputs[1]).shape[1] == 2 * s
+
+
+@pytest.mark.parametrize("pads", [None, [1, 0, 1, 1]])
+def test_conv_transpose_kernel_equal_stride_with_many_channels_is_the_canonical_op(pads):
+    """At least DECONV_MIN_CHANNELS output channels: one canonical ConvTranspose (then a crop)."""
+    attrs = dict(strides=[2, 2], **({"pads": pads} if pads else {}))
+    graph = check(node_model("ConvTranspose", {"x": (1, 4, 5, 6)}, {"w": weights(rng, 4, 8, 2, 2), "b": weights(rng, 8)},
+                             **attrs))
+    assert kinds(graph)[0] == "ConvTranspose" and "MatMul" not in kinds(graph) and "Transpose" not in kinds(graph)
+    assert ("Slice" in kinds(graph)) == bool(pads)
