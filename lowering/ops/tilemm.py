@@ -25,6 +25,7 @@ from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_l
 from tpuflow.lowering.tiling import pipelined, steps
 
 Q_T, Q_U, Q_M, Q_N = 0, 1, 2, 3
+QUEUE_NAMES = ("T", "U", "M", "N")
 TILE_DT = {Prec.FP32: "FP32", Prec.FP16: "FP16", Prec.BF16: "BF16"}
 
 
@@ -246,16 +247,20 @@ class RowsOperand(Operand):
 
 
 class TileGemm:
-    """Y (M x N) = A (M x K) . B (K x N) [+ bias row] on the TILE engine, tile by tile; `deliver`
-    gets the slot holding each row-major result tile."""
+    """Y (M x N) = A (M x K) . B (K x N) [+ bias row] [+ R] on the TILE engine, tile by tile;
+    `deliver` gets the slot holding each row-major result tile. A residual R (M x N, runtime)
+    enters the ACC first, as R . I (an extra K step whose B is the identity, exact in the fp32 ACC;
+    with .BIAS when there is a bias), so no TIU pass is needed for it."""
 
     def __init__(self, ctx: LowerCtx, a: Operand, b: Operand, m: int, n: int, k: int, out_prec: Prec,
-                 bias: np.ndarray | None = None, bias_key: str = ""):
+                 bias: np.ndarray | None = None, bias_key: str = "", residual: Operand | None = None):
         self.ctx, self.a, self.b, self.m, self.n, self.k = ctx, a, b, m, n, k
-        self.out_prec, self.bias, self.bias_key = out_prec, bias, bias_key
+        self.out_prec, self.bias, self.bias_key, self.residual = out_prec, bias, bias_key, residual
         self.dims = self._dims()
         self.cursor = QueueCursor(ctx)
         self.dt = TILE_DT[ctx.prec]
+        self.panel_base = 0          # queue push index of the resident panel's first tile
+        self.eye: tuple[int, int, int] | None = None     # (queue, push index, side) of the identity tile
 
     def _dims(self) -> TileDims:
         """The tiling with the least estimated time: tile sides whose A, B and converted result
@@ -317,6 +322,7 @@ class TileGemm:
         for index, ((m0, mt), (n0, nt), last_use) in enumerate(order):
             first_use = index == 0 or order[index - 1][2]
             if d.resident and first_use:         # the resident operand's K tiles for this row / column
+                self.panel_base = self.cursor.pushes[Q_T if d.resident == "a" else Q_U]
                 self._load_k_tiles(d.resident, k_steps, m0, mt, n0, nt)
             self._tile(mt, nt, k_steps, streams, keep_panel=not last_use)
             deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
@@ -332,9 +338,13 @@ class TileGemm:
                           for m0, mt, n0, nt in tiles for k0, kt in k_steps]
                 out[side] = _Stream(blocks, self._batch(side), lambda b, q=queue, o=op: self._load_blocks(q, o, b),
                                     lambda q=queue: self.cursor.pushes[q])
+        n_batch = STREAM_BATCH // 2 if self.bias is not None and self.residual is not None else STREAM_BATCH
         if self.bias is not None:
-            out["bias"] = _Stream([(n0, nt) for _, _, n0, nt in tiles], STREAM_BATCH, self._load_bias,
+            out["bias"] = _Stream([(n0, nt) for _, _, n0, nt in tiles], n_batch, self._load_bias,
                                   lambda: self.cursor.pushes[Q_N])
+        if self.residual is not None:
+            out["res"] = _Stream(list(tiles), n_batch if self.ctx.chip.tile.buffer_chunk_bytes else 1,
+                                 lambda b: self._load_blocks(Q_N, self.residual, b), lambda: self.cursor.pushes[Q_N])
         return out
 
     def _push(self, queue: int, nbytes: int) -> None:
@@ -361,19 +371,42 @@ class TileGemm:
 
     def _tile(self, mt: int, nt: int, k_steps, streams: dict[str, "_Stream"], keep_panel: bool) -> None:
         em, res = self.ctx.em, self.dims.resident
-        depth = len(k_steps)
+        gemv = "TGEMV" if mt == 1 else "TMATMUL"
+        acc_size = size_code(ceil_to(mt, 16) * ceil_to(nt, 16) * 4)
+        ref = (lambda queue, index: tile_ref(QUEUE_NAMES[queue], self.cursor.pushes[queue] - index))  # noqa: E731
+        first = True
+        if "res" in streams:                 # ACC = R . I (+ bias)
+            r_index = streams["res"].take()
+            bias_index = streams["bias"].take() if "bias" in streams else None
+            eye = self._identity(nt)
+            em.tile(TMatmul(fn=gemv + (".BIAS" if bias_index is not None else ""), dt=self.dt, m=mt, n=nt, k=nt,
+                            src0=ref(Q_N, r_index), src1=ref(*eye), reuse1=1, acc_size=acc_size,
+                            bias_src=-1 if bias_index is None else ref(Q_N, bias_index)))
+            first = False
         for i, (k0, kt) in enumerate(k_steps):
-            distance = {side: depth - i if side == res else streams[side].take() for side in ("a", "b")}
-            bias_src = tile_ref("N", streams["bias"].take()) if i == 0 and "bias" in streams else -1
-            gemv = "TGEMV" if mt == 1 else "TMATMUL"
-            fn = gemv + (".ACC" if i else ".BIAS" if bias_src >= 0 else "")
+            index = {side: self.panel_base + i if side == res else streams[side].take() for side in ("a", "b")}
+            bias_index = streams["bias"].take() if first and "bias" in streams else None
+            fn = gemv + (".BIAS" if bias_index is not None else "" if first else ".ACC")
+            first = False
             em.tile(TMatmul(fn=fn, dt=self.dt, m=mt, n=nt, k=kt,
-                            src0=tile_ref("T", distance["a"]), src1=tile_ref("U", distance["b"]),
+                            src0=ref(Q_T, index["a"]), src1=ref(Q_U, index["b"]),
                             reuse0=int(res == "a" and keep_panel), reuse1=int(res == "b" and keep_panel),
-                            acc_size=size_code(ceil_to(mt, 16) * ceil_to(nt, 16) * 4), bias_src=bias_src))
+                            acc_size=acc_size, bias_src=-1 if bias_index is None else ref(Q_N, bias_index)))
         em.tile(AccCvt(layout="NZ2ND", row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
                        dst_dt=TILE_DT[self.out_prec]))
         self.cursor.push(Q_M)
+
+    def _identity(self, nt: int) -> tuple[int, int]:
+        """(queue, push index) of an nt x nt identity B tile (Zn), pushed onto M (whose only other
+        pushes are the results, one per output tile, so A's or B's resident panel keeps its
+        whole queue) and read with .reuse until its slot would be reused."""
+        queue = Q_M
+        if self.eye is None or self.eye[2] != nt or self.cursor.pushes[queue] - self.eye[1] >= self.ctx.chip.tile.queue_slots:
+            eye = ConstOperand(self.ctx, "zn", np.eye(nt, dtype=np.float32), f"tile:identity:{nt}", 0, 0)
+            eye.load(self.cursor.next_slot_addr(queue), 0, nt, 0, nt)
+            self._push(queue, ceil_to(nt, self.b.k0) * ceil_to(nt, 16) * self.ctx.prec.bytes)
+            self.eye = (queue, self.cursor.pushes[queue] - 1, nt)
+        return queue, self.eye[1]
 
     def _load_bias(self, blocks) -> None:
         """Bias rows (1 x N fp32, N padded to 16) for `blocks` ((n0, nt) each) into the next N slots:
@@ -403,22 +436,26 @@ class TileGemm:
 
 class _Stream:
     """The tiles of one streaming operand in the order TMATMULs read them: `take` gives the next
-    tile's queue distance, loading (and pushing) the next batch first when none is left. Batches
-    end on multiples of `batch` pushes of their queue (`queue_pushes()`), so with a batch dividing
-    the queue depth a batch never wraps from the last slot (lane) to the first: one DMA each."""
+    tile's queue push index (its queue may carry other pushes too), loading (and pushing) the next
+    batch first when none is left. Batches end on multiples of `batch` pushes of their queue
+    (`queue_pushes()`), so with a batch dividing the queue depth a batch never wraps from the last
+    slot (lane) to the first: one DMA each."""
 
     def __init__(self, blocks: list, batch: int, load: Callable[[list], None], queue_pushes: Callable[[], int]):
         self.blocks, self.batch, self.load, self.queue_pushes = blocks, batch, load, queue_pushes
-        self.pushed = self.used = 0
+        self.index: list[int] = []         # queue push index of every loaded tile
+        self.used = 0
 
     def take(self) -> int:
-        if self.used == self.pushed:
+        """Queue push index of the next tile."""
+        if self.used == len(self.index):
             size = self.batch - self.queue_pushes() % self.batch
-            chunk = self.blocks[self.pushed:self.pushed + size]
+            chunk = self.blocks[len(self.index):len(self.index) + size]
+            base = self.queue_pushes()
             self.load(chunk)
-            self.pushed += len(chunk)
+            self.index += range(base, base + len(chunk))
         self.used += 1
-        return self.pushed - self.used + 1
+        return self.index[self.used - 1]
 
 
 class _TileOutput:
@@ -546,6 +583,11 @@ class TileMatmulEmitter:
             anchor_out = bias_node.outputs[0]
         else:
             anchor_out = self.node.outputs[0]
+        self.residual = None
+        if epilogue and self.geom.batch_count == 1 and _is_residual(ctx, epilogue[0], anchor_out):
+            add = epilogue.pop(0)
+            self.residual = next(t for t in add.inputs if t != anchor_out)
+            anchor_out = add.outputs[0]
         out_shape = ctx.graph.tensor(anchor_out).shape
         self.epi = Epilogue(ctx, anchor_out, epilogue, out_shape, group.split)
 
@@ -554,8 +596,11 @@ class TileMatmulEmitter:
         a_off, b_off, _ = geo.offsets(b)
         a = self._operand(self.node.inputs[0], "nz", geo.m, geo.k, a_off, geo.a, f"{self.node.name}:A{b}")
         bop = self._operand(self.node.inputs[1], "zn", geo.k, geo.n, b_off, geo.b, f"{self.node.name}:B{b}")
+        residual = None
+        if self.residual is not None:
+            residual = RowsOperand(self.ctx, "nz", self.ctx.ddr_addr(self.residual), geo.m, geo.n, geo.n)
         return TileGemm(self.ctx, a, bop, geo.m, geo.n, geo.k, Prec.FP32 if out.needs_tiu else self.ctx.prec,
-                        self.bias, self.node.name)
+                        self.bias, self.node.name, residual)
 
     def plan(self, region: str) -> TilePlan | None:
         """The LMEM buffers of the TIU epilogue (the tile sides are the TILE tiling's, chosen
@@ -606,6 +651,17 @@ class TileMatmulEmitter:
             return ConstOperand(self.ctx, layout, np.ascontiguousarray(full.T if view.transposed else full), key, 0, 0)
         addr = self.ctx.ddr_addr(tensor) + offset * self.ctx.prec.bytes
         return RowsOperand(self.ctx, layout, addr, rows, cols, view.row_stride, col_major=view.transposed)
+
+
+def _is_residual(ctx: LowerCtx, node, value: str) -> bool:
+    """Whether `node` adds a runtime DDR tensor of exactly `value`'s shape to it (a residual the
+    CUBE can accumulate: TileGemm's R . I step)."""
+    if node.op_type != "Add" or len(node.inputs) != 2 or list(node.inputs).count(value) != 1:
+        return False
+    other = next(t for t in node.inputs if t != value)
+    info = ctx.graph.tensor(other)
+    return (info.const is None and tuple(info.shape) == tuple(ctx.graph.tensor(value).shape)
+            and ctx.resident(other) is None)
 
 
 def _is_col_bias(ctx: LowerCtx, node, value: str, n: int) -> bool:

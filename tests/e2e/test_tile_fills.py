@@ -71,3 +71,30 @@ def test_a_k_panel_of_runtime_tiles_is_one_dma(transpose_b):
 def test_transformer_blocks_verify_on_the_tile_path(model, dtype):
     result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile"), race_check=True)
     assert result["ok"], result["outputs"]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_residual_add_accumulates_in_the_cube(bias, dtype):
+    """MatMul (+ bias) + residual: the residual enters the ACC as R . I (an extra TMATMUL per
+    output tile, .BIAS when there is a bias), so the TIU runs nothing and the result leaves the
+    slot in the model's dtype; numerics against onnxruntime."""
+    from tpuflow.isa import TMatmul
+    b = ModelBuilder()
+    x = b.node("Neg", [b.input("x", [40, 96])], "nx")
+    r = b.node("Neg", [b.input("r", [40, 80])], "nr")
+    y = b.node("MatMul", [x, b.weight("w", [96, 80])], "mm")
+    if bias:
+        y = b.node("Add", [y, b.weight("b", [80], 0.1)], "bias")
+    b.output(b.node("Add", [r, y], "residual"))
+    model = b.model()
+    graph, program = compile_model(model, None, CompileOptions(dtype=dtype, matmul="tile"))
+    matmuls = [i for i in program.tile if isinstance(i, TMatmul)]
+    from tpuflow.isa import Engine
+    tiu_layers = set(program.layer_names(Engine.TIU)[:len(program.tiu)])
+    firsts = [i for i in matmuls if not i.accumulates]
+    assert firsts and all(i.k == i.n and i.reuse1 for i in firsts)          # R (mt x nt) . I (nt x nt)
+    assert all(i.fn.endswith(".BIAS") == bias for i in firsts)
+    negs = {node.name for node in graph.nodes() if node.op_type == "Neg"}
+    assert len(negs) == 2 and tiu_layers <= negs | {""}                      # only the Negs run on the TIU
+    check(model, dtype)
