@@ -344,8 +344,7 @@ class ProductQuant(Planned):
     def sizes(self, choice):
         ct, rt = choice
         geo = self.geom
-        consts = [self.bytes((1, ct, 1, self.packed.shape[1]), Prec.INT8, True),
-                  self.bytes((1, ct, 1, 1), Prec.INT32, True), self.bytes((1, ct, 1, 2), Prec.INT32, True)]
+        consts = [self._const_layout(ct)[-1]]
         resident = consts * (2 if ct < geo.cout else 1)
         out_shape = (1, ct, rt, geo.wo)
         per_set = [self.bytes((1, geo.cin, min(geo.h, geo.halo_rows(rt)), geo.w), Prec.INT8),
@@ -356,22 +355,50 @@ class ProductQuant(Planned):
         ctx, geo = self.ctx, self.geom
         ctx.em.layer = self.node.name
         ct, rt = plan.choice
-        w_addr = ctx.const_addr(f"{self.node.name}:int8_weights", self.packed, Prec.INT8)
-        b_addr = ctx.const_addr(f"{self.node.name}:int32_bias", self.bias, Prec.INT32)
-        q_addr = ctx.const_addr(f"{self.node.name}:rq0_words", self.requant.words, Prec.INT32)
         width, index = self.packed.shape[1], 0
         for chunk, (c0, c) in enumerate(steps(geo.cout, ct)):
-            wt, bt, qt = (make_tile(self.chip, off, shape, prec, compact=True) for off, shape, prec in zip(
-                plan.resident[3 * (chunk % (len(plan.resident) // 3)):][:3],
-                ((1, c, 1, width), (1, c, 1, 1), (1, c, 1, 2)), (Prec.INT8, Prec.INT32, Prec.INT32)))
-            ctx.em.load(wt, DRegion(w_addr + c0 * width, wt.shape, (c * width, width, width, 1), Prec.INT8))
-            ctx.em.load(bt, DRegion(b_addr + c0 * 4, bt.shape, (c, 1, 1, 1), Prec.INT32))
-            ctx.em.load(qt, DRegion(q_addr + c0 * 8, qt.shape, (2 * c, 2, 2, 1), Prec.INT32))
+            base = plan.resident[chunk % len(plan.resident)]
+            wt, bt, qt = self._load_constants(base, c0, c)
             for n in range(geo.n):
                 for h0, h in steps(geo.ho, rt):
                     self._tile(plan.sets[index % len(plan.sets)], (wt, bt, qt), n, c0, c, h0, h)
                     index += 1
         self.note(plan, geo.n * geo.cout * geo.ho * geo.wo * geo.cin * geo.kh * geo.kw)
+
+    def _const_layout(self, count: int) -> tuple[int, int, int]:
+        """Per-lane byte offsets of a chunk of `count` channels' constants in their one LMEM block
+        (weights, requant words, bias; each compact and aligned), and the block's bytes per lane."""
+        groups, align = -(-count // self.chip.lanes), self.chip.core.lmem_align_bytes
+        words = -(-groups * self.packed.shape[1] // align) * align
+        bias = words + -(-groups * 8 // align) * align
+        return words, bias, bias + groups * 4
+
+    def _load_constants(self, base: int, c0: int, count: int) -> tuple[LTile, LTile, LTile]:
+        """One DMA of a channel chunk's weights, requant words and bias, lane-major (lane l holds
+        channels l, l + lanes, ...: one contiguous run per lane) into one block at `base`."""
+        lanes = self.chip.lanes
+        groups, used = -(-count // lanes), min(count, lanes)
+        words_at, bias_at, size = self._const_layout(count)
+
+        def lane_major(rows: np.ndarray) -> np.ndarray:        # (count, k) -> (lanes, groups * k) bytes
+            rows = np.ascontiguousarray(rows).view(np.int8).reshape(count, -1)
+            padded = np.zeros((groups * lanes, rows.shape[1]), np.int8)
+            padded[:count] = rows
+            return padded.reshape(groups, lanes, -1).transpose(1, 0, 2).reshape(lanes, -1)
+
+        block = np.zeros((lanes, size), np.int8)
+        for at, part in ((0, self.packed[c0:c0 + count]), (words_at, self.requant.words[c0:c0 + count]),
+                         (bias_at, self.bias[c0:c0 + count].reshape(-1, 1))):
+            data = lane_major(part)
+            block[:, at:at + data.shape[1]] = data
+        addr = self.ctx.const_addr(f"{self.node.name}:constants:{c0}:{count}", block[:used], Prec.INT8)
+        shape = (1, used, 1, size)
+        self.ctx.em.load(make_tile(self.chip, base, shape, Prec.INT8, compact=True),
+                         DRegion(addr, shape, (used * size, size, size, 1), Prec.INT8))
+        width = self.packed.shape[1]
+        return (make_tile(self.chip, base, (1, count, 1, width), Prec.INT8, compact=True),
+                make_tile(self.chip, base + bias_at, (1, count, 1, 1), Prec.INT32, compact=True),
+                make_tile(self.chip, base + words_at, (1, count, 1, 2), Prec.INT32, compact=True))
 
     def _tile(self, offs, consts, n: int, c0: int, c: int, h0: int, h: int) -> None:
         ctx, geo, chip = self.ctx, self.geom, self.chip
