@@ -259,6 +259,7 @@ class TileGemm:
         self.dims = self._dims()
         self.cursor = QueueCursor(ctx)
         self.dt = TILE_DT[ctx.prec]
+        self.stage: int | None = None   # per-lane LMEM offset where a constant stream is staged (stage_need)
         self.panel_base = 0          # queue push index of the resident panel's first tile
         self.eye: tuple[int, int, int] | None = None     # (queue, push index, side) of the identity tile
 
@@ -328,6 +329,41 @@ class TileGemm:
             deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
                                                        self.ctx.chip.tile.queue_slots), m0, mt, n0, nt)
 
+    def _order(self):
+        d = self.dims
+        m_steps, n_steps = steps(self.m, d.mt), steps(self.n, d.nt)
+        if d.resident == "b":
+            return [(m, n) for n in n_steps for m in m_steps]
+        return [(m, n) for m in m_steps for n in n_steps]
+
+    def _stream_blocks(self, side: str) -> list:
+        k_steps = steps(self.k, self.dims.kt)
+        return [(m0, mt, k0, kt) if side == "a" else (k0, kt, n0, nt)
+                for (m0, mt), (n0, nt) in self._order() for k0, kt in k_steps]
+
+    def stage_need(self) -> tuple[str, int, int] | None:
+        """(side, tiles, stride bytes) of the constant operand that streams with every tile read once
+        (so each can be staged in the lane of the slot it will occupy), None when there is none."""
+        for side, op in (("a", self.a), ("b", self.b)):
+            if side == self.dims.resident or not isinstance(op, ConstOperand):
+                continue
+            blocks = self._stream_blocks(side)
+            if len(set(blocks)) != len(blocks) or len(blocks) < 2 * STREAM_BATCH:
+                continue
+            stride = max(ceil_to(op.padded(r, c)[0] * op.padded(r, c)[1] * self.ctx.prec.bytes, 64)
+                         for _, r, _, c in blocks)
+            return side, len(blocks), stride
+        return None
+
+    def stage_bytes(self) -> int:
+        """Per-lane LMEM a staged stream needs (its rows of queue_slots tiles, the first one offset by
+        up to queue_slots - 1 positions), 0 when nothing is staged."""
+        need = self.stage_need()
+        if need is None or not self.ctx.chip.tile.buffer_chunk_bytes:
+            return 0
+        _, count, stride = need
+        return -(-(count + self.ctx.chip.tile.queue_slots - 1) // self.ctx.chip.tile.queue_slots) * stride
+
     def _streams(self, tiles, k_steps) -> dict[str, "_Stream"]:
         """The streaming operands' tiles (and the bias rows) in the order the blocks read them,
         across output tiles: each loads a batch of upcoming tiles when it runs dry."""
@@ -336,8 +372,11 @@ class TileGemm:
             if side != self.dims.resident:
                 blocks = [(m0, mt, k0, kt) if side == "a" else (k0, kt, n0, nt)
                           for m0, mt, n0, nt in tiles for k0, kt in k_steps]
-                out[side] = _Stream(blocks, self._batch(side), lambda b, q=queue, o=op: self._load_blocks(q, o, b),
-                                    lambda q=queue: self.cursor.pushes[q])
+                load = lambda b, q=queue, o=op: self._load_blocks(q, o, b)  # noqa: E731
+                need = self.stage_need() if self.stage is not None else None
+                if need is not None and need[0] == side:
+                    load = _StagedStream(self, queue, op, blocks, self.stage, need[2]).load
+                out[side] = _Stream(blocks, self._batch(side), load, lambda q=queue: self.cursor.pushes[q])
         n_batch = STREAM_BATCH // 2 if self.bias is not None and self.residual is not None else STREAM_BATCH
         if self.bias is not None:
             out["bias"] = _Stream([(n0, nt) for _, _, n0, nt in tiles], n_batch, self._load_bias,
@@ -432,6 +471,66 @@ class TileGemm:
             i = j
         for _, nt in blocks:
             self._push(Q_N, ceil_to(nt, 16) * 4)
+
+
+class _StagedStream:
+    """A constant operand streamed through LMEM: its tiles (each padded to `stride` bytes) arrive
+    a row of queue_slots at a time, one DMA per row (128 KiB of 8 KiB tiles, issued a row ahead),
+    each tile in the lane of the slot it will be pushed to; then one TIU copy per batch moves them
+    into their slots (the vector unit's port into the tile buffer: lane to same lane). Fewer, larger
+    DMAs than filling slots from DDR in half-queue batches."""
+
+    def __init__(self, gemm: TileGemm, queue: int, op: ConstOperand, blocks: list, offset: int, stride: int):
+        self.gemm, self.queue, self.op, self.blocks = gemm, queue, op, blocks
+        self.offset, self.stride = offset, stride
+        self.base: int | None = None       # slot of the stream's first tile
+        self.position = 0
+        self.staged: set[int] = set()
+
+    def _address(self, slot: int, row: int) -> int:
+        """Flat LMEM address of staging row `row` in the lane of `slot`."""
+        chip = self.gemm.ctx.chip
+        lane_start = chip.tile_slot_address(self.queue, slot) // chip.lmem_bytes_per_lane * chip.lmem_bytes_per_lane
+        return lane_start + self.offset + row * self.stride
+
+    def load(self, chunk: list) -> None:
+        ctx, slots = self.gemm.ctx, self.gemm.ctx.chip.tile.queue_slots
+        if self.base is None:
+            self.base = self.gemm.cursor.pushes[self.queue] % slots
+        row, first = divmod(self.base + self.position, slots)
+        if first + len(chunk) > slots:
+            raise AssertionError("a staged batch wraps the queue")      # _Stream aligns batches
+        for r in (row, row + 1):
+            self._stage(r)
+        elems = self.stride // ctx.prec.bytes
+        shape = (1, len(chunk), 1, elems)
+        ctx.em.ar("copy", make_tile(ctx.chip, ctx.chip.tile_slot_address(self.queue, first), shape, ctx.prec),
+                  make_tile(ctx.chip, self._address(first, row), shape, ctx.prec))
+        self.position += len(chunk)
+        e = ctx.prec.bytes
+        for r0, r, c0, c in chunk:
+            self.gemm._push(self.queue, r * c * e)
+
+    def _stage(self, row: int) -> None:
+        """One DMA: the stream's tiles of staging row `row` into their lanes."""
+        slots = self.gemm.ctx.chip.tile.queue_slots
+        lo, hi = max(0, row * slots - self.base), min(len(self.blocks), (row + 1) * slots - self.base)
+        if row in self.staged or lo >= hi:
+            return
+        self.staged.add(row)
+        ctx, op, elems = self.gemm.ctx, self.op, self.stride // self.gemm.ctx.prec.bytes
+        key = (f"{op.key}:{op.layout}:stage:{self.stride}:" + ";".join(f"{b}" for b in self.blocks[lo:hi]),)
+        addr = ctx.weights.lookup(key, ctx.prec)
+        if addr is None:
+            image = np.zeros((hi - lo, elems), np.float32)
+            layout = nz_layout if op.layout == "nz" else zn_layout
+            for i, (r0, r, c0, c) in enumerate(self.blocks[lo:hi]):
+                flat = layout(op.matrix[r0:r0 + r, c0:c0 + c], *op.padded(r, c), op.k0)
+                image[i, :flat.size] = flat
+            addr = ctx.weights.add(key, image.reshape(-1), ctx.prec)
+        count, first = hi - lo, (self.base + lo) % slots
+        ctx.em.load(make_tile(ctx.chip, self._address(first, row), (1, count, 1, elems), ctx.prec),
+                    DRegion(addr, (1, count, 1, elems), (count * elems, elems, elems, 1), ctx.prec))
 
 
 class _Stream:
@@ -565,6 +664,7 @@ class TilePlan(FrozenPlan):
     residents: tuple[int, ...]
     sets: tuple[tuple[int, ...], ...]
     out_group: int = 1
+    stage: int | None = None       # per-lane offset of the staged constant stream (TileGemm.stage_bytes)
 
 
 class TileMatmulEmitter:
@@ -611,7 +711,12 @@ class TileMatmulEmitter:
         planned = out.plan(arena, dims.mt, dims.nt, geo.batch_count * geo.m, geo.n)
         if planned is None:
             return None
-        return TilePlan(region, self.ctx.window(region), tuple(arena.names), dims, *planned[:2], out_group=planned[2])
+        stage = None
+        need = self._gemm(out, 0).stage_bytes() if geo.batch_count == 1 else 0
+        if need and arena.fits([need]):
+            stage = arena.alloc_plan([need], [], f"{self.node.name}:stage", names=(["tile_stage"], []))[0][0]
+        return TilePlan(region, self.ctx.window(region), tuple(arena.names), dims, *planned[:2], out_group=planned[2],
+                        stage=stage)
 
     def emit(self, plan: TilePlan) -> None:
         ctx, geo = self.ctx, self.geom
@@ -622,6 +727,7 @@ class TileMatmulEmitter:
         for b in range(geo.batch_count):
             _, _, y_off = geo.offsets(b)
             gemm = self._gemm(out, b)
+            gemm.stage = plan.stage
             if b == 0 and out.needs_tiu:
                 out.load(plan.residents, plan.sets, geo.batch_count * geo.m, geo.n, plan.out_group)
 

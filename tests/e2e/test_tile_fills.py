@@ -98,3 +98,24 @@ def test_a_residual_add_accumulates_in_the_cube(bias, dtype):
     negs = {node.name for node in graph.nodes() if node.op_type == "Neg"}
     assert len(negs) == 2 and tiu_layers <= negs | {""}                      # only the Negs run on the TIU
     check(model, dtype)
+
+
+def test_a_streaming_weight_is_staged_in_lmem_and_copied_into_its_slots():
+    """x (64 x 512) . w (512 x 512) fp16: w's 64 tiles of 8 KiB stream once each, so they are staged
+    in LMEM by rows of 16 (one DMA per row, each tile in its future slot's lane) and moved into the
+    slots by TIU copies (one per batch of 8), never by a DDR -> slot DMA; numerics."""
+    from tpuflow.isa import ArTiu
+    b = ModelBuilder()
+    b.output(b.node("MatMul", [b.node("Neg", [b.input("x", [64, 512])], "nx"), b.weight("w", [512, 512])], "y"))
+    model = b.model()
+    _, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile"))
+    chip = program.chip
+    window = chip.tile_window_offset
+    copies = [i for i in program.tiu if isinstance(i, ArTiu) and i.op == "copy"
+              and any(r.lo >= window for r in i.accesses(chip).lmem_writes)]
+    staging = [i for i in program.gdma if i.accesses(chip).lmem_writes
+               and max(r.lanes for r in i.accesses(chip).lmem_writes) == chip.tile.queue_slots
+               and all(r.lo < window for r in i.accesses(chip).lmem_writes)]
+    assert len(copies) == 64 // 8 and sum(c.res0_c for c in copies) == 64
+    assert 64 // 16 <= len(staging) <= 64 // 16 + 1
+    check(model, "fp16")
