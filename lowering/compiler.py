@@ -247,7 +247,7 @@ def lower_split(source: Graph, chip: ChipConfig, options: CompileOptions) -> Pro
     pins: dict[str, int] = {}
     if options.cores > 1 and options.matmul == "tiu":
         graph, pins = split_mlp_pairs(graph, options.cores, chip.lanes)
-    groups = quantized_groups(graph, form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes))
+    groups = quantized_groups(graph, form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes), chip)
     crossing, gathered = _crossing_tensors(graph, groups, chip, options, pins) if options.cores > 1 else ((), ())
     for share in RESIDENT_SHARE_FALLBACKS:
         residency = plan_layer_groups(graph, groups, chip, options, share, frozenset(crossing), frozenset(gathered))

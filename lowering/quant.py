@@ -18,6 +18,8 @@ naming the node.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph, OpNode
 from tpuflow.lowering.groups import Group
@@ -107,10 +109,26 @@ def _product_reason(graph: Graph, node: OpNode) -> str:
     return ""
 
 
-def quantized_groups(graph: Graph, groups: list[Group]) -> list[Group]:
+@dataclass
+class QuantChain(Group):
+    """Consecutive "quant" groups on NCHW tensors emitted as one (lowering/ops/quant_ops.ChainQuant):
+    a tensor made and read inside the chain stays whole in LMEM (its DDR buffer is kept, unused, so
+    the chain can still run member by member when it does not fit)."""
+
+    members: list[Group] = field(default_factory=list)
+
+
+# The share of a lane's LMEM the tensors a chain holds may take at once (estimated at one byte per
+# element in the aligned layout); the rest is its members' working area. A compiler policy.
+CHAIN_RESIDENT_SHARE = 0.4
+
+
+def quantized_groups(graph: Graph, groups: list[Group], chip=None) -> list[Group]:
     """`groups` with every group holding a quantized node re-formed as "quant" groups: a Conv /
     MatMul with its bias Add and a following Relu / Clip, every other quantized node alone
-    (quantized Reshapes stay "view" groups). Float groups are returned as they are."""
+    (quantized Reshapes stay "view" groups), then runs of consecutive quant groups on NCHW
+    tensors joined into chains (QuantChain) when `chip` is given. Float groups are returned as
+    they are."""
     if not any(is_quantized(graph, n) for g in groups for n in g.nodes):
         return groups
     out: list[Group] = []
@@ -132,7 +150,68 @@ def quantized_groups(graph: Graph, groups: list[Group]) -> list[Group]:
             claimed.update(n.name for n in made.nodes)
             made.stored = _stored(graph, made)
             out.append(made)
+    return _chains(graph, out, chip) if chip is not None else out
+
+
+def _chainable(graph: Graph, group: Group) -> bool:
+    """A quant group on 4-D tensors only (not the Gemm form, whose activation is read transposed)."""
+    if group.kind != "quant" or group.anchor.op_type == "MatMul":
+        return False
+    return all(len(graph.tensor(t).shape) == 4 for n in group.nodes for t in (*n.inputs, *n.outputs)
+               if t and not graph.tensor(t).is_const)
+
+
+def _chains(graph: Graph, groups: list[Group], chip) -> list[Group]:
+    """Runs of chainable groups joined while the tensors they would hold fit CHAIN_RESIDENT_SHARE."""
+    out: list[Group] = []
+    run: list[Group] = []
+
+    def flush():
+        if len(run) > 1:
+            chain = QuantChain("quant", [n for g in run for n in g.nodes], members=list(run))
+            chain.stored = [t for g in run for t in g.stored]
+            out.append(chain)
+        else:
+            out.extend(run)
+        run.clear()
+
+    budget = CHAIN_RESIDENT_SHARE * chip.lmem_bytes_per_lane
+    for group in groups:
+        if not _chainable(graph, group):
+            flush()
+            out.append(group)
+            continue
+        if run and held_peak(graph, run + [group], chip.lanes) > budget:
+            flush()
+        run.append(group)
+    flush()
     return out
+
+
+def held_tensors(graph: Graph, members: list[Group]) -> dict[str, tuple[int, int]]:
+    """{tensor: (index of its producer, index of its last reader)} of the tensors a chain holds:
+    made by one member and read by a later one."""
+    made = {t: i for i, g in enumerate(members) for n in g.nodes for t in n.outputs
+            if t and graph.tensor(t).quant is not None and graph.tensor(t).quant.storage != "int32"}
+    held: dict[str, tuple[int, int]] = {}
+    for i, g in enumerate(members):
+        for t in (t for n in g.nodes for t in n.inputs):
+            if t in made and made[t] < i:
+                held[t] = (made[t], max(i, held.get(t, (0, 0))[1]))
+    return held
+
+
+def held_bytes(graph: Graph, tensor: str, lanes: int) -> int:
+    """Bytes per lane of a held int8 NCHW tensor (aligned: 64-element rows of each channel plane)."""
+    n, c, h, w = graph.tensor(tensor).shape
+    return n * -(-c // lanes) * -(-(h * w) // 64) * 64
+
+
+def held_peak(graph: Graph, members: list[Group], lanes: int) -> int:
+    """The most bytes per lane the chain's held tensors take at once."""
+    held = held_tensors(graph, members)
+    return max((sum(held_bytes(graph, t, lanes) for t, (a, b) in held.items() if a <= i <= b)
+                for i in range(len(members))), default=0)
 
 
 def _fused_after(graph: Graph, node: OpNode) -> list[OpNode]:

@@ -31,24 +31,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.quant import quantize
-from tpuflow.isa import ConvTiu, PordTiu, Prec
+from tpuflow.isa import ConvTiu, PordTiu, Prec, StrideMode
 from tpuflow.isa.tiu import RQ_ROUND_MODES, RqDqTiu, dq0_scalars, rq0_channel_words, rq0_scalars, rq1_scalars
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.ddrplan import FirstFit
 from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.emitter import pool_scale_fields
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import pool_geometry
+from tpuflow.lowering.quant import QuantChain, held_bytes, held_tensors
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
 from tpuflow.lowering.weights import pack_conv_weights
 
 HALF_TO_EVEN = RQ_ROUND_MODES["half_to_even"]
+CHAIN_WORK = "chain member working buffers"
 IC_BLOCK = ConvTiu.ALIGNED_IC_BLOCK[int(Prec.INT8)]      # 64 one-byte input channels per weight block
 
 
@@ -59,7 +63,7 @@ class QuantPlan(FrozenPlan):
 
     choice: tuple = ()
     resident: tuple[int, ...] = ()
-    sets: tuple[tuple[int, ...], ...] = ()
+    sets: tuple[dict, ...] = ()          # per set: {buffer name: offset}
 
 
 def signed(ctx: LowerCtx, tensor: str) -> int:
@@ -91,18 +95,36 @@ class Planned:
 
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group, self.node, self.chip = ctx, group, group.anchor, ctx.chip
+        self.lmem: dict[str, LTile] = {}     # tensors a chain (ChainQuant) holds whole in LMEM
+        self.keep: set[str] = set()          # of those, the ones also stored to DDR (read outside)
+        self.top: int | None = None          # a chain's resident tensors lie above: buffers stay below
 
     def plan(self, region: str) -> QuantPlan | None:
         for choice in self.choices():
             resident, per_set = self.sizes(choice)
             arena = self.ctx.planning_arena(region)
+            if self.top is not None:
+                arena.limit = min(arena.limit, self.top)
+            names = [name for name, _ in per_set]
             try:
-                res, sets = arena.alloc_plan(resident, per_set, self.node.name)
+                res, sets = arena.alloc_plan(resident, [size for _, size in per_set], self.node.name)
             except LoweringError:
                 continue
             return QuantPlan(region, self.ctx.window(region), tuple(arena.names), tuple(choice), tuple(res),
-                             tuple(tuple(s) for s in sets))
+                             tuple(dict(zip(names, offs)) for offs in sets))
         return None
+
+    def held(self, tensor: str, n: int, c0: int, c: int, r0: int, rows: int) -> LTile | None:
+        """Sample n, channels [c0, c0 + c), rows [r0, r0 + rows) of a tensor the chain holds in
+        LMEM (None when it lives in DDR)."""
+        whole = self.lmem.get(tensor)
+        if whole is None:
+            return None
+        if (n, c0, c, r0, rows) == (0, 0, whole.c, 0, whole.h) and whole.n == 1:
+            return whole
+        view = whole.sub_channels(c0, c, self.chip) if (c0, c) != (0, whole.c) else whole
+        return LTile(view.addr + (n * view.strides[0] + r0 * view.strides[2]) * view.prec.bytes,
+                     (1, c, rows, whole.w), whole.prec, view.strides, StrideMode.FREE)
 
     def bytes(self, shape, prec: Prec, compact: bool = False) -> int:
         return tile_bytes_per_lane(self.chip, shape, prec, compact)
@@ -133,8 +155,16 @@ class ElementwiseQuant(Planned):
         self.rows = lane_rows(self.count, self.chip.lanes)
         self.cols = self.count // self.rows
         self.direct = self.node.op_type in ("QuantizeLinear", "DequantizeLinear")
+        self.shape = g.tensor(self.out).shape
+
+    @property
+    def nchw(self) -> bool:
+        """In a chain, every tensor as its whole (N, C, H, W) tile (the chain's layout), in one step."""
+        return bool(self.lmem)
 
     def choices(self):
+        if self.nchw:
+            return [(self.cols,)]
         width, out = self.cols, []
         while width >= 1:
             out.append((width,))
@@ -143,13 +173,18 @@ class ElementwiseQuant(Planned):
             width = -(-width // 2)
         return out
 
+    def _tile_shape(self, width: int) -> tuple[tuple[int, int, int, int], bool]:
+        """The shape of one step's tiles and whether they are compact (flat view) or aligned (NCHW)."""
+        return (tuple(self.shape), False) if self.nchw else ((1, self.rows, 1, width), True)
+
     def sizes(self, choice):
-        (width,) = choice
-        shape = (1, self.rows, 1, width)
-        per_set = [self.bytes(shape, self.ctx.tensor_prec(t), True) for t in self.inputs]
+        shape, compact = self._tile_shape(choice[0])
+        per_set = [(f"in{i}", self.bytes(shape, self.ctx.tensor_prec(t), compact))
+                   for i, t in enumerate(self.inputs) if t not in self.lmem]
         if not self.direct:
-            per_set += [self.bytes(shape, Prec.FP32, True)] * len(self.inputs)
-        per_set.append(self.bytes(shape, self.ctx.tensor_prec(self.out), True))
+            per_set += [(f"work{i}", self.bytes(shape, Prec.FP32, compact)) for i in range(len(self.inputs))]
+        if self.out not in self.lmem:
+            per_set.append(("out", self.bytes(shape, self.ctx.tensor_prec(self.out), compact)))
         return [], per_set
 
     def emit(self, plan: QuantPlan) -> None:
@@ -158,19 +193,27 @@ class ElementwiseQuant(Planned):
         (width,) = plan.choice
         for index, (c0, cw) in enumerate(steps(self.cols, width)):
             offs = plan.sets[index % len(plan.sets)]
-            shape = (1, self.rows, 1, cw)
-            tiles = [make_tile(self.chip, off, shape, ctx.tensor_prec(t), compact=True)
-                     for off, t in zip(offs, self.inputs)]
-            for tile, t in zip(tiles, self.inputs):
-                ctx.em.load(tile, self._region(t, c0, cw))
-            out = make_tile(self.chip, offs[-1], shape, ctx.tensor_prec(self.out), compact=True)
-            work = [make_tile(self.chip, off, shape, Prec.FP32, compact=True)
-                    for off in offs[len(tiles):len(tiles) * 2]]
+            shape, compact = self._tile_shape(cw)
+            tiles = []
+            for i, t in enumerate(self.inputs):
+                tile = self.lmem.get(t)
+                if tile is None:
+                    tile = make_tile(self.chip, offs[f"in{i}"], shape, ctx.tensor_prec(t), compact=compact)
+                    ctx.em.load(tile, self._region(t, c0, cw))
+                tiles.append(tile)
+            out = self.lmem.get(self.out) or make_tile(self.chip, offs["out"], shape, ctx.tensor_prec(self.out),
+                                                       compact=compact)
+            work = [make_tile(self.chip, offs[f"work{i}"], shape, Prec.FP32, compact=compact)
+                    for i in range(len(self.inputs)) if f"work{i}" in offs]
             self._compute(out, tiles, work)
-            ctx.em.store(out, self._region(self.out, c0, cw))
+            if self.out not in self.lmem or self.out in self.keep:
+                ctx.em.store(out, self._region(self.out, c0, cw))
         self.note(plan)
 
     def _region(self, tensor: str, c0: int, cw: int) -> DRegion:
+        if self.nchw:
+            n, c, h, w = self.shape
+            return self.ctx.region(tensor, (n, c, h, w))
         return self.ctx.region(tensor, (1, self.rows, 1, cw), c0, (self.count, self.cols, cw, 1))
 
     def _compute(self, out: LTile, tiles: list[LTile], work: list[LTile]) -> None:
@@ -219,16 +262,21 @@ class PoolQuant(Planned):
 
     def choices(self):
         geo, lanes = self.geom, self.chip.lanes
-        channels = [geo.cin] + [lanes * k for k in (8, 4, 2, 1) if lanes * k < geo.cin]
+        channels = [geo.cin] + [lanes * k for k in (8, 4, 2, 1) if lanes * k < geo.cin and not self.lmem]
         rows = [geo.ho] if self.global_ else row_options(geo.ho)
         return [(c, r) for c in channels for r in rows]
 
     def sizes(self, choice):
         c, r = choice
         geo = self.geom
-        in_shape, out_shape = (1, c, geo.halo_rows(r) if not self.global_ else geo.h, geo.w), (1, c, r, geo.wo)
-        return [], [self.bytes(in_shape, Prec.INT8), self.bytes(in_shape, Prec.FP32),
-                    self.bytes(out_shape, Prec.FP32), self.bytes(out_shape, Prec.INT8)]
+        in_shape = (1, c, min(geo.h, geo.halo_rows(r)) if not self.global_ else geo.h, geo.w)
+        out_shape = (1, c, r, geo.wo)
+        per_set = [("in_f", self.bytes(in_shape, Prec.FP32)), ("out_f", self.bytes(out_shape, Prec.FP32))]
+        if self.x not in self.lmem:
+            per_set.append(("in_q", self.bytes(in_shape, Prec.INT8)))
+        if self.out not in self.lmem:
+            per_set.append(("out_q", self.bytes(out_shape, Prec.INT8)))
+        return [], per_set
 
     def emit(self, plan: QuantPlan) -> None:
         ctx, geo = self.ctx, self.geom
@@ -245,12 +293,14 @@ class PoolQuant(Planned):
     def _tile(self, offs, n: int, c0: int, c: int, h0: int, h: int) -> None:
         ctx, geo, chip = self.ctx, self.geom, self.chip
         r0, rows, up, dn = (0, geo.h, 0, 0) if self.global_ else geo.input_rows(h0, h)
-        in_q = make_tile(chip, offs[0], (1, c, rows, geo.w), Prec.INT8)
-        in_f = make_tile(chip, offs[1], (1, c, rows, geo.w), Prec.FP32)
-        out_f = make_tile(chip, offs[2], (1, c, h, geo.wo), Prec.FP32)
-        out_q = make_tile(chip, offs[3], (1, c, h, geo.wo), Prec.INT8)
-        ctx.em.load(in_q, ctx.region(self.x, in_q.shape, ((n * geo.cin + c0) * geo.h + r0) * geo.w,
-                                     (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1)))
+        in_f = make_tile(chip, offs["in_f"], (1, c, rows, geo.w), Prec.FP32)
+        out_f = make_tile(chip, offs["out_f"], (1, c, h, geo.wo), Prec.FP32)
+        in_q = self.held(self.x, n, c0, c, r0, rows)
+        if in_q is None:
+            in_q = make_tile(chip, offs["in_q"], (1, c, rows, geo.w), Prec.INT8)
+            ctx.em.load(in_q, ctx.region(self.x, in_q.shape, ((n * geo.cin + c0) * geo.h + r0) * geo.w,
+                                         (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1)))
+        out_q = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out_q"], (1, c, h, geo.wo), Prec.INT8)
         s_in, zp_in = per_tensor(ctx, self.x)
         s_out, zp_out = per_tensor(ctx, self.out)
         emit_rq(ctx, "dq0", in_f, in_q, dq0_scalars(zp_in, 1.0), in_signed=signed(ctx, self.x))
@@ -267,6 +317,8 @@ class PoolQuant(Planned):
                                res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
                                opd1_y_ins0=geo.dy - 1))
         emit_rq(ctx, "rq0", out_q, out_f, rq0_scalars(s_in / s_out, zp_out), out_signed=signed(ctx, self.out))
+        if self.out in self.lmem and self.out not in self.keep:
+            return
         ctx.em.store(out_q, ctx.region(self.out, out_q.shape, ((n * geo.cin + c0) * geo.ho + h0) * geo.wo,
                                        (geo.cin * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1)))
 
@@ -347,8 +399,11 @@ class ProductQuant(Planned):
         consts = [self._const_layout(ct)[-1]]
         resident = consts * (2 if ct < geo.cout else 1)
         out_shape = (1, ct, rt, geo.wo)
-        per_set = [self.bytes((1, geo.cin, min(geo.h, geo.halo_rows(rt)), geo.w), Prec.INT8),
-                   self.bytes(out_shape, Prec.INT32), self.bytes(out_shape, Prec.INT8)]
+        per_set = [("acc", self.bytes(out_shape, Prec.INT32))]
+        if self.x not in self.lmem:
+            per_set.append(("x", self.bytes((1, geo.cin, min(geo.h, geo.halo_rows(rt)), geo.w), Prec.INT8)))
+        if self.out not in self.lmem:
+            per_set.append(("out", self.bytes(out_shape, Prec.INT8)))
         return resident, per_set
 
     def emit(self, plan: QuantPlan) -> None:
@@ -404,10 +459,12 @@ class ProductQuant(Planned):
         ctx, geo, chip = self.ctx, self.geom, self.chip
         wt, bt, qt = consts
         r0, rows, up, dn = geo.input_rows(h0, h)
-        xt = make_tile(chip, offs[0], (1, geo.cin, rows, geo.w), Prec.INT8)
-        acc = make_tile(chip, offs[1], (1, c, h, geo.wo), Prec.INT32)
-        out = make_tile(chip, offs[2], (1, c, h, geo.wo), Prec.INT8)
-        ctx.em.load(xt, self._x_region(n, r0, rows))
+        acc = make_tile(chip, offs["acc"], (1, c, h, geo.wo), Prec.INT32)
+        xt = self.held(self.x, n, 0, geo.cin, r0, rows)
+        if xt is None:
+            xt = make_tile(chip, offs["x"], (1, geo.cin, rows, geo.w), Prec.INT8)
+            ctx.em.load(xt, self._x_region(n, r0, rows))
+        out = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8)
         fields = acc.fields("res0", with_shape=True)
         fields.update(xt.fields("opd0"))
         ctx.em.tiu(ConvTiu(**fields, opd0_c=geo.cin, opd0_h=rows, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=geo.kh,
@@ -425,7 +482,8 @@ class ProductQuant(Planned):
             ctx.em.ar("max", acc, acc, int(lo))
             ctx.em.ar("min", acc, acc, int(hi))
             emit_rq(ctx, "rq1", out, acc, rq1_scalars(1, 0, 0), out_signed=signed(ctx, self.out))
-        ctx.em.store(out, self._y_region(n, c0, c, h0, h))
+        if self.out not in self.lmem or self.out in self.keep:
+            ctx.em.store(out, self._y_region(n, c0, c, h0, h))
 
     def _x_region(self, n: int, r0: int, rows: int) -> DRegion:
         geo = self.geom
@@ -444,11 +502,98 @@ class ProductQuant(Planned):
         return self.ctx.region(self.out, (1, c, 1, self.rows), c0, (self.rows * cols, 1, self.rows * cols, cols))
 
 
-def quant_emitter(ctx: LowerCtx, group: Group):
-    """The emitter of a "quant" group (lowering/quant.py), by its first node's kind."""
+# ---------------------------------------------------------------- chains
+
+
+@dataclass(frozen=True)
+class ChainPlan(FrozenPlan):
+    """A chain's plan: its held tensors' offsets (at the top of the window) and each member's plan
+    below them; `held` empty: the members run one by one, each through DDR."""
+
+    held: tuple[tuple[str, int], ...] = ()
+    members: tuple[QuantPlan, ...] = ()
+    top: int | None = None
+    reused: ClassVar[frozenset[str]] = frozenset({CHAIN_WORK})   # members' buffers: one member at a time
+
+
+class ChainQuant:
+    """A QuantChain (lowering/quant.py): its members in order, every tensor made and read inside it
+    held whole in LMEM (aligned NCHW int8) from its producer to its last reader, at the top of the
+    window (first fit over their lifetimes), the members' working buffers below; tensors read
+    outside the chain are stored as well. When that does not fit, the members run one by one
+    through DDR as unchained groups do."""
+
+    def __init__(self, ctx: LowerCtx, group):
+        self.ctx, self.group, self.chip = ctx, group, ctx.chip
+        self.members = [single_emitter(ctx, m) for m in group.members]
+        self.lifetimes = held_tensors(ctx.graph, group.members)
+        inside = {n.name for n in group.nodes}
+        self.keep = {t for t in self.lifetimes if t in ctx.graph.outputs
+                     or any(c.name not in inside for c in ctx.graph.consumers(t))}
+
+    def plan(self, region: str) -> ChainPlan | None:
+        start, end = self.ctx.window(region)
+        offsets, size = self._held_offsets()
+        top = (end - size) // self.chip.bank_bytes * self.chip.bank_bytes
+        plans = self._member_plans(region, offsets, top) if top > start else None
+        if plans is None:
+            offsets, top = {}, None
+            plans = self._member_plans(region, offsets, top)
+            if plans is None:
+                return None
+        buffers = tuple((f"held {t}", top + off, held_bytes(self.ctx.graph, t, self.chip.lanes))
+                        for t, off in offsets.items())
+        work = tuple((CHAIN_WORK, off, size) for p in plans for _, off, size in p.buffers)
+        return ChainPlan(region, (start, end), buffers + work, tuple((t, top + off) for t, off in offsets.items()),
+                         tuple(plans), top)
+
+    def _held_offsets(self) -> tuple[dict[str, int], int]:
+        """First fit of the held tensors over their lifetimes: offsets above the chain's base, extent."""
+        pool = FirstFit(0, self.chip.core.lmem_align_bytes)
+        offsets: dict[str, int] = {}
+        for i in range(len(self.members)):
+            for t, (first, last) in sorted(self.lifetimes.items()):
+                if last == i - 1:
+                    pool.release(offsets[t], held_bytes(self.ctx.graph, t, self.chip.lanes))
+            for t, (first, last) in sorted(self.lifetimes.items()):
+                if first == i:
+                    offsets[t] = pool.alloc(held_bytes(self.ctx.graph, t, self.chip.lanes))
+        return offsets, pool.end
+
+    def _member_plans(self, region: str, offsets: dict[str, int], top: int | None) -> list[QuantPlan] | None:
+        plans = []
+        for member in self.members:
+            self._hand_over(member, {t: top + off for t, off in offsets.items()}, top)
+            plan = member.plan(region)
+            if plan is None:
+                return None
+            plans.append(plan)
+        return plans
+
+    def _hand_over(self, member, held: dict[str, int], top: int | None) -> None:
+        """Give a member the held tensors it reads or writes (as whole aligned tiles) and its ceiling."""
+        g = self.ctx.graph
+        mine = {t for n in member.group.nodes for t in (*n.inputs, *n.outputs) if t in held}
+        member.lmem = {t: make_tile(self.chip, held[t], g.tensor(t).shape, Prec.INT8) for t in mine}
+        member.keep = self.keep & mine
+        member.top = top
+
+    def emit(self, plan: ChainPlan) -> None:
+        for member, member_plan in zip(self.members, plan.members):
+            self._hand_over(member, dict(plan.held), plan.top)
+            member.emit(member_plan)
+
+
+def single_emitter(ctx: LowerCtx, group: Group):
+    """The emitter of one quant group, by its first node's kind."""
     op = group.anchor.op_type
     if op in ("Conv", "MatMul"):
         return ProductQuant(ctx, group)
     if op in ("MaxPool", "AveragePool", "GlobalAveragePool"):
         return PoolQuant(ctx, group)
     return ElementwiseQuant(ctx, group)
+
+
+def quant_emitter(ctx: LowerCtx, group: Group):
+    """The emitter of a "quant" group (lowering/quant.py): a chain, or one group by its first node's kind."""
+    return ChainQuant(ctx, group) if isinstance(group, QuantChain) else single_emitter(ctx, group)
