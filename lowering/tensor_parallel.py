@@ -1,5 +1,6 @@
-"""Tensor-parallel MLP pairs for several cores (issue 14): MatMul(X, W1) -> elementwise chain ->
-MatMul(G, W2), both by constant weights, becomes per core k the product by W1's column block k,
+"""Tensor-parallel MLP pairs for several cores (issue 14): MatMul(X, W1) (and, gated, MatMul(X, W3))
+-> elementwise chain -> MatMul(G, W2), by constant weights, becomes per core k the products by
+the column blocks k of W1 (and W3),
 the chain on those columns and the product by W2's row block k (all on core k: its hidden
 columns never leave its LMEM), then the sum of the cores' partial results (a row group every
 core runs on its rows). Bytes: the hidden activation G (M x H) is no longer read whole by every
@@ -26,10 +27,10 @@ def split_mlp_pairs(graph: Graph, cores: int, lanes: int) -> tuple[Graph, dict[s
         return graph, {}
     tensors, pins = dict(graph.tensors), {}
     replaced = {}
-    for first, chain, last in pairs:
-        replaced[first.name] = _split_pair(graph, first, chain, last, cores, lanes, tensors, pins)
-        for n in chain + [last]:
+    for firsts, chain, last in pairs:
+        for n in [*firsts[1:], *chain, last]:
             replaced[n.name] = []
+        replaced[firsts[0].name] = _split_pair(graph, firsts, chain, last, cores, lanes, tensors, pins)
     nodes = [m for n in graph.nodes() for m in replaced.get(n.name, [n])]
     return Graph(graph.name, nodes, tensors, graph.inputs, graph.outputs, graph.model, graph.opset), pins
 
@@ -37,10 +38,11 @@ def split_mlp_pairs(graph: Graph, cores: int, lanes: int) -> tuple[Graph, dict[s
 def _disjoint(pairs: list) -> list:
     """The pairs in order, without those sharing a MatMul with an earlier one."""
     taken, out = set(), []
-    for first, chain, last in pairs:
-        if not {first.name, last.name} & taken:
-            out.append((first, chain, last))
-            taken |= {first.name, last.name}
+    for firsts, chain, last in pairs:
+        names = {n.name for n in firsts} | {last.name}
+        if not names & taken:
+            out.append((firsts, chain, last))
+            taken |= names
     return out
 
 
@@ -53,27 +55,37 @@ def _weights(graph: Graph, node: OpNode) -> np.ndarray | None:
 
 
 def _pair_at(graph: Graph, first: OpNode):
-    """(first MatMul, elementwise chain, second MatMul) starting at `first`, or None: the chain's
-    other operands are constants, its tensors are read inside it only, and its one result is the
-    second MatMul's left operand."""
+    """(first MatMuls, elementwise chain, second MatMul) starting at `first`, or None: the chain's
+    other operands are constants or further MatMuls of the same input by constant weights of the
+    same width (a gated MLP: silu(x W_gate) * (x W_up)), its tensors are read inside it only, and
+    its one result is the second MatMul's left operand."""
     if _weights(graph, first) is None:
         return None
     hidden = graph.tensor(first.outputs[0]).shape
-    inside, chain = {first.outputs[0]}, []
+    inside, chain, firsts = {first.outputs[0]}, [], [first]
     for node in graph.nodes():
         used = [t for t in node.inputs if t in inside]
         if not used or node is first:
             continue
         if node.op_type == "MatMul" and node.inputs[0] in inside and used == [node.inputs[0]]:
             w = _weights(graph, node)
-            return (first, chain, node) if w is not None and w.shape[0] == hidden[-1] and \
+            return (tuple(firsts), chain, node) if w is not None and w.shape[0] == hidden[-1] and \
                 _closed(graph, inside, chain, node) else None
-        if node.op_type not in ELEMENTWISE or graph.tensor(node.outputs[0]).shape != hidden or \
-                any(t not in inside and not graph.tensor(t).is_const for t in node.inputs if t):
+        siblings = [_sibling(graph, first, t) for t in node.inputs if t and t not in inside and not graph.tensor(t).is_const]
+        if node.op_type not in ELEMENTWISE or graph.tensor(node.outputs[0]).shape != hidden or None in siblings:
             return None
+        firsts += siblings
+        inside |= {s.outputs[0] for s in siblings} | {node.outputs[0]}
         chain.append(node)
-        inside.add(node.outputs[0])
     return None
+
+
+def _sibling(graph: Graph, first: OpNode, tensor: str) -> OpNode | None:
+    """The MatMul making `tensor` when it multiplies `first`'s input by constant weights of its width."""
+    node = graph.producer(tensor)
+    if node is None or node.op_type != "MatMul" or node.inputs[0] != first.inputs[0] or _weights(graph, node) is None:
+        return None
+    return node if graph.tensor(tensor).shape == graph.tensor(first.outputs[0]).shape else None
 
 
 def _closed(graph: Graph, inside: set[str], chain: list[OpNode], last: OpNode) -> bool:
@@ -88,24 +100,23 @@ def _pays(graph: Graph, pair, cores: int, lanes: int) -> bool:
     Unsplit, the first MatMul's column parts are stored, the chain (a row group of its own
     unless empty) reads and stores them whole, and every core reads all of the hidden result;
     split, every core writes its partial result and reads its rows of all of them."""
-    first, chain, last = pair
-    hidden = graph.tensor(first.outputs[0]).shape[-1]
+    firsts, chain, last = pair
+    hidden = graph.tensor(firsts[0].outputs[0]).shape[-1]
     hidden_bytes = graph.tensor(last.inputs[0]).size
-    unsplit = (1 + cores + (2 if chain else 0)) * hidden_bytes
+    unsplit = (len(firsts) + cores + (len(firsts) + 1 if chain else 0)) * hidden_bytes
     return hidden // cores >= lanes and unsplit > 2 * cores * graph.tensor(last.outputs[0]).size
 
 
-def _split_pair(graph: Graph, first: OpNode, chain: list[OpNode], last: OpNode, cores: int, lanes: int,
+def _split_pair(graph: Graph, firsts: tuple[OpNode, ...], chain: list[OpNode], last: OpNode, cores: int, lanes: int,
                 tensors: dict[str, TensorInfo], pins: dict[str, int]) -> list[OpNode]:
     """The pair's nodes per core, then the sum of the partials under the second MatMul's output name."""
-    hidden = graph.tensor(first.outputs[0]).shape[-1]
+    hidden = graph.tensor(firsts[0].outputs[0]).shape[-1]
     step = lanes if hidden % lanes == 0 else 1
     nodes, partials = [], []
     for k in range(cores):
         lo, hi = (x * step for x in chunk(hidden // step, cores, k))
-        rename = {t: f"{t}@core{k}" for t in [first.outputs[0]] + [n.outputs[0] for n in chain]}
-        made = [_node(first, (first.inputs[0], _const(graph, tensors, first.inputs[1], lo, hi, axis=1)),
-                      rename, k)]
+        rename = {t: f"{t}@core{k}" for t in [f.outputs[0] for f in firsts] + [n.outputs[0] for n in chain]}
+        made = [_node(f, (f.inputs[0], _const(graph, tensors, f.inputs[1], lo, hi, axis=1)), rename, k) for f in firsts]
         for n in chain:
             inputs = tuple(rename.get(t) or _const(graph, tensors, t, lo, hi, axis=-1) for t in n.inputs)
             made.append(_node(n, inputs, rename, k))

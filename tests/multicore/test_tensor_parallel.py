@@ -94,3 +94,13 @@ def test_an_mlp_split_over_cores_matches_onnxruntime(split_lowering):
 def test_a_two_layer_encoder_on_four_cores_matches_onnxruntime(heads, split_lowering):
     result = verify(_encoder(2, heads), "sg2260", CompileOptions(dtype="fp16", cores=4), race_check=True)
     assert result["ok"], result
+
+
+def test_a_gated_mlp_splits_both_input_projections_and_matches_onnxruntime(split_lowering):
+    graph, pins = split_mlp_pairs(load_graph("llama_mlp"), 4, 64)
+    on_core_1 = [n.name for n in graph.nodes() if pins.get(n.name) == 1]
+    assert on_core_1[:2] == ["mlp/gate_proj/matmul@core1", "mlp/up_proj/matmul@core1"]
+    assert "mlp/down_proj/matmul@core1" in on_core_1
+    assert graph.producer("mlp/down_proj/matmul").name == "mlp/down_proj/matmul/sum3"
+    result = verify("llama_mlp", "sg2260", CompileOptions(dtype="fp16", cores=4), race_check=True)
+    assert result["ok"], result
