@@ -87,6 +87,13 @@ class Operand:
         self.k0 = ctx.chip.tile.k_fractal_bytes // self.prec.bytes
         self.fm = ctx.chip.tile.fractal_m
 
+    def shift(self, offset: int) -> tuple[int, int]:
+        """(rows, columns) by which `offset` elements move a block of the stored matrix (batches of a
+        batched matmul are such shifts of one matrix); only offset 0 outside RowsOperand."""
+        if offset:
+            raise ValueError("a constant operand is not batched by offsets")
+        return 0, 0
+
     def padded(self, r: int, c: int) -> tuple[int, int]:
         if self.layout == "nz":
             return ceil_to(r, self.fm), ceil_to(c, self.k0)
@@ -163,6 +170,10 @@ class RowsOperand(Operand):
         super().__init__(ctx, layout, rows, cols)
         self.addr, self.row_stride, self.col_major = addr, row_stride, col_major
 
+    def shift(self, offset: int) -> tuple[int, int]:
+        slow, fast = divmod(offset, self.row_stride)
+        return (fast, slow) if self.col_major else (slow, fast)
+
     def load(self, slot_addr, r0, r, c0, c) -> None:
         ctx, e = self.ctx, self.prec.bytes
         rp, cp = self.padded(r, c)
@@ -177,32 +188,36 @@ class RowsOperand(Operand):
             self._scatter(dst, src, (r, rs), (c, cs), cp)
 
     def load_slots(self, slot_addrs, blocks) -> None:
-        """Through a tile buffer, runs of equal K tiles bound for neighbouring lanes' slots come in
-        one DMA (a K panel: the tile index walks the lanes); otherwise tile by tile."""
+        """Through a tile buffer, runs of equal tiles of whole fractals bound for neighbouring lanes'
+        slots, each the same distance after the previous one in DDR (a K panel; tiles of
+        consecutive batches), come in one DMA (the tile index walks the lanes); otherwise tile by
+        tile."""
         lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
         while i < len(blocks):
             j = i + 1
-            while (self.ctx.chip.tile.buffer_chunk_bytes and j < len(blocks)
-                   and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes and self._k_next(blocks[j - 1], blocks[j])):
-                j += 1
+            if self.ctx.chip.tile.buffer_chunk_bytes and self._whole(blocks[i]):
+                delta = self._delta(blocks[i], blocks[i + 1]) if i + 1 < len(blocks) else 0
+                while (j < len(blocks) and delta > 0 and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes
+                       and blocks[j][1::2] == blocks[i][1::2] and self._delta(blocks[j - 1], blocks[j]) == delta):
+                    j += 1
             if j - i == 1:
                 self.load(slot_addrs[i], *blocks[i])
             else:
                 self._load_panel(slot_addrs[i], blocks[i:j])
             i = j
 
-    def _k_next(self, prev, block) -> bool:
-        """Whether `block` is the K tile right after `prev`, both of the same whole-fractal size."""
-        (pr0, pr, pc0, pc), (r0, r, c0, c) = prev, block
-        if (pr, pc) != (r, c):
-            return False
-        if self.layout == "nz":
-            return r0 == pr0 and c0 == pc0 + pc and pc % self.k0 == 0
-        return c0 == pc0 and r0 == pr0 + pr and pr % self.k0 == 0
+    def _whole(self, block) -> bool:
+        """Whether the block's chunked (K) extent is whole fractals."""
+        return (block[3] if self.layout == "nz" else block[1]) % self.k0 == 0
+
+    def _delta(self, prev, block) -> int:
+        """Elements from `prev`'s first element to `block`'s in DDR."""
+        rs, cs = (1, self.row_stride) if self.col_major else (self.row_stride, 1)
+        return (block[0] - prev[0]) * rs + (block[2] - prev[2]) * cs
 
     def _load_panel(self, slot_addr: int, blocks) -> None:
-        """`blocks` (consecutive K tiles of whole fractals) into consecutive lanes' slots, one DMA:
-        c walks the tiles (lanes), n / h / w the fractal scatter inside each slot."""
+        """`blocks` (equal tiles of whole fractals, equally spaced in DDR) into consecutive lanes'
+        slots, one DMA: c walks the tiles (lanes), n / h / w the fractal scatter inside each slot."""
         ctx, e, k0 = self.ctx, self.prec.bytes, self.k0
         r0, r, c0, c = blocks[0]
         rp, cp = self.padded(r, c)
@@ -213,7 +228,7 @@ class RowsOperand(Operand):
         rs, cs = (1, self.row_stride) if self.col_major else (self.row_stride, 1)
         src = self.addr + (r0 * rs + c0 * cs) * e
         (ch, ch_src), (ot, ot_src), other_pad = ((c, cs), (r, rs), rp) if self.layout == "nz" else ((r, rs), (c, cs), cp)
-        tile_src = ch * ch_src
+        tile_src = self._delta(blocks[0], blocks[1])
         if ch_src == 1:     # n = other, c = tile, h = chunk, w = inner: DDR runs of a panel row
             shape = (ot, count, ch // k0, k0)
             s_st, d_st = (ot_src, tile_src, k0, 1), (k0, slot_elems, other_pad * k0, 1)
@@ -253,8 +268,10 @@ class TileGemm:
     with .BIAS when there is a bias), so no TIU pass is needed for it."""
 
     def __init__(self, ctx: LowerCtx, a: Operand, b: Operand, m: int, n: int, k: int, out_prec: Prec,
-                 bias: np.ndarray | None = None, bias_key: str = "", residual: Operand | None = None):
+                 bias: np.ndarray | None = None, bias_key: str = "", residual: Operand | None = None,
+                 batches: list[tuple[int, int]] | None = None):
         self.ctx, self.a, self.b, self.m, self.n, self.k = ctx, a, b, m, n, k
+        self.batches = batches or [(0, 0)]     # (A offset, B offset) in elements of each batch
         self.out_prec, self.bias, self.bias_key, self.residual = out_prec, bias, bias_key, residual
         self.dims = self._dims()
         self.cursor = QueueCursor(ctx)
@@ -312,34 +329,48 @@ class TileGemm:
         block = chip.tile.block_overhead_cycles + chip.tile.fill_latency_cycles + d.mt * d.nt * d.kt / macs
         return max(dma_ns, tm * tn * tk * block * 1e3 / chip.clocks.tile_clock_mhz)
 
-    def run(self, deliver: Callable[[int, int, int, int, int], None]) -> None:
-        d = self.dims
-        m_steps, n_steps, k_steps = steps(self.m, d.mt), steps(self.n, d.nt), steps(self.k, d.kt)
-        if d.resident == "b":
-            order = [(m, n, i == len(m_steps) - 1) for n in n_steps for i, m in enumerate(m_steps)]
-        else:
-            order = [(m, n, j == len(n_steps) - 1) for m in m_steps for j, n in enumerate(n_steps)]
-        streams = self._streams([(m0, mt, n0, nt) for (m0, mt), (n0, nt), _ in order], k_steps)
-        for index, ((m0, mt), (n0, nt), last_use) in enumerate(order):
-            first_use = index == 0 or order[index - 1][2]
-            if d.resident and first_use:         # the resident operand's K tiles for this row / column
-                self.panel_base = self.cursor.pushes[Q_T if d.resident == "a" else Q_U]
-                self._load_k_tiles(d.resident, k_steps, m0, mt, n0, nt)
+    def run(self, deliver: Callable[[int, int, int, int, int, int], None]) -> None:
+        """deliver(slot, batch, m0, mt, n0, nt) for every result tile."""
+        k_steps = steps(self.k, self.dims.kt)
+        order = self._order()
+        streams = self._streams([t[:5] for t in order], k_steps)
+        for index, (b, m0, mt, n0, nt, last_use) in enumerate(order):
+            first_use = index == 0 or order[index - 1][5]
+            if self.dims.resident and first_use:         # the resident operand's K tiles for this row / column
+                self.panel_base = self.cursor.pushes[Q_T if self.dims.resident == "a" else Q_U]
+                side = self.dims.resident
+                self._load_blocks(Q_T if side == "a" else Q_U, self.a if side == "a" else self.b,
+                                  [self._block(side, b, m0, mt, n0, nt, k0, kt) for k0, kt in k_steps])
             self._tile(mt, nt, k_steps, streams, keep_panel=not last_use)
             deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
-                                                       self.ctx.chip.tile.queue_slots), m0, mt, n0, nt)
+                                                       self.ctx.chip.tile.queue_slots), b, m0, mt, n0, nt)
 
-    def _order(self):
+    def _order(self) -> list[tuple[int, int, int, int, int, bool]]:
+        """Output tiles (batch, m0, mt, n0, nt, last use of the resident panel) in emission order:
+        batch by batch; rows of tiles (columns when B's panel is resident)."""
         d = self.dims
         m_steps, n_steps = steps(self.m, d.mt), steps(self.n, d.nt)
-        if d.resident == "b":
-            return [(m, n) for n in n_steps for m in m_steps]
-        return [(m, n) for m in m_steps for n in n_steps]
+        out = []
+        for b in range(len(self.batches)):
+            if d.resident == "b":
+                out += [(b, *m, *n, i == len(m_steps) - 1) for n in n_steps for i, m in enumerate(m_steps)]
+            else:
+                out += [(b, *m, *n, j == len(n_steps) - 1) for m in m_steps for j, n in enumerate(n_steps)]
+        return out
+
+    def _block(self, side: str, b: int, m0: int, mt: int, n0: int, nt: int, k0: int, kt: int) -> tuple:
+        """The (r0, r, c0, c) block of A (side "a") or B that output tile (m0, n0) of batch b reads
+        at K step k0, in the coordinates of the operand's stored matrix (Operand.shift)."""
+        a_off, b_off = self.batches[b]
+        if side == "a":
+            dr, dc = self.a.shift(a_off)
+            return m0 + dr, mt, k0 + dc, kt
+        dr, dc = self.b.shift(b_off)
+        return k0 + dr, kt, n0 + dc, nt
 
     def _stream_blocks(self, side: str) -> list:
         k_steps = steps(self.k, self.dims.kt)
-        return [(m0, mt, k0, kt) if side == "a" else (k0, kt, n0, nt)
-                for (m0, mt), (n0, nt) in self._order() for k0, kt in k_steps]
+        return [self._block(side, *t[:5], k0, kt) for t in self._order() for k0, kt in k_steps]
 
     def stage_need(self) -> tuple[str, int, int] | None:
         """(side, tiles, stride bytes) of the constant operand that streams with every tile read once
@@ -370,8 +401,7 @@ class TileGemm:
         out = {}
         for side, queue, op in (("a", Q_T, self.a), ("b", Q_U, self.b)):
             if side != self.dims.resident:
-                blocks = [(m0, mt, k0, kt) if side == "a" else (k0, kt, n0, nt)
-                          for m0, mt, n0, nt in tiles for k0, kt in k_steps]
+                blocks = [self._block(side, *t, k0, kt) for t in tiles for k0, kt in k_steps]
                 load = lambda b, q=queue, o=op: self._load_blocks(q, o, b)  # noqa: E731
                 need = self.stage_need() if self.stage is not None else None
                 if need is not None and need[0] == side:
@@ -379,21 +409,16 @@ class TileGemm:
                 out[side] = _Stream(blocks, self._batch(side), load, lambda q=queue: self.cursor.pushes[q])
         n_batch = STREAM_BATCH // 2 if self.bias is not None and self.residual is not None else STREAM_BATCH
         if self.bias is not None:
-            out["bias"] = _Stream([(n0, nt) for _, _, n0, nt in tiles], n_batch, self._load_bias,
+            out["bias"] = _Stream([(n0, nt) for _, _, _, n0, nt in tiles], n_batch, self._load_bias,
                                   lambda: self.cursor.pushes[Q_N])
         if self.residual is not None:
-            out["res"] = _Stream(list(tiles), n_batch if self.ctx.chip.tile.buffer_chunk_bytes else 1,
+            out["res"] = _Stream([t[1:] for t in tiles], n_batch if self.ctx.chip.tile.buffer_chunk_bytes else 1,
                                  lambda b: self._load_blocks(Q_N, self.residual, b), lambda: self.cursor.pushes[Q_N])
         return out
 
     def _push(self, queue: int, nbytes: int) -> None:
         self.ctx.em.tile(TPush(dst_queue=queue, dst_size=size_code(nbytes), dt=self.dt))
         self.cursor.push(queue)
-
-    def _load_k_tiles(self, side: str, k_steps, m0: int, mt: int, n0: int, nt: int) -> None:
-        """Load and push A's (side "a") or B's tiles for the K steps `k_steps`."""
-        queue, op = (Q_T, self.a) if side == "a" else (Q_U, self.b)
-        self._load_blocks(queue, op, [(m0, mt, k0, kt) if side == "a" else (k0, kt, n0, nt) for k0, kt in k_steps])
 
     def _load_blocks(self, queue: int, op: Operand, blocks) -> None:
         op.load_slots([self.cursor.next_slot_addr(queue, j) for j in range(len(blocks))], blocks)
@@ -691,28 +716,36 @@ class TileMatmulEmitter:
         out_shape = ctx.graph.tensor(anchor_out).shape
         self.epi = Epilogue(ctx, anchor_out, epilogue, out_shape, group.split)
 
-    def _gemm(self, out: _TileOutput, b: int) -> TileGemm:
+    def _batched(self) -> bool:
+        """Whether all batches run as one TileGemm (runtime operands: a batch is a shift of the
+        stored matrix, so K panels and result spans continue across batches)."""
+        return (self.geom.batch_count > 1 and self.residual is None
+                and all(self.ctx.graph.tensor(t).const is None for t in self.node.inputs[:2]))
+
+    def _gemm(self, out: _TileOutput, batches: list[int]) -> TileGemm:
         geo = self.geom
+        b = batches[0]
         a_off, b_off, _ = geo.offsets(b)
+        rel = [(x - a_off, y - b_off) for x, y, _ in map(geo.offsets, batches)]
         a = self._operand(self.node.inputs[0], "nz", geo.m, geo.k, a_off, geo.a, f"{self.node.name}:A{b}")
         bop = self._operand(self.node.inputs[1], "zn", geo.k, geo.n, b_off, geo.b, f"{self.node.name}:B{b}")
         residual = None
         if self.residual is not None:
             residual = RowsOperand(self.ctx, "nz", self.ctx.ddr_addr(self.residual), geo.m, geo.n, geo.n)
         return TileGemm(self.ctx, a, bop, geo.m, geo.n, geo.k, Prec.FP32 if out.needs_tiu else self.ctx.prec,
-                        self.bias, self.node.name, residual)
+                        self.bias, self.node.name, residual, rel)
 
     def plan(self, region: str) -> TilePlan | None:
         """The LMEM buffers of the TIU epilogue (the tile sides are the TILE tiling's, chosen
         by its own estimate), or None when they do not fit `region`."""
         geo, arena = self.geom, self.ctx.planning_arena(region)
         out = _TileOutput(self.ctx, self.epi, None, self.node.name)
-        dims = self._gemm(out, 0).dims
+        dims = self._gemm(out, [0]).dims
         planned = out.plan(arena, dims.mt, dims.nt, geo.batch_count * geo.m, geo.n)
         if planned is None:
             return None
         stage = None
-        need = self._gemm(out, 0).stage_bytes() if geo.batch_count == 1 else 0
+        need = self._gemm(out, [0]).stage_bytes() if geo.batch_count == 1 else 0
         if need and arena.fits([need]):
             stage = arena.alloc_plan([need], [], f"{self.node.name}:stage", names=(["tile_stage"], []))[0][0]
         return TilePlan(region, self.ctx.window(region), tuple(arena.names), dims, *planned[:2], out_group=planned[2],
@@ -724,22 +757,30 @@ class TileMatmulEmitter:
         out = _TileOutput(ctx, self.epi, None, self.node.name)
         result = self.epi.output
         prec = ctx.prec
-        for b in range(geo.batch_count):
-            _, _, y_off = geo.offsets(b)
-            gemm = self._gemm(out, b)
+        runs = [list(range(geo.batch_count))] if self._batched() else [[b] for b in range(geo.batch_count)]
+        rs = geo.y.row_stride
+        for batches in runs:
+            gemm = self._gemm(out, batches)
             gemm.stage = plan.stage
-            if b == 0 and out.needs_tiu:
+            if batches[0] == 0 and out.needs_tiu:
                 out.load(plan.residents, plan.sets, geo.batch_count * geo.m, geo.n, plan.out_group)
 
-            def deliver(slot, m0, mt, n0, nt, y_off=y_off):
-                def regions(c0, width):
-                    rs = geo.y.row_stride
+            def deliver(slot, i, m0, mt, n0, nt, batches=batches):
+                b = batches[i]
+                y_off = geo.offsets(b)[2]
+                if not out.needs_tiu:    # stored-matrix coordinates: spans continue across batches
+                    dr, dc = divmod(y_off, rs)
+                    y_off, m0_ddr, n0 = 0, m0 + dr, n0 + dc
+                else:
+                    m0_ddr = m0
+
+                def regions(c0, width, y_off=y_off, m0=m0_ddr):
                     dst = DRegion(ctx.ddr_addr(result) + (y_off + m0 * rs + c0) * prec.bytes, (1, mt, 1, width),
                                   (mt * rs, rs, width, 1), prec)
                     full = lambda addr: DRegion(addr + (y_off + m0 * geo.n + c0) * prec.bytes,   # noqa: E731
                                                 (1, mt, 1, width), (mt * geo.n, geo.n, width, 1), prec)
                     return dst, full
-                out.deliver(slot, b * geo.m + m0, mt, n0, nt, regions)
+                out.deliver(slot, m0_ddr if not out.needs_tiu else b * geo.m + m0, mt, n0, nt, regions)
 
             gemm.run(deliver)
             out.flush()
@@ -880,7 +921,7 @@ class TileConvEmitter:
                     out.load(plan.residents, plan.sets, geo.cout, pix, plan.out_group)
                 self._im2col(n, ic0, cin_g, plan)
 
-                def deliver(slot, m0, mt, n0, nt, n=n, oc0=oc0):
+                def deliver(slot, _batch, m0, mt, n0, nt, n=n, oc0=oc0):
                     def regions(p0, width, c=oc0 + m0):
                         return (self._y_region(ctx.ddr_addr(self.epi.output), n, c, mt, p0, width),
                                 lambda addr: self._y_region(addr, n, c, mt, p0, width))

@@ -119,3 +119,17 @@ def test_a_streaming_weight_is_staged_in_lmem_and_copied_into_its_slots():
     assert len(copies) == 64 // 8 and sum(c.res0_c for c in copies) == 64
     assert 64 // 16 <= len(staging) <= 64 // 16 + 1
     check(model, "fp16")
+
+
+def test_batches_of_a_runtime_matmul_share_fills_and_stores():
+    """x (8 x 64 x 64) . z (8 x 64 x 64) fp16, both runtime: the batches run as one TileGemm, so
+    the A tiles of consecutive batches (64 x 64 blocks 4096 elements apart) fill neighbouring slots
+    in one DMA, and results leave in spans; far fewer window DMAs than the 16 tiles pushed."""
+    b = ModelBuilder()
+    x = b.node("Neg", [b.input("x", [8, 64, 64])], "nx")
+    z = b.node("Neg", [b.input("z", [8, 64, 64])], "nz")
+    b.output(b.node("MatMul", [x, z], "y"))
+    model = b.model()
+    fills, pushes = window_fills(model, "fp16")
+    assert pushes == 16 and len(fills) <= 4 and max(fills) >= 4
+    check(model, "fp16")
