@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph, OpNode
+from tpuflow.lowering.ddrplan import FirstFit
 from tpuflow.lowering.groups import Group
 
 PRODUCTS = ("Conv", "MatMul")
@@ -199,6 +200,21 @@ def held_tensors(graph: Graph, members: list[Group]) -> dict[str, tuple[int, int
             if t in made and made[t] < i:
                 held[t] = (made[t], max(i, held.get(t, (0, 0))[1]))
     return held
+
+
+def held_layout(lifetimes: dict[str, tuple[int, int]], sizes: dict[str, int], align: int) -> tuple[dict[str, int], int]:
+    """Offsets of held tensors (first fit over their lifetimes, in member order: a tensor's space is
+    free again for the members after its last reader) and the extent they span."""
+    pool = FirstFit(0, align)
+    offsets: dict[str, int] = {}
+    for i in range(max((b for _, b in lifetimes.values()), default=-1) + 1):
+        for t, (_, last) in sorted(lifetimes.items()):
+            if last == i - 1:
+                pool.release(offsets[t], sizes[t])
+        for t, (first, _) in sorted(lifetimes.items()):
+            if first == i:
+                offsets[t] = pool.alloc(sizes[t])
+    return offsets, pool.end
 
 
 def held_bytes(graph: Graph, tensor: str, lanes: int) -> int:

@@ -277,6 +277,9 @@ def cmd_verify(model, chip, options: CompileOptions, input_shapes: dict, seed: i
         print(_table(rows, ("output", "max_abs_err", "max_rel_err", "cosine", "")))
         print(f"{'PASS' if result['ok'] else 'FAIL'}: bounds max_rel_err <= {result['rtol']:g} and "
               f"cosine >= {result['min_cosine']:g}, or max_abs_err <= {result['atol']:g} (the reference's own accuracy)")
+        for o in (o for o in result["outputs"] if "quant_step" in o):
+            print(f"  {o['name']} holds quantized values: bound max_abs_err <= {QUANT_STEPS_ALLOWED} x its quantization "
+                  f"step {o['quant_step']:.4g} = {o['max_abs_bound']:.4g} and cosine >= {QUANT_MIN_COSINE:g}")
     return 0 if result["ok"] else 1
 
 

@@ -40,13 +40,12 @@ from tpuflow.frontend.quant import quantize
 from tpuflow.isa import ConvTiu, PordTiu, Prec, StrideMode
 from tpuflow.isa.tiu import RQ_ROUND_MODES, RqDqTiu, dq0_scalars, rq0_channel_words, rq0_scalars, rq1_scalars
 from tpuflow.lowering.context import LowerCtx
-from tpuflow.lowering.ddrplan import FirstFit
 from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.emitter import pool_scale_fields
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import pool_geometry
-from tpuflow.lowering.quant import QuantChain, held_bytes, held_tensors
+from tpuflow.lowering.quant import QuantChain, held_bytes, held_layout, held_tensors
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
 from tpuflow.lowering.weights import pack_conv_weights
@@ -548,17 +547,9 @@ class ChainQuant:
                          tuple(plans), top)
 
     def _held_offsets(self) -> tuple[dict[str, int], int]:
-        """First fit of the held tensors over their lifetimes: offsets above the chain's base, extent."""
-        pool = FirstFit(0, self.chip.core.lmem_align_bytes)
-        offsets: dict[str, int] = {}
-        for i in range(len(self.members)):
-            for t, (first, last) in sorted(self.lifetimes.items()):
-                if last == i - 1:
-                    pool.release(offsets[t], held_bytes(self.ctx.graph, t, self.chip.lanes))
-            for t, (first, last) in sorted(self.lifetimes.items()):
-                if first == i:
-                    offsets[t] = pool.alloc(held_bytes(self.ctx.graph, t, self.chip.lanes))
-        return offsets, pool.end
+        """Where the held tensors lie above the chain's base (lowering.quant.held_layout), and their extent."""
+        sizes = {t: held_bytes(self.ctx.graph, t, self.chip.lanes) for t in self.lifetimes}
+        return held_layout(self.lifetimes, sizes, self.chip.core.lmem_align_bytes)
 
     def _member_plans(self, region: str, offsets: dict[str, int], top: int | None) -> list[QuantPlan] | None:
         plans = []

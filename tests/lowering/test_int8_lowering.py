@@ -1,0 +1,137 @@
+"""The int8 lowering's pieces (issue 15): per-tensor storage precision in the DDR plan, quant groups and
+chains (lowering/quant.py), the held tensors' LMEM layout, the folded conv bias and requant words, and the
+one-line refusals of what it cannot emit."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frontend"))
+
+from quant_models import quantized  # noqa: E402
+from tpuflow.chip import load_chip  # noqa: E402
+from tpuflow.errors import LoweringError  # noqa: E402
+from tpuflow.frontend import load  # noqa: E402
+from tpuflow.isa import Prec  # noqa: E402
+from tpuflow.lowering.ddrplan import plan_ddr, stored_dtype  # noqa: E402
+from tpuflow.lowering.groups import form_groups  # noqa: E402
+from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts  # noqa: E402
+from tpuflow.lowering.quant import (QuantChain, check_supported, held_layout, held_peak,  # noqa: E402
+                                    quantized_groups)
+from tpuflow.lowering.tensors import storage_prec  # noqa: E402
+from tpuflow import models  # noqa: E402
+
+CHIP = load_chip("sg2260")
+
+
+def prepared(model):
+    return materialize_broadcasts(fold_matmul_transposes(load(model)))
+
+
+def test_float_tensors_keep_dtype_quantized_ones_their_storage():
+    g = prepared(quantized("cnn", "QDQ", True, "QUInt8"))
+    for name, info in g.tensors.items():
+        want = info.quant.storage if info.quant is not None else "bf16"
+        assert stored_dtype(g, name, "bf16") == want
+        assert storage_prec(info, Prec.BF16) == {"uint8": Prec.INT8, "int8": Prec.INT8, "int32": Prec.INT32,
+                                                 "bf16": Prec.BF16}[want]
+    groups = quantized_groups(g, form_groups(g), CHIP)
+    ddr = plan_ddr(g, groups, CHIP, "fp16", 0)
+    assert ddr.tensors["x"].nbytes == 2 * 3 * 12 * 12 and ddr.tensors["x"].dtype == "fp16"
+    q = [t for t in ddr.tensors.values() if g.tensor(t.name).quant is not None]
+    assert q and all(t.dtype == "uint8" and t.nbytes == int(np.prod(t.shape)) for t in q)
+
+
+def test_float_graphs_keep_their_groups():
+    g = prepared(models.build_model("small_cnn"))
+    groups = form_groups(g)
+    assert quantized_groups(g, groups, CHIP) is groups
+
+
+def test_cnn_groups_chain_and_fuse():
+    g = prepared(quantized("cnn", "QDQ", True, "QInt8"))
+    groups = quantized_groups(g, form_groups(g), CHIP)
+    assert [(type(x).__name__, x.kind, [n.op_type for n in x.nodes]) for x in groups] == [
+        ("QuantChain", "quant", ["QuantizeLinear", "Conv", "MaxPool", "Conv", "Add", "GlobalAveragePool"]),
+        ("Group", "view", ["Reshape"]), ("Group", "quant", ["MatMul", "Add"]), ("Group", "quant", ["DequantizeLinear"])]
+    chain = groups[0]
+    assert [[n.op_type for n in m.nodes] for m in chain.members] == [
+        ["QuantizeLinear"], ["Conv"], ["MaxPool"], ["Conv"], ["Add"], ["GlobalAveragePool"]]
+    assert held_peak(g, chain.members, CHIP.lanes) > 0
+    taken = [n.name for x in groups for n in x.nodes]
+    assert sorted(taken) == sorted(n.name for n in g.nodes())
+
+
+def test_no_chain_without_a_chip_or_a_budget(monkeypatch):
+    import tpuflow.lowering.quant as quant
+    g = prepared(quantized("cnn", "QDQ", True, "QInt8"))
+    assert not any(isinstance(x, QuantChain) for x in quantized_groups(g, form_groups(g)))
+    monkeypatch.setattr(quant, "CHAIN_RESIDENT_SHARE", 0)
+    assert not any(isinstance(x, QuantChain) for x in quantized_groups(g, form_groups(g), CHIP))
+
+
+lifetimes = st.lists(st.tuples(st.integers(0, 8), st.integers(1, 4), st.integers(1, 5000)), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lifetimes)
+def test_held_tensors_never_share_bytes_while_both_live(spans):
+    lives = {f"t{i}": (a, a + d) for i, (a, d, _) in enumerate(spans)}
+    sizes = {f"t{i}": s for i, (_, _, s) in enumerate(spans)}
+    offsets, extent = held_layout(lives, sizes, 32)
+    assert set(offsets) == set(lives)
+    for a in lives:
+        assert offsets[a] % 32 == 0 and offsets[a] + sizes[a] <= extent
+        for b in lives:
+            overlap_time = lives[a][0] <= lives[b][1] and lives[b][0] <= lives[a][1]
+            if a < b and overlap_time:
+                assert offsets[a] + sizes[a] <= offsets[b] or offsets[b] + sizes[b] <= offsets[a], (a, b)
+    assert extent <= sum(-(-s // 32) * 32 for s in sizes.values())
+
+
+def test_folded_bias_and_requant_words():
+    """bias' = bias - zp_x * sum of the channel's weights (zp_x is also the padding value); rq0 words are the
+    fp32 scale s_x * s_w[c] / s_y and the offset zp_y."""
+    from tpuflow.lowering.context import LowerCtx
+    from tpuflow.lowering.emitter import Emitter
+    from tpuflow.lowering.ops.quant_ops import ProductQuant
+    from tpuflow.lowering.weights import WeightImage
+    from tpuflow.options import CompileOptions
+    g = prepared(quantized("cnn", "QDQ", True, "QUInt8"))
+    groups = quantized_groups(g, form_groups(g))
+    conv = next(x for x in groups if x.anchor.op_type == "Conv" and len(x.anchor.inputs) > 2)
+    ctx = LowerCtx(g, CHIP, CompileOptions(), Emitter(CHIP), plan_ddr(g, groups, CHIP, "fp16", 0), WeightImage(0))
+    emitter = ProductQuant(ctx, conv)
+    x, w, b = (g.tensor(t) for t in conv.anchor.inputs)
+    y = g.tensor(conv.nodes[-1].outputs[0])
+    zp_x = int(x.quant.zero_point)
+    assert zp_x != 0 and emitter.zp_x == zp_x
+    want = b.const.astype(np.int64) - zp_x * w.const.astype(np.int64).reshape(w.shape[0], -1).sum(axis=1)
+    assert np.array_equal(emitter.bias, want)
+    words = emitter.requant.words.view(np.float32)
+    scale = (np.float32(x.quant.scale) * w.quant.scale.astype(np.float32)).astype(np.float64) / float(y.quant.scale)
+    assert np.array_equal(words[:, 0], scale.astype(np.float32))
+    assert np.all(words[:, 1] == np.float32(int(y.quant.zero_point)))
+
+
+@pytest.mark.parametrize("model, node, words", [
+    (("concat_net", "QDQ", False, "QInt8"), "concat", "has no Concat yet"),
+    (("attention", "QDQ", False, "QInt8"), "scores", "constant int8 weights"),
+    (("matmul_chain", "QDQ", True, "QUInt8"), "bias_add", "constant operands"),
+])
+def test_unsupported_quantized_nodes_are_named(model, node, words):
+    g = load(quantized(*model))
+    with pytest.raises(LoweringError) as err:
+        check_supported(g)
+    message = str(err.value)
+    assert f"node '{node}'" in message and words in message and "\n" not in message
+
+
+def test_supported_models_pass_the_check():
+    for case in (("cnn", "QDQ", True, "QInt8"), ("cnn", "QOperator", False, "QUInt8")):
+        check_supported(load(quantized(*case)))
