@@ -72,6 +72,7 @@ class TileDims:
 
 TILE_SIDES = (64, 32, 16)      # M and N tile sizes tried (multiples of the 16 x 16 output fractal)
 NHWC_BLOCK = 256               # channels and pixels per block of the NHWC staging transpose
+STAGE_ROWS = 2                 # staging rows (queue_slots tiles each) one DMA brings into LMEM at most
 STREAM_BATCH = 8               # constant K tiles loaded per DMA (half a queue: the next run loads while this one is read)
 # Operand tile loads are priced by hwmodel.timing.cost.tile_load_cycles (the scheduler's per-instruction cost):
 # a runtime operand reaches Nz / Zn through K0-element (32 B) or single-element DMA pieces, a constant one
@@ -536,13 +537,24 @@ class _StagedStream:
         for r0, r, c0, c in chunk:
             self.gemm._push(self.queue, r * c * e)
 
-    def _stage(self, row: int) -> None:
-        """One DMA: the stream's tiles of staging row `row` into their lanes."""
+    def _span(self, row: int) -> tuple[int, int]:
+        """Stream positions [lo, hi) of staging row `row`."""
         slots = self.gemm.ctx.chip.tile.queue_slots
-        lo, hi = max(0, row * slots - self.base), min(len(self.blocks), (row + 1) * slots - self.base)
+        return max(0, row * slots - self.base), min(len(self.blocks), (row + 1) * slots - self.base)
+
+    def _stage(self, row: int) -> None:
+        """One DMA: the stream's tiles of staging row `row` into their lanes, with the next rows
+        too (up to STAGE_ROWS) while they are full rows not staged yet."""
+        lo, hi = self._span(row)
         if row in self.staged or lo >= hi:
             return
-        self.staged.add(row)
+        slots = self.gemm.ctx.chip.tile.queue_slots
+        rows = [row]
+        while (hi - lo == slots and len(rows) < STAGE_ROWS and rows[-1] + 1 not in self.staged
+               and self._span(rows[-1] + 1)[1] - self._span(rows[-1] + 1)[0] == slots):
+            rows.append(rows[-1] + 1)
+        self.staged.update(rows)
+        hi = self._span(rows[-1])[1]
         ctx, op, elems = self.gemm.ctx, self.op, self.stride // self.gemm.ctx.prec.bytes
         key = (f"{op.key}:{op.layout}:stage:{self.stride}:" + ";".join(f"{b}" for b in self.blocks[lo:hi]),)
         addr = ctx.weights.lookup(key, ctx.prec)
@@ -553,9 +565,10 @@ class _StagedStream:
                 flat = layout(op.matrix[r0:r0 + r, c0:c0 + c], *op.padded(r, c), op.k0)
                 image[i, :flat.size] = flat
             addr = ctx.weights.add(key, image.reshape(-1), ctx.prec)
-        count, first = hi - lo, (self.base + lo) % slots
-        ctx.em.load(make_tile(ctx.chip, self._address(first, row), (1, count, 1, elems), ctx.prec),
-                    DRegion(addr, (1, count, 1, elems), (count * elems, elems, elems, 1), ctx.prec))
+        count, first = (hi - lo) // len(rows), (self.base + lo) % slots
+        dst = make_tile(ctx.chip, self._address(first, row), (len(rows), count, 1, elems), ctx.prec)
+        assert len(rows) == 1 or dst.strides[0] == elems, "staging rows are `stride` bytes apart"
+        ctx.em.load(dst, DRegion(addr, dst.shape, (count * elems, elems, elems, 1), ctx.prec))
 
 
 class _Stream:
