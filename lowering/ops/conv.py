@@ -172,8 +172,9 @@ def width_steps(final_w: int) -> list[int]:
 def fold_kernel_rows(geo: ConvGeom) -> ConvGeom:
     """The same conv after stacking the kh row-shifted (strided, padded) copies of each input
     channel as channels: cin*kh input channels, a 1 x kw kernel, no vertical stride or padding.
-    A conv with few input channels then fills kh times more lanes (the weights keep their
-    [oc][ic][kh][kw] order, which is [oc][ic*kh][1][kw])."""
+    A conv with few input channels then fills kh times more lanes; the stacked channels are
+    kernel-row-major (channel i * cin + c is row i of channel c), so one copy per kernel row fills
+    cin neighbouring lanes, and the weights are reordered to [oc][kh][ic][kw] to match."""
     return ConvGeom(geo.n, geo.cin * geo.kh, geo.ho, geo.w, geo.cout, 1, geo.kw, geo.ho, geo.wo, 1, geo.sx, 1, geo.dx,
                     0, geo.pl, 0, geo.pr, 1)
 
@@ -278,7 +279,8 @@ class ConvEmitter:
         if (self.in_res is None and geo.groups == 1 and geo.kh > 1 and geo.cin * geo.kh <= self.chip.lanes
                 and geo.cin * 2 <= self.chip.lanes):
             self.unfolded, self.geom = geo, fold_kernel_rows(geo)
-            self.weights = self.weights.reshape(geo.cout, geo.cin * geo.kh, 1, geo.kw)
+            # folded channel i * cin + c is kernel row i of input channel c (tap-major: one copy per row)
+            self.weights = self.weights.transpose(0, 2, 1, 3).reshape(geo.cout, geo.kh * geo.cin, 1, geo.kw)
 
     @staticmethod
     def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
@@ -628,31 +630,29 @@ class ConvEmitter:
                                lambda addr: self._epi_region(addr, n, oc_base + c0, ct, h0, ht, cols))
 
     def _load_folded_rows(self, dst: LTile, raw_offset: int, n: int, h0: int, ht: int, cols: ColumnWindow) -> None:
-        """Channel c*kh + i of `dst`, row k = input row (h0+k)*sy + i*dy - pad_top of channel c
+        """Channel i*cin + c of `dst`, row k = input row (h0+k)*sy + i*dy - pad_top of channel c
         (zero where that row is padding): the tile's raw input rows arrive in one DMA, then one
-        LMEM-to-LMEM strided copy per (c, i) (no DRAM traffic)."""
+        LMEM-to-LMEM strided copy per kernel row i moves every channel (no DRAM traffic)."""
         geo, em, prec, chip = self.unfolded, self.ctx.em, self.ctx.prec, self.chip
         lo, rows, _, _ = geo.input_rows(h0, ht)
         raw = make_tile(chip, raw_offset, (1, geo.cin, rows, cols.in_n), prec)
         em.load(raw, self.ctx.region(self.node.inputs[0], raw.shape, (n * geo.cin * geo.h + lo) * geo.w + cols.in0,
                                      (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1)))
-        for c in range(geo.cin):
-            for i in range(geo.kh):
-                lane_tile = dst.sub_channels(c * geo.kh + i, 1, chip)
-                first = next((k for k in range(ht) if (h0 + k) * geo.sy + i * geo.dy - geo.pt >= 0), ht)
-                last = next((k for k in range(ht - 1, -1, -1) if (h0 + k) * geo.sy + i * geo.dy - geo.pt < geo.h), -1)
-                for k0, k1 in ((0, first), (max(last + 1, first), ht)):
-                    if k1 > k0:
-                        em.fill(self._rows_of(lane_tile, k0, k1 - k0), 0.0)
-                if last >= first:
-                    r0 = (h0 + first) * geo.sy + i * geo.dy - geo.pt - lo
-                    src = raw.sub_channels(c, 1, chip)
-                    src = LTile(src.addr + r0 * src.strides[2] * prec.bytes, (1, 1, last - first + 1, cols.in_n), prec,
-                                (src.strides[0], src.strides[1], geo.sy * src.strides[2], 1), StrideMode.FREE)
-                    em.lmem_copy(self._rows_of(lane_tile, first, last - first + 1), src)
+        for i in range(geo.kh):
+            block = dst.sub_channels(i * geo.cin, geo.cin, chip)
+            first = next((k for k in range(ht) if (h0 + k) * geo.sy + i * geo.dy - geo.pt >= 0), ht)
+            last = next((k for k in range(ht - 1, -1, -1) if (h0 + k) * geo.sy + i * geo.dy - geo.pt < geo.h), -1)
+            for k0, k1 in ((0, first), (max(last + 1, first), ht)):
+                if k1 > k0:
+                    em.fill(self._rows_of(block, k0, k1 - k0), 0.0)
+            if last >= first:
+                r0 = (h0 + first) * geo.sy + i * geo.dy - geo.pt - lo
+                src = LTile(raw.addr + r0 * raw.strides[2] * prec.bytes, (1, geo.cin, last - first + 1, cols.in_n), prec,
+                            (raw.strides[0], raw.strides[1], geo.sy * raw.strides[2], 1), StrideMode.FREE)
+                em.lmem_copy(self._rows_of(block, first, last - first + 1), src)
 
     def _rows_of(self, tile: LTile, k0: int, count: int) -> LTile:
-        return LTile(tile.addr + k0 * tile.strides[2] * tile.prec.bytes, (1, 1, count, tile.w), tile.prec,
+        return LTile(tile.addr + k0 * tile.strides[2] * tile.prec.bytes, (1, tile.c, count, tile.w), tile.prec,
                      tile.strides, tile.mode)
 
     def _epi_region(self, addr: int, n, c0, ct, h0, ht, cols: ColumnWindow) -> DRegion:
