@@ -671,8 +671,9 @@ class _TileOutput:
         slot_elems = chip.tile.slot_bytes // src_prec.bytes
         slot_view = DRegion(global_lmem_address(slots[0], chip), (1, count, mt, nt),
                             (count * slot_elems, slot_elems, nt, 1), src_prec)
-        if not self.needs_tiu:      # tile j -> columns j * nt.. of the same rows
-            em.region_copy(DRegion(dst.addr, (1, count, mt, nt), (width, nt, dst.strides[1], 1), dst.prec), slot_view)
+        if not self.needs_tiu:      # tile j -> columns j * nt.. of the same rows, walked row by row
+            rows_view = DRegion(slot_view.addr, (mt, count, 1, nt), (nt, slot_elems, nt, 1), src_prec)
+            em.region_copy(DRegion(dst.addr, (mt, count, 1, nt), (dst.strides[1], nt, nt, 1), dst.prec), rows_view)
             return
         offs = self.sets[self.count % len(self.sets)]
         self.count += 1

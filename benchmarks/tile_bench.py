@@ -1,0 +1,89 @@
+"""The TILE (LinxISA CUBE) path against the TIU path, model by model (issue 16).
+
+    python benchmarks/tile_bench.py [--models a,b] [--dtype fp16] [--chip sg2260] [--out FILE]
+
+For each model: latency, instructions per engine, engine busy time and the estimate's wall time on
+both --matmul paths, the TILE / TIU latency ratio, and where the TILE path's GDMA time goes (per
+kind of transfer: DDR -> tile buffer, DDR -> LMEM, LMEM -> DDR, ...). Writes
+benchmarks/results/tile_<dtype>.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import estimate
+
+MODELS = "bert_layer,gpt_block,llama_mlp,squeezenet,resnet50"
+RESULTS = Path(__file__).parent / "results"
+
+
+def transfer_kind(instr, chip) -> str:
+    """'D' DDR, 'L' LMEM, 'T' tile buffer, 'F' constant fill: source then destination ('DT' = a
+    tile fill from DDR)."""
+    from tpuflow.hwmodel.timing.segments import transfer_sides
+    try:
+        src, dst = transfer_sides(instr, chip)
+    except TypeError:
+        return type(instr).__name__
+
+    def side(s) -> str:
+        if s is None:
+            return "F"
+        if not s.lmem:
+            return "D"
+        return "T" if chip.in_tile_buffer(s.addr) else "L"
+    return side(src) + side(dst)
+
+
+def gdma_by_kind(program, sim) -> dict[str, dict[str, float]]:
+    """Per transfer kind: commands and the us they held the GDMA (dispatch to end)."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"commands": 0, "us": 0.0})
+    for row in np.flatnonzero(sim.engine == 1):
+        kind = transfer_kind(program.gdma[int(sim.cmd_id[row]) - 1], program.chip)
+        out[kind]["commands"] += 1
+        out[kind]["us"] += float(sim.times["end"][row] - sim.times["dispatch"][row]) / 1e6
+    return {k: {"commands": v["commands"], "us": round(v["us"], 3)} for k, v in sorted(out.items())}
+
+
+def run(model: str, chip: str, dtype: str, matmul: str) -> dict:
+    t0 = time.perf_counter()
+    report, program, sim = estimate(model, chip, CompileOptions(dtype=dtype, matmul=matmul), with_sim=True)
+    wall = time.perf_counter() - t0
+    engines = report["engines"]
+    return {"model": model, "matmul": matmul, "dtype": dtype, "latency_us": report["latency_us"],
+            "instructions": {k: v["instructions"] for k, v in engines.items()},
+            "busy_us": {k: round(v["busy_us"], 3) for k, v in engines.items()},
+            "gdma_by_kind": gdma_by_kind(program, sim), "wall_s": round(wall, 2)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=MODELS)
+    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--chip", default="sg2260")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    out = args.out or RESULTS / f"tile_{args.dtype}.json"
+    rows = []
+    print(f"{'model':12} {'TIU us':>9} {'TILE us':>9} {'ratio':>6} {'TIU instr':>10} {'TILE instr':>10} {'TILE wall s':>11}")
+    for model in args.models.split(","):
+        tiu, tile = (run(model, args.chip, args.dtype, path) for path in ("tiu", "tile"))
+        tile["over_tiu"] = round(tile["latency_us"] / tiu["latency_us"], 3)
+        rows += [tiu, tile]
+        print(f"{model:12} {tiu['latency_us']:9.1f} {tile['latency_us']:9.1f} {tile['over_tiu']:6.2f} "
+              f"{sum(tiu['instructions'].values()):10d} {sum(tile['instructions'].values()):10d} {tile['wall_s']:11.1f}")
+        out.write_text(json.dumps({"chip": args.chip, "dtype": args.dtype, "runs": rows,
+                                   "command": "python benchmarks/tile_bench.py"}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
