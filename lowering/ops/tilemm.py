@@ -882,24 +882,13 @@ class TileConvEmitter:
         esize = {"fp32": 4, "fp16": 2, "bf16": 2}[options.dtype]
         return _nhwc_offset(cin_g * kh * kw * ho * wo * esize) + cin_g * h * w * esize
 
-    def _gemm(self, out: _TileOutput, weights: np.ndarray, gi: int, n: int = 0) -> TileGemm:
+    def _gemm(self, out: _TileOutput, weights: np.ndarray, gi: int) -> TileGemm:
         ctx, geo = self.ctx, self.geom
         cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
         kdim, pix, oc0 = cin_g * geo.kh * geo.kw, geo.ho * geo.wo, gi * cout_g
         a = ConstOperand(ctx, "nz", weights[oc0:oc0 + cout_g], f"{self.node.name}:W{gi}", 0, 0)
-        if self._direct():     # B = X (Cin_g x H*W, row-major in NCHW), read as it is
-            x = ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + gi * cin_g) * pix * ctx.prec.bytes
-            bop = RowsOperand(ctx, "zn", x, kdim, pix, pix)
-        else:
-            bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
+        bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
         return TileGemm(ctx, a, bop, cout_g, pix, kdim, Prec.FP32 if out.needs_tiu else ctx.prec)
-
-    def _direct(self) -> bool:
-        """A 1x1 stride-1 unpadded conv through a tile buffer: its GEMM's B is the NCHW input
-        itself (channels x pixels, row-major), converted to Zn in flight: no NHWC copy, no im2col."""
-        geo = self.geom
-        return (geo.kh == geo.kw == 1 and geo.sy == geo.sx == 1 and not any((geo.pt, geo.pl, geo.pb, geo.pr))
-                and self.ctx.chip.tile.buffer_chunk_bytes > 0)
 
     def _weights(self) -> np.ndarray:
         """(Cout x K) with K running (kh, kw, c), so im2col copies runs of channels from the NHWC copy."""
@@ -941,11 +930,10 @@ class TileConvEmitter:
         for n in range(geo.n):
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g
-                gemm = self._gemm(out, weights, gi, n)
+                gemm = self._gemm(out, weights, gi)
                 if n == 0 and gi == 0 and out.needs_tiu:
                     out.load(plan.residents, plan.sets, geo.cout, pix, plan.out_group)
-                if not self._direct():
-                    self._im2col(n, ic0, cin_g, plan)
+                self._im2col(n, ic0, cin_g, plan)
 
                 def deliver(slot, _batch, m0, mt, n0, nt, n=n, oc0=oc0):
                     def regions(p0, width, c=oc0 + m0):

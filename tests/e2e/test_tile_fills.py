@@ -134,22 +134,3 @@ def test_batches_of_a_runtime_matmul_share_fills_and_stores():
     fills, pushes = window_fills(model, "fp16")
     assert pushes == 16 and len(fills) <= 4 and max(fills) >= 4
     check(model, "fp16")
-
-
-@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_a_1x1_conv_reads_its_nchw_input_as_the_gemm_b(dtype):
-    """A 1x1 stride-1 conv (+ bias, Relu) on the TILE path: B = X (Cin x H*W) is read from the NCHW
-    input and converted to Zn in flight, so no NHWC staging transpose (TIU cw_ts) and no im2col
-    (DDR -> DDR) copy is emitted; numerics against onnxruntime."""
-    from tpuflow.isa import CwBcTiu, TensorDma
-    b = ModelBuilder()
-    x = b.node("Neg", [b.input("x", [1, 48, 10, 12])], "nx")
-    y = b.node("Conv", [x, b.weight("w", [40, 48, 1, 1]), b.weight("b", [40], 0.1)], "c")
-    b.output(b.node("Relu", [y], "r"))
-    model = b.model()
-    _, program = compile_model(model, None, CompileOptions(dtype=dtype, matmul="tile"))
-    chip = program.chip
-    ddr_to_ddr = [i for i in program.gdma if isinstance(i, TensorDma) and not i.accesses(chip).lmem_reads
-                  and not i.accesses(chip).lmem_writes and not i.fill_constant_en]
-    assert not ddr_to_ddr and not any(isinstance(i, CwBcTiu) for i in program.tiu)
-    check(model, dtype)
