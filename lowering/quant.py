@@ -93,8 +93,9 @@ def _product_reason(graph: Graph, node: OpNode) -> str:
     if x.quant.per_channel or w.quant.storage != "int8" or (w.quant.zero_point != 0).any():
         return "weights must be int8 with zero point 0, the activation per-tensor"
     if node.op_type == "Conv":
-        if node.attr("group", 1) != 1:
-            return "grouped / depthwise int8 convolution is not supported yet"
+        groups, channels = node.attr("group", 1), x.shape[1]
+        if groups != 1 and not (groups == channels == out.shape[1]):
+            return "grouped int8 convolution (other than depthwise) is not supported yet"
         if out.quant is None or out.quant.storage == "int32":
             return "a Conv with an int32 or float result is not supported yet"
         return ""

@@ -1,27 +1,34 @@
-"""Emitters of the int8 lowering (issue 15): the "quant" groups of lowering/quant.py, DDR to DDR.
+"""Emitters of the int8 lowering (issue 15): the "quant" groups of lowering/quant.py, DDR to DDR, or
+chains of them holding their tensors in LMEM (ChainQuant).
 
 How each kind computes (the canonical meaning out = quantize(op(real(inputs)), out.quant)):
 
+- Requantisation (emit_requant) is onnxruntime's: round_half_even(fp32(x * scale)), then + zp and
+  saturate: quant.rq0 with offset 0 into int32, then quant.rq1 by 1 adding the zero point. (rq0 with
+  the zero point as offset rounds in fp32 after the add and loses the product's fraction; the 31-bit
+  integer rq1 multiplier is closer to the real scale than fp32 but further from onnxruntime: on a
+  quantized MobileNetV2 it differed from onnxruntime in 36 of 301056 values of one layer where the
+  two-step form differed in none.)
 - Conv: CONV with int8 input and weights into an int32 accumulator, the input's zero point as the
   padding value and folded into the int32 bias (bias - zp_x * sum of the channel's weights), then
-  quant.rq0 per output channel (fp32 scale s_x * s_w[c] / s_y, offset zp_y, round half to even:
-  onnxruntime's requantisation, a float multiply and a nearest-even round) into int8 / uint8. A
-  fused Relu is CONV's relu on the int32 sum (exact: quantize is monotonic and quantize(0) = zp);
-  a fused Clip clamps the requantised values, held as int32, to quantize(min) / quantize(max) and
-  narrows them with an identity quant.rq1 (saturating to the 8-bit range).
+  the per-channel requantisation (fp32 scale s_x * s_w[c] / s_y as onnxruntime computes it). A fused
+  Relu is CONV's relu on the int32 sum (exact: quantize is monotonic and quantize(0) = zp); a fused
+  Clip clamps the requantised values to quantize(min) / quantize(max) before narrowing.
+- Depthwise Conv: pord.depthwise in fp32 on the exact integers q - zp_x, exact while the sums stay
+  below 2**24 (DepthwiseQuant), then the same requantisation.
 - MatMul by constant weights (the Gemm form, with its int32 bias Add): the same 1x1 CONV over the
   activation read transposed, (1, K, 1, rows) with the K input channels on lanes, so the output
   columns land on lanes and their per-channel requant and bias are per-lane parameters; the
   result is stored back transposed. (The MM2 form is left for later.)
-- QuantizeLinear: quant.rq0 of the float input (scale 1 / s, offset zp). DequantizeLinear:
+- QuantizeLinear: the float input (widened to fp32) requantised by 1 / s. DequantizeLinear:
   quant.dq0 into --dtype. Both per tensor.
 - Add / Mul / Relu / Clip of quantized tensors: each input dequantised to fp32 (dq0), the op in
-  fp32 on the vector unit, requantised by rq0: the QDQ meaning with fp32 arithmetic (one rounding
+  fp32 on the vector unit, then requantised: the QDQ meaning with fp32 arithmetic (one rounding
   of the real result, as onnxruntime's QLinearAdd computes in float).
 - MaxPool / AveragePool / GlobalAveragePool: PordTiu has no integer rule, so the input becomes the
   exact fp32 integers q - zp_in (dq0 with scale 1), the pool runs in fp32 (exact for max; the mean
-  of integers rounds once in fp32), and rq0 scales by s_in / s_out and adds zp_out. A MaxPool
-  whose output has its input's Quant gives back exactly the input's integers.
+  of integers rounds once in fp32), and the result is requantised by s_in / s_out. A MaxPool whose
+  output has its input's Quant gives back exactly the input's integers.
 
 Every emitter tiles its tensors, double-buffers the per-tile buffers when they fit twice, and
 plans before it emits (lowering.emitplan).
@@ -36,7 +43,7 @@ from typing import ClassVar
 import numpy as np
 
 from tpuflow.errors import LoweringError
-from tpuflow.frontend.quant import quantize
+from tpuflow.frontend.quant import quantize, storage_range
 from tpuflow.isa import ConvTiu, PordTiu, Prec, StrideMode
 from tpuflow.isa.tiu import RQ_ROUND_MODES, RqDqTiu, dq0_scalars, rq0_channel_words, rq0_scalars, rq1_scalars
 from tpuflow.lowering.context import LowerCtx
@@ -48,7 +55,7 @@ from tpuflow.lowering.ops.pool import pool_geometry
 from tpuflow.lowering.quant import QuantChain, held_bytes, held_layout, held_tensors
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
-from tpuflow.lowering.weights import pack_conv_weights
+from tpuflow.lowering.weights import pack_conv_weights, to_storage
 
 HALF_TO_EVEN = RQ_ROUND_MODES["half_to_even"]
 CHAIN_WORK = "chain member working buffers"
@@ -77,6 +84,25 @@ def per_tensor(ctx: LowerCtx, tensor: str) -> tuple[float, int]:
     if quant is None or quant.per_channel:
         raise LoweringError(f"internal: {tensor} is not quantized per tensor")
     return float(quant.scale), int(quant.zero_point)
+
+
+def emit_requant(ctx: LowerCtx, out: LTile, src: LTile, scale: dict, zero_point: int, out_signed: int,
+                 clamp: tuple[int, int] | None = None, in_signed: int = 1) -> None:
+    """out = saturate(round(fp32(src) * scale) + zero_point), onnxruntime's requantisation (MLAS: an
+    fp32 product rounded half to even, then the zero point added): quant.rq0 with offset 0 into
+    src's own bytes as int32 (src is 4-byte: an int32 or fp32 tile, rewritten in place), then
+    quant.rq1 by 1 adding the zero point and saturating to out's 8 bits. (One rq0 with the zero
+    point as its offset rounds x * scale + zp in fp32, which loses x * scale's fraction: 21.4999969
+    - 128 is -106.5 in fp32.) `scale`: rq0 fields (rq0_scalars(s, 0), or per-channel words);
+    `clamp`: (lo, hi) bounds of the stored values, applied before the narrowing."""
+    if src.prec.bytes != 4:
+        raise LoweringError(f"internal: requantising a {src.prec.dtype_name} tile in place")
+    wide = src.as_prec(Prec.INT32)
+    emit_rq(ctx, "rq0", wide, src, scale, in_signed=in_signed)
+    if clamp is not None:
+        ctx.em.ar("max", wide, wide, int(clamp[0]) - zero_point)
+        ctx.em.ar("min", wide, wide, int(clamp[1]) - zero_point)
+    emit_rq(ctx, "rq1", out, wide, rq1_scalars(1, 0, zero_point), out_signed=out_signed)
 
 
 def emit_rq(ctx: LowerCtx, op: str, out: LTile, inp: LTile, params: dict, in_signed: int = 1,
@@ -122,8 +148,11 @@ class Planned:
         if (n, c0, c, r0, rows) == (0, 0, whole.c, 0, whole.h) and whole.n == 1:
             return whole
         view = whole.sub_channels(c0, c, self.chip) if (c0, c) != (0, whole.c) else whole
+        lane = (view.addr // self.chip.lmem_bytes_per_lane) % self.chip.lanes
+        one_group = lane + c <= self.chip.lanes
+        strides = (0, 0 if one_group else view.strides[1], view.strides[2], view.strides[3])   # unused: 0
         return LTile(view.addr + (n * view.strides[0] + r0 * view.strides[2]) * view.prec.bytes,
-                     (1, c, rows, whole.w), whole.prec, view.strides, StrideMode.FREE)
+                     (1, c, rows, whole.w), whole.prec, strides, StrideMode.FREE)
 
     def bytes(self, shape, prec: Prec, compact: bool = False) -> int:
         return tile_bytes_per_lane(self.chip, shape, prec, compact)
@@ -158,12 +187,13 @@ class ElementwiseQuant(Planned):
 
     @property
     def nchw(self) -> bool:
-        """In a chain, every tensor as its whole (N, C, H, W) tile (the chain's layout), in one step."""
+        """In a chain: tensors in the chain's layout, (1, C, rows, W) tiles of the (N, C, H, W) tensors
+        in row steps (held tensors read and written in place); else the flat (lanes, cols) view."""
         return bool(self.lmem)
 
     def choices(self):
         if self.nchw:
-            return [(self.cols,)]
+            return [(rows,) for rows in row_options(self.shape[2])]
         width, out = self.cols, []
         while width >= 1:
             out.append((width,))
@@ -172,9 +202,16 @@ class ElementwiseQuant(Planned):
             width = -(-width // 2)
         return out
 
-    def _tile_shape(self, width: int) -> tuple[tuple[int, int, int, int], bool]:
+    def _tile_shape(self, step: int) -> tuple[tuple[int, int, int, int], bool]:
         """The shape of one step's tiles and whether they are compact (flat view) or aligned (NCHW)."""
-        return (tuple(self.shape), False) if self.nchw else ((1, self.rows, 1, width), True)
+        _, c, _, w = self.shape if self.nchw else (0, 0, 0, 0)
+        return ((1, c, step, w), False) if self.nchw else ((1, self.rows, 1, step), True)
+
+    def _steps(self, step: int) -> list[tuple[int, int, int]]:
+        """(sample, first row or column, count) of every step."""
+        if self.nchw:
+            return [(n, h0, h) for n in range(self.shape[0]) for h0, h in steps(self.shape[2], step)]
+        return [(0, c0, cw) for c0, cw in steps(self.cols, step)]
 
     def sizes(self, choice):
         shape, compact = self._tile_shape(choice[0])
@@ -182,6 +219,8 @@ class ElementwiseQuant(Planned):
                    for i, t in enumerate(self.inputs) if t not in self.lmem]
         if not self.direct:
             per_set += [(f"work{i}", self.bytes(shape, Prec.FP32, compact)) for i in range(len(self.inputs))]
+        elif self.node.op_type == "QuantizeLinear" and self.ctx.tensor_prec(self.inputs[0]) != Prec.FP32:
+            per_set.append(("work0", self.bytes(shape, Prec.FP32, compact)))      # the input widened to fp32
         if self.out not in self.lmem:
             per_set.append(("out", self.bytes(shape, self.ctx.tensor_prec(self.out), compact)))
         return [], per_set
@@ -189,37 +228,44 @@ class ElementwiseQuant(Planned):
     def emit(self, plan: QuantPlan) -> None:
         ctx = self.ctx
         ctx.em.layer = self.node.name
-        (width,) = plan.choice
-        for index, (c0, cw) in enumerate(steps(self.cols, width)):
+        for index, (n, at, count) in enumerate(self._steps(plan.choice[0])):
             offs = plan.sets[index % len(plan.sets)]
-            shape, compact = self._tile_shape(cw)
+            shape, compact = self._tile_shape(count)
             tiles = []
             for i, t in enumerate(self.inputs):
-                tile = self.lmem.get(t)
+                tile = self._held(t, n, at, count)
                 if tile is None:
                     tile = make_tile(self.chip, offs[f"in{i}"], shape, ctx.tensor_prec(t), compact=compact)
-                    ctx.em.load(tile, self._region(t, c0, cw))
+                    ctx.em.load(tile, self._region(t, n, at, count))
                 tiles.append(tile)
-            out = self.lmem.get(self.out) or make_tile(self.chip, offs["out"], shape, ctx.tensor_prec(self.out),
-                                                       compact=compact)
+            out = self._held(self.out, n, at, count) or make_tile(self.chip, offs["out"], shape,
+                                                                  ctx.tensor_prec(self.out), compact=compact)
             work = [make_tile(self.chip, offs[f"work{i}"], shape, Prec.FP32, compact=compact)
                     for i in range(len(self.inputs)) if f"work{i}" in offs]
             self._compute(out, tiles, work)
             if self.out not in self.lmem or self.out in self.keep:
-                ctx.em.store(out, self._region(self.out, c0, cw))
+                ctx.em.store(out, self._region(self.out, n, at, count))
         self.note(plan)
 
-    def _region(self, tensor: str, c0: int, cw: int) -> DRegion:
+    def _held(self, tensor: str, n: int, h0: int, rows: int) -> LTile | None:
+        return self.held(tensor, n, 0, self.shape[1], h0, rows) if self.nchw else None
+
+    def _region(self, tensor: str, n: int, at: int, count: int) -> DRegion:
         if self.nchw:
-            n, c, h, w = self.shape
-            return self.ctx.region(tensor, (n, c, h, w))
-        return self.ctx.region(tensor, (1, self.rows, 1, cw), c0, (self.count, self.cols, cw, 1))
+            _, c, h, w = self.shape
+            return self.ctx.region(tensor, (1, c, count, w), (n * c * h + at) * w, (c * h * w, h * w, w, 1))
+        return self.ctx.region(tensor, (1, self.rows, 1, count), at, (self.count, self.cols, count, 1))
 
     def _compute(self, out: LTile, tiles: list[LTile], work: list[LTile]) -> None:
         ctx, op = self.ctx, self.node.op_type
         s_out, zp_out = per_tensor(ctx, self.out) if op != "DequantizeLinear" else (1.0, 0)
         if op == "QuantizeLinear":
-            emit_rq(ctx, "rq0", out, tiles[0], rq0_scalars(1.0 / s_out, zp_out), out_signed=signed(ctx, self.out))
+            if tiles[0].prec == Prec.FP32:
+                wide = tiles[0]                            # rewritten in place
+            else:
+                wide = work[0]
+                ctx.em.ar("copy", wide, tiles[0])          # fp16 / bf16 -> fp32, exact
+            emit_requant(ctx, out, wide, rq0_scalars(1.0 / s_out, 0.0), zp_out, signed(ctx, self.out))
             return
         if op == "DequantizeLinear":
             s, zp = per_tensor(ctx, self.inputs[0])
@@ -239,7 +285,7 @@ class ElementwiseQuant(Planned):
                 ctx.em.ar("max", acc, acc, float(lo))
             if hi is not None:
                 ctx.em.ar("min", acc, acc, float(hi))
-        emit_rq(ctx, "rq0", out, acc, rq0_scalars(1.0 / s_out, zp_out), out_signed=signed(ctx, self.out))
+        emit_requant(ctx, out, acc, rq0_scalars(1.0 / s_out, 0.0), zp_out, signed(ctx, self.out))
 
 
 # ---------------------------------------------------------------- pools
@@ -315,7 +361,7 @@ class PoolQuant(Planned):
                                opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
                                res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
                                opd1_y_ins0=geo.dy - 1))
-        emit_rq(ctx, "rq0", out_q, out_f, rq0_scalars(s_in / s_out, zp_out), out_signed=signed(ctx, self.out))
+        emit_requant(ctx, out_q, out_f, rq0_scalars(s_in / s_out, 0.0), zp_out, signed(ctx, self.out))
         if self.out in self.lmem and self.out not in self.keep:
             return
         ctx.em.store(out_q, ctx.region(self.out, out_q.shape, ((n * geo.cin + c0) * geo.ho + h0) * geo.wo,
@@ -374,8 +420,9 @@ class ProductQuant(Planned):
     def _requant(self, w_quant, s_x: float) -> Requant:
         s_y, zp_y = per_tensor(self.ctx, self.out)
         s_w = np.broadcast_to(np.asarray(w_quant.scale, np.float64).reshape(-1), (self.geom.cout,))
-        s_xw = (np.float32(s_x) * s_w.astype(np.float32)).astype(np.float64)     # the accumulator's scale
-        words = rq0_channel_words((s_xw / s_y).astype(np.float32), np.full(self.geom.cout, zp_y, np.float32))
+        s_xw = np.float32(s_x) * s_w.astype(np.float32)                   # fp32, as onnxruntime's output_scales
+        words = rq0_channel_words((s_xw / np.float32(s_y)).astype(np.float32), np.zeros(self.geom.cout, np.float32))
+        self.zp_y = zp_y
         acts = [m for m in self.group.nodes[1:] if m.op_type in ("Relu", "Clip")]
         relu = any(m.op_type == "Relu" for m in acts)
         clamp = None
@@ -395,7 +442,7 @@ class ProductQuant(Planned):
     def sizes(self, choice):
         ct, rt = choice
         geo = self.geom
-        consts = [self._const_layout(ct)[-1]]
+        consts = [self._const_layout(ct)[1]]
         resident = consts * (2 if ct < geo.cout else 1)
         out_shape = (1, ct, rt, geo.wo)
         per_set = [("acc", self.bytes(out_shape, Prec.INT32))]
@@ -409,7 +456,7 @@ class ProductQuant(Planned):
         ctx, geo = self.ctx, self.geom
         ctx.em.layer = self.node.name
         ct, rt = plan.choice
-        width, index = self.packed.shape[1], 0
+        index = 0
         for chunk, (c0, c) in enumerate(steps(geo.cout, ct)):
             base = plan.resident[chunk % len(plan.resident)]
             wt, bt, qt = self._load_constants(base, c0, c)
@@ -417,42 +464,50 @@ class ProductQuant(Planned):
                 for h0, h in steps(geo.ho, rt):
                     self._tile(plan.sets[index % len(plan.sets)], (wt, bt, qt), n, c0, c, h0, h)
                     index += 1
-        self.note(plan, geo.n * geo.cout * geo.ho * geo.wo * geo.cin * geo.kh * geo.kw)
+        self.note(plan, self.macs())
 
-    def _const_layout(self, count: int) -> tuple[int, int, int]:
-        """Per-lane byte offsets of a chunk of `count` channels' constants in their one LMEM block
-        (weights, requant words, bias; each compact and aligned), and the block's bytes per lane."""
+    def macs(self) -> int:
+        geo = self.geom
+        return geo.n * geo.cout * geo.ho * geo.wo * geo.cin * geo.kh * geo.kw
+
+    def _const_parts(self) -> list[tuple[np.ndarray, Prec]]:
+        """The per-channel constants as (C, k) rows and their precision: weights, bias, requant words."""
+        return [(self.packed, Prec.INT8), (self.bias.reshape(-1, 1), Prec.INT32), (self.requant.words, Prec.INT32)]
+
+    def _const_layout(self, count: int) -> tuple[list[int], int]:
+        """Per-lane byte offsets of a chunk of `count` channels' constants (_const_parts, each compact
+        and aligned) in their one LMEM block, and the block's bytes per lane."""
         groups, align = -(-count // self.chip.lanes), self.chip.core.lmem_align_bytes
-        words = -(-groups * self.packed.shape[1] // align) * align
-        bias = words + -(-groups * 8 // align) * align
-        return words, bias, bias + groups * 4
+        offsets, end = [], 0
+        for rows, prec in self._const_parts():
+            offsets.append(end)
+            end = -(-(end + groups * rows.shape[1] * prec.bytes) // align) * align
+        return offsets, end
 
-    def _load_constants(self, base: int, c0: int, count: int) -> tuple[LTile, LTile, LTile]:
-        """One DMA of a channel chunk's weights, requant words and bias, lane-major (lane l holds
-        channels l, l + lanes, ...: one contiguous run per lane) into one block at `base`."""
+    def _load_constants(self, base: int, c0: int, count: int) -> list[LTile]:
+        """One DMA of a channel chunk's constants, lane-major (lane l holds channels l, l + lanes,
+        ...: one contiguous run per lane) into one block at `base`; their tiles."""
         lanes = self.chip.lanes
         groups, used = -(-count // lanes), min(count, lanes)
-        words_at, bias_at, size = self._const_layout(count)
+        offsets, size = self._const_layout(count)
 
-        def lane_major(rows: np.ndarray) -> np.ndarray:        # (count, k) -> (lanes, groups * k) bytes
-            rows = np.ascontiguousarray(rows).view(np.int8).reshape(count, -1)
+        def lane_major(rows: np.ndarray, prec: Prec) -> np.ndarray:   # (count, k) -> (lanes, groups * k) bytes
+            rows = np.ascontiguousarray(to_storage(rows, prec)).view(np.int8).reshape(count, -1)
             padded = np.zeros((groups * lanes, rows.shape[1]), np.int8)
             padded[:count] = rows
             return padded.reshape(groups, lanes, -1).transpose(1, 0, 2).reshape(lanes, -1)
 
         block = np.zeros((lanes, size), np.int8)
-        for at, part in ((0, self.packed[c0:c0 + count]), (words_at, self.requant.words[c0:c0 + count]),
-                         (bias_at, self.bias[c0:c0 + count].reshape(-1, 1))):
-            data = lane_major(part)
+        tiles = []
+        for at, (rows, prec) in zip(offsets, self._const_parts()):
+            data = lane_major(rows[c0:c0 + count], prec)
             block[:, at:at + data.shape[1]] = data
+            tiles.append(make_tile(self.chip, base + at, (1, count, 1, rows.shape[1]), prec, compact=True))
         addr = self.ctx.const_addr(f"{self.node.name}:constants:{c0}:{count}", block[:used], Prec.INT8)
         shape = (1, used, 1, size)
         self.ctx.em.load(make_tile(self.chip, base, shape, Prec.INT8, compact=True),
                          DRegion(addr, shape, (used * size, size, size, 1), Prec.INT8))
-        width = self.packed.shape[1]
-        return (make_tile(self.chip, base, (1, count, 1, width), Prec.INT8, compact=True),
-                make_tile(self.chip, base + bias_at, (1, count, 1, 1), Prec.INT32, compact=True),
-                make_tile(self.chip, base + words_at, (1, count, 1, 2), Prec.INT32, compact=True))
+        return tiles
 
     def _tile(self, offs, consts, n: int, c0: int, c: int, h0: int, h: int) -> None:
         ctx, geo, chip = self.ctx, self.geom, self.chip
@@ -472,17 +527,15 @@ class ProductQuant(Planned):
                            opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
                            opd1_y_ins0=geo.dy - 1, opt_relu=int(self.requant.relu), weight_ic_block=IC_BLOCK,
                            opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1, opd3_addr=self.zp_x))
-        params = dict(opt_opd1_const=0, opd1_addr=qt.addr)
-        if self.requant.clamp is None:
-            emit_rq(ctx, "rq0", out, acc, params, out_signed=signed(ctx, self.out))
-        else:
-            lo, hi = self.requant.clamp
-            emit_rq(ctx, "rq0", acc, acc, params)               # int32: no saturation before the clamp
-            ctx.em.ar("max", acc, acc, int(lo))
-            ctx.em.ar("min", acc, acc, int(hi))
-            emit_rq(ctx, "rq1", out, acc, rq1_scalars(1, 0, 0), out_signed=signed(ctx, self.out))
+        self._requantise(acc, out, qt)
         if self.out not in self.lmem or self.out in self.keep:
             ctx.em.store(out, self._y_region(n, c0, c, h0, h))
+
+    def _requantise(self, acc: LTile, out: LTile, qt: LTile) -> None:
+        """The sums in `acc` (int32, or fp32 integers; rewritten in place) to `out` by the per-channel
+        rq0 scales in `qt` (emit_requant), a fused Clip as bounds on the stored values."""
+        emit_requant(self.ctx, out, acc, dict(opt_opd1_const=0, opd1_addr=qt.addr), self.zp_y,
+                     signed(self.ctx, self.out), self.requant.clamp)
 
     def _x_region(self, n: int, r0: int, rows: int) -> DRegion:
         geo = self.geom
@@ -499,6 +552,76 @@ class ProductQuant(Planned):
                                    (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1))
         cols = geo.cout
         return self.ctx.region(self.out, (1, c, 1, self.rows), c0, (self.rows * cols, 1, self.rows * cols, cols))
+
+
+class DepthwiseQuant(ProductQuant):
+    """Depthwise Conv (group = channels) on int8: PordTiu has no integer rule, so the input becomes the
+    exact fp32 integers q - zp_x (dq0, scale 1; the zero padding of pord.depthwise is then the zero
+    point's padding), the int8 weights and the int32 bias are fp32 integers, and pord.depthwise sums
+    the products in fp32: exact while every partial sum stays below 2**24 (checked), so the result is
+    the int32 accumulator; CONV's relu is pord's, and the per-channel rq0 reads the fp32 sums."""
+
+    EXACT = 1 << 24                       # fp32 integers are exact below this
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        Planned.__init__(self, ctx, group)
+        g, node = ctx.graph, self.node
+        self.x, self.out = node.inputs[0], group.nodes[-1].outputs[0]
+        self.geom = conv_geometry(ctx, node)
+        w_info = g.tensor(node.inputs[1])
+        weights = np.asarray(w_info.const, np.int64).reshape(self.geom.cout, -1)
+        bias = self._const_bias(node.inputs[2] if len(node.inputs) > 2 else None)
+        s_x, self.zp_x = per_tensor(ctx, self.x)
+        lo, hi = storage_range(g.tensor(self.x).quant.storage)
+        reach = np.abs(weights).sum(axis=1) * max(abs(lo - self.zp_x), abs(hi - self.zp_x)) + np.abs(bias)
+        if reach.max(initial=0) >= self.EXACT:
+            raise LoweringError(f"node {node.name}: depthwise sums may reach {int(reach.max())}, past fp32's exact "
+                                f"integers (2**24)")
+        self.weights, self.bias = weights.astype(np.float32), bias.astype(np.float32)
+        self.requant = self._requant(w_info.quant, s_x)
+
+    def _const_parts(self) -> list[tuple[np.ndarray, Prec]]:
+        return [(self.weights, Prec.FP32), (self.bias.reshape(-1, 1), Prec.FP32), (self.requant.words, Prec.INT32)]
+
+    def sizes(self, choice):
+        ct, rt = choice
+        geo = self.geom
+        resident = [self._const_layout(ct)[1]] * (2 if ct < geo.cout else 1)
+        in_shape, out_shape = (1, ct, min(geo.h, geo.halo_rows(rt)), geo.w), (1, ct, rt, geo.wo)
+        per_set = [("acc", self.bytes(out_shape, Prec.FP32)), ("x_f", self.bytes(in_shape, Prec.FP32))]
+        if self.x not in self.lmem:
+            per_set.append(("x", self.bytes(in_shape, Prec.INT8)))
+        if self.out not in self.lmem:
+            per_set.append(("out", self.bytes(out_shape, Prec.INT8)))
+        return resident, per_set
+
+    def macs(self) -> int:
+        geo = self.geom
+        return geo.n * geo.cout * geo.ho * geo.wo * geo.kh * geo.kw
+
+    def _tile(self, offs, consts, n: int, c0: int, c: int, h0: int, h: int) -> None:
+        ctx, geo, chip = self.ctx, self.geom, self.chip
+        wt, bt, qt = consts
+        r0, rows, up, dn = geo.input_rows(h0, h)
+        acc = make_tile(chip, offs["acc"], (1, c, h, geo.wo), Prec.FP32)
+        x_f = make_tile(chip, offs["x_f"], (1, c, rows, geo.w), Prec.FP32)
+        xt = self.held(self.x, n, c0, c, r0, rows)
+        if xt is None:
+            xt = make_tile(chip, offs["x"], (1, c, rows, geo.w), Prec.INT8)
+            ctx.em.load(xt, self.ctx.region(self.x, xt.shape, ((n * geo.cin + c0) * geo.h + r0) * geo.w,
+                                            (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1)))
+        out = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8)
+        emit_rq(ctx, "dq0", x_f, xt, dq0_scalars(self.zp_x, 1.0), in_signed=signed(ctx, self.x))
+        fields = acc.fields("res0", with_shape=True)
+        fields.update(x_f.fields("opd0"))
+        ctx.em.tiu(PordTiu(op="depthwise", **fields, opd0_h=rows, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=geo.kh,
+                           opd1_w=geo.kw, opt_opd1_const=0, opt_opd1_prec=int(Prec.FP32), opd2_addr=bt.addr,
+                           opt_opd2_const=0, opt_opd2_prec=int(Prec.FP32), opt_relu=int(self.requant.relu),
+                           opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
+                           res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1))
+        self._requantise(acc, out, qt)
+        if self.out not in self.lmem or self.out in self.keep:
+            ctx.em.store(out, self._y_region(n, c0, c, h0, h))
 
 
 # ---------------------------------------------------------------- chains
@@ -578,6 +701,8 @@ class ChainQuant:
 def single_emitter(ctx: LowerCtx, group: Group):
     """The emitter of one quant group, by its first node's kind."""
     op = group.anchor.op_type
+    if op == "Conv" and group.anchor.attr("group", 1) > 1:
+        return DepthwiseQuant(ctx, group)
     if op in ("Conv", "MatMul"):
         return ProductQuant(ctx, group)
     if op in ("MaxPool", "AveragePool", "GlobalAveragePool"):
