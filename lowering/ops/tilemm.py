@@ -1036,9 +1036,12 @@ def _valid(out: int, stride: int, offset: int, size: int) -> tuple[int, int]:
 
 
 def tile_conv_emitter(ctx: LowerCtx, group: Group):
-    """A conv group with the TILE engine: a depthwise conv is not a matmul and runs on the TIU."""
+    """A conv group with the TILE engine. On the TIU instead: a depthwise conv (not a matmul), and a
+    conv with fewer input channels per group than one K fractal row (K0 elements, e.g. an RGB stem):
+    its im2col would move runs of a few bytes and its K fractals would be mostly padding."""
     geo = conv_geometry(ctx, group.anchor)
-    if geo.groups == geo.cin == geo.cout and geo.groups > 1:
+    k0 = ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes
+    if (geo.groups == geo.cin == geo.cout and geo.groups > 1) or geo.cin // geo.groups < k0:
         from tpuflow.lowering.ops.conv import ConvEmitter
         return ConvEmitter(ctx, group)
     return TileConvEmitter(ctx, group)

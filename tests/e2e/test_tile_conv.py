@@ -1,0 +1,32 @@
+"""Convolutions on the TILE path: which ones stay on the TIU (depthwise, fewer input channels per
+group than one K fractal row), numerics against onnxruntime (race detector on)."""
+
+from __future__ import annotations
+
+import pytest
+from onnx_build import ModelBuilder
+
+from tpuflow.isa import ConvTiu, Engine, TMatmul
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import compile_model, verify
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_a_conv_with_fewer_input_channels_than_k0_runs_on_the_tiu(dtype):
+    """An RGB stem (Cin = 3 < K0 = 8 fp32 / 16 fp16) then a 16 -> 32 conv: the stem is a TIU
+    CONV (its im2col would move 3-element runs), the second conv runs on the CUBE."""
+    b = ModelBuilder()
+    x = b.node("Neg", [b.input("x", [1, 3, 16, 16])], "nx")
+    y = b.node("Conv", [x, b.weight("w1", [16, 3, 3, 3]), b.weight("b1", [16], 0.1)], "stem", pads=[1, 1, 1, 1])
+    y = b.node("Relu", [y], "r1")
+    y = b.node("Conv", [y, b.weight("w2", [32, 16, 3, 3]), b.weight("b2", [32], 0.1)], "body", pads=[1, 1, 1, 1])
+    b.output(y)
+    model = b.model()
+    _, program = compile_model(model, None, CompileOptions(dtype=dtype, matmul="tile"))
+    tiu_layers = program.layer_names(Engine.TIU)[:len(program.tiu)]
+    tile_layers = set(program.layer_names(Engine.TILE)[:len(program.tile)])
+    convs = {layer for layer, instr in zip(tiu_layers, program.tiu) if isinstance(instr, ConvTiu)}
+    assert len(convs) == 1 and not convs & tile_layers
+    assert any(isinstance(i, TMatmul) for i in program.tile) and len(tile_layers - {""}) == 1
+    result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile"), race_check=True)
+    assert result["ok"], result["outputs"]
