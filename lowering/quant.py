@@ -10,6 +10,7 @@ DDR (layer groups never keep a quantized tensor in LMEM: the quant emitters have
 - QuantizeLinear, DequantizeLinear (per tensor), and Add / Mul / Relu / Clip of same-shaped
   quantized tensors;
 - MaxPool, AveragePool, GlobalAveragePool;
+- channel Concat (requantising the inputs whose Quant is not the output's);
 - Reshape views (no instructions: the DDR buffer is shared, as for float views).
 
 Everything else on quantized tensors is refused before lowering by `check_supported`, one line
@@ -30,7 +31,8 @@ ACTIVATIONS = ("Relu", "Clip")
 ELEMENTWISE = ("QuantizeLinear", "DequantizeLinear", "Add", "Mul", "Relu", "Clip")
 POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool")
 VIEWS = ("Reshape",)
-SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS
+SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS + ("Concat",)
+CHAINABLE = ("Conv",) + ELEMENTWISE + POOLS          # emitters that read and write held tensors
 
 
 def is_quantized(graph: Graph, node: OpNode) -> bool:
@@ -74,6 +76,13 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
             return "a float result of quantized inputs is not supported"
         if any(t.quant is not None and t.quant.storage == "int32" for t in runtime + outs):
             return "int32 tensors only as a MatMul's accumulator"
+        return ""
+    if op == "Concat":
+        tensors = ins + outs
+        if any(len(t.shape) != 4 for t in tensors) or node.attr("axis") % 4 != 1:
+            return "only channel Concat of NCHW tensors"
+        if any(t.quant is None or t.quant.per_channel or t.quant.storage == "int32" or t.is_const for t in tensors):
+            return "Concat only of per-tensor 8-bit quantized activations"
         return ""
     if op in POOLS:
         if len(graph.tensor(node.inputs[0]).shape) != 4:
@@ -156,8 +165,9 @@ def quantized_groups(graph: Graph, groups: list[Group], chip=None) -> list[Group
 
 
 def _chainable(graph: Graph, group: Group) -> bool:
-    """A quant group on 4-D tensors only (not the Gemm form, whose activation is read transposed)."""
-    if group.kind != "quant" or group.anchor.op_type == "MatMul":
+    """A quant group whose emitter takes held tensors (CHAINABLE; not the Gemm form, whose activation is
+    read transposed, nor Concat, whose inputs meet in DDR), on 4-D tensors only."""
+    if group.kind != "quant" or group.anchor.op_type not in CHAINABLE:
         return False
     return all(len(graph.tensor(t).shape) == 4 for n in group.nodes for t in (*n.inputs, *n.outputs)
                if t and not graph.tensor(t).is_const)

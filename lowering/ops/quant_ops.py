@@ -368,6 +368,77 @@ class PoolQuant(Planned):
                                        (geo.cin * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1)))
 
 
+# ---------------------------------------------------------------- concat
+
+
+class ConcatQuant(Planned):
+    """Channel Concat of quantized NCHW tensors in DDR. An input the DDR plan placed inside the output
+    (ddrplan's Concat members: its producer wrote it there) with the output's Quant costs nothing;
+    another with that Quant is one DDR -> DDR copy; one with another Quant is loaded in row steps,
+    dequantised to the exact fp32 integers q - zp, requantised by s_in / s_out (emit_requant) and
+    stored into its slice."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        super().__init__(ctx, group)
+        g = ctx.graph
+        self.out = self.node.outputs[0]
+        self.shape = g.tensor(self.out).shape
+        self.parts, c0 = [], 0
+        for x in self.node.inputs:
+            self.parts.append((x, c0, g.tensor(x).shape[1]))
+            c0 += g.tensor(x).shape[1]
+        quant = g.tensor(self.out).quant
+        self.requantised = [p for p in self.parts if g.tensor(p[0]).quant != quant]
+        self.widest = max((c for _, _, c in self.requantised), default=0)
+
+    def choices(self):
+        return [(rows,) for rows in row_options(self.shape[2])] if self.requantised else [(0,)]
+
+    def sizes(self, choice):
+        if not self.requantised:
+            return [], []
+        shape = (1, self.widest, choice[0], self.shape[3])
+        return [], [("in", self.bytes(shape, Prec.INT8)), ("f", self.bytes(shape, Prec.FP32)),
+                    ("out", self.bytes(shape, Prec.INT8))]
+
+    def emit(self, plan: QuantPlan) -> None:
+        ctx = self.ctx
+        ctx.em.layer = self.node.name
+        n_, c_all, h_all, w = self.shape
+        index = 0
+        for x, c0, c in self.parts:
+            in_place = ctx.ddr.alias_root(x)[0] == ctx.ddr.alias_root(self.out)[0]
+            if (x, c0, c) not in self.requantised:
+                if not in_place:
+                    ctx.em.region_copy(self._slice(self.out, c0, c, 0, h_all, c_all),
+                                       self._slice(x, 0, c, 0, h_all, c))
+                continue
+            s_in, zp_in = per_tensor(ctx, x)
+            s_out, zp_out = per_tensor(ctx, self.out)
+            for n in range(n_):
+                for h0, h in steps(h_all, plan.choice[0]):
+                    offs = plan.sets[index % len(plan.sets)]
+                    index += 1
+                    shape = (1, c, h, w)
+                    q_in = make_tile(self.chip, offs["in"], shape, Prec.INT8)
+                    f = make_tile(self.chip, offs["f"], shape, Prec.FP32)
+                    q_out = make_tile(self.chip, offs["out"], shape, Prec.INT8)
+                    ctx.em.load(q_in, self._slice(x, 0, c, h0, h, c, n))
+                    emit_rq(ctx, "dq0", f, q_in, dq0_scalars(zp_in, 1.0), in_signed=signed(ctx, x))
+                    emit_requant(ctx, q_out, f, rq0_scalars(s_in / s_out, 0.0), zp_out, signed(ctx, self.out))
+                    ctx.em.store(q_out, self._slice(self.out, c0, c, h0, h, c_all, n))
+        self.note(plan)
+
+    def _slice(self, tensor: str, c0: int, c: int, h0: int, h: int, channels: int, n: int | None = None) -> DRegion:
+        """Channels [c0, c0 + c) and rows [h0, h0 + h) of sample n (all samples when None) of a tensor
+        of `channels` channels."""
+        n_, _, height, w = self.shape
+        strides = (channels * height * w, height * w, w, 1)
+        if n is None:
+            return self.ctx.region(tensor, (n_, c, h, w), (c0 * height + h0) * w, strides)
+        return self.ctx.region(tensor, (1, c, h, w), ((n * channels + c0) * height + h0) * w, strides)
+
+
 # ---------------------------------------------------------------- products
 
 
@@ -707,6 +778,8 @@ def single_emitter(ctx: LowerCtx, group: Group):
         return ProductQuant(ctx, group)
     if op in ("MaxPool", "AveragePool", "GlobalAveragePool"):
         return PoolQuant(ctx, group)
+    if op == "Concat":
+        return ConcatQuant(ctx, group)
     return ElementwiseQuant(ctx, group)
 
 

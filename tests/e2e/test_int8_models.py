@@ -69,7 +69,7 @@ def test_unsupported_quantized_op_is_one_line_naming_the_node(tmp_path, capsys):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err, err
-        assert "node 'concat' (Concat) on quantized tensors" in err, err
+        assert "node 'slice' (Slice) on quantized tensors" in err, err
     assert not (tmp_path / "out").exists()
 
 
@@ -199,3 +199,48 @@ def test_resnet50_qdq_verifies_and_beats_fp16():
     result = verify(q, "sg2260", CompileOptions(dtype="fp16"))
     assert result["ok"], result["outputs"]
     assert latency_us(q) < latency_us(float_model)
+
+
+def fire_and_depthwise_cnn():
+    """A SqueezeNet fire module (squeeze 1x1, expand 1x1 and 3x3, channel Concat) then MaxPool, a MobileNet
+    block (depthwise 3x3 with Relu6, pointwise 1x1) and global average pool + gemm."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    rng = np.random.default_rng(11)
+    n = helper.make_node
+
+    def w(name, shape, scale=0.2):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    nodes = [n("Conv", ["x", "ws", "bs"], ["s"], name="squeeze"), n("Relu", ["s"], ["sr"], name="squeeze_relu"),
+             n("Conv", ["sr", "we1", "be1"], ["e1"], name="expand1x1"), n("Relu", ["e1"], ["e1r"], name="e1_relu"),
+             n("Conv", ["sr", "we3", "be3"], ["e3"], name="expand3x3", pads=[1, 1, 1, 1]),
+             n("Relu", ["e3"], ["e3r"], name="e3_relu"), n("Concat", ["e1r", "e3r"], ["cat"], name="concat", axis=1),
+             n("MaxPool", ["cat"], ["p"], name="pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             n("Conv", ["p", "wd", "bd"], ["d"], name="depthwise", pads=[1, 1, 1, 1], group=32),
+             n("Clip", ["d", "lo", "hi"], ["dr"], name="relu6"),
+             n("Conv", ["dr", "wp", "bp"], ["pw"], name="pointwise"),
+             n("GlobalAveragePool", ["pw"], ["g"], name="gap"), n("Flatten", ["g"], ["f"], name="flatten"),
+             n("Gemm", ["f", "fw", "fb"], ["y"], name="fc", transB=1)]
+    inits = [w("ws", (8, 16, 1, 1)), w("bs", (8,), 0.1), w("we1", (16, 8, 1, 1)), w("be1", (16,), 0.1),
+             w("we3", (16, 8, 3, 3), 0.1), w("be3", (16,), 0.1), w("wd", (32, 1, 3, 3), 0.3), w("bd", (32,), 0.1),
+             numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi"),
+             w("wp", (24, 32, 1, 1)), w("bp", (24,), 0.1), w("fw", (10, 24)), w("fb", (10,), 0.1)]
+    graph = helper.make_graph(nodes, "fire_dw", [helper.make_tensor_value_info("x", T.FLOAT, [1, 16, 20, 20])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_concat_and_depthwise_verify(dtype):
+    q = quantize_float(fire_and_depthwise_cnn())
+    ops = [n.op_type for n in load_graph_of(q).nodes()]
+    assert "Concat" in ops and ops.count("Conv") == 5
+    result = verify(q, "sg2260", CompileOptions(dtype=dtype))
+    assert result["ok"], result["outputs"]
+    if dtype == "fp32":
+        assert result["outputs"][0]["max_abs_err"] <= result["outputs"][0]["quant_step"]
+
+
+def load_graph_of(model):
+    from tpuflow.frontend import load
+    return load(model)

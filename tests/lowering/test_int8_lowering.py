@@ -120,7 +120,7 @@ def test_folded_bias_and_requant_words():
 
 
 @pytest.mark.parametrize("model, node, words", [
-    (("concat_net", "QDQ", False, "QInt8"), "concat", "has no Concat yet"),
+    (("concat_net", "QDQ", False, "QInt8"), "slice", "has no Slice yet"),
     (("attention", "QDQ", False, "QInt8"), "scores", "constant int8 weights"),
     (("matmul_chain", "QDQ", True, "QUInt8"), "bias_add", "constant operands"),
 ])
