@@ -262,6 +262,54 @@ class RowsOperand(Operand):
                 DRegion(s0, (shape[0], 1, shape[1], shape[2]), (dims[order[0]][1], 0, dims[order[1]][1], dims[order[2]][1]), self.prec))
 
 
+class LmemRowsOperand(Operand):
+    """A runtime matrix kept in LMEM by a layer group (rows on lanes, the MATRIX layout), moved into
+    Nz tiles by LMEM -> tile-buffer DMAs (no DDR): one per K panel of whole fractals, the source
+    walked row by row (a row is one lane), the slot side scattered into fractal order in flight."""
+
+    def __init__(self, ctx, layout, resident, rows: int, cols: int):
+        super().__init__(ctx, layout, rows, cols)
+        if layout != "nz":
+            raise ValueError("LmemRowsOperand: only the A (Nz) side is read from LMEM")
+        self.resident = resident
+
+    def _source(self, r0: int, r: int, c0: int, c: int) -> DRegion:
+        view = self.resident.rows_view(self.ctx.chip, r0, r, c0, c)
+        return DRegion(global_lmem_address(view.addr, self.ctx.chip), view.shape, view.strides, self.prec)
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        self._copy(slot_addr, [(r0, r, c0, c)])
+
+    def load_slots(self, slot_addrs, blocks) -> None:
+        """Runs of K-consecutive equal tiles of whole fractals bound for neighbouring lanes' slots
+        in one DMA; others one by one."""
+        lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
+        while i < len(blocks):
+            j = i + 1
+            while (j < len(blocks) and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes and blocks[j][1::2] == blocks[i][1::2]
+                   and blocks[j][0] == blocks[i][0] and blocks[j][2] == blocks[j - 1][2] + blocks[i][3]
+                   and blocks[i][3] % self.k0 == 0):
+                j += 1
+            self._copy(slot_addrs[i], blocks[i:j])
+            i = j
+
+    def _copy(self, slot_addr: int, blocks) -> None:
+        ctx, k0 = self.ctx, self.k0
+        r0, r, c0, c = blocks[0]
+        rp, cp = self.padded(r, c)
+        count, slot_elems = len(blocks), ctx.chip.tile.slot_bytes // self.prec.bytes
+        dst = global_lmem_address(slot_addr, ctx.chip)
+        if (rp, cp) != (r, c):
+            ctx.em.fill(DRegion(dst, (1, count, 1, rp * cp), (count * slot_elems, slot_elems, rp * cp, 1), self.prec), 0.0)
+        full, rest = divmod(c, k0)
+        if full:        # n = row, c = tile, h = chunk, w = element: row i of every tile is lane i's run
+            ctx.em.region_copy(DRegion(dst, (r, count, full, k0), (k0, slot_elems, rp * k0, 1), self.prec),
+                               self._source(r0, r, c0, count * c if count > 1 else full * k0))
+        if rest:        # the ragged last chunk of a single tile
+            ctx.em.region_copy(DRegion(dst + full * rp * k0 * self.prec.bytes, (r, 1, 1, rest), (k0, 0, k0, 1), self.prec),
+                               self._source(r0, r, c0 + full * k0, rest))
+
+
 class TileGemm:
     """Y (M x N) = A (M x K) . B (K x N) [+ bias row] [+ R] on the TILE engine, tile by tile;
     `deliver` gets the slot holding each row-major result tile. A residual R (M x N, runtime)
@@ -600,12 +648,14 @@ class _TileOutput:
     Result tiles of one row of output tiles sit in neighbouring M slots (lanes): up to `group` of
     them leave together (one store, or one copy to lanes and one epilogue pass over the row span)."""
 
-    def __init__(self, ctx: LowerCtx, epi: Epilogue, extra_row_bias: np.ndarray | None, label: str):
+    def __init__(self, ctx: LowerCtx, epi: Epilogue, extra_row_bias: np.ndarray | None, label: str,
+                 y_resident=None):
         self.ctx, self.epi, self.label = ctx, epi, label
         self.row_bias = extra_row_bias
         self.needs_tiu = not epi.empty or extra_row_bias is not None
         self.group = STREAM_BATCH
         self.pending: list | None = None
+        self.y_resident = y_resident      # the result kept in LMEM by a layer group (MATRIX), or None
 
     def _sizes(self, mt: int, nt: int, rows_total: int, cols_total: int) -> tuple[list[int], list[int]]:
         """(resident buffers, per-span buffers) in bytes per lane for the TIU epilogue."""
@@ -673,6 +723,10 @@ class _TileOutput:
                             (count * slot_elems, slot_elems, nt, 1), src_prec)
         if not self.needs_tiu:      # tile j -> columns j * nt.. of the same rows, walked row by row
             rows_view = DRegion(slot_view.addr, (mt, count, 1, nt), (nt, slot_elems, nt, 1), src_prec)
+            if self.y_resident is not None:     # into the LMEM rows: lane i takes row i of every tile
+                view = self.y_resident.rows_view(chip, row0, mt, col0, width)
+                em.region_copy(DRegion(global_lmem_address(view.addr, chip), view.shape, view.strides, src_prec), rows_view)
+                return
             em.region_copy(DRegion(dst.addr, (mt, count, 1, nt), (dst.strides[1], nt, nt, 1), dst.prec), rows_view)
             return
         offs = self.sets[self.count % len(self.sets)]
@@ -685,7 +739,11 @@ class _TileOutput:
         if self.row_bias is not None:
             sub = self.bias_tile.sub_channels(row0, mt, chip)
             em.ar("add", value, value, LTile(sub.addr, value.shape, Prec.FP32, (0, sub.strides[1], 0, 0), StrideMode.FREE))
-        value = self.epi.apply(value, offs[1:], row0, col0) if not self.epi.empty else value
+        window = lambda res: res.rows_view(chip, row0, mt, col0, width)      # noqa: E731
+        value = self.epi.apply(value, offs[1:], row0, col0, window) if not self.epi.empty else value
+        if self.y_resident is not None:
+            em.ar("copy", self.y_resident.rows_view(chip, row0, mt, col0, width), value)
+            return
         if self.ctx.prec != Prec.FP32:
             stage = make_tile(chip, offs[-1], value.shape, self.ctx.prec)
             em.ar("copy", stage, value)
@@ -709,6 +767,24 @@ class TilePlan(FrozenPlan):
 class TileMatmulEmitter:
     """MatMul (+ bias + epilogue) groups on the TILE engine."""
 
+    @staticmethod
+    def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
+        """Layer groups: a single (unbatched) product reads a runtime A kept in LMEM as a matrix
+        (rows on lanes; LMEM -> tile-buffer DMAs, LmemRowsOperand), the epilogue's full operands in
+        place, and writes its result there (slots -> lanes DMA, or the TIU epilogue's copy)."""
+        from tpuflow.lowering.layergroup import MATRIX
+        from tpuflow.lowering.ops.epilogue import full_epilogue_operands
+        node = group.anchor
+        a, out = node.inputs[0], group.nodes[-1].outputs[0]
+        a_shape, y_shape = graph.tensor(a).shape, graph.tensor(out).shape
+        if (len(a_shape) < 2 or math.prod(a_shape[:-2]) != 1 or math.prod(y_shape[:-2]) != 1
+                or node.attr("a_perm") is not None or node.attr("y_perm") is not None or a_shape[-2] == 1):
+            return {}, {}
+        readable = dict.fromkeys(full_epilogue_operands(graph, group), MATRIX)
+        if graph.tensor(a).const is None:
+            readable[a] = MATRIX
+        return readable, {out: MATRIX}
+
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group = ctx, group
         self.node = group.anchor
@@ -729,11 +805,13 @@ class TileMatmulEmitter:
             anchor_out = add.outputs[0]
         out_shape = ctx.graph.tensor(anchor_out).shape
         self.epi = Epilogue(ctx, anchor_out, epilogue, out_shape, group.split)
+        self.a_res = ctx.resident(self.node.inputs[0]) if self.geom.batch_count == 1 else None
+        self.y_res = ctx.resident(self.epi.output)
 
     def _batched(self) -> bool:
         """Whether all batches run as one TileGemm (runtime operands: a batch is a shift of the
         stored matrix, so K panels and result spans continue across batches)."""
-        return (self.geom.batch_count > 1 and self.residual is None
+        return (self.geom.batch_count > 1 and self.residual is None and self.a_res is None
                 and all(self.ctx.graph.tensor(t).const is None for t in self.node.inputs[:2]))
 
     def _gemm(self, out: _TileOutput, batches: list[int]) -> TileGemm:
@@ -741,7 +819,10 @@ class TileMatmulEmitter:
         b = batches[0]
         a_off, b_off, _ = geo.offsets(b)
         rel = [(x - a_off, y - b_off) for x, y, _ in map(geo.offsets, batches)]
-        a = self._operand(self.node.inputs[0], "nz", geo.m, geo.k, a_off, geo.a, f"{self.node.name}:A{b}")
+        if self.a_res is not None:
+            a = LmemRowsOperand(self.ctx, "nz", self.a_res, geo.m, geo.k)
+        else:
+            a = self._operand(self.node.inputs[0], "nz", geo.m, geo.k, a_off, geo.a, f"{self.node.name}:A{b}")
         bop = self._operand(self.node.inputs[1], "zn", geo.k, geo.n, b_off, geo.b, f"{self.node.name}:B{b}")
         residual = None
         if self.residual is not None:
@@ -768,8 +849,8 @@ class TileMatmulEmitter:
     def emit(self, plan: TilePlan) -> None:
         ctx, geo = self.ctx, self.geom
         ctx.em.layer = self.node.name
-        out = _TileOutput(ctx, self.epi, None, self.node.name)
-        result = self.epi.output
+        out = _TileOutput(ctx, self.epi, None, self.node.name, self.y_res)
+        result_addr = ctx.ddr_addr(self.epi.output) if self.y_res is None else 0
         prec = ctx.prec
         runs = [list(range(geo.batch_count))] if self._batched() else [[b] for b in range(geo.batch_count)]
         rs = geo.y.row_stride
@@ -789,7 +870,7 @@ class TileMatmulEmitter:
                     m0_ddr = m0
 
                 def regions(c0, width, y_off=y_off, m0=m0_ddr):
-                    dst = DRegion(ctx.ddr_addr(result) + (y_off + m0 * rs + c0) * prec.bytes, (1, mt, 1, width),
+                    dst = DRegion(result_addr + (y_off + m0 * rs + c0) * prec.bytes, (1, mt, 1, width),
                                   (mt * rs, rs, width, 1), prec)
                     full = lambda addr: DRegion(addr + (y_off + m0 * geo.n + c0) * prec.bytes,   # noqa: E731
                                                 (1, mt, 1, width), (mt * geo.n, geo.n, width, 1), prec)

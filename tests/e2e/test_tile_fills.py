@@ -34,13 +34,13 @@ def runtime_matmul(m: int, k: int, n: int, transpose_b: bool):
 
 
 def window_fills(model, dtype="fp32", chip=None):
-    """(per GDMA command writing the tile window: how many slots it writes; TPUSHes)."""
+    """(per GDMA command writing the tile window from DDR: how many slots it writes; TPUSHes)."""
     _, program = compile_model(model, chip, CompileOptions(dtype=dtype, matmul="tile"))
     chip = program.chip
     fills = []
     for instr in program.gdma:
         ranges = [r for r in instr.accesses(chip).lmem_writes if r.lo >= chip.tile_window_offset]
-        if ranges:
+        if ranges and not instr.accesses(chip).lmem_reads:
             fills.append(max(r.lanes for r in ranges))
     return fills, sum(isinstance(i, TPush) for i in program.tile)
 
@@ -55,14 +55,15 @@ def test_runtime_operands_through_the_tile_buffer_compute_exactly(m, k, n, trans
 def test_a_k_panel_of_runtime_tiles_is_one_dma(transpose_b):
     """64 x 512 . 512 x 64 fp16: K = 512 is 8 K tiles of 64; each runtime operand's panel (or
     streaming batch) fills several neighbouring slots in one DMA, so there are fewer fills than
-    pushes; with tile.buffer_chunk_bytes = 0 every runtime tile is its own DMA."""
+    pushes; with tile.buffer_chunk_bytes = 0 every tile read from DDR is its own DMA (an operand a
+    layer group keeps in LMEM comes by LMEM -> window copies, not counted)."""
     model = runtime_matmul(64, 512, 64, transpose_b)
     fills, pushes = window_fills(model, "fp16")
     assert max(fills) >= 4 and len(fills) * 2 <= pushes
     check(model, "fp16")
     plain = replace_param(load_chip("sg2260"), "tile.buffer_chunk_bytes", 0)
     fills, pushes = window_fills(model, "fp16", plain)
-    assert max(fills) == 1 and len(fills) == pushes
+    assert fills and max(fills) == 1
 
 
 @pytest.mark.slow
@@ -76,9 +77,10 @@ def test_transformer_blocks_verify_on_the_tile_path(model, dtype):
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_residual_add_accumulates_in_the_cube(bias, dtype):
-    """MatMul (+ bias) + residual: the residual enters the ACC as R . I (an extra TMATMUL per
-    output tile, .BIAS when there is a bias), so the TIU runs nothing and the result leaves the
-    slot in the model's dtype; numerics against onnxruntime."""
+    """MatMul (+ bias) + residual with the residual in DDR (layer groups off: with them on it stays
+    in LMEM and the TIU epilogue adds it in place): the residual enters the ACC as R . I (an extra
+    TMATMUL per output tile, .BIAS when there is a bias), so the TIU runs nothing and the result
+    leaves the slot in the model's dtype; numerics against onnxruntime."""
     from tpuflow.isa import TMatmul
     b = ModelBuilder()
     x = b.node("Neg", [b.input("x", [40, 96])], "nx")
@@ -88,7 +90,8 @@ def test_a_residual_add_accumulates_in_the_cube(bias, dtype):
         y = b.node("Add", [y, b.weight("b", [80], 0.1)], "bias")
     b.output(b.node("Add", [r, y], "residual"))
     model = b.model()
-    graph, program = compile_model(model, None, CompileOptions(dtype=dtype, matmul="tile"))
+    options = CompileOptions(dtype=dtype, matmul="tile", layer_group="off")
+    graph, program = compile_model(model, None, options)
     matmuls = [i for i in program.tile if isinstance(i, TMatmul)]
     from tpuflow.isa import Engine
     tiu_layers = set(program.layer_names(Engine.TIU)[:len(program.tiu)])
@@ -97,7 +100,8 @@ def test_a_residual_add_accumulates_in_the_cube(bias, dtype):
     assert all(i.fn.endswith(".BIAS") == bias for i in firsts)
     negs = {node.name for node in graph.nodes() if node.op_type == "Neg"}
     assert len(negs) == 2 and tiu_layers <= negs | {""}                      # only the Negs run on the TIU
-    check(model, dtype)
+    result = verify(model, None, options, race_check=True)
+    assert result["ok"], result["outputs"]
 
 
 def test_a_streaming_weight_is_staged_in_lmem_and_copied_into_its_slots():
@@ -134,3 +138,28 @@ def test_batches_of_a_runtime_matmul_share_fills_and_stores():
     fills, pushes = window_fills(model, "fp16")
     assert pushes == 16 and len(fills) <= 4 and max(fills) >= 4
     check(model, "fp16")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_layer_groups_keep_tile_matmul_operands_and_results_in_lmem(dtype):
+    """x -> Neg -> MatMul(w1) -> Relu -> MatMul(w2) on the TILE path with layer groups: the Neg's
+    output is read by the first product from LMEM (LMEM -> tile-buffer DMAs, no DDR load of it),
+    and results reach LMEM from the slots; with layer groups off every A tile comes from DDR.
+    Numerics against onnxruntime (race detector on) both ways."""
+    b = ModelBuilder()
+    x = b.node("Neg", [b.input("x", [64, 128])], "nx")
+    y = b.node("Relu", [b.node("MatMul", [x, b.weight("w1", [128, 96])], "mm1")], "r")
+    b.output(b.node("MatMul", [y, b.weight("w2", [96, 80])], "mm2"))
+    model = b.model()
+
+    def lmem_to_window(options):
+        _, program = compile_model(model, None, options)
+        chip, window = program.chip, program.chip.tile_window_offset
+        return [i for i in program.gdma if any(r.lo >= window for r in i.accesses(chip).lmem_writes)
+                and any(r.hi <= window for r in i.accesses(chip).lmem_reads)]
+
+    for groups, expect in (("on", True), ("off", False)):
+        options = CompileOptions(dtype=dtype, matmul="tile", layer_group=groups)
+        assert bool(lmem_to_window(options)) == expect
+        result = verify(model, None, options, race_check=True)
+        assert result["ok"], result["outputs"]
