@@ -769,21 +769,21 @@ class TileMatmulEmitter:
 
     @staticmethod
     def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
-        """Layer groups: a single (unbatched) product reads a runtime A kept in LMEM as a matrix
-        (rows on lanes; LMEM -> tile-buffer DMAs, LmemRowsOperand), the epilogue's full operands in
-        place, and writes its result there (slots -> lanes DMA, or the TIU epilogue's copy)."""
+        """Layer groups: an unbatched product reads a runtime A kept in LMEM as a matrix (rows on
+        lanes; LMEM -> tile-buffer DMAs, LmemRowsOperand); any product reads its epilogue's full
+        operands in place and writes its (untransposed) result there, batches stacked as rows
+        (slots -> lanes DMA, or the TIU epilogue's copy)."""
         from tpuflow.lowering.layergroup import MATRIX
         from tpuflow.lowering.ops.epilogue import full_epilogue_operands
         node = group.anchor
         a, out = node.inputs[0], group.nodes[-1].outputs[0]
-        a_shape, y_shape = graph.tensor(a).shape, graph.tensor(out).shape
-        if (len(a_shape) < 2 or math.prod(a_shape[:-2]) != 1 or math.prod(y_shape[:-2]) != 1
-                or node.attr("a_perm") is not None or node.attr("y_perm") is not None or a_shape[-2] == 1):
+        a_shape = graph.tensor(a).shape
+        if len(a_shape) < 2 or node.attr("y_perm") is not None or a_shape[-2] == 1:
             return {}, {}
         readable = dict.fromkeys(full_epilogue_operands(graph, group), MATRIX)
-        if graph.tensor(a).const is None:
+        if graph.tensor(a).const is None and math.prod(a_shape[:-2]) == 1 and node.attr("a_perm") is None:
             readable[a] = MATRIX
-        return readable, {out: MATRIX}
+        return readable, {out: MATRIX}      # batches stacked: row b * M + m of the [..., M, N] result
 
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group = ctx, group
