@@ -825,7 +825,9 @@ class TileMatmulEmitter:
             a = self._operand(self.node.inputs[0], "nz", geo.m, geo.k, a_off, geo.a, f"{self.node.name}:A{b}")
         bop = self._operand(self.node.inputs[1], "zn", geo.k, geo.n, b_off, geo.b, f"{self.node.name}:B{b}")
         residual = None
-        if self.residual is not None:
+        if self.residual is not None and self.ctx.resident(self.residual) is not None:
+            residual = LmemRowsOperand(self.ctx, "nz", self.ctx.resident(self.residual), geo.m, geo.n)
+        elif self.residual is not None:
             residual = RowsOperand(self.ctx, "nz", self.ctx.ddr_addr(self.residual), geo.m, geo.n, geo.n)
         return TileGemm(self.ctx, a, bop, geo.m, geo.n, geo.k, Prec.FP32 if out.needs_tiu else self.ctx.prec,
                         self.bias, self.node.name, residual, rel)
@@ -896,14 +898,13 @@ class TileMatmulEmitter:
 
 
 def _is_residual(ctx: LowerCtx, node, value: str) -> bool:
-    """Whether `node` adds a runtime DDR tensor of exactly `value`'s shape to it (a residual the
-    CUBE can accumulate: TileGemm's R . I step)."""
+    """Whether `node` adds a runtime tensor (in DDR, or kept in LMEM as a matrix) of exactly
+    `value`'s shape to it (a residual the CUBE can accumulate: TileGemm's R . I step)."""
     if node.op_type != "Add" or len(node.inputs) != 2 or list(node.inputs).count(value) != 1:
         return False
     other = next(t for t in node.inputs if t != value)
     info = ctx.graph.tensor(other)
-    return (info.const is None and tuple(info.shape) == tuple(ctx.graph.tensor(value).shape)
-            and ctx.resident(other) is None)
+    return info.const is None and tuple(info.shape) == tuple(ctx.graph.tensor(value).shape)
 
 
 def _is_col_bias(ctx: LowerCtx, node, value: str, n: int) -> bool:
