@@ -72,6 +72,8 @@ class TileDims:
 
 TILE_SIDES = (64, 32, 16)      # M and N tile sizes tried (multiples of the 16 x 16 output fractal)
 NHWC_BLOCK = 256               # channels and pixels per block of the NHWC staging transpose
+OUTPUT_SPAN = 12               # result tiles delivered together at most (M slots: fewer than a queue, so none
+                               # is overwritten by the next ACCCVT or identity push before it leaves)
 STAGE_ROWS = 2                 # staging rows (queue_slots tiles each) one DMA brings into LMEM at most
 STREAM_BATCH = 8               # constant K tiles loaded per DMA (half a queue: the next run loads while this one is read)
 # Operand tile loads are priced by hwmodel.timing.cost.tile_load_cycles (the scheduler's per-instruction cost):
@@ -653,7 +655,7 @@ class _TileOutput:
         self.ctx, self.epi, self.label = ctx, epi, label
         self.row_bias = extra_row_bias
         self.needs_tiu = not epi.empty or extra_row_bias is not None
-        self.group = STREAM_BATCH
+        self.group = OUTPUT_SPAN
         self.pending: list | None = None
         self.y_resident = y_resident      # the result kept in LMEM by a layer group (MATRIX), or None
 
@@ -669,14 +671,14 @@ class _TileOutput:
 
     def plan(self, arena, mt: int, nt: int, rows_total: int, cols_total: int):
         """(resident offsets, buffer sets, tiles per span) allocated from `arena`, ((), (),
-        STREAM_BATCH) when no TIU epilogue runs, None when they do not fit. The span is the widest
-        of STREAM_BATCH, ..., 2, 1 tiles (at most a row of them) whose buffers fit."""
+        OUTPUT_SPAN) when no TIU epilogue runs, None when they do not fit. The span is the widest
+        of OUTPUT_SPAN, 8, 4, 2, 1 tiles (at most a row of them) whose buffers fit."""
         if not self.needs_tiu:
-            return (), (), STREAM_BATCH
+            return (), (), OUTPUT_SPAN
         names = (self.epi.resident_names() + (["row_bias"] if self.row_bias is not None else []),
                  ["value"] + self.epi.set_names() + ["stored"])
         row_tiles = -(-cols_total // nt)
-        for group in (g for g in (8, 4, 2, 1) if g <= STREAM_BATCH and (g == 1 or g <= row_tiles)):
+        for group in (g for g in (OUTPUT_SPAN, 8, 4, 2, 1) if g <= OUTPUT_SPAN and (g == 1 or g <= row_tiles)):
             res, per = self._sizes(mt, min(group * nt, cols_total) if group > 1 else nt, rows_total, cols_total)
             if arena.fits(res + per):
                 res_offs, sets = arena.alloc_plan(res, per, self.label, names=names)
