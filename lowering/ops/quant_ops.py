@@ -44,7 +44,7 @@ import numpy as np
 
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.quant import quantize, storage_range
-from tpuflow.isa import ConvTiu, PordTiu, Prec, StrideMode
+from tpuflow.isa import ConvTiu, Mm2Tiu, PordTiu, Prec, StrideMode
 from tpuflow.isa.tiu import RQ_ROUND_MODES, RqDqTiu, dq0_scalars, rq0_channel_words, rq0_scalars, rq1_scalars
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
@@ -625,6 +625,118 @@ class ProductQuant(Planned):
         return self.ctx.region(self.out, (1, c, 1, self.rows), c0, (self.rows * cols, 1, self.rows * cols, cols))
 
 
+class GemmQuant(Planned):
+    """MatMul by constant int8 weights (the Gemm form, with its int32 bias Add and a Relu / Clip) as
+    MM2 (mm2.nn): A (rows x K, rows on lanes) times W (K x N, K on lanes) into an int32 accumulator
+    with the folded bias row (bias - zp_a * column sums of W, broadcast to every lane used, added by
+    the first K step), K in steps accumulated in int32 (opt_res_add), MM2's relu on the int32 sum.
+    Requantisation: per-tensor weights, emit_requant by s_a * s_w / s_y; per-column weights (their
+    scale varies along the row, not per lane), the sums as fp32 (dq0) times a broadcast row of
+    per-column scales (the fp32 product onnxruntime rounds) then emit_requant by 1."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        super().__init__(ctx, group)
+        g, node = ctx.graph, self.node
+        self.x, self.out = node.inputs[0], group.nodes[-1].outputs[0]
+        w_info = g.tensor(node.inputs[1])
+        self.k, self.n = w_info.shape
+        self.rows = math.prod(g.tensor(self.x).shape[:-1])
+        self.weights = np.asarray(w_info.const, np.int8)
+        adds = [m for m in group.nodes if m.op_type == "Add"]
+        bias = (np.asarray(g.tensor(adds[0].inputs[1]).const, np.int64).reshape(-1) if adds
+                else np.zeros(self.n, np.int64))
+        s_x, zp_x = per_tensor(ctx, self.x)
+        folded = bias - zp_x * self.weights.astype(np.int64).sum(axis=0)
+        if np.abs(folded).max(initial=0) >= 1 << 31:
+            raise LoweringError(f"node {node.name}: the folded int32 bias overflows")
+        self.bias = folded.astype(np.int32)
+        s_y, self.zp_y = per_tensor(ctx, self.out)
+        s_w = np.asarray(w_info.quant.scale, np.float32).reshape(-1)
+        self.scales = ((np.float32(s_x) * s_w).astype(np.float32) / np.float32(s_y)).astype(np.float32)
+        self.per_column = w_info.quant.per_channel
+        acts = [m for m in group.nodes[1:] if m.op_type in ("Relu", "Clip")]
+        self.relu = any(m.op_type == "Relu" for m in acts)
+        self.clamp = None
+        for m in (m for m in acts if m.op_type == "Clip"):
+            quant = g.tensor(self.out).quant
+            lo, hi = m.attr("min"), m.attr("max")
+            self.clamp = (int(quantize(np.float32(lo), quant)) if lo is not None else -(1 << 31),
+                          int(quantize(np.float32(hi), quant)) if hi is not None else (1 << 31) - 1)
+
+    def choices(self):
+        lanes = self.chip.lanes
+        rows = [self.rows] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < self.rows]
+        return [(rt, nt, kt) for kt in halvings(self.k) for nt in halvings(self.n) for rt in rows]
+
+    def sizes(self, choice):
+        rt, nt, kt = choice
+        lanes_used = min(rt, self.chip.lanes)
+        resident = [self.bytes((1, lanes_used, 1, nt), Prec.INT32), self.bytes((1, lanes_used, 1, nt), Prec.FP32),
+                    self.bytes((1, rt, 1, nt), Prec.INT32), self.bytes((1, rt, 1, nt), Prec.INT8)]
+        per_set = [("a", self.bytes((1, rt, 1, kt), Prec.INT8)), ("w", self.bytes((1, kt, 1, nt), Prec.INT8))]
+        return resident, per_set
+
+    def emit(self, plan: QuantPlan) -> None:
+        ctx, chip = self.ctx, self.chip
+        ctx.em.layer = self.node.name
+        rt, nt, kt = plan.choice
+        w_addr = ctx.const_addr(f"{self.node.name}:int8_weights", self.weights, Prec.INT8)
+        b_addr = ctx.const_addr(f"{self.node.name}:int32_bias_row", self.bias, Prec.INT32)
+        s_addr = ctx.const_addr(f"{self.node.name}:scale_row", self.scales, Prec.FP32)
+        bias_at, scale_at, acc_at, out_at = plan.resident
+        index = 0
+        for c0, nc in steps(self.n, nt):
+            lanes_used = min(rt, chip.lanes)
+            bias = make_tile(chip, bias_at, (1, lanes_used, 1, nc), Prec.INT32)
+            ctx.em.broadcast_load(bias, b_addr + 4 * c0, Prec.INT32)
+            scale = make_tile(chip, scale_at, (1, lanes_used, 1, nc), Prec.FP32)
+            if self.per_column:
+                ctx.em.broadcast_load(scale, s_addr + 4 * c0, Prec.FP32)
+            for r0, rc in steps(self.rows, rt):
+                acc = make_tile(chip, acc_at, (1, rc, 1, nc), Prec.INT32)
+                k_steps = steps(self.k, kt)
+                for ks, (k0, kc) in enumerate(k_steps):
+                    offs = plan.sets[index % len(plan.sets)]
+                    index += 1
+                    a = make_tile(chip, offs["a"], (1, rc, 1, kc), Prec.INT8)
+                    w = make_tile(chip, offs["w"], (1, kc, 1, nc), Prec.INT8)
+                    ctx.em.load(a, ctx.region(self.x, a.shape, r0 * self.k + k0, (self.rows * self.k, self.k, kc, 1)))
+                    ctx.em.load(w, DRegion(w_addr + k0 * self.n + c0, w.shape, (self.k * self.n, self.n, nc, 1),
+                                           Prec.INT8))
+                    first, last = ks == 0, ks == len(k_steps) - 1
+                    ctx.em.tiu(Mm2Tiu(op="nn", res0_addr=acc.addr, res0_c=rc, res0_w=nc, opd0_addr=a.addr, opd0_c=rc,
+                                      opd0_w=kc, opd1_addr=w.addr, opd1_c=kc, opd1_w=nc,
+                                      opd2_addr=bias.addr if first else 0, opt_opd2_const=0 if first else 1,
+                                      opt_res0_prec=int(Prec.INT32), opt_opd0_prec=int(Prec.INT8),
+                                      opt_opd1_prec=int(Prec.INT8), opt_opd2_prec=int(Prec.INT32),
+                                      opt_res_add=0 if first else 1, opt_relu=int(self.relu and last),
+                                      opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1))
+                out = make_tile(chip, out_at, (1, rc, 1, nc), Prec.INT8)
+                self._requantise(acc, out, scale, c0)
+                ctx.em.store(out, ctx.region(self.out, out.shape, r0 * self.n + c0, (self.rows * self.n, self.n, nc, 1)))
+        self.note(plan, self.rows * self.n * self.k)
+
+    def _requantise(self, acc: LTile, out: LTile, scale: LTile, c0: int) -> None:
+        ctx = self.ctx
+        if not self.per_column:
+            emit_requant(ctx, out, acc, rq0_scalars(float(self.scales[0]), 0.0), self.zp_y, signed(ctx, self.out),
+                         self.clamp)
+            return
+        real = acc.as_prec(Prec.FP32)
+        emit_rq(ctx, "dq0", real, acc, dq0_scalars(0, 1.0))            # int32 -> fp32, in place
+        row = LTile(scale.addr, acc.shape, Prec.FP32, (0, 0, 0, 1), StrideMode.FREE)   # every lane: its copy
+        ctx.em.ar("mul", real, real, row)
+        emit_requant(ctx, out, real, rq0_scalars(1.0, 0.0), self.zp_y, signed(ctx, self.out), self.clamp)
+
+
+def halvings(total: int) -> list[int]:
+    """total, then halves of it (rounded up) down to 1: step sizes to try, largest first."""
+    out = [total]
+    while out[-1] > 1:
+        out.append(-(-out[-1] // 2))
+    return out
+
+
 class DepthwiseQuant(ProductQuant):
     """Depthwise Conv (group = channels) on int8: PordTiu has no integer rule, so the input becomes the
     exact fp32 integers q - zp_x (dq0, scale 1; the zero padding of pord.depthwise is then the zero
@@ -774,7 +886,9 @@ def single_emitter(ctx: LowerCtx, group: Group):
     op = group.anchor.op_type
     if op == "Conv" and group.anchor.attr("group", 1) > 1:
         return DepthwiseQuant(ctx, group)
-    if op in ("Conv", "MatMul"):
+    if op == "MatMul":
+        return GemmQuant(ctx, group)
+    if op == "Conv":
         return ProductQuant(ctx, group)
     if op in ("MaxPool", "AveragePool", "GlobalAveragePool"):
         return PoolQuant(ctx, group)
