@@ -16,10 +16,8 @@ How each kind computes (the canonical meaning out = quantize(op(real(inputs)), o
   Clip clamps the requantised values to quantize(min) / quantize(max) before narrowing.
 - Depthwise Conv: pord.depthwise in fp32 on the exact integers q - zp_x, exact while the sums stay
   below 2**24 (DepthwiseQuant), then the same requantisation.
-- MatMul by constant weights (the Gemm form, with its int32 bias Add): the same 1x1 CONV over the
-  activation read transposed, (1, K, 1, rows) with the K input channels on lanes, so the output
-  columns land on lanes and their per-channel requant and bias are per-lane parameters; the
-  result is stored back transposed. (The MM2 form is left for later.)
+- MatMul by constant weights (the Gemm form, with its int32 bias Add): MM2 with int32 accumulation
+  (GemmQuant); per-column weight scales multiply the fp32 sums as a broadcast row.
 - QuantizeLinear: the float input (widened to fp32) requantised by 1 / s. DequantizeLinear:
   quant.dq0 into --dtype. Both per tensor.
 - Add / Mul / Relu / Clip of quantized tensors: each input dequantised to fp32 (dq0), the op in
@@ -453,27 +451,18 @@ class Requant:
 
 
 class ProductQuant(Planned):
-    """Conv, or MatMul by constant weights as a 1x1 CONV over the transposed activation: int8 x
-    int8 -> int32 with the folded bias, then the per-channel requantisation. Tiled over output
-    channel chunks (weights, bias and requant words loaded once per chunk), samples and rows."""
+    """Conv: int8 x int8 -> int32 with the folded bias, then the per-channel requantisation. Tiled
+    over output channel chunks (weights, bias and requant words loaded once per chunk), samples
+    and rows."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
         super().__init__(ctx, group)
         g, node = ctx.graph, self.node
         self.x, self.out = node.inputs[0], group.nodes[-1].outputs[0]
-        x_shape = g.tensor(self.x).shape
         w_info = g.tensor(node.inputs[1])
-        if node.op_type == "Conv":
-            self.geom = conv_geometry(ctx, node)
-            weights = np.asarray(w_info.const, np.int64)
-            bias = self._const_bias(node.inputs[2] if len(node.inputs) > 2 else None)
-        else:
-            k, cols = w_info.shape
-            self.rows = math.prod(x_shape[:-1])
-            self.geom = ConvGeom(1, k, 1, self.rows, cols, 1, 1, 1, self.rows, 1, 1, 1, 1, 0, 0, 0, 0, 1)
-            weights = np.asarray(w_info.const, np.int64).T.reshape(cols, k, 1, 1)
-            adds = [m for m in group.nodes if m.op_type == "Add"]
-            bias = self._const_bias(adds[0].inputs[1] if adds else None)
+        self.geom = conv_geometry(ctx, node)
+        weights = np.asarray(w_info.const, np.int64)
+        bias = self._const_bias(node.inputs[2] if len(node.inputs) > 2 else None)
         s_x, zp_x = per_tensor(ctx, self.x)
         self.zp_x = zp_x
         folded = bias - zp_x * weights.reshape(weights.shape[0], -1).sum(axis=1)
@@ -610,19 +599,13 @@ class ProductQuant(Planned):
 
     def _x_region(self, n: int, r0: int, rows: int) -> DRegion:
         geo = self.geom
-        if self.node.op_type == "Conv":
-            return self.ctx.region(self.x, (1, geo.cin, rows, geo.w), (n * geo.cin * geo.h + r0) * geo.w,
-                                   (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))
-        k = geo.cin                                     # the activation (rows, K) read as (1, K, 1, rows)
-        return self.ctx.region(self.x, (1, k, 1, self.rows), 0, (self.rows * k, 1, self.rows * k, k))
+        return self.ctx.region(self.x, (1, geo.cin, rows, geo.w), (n * geo.cin * geo.h + r0) * geo.w,
+                               (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))
 
     def _y_region(self, n: int, c0: int, c: int, h0: int, h: int) -> DRegion:
         geo = self.geom
-        if self.node.op_type == "Conv":
-            return self.ctx.region(self.out, (1, c, h, geo.wo), ((n * geo.cout + c0) * geo.ho + h0) * geo.wo,
-                                   (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1))
-        cols = geo.cout
-        return self.ctx.region(self.out, (1, c, 1, self.rows), c0, (self.rows * cols, 1, self.rows * cols, cols))
+        return self.ctx.region(self.out, (1, c, h, geo.wo), ((n * geo.cout + c0) * geo.ho + h0) * geo.wo,
+                               (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1))
 
 
 class GemmQuant(Planned):

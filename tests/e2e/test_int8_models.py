@@ -244,3 +244,38 @@ def test_concat_and_depthwise_verify(dtype):
 def load_graph_of(model):
     from tpuflow.frontend import load
     return load(model)
+
+
+def gemm_model(rows: int = 130, k: int = 300, n: int = 70):
+    """Gemm (transB) + Relu, then a second Gemm: activations of `rows` rows (more than the lanes)."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    rng = np.random.default_rng(13)
+    node = helper.make_node
+    nodes = [node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1), node("Relu", ["h"], ["hr"], name="relu"),
+             node("Gemm", ["hr", "w2", "b2"], ["y"], name="fc2")]
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.1).astype(np.float32), name)
+             for name, s in (("w1", (n, k)), ("b1", (n,)), ("w2", (n, 9)), ("b2", (9,)))]
+    graph = helper.make_graph(nodes, "gemms", [helper.make_tensor_value_info("x", T.FLOAT, [rows, k])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [rows, 9])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("steps", [None, (64, 32, 100)], ids=["whole", "row-column-k-steps"])
+def test_gemm_on_mm2_verifies_whole_and_in_steps(steps, monkeypatch):
+    """MM2 int8 x int8 -> int32 with the folded bias row on the first K step, K steps accumulated in int32,
+    rows past the lanes, column steps of per-column scales; fp32: onnxruntime's integers."""
+    from tpuflow.lowering.ops import quant_ops
+    if steps is not None:
+        monkeypatch.setattr(quant_ops.GemmQuant, "choices", lambda self: [steps])
+    q = quantize_float(gemm_model())
+    result = verify(q, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] <= result["outputs"][0]["quant_step"], result["outputs"]
+    _, program = compile_model(q, "sg2260", CompileOptions(dtype="fp32"))
+    mm2 = [i for i in program.tiu if type(i).__name__ == "Mm2Tiu"]
+    assert all(i.opt_opd0_prec == 0 and i.opt_res0_prec == 4 for i in mm2)
+    assert (len(mm2) > 2) == (steps is not None) and any(i.opt_res_add for i in mm2) == (steps is not None)
+
+
+def test_quantized_groups_run_on_the_tiu_with_matmul_tile():
+    result = verify(quantized("cnn", "QDQ", True, "QInt8"), "sg2260", CompileOptions(dtype="fp16", matmul="tile"))
+    assert result["ok"], result["outputs"]
