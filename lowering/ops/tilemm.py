@@ -1,8 +1,19 @@
 """MatMul and Conv on the TILE engine (LinxISA CUBE blocks): A tiles in Nz, B tiles in Zn, pushed
-with TPUSH after GDMA fills their slots; TMATMUL then TMATMUL.ACC over K (TMATMUL.BIAS for a
-per-column bias, TGEMV when M = 1); ACCCVT NZ2ND; the result is stored from its slot, or moved to
-lanes for a TIU epilogue. Conv runs as Y^T = W . P^T with P^T built by im2col DMAs (or the input
-itself for 1x1 stride-1 convolutions)."""
+with TPUSH after their slots are filled; TMATMUL then TMATMUL.ACC over K (TMATMUL.BIAS for a
+per-column bias, TGEMV when M = 1); ACCCVT NZ2ND; the result leaves its slot for DDR or LMEM, or
+for lanes and a TIU epilogue. Conv runs as Y^T = W . P^T with P^T built by im2col DMAs (or the
+input's NHWC copy itself for 1x1 stride-1 convolutions); depthwise convs and convs with fewer input
+channels per group than K0 stay on the TIU.
+
+How the slots are fed (the tile window is a tile buffer, tpuflow.isa.tile; issue 16):
+* runtime operands from DDR: one DMA per K panel (or run of equally spaced tiles) into neighbouring
+  slots, the DDR rows walked in order and scattered into Nz / Zn in flight (RowsOperand);
+* runtime operands a layer group keeps in LMEM: LMEM -> tile-buffer DMAs (LmemRowsOperand);
+* constant operands: pre-arranged tiles, half a queue per DMA (ConstOperand), or, when every tile is
+  read once, staged in LMEM by rows of 16 tiles (256 KiB DMAs) and moved into the slots by TIU
+  copies, lane to same lane (_StagedStream);
+* streams load ahead across output tiles and batches in half-queue batches (_Stream); a residual
+  Add enters the ACC as R . I (no TIU pass); results leave in spans of up to OUTPUT_SPAN tiles."""
 
 from __future__ import annotations
 
