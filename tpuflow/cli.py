@@ -135,6 +135,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="list the bundled models")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("sweep", help="design-space sweep on Dask: every combination of a spec's models, dtypes "
+                       "and chip-key values, one row per point (local cluster, or --scheduler ADDRESS)")
+    p.add_argument("spec", type=Path, help="sweep spec TOML (models, dtypes, chip, cores, [grid], [options], [inputs])")
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="OUT.parquet (or .csv); points already in it are skipped (resume)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="a running Dask scheduler (tcp://HOST:8786); default: a local cluster")
+    p.add_argument("--workers", type=int, default=None, help="local cluster workers (default: one per core)")
+    p.add_argument("--html", type=Path, default=None, help="also write a self-contained sweep.html")
+    p.add_argument("--json", action="store_true", help="machine-readable summary")
     return parser
 
 
@@ -172,6 +183,9 @@ def run(args) -> int:
     if args.command == "estimate":
         return pipeline.cmd_estimate(args.model, args.chip, _options(args), _shapes(args), args.json,
                                      args.trace, args.profile)
+    if args.command == "sweep":
+        from tpuflow.sweep import cmd_sweep
+        return cmd_sweep(args.spec, args.output, args.scheduler, args.workers, args.html, args.json)
     if args.command == "report":
         return pipeline.cmd_report(args.model, args.chip, _options(args), _shapes(args), args.output,
                                    args.trace, args.profile)

@@ -384,6 +384,7 @@ class Job:
     """Everything a worker needs for one point (small and picklable)."""
 
     point: Point
+    point_id: str
     model_path: str
     inputs: tuple
     base_raw: dict
@@ -430,7 +431,7 @@ def _simulate_one(compiled: Compiled, job: Job) -> dict:
         report = estimate_report(program, simulate(program))
     except Exception as exc:      # a failing point is a row with its error, not a crashed sweep
         return error_row(job, _one_line(exc))
-    row = report_row(job.point, report, chip)
+    row = report_row(job.point, report, chip, job.point_id)
     row["_seconds"] = time.perf_counter() - began
     return row
 
@@ -442,11 +443,11 @@ def _one_line(exc: BaseException) -> str:
 
 # ------------------------------------------------------------------ rows
 
-def report_row(point: Point, report: dict, chip: ChipConfig) -> dict:
+def report_row(point: Point, report: dict, chip: ChipConfig, pid: str = "") -> dict:
     """The row of one point from its estimate report (the numbers of `tpuflow estimate --json`)."""
     engines, dram = report["engines"], report["dram"]
     matmul = report["options"].get("matmul", "tiu")
-    row = _point_columns(point)
+    row = _point_columns(point, pid)
     row.update({
         "latency_us": report["latency_us"], "latency_cycles": report["latency_cycles"],
         "lower_bound_us": report["lower_bound_us"], "model_bound_us": report["model_bound_us"],
@@ -470,7 +471,7 @@ INTEGER = ("latency_cycles", "macs", "dram_bytes_read", "dram_bytes_written", "d
 
 
 def error_row(job: Job, message: str) -> dict:
-    row = _point_columns(job.point)
+    row = _point_columns(job.point, job.point_id)
     row.update({k: None for k in NUMERIC})
     try:
         chip = job.chip()
@@ -481,8 +482,8 @@ def error_row(job: Job, message: str) -> dict:
     return row
 
 
-def _point_columns(point: Point) -> dict:
-    return {"model": point.model, "dtype": point.dtype, "cores": point.cores,
+def _point_columns(point: Point, pid: str) -> dict:
+    return {"point_id": pid, "model": point.model, "dtype": point.dtype, "cores": point.cores,
             **{f"options.{k}": v for k, v in point.options}, **dict(point.grid)}
 
 
@@ -530,11 +531,11 @@ def execute(spec: Spec, chips: dict[Point, ChipConfig], client, skip: frozenset 
     """Run every point of a validated spec (`chips`: validate's result) not in `skip` (point ids) on `client`."""
     base_raw, base_name = base_chip_raw(spec)
     ids = {p: point_id(spec, p) for p in chips}
-    jobs = {p: Job(p, spec.model_path(p.model), dict(spec.inputs).get(p.model, ()), base_raw, base_name)
+    jobs = {p: Job(p, ids[p], spec.model_path(p.model), dict(spec.inputs).get(p.model, ()), base_raw, base_name)
             for p in chips if ids[p] not in skip}
     done: dict[Point, dict] = {}
     compiles = _run_jobs(client, jobs, chips, done, on_rows, _batch_size(len(jobs), client))
-    rows = [dict(done[p], point_id=ids[p]) for p in chips if p in done]
+    rows = [done[p] for p in chips if p in done]
     return Outcome(rows, compiles, len(jobs))
 
 
@@ -615,3 +616,266 @@ def to_frame(rows: list[dict], spec: Spec):
 def columns_of(spec: Spec) -> list[str]:
     return ["point_id", "model", "dtype", "cores", *(f"options.{k}" for k, _ in spec.options),
             *(k for k, _ in spec.grid), *NUMERIC, "chip", "chip_fingerprint", "status", "error"]
+
+
+# ------------------------------------------------------------------ output files (resumable)
+
+OUTPUT_SUFFIXES = (".parquet", ".pq", ".csv")
+
+
+def check_output(path: Path) -> None:
+    if Path(path).suffix.lower() not in OUTPUT_SUFFIXES:
+        from tpuflow.errors import OptionError
+        raise OptionError(f"option -o {path}: the sweep writes .parquet (or .csv), not '{Path(path).suffix}'")
+
+
+def read_output(path: Path, spec: Spec):
+    """The rows already in OUT (None when it does not exist), in the sweep's column types."""
+    import pandas as pd
+    from tpuflow.errors import InputFileError
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        frame = pd.read_csv(path, dtype={"point_id": str}, keep_default_na=False, na_values=[""]) \
+            if path.suffix.lower() == ".csv" else pd.read_parquet(path)
+    except Exception as exc:      # pyarrow / pandas raise many kinds for a damaged file
+        raise InputFileError(f"{path}: cannot read the earlier sweep output ({_one_line(exc)})") from None
+    if "point_id" not in frame.columns:
+        raise InputFileError(f"{path}: not a tpuflow sweep output (no 'point_id' column)")
+    return normalise(frame, spec)
+
+
+def normalise(frame, spec: Spec):
+    """Column order and types of `columns_of(spec)` (then any other columns), whatever file it came from."""
+    import pandas as pd
+    columns = columns_of(spec)
+    for c in columns:
+        if c not in frame.columns:
+            frame[c] = None
+    frame = frame[columns + [c for c in frame.columns if c not in columns]].copy()
+    for c in NUMERIC:
+        frame[c] = pd.to_numeric(frame[c]).astype("Int64" if c in INTEGER else "float64")
+    for c in ("point_id", "model", "dtype", "chip", "chip_fingerprint", "status", "error"):
+        frame[c] = frame[c].fillna("").astype(str)
+    frame["cores"] = frame["cores"].astype("int64")
+    return frame.reset_index(drop=True)
+
+
+def merge_rows(spec: Spec, earlier, rows: list[dict]):
+    """Earlier rows and new ones in spec order (earlier rows of points no longer in the spec last)."""
+    import pandas as pd
+    new = normalise(to_frame(rows, spec), spec)
+    frame = new if earlier is None else pd.concat([earlier, new], ignore_index=True)
+    frame = frame.drop_duplicates("point_id", keep="first")
+    order = {point_id(spec, p): i for i, p in enumerate(spec.points())}
+    rank = frame["point_id"].map(lambda pid: order.get(pid, len(order)))
+    frame = frame.assign(_rank=rank).sort_values("_rank", kind="stable").drop(columns="_rank")
+    return normalise(frame.reset_index(drop=True), spec)
+
+
+def write_output(path: Path, frame) -> None:
+    """Parquet (or CSV by suffix), written beside OUT and renamed over it: never half-written."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    os.close(fd)
+    try:
+        if path.suffix.lower() == ".csv":
+            frame.to_csv(tmp, index=False, lineterminator="\n")
+        else:
+            frame.to_parquet(tmp, index=False)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ------------------------------------------------------------------ progress
+
+class Progress:
+    """Sweep progress on stderr: a redrawn bar with done/total and ETA on a terminal, else one
+    line per 10 %."""
+
+    def __init__(self, total: int, stream=None, terminal: bool | None = None, clock=time.monotonic):
+        self.stream = stream or sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.terminal = bool(isatty and isatty()) if terminal is None else terminal
+        self.total, self.done, self.clock = total, 0, clock
+        self.began, self.decile = clock(), 0
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        if self.terminal:
+            self._write("\r" + self.line() + ("\n" if self.done >= self.total else ""))
+            return
+        decile = 10 * self.done // max(1, self.total)
+        if decile > self.decile:
+            self.decile = decile
+            self._write(self.line() + "\n")
+
+    def line(self) -> str:
+        elapsed = self.clock() - self.began
+        eta = elapsed / self.done * (self.total - self.done) if self.done else 0.0
+        filled = 30 * self.done // max(1, self.total)
+        bar = f"[{'#' * filled}{'.' * (30 - filled)}] " if self.terminal else ""
+        return (f"tpuflow: sweep {bar}{self.done}/{self.total} points ({100 * self.done // max(1, self.total)}%), "
+                f"elapsed {elapsed:.0f} s, ETA {eta:.0f} s")
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+
+# ------------------------------------------------------------------ HTML page
+
+PLOT_W, PLOT_H, PAD = 560, 300, 48
+SERIES_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+
+
+def _scale(values: list[float], lo_px: float, hi_px: float) -> Callable[[float], float]:
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    return lambda v: lo_px + (v - lo) / span * (hi_px - lo_px)
+
+
+def _axes(xs: list[float], ys: list[float]) -> tuple[Callable, Callable, dict]:
+    sx = _scale(xs, PAD, PLOT_W - 12)
+    sy = _scale(ys, PLOT_H - PAD + 12, 12)
+    ticks = {"x": [(sx(v), _fmt(v)) for v in sorted(set(xs))][:12],
+             "y": [(sy(v), _fmt(v)) for v in (min(ys), (min(ys) + max(ys)) / 2, max(ys))]}
+    return sx, sy, ticks
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def key_plot(frame, key: str, spec: Spec) -> dict:
+    """Latency against one swept key: one line per model (the other swept axes at their first
+    values), and a dot for every other point of that model."""
+    ok = frame[frame["status"] == "ok"]
+    xs, ys = [float(v) for v in ok[key]], [float(v) for v in ok["latency_us"]]
+    if not xs:
+        return {"key": key, "series": [], "ticks": {"x": [], "y": []}, "w": PLOT_W, "h": PLOT_H}
+    sx, sy, ticks = _axes(xs, ys)
+    first = {"dtype": spec.dtypes[0], "cores": spec.cores[0], **{f"options.{k}": v[0] for k, v in spec.options},
+             **{k: v[0] for k, v in spec.grid if k != key}}
+    series = []
+    for i, model in enumerate(spec.models):
+        rows = ok[ok["model"] == model]
+        line = rows
+        for col, value in first.items():
+            line = line[line[col] == value]
+        line = line.sort_values(key)
+        series.append({"model": model, "colour": SERIES_COLOURS[i % len(SERIES_COLOURS)],
+                       "line": " ".join(f"{sx(float(x)):.1f},{sy(float(y)):.1f}" for x, y in zip(line[key], line["latency_us"])),
+                       "dots": [(round(sx(float(x)), 1), round(sy(float(y)), 1), _fmt(float(x)), _fmt(float(y)))
+                                for x, y in zip(rows[key], rows["latency_us"])]})
+    return {"key": key, "series": series, "ticks": ticks, "w": PLOT_W, "h": PLOT_H}
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both peak TOPS (lower) and latency (lower), by peak TOPS."""
+    front, best = [], math.inf
+    for tops, latency in sorted(set(points)):
+        if latency < best:
+            front.append((tops, latency))
+            best = latency
+    return front
+
+
+def pareto_plot(frame, spec: Spec) -> dict:
+    ok = frame[frame["status"] == "ok"]
+    xs, ys = [float(v) for v in ok["peak_tops"]], [float(v) for v in ok["latency_us"]]
+    if not xs:
+        return {"series": [], "ticks": {"x": [], "y": []}, "w": PLOT_W, "h": PLOT_H}
+    sx, sy, ticks = _axes(xs, ys)
+    series = []
+    for i, model in enumerate(spec.models):
+        rows = ok[ok["model"] == model]
+        pts = [(float(t), float(l)) for t, l in zip(rows["peak_tops"], rows["latency_us"])]
+        front = pareto_front(pts)
+        series.append({"model": model, "colour": SERIES_COLOURS[i % len(SERIES_COLOURS)],
+                       "line": " ".join(f"{sx(t):.1f},{sy(l):.1f}" for t, l in front),
+                       "front": [(_fmt(t), _fmt(l)) for t, l in front],
+                       "dots": [(round(sx(t), 1), round(sy(l), 1), _fmt(t), _fmt(l)) for t, l in pts]})
+    return {"series": series, "ticks": ticks, "w": PLOT_W, "h": PLOT_H}
+
+
+def html_context(frame, spec: Spec, compiles: int | None = None) -> dict:
+    from tpuflow import __version__
+    columns = [c for c in columns_of(spec) if c != "point_id"]
+    table = [[_cell(row[c]) for c in columns] for _, row in frame.iterrows()]
+    return {"spec": spec, "version": __version__, "plots": [key_plot(frame, k, spec) for k, _ in spec.grid],
+            "pareto": pareto_plot(frame, spec), "columns": columns, "table": table,
+            "ok": int((frame["status"] == "ok").sum()), "errors": int((frame["status"] != "ok").sum()),
+            "compiles": compiles}
+
+
+def _cell(value) -> str:
+    import pandas as pd
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return ""
+    return _fmt(float(value)) if isinstance(value, float) else str(value)
+
+
+def render_html(frame, spec: Spec, compiles: int | None = None) -> str:
+    """The self-contained sweep page (codegen/templates/sweep.html.j2: inline CSS and SVG, no script, nothing fetched)."""
+    import jinja2
+    from tpuflow.codegen.report import TEMPLATES
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    return env.get_template("sweep.html.j2").render(**html_context(frame, spec, compiles))
+
+
+# ------------------------------------------------------------------ the command
+
+def cmd_sweep(spec_path: Path, output: Path, scheduler: str | None, workers: int | None, html: Path | None,
+              as_json: bool) -> int:
+    """`tpuflow sweep`: validate, skip the points OUT already holds, run the rest on Dask, write OUT
+    (every 10 % and at the end, atomically: an interrupted sweep resumes) and the HTML page."""
+    check_output(output)
+    if workers is not None and workers < 1:
+        from tpuflow.errors import OptionError
+        raise OptionError(f"option --workers: must be a positive integer, got {workers}")
+    spec = load_spec(spec_path)
+    chips = validate(spec)
+    earlier = read_output(output, spec)
+    skip = frozenset(earlier["point_id"]) if earlier is not None else frozenset()
+    todo = sum(1 for p in chips if point_id(spec, p) not in skip)
+    progress, rows, outcome = Progress(todo), [], None
+    checkpoint = {"decile": 0}
+
+    def on_rows(batch: list[dict]) -> None:
+        rows.extend(batch)
+        progress.advance(len(batch))
+        decile = 10 * len(rows) // max(1, todo)
+        if decile > checkpoint["decile"] and len(rows) < todo:
+            checkpoint["decile"] = decile
+            write_output(output, merge_rows(spec, earlier, rows))
+    try:
+        if todo:
+            with connect(scheduler, workers) as client:
+                outcome = execute(spec, chips, client, skip, on_rows)
+    finally:
+        frame = merge_rows(spec, earlier, rows)
+        if rows or earlier is None:
+            write_output(output, frame)
+    if html is not None:
+        from tpuflow.codegen.profile import write_atomically
+        write_atomically(html, render_html(frame, spec, outcome.compiles if outcome else None))
+    _print_summary(frame, output, len(chips), todo, outcome, as_json)
+    return 0
+
+
+def _print_summary(frame, output: Path, total: int, todo: int, outcome: Outcome | None, as_json: bool) -> None:
+    errors = int((frame["status"] != "ok").sum())
+    compiles = outcome.compiles if outcome else 0
+    if as_json:
+        sys.stdout.write(json.dumps({"ok": True, "output": str(output), "points": total, "run": todo,
+                                     "skipped": total - todo, "errors": errors, "compiles": compiles}, indent=2) + "\n")
+        return
+    print(f"sweep: {total} points ({total - todo} already in {output.name}, {todo} run, {errors} error rows), "
+          f"{compiles} compiles for {todo} points -> {output}")
