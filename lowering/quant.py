@@ -66,8 +66,9 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
         return ""
     if op in ELEMENTWISE:
         runtime = [t for t in ins if not t.is_const]
-        if any(t.is_const for t in ins) and op not in ("QuantizeLinear", "DequantizeLinear"):
-            return "constant operands of elementwise int8 ops are not supported yet"
+        consts = [t for t in ins if t.is_const] if op not in ("QuantizeLinear", "DequantizeLinear") else []
+        if consts and not _channel_constant(consts[0], outs[0], op):
+            return "constant operands of elementwise int8 ops only as a scalar or one value per channel"
         if any(t.shape != outs[0].shape for t in runtime):
             return "broadcasting elementwise int8 ops are not supported yet"
         if any(t.quant is not None and t.quant.per_channel for t in runtime + outs):
@@ -92,6 +93,20 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
         if node.attr("ceil_mode", 0):
             return "ceil_mode pooling is not supported yet"
     return ""
+
+
+def _channel_constant(const, out, op: str) -> bool:
+    """An Add / Mul constant the int8 lowering takes: a scalar, or one value per channel of an NCHW
+    result ((C, 1, 1) or (1, C, 1, 1)), quantized per tensor or not at all."""
+    if op not in ("Add", "Mul") or (const.quant is not None and (const.quant.per_channel
+                                                                    or const.quant.storage == "int32")):
+        return False
+    size = 1
+    for d in const.shape:
+        size *= d
+    if size == 1:
+        return True
+    return len(out.shape) == 4 and tuple(const.shape) in ((out.shape[1], 1, 1), (1, out.shape[1], 1, 1))
 
 
 def _product_reason(graph: Graph, node: OpNode) -> str:

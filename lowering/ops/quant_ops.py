@@ -41,7 +41,7 @@ from typing import ClassVar
 import numpy as np
 
 from tpuflow.errors import LoweringError
-from tpuflow.frontend.quant import quantize, storage_range
+from tpuflow.frontend.quant import dequantize, quantize, storage_range
 from tpuflow.isa import ConvTiu, Mm2Tiu, PordTiu, Prec, StrideMode
 from tpuflow.isa.tiu import RQ_ROUND_MODES, RqDqTiu, dq0_scalars, rq0_channel_words, rq0_scalars, rq1_scalars
 from tpuflow.lowering.context import LowerCtx
@@ -163,6 +163,12 @@ class Planned:
 # ---------------------------------------------------------------- elementwise
 
 
+def real_values(info) -> np.ndarray:
+    """The real values (fp32) of a constant: dequantised when it is quantized."""
+    const = np.asarray(info.const)
+    return (dequantize(const, info.quant) if info.quant is not None else const).astype(np.float32)
+
+
 def lane_rows(count: int, lanes: int) -> int:
     """The largest divisor of `count` that is at most `lanes` (a flat tensor viewed as rows x cols)."""
     return max(d for d in range(1, min(count, lanes) + 1) if count % d == 0)
@@ -182,12 +188,18 @@ class ElementwiseQuant(Planned):
         self.cols = self.count // self.rows
         self.direct = self.node.op_type in ("QuantizeLinear", "DequantizeLinear")
         self.shape = g.tensor(self.out).shape
+        consts = [t for t in self.node.inputs if t and g.tensor(t).is_const] if not self.direct else []
+        self.constant = real_values(g.tensor(consts[0])).reshape(-1) if consts else None   # scalar or per channel
+
+    @property
+    def per_channel_constant(self) -> bool:
+        return self.constant is not None and self.constant.size > 1
 
     @property
     def nchw(self) -> bool:
-        """In a chain: tensors in the chain's layout, (1, C, rows, W) tiles of the (N, C, H, W) tensors
-        in row steps (held tensors read and written in place); else the flat (lanes, cols) view."""
-        return bool(self.lmem)
+        """In a chain, or with a per-channel constant operand: (1, C, rows, W) tiles of the (N, C, H, W)
+        tensors in row steps (held tensors read and written in place); else the flat (lanes, cols) view."""
+        return bool(self.lmem) or self.per_channel_constant
 
     def choices(self):
         if self.nchw:
@@ -221,11 +233,18 @@ class ElementwiseQuant(Planned):
             per_set.append(("work0", self.bytes(shape, Prec.FP32, compact)))      # the input widened to fp32
         if self.out not in self.lmem:
             per_set.append(("out", self.bytes(shape, self.ctx.tensor_prec(self.out), compact)))
-        return [], per_set
+        resident = [self.bytes((1, self.shape[1], 1, 1), Prec.FP32, True)] if self.per_channel_constant else []
+        return resident, per_set
 
     def emit(self, plan: QuantPlan) -> None:
         ctx = self.ctx
         ctx.em.layer = self.node.name
+        self.operand = None if self.constant is None else float(self.constant[0])
+        if self.per_channel_constant:
+            c = self.shape[1]
+            tile = make_tile(self.chip, plan.resident[0], (1, c, 1, 1), Prec.FP32, compact=True)
+            ctx.load_const_channels(tile, f"{self.node.name}:constant", self.constant.reshape(c, 1), Prec.FP32)
+            self.operand = tile
         for index, (n, at, count) in enumerate(self._steps(plan.choice[0])):
             offs = plan.sets[index % len(plan.sets)]
             shape, compact = self._tile_shape(count)
@@ -274,7 +293,10 @@ class ElementwiseQuant(Planned):
             emit_rq(ctx, "dq0", w, tile, dq0_scalars(zp, s), in_signed=signed(ctx, t))
         acc = work[0]
         if op in ("Add", "Mul"):
-            ctx.em.ar("add" if op == "Add" else "mul", acc, acc, work[1] if len(work) > 1 else acc)
+            other = work[1] if len(work) > 1 else self.operand
+            if isinstance(other, LTile) and other.shape != acc.shape:     # a per-channel constant
+                other = other.broadcast(acc.shape, n=True, h=True, w=True)
+            ctx.em.ar("add" if op == "Add" else "mul", acc, acc, acc if other is None else other)
         elif op == "Relu":
             ctx.em.ar("max", acc, acc, 0.0)
         elif op == "Clip":
