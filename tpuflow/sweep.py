@@ -657,7 +657,7 @@ def normalise(frame, spec: Spec):
     for c in NUMERIC:
         frame[c] = pd.to_numeric(frame[c]).astype("Int64" if c in INTEGER else "float64")
     for c in ("point_id", "model", "dtype", "chip", "chip_fingerprint", "status", "error"):
-        frame[c] = frame[c].fillna("").astype(str)
+        frame[c] = frame[c].astype(object).where(frame[c].notna(), "").astype(str)
     frame["cores"] = frame["cores"].astype("int64")
     return frame.reset_index(drop=True)
 
