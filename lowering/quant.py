@@ -88,8 +88,6 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
     if op in POOLS:
         if len(graph.tensor(node.inputs[0]).shape) != 4:
             return "only 2-D pooling of NCHW tensors"
-        if op == "AveragePool" and any(node.attr("pads", (0, 0, 0, 0))) and not node.attr("count_include_pad", 0):
-            return "padded AveragePool without count_include_pad is not supported yet"
         if node.attr("ceil_mode", 0):
             return "ceil_mode pooling is not supported yet"
     return ""

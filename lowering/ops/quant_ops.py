@@ -49,7 +49,7 @@ from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.emitter import pool_scale_fields
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
-from tpuflow.lowering.ops.pool import pool_geometry
+from tpuflow.lowering.ops.pool import count_map, pool_geometry
 from tpuflow.lowering.quant import QuantChain, held_bytes, held_layout, held_tensors
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
@@ -324,6 +324,11 @@ class PoolQuant(Planned):
             self.geom = ConvGeom(n, c, h, w, c, h, w, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1)
         else:
             self.geom, _ = pool_geometry(ctx, self.node)
+        self.inv_count = None                 # an AveragePool whose windows hold different counts: 1 / count
+        if self.node.op_type == "AveragePool":
+            counts = count_map(self.geom, bool(self.node.attr("count_include_pad", 0)))
+            if not np.all(counts == self.geom.kh * self.geom.kw):
+                self.inv_count = (1.0 / counts).astype(np.float32)
 
     def choices(self):
         geo, lanes = self.geom, self.chip.lanes
@@ -341,6 +346,8 @@ class PoolQuant(Planned):
             per_set.append(("in_q", self.bytes(in_shape, Prec.INT8)))
         if self.out not in self.lmem:
             per_set.append(("out_q", self.bytes(out_shape, Prec.INT8)))
+        if self.inv_count is not None:
+            per_set.append(("inv", self.bytes((1, min(c, self.chip.lanes), r, geo.wo), Prec.FP32)))
         return [], per_set
 
     def emit(self, plan: QuantPlan) -> None:
@@ -376,11 +383,17 @@ class PoolQuant(Planned):
             op = "maxpooling" if is_max else "avgpooling"
             f = out_f.fields("res0", with_shape=True)
             f.update(in_f.fields("opd0"))
-            f.update(pool_scale_fields(op, Prec.FP32, 1.0 / (geo.kh * geo.kw)))
+            f.update(pool_scale_fields(op, Prec.FP32, 1.0 if self.inv_count is not None else 1.0 / (geo.kh * geo.kw)))
             ctx.em.tiu(PordTiu(op=op, **f, opd0_h=rows, opd0_w=geo.w, opd1_h=geo.kh, opd1_w=geo.kw,
                                opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
                                res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
                                opd1_y_ins0=geo.dy - 1))
+            if self.inv_count is not None:               # window sums times 1 / their element counts
+                inv = make_tile(chip, offs["inv"], (1, min(c, chip.lanes), h, geo.wo), Prec.FP32)
+                addr = ctx.const_addr(f"{self.node.name}:inverse_counts", self.inv_count, Prec.FP32)
+                ctx.em.load(inv, DRegion(addr + h0 * geo.wo * 4, inv.shape, (0, 0, geo.wo, 1), Prec.FP32))
+                ctx.em.ar("mul", out_f, out_f, LTile(inv.addr, out_f.shape, Prec.FP32, (0, 0, inv.strides[2], 1),
+                                                     StrideMode.FREE))
         emit_requant(ctx, out_q, out_f, rq0_scalars(s_in / s_out, 0.0), zp_out, signed(ctx, self.out))
         if self.out in self.lmem and self.out not in self.keep:
             return

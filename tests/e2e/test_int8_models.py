@@ -203,7 +203,8 @@ def test_resnet50_qdq_verifies_and_beats_fp16():
 
 def fire_and_depthwise_cnn():
     """A SqueezeNet fire module (squeeze 1x1, expand 1x1 and 3x3, channel Concat) then MaxPool, a MobileNet
-    block (depthwise 3x3 with Relu6, pointwise 1x1) and global average pool + gemm."""
+    block (depthwise 3x3 with Relu6, pointwise 1x1), a padded 3x3 AveragePool (border windows average fewer
+    elements: count_include_pad 0) and global average pool + gemm."""
     from onnx import TensorProto as T, helper, numpy_helper
     rng = np.random.default_rng(11)
     n = helper.make_node
@@ -219,7 +220,8 @@ def fire_and_depthwise_cnn():
              n("Conv", ["p", "wd", "bd"], ["d"], name="depthwise", pads=[1, 1, 1, 1], group=32),
              n("Clip", ["d", "lo", "hi"], ["dr"], name="relu6"),
              n("Conv", ["dr", "wp", "bp"], ["pw"], name="pointwise"),
-             n("GlobalAveragePool", ["pw"], ["g"], name="gap"), n("Flatten", ["g"], ["f"], name="flatten"),
+             n("AveragePool", ["pw"], ["ap"], name="avgpool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             n("GlobalAveragePool", ["ap"], ["g"], name="gap"), n("Flatten", ["g"], ["f"], name="flatten"),
              n("Gemm", ["f", "fw", "fb"], ["y"], name="fc", transB=1)]
     inits = [w("ws", (8, 16, 1, 1)), w("bs", (8,), 0.1), w("we1", (16, 8, 1, 1)), w("be1", (16,), 0.1),
              w("we3", (16, 8, 3, 3), 0.1), w("be3", (16,), 0.1), w("wd", (32, 1, 3, 3), 0.3), w("bd", (32,), 0.1),
@@ -234,7 +236,7 @@ def fire_and_depthwise_cnn():
 def test_concat_and_depthwise_verify(dtype):
     q = quantize_float(fire_and_depthwise_cnn())
     ops = [n.op_type for n in load_graph_of(q).nodes()]
-    assert "Concat" in ops and ops.count("Conv") == 5
+    assert "Concat" in ops and "AveragePool" in ops and ops.count("Conv") == 5
     result = verify(q, "sg2260", CompileOptions(dtype=dtype))
     assert result["ok"], result["outputs"]
     if dtype == "fp32":
