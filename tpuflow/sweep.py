@@ -741,7 +741,7 @@ def _scale(values: list[float], lo_px: float, hi_px: float) -> Callable[[float],
 
 def _axes(xs: list[float], ys: list[float]) -> tuple[Callable, Callable, dict]:
     sx = _scale(xs, PAD, PLOT_W - 12)
-    sy = _scale(ys, PLOT_H - PAD + 12, 12)
+    sy = _scale(ys, PLOT_H - PAD, 16)
     ticks = {"x": [(sx(v), _fmt(v)) for v in sorted(set(xs))][:12],
              "y": [(sy(v), _fmt(v)) for v in (min(ys), (min(ys) + max(ys)) / 2, max(ys))]}
     return sx, sy, ticks
