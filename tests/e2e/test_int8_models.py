@@ -281,3 +281,31 @@ def test_gemm_on_mm2_verifies_whole_and_in_steps(steps, monkeypatch):
 def test_quantized_groups_run_on_the_tiu_with_matmul_tile():
     result = verify(quantized("cnn", "QDQ", True, "QInt8"), "sg2260", CompileOptions(dtype="fp16", matmul="tile"))
     assert result["ok"], result["outputs"]
+
+
+def test_batch_of_three_verifies_exactly_at_fp32():
+    """Samples past the first: held tensors' views and DDR offsets per sample."""
+    import onnx
+    model = onnx.ModelProto()
+    model.CopyFrom(quantized("cnn", "QDQ", True, "QUInt8"))
+    del model.graph.value_info[:]
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    result = verify(model, "sg2260", CompileOptions(dtype="fp32"), input_shapes={"x": (3, 3, 12, 12)})
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
+
+
+def test_int8_compilation_is_deterministic(tmp_path):
+    model = quantize_float(fire_and_depthwise_cnn())
+    outs = []
+    for k in range(2):
+        (tmp_path / f"in{k}").mkdir()
+        assert cli_compile(model, tmp_path / f"in{k}" / "model.onnx", tmp_path / f"out{k}") == 0
+        outs.append({p.name: p.read_bytes() for p in sorted((tmp_path / f"out{k}").iterdir())})
+    assert outs[0] == outs[1] and any(name.endswith(".BD.0") for name in outs[0])
+
+
+def cli_compile(model, path, out) -> int:
+    import onnx
+    onnx.save(model, path)
+    return cli.main(["compile", str(path), "-o", str(out), "--dtype", "fp16"])
