@@ -4,7 +4,7 @@ A node is *quantized* when it reads or writes a quantized tensor (frontend/quant
 lowering (lowering/ops/quant_ops.py) emits every quantized node in a group of kind "quant", DDR to
 DDR (layer groups never keep a quantized tensor in LMEM: the quant emitters have no LMEM ports):
 
-- Conv (group 1, int8 weights of zero point 0) and MatMul by constant int8 weights (the Gemm form,
+- Conv (standard, grouped or depthwise; int8 weights of zero point 0) and MatMul by constant int8 weights (the Gemm form,
   with the int32 bias Add that follows its int32 accumulator), each with a following Relu / Clip
   on its 8-bit output fused;
 - QuantizeLinear, DequantizeLinear (per tensor), and Add / Mul / Relu / Clip of same-shaped
@@ -115,9 +115,6 @@ def _product_reason(graph: Graph, node: OpNode) -> str:
     if x.quant.per_channel or w.quant.storage != "int8" or (w.quant.zero_point != 0).any():
         return "weights must be int8 with zero point 0, the activation per-tensor"
     if node.op_type == "Conv":
-        groups, channels = node.attr("group", 1), x.shape[1]
-        if groups != 1 and not (groups == channels == out.shape[1]):
-            return "grouped int8 convolution (other than depthwise) is not supported yet"
         if out.quant is None or out.quant.storage == "int32":
             return "a Conv with an int32 or float result is not supported yet"
         return ""
@@ -182,6 +179,9 @@ def _chainable(graph: Graph, group: Group) -> bool:
     read transposed, nor Concat, whose inputs meet in DDR), on 4-D tensors only."""
     if group.kind != "quant" or group.anchor.op_type not in CHAINABLE:
         return False
+    node = group.anchor
+    if node.op_type == "Conv" and 1 < node.attr("group", 1) < graph.tensor(node.inputs[0]).shape[1]:
+        return False                  # grouped (not depthwise): each group's input loads from DDR at lane 0
     return all(len(graph.tensor(t).shape) == 4 for n in group.nodes for t in (*n.inputs, *n.outputs)
                if t and not graph.tensor(t).is_const)
 

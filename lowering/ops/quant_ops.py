@@ -531,7 +531,10 @@ class ProductQuant(Planned):
 
     def choices(self):
         geo, lanes = self.geom, self.chip.lanes
+        per_group = geo.cout // geo.groups
         chunks = [geo.cout] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < geo.cout]
+        if 1 < geo.groups < geo.cin:         # grouped: a chunk never straddles two groups
+            chunks = [c for c in [per_group] + chunks if c <= per_group and per_group % c == 0]
         return [(ct, rt) for ct in chunks for rt in row_options(geo.ho)]
 
     def sizes(self, choice):
@@ -542,7 +545,8 @@ class ProductQuant(Planned):
         out_shape = (1, ct, rt, geo.wo)
         per_set = [("acc", self.bytes(out_shape, Prec.INT32))]
         if self.x not in self.lmem:
-            per_set.append(("x", self.bytes((1, geo.cin, min(geo.h, geo.halo_rows(rt)), geo.w), Prec.INT8)))
+            per_set.append(("x", self.bytes((1, geo.cin // geo.groups, min(geo.h, geo.halo_rows(rt)), geo.w),
+                                            Prec.INT8)))
         if self.out not in self.lmem:
             per_set.append(("out", self.bytes(out_shape, Prec.INT8)))
         return resident, per_set
@@ -563,7 +567,7 @@ class ProductQuant(Planned):
 
     def macs(self) -> int:
         geo = self.geom
-        return geo.n * geo.cout * geo.ho * geo.wo * geo.cin * geo.kh * geo.kw
+        return geo.n * geo.cout * geo.ho * geo.wo * geo.cin // geo.groups * geo.kh * geo.kw
 
     def _const_parts(self) -> list[tuple[np.ndarray, Prec]]:
         """The per-channel constants as (C, k) rows and their precision: weights, bias, requant words."""
@@ -609,14 +613,16 @@ class ProductQuant(Planned):
         wt, bt, qt = consts
         r0, rows, up, dn = geo.input_rows(h0, h)
         acc = make_tile(chip, offs["acc"], (1, c, h, geo.wo), Prec.INT32)
-        xt = self.held(self.x, n, 0, geo.cin, r0, rows)
+        cin = geo.cin // geo.groups           # grouped: the input channels of this chunk's group
+        first = c0 // (geo.cout // geo.groups) * cin
+        xt = self.held(self.x, n, 0, geo.cin, r0, rows) if geo.groups == 1 else None
         if xt is None:
-            xt = make_tile(chip, offs["x"], (1, geo.cin, rows, geo.w), Prec.INT8)
-            ctx.em.load(xt, self._x_region(n, r0, rows))
+            xt = make_tile(chip, offs["x"], (1, cin, rows, geo.w), Prec.INT8)
+            ctx.em.load(xt, self._x_region(n, r0, rows, first, cin))
         out = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8)
         fields = acc.fields("res0", with_shape=True)
         fields.update(xt.fields("opd0"))
-        ctx.em.tiu(ConvTiu(**fields, opd0_c=geo.cin, opd0_h=rows, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=geo.kh,
+        ctx.em.tiu(ConvTiu(**fields, opd0_c=cin, opd0_h=rows, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=geo.kh,
                            opd1_w=geo.kw, opd2_addr=bt.addr, opt_opd2_const=0, opt_opd1_prec=int(Prec.INT8),
                            opt_opd2_prec=int(Prec.INT32), opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl,
                            opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
@@ -632,9 +638,9 @@ class ProductQuant(Planned):
         emit_requant(self.ctx, out, acc, dict(opt_opd1_const=0, opd1_addr=qt.addr), self.zp_y,
                      signed(self.ctx, self.out), self.requant.clamp)
 
-    def _x_region(self, n: int, r0: int, rows: int) -> DRegion:
+    def _x_region(self, n: int, r0: int, rows: int, c0: int, c: int) -> DRegion:
         geo = self.geom
-        return self.ctx.region(self.x, (1, geo.cin, rows, geo.w), (n * geo.cin * geo.h + r0) * geo.w,
+        return self.ctx.region(self.x, (1, c, rows, geo.w), ((n * geo.cin + c0) * geo.h + r0) * geo.w,
                                (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1))
 
     def _y_region(self, n: int, c0: int, c: int, h0: int, h: int) -> DRegion:
@@ -902,7 +908,8 @@ class ChainQuant:
 def single_emitter(ctx: LowerCtx, group: Group):
     """The emitter of one quant group, by its first node's kind."""
     op = group.anchor.op_type
-    if op == "Conv" and group.anchor.attr("group", 1) > 1:
+    groups = group.anchor.attr("group", 1) if op == "Conv" else 1
+    if groups > 1 and groups == ctx.graph.tensor(group.anchor.inputs[0]).shape[1]:
         return DepthwiseQuant(ctx, group)
     if op == "MatMul":
         return GemmQuant(ctx, group)

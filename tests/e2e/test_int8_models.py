@@ -309,3 +309,30 @@ def cli_compile(model, path, out) -> int:
     import onnx
     onnx.save(model, path)
     return cli.main(["compile", str(path), "-o", str(out), "--dtype", "fp16"])
+
+
+def grouped_cnn():
+    """A grouped 3x3 conv (4 groups of 8 -> 12 channels) between two plain convs, then GAP + gemm."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    rng = np.random.default_rng(17)
+    n = helper.make_node
+
+    def w(name, shape, scale=0.2):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"]),
+             n("Conv", ["r1", "wg", "bg"], ["cg"], name="grouped", pads=[1, 1, 1, 1], group=4), n("Relu", ["cg"], ["rg"]),
+             n("Conv", ["rg", "w3", "b3"], ["c3"], name="conv3"), n("GlobalAveragePool", ["c3"], ["g"]),
+             n("Flatten", ["g"], ["f"]), n("Gemm", ["f", "fw", "fb"], ["y"], transB=1)]
+    inits = [w("w1", (32, 3, 3, 3)), w("b1", (32,), 0.1), w("wg", (48, 8, 3, 3), 0.15), w("bg", (48,), 0.1),
+             w("w3", (16, 48, 1, 1)), w("b3", (16,), 0.1), w("fw", (10, 16)), w("fb", (10,), 0.1)]
+    graph = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_grouped_conv_verifies_exactly_at_fp32():
+    q = quantize_float(grouped_cnn())
+    assert any(n.op_type == "Conv" and n.attr("group", 1) == 4 for n in load_graph_of(q).nodes())
+    result = verify(q, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] <= result["outputs"][0]["quant_step"], result["outputs"]
