@@ -1,20 +1,23 @@
 """Which quantized nodes the int8 lowering supports, and the groups it emits them in (issue 15).
 
-A node is *quantized* when it reads or writes a quantized tensor (frontend/quant.py). The int8
-lowering (lowering/ops/quant_ops.py) emits every quantized node in a group of kind "quant", DDR to
-DDR (layer groups never keep a quantized tensor in LMEM: the quant emitters have no LMEM ports):
+A node is *quantized* when it reads or writes a quantized tensor (frontend/quant.py); such a tensor
+lives in DDR at its integer storage (ddrplan.stored_dtype: int8 / uint8 one byte, int32 four),
+every float tensor at --dtype. The int8 lowering (lowering/ops/quant_ops.py) emits every quantized
+node in a group of kind "quant":
 
-- Conv (standard, grouped or depthwise; int8 weights of zero point 0) and MatMul by constant int8 weights (the Gemm form,
-  with the int32 bias Add that follows its int32 accumulator), each with a following Relu / Clip
-  on its 8-bit output fused;
+- Conv (standard, grouped or depthwise; int8 weights of zero point 0) and MatMul by constant int8
+  weights (the Gemm form, with the int32 bias Add that follows its int32 accumulator), each with a
+  following Relu / Clip on its 8-bit output fused;
 - QuantizeLinear, DequantizeLinear (per tensor), and Add / Mul / Relu / Clip of same-shaped
-  quantized tensors;
+  quantized tensors or of one such tensor and a scalar / per-channel constant;
 - MaxPool, AveragePool, GlobalAveragePool;
 - channel Concat (requantising the inputs whose Quant is not the output's);
 - Reshape views (no instructions: the DDR buffer is shared, as for float views).
 
-Everything else on quantized tensors is refused before lowering by `check_supported`, one line
-naming the node.
+Runs of consecutive quant groups on NCHW tensors (CHAINABLE kinds) form a QuantChain whose inner
+tensors stay whole in LMEM (the float layer groups' residency plan never holds a quantized tensor:
+the quant emitters declare no LMEM ports). Everything else on quantized tensors is refused before
+lowering by `check_supported`, one line naming the node.
 """
 
 from __future__ import annotations

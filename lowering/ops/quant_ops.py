@@ -737,7 +737,8 @@ class GemmQuant(Planned):
                                       opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1))
                 out = make_tile(chip, out_at, (1, rc, 1, nc), Prec.INT8)
                 self._requantise(acc, out, scale, c0)
-                ctx.em.store(out, ctx.region(self.out, out.shape, r0 * self.n + c0, (self.rows * self.n, self.n, nc, 1)))
+                ctx.em.store(out, ctx.region(self.out, out.shape, r0 * self.n + c0,
+                                             (self.rows * self.n, self.n, nc, 1)))
         self.note(plan, self.rows * self.n * self.k)
 
     def _requantise(self, acc: LTile, out: LTile, scale: LTile, c0: int) -> None:

@@ -111,8 +111,10 @@ def wide_cnn(channels: int = 64, side: int = 28):
     def w(name, shape, scale=0.1):
         return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
 
-    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"], name="relu1"),
-             n("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]), n("Relu", ["c2"], ["r2"], name="relu2"),
+    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             n("Relu", ["c1"], ["r1"], name="relu1"),
+             n("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             n("Relu", ["c2"], ["r2"], name="relu2"),
              n("Conv", ["r2", "w3", "b3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
              n("Add", ["c3", "r1"], ["a"], name="residual"), n("GlobalAveragePool", ["a"], ["g"], name="gap"),
              n("Flatten", ["g"], ["f"], name="flatten"), n("Gemm", ["f", "fw", "fb"], ["y"], name="fc", transB=1)]
@@ -321,7 +323,8 @@ def grouped_cnn():
         return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
 
     nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"]),
-             n("Conv", ["r1", "wg", "bg"], ["cg"], name="grouped", pads=[1, 1, 1, 1], group=4), n("Relu", ["cg"], ["rg"]),
+             n("Conv", ["r1", "wg", "bg"], ["cg"], name="grouped", pads=[1, 1, 1, 1], group=4),
+             n("Relu", ["cg"], ["rg"]),
              n("Conv", ["rg", "w3", "b3"], ["c3"], name="conv3"), n("GlobalAveragePool", ["c3"], ["g"]),
              n("Flatten", ["g"], ["f"]), n("Gemm", ["f", "fw", "fb"], ["y"], transB=1)]
     inits = [w("w1", (32, 3, 3, 3)), w("b1", (32,), 0.1), w("wg", (48, 8, 3, 3), 0.15), w("bg", (48,), 0.1),
