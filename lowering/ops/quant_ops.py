@@ -704,7 +704,7 @@ class GemmQuant(Planned):
         ctx, chip = self.ctx, self.chip
         ctx.em.layer = self.node.name
         rt, nt, kt = plan.choice
-        w_addr = ctx.const_addr(f"{self.node.name}:int8_weights", self.weights, Prec.INT8)
+        self.w_addr = ctx.const_addr(f"{self.node.name}:int8_weights", self.weights, Prec.INT8)
         b_addr = ctx.const_addr(f"{self.node.name}:int32_bias_row", self.bias, Prec.INT32)
         s_addr = ctx.const_addr(f"{self.node.name}:scale_row", self.scales, Prec.FP32)
         bias_at, scale_at, acc_at, out_at = plan.resident
@@ -720,26 +720,30 @@ class GemmQuant(Planned):
                 acc = make_tile(chip, acc_at, (1, rc, 1, nc), Prec.INT32)
                 k_steps = steps(self.k, kt)
                 for ks, (k0, kc) in enumerate(k_steps):
-                    offs = plan.sets[index % len(plan.sets)]
+                    self._k_step(plan.sets[index % len(plan.sets)], acc, bias, (r0, rc), (c0, nc), (k0, kc),
+                                 ks == 0, ks == len(k_steps) - 1)
                     index += 1
-                    a = make_tile(chip, offs["a"], (1, rc, 1, kc), Prec.INT8)
-                    w = make_tile(chip, offs["w"], (1, kc, 1, nc), Prec.INT8)
-                    ctx.em.load(a, ctx.region(self.x, a.shape, r0 * self.k + k0, (self.rows * self.k, self.k, kc, 1)))
-                    ctx.em.load(w, DRegion(w_addr + k0 * self.n + c0, w.shape, (self.k * self.n, self.n, nc, 1),
-                                           Prec.INT8))
-                    first, last = ks == 0, ks == len(k_steps) - 1
-                    ctx.em.tiu(Mm2Tiu(op="nn", res0_addr=acc.addr, res0_c=rc, res0_w=nc, opd0_addr=a.addr, opd0_c=rc,
-                                      opd0_w=kc, opd1_addr=w.addr, opd1_c=kc, opd1_w=nc,
-                                      opd2_addr=bias.addr if first else 0, opt_opd2_const=0 if first else 1,
-                                      opt_res0_prec=int(Prec.INT32), opt_opd0_prec=int(Prec.INT8),
-                                      opt_opd1_prec=int(Prec.INT8), opt_opd2_prec=int(Prec.INT32),
-                                      opt_res_add=0 if first else 1, opt_relu=int(self.relu and last),
-                                      opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1))
                 out = make_tile(chip, out_at, (1, rc, 1, nc), Prec.INT8)
                 self._requantise(acc, out, scale, c0)
                 ctx.em.store(out, ctx.region(self.out, out.shape, r0 * self.n + c0,
                                              (self.rows * self.n, self.n, nc, 1)))
         self.note(plan, self.rows * self.n * self.k)
+
+    def _k_step(self, offs: dict, acc: LTile, bias: LTile, rows, cols, ks, first: bool, last: bool) -> None:
+        """One MM2 of rows x K step x columns into acc: the bias row on the first step, relu on the last."""
+        ctx, chip = self.ctx, self.chip
+        (r0, rc), (c0, nc), (k0, kc) = rows, cols, ks
+        a = make_tile(chip, offs["a"], (1, rc, 1, kc), Prec.INT8)
+        w = make_tile(chip, offs["w"], (1, kc, 1, nc), Prec.INT8)
+        ctx.em.load(a, ctx.region(self.x, a.shape, r0 * self.k + k0, (self.rows * self.k, self.k, kc, 1)))
+        ctx.em.load(w, DRegion(self.w_addr + k0 * self.n + c0, w.shape, (self.k * self.n, self.n, nc, 1), Prec.INT8))
+        ctx.em.tiu(Mm2Tiu(op="nn", res0_addr=acc.addr, res0_c=rc, res0_w=nc, opd0_addr=a.addr, opd0_c=rc,
+                          opd0_w=kc, opd1_addr=w.addr, opd1_c=kc, opd1_w=nc,
+                          opd2_addr=bias.addr if first else 0, opt_opd2_const=0 if first else 1,
+                          opt_res0_prec=int(Prec.INT32), opt_opd0_prec=int(Prec.INT8),
+                          opt_opd1_prec=int(Prec.INT8), opt_opd2_prec=int(Prec.INT32),
+                          opt_res_add=0 if first else 1, opt_relu=int(self.relu and last),
+                          opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1))
 
     def _requantise(self, acc: LTile, out: LTile, scale: LTile, c0: int) -> None:
         ctx = self.ctx
