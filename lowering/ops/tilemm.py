@@ -34,6 +34,7 @@ from tpuflow.lowering.ops.matmul import matmul_geometry
 from tpuflow.lowering.ops.movement import copy_nd
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
+from tpuflow.lowering.weights import to_storage
 
 Q_T, Q_U, Q_M, Q_N = 0, 1, 2, 3
 QUEUE_NAMES = ("T", "U", "M", "N")
@@ -340,7 +341,8 @@ class TileGemm:
         self.dt = TILE_DT[ctx.prec]
         self.stage: int | None = None   # per-lane LMEM offset where a constant stream is staged (stage_need)
         self.panel_base = 0          # queue push index of the resident panel's first tile
-        self.eye: tuple[int, int, int] | None = None     # (queue, push index, side) of the identity tile
+        self.sticky: dict[str, tuple[int, tuple]] = {}   # name -> (M push index, (operand key, block))
+        self.row_bias: np.ndarray | None = None         # per-row (M) bias added in the ACC (_row_bias_step)
 
     def _dims(self) -> TileDims:
         """The tiling with the least estimated time: tile sides whose A, B and converted result
@@ -403,7 +405,7 @@ class TileGemm:
                 side = self.dims.resident
                 self._load_blocks(Q_T if side == "a" else Q_U, self.a if side == "a" else self.b,
                                   [self._block(side, b, m0, mt, n0, nt, k0, kt) for k0, kt in k_steps])
-            self._tile(mt, nt, k_steps, streams, keep_panel=not last_use)
+            self._tile(mt, nt, k_steps, streams, keep_panel=not last_use, m0=m0)
             deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
                                                        self.ctx.chip.tile.queue_slots), b, m0, mt, n0, nt)
 
@@ -495,17 +497,20 @@ class TileGemm:
         op = self.a if side == "a" else self.b
         return STREAM_BATCH if isinstance(op, ConstOperand) or self.ctx.chip.tile.buffer_chunk_bytes else 1
 
-    def _tile(self, mt: int, nt: int, k_steps, streams: dict[str, "_Stream"], keep_panel: bool) -> None:
+    def _tile(self, mt: int, nt: int, k_steps, streams: dict[str, "_Stream"], keep_panel: bool, m0: int = 0) -> None:
         em, res = self.ctx.em, self.dims.resident
         gemv = "TGEMV" if mt == 1 else "TMATMUL"
         acc_size = size_code(ceil_to(mt, 16) * ceil_to(nt, 16) * 4)
         ref = (lambda queue, index: tile_ref(QUEUE_NAMES[queue], self.cursor.pushes[queue] - index))  # noqa: E731
         first = True
+        if self.row_bias is not None:
+            self._row_bias_step(m0, mt, nt, gemv, acc_size)
+            first = False                    # (a column bias needs .BIAS on the first block: not both)
         if "res" in streams:                 # ACC = R . I (+ bias)
             r_index = streams["res"].take()
             bias_index = streams["bias"].take() if "bias" in streams else None
             eye = self._identity(nt)
-            em.tile(TMatmul(fn=gemv + (".BIAS" if bias_index is not None else ""), dt=self.dt, m=mt, n=nt, k=nt,
+            em.tile(TMatmul(fn=gemv + (".BIAS" if bias_index is not None else "" if first else ".ACC"), dt=self.dt, m=mt, n=nt, k=nt,
                             src0=ref(Q_N, r_index), src1=ref(*eye), reuse1=1, acc_size=acc_size,
                             bias_src=-1 if bias_index is None else ref(Q_N, bias_index)))
             first = False
@@ -522,17 +527,35 @@ class TileGemm:
                        dst_dt=TILE_DT[self.out_prec]))
         self.cursor.push(Q_M)
 
+    def _sticky(self, name: str, op: "ConstOperand", block: tuple[int, int, int, int]) -> tuple[int, int]:
+        """(queue, push index) of a constant tile read by many blocks with .reuse: pushed onto M
+        (whose only other pushes are the results, one per output tile, so A's or B's resident
+        panel keeps its whole queue), again when its block changes or its slot would be reused."""
+        queue, held = Q_M, self.sticky.get(name)
+        if held is None or held[1] != (op.key, block) or self.cursor.pushes[queue] - held[0] >= self.ctx.chip.tile.queue_slots:
+            op.load(self.cursor.next_slot_addr(queue), *block)
+            rp, cp = op.padded(block[1], block[3])
+            self._push(queue, rp * cp * self.ctx.prec.bytes)
+            self.sticky[name] = held = (self.cursor.pushes[queue] - 1, (op.key, block))
+        return queue, held[0]
+
     def _identity(self, nt: int) -> tuple[int, int]:
-        """(queue, push index) of an nt x nt identity B tile (Zn), pushed onto M (whose only other
-        pushes are the results, one per output tile, so A's or B's resident panel keeps its
-        whole queue) and read with .reuse until its slot would be reused."""
-        queue = Q_M
-        if self.eye is None or self.eye[2] != nt or self.cursor.pushes[queue] - self.eye[1] >= self.ctx.chip.tile.queue_slots:
-            eye = ConstOperand(self.ctx, "zn", np.eye(nt, dtype=np.float32), f"tile:identity:{nt}", 0, 0)
-            eye.load(self.cursor.next_slot_addr(queue), 0, nt, 0, nt)
-            self._push(queue, ceil_to(nt, self.b.k0) * ceil_to(nt, 16) * self.ctx.prec.bytes)
-            self.eye = (queue, self.cursor.pushes[queue] - 1, nt)
-        return queue, self.eye[1]
+        """The nt x nt identity B tile (Zn) of the R . I step."""
+        eye = ConstOperand(self.ctx, "zn", np.eye(nt, dtype=np.float32), f"tile:identity:{nt}", 0, 0)
+        return self._sticky("identity", eye, (0, nt, 0, nt))
+
+    def _row_bias_step(self, m0: int, mt: int, nt: int, gemv: str, acc_size: int) -> None:
+        """ACC = [bias_hi | bias_lo] (mt x 2) . ones (2 x nt): a per-row bias as two terms in the
+        model's dtype whose fp32 sum is the fp32 bias to ~2 x the dtype's precision (exact for
+        fp32), so only rounding-exact ops (Relu) are left for the TIU."""
+        hi = _round_to(self.row_bias, self.ctx.prec)
+        pair = np.stack([hi, _round_to(self.row_bias - hi, self.ctx.prec)], axis=1)
+        bias = ConstOperand(self.ctx, "nz", pair, f"{self.bias_key}:rowbias2", 0, 0)
+        ones = ConstOperand(self.ctx, "zn", np.ones((2, nt), np.float32), f"tile:ones2:{nt}", 0, 0)
+        a, b = self._sticky("row_bias", bias, (m0, mt, 0, 2)), self._sticky("ones", ones, (0, 2, 0, nt))
+        ref = (lambda queue, index: tile_ref(QUEUE_NAMES[queue], self.cursor.pushes[queue] - index))  # noqa: E731
+        self.ctx.em.tile(TMatmul(fn=gemv, dt=self.dt, m=mt, n=nt, k=2, src0=ref(*a), src1=ref(*b), reuse0=1, reuse1=1,
+                                 acc_size=acc_size))
 
     def _load_bias(self, blocks) -> None:
         """Bias rows (1 x N fp32, N padded to 16) for `blocks` ((n0, nt) each) into the next N slots:
@@ -656,14 +679,23 @@ class _Stream:
         return self.index[self.used - 1]
 
 
+def _round_to(values: np.ndarray, prec: Prec) -> np.ndarray:
+    """fp32 values rounded to `prec` (as stored in DDR) and back."""
+    stored = to_storage(np.asarray(values, np.float32), prec)
+    if prec == Prec.BF16:
+        return (stored.astype(np.uint32) << 16).view(np.float32)
+    return stored.astype(np.float32)
+
+
 class _TileOutput:
     """Stores result tiles from their slots, or moves them to lanes for a TIU epilogue first.
     Result tiles of one row of output tiles sit in neighbouring M slots (lanes): up to `group` of
     them leave together (one store, or one copy to lanes and one epilogue pass over the row span)."""
 
     def __init__(self, ctx: LowerCtx, epi: Epilogue, extra_row_bias: np.ndarray | None, label: str,
-                 y_resident=None):
+                 y_resident=None, value_prec: Prec = Prec.FP32):
         self.ctx, self.epi, self.label = ctx, epi, label
+        self.value_prec = value_prec      # of the result tiles a TIU epilogue works on (fp32 unless exact)
         self.row_bias = extra_row_bias
         self.needs_tiu = not epi.empty or extra_row_bias is not None
         self.group = OUTPUT_SPAN
@@ -676,7 +708,7 @@ class _TileOutput:
         res = self.epi.resident_sizes(rows_total, cols_total)
         if self.row_bias is not None:
             res = res + [tile_bytes_per_lane(chip, (1, rows_total, 1, 1), Prec.FP32, compact=True)]
-        per = [tile_bytes_per_lane(chip, shape, Prec.FP32)] + self.epi.set_sizes(shape) + [
+        per = [tile_bytes_per_lane(chip, shape, self.value_prec)] + self.epi.set_sizes(shape) + [
             tile_bytes_per_lane(chip, shape, self.ctx.prec)]
         return res, per
 
@@ -730,7 +762,7 @@ class _TileOutput:
         row0, mt, col0, nt, slots = p["row0"], p["mt"], p["col0"], p["nt"], p["slots"]
         count, width = len(slots), len(slots) * nt
         dst, full_region = p["regions"](col0, width)
-        src_prec = Prec.FP32 if self.needs_tiu else self.ctx.prec
+        src_prec = self.value_prec if self.needs_tiu else self.ctx.prec
         slot_elems = chip.tile.slot_bytes // src_prec.bytes
         slot_view = DRegion(global_lmem_address(slots[0], chip), (1, count, mt, nt),
                             (count * slot_elems, slot_elems, nt, 1), src_prec)
@@ -744,9 +776,9 @@ class _TileOutput:
             return
         offs = self.sets[self.count % len(self.sets)]
         self.count += 1
-        value = make_tile(chip, offs[0], (1, mt, 1, width), Prec.FP32)
+        value = make_tile(chip, offs[0], (1, mt, 1, width), src_prec)
         em.region_copy(DRegion(global_lmem_address(value.addr, chip), (count, mt, 1, nt),
-                               (nt, value.strides[1], nt, 1), Prec.FP32), slot_view)
+                               (nt, value.strides[1], nt, 1), src_prec), slot_view)
         if self.epi.full:
             self.epi.load_tile(offs[1:], value.shape, full_region)
         if self.row_bias is not None:
@@ -757,7 +789,7 @@ class _TileOutput:
         if self.y_resident is not None:
             em.ar("copy", self.y_resident.rows_view(chip, row0, mt, col0, width), value)
             return
-        if self.ctx.prec != Prec.FP32:
+        if value.prec != self.ctx.prec:
             stage = make_tile(chip, offs[-1], value.shape, self.ctx.prec)
             em.ar("copy", stage, value)
             value = stage
@@ -967,6 +999,14 @@ class TileConvEmitter:
         self.epi = Epilogue(ctx, out, list(group.epilogue), ctx.graph.tensor(out).shape, 2)
         b = self.node.inputs[2] if len(self.node.inputs) > 2 and self.node.inputs[2] else None
         self.bias = np.asarray(ctx.const(b), np.float32).reshape(-1) if b else None
+        # the bias added in the ACC (TileGemm._row_bias_step) when only Relu follows: Relu commutes
+        # with rounding, so the result can leave the ACC in the model's dtype (64 x 64 fp16 tiles)
+        self.bias_in_acc = self.bias is not None and all(n.op_type == "Relu" for n in group.epilogue)
+
+    def _output(self) -> "_TileOutput":
+        if self.bias_in_acc:
+            return _TileOutput(self.ctx, self.epi, None, self.node.name, value_prec=self.ctx.prec)
+        return _TileOutput(self.ctx, self.epi, self.bias, self.node.name)
 
     @staticmethod
     def scratch_bytes(graph, group: Group, options) -> int:
@@ -983,7 +1023,11 @@ class TileConvEmitter:
         kdim, pix, oc0 = cin_g * geo.kh * geo.kw, geo.ho * geo.wo, gi * cout_g
         a = ConstOperand(ctx, "nz", weights[oc0:oc0 + cout_g], f"{self.node.name}:W{gi}", 0, 0)
         bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
-        return TileGemm(ctx, a, bop, cout_g, pix, kdim, Prec.FP32 if out.needs_tiu else ctx.prec)
+        gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, out.value_prec if out.needs_tiu else ctx.prec,
+                        bias_key=f"{self.node.name}:{gi}")
+        if self.bias_in_acc:
+            gemm.row_bias = self.bias[oc0:oc0 + cout_g]
+        return gemm
 
     def _weights(self) -> np.ndarray:
         """(Cout x K) with K running (kh, kw, c), so im2col copies runs of channels from the NHWC copy."""
@@ -997,7 +1041,7 @@ class TileConvEmitter:
         group still needs the epilogue's residents), or None when they do not fit `region`."""
         geo, ctx, chip = self.geom, self.ctx, self.ctx.chip
         arena = ctx.planning_arena(region)
-        out = _TileOutput(ctx, self.epi, self.bias, self.node.name)
+        out = self._output()
         dims = self._gemm(out, self._weights(), 0).dims
         planned = out.plan(arena, dims.mt, dims.nt, geo.cout, geo.ho * geo.wo)
         if planned is None:
@@ -1021,7 +1065,7 @@ class TileConvEmitter:
         cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
         kdim, pix = cin_g * geo.kh * geo.kw, geo.ho * geo.wo
         weights = self._weights()
-        out = _TileOutput(ctx, self.epi, self.bias, self.node.name)
+        out = self._output()
         for n in range(geo.n):
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g

@@ -30,3 +30,27 @@ def test_a_conv_with_fewer_input_channels_than_k0_runs_on_the_tiu(dtype):
     assert any(isinstance(i, TMatmul) for i in program.tile) and len(tile_layers - {""}) == 1
     result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile"), race_check=True)
     assert result["ok"], result["outputs"]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("act", [None, "Relu", "Sigmoid"])
+def test_a_conv_bias_followed_only_by_relu_is_added_in_the_acc(act, dtype):
+    """Conv (+ bias) [+ activation] with Cin >= K0 on the CUBE: with no activation or a Relu the
+    bias enters the ACC as [bias_hi | bias_lo] . ones (a K = 2 TMATMUL per output tile; Relu commutes
+    with rounding, so the result leaves the ACC in the model's dtype); another activation keeps the
+    fp32 TIU epilogue (no K = 2 step). Numerics against onnxruntime either way."""
+    b = ModelBuilder()
+    x = b.node("Neg", [b.input("x", [1, 32, 12, 12])], "nx")
+    y = b.node("Conv", [x, b.weight("w", [48, 32, 3, 3]), b.weight("b", [48], 0.5)], "c", pads=[1, 1, 1, 1])
+    if act:
+        y = b.node(act, [y], "a")
+    b.output(y)
+    model = b.model()
+    _, program = compile_model(model, None, CompileOptions(dtype=dtype, matmul="tile"))
+    bias_steps = [i for i in program.tile if isinstance(i, TMatmul) and i.k == 2 and i.reuse0 and i.reuse1]
+    firsts = [i for i in program.tile if isinstance(i, TMatmul) and not i.accumulates]
+    assert bool(bias_steps) == (act != "Sigmoid")
+    if bias_steps:
+        assert firsts == bias_steps            # every output tile starts from the bias
+    result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile"), race_check=True)
+    assert result["ok"], result["outputs"]
