@@ -71,6 +71,8 @@ chip = "sg2260"
     ({**SMALL, "options": {"colour": "red"}}, "'options.colour'"),
     ({**SMALL, "gird": {}}, "'gird'"),
     ({**SMALL, "chip": "no_such_chip"}, "no_such_chip"),
+    ({**SMALL, "inputs": {"resnet50": {"data": [1, 3, 64, 64]}}}, "[inputs.resnet50]"),
+    ({**SMALL, "inputs": {"mlp": {"nope": [1, 2]}}}, "model 'mlp' does not load: mlp: input shape given for 'nope'"),
 ])
 def test_bad_spec_is_rejected_naming_the_key_or_model(spec, named):
     with pytest.raises(sweep.SweepSpecError) as info:
@@ -120,10 +122,23 @@ def test_point_chip_file_round_trips_through_toml():
     point = spec.points()[0]
     text = sweep.point_chip_toml(spec, point)
     raw = tomllib.loads(text)
-    assert raw["base"] == "sg2260" and raw["dram"]["peak_gbps"] == 34.132
+    assert raw["dram"]["peak_gbps"] == 34.132 and raw["core"]["name"] == "sg2260-sweep"
     chip = sweep.build_point_chip(*sweep.base_chip_raw(spec), point.grid)
     assert chip.dram.peak_gbps == 34.132 and chip.compute.tile_macs_per_cycle["fp16"] == 8192
     assert chip.name == "sg2260-sweep" and chip.fingerprint() != load_chip("sg2260").fingerprint()
+    unswept = sweep.build_point_chip(*sweep.base_chip_raw(spec), ())       # no grid: the base chip itself
+    assert unswept.fingerprint() == load_chip("sg2260").fingerprint()
+
+
+def test_a_chip_file_base_keeps_its_identity(tmp_path):
+    (tmp_path / "mychip.toml").write_text('base = "sg2260"\n[dram]\npeak_gbps = 50.0\n')
+    spec = sweep.load_spec({**SMALL, "chip": "mychip.toml", "grid": {}})
+    spec = sweep.Spec(**{**spec.__dict__, "base_dir": str(tmp_path)})
+    (point,) = spec.points()
+    chip = sweep.build_point_chip(*sweep.base_chip_raw(spec), point.grid)
+    assert chip.fingerprint() == load_chip(tmp_path / "mychip.toml").fingerprint()
+    (tmp_path / "other_name.toml").write_text(sweep.point_chip_toml(spec, point))
+    assert load_chip(tmp_path / "other_name.toml").fingerprint() == chip.fingerprint()
 
 
 def test_traced_chip_records_exactly_the_keys_read():

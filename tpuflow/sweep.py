@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from tpuflow.chip import SECTIONS, ChipConfig, _read_toml, builtin_chip_names, chip_from_dict, load_chip
+from tpuflow.chip import (SECTIONS, ChipConfig, _builtin_path, _read_toml, builtin_chip_names, chip_from_dict,
+                          load_chip)
 from tpuflow.errors import TpuflowError, UserError
 from tpuflow.options import CompileOptions
 
@@ -183,28 +184,30 @@ def _inputs(raw: dict) -> tuple[tuple[str, tuple], ...]:
 # ------------------------------------------------------------------ chips of points
 
 def base_chip_raw(spec: Spec) -> tuple[dict, str]:
-    """(raw TOML dict, name) of the spec's base chip: {"base": name} for a built-in chip."""
+    """(raw TOML dict, name) of the spec's base chip (a built-in one's own file), its core.name and
+    core.description written in, so a chip's identity never depends on the name of a file."""
     chip = spec.chip
-    if chip in builtin_chip_names() and not chip.endswith(".toml"):
-        return {"base": chip}, chip
-    path = Path(chip) if Path(chip).is_absolute() else Path(spec.base_dir) / chip
-    if not path.is_file():
-        path = Path(chip)
     try:
+        if chip in builtin_chip_names() and not chip.endswith(".toml"):
+            path, loaded = _builtin_path(chip), load_chip(chip)
+        else:
+            path = Path(chip) if Path(chip).is_absolute() else Path(spec.base_dir) / chip
+            path = path if path.is_file() else Path(chip)
+            loaded = load_chip(path)
         raw = _read_toml(path, str(chip))
-        name = load_chip(path).name
     except TpuflowError as exc:
         raise SweepSpecError(f"sweep spec: key 'chip': {exc}") from None
-    return raw, name
+    core = raw.setdefault("core", {})
+    core.setdefault("name", loaded.name)
+    core.setdefault("description", loaded.core.description)
+    return raw, loaded.name
 
 
 def point_chip_raw(base_raw: dict, base_name: str, grid: Iterable[tuple[str, Any]]) -> dict:
-    """The chip file (as a dict) of one point: the base chip with the point's grid values, named
-    '<base>-sweep' on every point (a constant name keeps the compile cache valid: the compiler
-    reads core.name) and described by its changes."""
+    """The chip file (as a dict) of one point: the base chip with the point's grid values. With
+    any grid value it is named '<base>-sweep' on every point (a constant name keeps the compile
+    cache useful: the compiler reads core.name) and described by its changes."""
     grid = list(grid)
-    if not grid:
-        return base_raw
     raw = json.loads(json.dumps(base_raw))
     for key, value in grid:
         *path, leaf = key.split(".")
@@ -212,10 +215,14 @@ def point_chip_raw(base_raw: dict, base_name: str, grid: Iterable[tuple[str, Any
         for part in path:
             table = table.setdefault(part, {})
         table[leaf] = value
-    changes = ", ".join(f"{k} = {v}" for k, v in grid)
-    core = raw.setdefault("core", {})
-    core.setdefault("name", f"{base_name}-sweep")
-    core.setdefault("description", f"{base_name} with {changes} (tpuflow sweep point)")
+    if grid:
+        changes = ", ".join(f"{k} = {v}" for k, v in grid)
+        swept = {k for k, _ in grid}
+        core = raw.setdefault("core", {})
+        if "core.name" not in swept:
+            core["name"] = f"{base_name}-sweep"
+        if "core.description" not in swept:
+            core["description"] = f"{base_name} with {changes} (tpuflow sweep point)"
     return raw
 
 
@@ -279,6 +286,9 @@ def validate(spec: Spec) -> dict[Point, ChipConfig]:
             chips[point.grid].check_cores(point.cores)
         except TpuflowError as exc:
             raise SweepSpecError(f"sweep spec: {_point_label(point)}: {exc}") from None
+    for model, _ in spec.inputs:
+        if model not in spec.models:
+            raise SweepSpecError(f"sweep spec: [inputs.{model}] names no model of 'models'")
     for model in spec.models:
         _check_model_loads(spec, model)
     return {p: chips[p.grid] for p in spec.points()}
@@ -511,8 +521,9 @@ def connect(scheduler: str | None, workers: int | None = None) -> Iterator[Any]:
     from dask.distributed import Client
     try:
         client = Client(scheduler, timeout="10s")
-    except (OSError, TimeoutError) as exc:
-        raise SweepSpecError(f"--scheduler {scheduler}: no Dask scheduler answers ({exc})") from None
+    except (OSError, TimeoutError, ValueError) as exc:
+        from tpuflow.errors import OptionError
+        raise OptionError(f"option --scheduler {scheduler}: no Dask scheduler answers ({_one_line(exc)})") from None
     with client:
         yield client
 
