@@ -304,3 +304,22 @@ def test_pareto_front_is_exactly_the_undominated_points(points):
         return any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)
     assert set(front) == {p for p in points if not dominated(p)}
     assert [p[0] for p in front] == sorted(p[0] for p in front)
+
+
+def test_an_interrupted_sweep_keeps_its_rows_and_resumes(cluster, small_frame, tmp_path, capsys, monkeypatch):
+    spec = write_spec(tmp_path, SMALL_TOML)
+    out = tmp_path / "out.parquet"
+    address = ["--scheduler", cluster.scheduler_address]
+
+    def interrupt(self, count):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as patch:
+        patch.setattr(sweep.Progress, "advance", interrupt)          # Ctrl-C as the first rows arrive
+        assert main(["sweep", str(spec), "-o", str(out), *address]) == 130
+    kept = sweep.read_output(out, sweep.load_spec(spec))
+    assert 1 <= len(kept) < 2 and set(kept["status"]) == {"ok"}
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "-o", str(out), "--json", *address]) == 0
+    assert json.loads(capsys.readouterr().out)["run"] == 2 - len(kept)
+    pd.testing.assert_frame_equal(sweep.read_output(out, sweep.load_spec(spec)),
+                                  sweep.normalise(small_frame.copy(), sweep.load_spec(spec)))
