@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tpuflow.chip import ChipConfig
-from tpuflow.errors import LoweringError
+from tpuflow.errors import GroupDoesNotFit, LoweringError
 from tpuflow.frontend.graph import Graph
 from tpuflow.frontend.stats import graph_stats, layer_stats
 from tpuflow.isa import Engine, Prec, SysDma, SysTiu
@@ -35,6 +35,7 @@ from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadca
 from tpuflow.lowering.quant import quantized_groups
 from tpuflow.lowering.ops.quant_ops import quant_emitter
 from tpuflow.lowering.tensors import make_tile
+from tpuflow.lowering.long_rows import ROW_REDUCTIONS, split_long_rows
 from tpuflow.lowering.tensor_parallel import split_mlp_pairs
 from tpuflow.lowering.timesteps import pipelined_order
 from tpuflow.lowering.weights import WeightImage
@@ -242,12 +243,37 @@ def _widened(program: Program, options: CompileOptions, chip: ChipConfig) -> Pro
 
 def lower_split(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     """The program split over `options.cores` (lowering.cores, lowering.tensor_parallel), faster
-    or not than one core (lower() chooses)."""
+    or not than one core (lower() chooses); a softmax whose rows fit no LMEM region is decomposed
+    into column-chunked pieces (lowering.long_rows) and the lowering retried."""
+    ends: frozenset[str] = frozenset()
+    while True:
+        try:
+            return _lower_split_once(source, chip, options, ends)
+        except GroupDoesNotFit as err:
+            source, ends = _refit_long_rows(source, err, ends)
+
+
+def _refit_long_rows(source: Graph, err: GroupDoesNotFit, ends: frozenset[str]) -> tuple[Graph, frozenset[str]]:
+    """After a row group that fits nowhere: end row groups at its reductions that are not its last
+    node (each then runs in column chunks), else decompose its Softmax / LogSoftmax; re-raise
+    when neither applies."""
+    inner = [n for n in err.nodes[:-1] if source.nx.has_node(n) and source.node(n).op_type in ROW_REDUCTIONS]
+    if inner and not set(inner) <= ends:
+        return source, ends | set(inner)
+    decomposed = split_long_rows(source, [n for n in err.nodes if source.nx.has_node(n)])
+    if decomposed is None:
+        raise err
+    return decomposed, ends
+
+
+def _lower_split_once(source: Graph, chip: ChipConfig, options: CompileOptions,
+                      ends: frozenset[str] = frozenset()) -> Program:
     graph = materialize_broadcasts(fold_matmul_transposes(source))
     pins: dict[str, int] = {}
     if options.cores > 1 and options.matmul == "tiu":
         graph, pins = split_mlp_pairs(graph, options.cores, chip.lanes)
-    groups = quantized_groups(graph, form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes), chip)
+    groups = quantized_groups(graph, form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes, ends=ends),
+                              chip)
     crossing, gathered = _crossing_tensors(graph, groups, chip, options, pins) if options.cores > 1 else ((), ())
     for share in RESIDENT_SHARE_FALLBACKS:
         residency = plan_layer_groups(graph, groups, chip, options, share, frozenset(crossing), frozenset(gathered))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
-from tpuflow.errors import LoweringError
+from tpuflow.errors import GroupDoesNotFit, LoweringError
 
 REGIONS = ("ring", "full")          # the LMEM regions a group is planned in, in order of preference
 NO_FIT = "does not fit LMEM: no tiling fits"
@@ -103,5 +103,5 @@ def choose_plan(emission, ctx, group) -> FrozenPlan:
     if chosen is not None:
         return chosen
     windows = ", ".join(f"{r} {ctx.window(r)[1] - ctx.window(r)[0]} B" for r in REGIONS)
-    raise LoweringError(f"layer {group.anchor.name} ({group.anchor.op_type}): {emission.misfit()} in any region "
-                        f"(per lane: {windows})")
+    raise GroupDoesNotFit(f"layer {group.anchor.name} ({group.anchor.op_type}): {emission.misfit()} in any region "
+                          f"(per lane: {windows})", [n.name for n in group.nodes])

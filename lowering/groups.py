@@ -95,7 +95,7 @@ STARVED_FILL = 8
 
 
 def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str],
-               lanes: int | None) -> Group | None:
+               lanes: int | None, ends: frozenset[str] = frozenset()) -> Group | None:
     """The longest run of row-wise nodes after `start` that share its (rows, cols) view: every
     operand classifies against the group's reference shape, values are FULL or ROW. Of the cut
     points `start` can take, the one that joins the most nodes (the first on ties), unless its
@@ -103,7 +103,7 @@ def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken
     best, best_key = None, None
     for split in node_split_candidates(graph, start):
         if node_fits(graph, start, split):
-            group = _row_group_at(graph, start, order, pos, taken, split)
+            group = _row_group_at(graph, start, order, pos, taken, split, ends)
             key = (not _starves(group, lanes), len(group.nodes))
             if best is None or key > best_key:
                 best, best_key = group, key
@@ -117,12 +117,13 @@ def _starves(group: Group, lanes: int | None) -> bool:
     return lanes is not None and rows * STARVED_FILL < lanes
 
 
-def _row_group_at(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str], split: int) -> Group:
+def _row_group_at(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str], split: int,
+                  ends: frozenset[str] = frozenset()) -> Group:
     ref = _reference_shape(graph, start)
     group = Group("row", [start], split, splits={start.name: split}, full_shape=ref)
     members = set(start.outputs)
     for node in order[pos + 1:]:
-        if node.name in taken or not spec(node.op_type).row_role:
+        if group.nodes[-1].name in ends or node.name in taken or not spec(node.op_type).row_role:
             break
         if not any(t in members for t in node.inputs) or not row_member_ok(graph, node, ref, split):
             break
@@ -167,17 +168,18 @@ def _fusable_pool(graph: Graph, conv: OpNode, value: str, taken: set[str]) -> Op
     return nxt
 
 
-def form_groups(graph: Graph, fuse_pool: bool = True, lanes: int | None = None) -> list[Group]:
+def form_groups(graph: Graph, fuse_pool: bool = True, lanes: int | None = None,
+                ends: frozenset[str] = frozenset()) -> list[Group]:
     """Groups in topological order; every node is in exactly one group. `fuse_pool` lets a
     pooling join the Conv group before it (TIU path); `lanes` (the chip's) steers row groups
-    away from views that leave most lanes idle."""
+    away from views that leave most lanes idle; a row group ends at a node named in `ends`."""
     order = list(graph.nodes())
     taken: set[str] = set()
     groups: list[Group] = []
     for pos, node in enumerate(order):
         if node.name in taken:
             continue
-        group = _group_at(graph, node, order, pos, taken, lanes)
+        group = _group_at(graph, node, order, pos, taken, lanes, ends)
         if fuse_pool and group.kind == "conv":
             pool = _fusable_pool(graph, node, group.nodes[-1].outputs[0], taken | {n.name for n in group.nodes})
             if pool is not None:
@@ -190,7 +192,7 @@ def form_groups(graph: Graph, fuse_pool: bool = True, lanes: int | None = None) 
 
 
 def _group_at(graph: Graph, node: OpNode, order: list[OpNode], pos: int, taken: set[str],
-              lanes: int | None) -> Group:
+              lanes: int | None, ends: frozenset[str] = frozenset()) -> Group:
     kind = spec(node.op_type).group
     if kind == "conv":
         return Group("conv", [node] + _absorb_epilogue(graph, node, CONV_EPILOGUE_SPLIT, False, taken),
@@ -208,7 +210,7 @@ def _group_at(graph: Graph, node: OpNode, order: list[OpNode], pos: int, taken: 
     if kind in ("lrn", "view"):
         return Group(kind, [node])
     if kind == "row":
-        group = _row_group(graph, node, order, pos, taken, lanes)
+        group = _row_group(graph, node, order, pos, taken, lanes, ends)
         if group is not None:
             return group
         return Group("move", [node])       # elementwise with a general broadcast: expand first

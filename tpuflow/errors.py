@@ -51,6 +51,15 @@ class LoweringError(UserError):
     """A layer that cannot be mapped onto the chip (too large for any tiling, ...)."""
 
 
+class GroupDoesNotFit(LoweringError):
+    """A fused group no tiling of which fits LMEM; `nodes` names its nodes (the lowering may
+    rewrite some of them into pieces that fit, and retry)."""
+
+    def __init__(self, message: str, nodes=()):
+        super().__init__(message)
+        self.nodes = tuple(nodes)
+
+
 class EncodingError(TpuflowError):
     """An instruction field value that does not fit its descriptor field (a compiler bug)."""
 
