@@ -150,6 +150,17 @@ def test_traced_chip_records_exactly_the_keys_read():
     assert chip.as_dict() == load_chip("sg2260").as_dict()
 
 
+@pytest.mark.parametrize("bypass", ["deepcopy", "copy", "replace", "vars"])
+def test_reads_that_bypass_attributes_count_as_reading_the_whole_section(bypass):
+    import copy
+    import dataclasses
+    chip, reads = sweep.traced_chip(load_chip("sg2260"))
+    {"deepcopy": copy.deepcopy, "copy": copy.copy, "vars": vars,
+     "replace": lambda s: dataclasses.replace(s, pack_cycles=3)}[bypass](chip.ife)
+    ife = {f"ife.{f.name}" for f in dataclasses.fields(chip.ife)}
+    assert ife - {"ife.pack_cycles"} <= reads() and not any(k.startswith("core.") for k in reads())
+
+
 def _compiled(model: str, grid: dict, **options) -> sweep.Compiled:
     spec = sweep.load_spec({"models": [model], "dtypes": ["fp16"], "grid": {k: [v] for k, v in grid.items()},
                             "options": options})

@@ -341,15 +341,30 @@ _TRACED_CLASSES: dict[type, type] = {}
 
 
 def _traced_class(cls: type) -> type:
-    """A subclass of a chip section that records the name of every field read."""
+    """A subclass of a chip section that records the name of every field read. Reads that bypass
+    attributes (`__dict__`, copy / deepcopy / pickle) count as reading every field; a copy made by
+    dataclasses.replace read every field of the original already."""
     if cls not in _TRACED_CLASSES:
         names = frozenset(f.name for f in dataclasses.fields(cls))
 
+        def record(self, read: Iterable[str]) -> None:
+            try:
+                object.__getattribute__(self, "_reads").update(read)
+            except AttributeError:      # a copy built through __init__ (dataclasses.replace): see above
+                pass
+
         def __getattribute__(self, name):
             if name in names:
-                object.__getattribute__(self, "_reads").add(name)
+                record(self, (name,))
+            elif name == "__dict__":
+                record(self, names)
             return object.__getattribute__(self, name)
-        _TRACED_CLASSES[cls] = type(f"Traced{cls.__name__}", (cls,), {"__getattribute__": __getattribute__})
+
+        def __reduce_ex__(self, protocol):
+            record(self, names)
+            return cls(**{n: object.__getattribute__(self, n) for n in names}).__reduce_ex__(protocol)
+        _TRACED_CLASSES[cls] = type(f"Traced{cls.__name__}", (cls,), {"__getattribute__": __getattribute__,
+                                                                       "__reduce_ex__": __reduce_ex__})
     return _TRACED_CLASSES[cls]
 
 
