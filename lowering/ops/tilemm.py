@@ -355,6 +355,8 @@ class TileGemm:
             for nt in sorted({min(ceil_to(self.n, tile.fractal_n), side) for side in TILE_SIDES}, reverse=True):
                 if mt * nt * oe > tile.slot_bytes:
                     continue
+                if self.residual is not None and max(ceil_to(nt, k0) * ceil_to(nt, 16), ceil_to(mt, 16) * ceil_to(nt, k0)) * e > tile.slot_bytes:
+                    continue                     # R (mt x nt) and the identity (nt x nt) of the R . I step fit a slot
                 kt = min(tile.slot_bytes // (mt * e), tile.slot_bytes // (nt * e)) // k0 * k0
                 kt = max(k0, min(kt, ceil_to(self.k, k0)))
                 for resident in ("", "a", "b"):
@@ -996,14 +998,25 @@ class TileConvEmitter:
         self.node = group.anchor
         self.geom = conv_geometry(ctx, self.node)
         out = self.node.outputs[0]
-        self.epi = Epilogue(ctx, out, list(group.epilogue), ctx.graph.tensor(out).shape, 2)
+        epilogue = list(group.epilogue)
         b = self.node.inputs[2] if len(self.node.inputs) > 2 and self.node.inputs[2] else None
         self.bias = np.asarray(ctx.const(b), np.float32).reshape(-1) if b else None
-        # the bias added in the ACC (TileGemm._row_bias_step) when only Relu follows: Relu commutes
-        # with rounding, so the result can leave the ACC in the model's dtype (64 x 64 fp16 tiles)
-        self.bias_in_acc = self.bias is not None and all(n.op_type == "Relu" for n in group.epilogue)
+        # a residual Add in the ACC (R . I) and the bias too (TileGemm._row_bias_step) when only Relu
+        # follows: Relu commutes with rounding, so the result leaves the ACC in the model's dtype
+        self.residual = None
+        add = epilogue[0] if epilogue and _is_residual(ctx, epilogue[0], out) else None
+        other = next(t for t in add.inputs if t != out) if add is not None else None
+        if add is not None and ctx.resident(other) is not None:
+            add = None
+        tail = epilogue[1:] if add is not None else epilogue
+        self.bias_in_acc = all(n.op_type == "Relu" for n in tail)     # everything but Relu in the ACC
+        if self.bias_in_acc and add is not None:
+            self.residual, out, epilogue = other, add.outputs[0], tail
+        self.epi = Epilogue(ctx, out, epilogue, ctx.graph.tensor(out).shape, 2)
 
     def _output(self) -> "_TileOutput":
+        """Result tiles in the model's dtype when only Relu is left for the TIU, else fp32 (and the
+        bias added on the TIU)."""
         if self.bias_in_acc:
             return _TileOutput(self.ctx, self.epi, None, self.node.name, value_prec=self.ctx.prec)
         return _TileOutput(self.ctx, self.epi, self.bias, self.node.name)
@@ -1017,15 +1030,19 @@ class TileConvEmitter:
         esize = {"fp32": 4, "fp16": 2, "bf16": 2}[options.dtype]
         return _nhwc_offset(cin_g * kh * kw * ho * wo * esize) + cin_g * h * w * esize
 
-    def _gemm(self, out: _TileOutput, weights: np.ndarray, gi: int) -> TileGemm:
+    def _gemm(self, out: _TileOutput, weights: np.ndarray, gi: int, n: int = 0) -> TileGemm:
         ctx, geo = self.ctx, self.geom
         cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
         kdim, pix, oc0 = cin_g * geo.kh * geo.kw, geo.ho * geo.wo, gi * cout_g
         a = ConstOperand(ctx, "nz", weights[oc0:oc0 + cout_g], f"{self.node.name}:W{gi}", 0, 0)
         bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
+        residual = None
+        if self.residual is not None:
+            r_addr = ctx.ddr_addr(self.residual) + (n * geo.cout + oc0) * pix * ctx.prec.bytes
+            residual = RowsOperand(ctx, "nz", r_addr, cout_g, pix, pix)
         gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, out.value_prec if out.needs_tiu else ctx.prec,
-                        bias_key=f"{self.node.name}:{gi}")
-        if self.bias_in_acc:
+                        bias_key=f"{self.node.name}:{gi}", residual=residual)
+        if self.bias_in_acc and self.bias is not None:
             gemm.row_bias = self.bias[oc0:oc0 + cout_g]
         return gemm
 
@@ -1069,7 +1086,7 @@ class TileConvEmitter:
         for n in range(geo.n):
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g
-                gemm = self._gemm(out, weights, gi)
+                gemm = self._gemm(out, weights, gi, n)
                 if n == 0 and gi == 0 and out.needs_tiu:
                     out.load(plan.residents, plan.sets, geo.cout, pix, plan.out_group)
                 self._im2col(n, ic0, cin_g, plan)

@@ -54,3 +54,22 @@ def test_a_conv_bias_followed_only_by_relu_is_added_in_the_acc(act, dtype):
         assert firsts == bias_steps            # every output tile starts from the bias
     result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile"), race_check=True)
     assert result["ok"], result["outputs"]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_a_conv_residual_and_relu_leave_the_acc_in_the_model_dtype(dtype):
+    """Conv + bias + Add(skip) + Relu (a ResNet block's tail) on the CUBE: the bias and the skip
+    tensor both enter the ACC (K = 2 bias step, then R . I with R read from NCHW), only the Relu runs
+    on the TIU; numerics against onnxruntime."""
+    b = ModelBuilder()
+    x = b.node("Neg", [b.input("x", [1, 32, 10, 10])], "nx")
+    y = b.node("Conv", [x, b.weight("w", [32, 32, 3, 3]), b.weight("b", [32], 0.5)], "c", pads=[1, 1, 1, 1])
+    b.output(b.node("Relu", [b.node("Add", [y, x], "add")], "r"))
+    model = b.model()
+    _, program = compile_model(model, None, CompileOptions(dtype=dtype, matmul="tile"))
+    matmuls = [i for i in program.tile if isinstance(i, TMatmul)]
+    bias_steps = [i for i in matmuls if i.k == 2 and not i.accumulates]
+    residual_steps = [i for i in matmuls if i.accumulates and i.k == i.n and i.reuse1]
+    assert bias_steps and len(residual_steps) == len(bias_steps)
+    result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile"), race_check=True)
+    assert result["ok"], result["outputs"]
