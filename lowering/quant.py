@@ -35,7 +35,7 @@ ELEMENTWISE = ("QuantizeLinear", "DequantizeLinear", "Add", "Mul", "Relu", "Clip
 POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool")
 VIEWS = ("Reshape",)
 SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS + ("Concat",)
-CHAINABLE = ("Conv",) + ELEMENTWISE + POOLS          # emitters that read and write held tensors
+CHAINABLE = ("Conv", "Concat") + ELEMENTWISE + POOLS   # emitters that read and write held tensors
 
 
 def is_quantized(graph: Graph, node: OpNode) -> bool:
@@ -178,8 +178,7 @@ def quantized_groups(graph: Graph, groups: list[Group], chip=None) -> list[Group
 
 
 def _chainable(graph: Graph, group: Group) -> bool:
-    """A quant group whose emitter takes held tensors (CHAINABLE; not the Gemm form, whose activation is
-    read transposed, nor Concat, whose inputs meet in DDR), on 4-D tensors only."""
+    """A quant group whose emitter takes held tensors (CHAINABLE: not the Gemm form), on 4-D tensors only."""
     if group.kind != "quant" or group.anchor.op_type not in CHAINABLE:
         return False
     node = group.anchor
@@ -209,11 +208,27 @@ def _chains(graph: Graph, groups: list[Group], chip) -> list[Group]:
             flush()
             out.append(group)
             continue
+        if folds_kernel_rows(graph, group.anchor):
+            flush()                   # it reads its input from DDR: it can only start a chain
         if run and held_peak(graph, run + [group], chip.lanes) > budget:
             flush()
         run.append(group)
     flush()
     return out
+
+
+# Input channels per block of the int8 cube's weight layout (tpuflow.isa.ConvTiu.ALIGNED_IC_BLOCK of INT8).
+CUBE_INT8_CHANNELS = 64
+
+
+def folds_kernel_rows(graph: Graph, node: OpNode) -> bool:
+    """A Conv whose input channels, times its kernel rows, fit one block of the int8 cube: it runs with
+    the kh row-shifted copies of its input stacked as channels and a 1 x kw kernel (an RGB stem fills
+    3 of the block's 64 channels, its 7 stacked rows 21), reading its input from DDR."""
+    if node.op_type != "Conv" or node.attr("group", 1) != 1:
+        return False
+    cin, kh = graph.tensor(node.inputs[0]).shape[1], graph.tensor(node.inputs[1]).shape[2]
+    return kh > 1 and cin * kh <= CUBE_INT8_CHANNELS
 
 
 def held_tensors(graph: Graph, members: list[Group]) -> dict[str, tuple[int, int]]:

@@ -50,7 +50,8 @@ from tpuflow.lowering.emitter import pool_scale_fields
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
-from tpuflow.lowering.quant import QuantChain, held_bytes, held_layout, held_tensors
+from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, QuantChain, folds_kernel_rows, held_bytes, held_layout,
+                                    held_tensors)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
 from tpuflow.lowering.weights import pack_conv_weights, to_storage
@@ -405,11 +406,12 @@ class PoolQuant(Planned):
 
 
 class ConcatQuant(Planned):
-    """Channel Concat of quantized NCHW tensors in DDR. An input the DDR plan placed inside the output
-    (ddrplan's Concat members: its producer wrote it there) with the output's Quant costs nothing;
-    another with that Quant is one DDR -> DDR copy; one with another Quant is loaded in row steps,
-    dequantised to the exact fp32 integers q - zp, requantised by s_in / s_out (emit_requant) and
-    stored into its slice."""
+    """Channel Concat of quantized NCHW tensors. In DDR: an input the DDR plan placed inside the output
+    (ddrplan's Concat members: its producer wrote it there) with the output's Quant costs nothing,
+    another with that Quant is one DDR -> DDR copy. Otherwise in row steps: the input (held by a
+    chain, or loaded), requantised when its Quant is not the output's (dq0 to the exact fp32
+    integers q - zp, emit_requant by s_in / s_out), then moved into the output's channels: a GDMA
+    LMEM -> LMEM copy into a held output (the channels land on other lanes), or a store."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
         super().__init__(ctx, group)
@@ -422,45 +424,62 @@ class ConcatQuant(Planned):
             c0 += g.tensor(x).shape[1]
         quant = g.tensor(self.out).quant
         self.requantised = [p for p in self.parts if g.tensor(p[0]).quant != quant]
-        self.widest = max((c for _, _, c in self.requantised), default=0)
+
+    def _stepped(self, part) -> bool:
+        """Whether a part goes through LMEM in row steps (else a DDR copy, or nothing)."""
+        return part in self.requantised or part[0] in self.lmem or self.out in self.lmem
 
     def choices(self):
-        return [(rows,) for rows in row_options(self.shape[2])] if self.requantised else [(0,)]
+        return [(rows,) for rows in row_options(self.shape[2])] if any(map(self._stepped, self.parts)) else [(0,)]
 
     def sizes(self, choice):
-        if not self.requantised:
-            return [], []
-        shape = (1, self.widest, choice[0], self.shape[3])
-        return [], [("in", self.bytes(shape, Prec.INT8)), ("f", self.bytes(shape, Prec.FP32)),
-                    ("out", self.bytes(shape, Prec.INT8))]
+        stepped = [p for p in self.parts if self._stepped(p)]
+        loaded = max((c for x, _, c in stepped if x not in self.lmem), default=0)
+        requantised = max((c for _, _, c in self.requantised), default=0)
+        per_set = []
+        if loaded:
+            per_set.append(("in", self.bytes((1, loaded, choice[0], self.shape[3]), Prec.INT8)))
+        if requantised:
+            shape = (1, requantised, choice[0], self.shape[3])
+            per_set += [("f", self.bytes(shape, Prec.FP32)), ("out", self.bytes(shape, Prec.INT8))]
+        return [], per_set
 
     def emit(self, plan: QuantPlan) -> None:
         ctx = self.ctx
         ctx.em.layer = self.node.name
         n_, c_all, h_all, w = self.shape
         index = 0
-        for x, c0, c in self.parts:
-            in_place = ctx.ddr.alias_root(x)[0] == ctx.ddr.alias_root(self.out)[0]
-            if (x, c0, c) not in self.requantised:
-                if not in_place:
+        for part in self.parts:
+            x, c0, c = part
+            if not self._stepped(part):
+                if ctx.ddr.alias_root(x)[0] != ctx.ddr.alias_root(self.out)[0]:
                     ctx.em.region_copy(self._slice(self.out, c0, c, 0, h_all, c_all),
                                        self._slice(x, 0, c, 0, h_all, c))
                 continue
-            s_in, zp_in = per_tensor(ctx, x)
-            s_out, zp_out = per_tensor(ctx, self.out)
             for n in range(n_):
                 for h0, h in steps(h_all, plan.choice[0]):
-                    offs = plan.sets[index % len(plan.sets)]
+                    self._step(plan.sets[index % len(plan.sets)], part, n, h0, h)
                     index += 1
-                    shape = (1, c, h, w)
-                    q_in = make_tile(self.chip, offs["in"], shape, Prec.INT8)
-                    f = make_tile(self.chip, offs["f"], shape, Prec.FP32)
-                    q_out = make_tile(self.chip, offs["out"], shape, Prec.INT8)
-                    ctx.em.load(q_in, self._slice(x, 0, c, h0, h, c, n))
-                    emit_rq(ctx, "dq0", f, q_in, dq0_scalars(zp_in, 1.0), in_signed=signed(ctx, x))
-                    emit_requant(ctx, q_out, f, rq0_scalars(s_in / s_out, 0.0), zp_out, signed(ctx, self.out))
-                    ctx.em.store(q_out, self._slice(self.out, c0, c, h0, h, c_all, n))
         self.note(plan)
+
+    def _step(self, offs: dict, part, n: int, h0: int, h: int) -> None:
+        ctx, (x, c0, c) = self.ctx, part
+        _, c_all, _, w = self.shape
+        src = self.held(x, n, 0, c, h0, h)
+        if src is None:
+            src = make_tile(self.chip, offs["in"], (1, c, h, w), Prec.INT8)
+            ctx.em.load(src, self._slice(x, 0, c, h0, h, c, n))
+        if part in self.requantised:
+            (s_in, zp_in), (s_out, zp_out) = per_tensor(ctx, x), per_tensor(ctx, self.out)
+            f = make_tile(self.chip, offs["f"], (1, c, h, w), Prec.FP32)
+            emit_rq(ctx, "dq0", f, src, dq0_scalars(zp_in, 1.0), in_signed=signed(ctx, x))
+            src = make_tile(self.chip, offs["out"], (1, c, h, w), Prec.INT8)
+            emit_requant(ctx, src, f, rq0_scalars(s_in / s_out, 0.0), zp_out, signed(ctx, self.out))
+        dst = self.held(self.out, n, c0, c, h0, h)
+        if dst is not None:
+            ctx.em.lmem_copy(dst, src)
+        if dst is None or self.out in self.keep:
+            ctx.em.store(src, self._slice(self.out, c0, c, h0, h, c_all, n))
 
     def _slice(self, tensor: str, c0: int, c: int, h0: int, h: int, channels: int, n: int | None = None) -> DRegion:
         """Channels [c0, c0 + c) and rows [h0, h0 + h) of sample n (all samples when None) of a tensor
@@ -647,6 +666,68 @@ class ProductQuant(Planned):
         geo = self.geom
         return self.ctx.region(self.out, (1, c, h, geo.wo), ((n * geo.cout + c0) * geo.ho + h0) * geo.wo,
                                (geo.cout * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1))
+
+
+class FoldedConvQuant(ProductQuant):
+    """A Conv with few input channels (lowering.quant.folds_kernel_rows): its input rows for each
+    kernel row ky (rows oh * sy + ky * dy - pt) stacked as channels ky * C + c, so the cube runs a
+    1 x kw kernel over kh * C channels instead of kh x kw over C; rows above or below the input are
+    filled with the zero point (the padding value). Its input comes from DDR, one strided DMA per
+    kernel row."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        super().__init__(ctx, group)
+        if IC_BLOCK != CUBE_INT8_CHANNELS:
+            raise LoweringError("internal: the int8 weight block and lowering.quant disagree")
+        w = np.asarray(ctx.graph.tensor(self.node.inputs[1]).const, np.int8)
+        cout, cin, kh, kw = w.shape
+        self.packed = pack_conv_weights(w.transpose(0, 2, 1, 3).reshape(cout, kh * cin, 1, kw), IC_BLOCK)
+
+    def sizes(self, choice):
+        resident, per_set = super().sizes(choice)
+        geo, rt = self.geom, choice[1]
+        per_set = [(name, size) for name, size in per_set if name != "x"]
+        per_set.append(("x", self.bytes((1, geo.cin * geo.kh, rt, geo.w), Prec.INT8)))
+        return resident, per_set
+
+    def _tile(self, offs, consts, n: int, c0: int, c: int, h0: int, h: int) -> None:
+        ctx, geo, chip = self.ctx, self.geom, self.chip
+        wt, bt, qt = consts
+        acc = make_tile(chip, offs["acc"], (1, c, h, geo.wo), Prec.INT32)
+        xt = make_tile(chip, offs["x"], (1, geo.cin * geo.kh, h, geo.w), Prec.INT8)
+        for ky in range(geo.kh):
+            self._load_kernel_row(xt.sub_channels(ky * geo.cin, geo.cin, chip), n, ky, h0, h)
+        out = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8)
+        fields = acc.fields("res0", with_shape=True)
+        fields.update(xt.fields("opd0"))
+        ctx.em.tiu(ConvTiu(**fields, opd0_c=geo.cin * geo.kh, opd0_h=h, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=1,
+                           opd1_w=geo.kw, opd2_addr=bt.addr, opt_opd2_const=0, opt_opd1_prec=int(Prec.INT8),
+                           opt_opd2_prec=int(Prec.INT32), opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
+                           res_op_x_str=geo.sx, res_op_y_str=1, opd1_x_ins0=geo.dx - 1,
+                           opt_relu=int(self.requant.relu), weight_ic_block=IC_BLOCK,
+                           opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1, opd3_addr=self.zp_x))
+        self._requantise(acc, out, qt)
+        if self.out not in self.lmem or self.out in self.keep:
+            ctx.em.store(out, self._y_region(n, c0, c, h0, h))
+
+    def _load_kernel_row(self, dst: LTile, n: int, ky: int, h0: int, h: int) -> None:
+        """Input rows (h0 + i) * sy + ky * dy - pt, i < h, into dst's rows; the zero point outside."""
+        geo, em = self.geom, self.ctx.em
+        first = [(h0 + i) * geo.sy + ky * geo.dy - geo.pt for i in range(h)]
+        inside = [i for i, r in enumerate(first) if 0 <= r < geo.h]
+        lo, hi = (inside[0], inside[-1] + 1) if inside else (0, 0)
+
+        def rows(a: int, count: int) -> LTile:
+            return LTile(dst.addr + a * dst.strides[2], (1, geo.cin, count, geo.w), Prec.INT8, dst.strides,
+                         StrideMode.FREE)
+
+        if hi > lo:
+            em.load(rows(lo, hi - lo), self.ctx.region(
+                self.x, (1, geo.cin, hi - lo, geo.w), (n * geo.cin * geo.h + first[lo]) * geo.w,
+                (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.sy * geo.w, 1)))
+        for a, b in ((0, lo), (hi, h)) if hi > lo else ((0, h),):
+            if b > a:
+                em.fill(rows(a, b - a), self.zp_x)
 
 
 class GemmQuant(Planned):
@@ -919,7 +1000,7 @@ def single_emitter(ctx: LowerCtx, group: Group):
     if op == "MatMul":
         return GemmQuant(ctx, group)
     if op == "Conv":
-        return ProductQuant(ctx, group)
+        return (FoldedConvQuant if folds_kernel_rows(ctx.graph, group.anchor) else ProductQuant)(ctx, group)
     if op in ("MaxPool", "AveragePool", "GlobalAveragePool"):
         return PoolQuant(ctx, group)
     if op == "Concat":

@@ -21,8 +21,8 @@ from tpuflow.isa import Prec  # noqa: E402
 from tpuflow.lowering.ddrplan import plan_ddr, stored_dtype  # noqa: E402
 from tpuflow.lowering.groups import form_groups  # noqa: E402
 from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts  # noqa: E402
-from tpuflow.lowering.quant import (QuantChain, check_supported, held_layout, held_peak,  # noqa: E402
-                                    quantized_groups)
+from tpuflow.lowering.quant import (QuantChain, check_supported, folds_kernel_rows, held_layout,  # noqa: E402
+                                    held_peak, quantized_groups)
 from tpuflow.lowering.tensors import storage_prec  # noqa: E402
 from tpuflow import models  # noqa: E402
 
@@ -56,12 +56,15 @@ def test_float_graphs_keep_their_groups():
 def test_cnn_groups_chain_and_fuse():
     g = prepared(quantized("cnn", "QDQ", True, "QInt8"))
     groups = quantized_groups(g, form_groups(g), CHIP)
+    # both convs (3 and 8 input channels x 3 kernel rows <= 64) fold their kernel rows and read their input from
+    # DDR: each starts a chain
     assert [(type(x).__name__, x.kind, [n.op_type for n in x.nodes]) for x in groups] == [
-        ("QuantChain", "quant", ["QuantizeLinear", "Conv", "MaxPool", "Conv", "Add", "GlobalAveragePool"]),
+        ("Group", "quant", ["QuantizeLinear"]), ("QuantChain", "quant", ["Conv", "MaxPool"]),
+        ("QuantChain", "quant", ["Conv", "Add", "GlobalAveragePool"]),
         ("Group", "view", ["Reshape"]), ("Group", "quant", ["MatMul", "Add"]), ("Group", "quant", ["DequantizeLinear"])]
-    chain = groups[0]
-    assert [[n.op_type for n in m.nodes] for m in chain.members] == [
-        ["QuantizeLinear"], ["Conv"], ["MaxPool"], ["Conv"], ["Add"], ["GlobalAveragePool"]]
+    chain = groups[2]
+    assert [[n.op_type for n in m.nodes] for m in chain.members] == [["Conv"], ["Add"], ["GlobalAveragePool"]]
+    assert all(folds_kernel_rows(g, x.anchor) for x in groups[1:3])
     assert held_peak(g, chain.members, CHIP.lanes) > 0
     taken = [n.name for x in groups for n in x.nodes]
     assert sorted(taken) == sorted(n.name for n in g.nodes())
