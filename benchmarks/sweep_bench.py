@@ -60,6 +60,9 @@ def dask_seconds(spec: sweep.Spec, workers: int) -> dict:
     return {"workers": workers, "cluster_start_s": round(started - began, 3), "sweep_s": round(ran - started, 3),
             "points": len(frame), "compiles": frame.attrs["compiles"], "ok": int((frame["status"] == "ok").sum()),
             "tasks_and_busy_s_per_worker": sorted([n, round(b, 3)] for n, b in busy.values()),
+            # the busiest worker's share of all task time: the 2-worker / 1-worker wall ratio an idle
+            # machine would show (wall times on a loaded machine also carry the other processes)
+            "busiest_worker_share": round(max(b for _, b in busy.values()) / sum(b for _, b in busy.values()), 3),
             "load_average_1min": round(os.getloadavg()[0], 2), "frame": frame}
 
 

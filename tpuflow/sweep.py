@@ -327,9 +327,9 @@ def _point_label(point: Point) -> str:
                       *(f"{k} = {v}" for k, v in point.options + point.grid)])
 
 
-def point_id(spec: Spec, point: Point) -> str:
+def point_id(spec: Spec, point: Point, base_raw: dict | None = None) -> str:
     """Stable identity of a point for resuming: everything that determines its row."""
-    raw, _ = base_chip_raw(spec)
+    raw = base_raw if base_raw is not None else base_chip_raw(spec)[0]
     blob = json.dumps([raw, point.model, dict(spec.inputs).get(point.model, ()), point.dtype, point.cores,
                        point.options, point.grid], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -556,7 +556,7 @@ def execute(spec: Spec, chips: dict[Point, ChipConfig], client, skip: frozenset 
             on_rows: Callable[[list[dict]], None] | None = None) -> Outcome:
     """Run every point of a validated spec (`chips`: validate's result) not in `skip` (point ids) on `client`."""
     base_raw, base_name = base_chip_raw(spec)
-    ids = {p: point_id(spec, p) for p in chips}
+    ids = {p: point_id(spec, p, base_raw) for p in chips}
     jobs = {p: Job(p, ids[p], spec.model_path(p.model), dict(spec.inputs).get(p.model, ()), base_raw, base_name)
             for p in chips if ids[p] not in skip}
     done: dict[Point, dict] = {}
@@ -694,7 +694,8 @@ def merge_rows(spec: Spec, earlier, rows: list[dict]):
     new = normalise(to_frame(rows, spec), spec)
     frame = new if earlier is None else pd.concat([earlier, new], ignore_index=True)
     frame = frame.drop_duplicates("point_id", keep="first")
-    order = {point_id(spec, p): i for i, p in enumerate(spec.points())}
+    raw = base_chip_raw(spec)[0]
+    order = {point_id(spec, p, raw): i for i, p in enumerate(spec.points())}
     rank = frame["point_id"].map(lambda pid: order.get(pid, len(order)))
     frame = frame.assign(_rank=rank).sort_values("_rank", kind="stable").drop(columns="_rank")
     return normalise(frame.reset_index(drop=True), spec)
@@ -870,7 +871,8 @@ def cmd_sweep(spec_path: Path, output: Path, scheduler: str | None, workers: int
     chips = validate(spec)
     earlier = read_output(output, spec)
     skip = frozenset(earlier["point_id"]) if earlier is not None else frozenset()
-    todo = sum(1 for p in chips if point_id(spec, p) not in skip)
+    raw = base_chip_raw(spec)[0]
+    todo = sum(1 for p in chips if point_id(spec, p, raw) not in skip)
     progress, rows, outcome = Progress(todo), [], None
     checkpoint = {"decile": 0}
 
