@@ -47,8 +47,9 @@ def dask_seconds(spec: sweep.Spec, workers: int) -> dict:
                          silence_logs=50) as cluster, Client(cluster) as client:
         client.wait_for_workers(workers)
         started = time.perf_counter()
+        rows: list[dict] = []
         with get_task_stream(client) as stream:
-            frame = sweep.run(spec, client=client)
+            frame = sweep.run(spec, client=client, on_rows=rows.extend)
         ran = time.perf_counter()
     busy: dict = {}
     for task in stream.data:
@@ -63,6 +64,8 @@ def dask_seconds(spec: sweep.Spec, workers: int) -> dict:
             # the busiest worker's share of all task time: the 2-worker / 1-worker wall ratio an idle
             # machine would show (wall times on a loaded machine also carry the other processes)
             "busiest_worker_share": round(max(b for _, b in busy.values()) / sum(b for _, b in busy.values()), 3),
+            "simulate_wall_s": round(sum(r["_seconds"] for r in rows), 3),
+            "simulate_cpu_s": round(sum(r["_cpu_seconds"] for r in rows), 3),
             "load_average_1min": round(os.getloadavg()[0], 2), "frame": frame}
 
 
