@@ -95,3 +95,15 @@ def test_page_is_drawn_in_chromium_without_requests_or_errors(page, tmp_path):
     colours = colour_histogram(png)
     for rgb in ((0x1f, 0x77, 0xb4), (0xd6, 0x27, 0x28)):                   # the two models' colours
         assert colours.get(rgb, 0) > 30, f"colour {rgb} hardly appears in the plot"
+
+
+def test_a_key_with_text_values_is_plotted_by_position():
+    spec = sweep.load_spec({**SPEC, "grid": {"wdc.shared_region": [False, True], "core.description": ["a", "b"]}})
+    rows = [{"model": m, "dtype": "fp16", "cores": 1, "wdc.shared_region": r, "core.description": d,
+             "latency_us": 1.0 + r + 2 * (d == "b"), "peak_tops": 16.0, "status": "ok"}
+            for m in spec.models for r in (False, True) for d in ("a", "b")]
+    frame = sweep.to_frame(rows, spec)
+    plot = sweep.key_plot(frame, "core.description", spec)
+    assert [label for _, label in plot["ticks"]["x"]] == ["a", "b"]
+    assert all(len(s["line"].split()) == 2 and len(s["dots"]) == 4 for s in plot["series"])
+    assert "<svg" in sweep.render_html(frame, spec)

@@ -766,10 +766,10 @@ def _scale(values: list[float], lo_px: float, hi_px: float) -> Callable[[float],
     return lambda v: lo_px + (v - lo) / span * (hi_px - lo_px)
 
 
-def _axes(xs: list[float], ys: list[float]) -> tuple[Callable, Callable, dict]:
+def _axes(xs: list[float], ys: list[float], labels: dict | None = None) -> tuple[Callable, Callable, dict]:
     sx = _scale(xs, PAD, PLOT_W - 12)
     sy = _scale(ys, PLOT_H - PAD, 16)
-    ticks = {"x": [(sx(v), _fmt(v)) for v in sorted(set(xs))][:12],
+    ticks = {"x": [(sx(v), (labels or {}).get(v, _fmt(v))) for v in sorted(set(xs))][:12],
              "y": [(sy(v), _fmt(v)) for v in (min(ys), (min(ys) + max(ys)) / 2, max(ys))]}
     return sx, sy, ticks
 
@@ -782,10 +782,14 @@ def key_plot(frame, key: str, spec: Spec) -> dict:
     """Latency against one swept key: one line per model (the other swept axes at their first
     values), and a dot for every other point of that model."""
     ok = frame[frame["status"] == "ok"]
-    xs, ys = [float(v) for v in ok[key]], [float(v) for v in ok["latency_us"]]
+    values = dict(spec.grid)[key]
+    numeric = all(isinstance(v, (int, float)) for v in values)
+    position = float if numeric else (lambda v: float([str(x) for x in values].index(str(v))))
+    labels = None if numeric else {float(i): str(v) for i, v in enumerate(values)}
+    xs, ys = [position(v) for v in ok[key]], [float(v) for v in ok["latency_us"]]
     if not xs:
         return {"key": key, "series": [], "ticks": {"x": [], "y": []}, "w": PLOT_W, "h": PLOT_H}
-    sx, sy, ticks = _axes(xs, ys)
+    sx, sy, ticks = _axes(xs, ys, labels)
     first = {"dtype": spec.dtypes[0], "cores": spec.cores[0], **{f"options.{k}": v[0] for k, v in spec.options},
              **{k: v[0] for k, v in spec.grid if k != key}}
     series = []
@@ -794,10 +798,10 @@ def key_plot(frame, key: str, spec: Spec) -> dict:
         line = rows
         for col, value in first.items():
             line = line[line[col] == value]
-        line = line.sort_values(key)
+        line = sorted((position(x), float(y)) for x, y in zip(line[key], line["latency_us"]))
         series.append({"model": model, "colour": SERIES_COLOURS[i % len(SERIES_COLOURS)],
-                       "line": " ".join(f"{sx(float(x)):.1f},{sy(float(y)):.1f}" for x, y in zip(line[key], line["latency_us"])),
-                       "dots": [(round(sx(float(x)), 1), round(sy(float(y)), 1), _fmt(float(x)), _fmt(float(y)))
+                       "line": " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line),
+                       "dots": [(round(sx(position(x)), 1), round(sy(float(y)), 1), str(x), _fmt(float(y)))
                                 for x, y in zip(rows[key], rows["latency_us"])]})
     return {"key": key, "series": series, "ticks": ticks, "w": PLOT_W, "h": PLOT_H}
 
