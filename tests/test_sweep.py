@@ -333,3 +333,17 @@ def test_an_interrupted_sweep_keeps_its_rows_and_resumes(cluster, small_frame, t
     assert json.loads(capsys.readouterr().out)["run"] == 2 - len(kept)
     pd.testing.assert_frame_equal(sweep.read_output(out, sweep.load_spec(spec)),
                                   sweep.normalise(small_frame.copy(), sweep.load_spec(spec)))
+
+
+_scalars = st.one_of(st.booleans(), st.integers(-2**63, 2**63 - 1), st.text(max_size=8),
+                     st.floats(allow_nan=False), st.lists(st.integers(0, 9), max_size=3))
+_keys = st.text(min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(_keys, _scalars, max_size=3),
+       st.dictionaries(_keys, st.dictionaries(_keys, st.one_of(_scalars, st.dictionaries(_keys, _scalars, max_size=2)),
+                                              max_size=4), max_size=3))
+def test_to_toml_round_trips_any_chip_shaped_dict(top, tables):
+    raw = {**top, **{k: v for k, v in tables.items() if k not in top}}
+    assert tomllib.loads(sweep.to_toml(raw)) == raw

@@ -234,7 +234,7 @@ def point_chip_toml(spec: Spec, point: Point) -> str:
 
 def to_toml(raw: dict) -> str:
     """A chip dict as TOML (top-level values, then tables, nested tables as dotted headers)."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in raw.items() if not isinstance(v, dict)]
+    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in raw.items() if not isinstance(v, dict)]
 
     def tables(prefix: str, table: dict) -> None:
         scalars = [(k, v) for k, v in table.items() if not isinstance(v, dict)]
@@ -249,7 +249,13 @@ def to_toml(raw: dict) -> str:
 
 
 def _toml_key(key: str) -> str:
-    return key if key.replace("_", "").replace("-", "").isalnum() else json.dumps(key)
+    """A bare key when TOML allows one (A-Za-z0-9_-), else a quoted one."""
+    return key if key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string (JSON's escapes, which TOML shares, for every control character)."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _toml_value(v: Any) -> str:
@@ -257,8 +263,10 @@ def _toml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, float):
         return repr(v)
-    if isinstance(v, (int, str)):
-        return json.dumps(v)
+    if isinstance(v, str):
+        return _toml_string(v)
+    if isinstance(v, int):
+        return str(v)
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise TypeError(f"no TOML form for {v!r}")
