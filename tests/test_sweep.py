@@ -347,3 +347,14 @@ _keys = st.text(min_size=1, max_size=6)
 def test_to_toml_round_trips_any_chip_shaped_dict(top, tables):
     raw = {**top, **{k: v for k, v in tables.items() if k not in top}}
     assert tomllib.loads(sweep.to_toml(raw)) == raw
+
+
+def test_point_ids_follow_a_model_file_s_bytes(tmp_path):
+    import onnx
+    from tpuflow import models
+    onnx.save(models.build_model("mlp"), tmp_path / "net.onnx")
+    spec = sweep.load_spec({**SMALL, "models": [str(tmp_path / "net.onnx")]})
+    before = [sweep.point_id(spec, p) for p in spec.points()]
+    assert before == [sweep.point_id(spec, p) for p in spec.points()]
+    onnx.save(models.build_model("small_cnn"), tmp_path / "net.onnx")
+    assert not set(before) & {sweep.point_id(spec, p) for p in spec.points()}

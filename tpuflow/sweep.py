@@ -89,7 +89,7 @@ class Spec:
     def model_path(self, model: str) -> str:
         """A model file relative to the spec file, or a bundled model's name."""
         path = Path(self.base_dir) / model
-        return str(path) if not Path(model).is_absolute() and path.is_file() else model
+        return str(path.resolve()) if not Path(model).is_absolute() and path.is_file() else model
 
 
 def load_spec(source: str | Path | Mapping) -> Spec:
@@ -336,11 +336,26 @@ def _point_label(point: Point) -> str:
 
 
 def point_id(spec: Spec, point: Point, base_raw: dict | None = None) -> str:
-    """Stable identity of a point for resuming: everything that determines its row."""
+    """Stable identity of a point for resuming: everything that determines its row (a model file
+    by its bytes, so an edited model is run again)."""
     raw = base_raw if base_raw is not None else base_chip_raw(spec)[0]
-    blob = json.dumps([raw, point.model, dict(spec.inputs).get(point.model, ()), point.dtype, point.cores,
+    blob = json.dumps([raw, point.model, _file_digest(spec.model_path(point.model)), dict(spec.inputs).get(point.model, ()), point.dtype, point.cores,
                        point.options, point.grid], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _file_digest(path: str) -> str:
+    """sha256 of a model file ('' for a bundled model's name), cached by path, size and mtime."""
+    if not Path(path).is_file():
+        return ""
+    stat = Path(path).stat()
+    key = (path, stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return _DIGESTS[key]
 
 
 # ------------------------------------------------------------------ the traced chip (compile cache)
