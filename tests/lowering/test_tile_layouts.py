@@ -17,7 +17,7 @@ from tpuflow.hwmodel.functional.layouts import nz_offsets, round_up, zn_offsets
 from tpuflow.hwmodel.timing.segments import transfer_sides
 from tpuflow.isa import Prec, TensorDma
 from tpuflow.lowering.emitter import Emitter
-from tpuflow.lowering.ops.tilemm import RowsOperand
+from tpuflow.lowering.ops.tile_operands import RowsOperand
 
 CHIP = load_chip("sg2260")
 PRECS = {"fp32": Prec.FP32, "fp16": Prec.FP16}

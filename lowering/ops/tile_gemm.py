@@ -1,0 +1,419 @@
+"""One TILE-engine GEMM: its tiling, the queue bookkeeping, the streams that keep the slots fed
+(batches ahead of use, staged constants, sticky constant tiles) and the CUBE blocks it emits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tpuflow.isa import AccCvt, Prec, TMatmul, TPush, global_lmem_address, size_code, tile_ref
+from tpuflow.hwmodel.timing.cost import tile_load_cycles
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.ops.tile_operands import ConstOperand, Operand, RowsOperand, ceil_to, nz_layout, zn_layout
+from tpuflow.lowering.tensors import DRegion, make_tile
+from tpuflow.lowering.tiling import steps
+from tpuflow.lowering.weights import to_storage
+
+Q_T, Q_U, Q_M, Q_N = 0, 1, 2, 3
+QUEUE_NAMES = ("T", "U", "M", "N")
+TILE_DT = {Prec.FP32: "FP32", Prec.FP16: "FP16", Prec.BF16: "BF16"}
+
+
+class QueueCursor:
+    """The compiler's copy of the tile queue state (pushes per queue, kept in the LowerCtx so it
+    spans the whole program): which slot the next push lands in."""
+
+    def __init__(self, ctx: LowerCtx):
+        self.chip = ctx.chip
+        self.pushes = ctx.tile_pushes
+
+    def next_slot_addr(self, queue: int, ahead: int = 0) -> int:
+        return self.chip.tile_slot_address(queue, (self.pushes[queue] + ahead) % self.chip.tile.queue_slots)
+
+    def push(self, queue: int) -> None:
+        self.pushes[queue] += 1
+
+
+@dataclass(frozen=True)
+class TileDims:
+    mt: int
+    nt: int
+    kt: int
+    resident: str = ""    # "a": A's K tiles stay in T across the N tiles; "b": B's stay in U across M
+
+
+TILE_SIDES = (64, 32, 16)      # M and N tile sizes tried (multiples of the 16 x 16 output fractal)
+OUTPUT_SPAN = 12               # result tiles delivered together at most (M slots: fewer than a queue, so none
+                               # is overwritten by the next ACCCVT or identity push before it leaves)
+STAGE_ROWS = 2                 # staging rows (queue_slots tiles each) one DMA brings into LMEM at most
+STREAM_BATCH = 8               # constant K tiles loaded per DMA (half a queue: the next run loads while this one is read)
+# Operand tile loads are priced by hwmodel.timing.cost.tile_load_cycles (the scheduler's per-instruction cost):
+# through the tile buffer a runtime operand costs its DDR rows, without it its K0-element (32 B) or
+# single-element pieces; a constant one arrives pre-arranged, STREAM_BATCH tiles per contiguous DMA.
+
+
+class TileGemm:
+    """Y (M x N) = A (M x K) . B (K x N) [+ bias row] [+ R] on the TILE engine, tile by tile;
+    `deliver` gets the slot holding each row-major result tile. A residual R (M x N, runtime)
+    enters the ACC first, as R . I (an extra K step whose B is the identity, exact in the fp32 ACC;
+    with .BIAS when there is a bias), so no TIU pass is needed for it."""
+
+    def __init__(self, ctx: LowerCtx, a: Operand, b: Operand, m: int, n: int, k: int, out_prec: Prec,
+                 bias: np.ndarray | None = None, bias_key: str = "", residual: Operand | None = None,
+                 batches: list[tuple[int, int]] | None = None):
+        self.ctx, self.a, self.b, self.m, self.n, self.k = ctx, a, b, m, n, k
+        self.batches = batches or [(0, 0)]     # (A offset, B offset) in elements of each batch
+        self.out_prec, self.bias, self.bias_key, self.residual = out_prec, bias, bias_key, residual
+        self.dims = self._dims()
+        self.cursor = QueueCursor(ctx)
+        self.dt = TILE_DT[ctx.prec]
+        self.stage: int | None = None   # per-lane LMEM offset where a constant stream is staged (stage_need)
+        self.panel_base = 0          # queue push index of the resident panel's first tile
+        self.sticky: dict[str, tuple[int, tuple]] = {}   # name -> (M push index, (operand key, block))
+        self.row_bias: np.ndarray | None = None         # per-row (M) bias added in the ACC (_row_bias_step)
+
+    def _dims(self) -> TileDims:
+        """The tiling with the least estimated time: tile sides whose A, B and converted result
+        each fit one tile slot, and whether one operand's K tiles stay resident in their queue
+        (loaded once per row / column of output tiles, read with .reuse) while the other streams."""
+        tile, e, oe = self.ctx.chip.tile, self.ctx.prec.bytes, self.out_prec.bytes
+        k0 = self.a.k0
+        best = None
+        for mt in sorted({min(ceil_to(self.m, tile.fractal_m), side) for side in TILE_SIDES}, reverse=True):
+            for nt in sorted({min(ceil_to(self.n, tile.fractal_n), side) for side in TILE_SIDES}, reverse=True):
+                if mt * nt * oe > tile.slot_bytes:
+                    continue
+                if self.residual is not None and max(ceil_to(nt, k0) * ceil_to(nt, 16), ceil_to(mt, 16) * ceil_to(nt, k0)) * e > tile.slot_bytes:
+                    continue                     # R (mt x nt) and the identity (nt x nt) of the R . I step fit a slot
+                kt = min(tile.slot_bytes // (mt * e), tile.slot_bytes // (nt * e)) // k0 * k0
+                kt = max(k0, min(kt, ceil_to(self.k, k0)))
+                for resident in ("", "a", "b"):
+                    if resident and -(-self.k // kt) > tile.queue_slots:
+                        continue
+                    dims = TileDims(mt, nt, kt, resident)
+                    key = (self._estimate_ns(dims), -mt * nt, resident)
+                    if best is None or key < best[0]:
+                        best = (key, dims)
+        return best[1]
+
+    def _estimate_ns(self, d: TileDims) -> float:
+        """max(GDMA time of the operand loads, TILE time of the blocks), roughly."""
+        chip, e = self.ctx.chip, self.ctx.prec.bytes
+        tm, tn, tk = -(-self.m // d.mt), -(-self.n // d.nt), -(-self.k // d.kt)
+        a_loads = tm * tk * (1 if d.resident == "a" else tn)
+        b_loads = tn * tk * (1 if d.resident == "b" else tm)
+        buffered = chip.tile.buffer_chunk_bytes > 0
+
+        def load_ns(op, rows, cols, resident):   # one tile load, priced by hwmodel.timing.cost
+            runtime = isinstance(op, RowsOperand)
+            along_k = (op.layout == "nz") != op.col_major if runtime else True
+            batch = min(tk, tile.queue_slots if resident else STREAM_BATCH) if buffered or not runtime else 1
+            if buffered and runtime:     # DDR runs: a panel row across the batch, or one tile column
+                piece = cols * batch if along_k else rows
+            else:
+                piece = None if along_k else 1
+            cycles = tile_load_cycles(chip, rows, cols, e, runtime=runtime, piece_elems=piece, batch=batch)
+            return cycles * 1e3 / chip.clocks.gdma_clock_mhz
+        tile = chip.tile
+        dma_ns = (a_loads * load_ns(self.a, d.mt, d.kt, d.resident == "a")
+                  + b_loads * load_ns(self.b, d.nt, d.kt, d.resident == "b"))
+        store = tile_load_cycles(chip, d.mt, d.nt, self.out_prec.bytes, runtime=True, piece_elems=d.nt)
+        dma_ns += tm * tn * store * 1e3 / chip.clocks.gdma_clock_mhz
+        macs = chip.compute.tile_macs_per_cycle[self.ctx.options.dtype]
+        block = chip.tile.block_overhead_cycles + chip.tile.fill_latency_cycles + d.mt * d.nt * d.kt / macs
+        return max(dma_ns, tm * tn * tk * block * 1e3 / chip.clocks.tile_clock_mhz)
+
+    def run(self, deliver: Callable[[int, int, int, int, int, int], None]) -> None:
+        """deliver(slot, batch, m0, mt, n0, nt) for every result tile."""
+        k_steps = steps(self.k, self.dims.kt)
+        order = self._order()
+        streams = self._streams([t[:5] for t in order], k_steps)
+        for index, (b, m0, mt, n0, nt, last_use) in enumerate(order):
+            first_use = index == 0 or order[index - 1][5]
+            if self.dims.resident and first_use:         # the resident operand's K tiles for this row / column
+                self.panel_base = self.cursor.pushes[Q_T if self.dims.resident == "a" else Q_U]
+                side = self.dims.resident
+                self._load_blocks(Q_T if side == "a" else Q_U, self.a if side == "a" else self.b,
+                                  [self._block(side, b, m0, mt, n0, nt, k0, kt) for k0, kt in k_steps])
+            self._tile(mt, nt, k_steps, streams, keep_panel=not last_use, m0=m0)
+            deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
+                                                       self.ctx.chip.tile.queue_slots), b, m0, mt, n0, nt)
+
+    def _order(self) -> list[tuple[int, int, int, int, int, bool]]:
+        """Output tiles (batch, m0, mt, n0, nt, last use of the resident panel) in emission order:
+        batch by batch; rows of tiles (columns when B's panel is resident)."""
+        d = self.dims
+        m_steps, n_steps = steps(self.m, d.mt), steps(self.n, d.nt)
+        out = []
+        for b in range(len(self.batches)):
+            if d.resident == "b":
+                out += [(b, *m, *n, i == len(m_steps) - 1) for n in n_steps for i, m in enumerate(m_steps)]
+            else:
+                out += [(b, *m, *n, j == len(n_steps) - 1) for m in m_steps for j, n in enumerate(n_steps)]
+        return out
+
+    def _block(self, side: str, b: int, m0: int, mt: int, n0: int, nt: int, k0: int, kt: int) -> tuple:
+        """The (r0, r, c0, c) block of A (side "a") or B that output tile (m0, n0) of batch b reads
+        at K step k0, in the coordinates of the operand's stored matrix (Operand.shift)."""
+        a_off, b_off = self.batches[b]
+        if side == "a":
+            dr, dc = self.a.shift(a_off)
+            return m0 + dr, mt, k0 + dc, kt
+        dr, dc = self.b.shift(b_off)
+        return k0 + dr, kt, n0 + dc, nt
+
+    def _stream_blocks(self, side: str) -> list:
+        k_steps = steps(self.k, self.dims.kt)
+        return [self._block(side, *t[:5], k0, kt) for t in self._order() for k0, kt in k_steps]
+
+    def stage_need(self) -> tuple[str, int, int] | None:
+        """(side, tiles, stride bytes) of the constant operand that streams with every tile read once
+        (so each can be staged in the lane of the slot it will occupy), None when there is none."""
+        for side, op in (("a", self.a), ("b", self.b)):
+            if side == self.dims.resident or not isinstance(op, ConstOperand):
+                continue
+            blocks = self._stream_blocks(side)
+            if len(set(blocks)) != len(blocks) or len(blocks) < 2 * STREAM_BATCH:
+                continue
+            stride = max(ceil_to(op.padded(r, c)[0] * op.padded(r, c)[1] * self.ctx.prec.bytes, 64)
+                         for _, r, _, c in blocks)
+            return side, len(blocks), stride
+        return None
+
+    def stage_bytes(self) -> int:
+        """Per-lane LMEM a staged stream needs (its rows of queue_slots tiles, the first one offset by
+        up to queue_slots - 1 positions), 0 when nothing is staged."""
+        need = self.stage_need()
+        if need is None or not self.ctx.chip.tile.buffer_chunk_bytes:
+            return 0
+        _, count, stride = need
+        return -(-(count + self.ctx.chip.tile.queue_slots - 1) // self.ctx.chip.tile.queue_slots) * stride
+
+    def _streams(self, tiles, k_steps) -> dict[str, "_Stream"]:
+        """The streaming operands' tiles (and the bias rows) in the order the blocks read them,
+        across output tiles: each loads a batch of upcoming tiles when it runs dry."""
+        out = {}
+        for side, queue, op in (("a", Q_T, self.a), ("b", Q_U, self.b)):
+            if side != self.dims.resident:
+                blocks = [self._block(side, *t, k0, kt) for t in tiles for k0, kt in k_steps]
+                load = lambda b, q=queue, o=op: self._load_blocks(q, o, b)  # noqa: E731
+                need = self.stage_need() if self.stage is not None else None
+                if need is not None and need[0] == side:
+                    load = _StagedStream(self, queue, op, blocks, self.stage, need[2]).load
+                out[side] = _Stream(blocks, self._batch(side), load, lambda q=queue: self.cursor.pushes[q])
+        n_batch = STREAM_BATCH // 2 if self.bias is not None and self.residual is not None else STREAM_BATCH
+        if self.bias is not None:
+            out["bias"] = _Stream([(n0, nt) for _, _, _, n0, nt in tiles], n_batch, self._load_bias,
+                                  lambda: self.cursor.pushes[Q_N])
+        if self.residual is not None:
+            out["res"] = _Stream([t[1:] for t in tiles], n_batch if self.ctx.chip.tile.buffer_chunk_bytes else 1,
+                                 lambda b: self._load_blocks(Q_N, self.residual, b), lambda: self.cursor.pushes[Q_N])
+        return out
+
+    def _push(self, queue: int, nbytes: int) -> None:
+        self.ctx.em.tile(TPush(dst_queue=queue, dst_size=size_code(nbytes), dt=self.dt))
+        self.cursor.push(queue)
+
+    def _load_blocks(self, queue: int, op: Operand, blocks) -> None:
+        op.load_slots([self.cursor.next_slot_addr(queue, j) for j in range(len(blocks))], blocks)
+        e = self.ctx.prec.bytes
+        for r0, r, c0, c in blocks:
+            self._push(queue, r * c * e)
+
+    def _batch(self, side: str) -> int:
+        """Tiles of a streaming operand loaded and pushed together (half a queue, so the next batch
+        loads while this one is read): constant tiles in runs (one DMA each), runtime tiles too
+        through a tile buffer (RowsOperand.load_slots, one DMA per K panel), one by one without."""
+        op = self.a if side == "a" else self.b
+        return STREAM_BATCH if isinstance(op, ConstOperand) or self.ctx.chip.tile.buffer_chunk_bytes else 1
+
+    def _tile(self, mt: int, nt: int, k_steps, streams: dict[str, "_Stream"], keep_panel: bool, m0: int = 0) -> None:
+        em, res = self.ctx.em, self.dims.resident
+        gemv = "TGEMV" if mt == 1 else "TMATMUL"
+        acc_size = size_code(ceil_to(mt, 16) * ceil_to(nt, 16) * 4)
+        ref = (lambda queue, index: tile_ref(QUEUE_NAMES[queue], self.cursor.pushes[queue] - index))  # noqa: E731
+        first = True
+        if self.row_bias is not None:
+            self._row_bias_step(m0, mt, nt, gemv, acc_size)
+            first = False                    # (a column bias needs .BIAS on the first block: not both)
+        if "res" in streams:                 # ACC = R . I (+ bias)
+            r_index = streams["res"].take()
+            bias_index = streams["bias"].take() if "bias" in streams else None
+            eye = self._identity(nt)
+            em.tile(TMatmul(fn=gemv + (".BIAS" if bias_index is not None else "" if first else ".ACC"), dt=self.dt, m=mt, n=nt, k=nt,
+                            src0=ref(Q_N, r_index), src1=ref(*eye), reuse1=1, acc_size=acc_size,
+                            bias_src=-1 if bias_index is None else ref(Q_N, bias_index)))
+            first = False
+        for i, (k0, kt) in enumerate(k_steps):
+            index = {side: self.panel_base + i if side == res else streams[side].take() for side in ("a", "b")}
+            bias_index = streams["bias"].take() if first and "bias" in streams else None
+            fn = gemv + (".BIAS" if bias_index is not None else "" if first else ".ACC")
+            first = False
+            em.tile(TMatmul(fn=fn, dt=self.dt, m=mt, n=nt, k=kt,
+                            src0=ref(Q_T, index["a"]), src1=ref(Q_U, index["b"]),
+                            reuse0=int(res == "a" and keep_panel), reuse1=int(res == "b" and keep_panel),
+                            acc_size=acc_size, bias_src=-1 if bias_index is None else ref(Q_N, bias_index)))
+        em.tile(AccCvt(layout="NZ2ND", row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
+                       dst_dt=TILE_DT[self.out_prec]))
+        self.cursor.push(Q_M)
+
+    def _sticky(self, name: str, op: "ConstOperand", block: tuple[int, int, int, int]) -> tuple[int, int]:
+        """(queue, push index) of a constant tile read by many blocks with .reuse: pushed onto M
+        (whose only other pushes are the results, one per output tile, so A's or B's resident
+        panel keeps its whole queue), again when its block changes or its slot would be reused."""
+        queue, held = Q_M, self.sticky.get(name)
+        if held is None or held[1] != (op.key, block) or self.cursor.pushes[queue] - held[0] >= self.ctx.chip.tile.queue_slots:
+            op.load(self.cursor.next_slot_addr(queue), *block)
+            rp, cp = op.padded(block[1], block[3])
+            self._push(queue, rp * cp * self.ctx.prec.bytes)
+            self.sticky[name] = held = (self.cursor.pushes[queue] - 1, (op.key, block))
+        return queue, held[0]
+
+    def _identity(self, nt: int) -> tuple[int, int]:
+        """The nt x nt identity B tile (Zn) of the R . I step."""
+        eye = ConstOperand(self.ctx, "zn", np.eye(nt, dtype=np.float32), f"tile:identity:{nt}", 0, 0)
+        return self._sticky("identity", eye, (0, nt, 0, nt))
+
+    def _row_bias_step(self, m0: int, mt: int, nt: int, gemv: str, acc_size: int) -> None:
+        """ACC = [bias_hi | bias_lo] (mt x 2) . ones (2 x nt): a per-row bias as two terms in the
+        model's dtype whose fp32 sum is the fp32 bias to ~2 x the dtype's precision (exact for
+        fp32), so only rounding-exact ops (Relu) are left for the TIU."""
+        hi = _round_to(self.row_bias, self.ctx.prec)
+        pair = np.stack([hi, _round_to(self.row_bias - hi, self.ctx.prec)], axis=1)
+        bias = ConstOperand(self.ctx, "nz", pair, f"{self.bias_key}:rowbias2", 0, 0)
+        ones = ConstOperand(self.ctx, "zn", np.ones((2, nt), np.float32), f"tile:ones2:{nt}", 0, 0)
+        a, b = self._sticky("row_bias", bias, (m0, mt, 0, 2)), self._sticky("ones", ones, (0, 2, 0, nt))
+        ref = (lambda queue, index: tile_ref(QUEUE_NAMES[queue], self.cursor.pushes[queue] - index))  # noqa: E731
+        self.ctx.em.tile(TMatmul(fn=gemv, dt=self.dt, m=mt, n=nt, k=2, src0=ref(*a), src1=ref(*b), reuse0=1, reuse1=1,
+                                 acc_size=acc_size))
+
+    def _load_bias(self, blocks) -> None:
+        """Bias rows (1 x N fp32, N padded to 16) for `blocks` ((n0, nt) each) into the next N slots:
+        runs of equal rows bound for neighbouring lanes in one DMA from one constant."""
+        chip, lane_bytes = self.ctx.chip, self.ctx.chip.lmem_bytes_per_lane
+        slots = [self.cursor.next_slot_addr(Q_N, j) for j in range(len(blocks))]
+        i = 0
+        while i < len(blocks):
+            j = i + 1
+            while j < len(blocks) and slots[j] == slots[j - 1] + lane_bytes and blocks[j][1] == blocks[i][1]:
+                j += 1
+            width = ceil_to(blocks[i][1], 16)
+            rows = np.zeros((j - i, width), np.float32)
+            for r, (n0, nt) in enumerate(blocks[i:j]):
+                rows[r, :nt] = self.bias[n0:n0 + nt]
+            key = f"{self.bias_key}:tilebias:" + ";".join(f"{n0}:{nt}" for n0, nt in blocks[i:j])
+            addr = self.ctx.const_addr(key, rows.reshape(-1), Prec.FP32)
+            shape, strides = (1, j - i, 1, width), ((j - i) * width, width, width, 1)
+            self.ctx.em.region_copy(DRegion(global_lmem_address(slots[i], chip), shape,
+                                            ((j - i) * chip.tile.slot_bytes // 4, chip.tile.slot_bytes // 4, width, 1),
+                                            Prec.FP32),
+                                    DRegion(addr, shape, strides, Prec.FP32))
+            i = j
+        for _, nt in blocks:
+            self._push(Q_N, ceil_to(nt, 16) * 4)
+
+
+class _StagedStream:
+    """A constant operand streamed through LMEM: its tiles (each padded to `stride` bytes) arrive
+    a row of queue_slots at a time, one DMA per row (128 KiB of 8 KiB tiles, issued a row ahead),
+    each tile in the lane of the slot it will be pushed to; then one TIU copy per batch moves them
+    into their slots (the vector unit's port into the tile buffer: lane to same lane). Fewer, larger
+    DMAs than filling slots from DDR in half-queue batches."""
+
+    def __init__(self, gemm: TileGemm, queue: int, op: ConstOperand, blocks: list, offset: int, stride: int):
+        self.gemm, self.queue, self.op, self.blocks = gemm, queue, op, blocks
+        self.offset, self.stride = offset, stride
+        self.base: int | None = None       # slot of the stream's first tile
+        self.position = 0
+        self.staged: set[int] = set()
+
+    def _address(self, slot: int, row: int) -> int:
+        """Flat LMEM address of staging row `row` in the lane of `slot`."""
+        chip = self.gemm.ctx.chip
+        lane_start = chip.tile_slot_address(self.queue, slot) // chip.lmem_bytes_per_lane * chip.lmem_bytes_per_lane
+        return lane_start + self.offset + row * self.stride
+
+    def load(self, chunk: list) -> None:
+        ctx, slots = self.gemm.ctx, self.gemm.ctx.chip.tile.queue_slots
+        if self.base is None:
+            self.base = self.gemm.cursor.pushes[self.queue] % slots
+        row, first = divmod(self.base + self.position, slots)
+        if first + len(chunk) > slots:
+            raise AssertionError("a staged batch wraps the queue")      # _Stream aligns batches
+        for r in (row, row + 1):
+            self._stage(r)
+        elems = self.stride // ctx.prec.bytes
+        shape = (1, len(chunk), 1, elems)
+        ctx.em.ar("copy", make_tile(ctx.chip, ctx.chip.tile_slot_address(self.queue, first), shape, ctx.prec),
+                  make_tile(ctx.chip, self._address(first, row), shape, ctx.prec))
+        self.position += len(chunk)
+        e = ctx.prec.bytes
+        for r0, r, c0, c in chunk:
+            self.gemm._push(self.queue, r * c * e)
+
+    def _span(self, row: int) -> tuple[int, int]:
+        """Stream positions [lo, hi) of staging row `row`."""
+        slots = self.gemm.ctx.chip.tile.queue_slots
+        return max(0, row * slots - self.base), min(len(self.blocks), (row + 1) * slots - self.base)
+
+    def _stage(self, row: int) -> None:
+        """One DMA: the stream's tiles of staging row `row` into their lanes, with the next rows
+        too (up to STAGE_ROWS) while they are full rows not staged yet."""
+        lo, hi = self._span(row)
+        if row in self.staged or lo >= hi:
+            return
+        slots = self.gemm.ctx.chip.tile.queue_slots
+        rows = [row]
+        while (hi - lo == slots and len(rows) < STAGE_ROWS and rows[-1] + 1 not in self.staged
+               and self._span(rows[-1] + 1)[1] - self._span(rows[-1] + 1)[0] == slots):
+            rows.append(rows[-1] + 1)
+        self.staged.update(rows)
+        hi = self._span(rows[-1])[1]
+        ctx, op, elems = self.gemm.ctx, self.op, self.stride // self.gemm.ctx.prec.bytes
+        key = (f"{op.key}:{op.layout}:stage:{self.stride}:" + ";".join(f"{b}" for b in self.blocks[lo:hi]),)
+        addr = ctx.weights.lookup(key, ctx.prec)
+        if addr is None:
+            image = np.zeros((hi - lo, elems), np.float32)
+            layout = nz_layout if op.layout == "nz" else zn_layout
+            for i, (r0, r, c0, c) in enumerate(self.blocks[lo:hi]):
+                flat = layout(op.matrix[r0:r0 + r, c0:c0 + c], *op.padded(r, c), op.k0)
+                image[i, :flat.size] = flat
+            addr = ctx.weights.add(key, image.reshape(-1), ctx.prec)
+        count, first = (hi - lo) // len(rows), (self.base + lo) % slots
+        dst = make_tile(ctx.chip, self._address(first, row), (len(rows), count, 1, elems), ctx.prec)
+        assert len(rows) == 1 or dst.strides[0] == elems, "staging rows are `stride` bytes apart"
+        ctx.em.load(dst, DRegion(addr, dst.shape, (count * elems, elems, elems, 1), ctx.prec))
+
+
+class _Stream:
+    """The tiles of one streaming operand in the order TMATMULs read them: `take` gives the next
+    tile's queue push index (its queue may carry other pushes too), loading (and pushing) the next
+    batch first when none is left. Batches end on multiples of `batch` pushes of their queue
+    (`queue_pushes()`), so with a batch dividing the queue depth a batch never wraps from the last
+    slot (lane) to the first: one DMA each."""
+
+    def __init__(self, blocks: list, batch: int, load: Callable[[list], None], queue_pushes: Callable[[], int]):
+        self.blocks, self.batch, self.load, self.queue_pushes = blocks, batch, load, queue_pushes
+        self.index: list[int] = []         # queue push index of every loaded tile
+        self.used = 0
+
+    def take(self) -> int:
+        """Queue push index of the next tile."""
+        if self.used == len(self.index):
+            size = self.batch - self.queue_pushes() % self.batch
+            chunk = self.blocks[len(self.index):len(self.index) + size]
+            base = self.queue_pushes()
+            self.load(chunk)
+            self.index += range(base, base + len(chunk))
+        self.used += 1
+        return self.index[self.used - 1]
+
+
+def _round_to(values: np.ndarray, prec: Prec) -> np.ndarray:
+    """fp32 values rounded to `prec` (as stored in DDR) and back."""
+    stored = to_storage(np.asarray(values, np.float32), prec)
+    if prec == Prec.BF16:
+        return (stored.astype(np.uint32) << 16).view(np.float32)
+    return stored.astype(np.float32)

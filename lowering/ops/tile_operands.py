@@ -1,0 +1,260 @@
+"""Where the operand tiles of a TILE matmul come from, and how they reach their slots: the Nz / Zn
+layouts, constant operands pre-arranged in the weight image, runtime operands in DDR (converted in
+flight by the tile buffer) or kept in LMEM by a layer group."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpuflow.isa import global_lmem_address
+from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.tensors import DRegion
+
+
+def ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def nz_layout(block: np.ndarray, rows_p: int, cols_p: int, c0: int) -> np.ndarray:
+    """A (rows x cols) block as flat Nz: off(i,j) = (j//c0)*rows_p*c0 + i*c0 + j%c0 (zero padded)."""
+    padded = np.zeros((rows_p, cols_p), block.dtype)
+    padded[:block.shape[0], :block.shape[1]] = block
+    return padded.reshape(rows_p, cols_p // c0, c0).transpose(1, 0, 2).reshape(-1)
+
+
+def zn_layout(block: np.ndarray, rows_p: int, cols_p: int, r0: int) -> np.ndarray:
+    """A (rows x cols) block as flat Zn: off(i,j) = (i//r0)*cols_p*r0 + j*r0 + i%r0 (zero padded)."""
+    padded = np.zeros((rows_p, cols_p), block.dtype)
+    padded[:block.shape[0], :block.shape[1]] = block
+    return padded.reshape(rows_p // r0, r0, cols_p).transpose(0, 2, 1).reshape(-1)
+
+
+class Operand:
+    """Where the A (Nz) or B (Zn) tiles of a matmul come from."""
+
+    def __init__(self, ctx: LowerCtx, layout: str, rows: int, cols: int):
+        self.ctx, self.layout, self.rows, self.cols = ctx, layout, rows, cols
+        self.prec = ctx.prec
+        self.k0 = ctx.chip.tile.k_fractal_bytes // self.prec.bytes
+        self.fm = ctx.chip.tile.fractal_m
+
+    def shift(self, offset: int) -> tuple[int, int]:
+        """(rows, columns) by which `offset` elements move a block of the stored matrix (batches of a
+        batched matmul are such shifts of one matrix); only offset 0 outside RowsOperand."""
+        if offset:
+            raise ValueError("a constant operand is not batched by offsets")
+        return 0, 0
+
+    def padded(self, r: int, c: int) -> tuple[int, int]:
+        if self.layout == "nz":
+            return ceil_to(r, self.fm), ceil_to(c, self.k0)
+        return ceil_to(r, self.k0), ceil_to(c, self.fm)
+
+    def load(self, slot_addr: int, r0: int, r: int, c0: int, c: int) -> None:
+        raise NotImplementedError
+
+    def load_slots(self, slot_addrs: list[int], blocks: list[tuple[int, int, int, int]]) -> None:
+        """Fill slot_addrs[i] with block (r0, r, c0, c) i."""
+        for addr, block in zip(slot_addrs, blocks):
+            self.load(addr, *block)
+
+
+class ConstOperand(Operand):
+    """A constant matrix pre-arranged tile by tile in the weight image (one contiguous copy each)."""
+
+    def __init__(self, ctx, layout, matrix: np.ndarray, key: str, tile_rows: int, tile_cols: int):
+        super().__init__(ctx, layout, *matrix.shape)
+        self.matrix, self.key, self.tile_rows, self.tile_cols = matrix, key, tile_rows, tile_cols
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        rp, cp = self.padded(r, c)
+        key = (f"{self.key}:{self.layout}:{r0}:{c0}:{r}:{c}",)
+        addr = self.ctx.weights.lookup(key, self.prec)
+        if addr is None:
+            block = self.matrix[r0:r0 + r, c0:c0 + c]
+            flat = nz_layout(block, rp, cp, self.k0) if self.layout == "nz" else zn_layout(block, rp, cp, self.k0)
+            addr = self.ctx.weights.add(key, flat, self.prec)
+        self.ctx.em.general_copy(global_lmem_address(slot_addr, self.ctx.chip), addr, rp * cp, self.prec)
+
+    def load_slots(self, slot_addrs, blocks) -> None:
+        """Runs of equal-sized tiles bound for neighbouring lanes' slots come from one contiguous
+        stretch of the weight image in one DMA (one lane per tile): a single tile is too small
+        to spread over the DRAM interleave, a run of them is not."""
+        lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
+        while i < len(blocks):
+            j = i + 1
+            while (j < len(blocks) and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes
+                   and self.padded(*blocks[j][1::2]) == self.padded(*blocks[i][1::2])):
+                j += 1
+            if j - i == 1:
+                self.load(slot_addrs[i], *blocks[i])
+            else:
+                self._load_run(slot_addrs[i], blocks[i:j])
+            i = j
+
+    def _load_run(self, slot_addr: int, blocks) -> None:
+        rp, cp = self.padded(*blocks[0][1::2])
+        key = (f"{self.key}:{self.layout}:run:" + ";".join(f"{r0}:{r}:{c0}:{c}" for r0, r, c0, c in blocks),)
+        addr = self.ctx.weights.lookup(key, self.prec)
+        if addr is None:
+            layout = nz_layout if self.layout == "nz" else zn_layout
+            flat = np.concatenate([layout(self.matrix[r0:r0 + r, c0:c0 + c], rp, cp, self.k0) for r0, r, c0, c in blocks])
+            addr = self.ctx.weights.add(key, flat, self.prec)
+        elems, count = rp * cp, len(blocks)
+        self.ctx.em.region_copy(
+            DRegion(global_lmem_address(slot_addr, self.ctx.chip), (1, count, 1, elems), (count * elems, elems, elems, 1), self.prec),
+            DRegion(addr, (1, count, 1, elems), (count * elems, elems, elems, 1), self.prec))
+
+
+class RowsOperand(Operand):
+    """A runtime matrix in DDR (row-major with `row_stride`, or column-major when `col_major`:
+    element (i, j) at i + j * row_stride), rearranged into Nz / Zn by one DMA per tile (two when
+    the chunked axis has a ragged end).
+
+    The DMA walks the source in its own order (its innermost axis is the one contiguous in DDR, so
+    DDR sees runs of a whole tile row or column) and scatters into the slot's fractal order: the tile
+    buffer's port converts ND / DN -> Nz / Zn in flight (tile.buffer_chunk_bytes, segments.py). With
+    no tile buffer (buffer_chunk_bytes = 0) the walk follows the slot instead: contiguous K0-element
+    pieces on the LMEM side."""
+
+    def __init__(self, ctx, layout, addr: int, rows: int, cols: int, row_stride: int, col_major: bool = False):
+        super().__init__(ctx, layout, rows, cols)
+        self.addr, self.row_stride, self.col_major = addr, row_stride, col_major
+
+    def shift(self, offset: int) -> tuple[int, int]:
+        slow, fast = divmod(offset, self.row_stride)
+        return (fast, slow) if self.col_major else (slow, fast)
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        ctx, e = self.ctx, self.prec.bytes
+        rp, cp = self.padded(r, c)
+        dst = global_lmem_address(slot_addr, ctx.chip)
+        if (rp, cp) != (r, c):
+            ctx.em.fill(DRegion(dst, (1, 1, 1, rp * cp), (rp * cp, rp * cp, rp * cp, 1), self.prec), 0.0)
+        rs, cs = (1, self.row_stride) if self.col_major else (self.row_stride, 1)
+        src = self.addr + (r0 * rs + c0 * cs) * e
+        if self.layout == "nz":      # chunked axis: columns (K), c0 per fractal row; rows k0 apart
+            self._scatter(dst, src, (c, cs), (r, rs), rp)
+        else:                        # Zn: chunked axis rows (K), r0 per fractal column; columns r0 apart
+            self._scatter(dst, src, (r, rs), (c, cs), cp)
+
+    def load_slots(self, slot_addrs, blocks) -> None:
+        """Through a tile buffer, runs of equal tiles of whole fractals bound for neighbouring lanes'
+        slots, each the same distance after the previous one in DDR (a K panel; tiles of
+        consecutive batches), come in one DMA (the tile index walks the lanes); otherwise tile by
+        tile."""
+        lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
+        while i < len(blocks):
+            j = i + 1
+            if self.ctx.chip.tile.buffer_chunk_bytes and self._whole(blocks[i]):
+                delta = self._delta(blocks[i], blocks[i + 1]) if i + 1 < len(blocks) else 0
+                while (j < len(blocks) and delta > 0 and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes
+                       and blocks[j][1::2] == blocks[i][1::2] and self._delta(blocks[j - 1], blocks[j]) == delta):
+                    j += 1
+            if j - i == 1:
+                self.load(slot_addrs[i], *blocks[i])
+            else:
+                self._load_panel(slot_addrs[i], blocks[i:j])
+            i = j
+
+    def _whole(self, block) -> bool:
+        """Whether the block's chunked (K) extent is whole fractals."""
+        return (block[3] if self.layout == "nz" else block[1]) % self.k0 == 0
+
+    def _delta(self, prev, block) -> int:
+        """Elements from `prev`'s first element to `block`'s in DDR."""
+        rs, cs = (1, self.row_stride) if self.col_major else (self.row_stride, 1)
+        return (block[0] - prev[0]) * rs + (block[2] - prev[2]) * cs
+
+    def _load_panel(self, slot_addr: int, blocks) -> None:
+        """`blocks` (equal tiles of whole fractals, equally spaced in DDR) into consecutive lanes'
+        slots, one DMA: c walks the tiles (lanes), n / h / w the fractal scatter inside each slot."""
+        ctx, e, k0 = self.ctx, self.prec.bytes, self.k0
+        r0, r, c0, c = blocks[0]
+        rp, cp = self.padded(r, c)
+        count, slot_elems = len(blocks), ctx.chip.tile.slot_bytes // e
+        dst = global_lmem_address(slot_addr, ctx.chip)
+        if (rp, cp) != (r, c):
+            ctx.em.fill(DRegion(dst, (1, count, 1, rp * cp), (count * slot_elems, slot_elems, rp * cp, 1), self.prec), 0.0)
+        rs, cs = (1, self.row_stride) if self.col_major else (self.row_stride, 1)
+        src = self.addr + (r0 * rs + c0 * cs) * e
+        (ch, ch_src), (ot, ot_src), other_pad = ((c, cs), (r, rs), rp) if self.layout == "nz" else ((r, rs), (c, cs), cp)
+        tile_src = self._delta(blocks[0], blocks[1])
+        if ch_src == 1:     # n = other, c = tile, h = chunk, w = inner: DDR runs of a panel row
+            shape = (ot, count, ch // k0, k0)
+            s_st, d_st = (ot_src, tile_src, k0, 1), (k0, slot_elems, other_pad * k0, 1)
+        else:               # n = chunk, c = tile, h = inner, w = other: DDR runs of a tile column
+            shape = (ch // k0, count, k0, ot)
+            s_st, d_st = (k0 * ch_src, tile_src, ch_src, 1), (other_pad * k0, slot_elems, 1, k0)
+        ctx.em.region_copy(DRegion(dst, shape, d_st, self.prec), DRegion(src, shape, s_st, self.prec))
+
+    def _scatter(self, dst: int, src: int, chunked: tuple[int, int], other: tuple[int, int], other_pad: int) -> None:
+        """Copy an (extent, source stride) `chunked` axis cut into K0 chunks (fractal stride
+        other_pad * K0, element stride 1 in the slot) and an `other` axis (stride K0 in the slot)."""
+        k0, e = self.k0, self.prec.bytes
+        (ch, ch_src), (ot, ot_src) = chunked, other
+        full, rest = divmod(ch, k0)
+        buffered = self.ctx.chip.tile.buffer_chunk_bytes > 0
+        for count, width, offset in ((full, k0, 0), (1 if rest else 0, rest, full * k0)):
+            if not count:
+                continue
+            s0, d0 = src + offset * ch_src * e, dst + offset * other_pad * e
+            dims = {"chunk": (count, k0 * ch_src, other_pad * k0), "inner": (width, ch_src, 1), "other": (ot, ot_src, k0)}
+            if not buffered:
+                order = ("chunk", "other", "inner")
+            elif ch_src == 1:
+                order = ("other", "chunk", "inner")
+            else:
+                order = ("chunk", "inner", "other")
+            shape = tuple(dims[o][0] for o in order)
+            self.ctx.em.region_copy(
+                DRegion(d0, (shape[0], 1, shape[1], shape[2]), (dims[order[0]][2], 0, dims[order[1]][2], dims[order[2]][2]), self.prec),
+                DRegion(s0, (shape[0], 1, shape[1], shape[2]), (dims[order[0]][1], 0, dims[order[1]][1], dims[order[2]][1]), self.prec))
+
+
+class LmemRowsOperand(Operand):
+    """A runtime matrix kept in LMEM by a layer group (rows on lanes, the MATRIX layout), moved into
+    Nz tiles by LMEM -> tile-buffer DMAs (no DDR): one per K panel of whole fractals, the source
+    walked row by row (a row is one lane), the slot side scattered into fractal order in flight."""
+
+    def __init__(self, ctx, layout, resident, rows: int, cols: int):
+        super().__init__(ctx, layout, rows, cols)
+        if layout != "nz":
+            raise ValueError("LmemRowsOperand: only the A (Nz) side is read from LMEM")
+        self.resident = resident
+
+    def _source(self, r0: int, r: int, c0: int, c: int) -> DRegion:
+        view = self.resident.rows_view(self.ctx.chip, r0, r, c0, c)
+        return DRegion(global_lmem_address(view.addr, self.ctx.chip), view.shape, view.strides, self.prec)
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        self._copy(slot_addr, [(r0, r, c0, c)])
+
+    def load_slots(self, slot_addrs, blocks) -> None:
+        """Runs of K-consecutive equal tiles of whole fractals bound for neighbouring lanes' slots
+        in one DMA; others one by one."""
+        lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
+        while i < len(blocks):
+            j = i + 1
+            while (j < len(blocks) and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes and blocks[j][1::2] == blocks[i][1::2]
+                   and blocks[j][0] == blocks[i][0] and blocks[j][2] == blocks[j - 1][2] + blocks[i][3]
+                   and blocks[i][3] % self.k0 == 0):
+                j += 1
+            self._copy(slot_addrs[i], blocks[i:j])
+            i = j
+
+    def _copy(self, slot_addr: int, blocks) -> None:
+        ctx, k0 = self.ctx, self.k0
+        r0, r, c0, c = blocks[0]
+        rp, cp = self.padded(r, c)
+        count, slot_elems = len(blocks), ctx.chip.tile.slot_bytes // self.prec.bytes
+        dst = global_lmem_address(slot_addr, ctx.chip)
+        if (rp, cp) != (r, c):
+            ctx.em.fill(DRegion(dst, (1, count, 1, rp * cp), (count * slot_elems, slot_elems, rp * cp, 1), self.prec), 0.0)
+        full, rest = divmod(c, k0)
+        if full:        # n = row, c = tile, h = chunk, w = element: row i of every tile is lane i's run
+            ctx.em.region_copy(DRegion(dst, (r, count, full, k0), (k0, slot_elems, rp * k0, 1), self.prec),
+                               self._source(r0, r, c0, count * c if count > 1 else full * k0))
+        if rest:        # the ragged last chunk of a single tile
+            ctx.em.region_copy(DRegion(dst + full * rp * k0 * self.prec.bytes, (r, 1, 1, rest), (k0, 0, k0, 1), self.prec),
+                               self._source(r0, r, c0 + full * k0, rest))
