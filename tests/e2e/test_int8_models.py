@@ -339,3 +339,35 @@ def test_grouped_conv_verifies_exactly_at_fp32():
     assert any(n.op_type == "Conv" and n.attr("group", 1) == 4 for n in load_graph_of(q).nodes())
     result = verify(q, "sg2260", CompileOptions(dtype="fp32"))
     assert result["ok"] and result["outputs"][0]["max_abs_err"] <= result["outputs"][0]["quant_step"], result["outputs"]
+
+
+def lrn_cnn():
+    """conv (3 -> 96, 11x11 stride 4, relu) -> LRN (stays float between DequantizeLinear and QuantizeLinear)
+    -> maxpool -> conv -> GAP -> gemm: AlexNet's stem, small."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    rng = np.random.default_rng(19)
+    n = helper.make_node
+
+    def w(name, shape, scale=0.1):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], strides=[4, 4], pads=[2, 2, 2, 2]), n("Relu", ["c1"], ["r1"]),
+             n("LRN", ["r1"], ["l1"], size=5, alpha=1e-4, beta=0.75, bias=1.0),
+             n("MaxPool", ["l1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2]),
+             n("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]), n("Relu", ["c2"], ["r2"]),
+             n("GlobalAveragePool", ["r2"], ["g"]), n("Flatten", ["g"], ["f"]), n("Gemm", ["f", "fw", "fb"], ["y"], transB=1)]
+    inits = [w("w1", (96, 3, 11, 11), 0.05), w("b1", (96,)), w("w2", (32, 96, 3, 3), 0.03), w("b2", (32,)),
+             w("fw", (10, 32)), w("fb", (10,))]
+    graph = helper.make_graph(nodes, "lrn_cnn", [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 111, 111])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_float_op_between_quantized_chains_verifies(dtype):
+    """A float LRN between DequantizeLinear and QuantizeLinear (the DequantizeLinear is kept out of chains:
+    lowering.quant.CHAINABLE)."""
+    q = quantize_float(lrn_cnn())
+    assert "LRN" in [n.op_type for n in load_graph_of(q).nodes()]
+    result = verify(q, "sg2260", CompileOptions(dtype=dtype))
+    assert result["ok"], result["outputs"]
