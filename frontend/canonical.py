@@ -94,32 +94,32 @@ def _drops_unit_axes(draft: Draft, node: OpNode) -> int:
     return extra if extra > 0 and src[:len(out)] == out and all(d == 1 for d in src[len(out):]) else 0
 
 
-def _sinkable(draft: Draft, node: OpNode, producers: dict[str, OpNode], users: dict[str, int]):
-    """(view, its input, unit axes) when elementwise `node` reads one runtime tensor, made by a view
-    that drops trailing unit axes and read by nothing else, its other operands constants, and its
-    output has that tensor's shape; else None. Ops on quantized tensors stay (their Quants are per
-    tensor: the int8 lowering handles them)."""
+def _sinkable(draft: Draft, node: OpNode, producers: dict[str, OpNode]):
+    """(the view making each runtime operand, unit axes) when every runtime operand of elementwise
+    `node` is made by a view dropping the same trailing unit axes, has the node's output shape, and
+    the other operands are constants; else None. (The views stay for their other readers.) Ops on
+    quantized tensors stay (their Quants are per tensor: the int8 lowering handles them)."""
     if spec(node.op_type).row_role != "elementwise" or any(
             draft.tensors[t].quant is not None for t in (*node.inputs, *node.outputs) if t):
         return None
     runtime = [t for t in node.inputs if t and draft.const(t) is None]
-    if len(runtime) != 1 or runtime[0] in draft.outputs or users.get(runtime[0], 0) != 1:
+    views = {t: producers.get(t) for t in runtime}
+    units = {_drops_unit_axes(draft, v) if v is not None else 0 for v in views.values()}
+    shape = draft.tensors[node.outputs[0]].shape
+    if not runtime or len(units) != 1 or 0 in units or any(draft.tensors[t].shape != shape for t in runtime):
         return None
-    view = producers.get(runtime[0])
-    units = _drops_unit_axes(draft, view) if view is not None else 0
-    if not units or draft.tensors[node.outputs[0]].shape != draft.tensors[runtime[0]].shape:
-        return None
-    return view, view.inputs[0], units
+    return views, units.pop()
 
 
-def _sink(draft: Draft, node: OpNode, view: OpNode, source: str, units: int) -> list[OpNode]:
-    """`node` computed on the view's source (constants get the trailing unit axes too), then the
-    view to the node's old output."""
+def _sink(draft: Draft, node: OpNode, views: dict[str, OpNode], units: int) -> list[OpNode]:
+    """`node` computed on the views' sources (constants get the trailing unit axes too), then a view
+    to the node's old output."""
     def operand(t: str) -> str:
-        if not t or t == view.outputs[0]:
-            return source if t else t
+        if not t or t in views:
+            return views[t].inputs[0] if t else t
         value = draft.const(t)
         return t if value.ndim == 0 else draft.add_const(f"{t}/unit", value.reshape(value.shape + (1,) * units))
+    view = next(iter(views.values()))
     info = draft.tensors[node.outputs[0]]
     wide = draft.add_tensor(f"{node.outputs[0]}/unit", info.shape + (1,) * units, info.dtype)
     moved = replace(node, inputs=tuple(operand(t) for t in node.inputs), outputs=(wide,))
@@ -161,13 +161,9 @@ def sink_views_below_elementwise(draft: Draft) -> int:
     moved = 0
     while True:
         producers = {t: n for n in draft.nodes for t in n.outputs}
-        users: dict[str, int] = {}
-        for n in draft.nodes:
-            for t in set(n.inputs):
-                users[t] = users.get(t, 0) + 1
         nodes, count = [], 0
         for n in draft.nodes:
-            found = _sinkable(draft, n, producers, users)
+            found = _sinkable(draft, n, producers)
             if found is None:
                 nodes.append(n)
                 continue
