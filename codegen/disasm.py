@@ -271,7 +271,8 @@ def tile_text(instr) -> str:
             text += f" round={instr.round_mode}"
         return text + (" sat" if instr.saturate else "")
     if isinstance(instr, TPush):
-        return f"TPUSH <{instr.dt}> ->{QUEUES[instr.dst_queue]}<{size_text(instr.dst_size)}>"
+        count = f" x{instr.count}" if instr.count > 1 else ""
+        return f"TPUSH <{instr.dt}> ->{QUEUES[instr.dst_queue]}<{size_text(instr.dst_size)}>{count}"
     raise TypeError(f"{type(instr).__name__} is not a TILE instruction")
 
 

@@ -21,7 +21,8 @@ Block word order as encoded: BSTART, B.DIMs, B.IOTs, B.DATR, B.IODs. The decoder
 block's words by format, so B.DIM / B.DATR / B.IOD may come in any order (each B.DIM LB, the
 B.DATR and each B.IOD DepSrc at most once); the B.IOTs must come in the order above.
 
-TPUSH is BSTART.CUBE function 31 with a no-input B.IOT (see tpuflow.isa.tile).
+TPUSH is BSTART.CUBE function 31 with a no-input B.IOT (see tpuflow.isa.tile) and, when it pushes
+more than one slot, one B.DIM LB0 = count.
 """
 
 from __future__ import annotations
@@ -111,9 +112,11 @@ def block_words(instr: TileInstruction) -> list[int]:
                    _word(B_DATR, kind, layout=LAYOUT_CODES[instr.layout], dt=DT_CODES[instr.dst_dt],
                          round_mode=ROUND_MODES[instr.round_mode], saturate=instr.saturate, canon=instr.canon)]
                 + _waits(kind, instr))
-    if isinstance(instr, TPush):
-        return [_word(BSTART_CUBE, kind, fn=instr.FN["TPUSH"], dt=DT_CODES[instr.dt]),
-                _word(B_IOT0, kind, {"size": "dst_size"}, dst_queue=instr.dst_queue, size=instr.dst_size, last=1)] + _waits(kind, instr)
+    if isinstance(instr, TPush):       # count > 1: B.DIM LB0 = count (tpuflow's TPUSH extension)
+        return ([_word(BSTART_CUBE, kind, fn=instr.FN["TPUSH"], dt=DT_CODES[instr.dt])]
+                + (_dims(kind, {"count": instr.count}) if instr.count > 1 else [])
+                + [_word(B_IOT0, kind, {"size": "dst_size"}, dst_queue=instr.dst_queue, size=instr.dst_size, last=1)]
+                + _waits(kind, instr))
     raise EncodingError(f"{kind} is not a TILE instruction")
 
 
@@ -203,10 +206,11 @@ class _Block:
         if self.datr is not None and fn != "ACCCVT":
             raise self.fail(self.offset, f"{fn} block has a B.DATR")
         if fn == "TPUSH":
-            if self.dims:
-                raise self.fail(self.offset, "TPUSH block has B.DIM words")
+            if set(self.dims) - {0} or self.dims.get(0) == 1:
+                raise self.fail(self.offset, "TPUSH block has B.DIM words other than LB0 = count > 1")
             (iot,) = self.expect_iots(B_IOT0)
-            return TPush(dst_queue=iot["dst_queue"], dst_size=iot["size"], dt=dt, **self.wait_kwargs())
+            return TPush(dst_queue=iot["dst_queue"], dst_size=iot["size"], dt=dt, count=self.dims.get(0, 1),
+                         **self.wait_kwargs())
         if fn == "ACCCVT":
             (iot,) = self.expect_iots(B_IOT0)
             if self.datr is None or 2 in self.dims:

@@ -213,14 +213,24 @@ class TileGemm:
         return out
 
     def _push(self, queue: int, nbytes: int) -> None:
-        self.ctx.em.tile(TPush(dst_queue=queue, dst_size=size_code(nbytes), dt=self.dt))
-        self.cursor.push(queue)
+        self._push_all(queue, [nbytes])
+
+    def _push_all(self, queue: int, sizes: list[int]) -> None:
+        """TPUSH the next len(sizes) slots of `queue`: one block per run of equal size codes."""
+        i = 0
+        while i < len(sizes):
+            j = i + 1
+            while j < len(sizes) and size_code(sizes[j]) == size_code(sizes[i]):
+                j += 1
+            self.ctx.em.tile(TPush(dst_queue=queue, dst_size=size_code(sizes[i]), dt=self.dt, count=j - i))
+            for _ in range(j - i):
+                self.cursor.push(queue)
+            i = j
 
     def _load_blocks(self, queue: int, op: Operand, blocks) -> None:
         op.load_slots([self.cursor.next_slot_addr(queue, j) for j in range(len(blocks))], blocks)
         e = self.ctx.prec.bytes
-        for r0, r, c0, c in blocks:
-            self._push(queue, r * c * e)
+        self._push_all(queue, [r * c * e for _, r, _, c in blocks])
 
     def _batch(self, side: str) -> int:
         """Tiles of a streaming operand loaded and pushed together (half a queue, so the next batch
@@ -311,8 +321,7 @@ class TileGemm:
                                             Prec.FP32),
                                     DRegion(addr, shape, strides, Prec.FP32))
             i = j
-        for _, nt in blocks:
-            self._push(Q_N, ceil_to(nt, 16) * 4)
+        self._push_all(Q_N, [ceil_to(nt, 16) * 4 for _, nt in blocks])
 
 
 class _StagedStream:
@@ -350,8 +359,7 @@ class _StagedStream:
                   make_tile(ctx.chip, self._address(first, row), shape, ctx.prec))
         self.position += len(chunk)
         e = ctx.prec.bytes
-        for r0, r, c0, c in chunk:
-            self.gemm._push(self.queue, r * c * e)
+        self.gemm._push_all(self.queue, [r * c * e for _, r, _, c in chunk])
 
     def _span(self, row: int) -> tuple[int, int]:
         """Stream positions [lo, hi) of staging row `row`."""

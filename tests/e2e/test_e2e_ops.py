@@ -115,7 +115,7 @@ def _tile_pushes(model):
     from tpuflow.isa import TMatmul, TPush
     from tpuflow.pipeline import compile_model
     _, program = compile_model(model, None, CompileOptions(matmul="tile"))
-    pushes = [i.dst_queue for i in program.tile if isinstance(i, TPush)]
+    pushes = [i.dst_queue for i in program.tile if isinstance(i, TPush) for _ in range(i.count)]
     reused = [i for i in program.tile if isinstance(i, TMatmul) and (i.reuse0 or i.reuse1)]
     chip = program.chip
     writes = [i.accesses(chip).lmem_writes for i in program.gdma]

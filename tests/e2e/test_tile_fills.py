@@ -42,7 +42,7 @@ def window_fills(model, dtype="fp32", chip=None):
         ranges = [r for r in instr.accesses(chip).lmem_writes if r.lo >= chip.tile_window_offset]
         if ranges and not instr.accesses(chip).lmem_reads:
             fills.append(max(r.lanes for r in ranges))
-    return fills, sum(isinstance(i, TPush) for i in program.tile)
+    return fills, sum(i.count for i in program.tile if isinstance(i, TPush))
 
 
 @settings(max_examples=8, deadline=None)

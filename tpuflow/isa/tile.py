@@ -100,6 +100,10 @@ class TileInstruction(Instruction):
     def push_queue(self) -> int | None:
         return None
 
+    def push_count(self) -> int:
+        """Slots pushed onto push_queue() (1 unless a TPUSH says more)."""
+        return 1
+
     def accesses(self, chip: "ChipConfig") -> Accesses:
         raise TypeError("TILE operands are queue-relative: use TileQueues.accesses(instr, chip)")
 
@@ -190,8 +194,10 @@ class AccCvt(TileInstruction):
 
 @dataclass(frozen=True)
 class TPush(TileInstruction):
-    """TPUSH (tpuflow extension, function 31): the next slot of `dst_queue`, already written by
-    GDMA, becomes the queue's newest tile of `dst_size`."""
+    """TPUSH (tpuflow extension, function 31): the next `count` slots of `dst_queue`, already
+    written (by GDMA or a TIU copy), become the queue's newest tiles of `dst_size` each, in slot
+    order (the last one is #1). `count` (B.DIM LB0, default 1) is tpuflow's additive field: one
+    block for a batch of tiles filled by one DMA."""
 
     FN: ClassVar[dict] = {"TPUSH": 31}
     dst_queue: int
@@ -199,10 +205,16 @@ class TPush(TileInstruction):
     dt: str = "FP32"
     wait_tiu_id: int = 0
     wait_gdma_id: int = 0
+    count: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.dst_queue < 4 or self.dt not in DT_CODES:
             raise ValueError("TPush: dst_queue must be 0..3 and dt a LinxISA type")
+        if not 1 <= self.count <= 16:
+            raise ValueError("TPush: count must be 1..16 (a queue's depth)")
+
+    def push_count(self) -> int:
+        return self.count
 
     @property
     def op_name(self) -> str:
@@ -270,10 +282,11 @@ class TileQueues:
         writes = []
         q = instr.push_queue()
         if q is not None:
-            index = self.pushes[q]
-            self.pushes[q] += 1
-            self.released.discard((q, index))
-            writes.append(TileSlot(q, index % self.slots, index))
+            for _ in range(instr.push_count()):
+                index = self.pushes[q]
+                self.pushes[q] += 1
+                self.released.discard((q, index))
+                writes.append(TileSlot(q, index % self.slots, index))
         return reads, writes
 
 
