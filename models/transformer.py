@@ -126,16 +126,20 @@ def bert_layer() -> onnx.ModelProto:
     return b.build()
 
 
-def bert_base() -> onnx.ModelProto:
-    """BERT-base-sized encoder: 12 post-LN layers, hidden 768, 12 heads, FFN 3072, seq 384 (opset 17)."""
-    d = BERT_BASE
-    b = ModelBuilder("bert_base", opset=17)
+def encoder(name: str, layers: int, d: Dims) -> onnx.ModelProto:
+    """`layers` post-LN encoder layers of size `d` over a (1, seq, hidden) input (opset 17)."""
+    b = ModelBuilder(name, opset=17)
     x = b.input("hidden_states", (1, d.seq, d.hidden))
-    for i in range(BERT_BASE_LAYERS):
+    for i in range(layers):
         x = _encoder_layer(b, x, f"layer{i}/", d)
     b.op("Identity", [x], name="output", outputs=["output"])
     b.output("output", (1, d.seq, d.hidden))
     return b.build()
+
+
+def bert_base() -> onnx.ModelProto:
+    """BERT-base-sized encoder: 12 post-LN layers, hidden 768, 12 heads, FFN 3072, seq 384 (opset 17)."""
+    return encoder("bert_base", BERT_BASE_LAYERS, BERT_BASE)
 
 
 def _causal_mask(b: ModelBuilder, x: str) -> str:

@@ -420,16 +420,17 @@ def builtin_chip_names() -> list[str]:
     return sorted(Path(str(e)).stem for e in folder.iterdir() if str(e).endswith(".toml"))
 
 
-def _read_toml(path: Path, label: str) -> dict:
+def read_toml(path: Path, label: str, kind: str = "chip file", error: type = ConfigError) -> dict:
+    """The TOML table in `path`; one `error` naming the `kind` of file and its `label` otherwise."""
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
-        raise ConfigError(f"chip file {label}: not found") from None
+        raise error(f"{kind} {label}: not found") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"chip file {label}: not valid TOML: {exc}") from None
+        raise error(f"{kind} {label}: not valid TOML: {exc}") from None
     except OSError as exc:
-        raise ConfigError(f"chip file {label}: cannot read: {exc.strerror}") from None
+        raise error(f"{kind} {label}: cannot read: {exc.strerror}") from None
 
 
 def _builtin_path(name: str) -> Path:
@@ -455,7 +456,7 @@ def _resolve(raw: dict, label: str, seen: tuple[str, ...] = ()) -> dict:
         raise ConfigError(f"chip file {label}: key 'base' must be the name of a built-in chip")
     if base in seen:
         raise ConfigError(f"chip file {label}: 'base' chain loops through '{base}'")
-    parent = _resolve(_read_toml(_builtin_path(base), base), base, seen + (base,))
+    parent = _resolve(read_toml(_builtin_path(base), base), base, seen + (base,))
     return _merge(parent, _own_identity(raw, base, label))
 
 
@@ -588,14 +589,14 @@ _CACHE: dict[tuple, ChipConfig] = {}
 def _cached(resolved: str, mtime: int, label: str) -> ChipConfig:
     key = (resolved, mtime)
     if key not in _CACHE:
-        _CACHE[key] = chip_from_dict(_read_toml(Path(resolved), label), label)
+        _CACHE[key] = chip_from_dict(read_toml(Path(resolved), label), label)
     return _CACHE[key]
 
 
 def _cached_builtin(name: str) -> ChipConfig:
     key = ("builtin", name)
     if key not in _CACHE:
-        _CACHE[key] = chip_from_dict(_read_toml(_builtin_path(name), name), name)
+        _CACHE[key] = chip_from_dict(read_toml(_builtin_path(name), name), name)
     return _CACHE[key]
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from tpuflow.chip import (SECTIONS, ChipConfig, _builtin_path, _read_toml, builtin_chip_names, chip_from_dict,
+from tpuflow.chip import (SECTIONS, ChipConfig, _builtin_path, builtin_chip_names, chip_from_dict, read_toml,
                           load_chip)
 from tpuflow.errors import TpuflowError, UserError
 from tpuflow.options import CompileOptions
@@ -109,14 +109,7 @@ def load_spec(source: str | Path | Mapping) -> Spec:
 
 
 def _read_spec_file(path: Path) -> dict:
-    from tpuflow.chip import tomllib
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise SweepSpecError(f"sweep spec {path}: not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SweepSpecError(f"sweep spec {path}: not valid TOML: {exc}") from None
+    return read_toml(path, str(path), "sweep spec", SweepSpecError)
 
 
 def _str_list(raw: dict, key: str, default=None) -> tuple[str, ...]:
@@ -194,7 +187,7 @@ def base_chip_raw(spec: Spec) -> tuple[dict, str]:
             path = Path(chip) if Path(chip).is_absolute() else Path(spec.base_dir) / chip
             path = path if path.is_file() else Path(chip)
             loaded = load_chip(path)
-        raw = _read_toml(path, str(chip))
+        raw = read_toml(path, str(chip))
     except TpuflowError as exc:
         raise SweepSpecError(f"sweep spec: key 'chip': {exc}") from None
     core = raw.setdefault("core", {})

@@ -8,11 +8,9 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from tpuflow.chip import load_chip
-from tpuflow.isa import Engine
 from tpuflow.lowering.tensor_parallel import split_mlp_pairs
 from tpuflow.models.builder import ModelBuilder
-from tpuflow.models.transformer import Dims, _encoder_layer
+from tpuflow.models.transformer import Dims, encoder
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, load_graph, verify
 
@@ -31,14 +29,7 @@ def _mlp(hidden: int = HIDDEN) -> onnx.ModelProto:
 
 
 def _encoder(layers: int, heads: int) -> onnx.ModelProto:
-    d = Dims(seq=64, hidden=256, heads=heads, ffn=1024)
-    b = ModelBuilder(f"encoder{layers}", opset=17)
-    x = b.input("hidden_states", (1, d.seq, d.hidden))
-    for i in range(layers):
-        x = _encoder_layer(b, x, f"layer{i}/", d)
-    b.op("Identity", [x], name="output", outputs=["output"])
-    b.output("output", (1, d.seq, d.hidden))
-    return b.build()
+    return encoder(f"encoder{layers}", layers, Dims(seq=64, hidden=256, heads=heads, ffn=1024))
 
 
 def _per_core_bytes(program, area) -> list[tuple[int, int]]:
