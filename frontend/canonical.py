@@ -108,6 +108,8 @@ def _sinkable(draft: Draft, node: OpNode, producers: dict[str, OpNode]):
     shape = draft.tensors[node.outputs[0]].shape
     if not runtime or len(units) != 1 or 0 in units or any(draft.tensors[t].shape != shape for t in runtime):
         return None
+    if any(len(draft.tensors[v.inputs[0]].shape) != 4 for v in views.values()):
+        return None                       # only NCHW sources: the [N, C, L, 1] of 1-D layers
     return views, units.pop()
 
 
