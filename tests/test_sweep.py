@@ -358,3 +358,18 @@ def test_point_ids_follow_a_model_file_s_bytes(tmp_path):
     assert before == [sweep.point_id(spec, p) for p in spec.points()]
     onnx.save(models.build_model("small_cnn"), tmp_path / "net.onnx")
     assert not set(before) & {sweep.point_id(spec, p) for p in spec.points()}
+
+
+def test_int8_points_quantize_the_model_and_match_a_direct_estimate(client, tmp_path):
+    """The issue's own spec sweeps dtypes ["fp16", "int8"]: an int8 point is the model quantized by
+    the post-training quantizer (tpuflow.quantize), as `tpuflow estimate --dtype int8`."""
+    from tpuflow.estimate import estimate_report
+    from tpuflow.hwmodel.timing import simulate
+    from tpuflow.options import CompileOptions
+    from tpuflow.pipeline import compile_model
+    spec = write_spec(tmp_path, 'models = ["mlp"]\ndtypes = ["fp16", "int8"]\nchip = "sg2260"\n')
+    frame = sweep.run(spec, client)
+    assert list(frame["dtype"]) == ["fp16", "int8"] and list(frame["status"]) == ["ok", "ok"]
+    _, program = compile_model("mlp", "sg2260", CompileOptions(dtype="int8"))
+    direct = estimate_report(program, simulate(program))["latency_us"]
+    assert frame[frame["dtype"] == "int8"]["latency_us"].iloc[0] == direct

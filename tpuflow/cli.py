@@ -51,7 +51,8 @@ def _add_model(p: argparse.ArgumentParser, optional: bool = False) -> None:
 
 def _add_chip(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chip", default=None, help="built-in chip name or chip TOML file (default: sg2260)")
-    p.add_argument("--dtype", default="fp32", help="fp32 | fp16 | bf16 (f32/f16 accepted)")
+    p.add_argument("--dtype", default="fp32", help="fp32 | fp16 | bf16 (f32/f16 accepted) | int8 (post-training "
+                   "quantization of a float model, the rest fp16)")
 
 
 def _add_compile(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from tpuflow.errors import OptionError
 
-DTYPES = ("fp32", "fp16", "bf16")
+DTYPES = ("fp32", "fp16", "bf16", "int8")    # int8: post-training quantization, the rest fp16 (tpuflow.quantize)
 MATMUL_PATHS = ("tiu", "tile")
 DEP_MODES = ("bitmap", "auto")
 SCHEDULES = ("program", "list", "cpsat")

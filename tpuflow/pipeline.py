@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from tpuflow.chip import ChipConfig, builtin_chip_names, load_chip
@@ -117,10 +118,17 @@ def cmd_chips(name: str | None, as_json: bool) -> int:
 
 def compile_model(model, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
                   input_shapes: dict | None = None):
-    """(Graph, Program) for a model: frontend, lowering, then the scheduler's ordering."""
+    """(Graph, Program) for a model: frontend, lowering, then the scheduler's ordering. With
+    --dtype int8 a float model is quantized first (tpuflow.quantize: onnxruntime's post-training
+    quantizer, QDQ), the rest of it compiled in fp16; the Graph is then the QDQ model's."""
     from tpuflow.lowering import lower
     chip = chip if isinstance(chip, ChipConfig) else load_chip(chip)
     options = options or CompileOptions()
+    if options.dtype == "int8":
+        from tpuflow.quantize import FLOAT_REST, quantized_model
+        with step("post-training int8 quantization (onnxruntime, seeded random calibration)"):
+            model = quantized_model(model, input_shapes)
+        options = replace(options, dtype=FLOAT_REST)
     with step("import and canonicalise the model"):
         graph = load_graph(model, input_shapes)
     _check_quantized(graph)

@@ -1,0 +1,95 @@
+"""`--dtype int8` on a float model: post-training quantization by onnxruntime's quantizer into a QDQ
+model (per-channel symmetric int8 weights, per-tensor int8 activations calibrated on seeded random
+inputs), which the int8 lowering then compiles; the rest of the program runs in fp16.
+
+Only the op kinds the int8 lowering computes are quantized (INT8_OPS); everything else stays float
+between DequantizeLinear and QuantizeLinear. onnxruntime's pre-processing (shape inference and its
+graph optimizer: BatchNormalization folded into Conv) runs first."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+INT8_OPS = ("Conv", "MatMul", "Gemm", "Add", "Mul", "Relu", "Clip", "MaxPool", "AveragePool", "GlobalAveragePool",
+            "Concat")
+FLOAT_REST = "fp16"          # the precision of what stays float in an --dtype int8 program
+CALIBRATION_SAMPLES = 8      # seeded random calibration inputs (the issue's default)
+QDQ_OPSET = 13               # per-channel QuantizeLinear / DequantizeLinear (axis) need opset 13
+MIN_IR_VERSION = 7           # ONNX IR version of opset 13
+
+
+def model_proto(model, input_shapes=None):
+    """The ONNX ModelProto of a bundled model name, a file path, a ModelProto or serialized bytes."""
+    import onnx
+    from tpuflow import models
+    if model is None or (isinstance(model, str) and models.is_bundled(model) and not Path(model).is_file()):
+        return models.build_model(model or models.DEFAULT_MODEL)
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        return onnx.load_from_string(bytes(model))
+    return onnx.load(str(model))
+
+
+def quantized_model(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES, seed: int = 0):
+    """The QDQ ModelProto of a float model, calibrated on `samples` seeded random inputs shaped as
+    the frontend fixes them (`input_shapes`)."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from tpuflow.pipeline import load_graph
+    graph = load_graph(model, input_shapes)
+    feeds = _calibration_feeds(graph, samples, seed)
+    reader = type("SeededInputs", (CalibrationDataReader,), {"get_next": lambda self: next(self.it, None)})()
+    reader.it = iter(feeds)
+    logging.getLogger().setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix="tpuflow-ptq-") as tmp:
+        src, pre, dst = (Path(tmp) / f for f in ("float.onnx", "pre.onnx", "int8.onnx"))
+        onnx.save(_at_least_qdq_opset(model_proto(model, input_shapes)), src)
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+        quantize_static(str(pre), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=list(INT8_OPS), nodes_to_exclude=_products_of_activations(pre))
+        quantized = onnx.load(str(dst))
+    # an old model (IR < 4) requires initializers to be graph inputs; the quantizer adds some and
+    # raises the opset (QuantizeLinear): the IR version of that opset
+    quantized.ir_version = max(quantized.ir_version, MIN_IR_VERSION)
+    return quantized
+
+
+def _at_least_qdq_opset(model):
+    """The model converted to opset 13 when older (per-channel DequantizeLinear needs its axis)."""
+    import onnx
+    from onnx import version_converter
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    return version_converter.convert_version(model, QDQ_OPSET) if opset < QDQ_OPSET else model
+
+
+def _products_of_activations(path: Path) -> list[str]:
+    """MatMul / Gemm nodes multiplying two runtime tensors (attention): the int8 lowering computes
+    products by constant weights only, so these stay float."""
+    import onnx
+    model = onnx.load(str(path))
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    return [n.name for n in model.graph.node
+            if n.op_type in ("MatMul", "Gemm") and not {n.input[0], n.input[1]} & constants]
+
+
+def _calibration_feeds(graph, samples: int, seed: int) -> list[dict]:
+    """`samples` feeds of standard-normal floats (integer inputs: zeros) for the graph's inputs."""
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(samples):
+        feed = {}
+        for name in graph.inputs:
+            info = graph.tensor(name)
+            dtype = np.dtype(info.dtype)
+            feed[name] = (rng.standard_normal(info.shape).astype(dtype) if dtype.kind == "f"
+                          else np.zeros(info.shape, dtype))
+        feeds.append(feed)
+    return feeds
