@@ -49,7 +49,7 @@ def quantized_model(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES
     logging.getLogger().setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="tpuflow-ptq-") as tmp:
         src, pre, dst = (Path(tmp) / f for f in ("float.onnx", "pre.onnx", "int8.onnx"))
-        onnx.save(_at_least_qdq_opset(model_proto(model, input_shapes)), src)
+        onnx.save(_sums_as_adds(_at_least_qdq_opset(model_proto(model, input_shapes))), src)
         quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
         quantize_static(str(pre), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
@@ -67,6 +67,30 @@ def _at_least_qdq_opset(model):
     from onnx import version_converter
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     return version_converter.convert_version(model, QDQ_OPSET) if opset < QDQ_OPSET else model
+
+
+def _sums_as_adds(model):
+    """Each Sum as a chain of Adds (the quantizer quantizes Add, not Sum: a float Sum would cut
+    the int8 layers around every residual join)."""
+    import onnx
+    from onnx import helper
+    if not any(n.op_type == "Sum" for n in model.graph.node):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    for n in model.graph.node:
+        if n.op_type != "Sum" or len(n.input) < 2:
+            nodes.append(n)
+            continue
+        acc = n.input[0]
+        for k, term in enumerate(n.input[1:], 1):
+            target = n.output[0] if k == len(n.input) - 1 else f"{n.output[0]}/sum{k}"
+            nodes.append(helper.make_node("Add", [acc, term], [target], name=f"{n.name or n.output[0]}/add{k}"))
+            acc = target
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
 
 
 def _products_of_activations(path: Path) -> list[str]:
