@@ -36,3 +36,33 @@ def test_what_the_int8_lowering_cannot_compute_is_one_clear_error():
     """A transformer layer: its attention products stay float, its head transposes do not."""
     with pytest.raises(UserError, match="on quantized tensors"):
         compile_model("bert_layer", None, CompileOptions(dtype="int8"))
+
+
+def _conv_times_pinned_scale():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=61)
+    x = b.node("Conv", [b.input("x", (1, 8, 12, 12)), b.weight("w", (8, 8, 3, 3))], "c", kernel_shape=[3, 3],
+               pads=[1, 1, 1, 1])
+    b.output(b.node("Mul", [b.node("Relu", [x], "r"), b.input("k", (1,))], "m"))
+    return b.model()
+
+
+def test_inputs_pinned_by_value_are_constants_of_the_quantized_model():
+    from tpuflow.frontend.pinning import InputValue
+    result = verify(_conv_times_pinned_scale(), None, CompileOptions(dtype="int8"),
+                    input_shapes={"k": InputValue.parse("0.5")})
+    assert result["ok"], result["outputs"]
+
+
+def test_a_failure_of_the_quantizer_is_one_model_error(monkeypatch):
+    import onnxruntime.quantization as ortq
+    from tpuflow.errors import ModelError
+
+    def broken(*args, **kwargs):
+        raise ValueError("some internal quantizer failure")
+    monkeypatch.setattr(ortq, "quantize_static", broken)
+    with pytest.raises(ModelError, match="post-training quantizer failed.*some internal quantizer failure"):
+        compile_model("mlp", None, CompileOptions(dtype="int8"))

@@ -128,6 +128,8 @@ def compile_model(model, chip: ChipConfig | str | None = None, options: CompileO
         from tpuflow.quantize import FLOAT_REST, quantized_model
         with step("post-training int8 quantization (onnxruntime, seeded random calibration)"):
             model = quantized_model(model, input_shapes)
+        from tpuflow.frontend.pinning import split_inputs
+        input_shapes = split_inputs(input_shapes)[0]      # pinned inputs are initializers of the QDQ model
         options = replace(options, dtype=FLOAT_REST)
     with step("import and canonicalise the model"):
         graph = load_graph(model, input_shapes)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tpuflow.errors import ModelError
+
 INT8_OPS = ("Conv", "MatMul", "Gemm", "Add", "Mul", "Relu", "Clip", "MaxPool", "AveragePool", "GlobalAveragePool",
             "Concat")
 FLOAT_REST = "fp16"          # the precision of what stays float in an --dtype int8 program
@@ -23,16 +25,15 @@ MIN_IR_VERSION = 7           # ONNX IR version of opset 13
 
 
 def model_proto(model, input_shapes=None):
-    """The ONNX ModelProto of a bundled model name, a file path, a ModelProto or serialized bytes."""
-    import onnx
+    """The ONNX ModelProto of a bundled model name, a file path, a ModelProto or serialized bytes,
+    with the inputs `input_shapes` pins (--input-value) as initializers (frontend.pinning)."""
     from tpuflow import models
+    from tpuflow.frontend import pinning, reader
     if model is None or (isinstance(model, str) and models.is_bundled(model) and not Path(model).is_file()):
-        return models.build_model(model or models.DEFAULT_MODEL)
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, (bytes, bytearray)):
-        return onnx.load_from_string(bytes(model))
-    return onnx.load(str(model))
+        proto, label = models.build_model(model or models.DEFAULT_MODEL), str(model)
+    else:
+        proto, label = reader.read_model(model)
+    return pinning.pin_inputs(proto, label, pinning.split_inputs(input_shapes)[1])
 
 
 def quantized_model(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES, seed: int = 0):
@@ -50,10 +51,14 @@ def quantized_model(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES
     with tempfile.TemporaryDirectory(prefix="tpuflow-ptq-") as tmp:
         src, pre, dst = (Path(tmp) / f for f in ("float.onnx", "pre.onnx", "int8.onnx"))
         onnx.save(_sums_as_adds(_at_least_qdq_opset(model_proto(model, input_shapes))), src)
-        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
-        quantize_static(str(pre), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                        op_types_to_quantize=list(INT8_OPS), nodes_to_exclude=_products_of_activations(pre))
+        try:
+            quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+            quantize_static(str(pre), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                            op_types_to_quantize=list(INT8_OPS), nodes_to_exclude=_products_of_activations(pre))
+        except Exception as err:        # the quantizer's own failures, one line (exit 2)
+            raise ModelError(f"{graph.name}: onnxruntime's post-training quantizer failed on this model "
+                             f"({type(err).__name__}: {err}); quantize it yourself and pass the QDQ model") from None
         quantized = onnx.load(str(dst))
     # an old model (IR < 4) requires initializers to be graph inputs; the quantizer adds some and
     # raises the opset (QuantizeLinear): the IR version of that opset
