@@ -35,7 +35,8 @@ from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadca
 from tpuflow.lowering.quant import quantized_groups
 from tpuflow.lowering.ops.quant_ops import quant_emitter
 from tpuflow.lowering.tensors import make_tile
-from tpuflow.lowering.long_rows import ROW_REDUCTIONS, split_long_rows
+from tpuflow.lowering.ewise import ROW_REDUCE
+from tpuflow.lowering.long_rows import split_long_rows
 from tpuflow.lowering.tensor_parallel import split_mlp_pairs
 from tpuflow.lowering.timesteps import pipelined_order
 from tpuflow.lowering.weights import WeightImage
@@ -257,7 +258,7 @@ def _refit_long_rows(source: Graph, err: GroupDoesNotFit, ends: frozenset[str]) 
     """After a row group that fits nowhere: end row groups at its reductions that are not its last
     node (each then runs in column chunks), else decompose its Softmax / LogSoftmax; re-raise
     when neither applies."""
-    inner = [n for n in err.nodes[:-1] if source.nx.has_node(n) and source.node(n).op_type in ROW_REDUCTIONS]
+    inner = [n for n in err.nodes[:-1] if source.nx.has_node(n) and source.node(n).op_type in ROW_REDUCE]
     if inner and not set(inner) <= ends:
         return source, ends | set(inner)
     decomposed = split_long_rows(source, [n for n in err.nodes if source.nx.has_node(n)])

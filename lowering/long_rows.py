@@ -11,7 +11,6 @@ from types import MappingProxyType
 from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
 
 SPLITTABLE = ("Softmax", "LogSoftmax")
-ROW_REDUCTIONS = ("ReduceMax", "ReduceSum", "ReduceMean")   # a row group can end after them (then chunk)
 
 
 def split_long_rows(graph: Graph, names) -> Graph | None:

@@ -68,7 +68,6 @@ def quantized_model(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES
 
 def _at_least_qdq_opset(model):
     """The model converted to opset 13 when older (per-channel DequantizeLinear needs its axis)."""
-    import onnx
     from onnx import version_converter
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     return version_converter.convert_version(model, QDQ_OPSET) if opset < QDQ_OPSET else model

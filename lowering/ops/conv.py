@@ -108,10 +108,6 @@ class ColumnWindow:
     pool_lf: int = 0
     pool_rt: int = 0
 
-    @property
-    def whole(self) -> bool:
-        return self.in0 == 0 and self.conv0 == 0 and self.out0 == 0
-
 
 def column_windows(geo: ConvGeom, pgeom: ConvGeom | None, step: int | None) -> list[ColumnWindow]:
     """The column windows of a conv (with its fused pool `pgeom`) at `step` final columns per

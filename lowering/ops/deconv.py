@@ -122,9 +122,10 @@ class DeconvEmitter:
         for n in self.group.nodes[1:]:
             ctx.note_layer(n.name, n.op_type, lmem_peak=plan.peak, group=self.group.name)
 
-    def _out_region(self, addr_of, n: int, c0: int, ct: int, h0: int, ht: int):
+    def _out_window(self, n: int, c0: int, ct: int, h0: int, ht: int):
+        """(shape, element offset, strides) of a tile's output rows in an NCHW output-shaped tensor."""
         base = ((n * self.cout + c0) * self.ho + h0 * self.kh) * self.wo
-        return addr_of((1, ct, ht * self.kh, self.wo), base, (self.cout * self.ho * self.wo, self.ho * self.wo, self.wo, 1))
+        return (1, ct, ht * self.kh, self.wo), base, (self.cout * self.ho * self.wo, self.ho * self.wo, self.wo, 1)
 
     def _load(self, tile, offs) -> None:
         n, c0, ct, h0, ht = tile
@@ -135,9 +136,9 @@ class DeconvEmitter:
                     ctx.region(self.node.inputs[0], (1, self.cin, ht, self.w), base,
                                (self.cin * self.h * self.w, self.h * self.w, self.w, 1)))
         if self.epi.full:
-            self.epi.load_tile(offs[2:], (1, ct, ht * self.kh, self.wo), lambda addr: self._out_region(
-                lambda shape, base, strides: DRegion(addr + base * ctx.prec.bytes, shape, strides, ctx.prec),
-                n, c0, ct, h0, ht))
+            shape, base, strides = self._out_window(n, c0, ct, h0, ht)
+            self.epi.load_tile(offs[2:], shape,
+                               lambda addr: DRegion(addr + base * ctx.prec.bytes, shape, strides, ctx.prec))
 
     def _compute(self, tile, offs) -> None:
         n, c0, ct, h0, ht = tile
@@ -159,8 +160,7 @@ class DeconvEmitter:
             ctx.em.ar("copy", stored, value)
             value = stored
         ctx.em.layer = self.group.nodes[-1].name
-        ctx.em.store(value, self._out_region(lambda shape, base, strides: ctx.region(self.result, shape, base, strides),
-                                             n, c0, ct, h0, ht))
+        ctx.em.store(value, ctx.region(self.result, *self._out_window(n, c0, ct, h0, ht)))
 
     def _conv(self, out: LTile, inp: LTile, weights: LTile, bias: LTile | None) -> ConvTiu:
         """One tap's 1x1 conv of the whole input tile into its strided result view (long form)."""
