@@ -126,7 +126,7 @@ def relative_bursts(side: Side, chip: ChipConfig, burst_bytes: int) -> tuple[Bur
     burst_bytes, so beats, alignment and burst boundaries do not change)."""
     lmem, addr, shape, strides, esize, copies = side
     key, shift = burst_position(lmem, addr, chip, burst_bytes)
-    if lmem and chip.in_tile_buffer(addr):
+    if key >= TILE_BUFFER_KEY:                    # burst_position found it in the tile buffer
         return _tile_buffer_bursts(key - TILE_BUFFER_KEY, side.nbytes, chip.tile.buffer_chunk_bytes,
                                    chip.gdma.bus_bytes), shift
     rel = _relative_bursts(lmem, key, shape, strides, esize, copies, burst_bytes, chip.gdma.bus_bytes,
