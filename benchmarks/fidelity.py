@@ -1,9 +1,10 @@
 """Calibration benchmark: ResNet-50 on BM1684X (default compile) against the public silicon numbers.
 
-    python benchmarks/fidelity.py [--dtypes fp32,fp16] [--chip bm1684x|FILE.toml] [--out benchmarks/results/fidelity.json]
+    python benchmarks/fidelity.py [--dtypes fp32,fp16,int8] [--chip bm1684x|FILE.toml] [--out benchmarks/results/fidelity.json]
 
 The calibration set is the sophon-demo ResNet sample README's `bmrt_test` TPU time on BM1684X,
-batch 1: ResNet-50 fp32 9.14 ms, fp16 1.62 ms (int8 1.10 ms, once tpuflow compiles int8). Each
+batch 1: ResNet-50 fp32 9.14 ms, fp16 1.62 ms, int8 1.10 ms (tpuflow's int8 point is `--dtype int8`:
+its own post-training quantization, tpuflow/quantize.py, not the vendor's calibrated model). Each
 point is compiled with the default options (only the dtype set), simulated, and printed next to
 the measurement with its relative error; tpu-mlir 1.30.2's own static estimate for the same model
 (compiler_profile.txt TCYC of ../shared/peers/tpu-mlir/resnet50/bm1684x_*) is shown for reference.
@@ -118,7 +119,7 @@ def git_commit() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtypes", default="fp32,fp16")
+    ap.add_argument("--dtypes", default="fp32,fp16,int8")
     ap.add_argument("--chip", default=None, help="chip name or file (default: the built-in bm1684x)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
