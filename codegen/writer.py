@@ -110,6 +110,7 @@ def manifest_dict(program: Program, files: dict[str, dict], per_core_files: list
         "compulsory_ddr_bytes": program.compulsory_ddr_bytes,
         "cores": program.core_count,
         "core_split": program.core_split,
+        **({"quantization": program.quantization} if program.quantization else {}),
         **({"per_core": [_core_entry(program.core(k), per_core_files[k - 1]) for k in range(1, program.core_count)]}
            if program.core_count > 1 else {}),
     }
@@ -292,5 +293,6 @@ def _program_from(out: Path, manifest: dict, chip) -> Program:
         fused_groups=[tuple(g) for g in manifest["fused_groups"]],
         layer_groups=manifest.get("layer_groups", []), compulsory_ddr_bytes=manifest.get("compulsory_ddr_bytes", 0),
         options={k: str(v) for k, v in manifest["options"].items()}, model_name=manifest["model"],
-        issue_order=first.issue_order, core_split=list(manifest.get("core_split", [])))
+        issue_order=first.issue_order, core_split=list(manifest.get("core_split", [])),
+        quantization=manifest.get("quantization", {}))
     return base if len(cores) == 1 else Program.from_cores(base, cores)

@@ -65,6 +65,18 @@ def _add_compile(p: argparse.ArgumentParser) -> None:
                    help="on (default) | off: keep activations in LMEM across fused groups, or round-trip DDR")
     p.add_argument("--cores", type=int, default=1,
                    help="cores to split the model over (default 1, at most the chip's core.cores)")
+    _add_int8(p)
+
+
+def _add_int8(p: argparse.ArgumentParser) -> None:
+    """The options of tpuflow's post-training quantization (--dtype int8 on a float model)."""
+    p.add_argument("--calibration", type=int, default=None, metavar="N",
+                   help="--dtype int8: calibrate activations on N seeded random inputs (default 8)")
+    p.add_argument("--calibration-data", default=None, metavar="DIR",
+                   help="--dtype int8: calibrate on DIR/*.npz instead, one sample per file, arrays keyed by "
+                        "the model's input names")
+    p.add_argument("--emit-qdq", type=Path, default=None, metavar="OUT.onnx",
+                   help="--dtype int8: also write the quantized model that is compiled, as QDQ ONNX")
 
 
 def _add_outputs(p: argparse.ArgumentParser) -> None:
@@ -155,10 +167,14 @@ def _print_json(obj) -> None:
 
 
 def _options(args):
-    from tpuflow.options import CompileOptions
+    from tpuflow.options import CALIBRATION_DEFAULT, CompileOptions
+    if args.calibration is not None and args.calibration_data is not None:
+        raise OptionError("options --calibration and --calibration-data: give one of them")
     return CompileOptions(dtype=args.dtype, matmul=args.matmul, dep_mode=args.dep_mode,
                           schedule=args.schedule, time_limit_s=args.time_limit,
-                          layer_group=args.layer_group, cores=args.cores)
+                          layer_group=args.layer_group, cores=args.cores,
+                          calibration=CALIBRATION_DEFAULT if args.calibration is None else args.calibration,
+                          calibration_data=args.calibration_data or "")
 
 
 def _shapes(args) -> dict[str, tuple[int, ...]]:
@@ -177,19 +193,20 @@ def run(args) -> int:
     if args.command == "disasm":
         return pipeline.cmd_disasm(args.path, args.chip)
     if args.command == "compile":
-        return pipeline.cmd_compile(args.model, args.chip, _options(args), _shapes(args), args.output)
+        return pipeline.cmd_compile(args.model, args.chip, _options(args), _shapes(args), args.output,
+                                    emit_qdq=args.emit_qdq)
     if args.command == "verify":
         return pipeline.cmd_verify(args.model, args.chip, _options(args), _shapes(args), args.seed,
-                                   not args.no_race_check, args.json)
+                                   not args.no_race_check, args.json, emit_qdq=args.emit_qdq)
     if args.command == "estimate":
         return pipeline.cmd_estimate(args.model, args.chip, _options(args), _shapes(args), args.json,
-                                     args.trace, args.profile)
+                                     args.trace, args.profile, emit_qdq=args.emit_qdq)
     if args.command == "sweep":
         from tpuflow.sweep import cmd_sweep
         return cmd_sweep(args.spec, args.output, args.scheduler, args.workers, args.html, args.json)
     if args.command == "report":
         return pipeline.cmd_report(args.model, args.chip, _options(args), _shapes(args), args.output,
-                                   args.trace, args.profile)
+                                   args.trace, args.profile, emit_qdq=args.emit_qdq)
     raise OptionError("no command given (try `tpuflow --help`)")
 
 

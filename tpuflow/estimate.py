@@ -181,6 +181,7 @@ def estimate_report(program: Program, sim) -> dict:
         "layer_groups": layer_group_rows(program),
         "layers": [r.as_dict() for r in layers], "top_layers": [r.name for r in top],
         **({"cores": core_rows(sim)} if getattr(sim, "cores", None) else {}),
+        **({"quantization": program.quantization} if program.quantization else {}),
     }
 
 
@@ -216,9 +217,12 @@ def _bound_lines(report: dict) -> list[str]:
 
 
 def render_text(report: dict, top: int = 10) -> str:
+    from tpuflow.quantize import float_op_lines
     e, d, opts = report["engines"], report["dram"], report["options"]
+    quant = report.get("quantization")
+    dtype = f"int8, the rest {opts.get('dtype')}" if quant else opts.get("dtype")
     lines = [
-        f"{report['model']} on {report['chip']} (fingerprint {report['chip_fingerprint']}; {opts.get('dtype')}, "
+        f"{report['model']} on {report['chip']} (fingerprint {report['chip_fingerprint']}; {dtype}, "
         f"matmul={opts.get('matmul')}, schedule={opts.get('schedule')})",
         f"chip           {report.get('chip_description', '')}",
         f"latency        {report['latency_us']:.1f} us  ({report['latency_cycles']} cycles at {report['clock_mhz']:g} MHz)",
@@ -231,6 +235,7 @@ def render_text(report: dict, top: int = 10) -> str:
         "instructions stall at the same time, so the total can exceed the latency)",
         f"dram           read {d['bytes_read'] / 1e6:.2f} MB, written {d['bytes_written'] / 1e6:.2f} MB, "
         f"{d['achieved_gbps']:.1f} GB/s achieved of {d['peak_gbps']:g}, page hit rate {100 * d['page_hit_rate']:.1f}%",
+        *(float_op_lines(quant) if quant else []),
         "",
         f"top {top} layers by time (busy time of the layer's busiest engine; span = first start to last end):",
     ]

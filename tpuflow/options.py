@@ -13,6 +13,7 @@ MATMUL_PATHS = ("tiu", "tile")
 DEP_MODES = ("bitmap", "auto")
 SCHEDULES = ("program", "list", "cpsat")
 LAYER_GROUP = ("on", "off")
+CALIBRATION_DEFAULT = 8      # tpuflow.quantize.CALIBRATION_SAMPLES (the issue's default)
 DTYPE_ALIASES = {"f32": "fp32", "float32": "fp32", "f16": "fp16", "float16": "fp16", "bfloat16": "bf16"}
 
 
@@ -25,6 +26,8 @@ class CompileOptions:
     time_limit_s: float = 20.0   # CP-SAT total budget (deterministic time units)
     layer_group: str = "on"      # on: activations stay in LMEM across fused groups when they fit; off: every group round-trips DDR
     cores: int = 1               # cores the program is split over (at most the chip's core.cores, checked by the pipeline)
+    calibration: int = CALIBRATION_DEFAULT  # --dtype int8: seeded random calibration inputs (tpuflow.quantize.CALIBRATION_SAMPLES)
+    calibration_data: str = ""   # --dtype int8: a folder of .npz calibration samples instead of random inputs
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
@@ -37,13 +40,30 @@ class CompileOptions:
             raise OptionError(f"option --time-limit: must be positive, got {self.time_limit_s}")
         if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
             raise OptionError(f"option --cores: must be a positive integer, got {self.cores!r}")
+        self._check_calibration()
+
+    def _check_calibration(self) -> None:
+        """--calibration N / --calibration-data DIR: one of them, and only for --dtype int8."""
+        if isinstance(self.calibration, bool) or not isinstance(self.calibration, int) or self.calibration < 1:
+            raise OptionError(f"option --calibration: must be a positive integer, got {self.calibration!r}")
+        calibrated = self.calibration != CALIBRATION_DEFAULT or self.calibration_data
+        if calibrated and self.dtype != "int8":
+            flag = "--calibration-data" if self.calibration_data else "--calibration"
+            raise OptionError(f"option {flag}: only with --dtype int8 (it calibrates tpuflow's quantization)")
+        if self.calibration_data and self.calibration != CALIBRATION_DEFAULT:
+            raise OptionError("options --calibration and --calibration-data: give one of them")
 
     def as_dict(self) -> dict:
         """The options as recorded in outputs; `cores` only when more than one, so single-core
-        programs, manifests and estimates are exactly what they were before the core axis."""
+        programs, manifests and estimates are exactly what they were before the core axis; the
+        calibration only at --dtype int8 (and only the one in use)."""
         out = asdict(self)
         if self.cores == 1:
             del out["cores"]
+        if self.dtype != "int8" or not out["calibration_data"]:
+            del out["calibration_data"]
+        if self.dtype != "int8" or self.calibration_data:
+            del out["calibration"]
         return out
 
     def fingerprint(self) -> str:

@@ -117,20 +117,20 @@ def cmd_chips(name: str | None, as_json: bool) -> int:
 # (model -> Graph is load_graph, in the "models, inspect" section above)
 
 def compile_model(model, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
-                  input_shapes: dict | None = None):
+                  input_shapes: dict | None = None, emit_qdq: Path | None = None):
     """(Graph, Program) for a model: frontend, lowering, then the scheduler's ordering. With
     --dtype int8 a float model is quantized first (tpuflow.quantize: onnxruntime's post-training
-    quantizer, QDQ), the rest of it compiled in fp16; the Graph is then the QDQ model's."""
+    quantizer, QDQ, calibrated as the options say; written to `emit_qdq` when given), the rest of
+    it compiled in fp16; the Graph is then the QDQ model's and Program.quantization its record."""
     from tpuflow.lowering import lower
     chip = chip if isinstance(chip, ChipConfig) else load_chip(chip)
     options = options or CompileOptions()
+    quantization = None
+    _check_emit_qdq(options, emit_qdq)
     if options.dtype == "int8":
-        from tpuflow.quantize import FLOAT_REST, quantized_model
-        with step("post-training int8 quantization (onnxruntime, seeded random calibration)"):
-            model = quantized_model(model, input_shapes)
-        from tpuflow.frontend.pinning import split_inputs
-        input_shapes = split_inputs(input_shapes)[0]      # pinned inputs are initializers of the QDQ model
-        options = replace(options, dtype=FLOAT_REST)
+        model, input_shapes, quantization = _quantize(model, options, input_shapes, emit_qdq)
+        options = replace(options, dtype=quantization.record()["float_rest"], calibration=CompileOptions.calibration,
+                          calibration_data="")
     with step("import and canonicalise the model"):
         graph = load_graph(model, input_shapes)
     _check_quantized(graph)
@@ -142,7 +142,29 @@ def compile_model(model, chip: ChipConfig | str | None = None, options: CompileO
         from tpuflow.scheduler import schedule
         with step(f"{options.schedule} schedule of {program.total_instruction_count} instructions"):
             program = schedule(program, options.schedule, time_limit_s=options.time_limit_s)
+    if quantization is not None:
+        program.quantization = quantization.record()
     return graph, program
+
+
+def _check_emit_qdq(options: CompileOptions, emit_qdq: Path | None) -> None:
+    if emit_qdq is not None and options.dtype != "int8":
+        from tpuflow.errors import OptionError
+        raise OptionError("option --emit-qdq: only with --dtype int8 (it writes the model tpuflow quantized)")
+
+
+def _quantize(model, options: CompileOptions, input_shapes, emit_qdq: Path | None):
+    """--dtype int8: (the QDQ model, the input shapes left for it, the Quantization record)."""
+    from tpuflow.frontend.pinning import split_inputs
+    from tpuflow.quantize import quantize, write_qdq
+    source = f"npz files of {options.calibration_data}" if options.calibration_data else \
+        f"{options.calibration} seeded random inputs"
+    with step(f"post-training int8 quantization (onnxruntime, calibrated on {source})"):
+        quantization = quantize(model, input_shapes, options.calibration, options.calibration_data)
+    if emit_qdq is not None:
+        write_qdq(quantization.model, emit_qdq)
+    # pinned inputs are initializers of the QDQ model
+    return quantization.model, split_inputs(input_shapes)[0], quantization
 
 
 def _check_quantized(graph) -> None:
@@ -162,9 +184,10 @@ def _check_core_split(program, cores: int) -> None:
                           f"(the program has {program.core_count})")
 
 
-def cmd_compile(model, chip, options: CompileOptions, input_shapes: dict, output: Path) -> int:
+def cmd_compile(model, chip, options: CompileOptions, input_shapes: dict, output: Path,
+                emit_qdq: Path | None = None) -> int:
     from tpuflow.codegen import write_program
-    graph, program = compile_model(model, chip, options, input_shapes)
+    graph, program = compile_model(model, chip, options, input_shapes, emit_qdq)
     path = write_program(program, output, name=graph.name)
     counts = {e: sum(c[e] for c in program.core_counts()) for e in ("tiu", "gdma", "tile")}
     cores = f" on {program.core_count} cores" if program.core_count > 1 else ""
@@ -178,16 +201,23 @@ def cmd_compile(model, chip, options: CompileOptions, input_shapes: dict, output
 # ------------------------------------------------------------------ verify
 
 def verify(model=None, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
-           input_shapes: dict | None = None, seed: int = 0, race_check: bool = True) -> dict:
-    """Compile, then verify_program: the binaries, run on the functional model, against onnxruntime."""
-    graph, program = compile_model(model, chip, options or CompileOptions(), input_shapes)
-    return verify_program(graph, program, seed, race_check)
+           input_shapes: dict | None = None, seed: int = 0, race_check: bool = True,
+           emit_qdq: Path | None = None) -> dict:
+    """Compile, then verify_program: the binaries, run on the functional model, against onnxruntime.
+    --dtype int8 on a float model: the bound is against onnxruntime on the QDQ model tpuflow made,
+    and each output also carries its error against the float model (`vs_float`)."""
+    options = options or CompileOptions()
+    graph, program = compile_model(model, chip, options, input_shapes, emit_qdq)
+    float_graph = load_graph(model, input_shapes) if program.quantization else None
+    return verify_program(graph, program, seed, race_check, float_graph)
 
 
-def verify_program(graph, program, seed: int = 0, race_check: bool = True) -> dict:
+def verify_program(graph, program, seed: int = 0, race_check: bool = True, float_graph=None) -> dict:
     """Verify a program compile_model gave (with its graph): write its binaries, read and decode
     them back, run them on the functional model (race detector on) with seeded random inputs, and
-    compare every output with onnxruntime."""
+    compare every output with onnxruntime. With `float_graph` (the float model a --dtype int8
+    program was quantized from) each output also gets its error against onnxruntime on that model,
+    for our outputs (`vs_float`) and for onnxruntime's on the QDQ model (`qdq_vs_float`)."""
     import tempfile
     from tpuflow.codegen import read_program, write_program
     from tpuflow.compare import REFERENCE_ATOL, TOLERANCES, compare, random_inputs, reference_outputs
@@ -214,12 +244,35 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True) -> di
             "schedule": options.schedule, "seed": seed, "race_check": race_check,
             "rtol": tol["rtol"], "min_cosine": tol["min_cosine"], "atol": REFERENCE_ATOL,
             "instructions": program.counts(),
-            "outputs": [dict(e.as_dict(), ok=ok, **({"quant_step": steps[e.name], "max_abs_bound": QUANT_STEPS_ALLOWED
-                                                    * steps[e.name], "quant_min_cosine": QUANT_MIN_COSINE}
-                                                   if steps.get(e.name) else {}))
-                        for e, ok in zip(errors, passed)],
+            "outputs": _output_rows(errors, passed, steps),
             **({"cores": program.core_count, "core_instructions": program.core_counts()}
-               if program.core_count > 1 else {})}
+               if program.core_count > 1 else {}),
+            **({"quantization": program.quantization} if program.quantization else {}),
+            **({"outputs": _with_float_errors(errors, passed, steps, ours, ref, float_graph, inputs)}
+               if float_graph is not None else {})}
+
+
+def _with_float_errors(errors, passed, steps, ours, ref, float_graph, inputs) -> list[dict]:
+    """verify's output rows with `vs_float` and `qdq_vs_float`: the error of our outputs and of
+    onnxruntime's on the QDQ model against onnxruntime on the float model (information: the cost
+    of quantization, no bound)."""
+    from tpuflow.compare import compare, reference_outputs
+    with step("onnxruntime on the float model"):
+        float_ref = reference_outputs(float_graph, inputs)
+    rows = _output_rows(errors, passed, steps)
+    for row in rows:
+        name = row["name"]
+        for key, values in (("vs_float", ours[name]), ("qdq_vs_float", ref[name])):
+            e = compare(name, values, float_ref[name])
+            row[key] = {"max_abs_err": e.max_abs_err, "max_rel_err": e.max_rel_err, "cosine": e.cosine}
+    return rows
+
+
+def _output_rows(errors, passed, steps) -> list[dict]:
+    return [dict(e.as_dict(), ok=ok, **({"quant_step": steps[e.name], "max_abs_bound": QUANT_STEPS_ALLOWED
+                                          * steps[e.name], "quant_min_cosine": QUANT_MIN_COSINE}
+                                         if steps.get(e.name) else {}))
+            for e, ok in zip(errors, passed)]
 
 
 # verify's bound on an output of a quantized model (issue 15, deliverable 5): the functional model
@@ -273,16 +326,17 @@ def _quantized_ok(error, step: float) -> bool:
 
 
 def cmd_verify(model, chip, options: CompileOptions, input_shapes: dict, seed: int, race_check: bool,
-               as_json: bool) -> int:
-    result = verify(model, chip, options, input_shapes, seed, race_check)
+               as_json: bool, emit_qdq: Path | None = None) -> int:
+    result = verify(model, chip, options, input_shapes, seed, race_check, emit_qdq)
     if as_json:
         _print_json(result)
     else:
         rows = [(o["name"], f"{o['max_abs_err']:.3e}", f"{o['max_rel_err']:.3e}", f"{o['cosine']:.6f}",
                  "ok" if o["ok"] else "FAIL")
                 for o in result["outputs"]]
+        dtype = f"int8, the rest {result['dtype']}" if result.get("quantization") else result["dtype"]
         print(f"verify {result['model']} on {result['chip']} (fingerprint {result['chip_fingerprint']}; "
-              f"{result['dtype']}, matmul={result['matmul']}, "
+              f"{dtype}, matmul={result['matmul']}, "
               f"seed {result['seed']}, race check {'on' if race_check else 'off'})")
         print(_table(rows, ("output", "max_abs_err", "max_rel_err", "cosine", "")))
         print(f"{'PASS' if result['ok'] else 'FAIL'}: bounds max_rel_err <= {result['rtol']:g} and "
@@ -290,13 +344,28 @@ def cmd_verify(model, chip, options: CompileOptions, input_shapes: dict, seed: i
         for o in (o for o in result["outputs"] if "quant_step" in o):
             print(f"  {o['name']} holds quantized values: bound max_abs_err <= {QUANT_STEPS_ALLOWED} x its quantization "
                   f"step {o['quant_step']:.4g} = {o['max_abs_bound']:.4g} and cosine >= {QUANT_MIN_COSINE:g}")
+        if result.get("quantization"):
+            print("\n".join(_int8_verify_lines(result)))
     return 0 if result["ok"] else 1
+
+
+def _int8_verify_lines(result: dict) -> list[str]:
+    """verify's text for --dtype int8 on a float model: what was compared, how it was quantized, and
+    the error against the float model (no bound: the cost of quantization)."""
+    from tpuflow.quantize import float_op_lines
+    rows = [(o["name"], f"{o['vs_float']['max_abs_err']:.3e}", f"{o['vs_float']['cosine']:.6f}",
+             f"{o['qdq_vs_float']['max_abs_err']:.3e}", f"{o['qdq_vs_float']['cosine']:.6f}")
+            for o in result["outputs"] if "vs_float" in o]
+    return ["the reference above is onnxruntime on the QDQ model tpuflow quantized (--emit-qdq writes it)",
+            *float_op_lines(result["quantization"]),
+            "against onnxruntime on the float model (information, no bound):",
+            _table(rows, ("output", "max_abs_err", "cosine", "qdq max_abs_err", "qdq cosine"))]
 
 
 # ------------------------------------------------------------------ estimate
 
 def estimate(model=None, chip: ChipConfig | str | None = None, options: CompileOptions | None = None,
-             input_shapes: dict | None = None, with_sim: bool = False):
+             input_shapes: dict | None = None, with_sim: bool = False, emit_qdq: Path | None = None):
     """Compile and simulate; the estimate report dict (and the Program and SimResult if asked).
     `model` may be a folder of raw <name>.BD.0 / <name>.GDMA.0 streams (no manifest, e.g. tpu-mlir's)
     or a `compile` output folder: the binaries are simulated as they are (no graph, no compile)."""
@@ -321,7 +390,7 @@ def estimate(model=None, chip: ChipConfig | str | None = None, options: CompileO
         report = estimate_report(program, sim)
         return (report, program, sim) if with_sim else report
     options = options or CompileOptions()
-    graph, program = compile_model(model, chip, options, input_shapes)
+    graph, program = compile_model(model, chip, options, input_shapes, emit_qdq)
     with step("timing simulation"):
         sim = simulate(program)
     report = estimate_report(program, sim)
@@ -329,10 +398,10 @@ def estimate(model=None, chip: ChipConfig | str | None = None, options: CompileO
 
 
 def cmd_estimate(model, chip, options: CompileOptions, input_shapes: dict, as_json: bool,
-                 trace: Path | None, profile: Path | None) -> int:
+                 trace: Path | None, profile: Path | None, emit_qdq: Path | None = None) -> int:
     from tpuflow.codegen.profile import write_profile, write_trace
     from tpuflow.estimate import render_text
-    report, program, sim = estimate(model, chip, options, input_shapes, with_sim=True)
+    report, program, sim = estimate(model, chip, options, input_shapes, with_sim=True, emit_qdq=emit_qdq)
     if trace is not None:
         write_trace(trace, program, sim)
     if profile is not None:
@@ -347,18 +416,19 @@ def cmd_estimate(model, chip, options: CompileOptions, input_shapes: dict, as_js
 # ------------------------------------------------------------------ report
 
 def cmd_report(model, chip, options: CompileOptions, input_shapes: dict, output: Path,
-               trace: Path | None, profile: Path | None) -> int:
+               trace: Path | None, profile: Path | None, emit_qdq: Path | None = None) -> int:
     """Compile in emission order, run every schedule for the comparison, and write the HTML report of
     the requested one (and its trace / profile)."""
     from dataclasses import replace
     from tpuflow.codegen.profile import write_profile, write_trace
     from tpuflow.codegen.report import compare_schedules, write_report
     from tpuflow.estimate import estimate_report
-    graph, emitted = compile_model(model, chip, replace(options, schedule="program"), input_shapes)
+    graph, emitted = compile_model(model, chip, replace(options, schedule="program"), input_shapes, emit_qdq)
     with step("program / list / cpsat schedules, each simulated"):
         runs = compare_schedules(emitted, options.schedule, options.time_limit_s)
     program, sim = runs[options.schedule].program, runs[options.schedule].sim
     program.options["schedule"] = options.schedule
+    program.quantization = emitted.quantization
     report = estimate_report(program, sim)
     with step("HTML report"):
         size = write_report(output, program, sim, report, runs)

@@ -1,6 +1,7 @@
 """`--dtype int8` on a float model: post-training quantization by onnxruntime's quantizer into a QDQ
 model (per-channel symmetric int8 weights, per-tensor int8 activations calibrated on seeded random
-inputs), which the int8 lowering then compiles; the rest of the program runs in fp16.
+inputs or the user's npz files), which the int8 lowering then compiles; the rest of the program runs
+in fp16. Also owns the record of that step: the calibration used and which ops stayed float, and why.
 
 Only the op kinds the int8 lowering computes are quantized (INT8_OPS); everything else stays float
 between DequantizeLinear and QuantizeLinear. onnxruntime's pre-processing (shape inference and its
@@ -8,20 +9,94 @@ graph optimizer: BatchNormalization folded into Conv) runs first."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tpuflow.errors import ModelError
+from tpuflow.errors import InputFileError, ModelError
 
 INT8_OPS = ("Conv", "MatMul", "Gemm", "Add", "Mul", "Relu", "Clip", "MaxPool", "AveragePool", "GlobalAveragePool",
             "Concat")
 FLOAT_REST = "fp16"          # the precision of what stays float in an --dtype int8 program
 CALIBRATION_SAMPLES = 8      # seeded random calibration inputs (the issue's default)
+CALIBRATION_SEED = 0         # seed of the random calibration inputs
 QDQ_OPSET = 13               # per-channel QuantizeLinear / DequantizeLinear (axis) need opset 13
 MIN_IR_VERSION = 7           # ONNX IR version of opset 13
+QDQ_FILE_MODE = 0o644        # --emit-qdq file permissions (a temporary file is created 0600)
+# Data movement and shape ops: a float one moves a float tensor and computes nothing, so the
+# "stayed float" report leaves it out.
+MOVES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Shape", "Constant", "Gather",
+         "Slice", "Split", "Expand", "Cast", "Tile", "ConstantOfShape")
+NO_INT8_FORM = "no int8 form"
+PRODUCT_OF_ACTIVATIONS = "product of two activations"
+FLOAT_NEIGHBOURS = "its inputs or outputs stay float"
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """The QDQ model tpuflow compiles for --dtype int8, and the record of how it was made."""
+    model: object                 # onnx.ModelProto (QDQ)
+    calibration: dict             # {"source": "random", "samples", "seed"} or {"source": "npz", "files", "samples", "sha256"}
+    int8_ops: int                 # compute nodes of the QDQ model between DequantizeLinear and QuantizeLinear
+    float_ops: tuple[dict, ...]   # {"node", "op", "reason"} for each compute node left float
+
+    def record(self) -> dict:
+        """What outputs record (manifest, estimate --json, verify --json, the reports)."""
+        return {"calibration": self.calibration, "float_rest": FLOAT_REST, "int8_ops": self.int8_ops,
+                "float_ops": [dict(f) for f in self.float_ops]}
+
+
+def float_op_lines(record: dict) -> list[str]:
+    """The text form of a quantization record: the calibration, then one line per op left float."""
+    cal = record["calibration"]
+    source = (f"{cal['samples']} seeded random inputs (seed {cal['seed']})" if cal["source"] == "random" else
+              f"{cal['samples']} npz files ({', '.join(cal['files'])}; sha256 {cal['sha256'][:16]})")
+    lines = [f"int8           post-training quantization calibrated on {source}: {record['int8_ops']} ops int8, "
+             f"{len(record['float_ops'])} stayed float ({record['float_rest']})"]
+    lines += [f"  float        {f['op']} {f['node']}: {f['reason']}" for f in record["float_ops"]]
+    return lines
+
+
+def quantize(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES, data_dir: str | os.PathLike = "",
+             seed: int = CALIBRATION_SEED) -> Quantization:
+    """Quantize a float model: calibrated on `data_dir`'s npz files when given, else on `samples`
+    seeded random inputs; the QDQ model with its record."""
+    from tpuflow.pipeline import load_graph
+    graph = load_graph(model, input_shapes)
+    if data_dir:
+        files, feeds = calibration_files(graph, Path(data_dir))
+        calibration = {"source": "npz", "files": [f.name for f in files], "samples": len(feeds),
+                       "sha256": _feeds_digest(graph, feeds)}
+    else:
+        feeds = _calibration_feeds(graph, samples, seed)
+        calibration = {"source": "random", "samples": samples, "seed": seed}
+    qdq, excluded = _quantize_static(model, input_shapes, graph.name, feeds)
+    int8_ops, float_ops = float_ops_of(qdq, excluded)
+    return Quantization(qdq, calibration, int8_ops, float_ops)
+
+
+def write_qdq(model, path: str | os.PathLike) -> Path:
+    """Write the QDQ model to `path` atomically (a temporary file in its folder, then a rename)."""
+    path = Path(path)
+    data = model.SerializeToString()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot write the QDQ model ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), QDQ_FILE_MODE)
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
 
 
 def model_proto(model, input_shapes=None):
@@ -36,34 +111,67 @@ def model_proto(model, input_shapes=None):
     return pinning.pin_inputs(proto, label, pinning.split_inputs(input_shapes)[1])
 
 
-def quantized_model(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES, seed: int = 0):
+def quantized_model(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES, seed: int = CALIBRATION_SEED):
     """The QDQ ModelProto of a float model, calibrated on `samples` seeded random inputs shaped as
     the frontend fixes them (`input_shapes`)."""
+    return quantize(model, input_shapes, samples, seed=seed).model
+
+
+def _quantize_static(model, input_shapes, label: str, feeds: list[dict]):
+    """(QDQ ModelProto, names of the nodes kept float as products of activations) by onnxruntime's
+    quantize_static, calibrated on `feeds`."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
-    from tpuflow.pipeline import load_graph
-    graph = load_graph(model, input_shapes)
-    feeds = _calibration_feeds(graph, samples, seed)
-    reader = type("SeededInputs", (CalibrationDataReader,), {"get_next": lambda self: next(self.it, None)})()
+    reader = type("CalibrationFeeds", (CalibrationDataReader,), {"get_next": lambda self: next(self.it, None)})()
     reader.it = iter(feeds)
     logging.getLogger().setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="tpuflow-ptq-") as tmp:
         src, pre, dst = (Path(tmp) / f for f in ("float.onnx", "pre.onnx", "int8.onnx"))
         onnx.save(_sums_as_adds(_at_least_qdq_opset(model_proto(model, input_shapes))), src)
+        excluded: list[str] = []
         try:
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+            excluded = _products_of_activations(pre)
             quantize_static(str(pre), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                            op_types_to_quantize=list(INT8_OPS), nodes_to_exclude=_products_of_activations(pre))
+                            op_types_to_quantize=list(INT8_OPS), nodes_to_exclude=excluded)
         except Exception as err:        # the quantizer's own failures, one line (exit 2)
-            raise ModelError(f"{graph.name}: onnxruntime's post-training quantizer failed on this model "
+            raise ModelError(f"{label}: onnxruntime's post-training quantizer failed on this model "
                              f"({type(err).__name__}: {err}); quantize it yourself and pass the QDQ model") from None
         quantized = onnx.load(str(dst))
     # an old model (IR < 4) requires initializers to be graph inputs; the quantizer adds some and
     # raises the opset (QuantizeLinear): the IR version of that opset
     quantized.ir_version = max(quantized.ir_version, MIN_IR_VERSION)
-    return quantized
+    return quantized, excluded
+
+
+def float_ops_of(qdq, products_of_activations=()) -> tuple[int, tuple[dict, ...]]:
+    """(int8 compute nodes, the compute nodes left float with the reason) of a QDQ model. A node is
+    int8 when every runtime input is a DequantizeLinear output and every output feeds only
+    QuantizeLinear; data movement (MOVES) is not counted."""
+    graph = qdq.graph
+    dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    constants = {i.name for i in graph.initializer}
+    consumers: dict[str, set[str]] = {}
+    for n in graph.node:
+        for t in n.input:
+            consumers.setdefault(t, set()).add(n.op_type)
+    outputs = {o.name for o in graph.output}
+    int8_ops, float_ops = 0, []
+    for n in graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") or n.op_type in MOVES:
+            continue
+        inputs_int8 = all(t in dequantized for t in n.input if t and t not in constants)
+        outputs_int8 = all(t not in outputs and consumers.get(t, set()) <= {"QuantizeLinear"} and t in consumers
+                           for t in n.output)
+        if inputs_int8 and outputs_int8:
+            int8_ops += 1
+            continue
+        reason = (PRODUCT_OF_ACTIVATIONS if n.name in products_of_activations else
+                  NO_INT8_FORM if n.op_type not in INT8_OPS else FLOAT_NEIGHBOURS)
+        float_ops.append({"node": n.name or n.output[0], "op": n.op_type, "reason": reason})
+    return int8_ops, tuple(float_ops)
 
 
 def _at_least_qdq_opset(model):
@@ -121,3 +229,62 @@ def _calibration_feeds(graph, samples: int, seed: int) -> list[dict]:
                           else np.zeros(info.shape, dtype))
         feeds.append(feed)
     return feeds
+
+
+def calibration_files(graph, folder: Path) -> tuple[list[Path], list[dict]]:
+    """(the .npz files of `folder` in name order, one feed per file): each file holds one array per
+    runtime input of the model, keyed by the input's name and shaped as the input. Anything else is
+    one InputFileError naming the file and the key."""
+    if not folder.is_dir():
+        raise InputFileError(f"{folder}: --calibration-data expects a folder of .npz files, "
+                             f"{'not a file' if folder.exists() else 'no such folder'}")
+    files = sorted(folder.glob("*.npz"))
+    if not files:
+        raise InputFileError(f"{folder}: no .npz files (--calibration-data: one .npz per sample, "
+                             f"keyed by the model's inputs {', '.join(graph.inputs)})")
+    return files, [_npz_feed(graph, path) for path in files]
+
+
+def _npz_feed(graph, path: Path) -> dict:
+    """One calibration feed from one .npz file, checked against the graph's inputs."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except Exception as exc:          # zip, header and pickle errors alike: the file is unreadable
+        raise InputFileError(f"{path}: not a readable .npz file ({type(exc).__name__}: {exc})") from None
+    names = list(graph.inputs)
+    for key in arrays:
+        if key not in names:
+            raise InputFileError(f"{path}: key '{key}' is not an input of the model (its inputs: {', '.join(names)})")
+    feed = {}
+    for name in names:
+        info = graph.tensor(name)
+        if name not in arrays:
+            raise InputFileError(f"{path}: no key '{name}' (the model's input {name} {list(info.shape)} {info.dtype})")
+        feed[name] = _checked_array(path, name, arrays[name], info)
+    return feed
+
+
+def _checked_array(path: Path, name: str, array: np.ndarray, info) -> np.ndarray:
+    """`array` as input `info` takes it: its shape, a numeric kind that casts, finite floats."""
+    dtype = np.dtype(info.dtype)
+    if tuple(array.shape) != tuple(info.shape):
+        raise InputFileError(f"{path}: key '{name}' has shape {list(array.shape)}, the model's input "
+                             f"has {list(info.shape)}")
+    allowed = "fiub" if dtype.kind == "f" else "iub"
+    if array.dtype.kind not in allowed:
+        raise InputFileError(f"{path}: key '{name}' holds {array.dtype}, the model's input is {dtype}")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise InputFileError(f"{path}: key '{name}' holds NaN or infinite values")
+    return array.astype(dtype)
+
+
+def _feeds_digest(graph, feeds: list[dict]) -> str:
+    """sha256 over the calibration feeds in order (input names, shapes, dtypes and bytes)."""
+    h = hashlib.sha256()
+    for feed in feeds:
+        for name in graph.inputs:
+            a = np.ascontiguousarray(feed[name])
+            h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+            h.update(a.tobytes())
+    return h.hexdigest()
