@@ -1,7 +1,8 @@
 """--dtype int8 on a float model: onnxruntime's post-training quantizer (QDQ, seeded random
-calibration, only the kinds the int8 lowering computes) then the int8 lowering; the program holds
-int8 convolutions, verifies against onnxruntime on the quantized model, and compiles
-deterministically; what the int8 lowering cannot compute is one clear error."""
+calibration or the user's npz files, only the kinds the int8 lowering computes) then the int8
+lowering; the program holds int8 convolutions, verifies against onnxruntime on the quantized model,
+and compiles deterministically; what the int8 lowering cannot compute is one clear error; the
+record says how it was calibrated and which ops stayed float and why."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ def test_int8_compilation_is_deterministic(tmp_path):
 
 
 def test_what_the_int8_lowering_cannot_compute_is_one_clear_error():
-    """A transformer layer: its attention products stay float, its head transposes do not."""
+    """LLaMA's MLP: its RMSNorm scale multiplies a quantized tensor by a whole-row constant."""
     with pytest.raises(UserError, match="on quantized tensors"):
-        compile_model("bert_layer", None, CompileOptions(dtype="int8"))
+        compile_model("llama_mlp", None, CompileOptions(dtype="int8"))
 
 
 def _conv_times_pinned_scale():
@@ -66,3 +67,133 @@ def test_a_failure_of_the_quantizer_is_one_model_error(monkeypatch):
     monkeypatch.setattr(ortq, "quantize_static", broken)
     with pytest.raises(ModelError, match="post-training quantizer failed.*some internal quantizer failure"):
         compile_model("mlp", None, CompileOptions(dtype="int8"))
+
+
+# ------------------------------------------------------------------ calibration
+
+import numpy as np  # noqa: E402
+
+from tpuflow.errors import InputFileError, OptionError  # noqa: E402
+from tpuflow.quantize import NO_INT8_FORM, PRODUCT_OF_ACTIVATIONS, quantize  # noqa: E402
+
+IMAGE = (1, 3, 32, 32)       # small_cnn's input
+
+
+def _npz_folder(folder, samples: int, scale: float = 1.0, seed: int = 0):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for k in range(samples):
+        np.savez(folder / f"sample{k}.npz", image=(scale * rng.uniform(0, 1, IMAGE)).astype(np.float32))
+    return folder
+
+
+def _activation_scale(qdq, tensor: str) -> float:
+    """The scale of the QuantizeLinear that quantizes `tensor` in a QDQ model."""
+    from onnx import numpy_helper
+    inits = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    node = next(n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
+    return float(inits[node.input[1]])
+
+
+def test_calibration_data_sets_the_activation_scales(tmp_path):
+    """Inputs 4x larger give an input scale 4x larger (activations are asymmetric int8: the range
+    [0, max] over 255 steps); the record names the files and hashes their contents."""
+    small = quantize("small_cnn", data_dir=_npz_folder(tmp_path / "a", 3))
+    large = quantize("small_cnn", data_dir=_npz_folder(tmp_path / "b", 3, scale=4.0))
+    assert _activation_scale(large.model, "image") == pytest.approx(4 * _activation_scale(small.model, "image"),
+                                                                    rel=1e-5)
+    assert small.calibration["source"] == "npz" and small.calibration["samples"] == 3
+    assert small.calibration["files"] == ["sample0.npz", "sample1.npz", "sample2.npz"]
+    assert small.calibration["sha256"] != large.calibration["sha256"]
+
+
+def test_the_number_of_random_samples_changes_the_scales():
+    one, eight = quantize("small_cnn", samples=1), quantize("small_cnn")
+    assert one.calibration == {"source": "random", "samples": 1, "seed": 0}
+    assert _activation_scale(one.model, "image") != _activation_scale(eight.model, "image")
+
+
+def _bad_folder(tmp_path, case: str):
+    folder = tmp_path / case
+    folder.mkdir()
+    good = np.zeros(IMAGE, np.float32)
+    arrays = {"missing_key": {}, "extra_key": {"image": good, "label": good},
+              "wrong_shape": {"image": np.zeros((1, 3, 16, 16), np.float32)},
+              "not_finite": {"image": np.full(IMAGE, np.nan, np.float32)},
+              "text": {"image": np.full(IMAGE, "a")}}
+    if case == "unreadable":
+        (folder / "s.npz").write_bytes(b"not a zip file")
+    elif case != "empty":
+        np.savez(folder / "s.npz", **arrays[case])
+    return folder
+
+
+@pytest.mark.parametrize("case, pattern", [
+    ("missing_key", r"s\.npz: no key 'image'"), ("extra_key", r"s\.npz: key 'label' is not an input"),
+    ("wrong_shape", r"s\.npz: key 'image' has shape \[1, 3, 16, 16\], the model's input has \[1, 3, 32, 32\]"),
+    ("not_finite", r"s\.npz: key 'image' holds NaN"), ("text", r"s\.npz: key 'image' holds <U1"),
+    ("unreadable", r"s\.npz: not a readable \.npz file"), ("empty", r"empty: no \.npz files")])
+def test_bad_calibration_data_is_one_error_naming_the_file_and_key(tmp_path, case, pattern):
+    with pytest.raises(InputFileError, match=pattern) as info:
+        quantize("small_cnn", data_dir=_bad_folder(tmp_path, case))
+    assert "\n" not in str(info.value)
+
+
+def test_calibration_options_only_with_int8_and_one_at_a_time():
+    with pytest.raises(OptionError, match="--calibration: only with --dtype int8"):
+        CompileOptions(dtype="fp16", calibration=4)
+    with pytest.raises(OptionError, match="--calibration-data: only with --dtype int8"):
+        CompileOptions(calibration_data="cal")
+    with pytest.raises(OptionError, match="give one of them"):
+        CompileOptions(dtype="int8", calibration=4, calibration_data="cal")
+    with pytest.raises(OptionError, match="positive integer"):
+        CompileOptions(dtype="int8", calibration=0)
+
+
+def test_float_programs_record_the_options_they_always_did():
+    """Calibration options appear in outputs only at --dtype int8, so float manifests and option
+    fingerprints are what they were."""
+    assert set(CompileOptions(dtype="fp16").as_dict()) == {"dtype", "matmul", "dep_mode", "schedule",
+                                                           "time_limit_s", "layer_group"}
+    assert CompileOptions(dtype="int8", calibration=4).as_dict()["calibration"] == 4
+    assert "calibration" not in CompileOptions(dtype="int8", calibration_data="d").as_dict()
+
+
+def test_npz_calibrated_compilation_is_deterministic_and_recorded(tmp_path):
+    from tpuflow.codegen import read_program, write_program
+    folder = _npz_folder(tmp_path / "cal", 2)
+    outputs = []
+    for k in range(2):
+        _, program = compile_model("small_cnn", None, CompileOptions(dtype="int8", calibration_data=str(folder)))
+        write_program(program, tmp_path / str(k), name="small_cnn")
+        outputs.append({p.name: p.read_bytes() for p in (tmp_path / str(k)).iterdir()})
+    assert outputs[0] == outputs[1]
+    assert read_program(tmp_path / "0").quantization == program.quantization
+    assert program.quantization["calibration"]["files"] == ["sample0.npz", "sample1.npz"]
+
+
+# ------------------------------------------------------------------ which ops stay float
+
+def _attention_like():
+    """x -> MatMul(w) -> Softmax, and the product of two activations x @ x^T -> Tanh -> Add."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=5)
+    x = b.input("x", (1, 8, 16))
+    h = b.node("MatMul", [x, b.weight("w", (16, 16))], "h")
+    b.output(b.node("Softmax", [h], "probs", axis=-1))
+    xt = b.node("Transpose", [x], "xt", perm=[0, 2, 1])
+    s = b.node("MatMul", [x, xt], "s")
+    t = b.node("Tanh", [b.node("Add", [s, b.const("one", np.ones((1,), np.float32))], "s1")], "t")
+    b.output(b.node("Add", [t, s], "y"))
+    return b.model()
+
+
+def test_the_ops_left_float_are_named_with_the_reason():
+    result = quantize(_attention_like())
+    reasons = {(f["op"], f["node"]): f["reason"] for f in result.float_ops}
+    assert reasons == {("Softmax", "softmax_1"): NO_INT8_FORM, ("MatMul", "matmul_3"): PRODUCT_OF_ACTIVATIONS,
+                       ("Tanh", "tanh_5"): NO_INT8_FORM}
+    assert result.int8_ops == 3      # the weight MatMul and the two Adds

@@ -148,9 +148,15 @@ def compile_model(model, chip: ChipConfig | str | None = None, options: CompileO
 
 
 def _check_emit_qdq(options: CompileOptions, emit_qdq: Path | None) -> None:
-    if emit_qdq is not None and options.dtype != "int8":
-        from tpuflow.errors import OptionError
+    """--emit-qdq is refused before any work: without --dtype int8, or a path that cannot be a file."""
+    from tpuflow.errors import InputFileError, OptionError
+    if emit_qdq is None:
+        return
+    if options.dtype != "int8":
         raise OptionError("option --emit-qdq: only with --dtype int8 (it writes the model tpuflow quantized)")
+    if Path(emit_qdq).is_dir() or not Path(emit_qdq).parent.is_dir():
+        what = "is a directory" if Path(emit_qdq).is_dir() else "its folder does not exist"
+        raise InputFileError(f"{emit_qdq}: cannot write the QDQ model there ({what})")
 
 
 def _quantize(model, options: CompileOptions, input_shapes, emit_qdq: Path | None):

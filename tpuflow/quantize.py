@@ -148,8 +148,10 @@ def _quantize_static(model, input_shapes, label: str, feeds: list[dict]):
 
 def float_ops_of(qdq, products_of_activations=()) -> tuple[int, tuple[dict, ...]]:
     """(int8 compute nodes, the compute nodes left float with the reason) of a QDQ model. A node is
-    int8 when every runtime input is a DequantizeLinear output and every output feeds only
-    QuantizeLinear; data movement (MOVES) is not counted."""
+    int8 when it is of a kind the int8 lowering computes (INT8_OPS: the frontend absorbs those into
+    quantized ops), every runtime input is a DequantizeLinear output and every output feeds only
+    QuantizeLinear; any other kind between DequantizeLinear and QuantizeLinear (a Tanh between two
+    quantized Adds) still computes in float. Data movement (MOVES) is not counted."""
     graph = qdq.graph
     dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
     constants = {i.name for i in graph.initializer}
@@ -165,7 +167,7 @@ def float_ops_of(qdq, products_of_activations=()) -> tuple[int, tuple[dict, ...]
         inputs_int8 = all(t in dequantized for t in n.input if t and t not in constants)
         outputs_int8 = all(t not in outputs and consumers.get(t, set()) <= {"QuantizeLinear"} and t in consumers
                            for t in n.output)
-        if inputs_int8 and outputs_int8:
+        if inputs_int8 and outputs_int8 and n.op_type in INT8_OPS:
             int8_ops += 1
             continue
         reason = (PRODUCT_OF_ACTIVATIONS if n.name in products_of_activations else
