@@ -62,8 +62,9 @@ class TileGemm:
 
     def __init__(self, ctx: LowerCtx, a: Operand, b: Operand, m: int, n: int, k: int, out_prec: Prec,
                  bias: np.ndarray | None = None, bias_key: str = "", residual: Operand | None = None,
-                 batches: list[tuple[int, int]] | None = None):
+                 batches: list[tuple[int, int]] | None = None, n_tile: int | None = None, k_unit: int | None = None):
         self.ctx, self.a, self.b, self.m, self.n, self.k = ctx, a, b, m, n, k
+        self.n_tile, self.k_unit = n_tile, k_unit     # a forced N tile side; K tiles dividing k_unit
         self.batches = batches or [(0, 0)]     # (A offset, B offset) in elements of each batch
         self.out_prec, self.bias, self.bias_key, self.residual = out_prec, bias, bias_key, residual
         self.dims = self._dims()
@@ -82,13 +83,17 @@ class TileGemm:
         k0 = self.a.k0
         best = None
         for mt in sorted({min(ceil_to(self.m, tile.fractal_m), side) for side in TILE_SIDES}, reverse=True):
-            for nt in sorted({min(ceil_to(self.n, tile.fractal_n), side) for side in TILE_SIDES}, reverse=True):
+            for nt in self._n_sides():
                 if mt * nt * oe > tile.slot_bytes:
                     continue
                 if self.residual is not None and max(ceil_to(nt, k0) * ceil_to(nt, 16), ceil_to(mt, 16) * ceil_to(nt, k0)) * e > tile.slot_bytes:
                     continue                     # R (mt x nt) and the identity (nt x nt) of the R . I step fit a slot
-                kt = min(tile.slot_bytes // (mt * e), tile.slot_bytes // (nt * e)) // k0 * k0
+                kt = min(tile.slot_bytes // (mt * e), tile.slot_bytes // (ceil_to(nt, tile.fractal_n) * e)) // k0 * k0
                 kt = max(k0, min(kt, ceil_to(self.k, k0)))
+                if self.k_unit:
+                    kt = max((d for d in range(k0, kt + 1, k0) if self.k_unit % d == 0), default=0)
+                    if not kt:
+                        continue
                 for resident in ("", "a", "b"):
                     if resident and -(-self.k // kt) > tile.queue_slots:
                         continue
@@ -96,7 +101,14 @@ class TileGemm:
                     key = (self._estimate_ns(dims), -mt * nt, resident)
                     if best is None or key < best[0]:
                         best = (key, dims)
+        if best is None:
+            raise ValueError(f"no TILE tiling with N tile {self.n_tile} (residual: {self.residual is not None})")
         return best[1]
+
+    def _n_sides(self) -> list[int]:
+        if self.n_tile:
+            return [self.n_tile]
+        return sorted({min(ceil_to(self.n, self.ctx.chip.tile.fractal_n), side) for side in TILE_SIDES}, reverse=True)
 
     def _estimate_ns(self, d: TileDims) -> float:
         """max(GDMA time of the operand loads, TILE time of the blocks), roughly."""

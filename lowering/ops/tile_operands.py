@@ -258,3 +258,97 @@ class LmemRowsOperand(Operand):
         if rest:        # the ragged last chunk of a single tile
             ctx.em.region_copy(DRegion(dst + full * rp * k0 * self.prec.bytes, (r, 1, 1, rest), (k0, 0, k0, 1), self.prec),
                                self._source(r0, r, c0 + full * k0, rest))
+
+
+class PhaseImages:
+    """Where a conv input kept in LMEM for an implicit GEMM lives: the zero-padded image (H + pt +
+    pb) x (W + pl + pr) cut into stride x stride phases (phase (a, b) holds padded pixels (a + s*u,
+    b + s*v)), each pixel-major: padded column v on lane v, row u at `row_bytes` steps in the lane,
+    its channels contiguous. A tap (i, j) of output (oh, ow) then reads phase (i*dy % sy, j*dx % sx)
+    at (oh + i*dy // sy, ow + j*dx // sx): output rows are lane runs, channels in-lane runs, so a
+    B tile of whole output rows is one LMEM -> tile-buffer DMA and no im2col copy exists."""
+
+    def __init__(self, geo, channels: int, esize: int):
+        self.geo, self.channels, self.esize = geo, channels, esize
+        self.padded = (geo.h + geo.pt + geo.pb, geo.w + geo.pl + geo.pr)
+        self.row_bytes = ceil_to(channels * esize, 4)
+        self.rows = [-(-(self.padded[0] - a) // geo.sy) for a in range(geo.sy)]
+        self.cols = [-(-(self.padded[1] - b) // geo.sx) for b in range(geo.sx)]
+        self.base: dict[tuple[int, int], int] = {}
+        offset = 0
+        for a in range(geo.sy):
+            for b in range(geo.sx):
+                self.base[(a, b)] = offset
+                offset += self.rows[a] * self.row_bytes
+        self.bytes_per_lane = offset
+        self.lanes_used = max(self.cols)
+
+    def tap(self, t: int) -> tuple[tuple[int, int], int, int]:
+        """(phase, row offset u0, column offset v0) of tap t (t = i * kw + j)."""
+        geo = self.geo
+        i, j = divmod(t, geo.kw)
+        di, dj = i * geo.dy, j * geo.dx
+        return (di % geo.sy, dj % geo.sx), di // geo.sy, dj // geo.sx
+
+    def scatter(self, phase: tuple[int, int]) -> tuple[int, int, int, int, int, int] | None:
+        """(first input row, rows, first input column, columns, phase row, phase column) of the
+        input pixels that land in `phase`, None when none do."""
+        geo = self.geo
+        a, b = phase
+        ih0, iw0 = (a - geo.pt) % geo.sy, (b - geo.pl) % geo.sx
+        if ih0 >= geo.h or iw0 >= geo.w:
+            return None
+        rows, cols = -(-(geo.h - ih0) // geo.sy), -(-(geo.w - iw0) // geo.sx)
+        return ih0, rows, iw0, cols, (ih0 + geo.pt) // geo.sy, (iw0 + geo.pl) // geo.sx
+
+
+class WindowOperand(Operand):
+    """B = P^T (K x pixels) of a convolution, K running (kh, kw, channel), read straight from the
+    input's PhaseImages in LMEM (implicit GEMM). A Zn tile of P^T is an Nz tile of P (pixel rows,
+    channel columns), so one LMEM -> tile-buffer DMA per run of K tiles (channel blocks of one tap)
+    of one pixel tile: the source walks output rows (in-lane steps), output columns (lanes) and
+    channels (in-lane runs); the slot side is scattered into Zn in flight. Pixel tiles are whole
+    output rows (`TileGemm(n_tile=...)`), K tiles divide the channel count (`k_unit`)."""
+
+    def __init__(self, ctx, images: PhaseImages, lmem_offset: int, out_width: int):
+        kdim = images.channels * images.geo.kh * images.geo.kw
+        super().__init__(ctx, "zn", kdim, images.geo.ho * images.geo.wo)
+        self.images, self.offset, self.out_width = images, lmem_offset, out_width
+
+    def _source(self, k0: int, kt: int, p0: int, pt: int) -> DRegion:
+        img, chip, e = self.images, self.ctx.chip, self.prec.bytes
+        tap, ch = divmod(k0, img.channels)
+        if ch + kt > img.channels or p0 % self.out_width or pt % self.out_width:
+            raise ValueError(f"window block {(k0, kt, p0, pt)} crosses a tap or an output row")
+        phase, u0, v0 = img.tap(tap)
+        oh0, rows = p0 // self.out_width, pt // self.out_width
+        addr = v0 * chip.lmem_bytes_per_lane + self.offset + img.base[phase] + (oh0 + u0) * img.row_bytes + ch * e
+        shape = (rows, self.out_width, 1, kt)
+        strides = (img.row_bytes // e, img.bytes_per_lane // e, kt, 1)
+        return DRegion(global_lmem_address(addr, chip), shape, strides, self.prec)
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        self._copy(slot_addr, [(r0, r, c0, c)])
+
+    def load_slots(self, slot_addrs, blocks) -> None:
+        """Runs of K-consecutive tiles of one tap and pixel tile bound for neighbouring lanes' slots in
+        one DMA; others one by one."""
+        lane_bytes, i, channels = self.ctx.chip.lmem_bytes_per_lane, 0, self.images.channels
+        while i < len(blocks):
+            j = i + 1
+            while (j < len(blocks) and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes and blocks[j][1::2] == blocks[i][1::2]
+                   and blocks[j][2] == blocks[i][2] and blocks[j][0] == blocks[j - 1][0] + blocks[i][1]
+                   and blocks[j][0] // channels == blocks[i][0] // channels):
+                j += 1
+            self._copy(slot_addrs[i], blocks[i:j])
+            i = j
+
+    def _copy(self, slot_addr: int, blocks) -> None:
+        ctx, k0 = self.ctx, self.k0
+        r0, r, c0, c = blocks[0]
+        if r % k0:
+            raise ValueError(f"window K tile {r} is not whole fractals of {k0}")
+        _, cp = self.padded(r, c)
+        count, slot_elems = len(blocks), ctx.chip.tile.slot_bytes // self.prec.bytes
+        dst = DRegion(global_lmem_address(slot_addr, ctx.chip), (c, count, r // k0, k0), (k0, slot_elems, cp * k0, 1), self.prec)
+        ctx.em.region_copy(dst, self._source(r0, count * r, c0, c))

@@ -32,8 +32,9 @@ from tpuflow.lowering.ops.conv import conv_geometry
 from tpuflow.lowering.ops.epilogue import Epilogue
 from tpuflow.lowering.ops.matmul import matmul_geometry
 from tpuflow.lowering.ops.movement import copy_nd
-from tpuflow.lowering.ops.tile_gemm import OUTPUT_SPAN, TileDims, TileGemm
-from tpuflow.lowering.ops.tile_operands import ConstOperand, LmemRowsOperand, Operand, RowsOperand
+from tpuflow.lowering.ops.tile_gemm import OUTPUT_SPAN, TILE_SIDES, TileDims, TileGemm
+from tpuflow.lowering.ops.tile_operands import (ConstOperand, LmemRowsOperand, Operand, PhaseImages, RowsOperand,
+                                                 WindowOperand)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
 
@@ -331,6 +332,9 @@ class TileConvPlan(FrozenPlan):
     nhwc_sets: tuple[tuple[int, ...], ...]
     output_buffers: int
     out_group: int = 1
+    window_stage: int | None = None     # implicit GEMM: per-lane offset of the staged input (channels on lanes)
+    window_images: int | None = None    # ... and of its PhaseImages (pixels on lanes); None: im2col in DDR
+    n_tile: int = 0                     # ... and the pixel tile (whole output rows)
 
     @property
     def peak(self) -> int:
@@ -381,18 +385,25 @@ class TileConvEmitter:
         esize = {"fp32": 4, "fp16": 2, "bf16": 2}[options.dtype]
         return _nhwc_offset(cin_g * kh * kw * ho * wo * esize) + cin_g * h * w * esize
 
-    def _gemm(self, out: _TileOutput, weights: np.ndarray, gi: int, n: int = 0) -> TileGemm:
+    def _gemm(self, out: _TileOutput, weights: np.ndarray, gi: int, n: int = 0,
+              window: tuple[int, int] | None = None) -> TileGemm:
+        """The GEMM of image n, group gi; `window` = (PhaseImages offset, pixel tile) reads B from the
+        input's phase images in LMEM (implicit GEMM), else from the im2col matrix in DDR."""
         ctx, geo = self.ctx, self.geom
         cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
         kdim, pix, oc0 = cin_g * geo.kh * geo.kw, geo.ho * geo.wo, gi * cout_g
         a = ConstOperand(ctx, "nz", weights[oc0:oc0 + cout_g], f"{self.node.name}:W{gi}", 0, 0)
-        bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
+        if window is not None:
+            bop = WindowOperand(ctx, self._images(), window[0], geo.wo)
+        else:
+            bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
         residual = None
         if self.residual is not None:
             r_addr = ctx.ddr_addr(self.residual) + (n * geo.cout + oc0) * pix * ctx.prec.bytes
             residual = RowsOperand(ctx, "nz", r_addr, cout_g, pix, pix)
         gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, out.value_prec if out.needs_tiu else ctx.prec,
-                        bias_key=f"{self.node.name}:{gi}", residual=residual)
+                        bias_key=f"{self.node.name}:{gi}", residual=residual,
+                        n_tile=window[1] if window else None, k_unit=cin_g if window else None)
         if self.bias_in_acc and self.bias is not None:
             gemm.row_bias = self.bias[oc0:oc0 + cout_g]
         return gemm
@@ -408,6 +419,9 @@ class TileConvEmitter:
         """The TIU epilogue's buffers, then the NHWC staging buffers above them (every image and
         group still needs the epilogue's residents), or None when they do not fit `region`."""
         geo, ctx, chip = self.geom, self.ctx, self.ctx.chip
+        implicit = self._plan_implicit(region)
+        if implicit is not None:
+            return implicit
         arena = ctx.planning_arena(region)
         out = self._output()
         dims = self._gemm(out, self._weights(), 0).dims
@@ -437,10 +451,14 @@ class TileConvEmitter:
         for n in range(geo.n):
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g
-                gemm = self._gemm(out, weights, gi, n)
+                window = (plan.window_images, plan.n_tile) if plan.window_images is not None else None
+                gemm = self._gemm(out, weights, gi, n, window)
                 if n == 0 and gi == 0 and out.needs_tiu:
                     out.load(plan.residents, plan.sets, geo.cout, pix, plan.out_group)
-                self._im2col(n, ic0, cin_g, plan)
+                if window is not None:
+                    self._phase_images(n, ic0, cin_g, plan, zero=n == 0 and gi == 0)
+                else:
+                    self._im2col(n, ic0, cin_g, plan)
 
                 def deliver(slot, _batch, m0, mt, n0, nt, n=n, oc0=oc0):
                     def regions(p0, width, c=oc0 + m0):
@@ -454,6 +472,74 @@ class TileConvEmitter:
         ctx.note_layer(self.node.name, "Conv", macs=macs, lmem_peak=plan.peak, group=self.group.name)
         for nd in self.group.epilogue:
             ctx.note_layer(nd.name, nd.op_type, group=self.group.name)
+
+    def _images(self) -> PhaseImages | None:
+        """The input's phase images of an implicit GEMM, None when this conv cannot use one: channels
+        per group not whole K fractals, output rows wider than a pixel tile, phases wider than the lanes."""
+        geo, chip = self.geom, self.ctx.chip
+        cin_g = geo.cin // geo.groups
+        if cin_g % (chip.tile.k_fractal_bytes // self.ctx.prec.bytes) or geo.wo > max(TILE_SIDES):
+            return None
+        images = PhaseImages(geo, cin_g, self.ctx.prec.bytes)
+        return images if images.lanes_used <= chip.lanes else None
+
+    def _plan_implicit(self, region: str) -> TileConvPlan | None:
+        """The implicit-GEMM plan: the epilogue's buffers, then the staged input and its phase images;
+        the pixel tile is the most whole output rows a TILE tiling takes. None when the conv cannot
+        use one or its buffers do not fit (the im2col plan is tried next)."""
+        geo, ctx, chip = self.geom, self.ctx, self.ctx.chip
+        images = self._images()
+        if images is None:
+            return None
+        arena = ctx.planning_arena(region)
+        out = self._output()
+        for rows in range(min(geo.ho, max(TILE_SIDES) // geo.wo), 0, -1):
+            try:
+                dims = self._gemm(out, self._weights(), 0, 0, (0, rows * geo.wo)).dims
+                break
+            except ValueError:
+                continue
+        else:
+            return None
+        planned = out.plan(arena, dims.mt, dims.nt, geo.cout, geo.ho * geo.wo)
+        if planned is None:
+            return None
+        output_buffers = len(arena.names)
+        stage = tile_bytes_per_lane(chip, (1, images.channels, geo.h, geo.w), ctx.prec)
+        if not arena.fits([stage, images.bytes_per_lane]):
+            return None
+        offs, _ = arena.alloc_plan([stage, images.bytes_per_lane], [], f"{self.node.name}:window",
+                                   names=(["window_stage", "window_images"], []))
+        return TileConvPlan(region, ctx.window(region), tuple(arena.names), dims, *planned[:2], 0, 0, (), output_buffers,
+                            out_group=planned[2], window_stage=offs[0], window_images=offs[1], n_tile=dims.nt)
+
+    def _phase_images(self, n: int, ic0: int, cin_g: int, plan: TileConvPlan, zero: bool) -> None:
+        """Image n's channels [ic0, ic0 + cin_g) into the phase images: one load (channels on lanes),
+        a zero fill of the images when the conv pads (once: only the border stays zero), then one
+        TIU C<->W transpose per phase (pixels onto lanes, the stride taken by the source's steps)."""
+        ctx, geo, chip, prec = self.ctx, self.geom, self.ctx.chip, self.ctx.prec
+        images, e, lane_bytes = self._images(), prec.bytes, chip.lmem_bytes_per_lane
+        stage = make_tile(chip, plan.window_stage, (1, cin_g, geo.h, geo.w), prec)
+        pix_in = geo.h * geo.w
+        x_addr = ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * pix_in * e
+        ctx.em.load(stage, DRegion(x_addr, stage.shape, (cin_g * pix_in, pix_in, geo.w, 1), prec))
+        if zero and any((geo.pt, geo.pl, geo.pb, geo.pr)):
+            elems = images.bytes_per_lane // e
+            ctx.em.ar("copy", LTile(plan.window_images, (1, images.lanes_used, 1, elems), prec, (elems, elems, elems, 1),
+                                    StrideMode.FREE), 0.0)
+        row = images.row_bytes // e
+        for phase in images.base:
+            scatter = images.scatter(phase)
+            if scatter is None:
+                continue
+            ih0, rows, iw0, cols, u0, v0 = scatter
+            src = LTile(stage.addr + (ih0 * geo.w + iw0) * e, (1, cin_g, rows, cols), prec,
+                        (stage.strides[0], stage.strides[1], geo.sy * geo.w, geo.sx), StrideMode.FREE)
+            dst = LTile(v0 * lane_bytes + plan.window_images + images.base[phase] + u0 * images.row_bytes,
+                        (1, cols, rows, cin_g), prec, (rows * row, images.bytes_per_lane // e, row, 1), StrideMode.FREE)
+            f = dst.fields("res0", with_shape=True)
+            f.update(src.fields("opd0"))
+            ctx.em.tiu(CwBcTiu(op="cw_ts", opd0_c=cin_g, opd0_w=cols, **{k: v for k, v in f.items() if k != "opt_opd0_prec"}))
 
     def _y_region(self, addr: int, n: int, c0: int, ct: int, p0: int, pt: int) -> DRegion:
         geo, prec = self.geom, self.ctx.prec
