@@ -12,7 +12,9 @@ node in a group of kind "quant":
   quantized tensors or of one such tensor and a scalar / per-channel constant;
 - MaxPool, AveragePool, GlobalAveragePool;
 - channel Concat (requantising the inputs whose Quant is not the output's);
-- Reshape views (no instructions: the DDR buffer is shared, as for float views).
+- Reshape views (no instructions: the DDR buffer is shared, as for float views);
+- Transpose / Slice of an 8-bit tensor whose output has its input's per-tensor Quant: the float
+  movement emitter's DMAs (or its LMEM transpose path) on the stored bytes (exact).
 
 Runs of consecutive quant groups on NCHW tensors (CHAINABLE kinds) form a QuantChain whose inner
 tensors stay whole in LMEM (the float layer groups' residency plan never holds a quantized tensor:
@@ -34,7 +36,10 @@ ACTIVATIONS = ("Relu", "Clip")
 ELEMENTWISE = ("QuantizeLinear", "DequantizeLinear", "Add", "Mul", "Relu", "Clip")
 POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool")
 VIEWS = ("Reshape",)
-SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS + ("Concat",)
+# Data movement that is exact on the stored bytes when every moved tensor has one per-tensor Quant:
+# emitted by the float movement emitters at the storage precision (quant_ops.QuantMove).
+MOVES = ("Transpose", "Slice")
+SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS + MOVES + ("Concat",)
 # Emitters that read and write held tensors. DequantizeLinear is left out: a chain ending in one gave
 # wrong results at fp16 on AlexNet QDQ (its float output feeding LRN; correct at fp32 and unchained),
 # not understood yet; unchained, its input is stored by its producer and it runs on the flat view.
@@ -84,6 +89,10 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
         if any(t.quant is not None and t.quant.storage == "int32" for t in runtime + outs):
             return "int32 tensors only as a MatMul's accumulator"
         return ""
+    if op in MOVES and _same_bytes_move(graph, node):
+        return ""
+    if op in MOVES:
+        return "moves only of 8-bit tensors sharing one per-tensor Quant"
     if op == "Concat":
         tensors = ins + outs
         if any(len(t.shape) != 4 for t in tensors) or node.attr("axis") % 4 != 1:
@@ -97,6 +106,15 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
         if node.attr("ceil_mode", 0):
             return "ceil_mode pooling is not supported yet"
     return ""
+
+
+def _same_bytes_move(graph: Graph, node: OpNode) -> bool:
+    """A movement node whose moved tensors are 8-bit, quantized per tensor with one Quant: it moves
+    stored bytes exactly."""
+    tensors = [graph.tensor(t) for t in (node.inputs[0], *node.outputs)]
+    first = tensors[0].quant
+    return all(t.quant is not None and t.quant == first for t in tensors) and first.storage != "int32" \
+        and not first.per_channel
 
 
 def _channel_constant(const, out, op: str) -> bool:

@@ -50,7 +50,8 @@ from tpuflow.lowering.emitter import pool_scale_fields
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
-from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, QuantChain, folds_kernel_rows, held_bytes, held_layout,
+from tpuflow.lowering.ops.movement import MoveEmitter
+from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, folds_kernel_rows, held_bytes, held_layout,
                                     held_tensors)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
@@ -991,9 +992,21 @@ class ChainQuant:
             member.emit(member_plan)
 
 
+class QuantMove(MoveEmitter):
+    """A movement node on 8-bit tensors sharing one per-tensor Quant (lowering.quant.MOVES): the
+    float movement emitter (ops/movement.py: DDR -> DDR DMAs, or its LMEM paths) at the storage
+    precision, so the stored bytes move unchanged (exact)."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        super().__init__(ctx, group)
+        self.prec = ctx.tensor_prec(group.anchor.outputs[0])
+
+
 def single_emitter(ctx: LowerCtx, group: Group):
     """The emitter of one quant group, by its first node's kind."""
     op = group.anchor.op_type
+    if op in MOVES:
+        return QuantMove(ctx, group)
     groups = group.anchor.attr("group", 1) if op == "Conv" else 1
     if groups > 1 and groups == ctx.graph.tensor(group.anchor.inputs[0]).shape[1]:
         return DepthwiseQuant(ctx, group)

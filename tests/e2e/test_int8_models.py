@@ -61,15 +61,26 @@ def test_quantized_tensors_are_one_byte_in_ddr_and_float_ones_keep_dtype():
     assert q and all(t.dtype == "uint8" and t.nbytes == int(np.prod(t.shape)) for t in q)
 
 
+def broadcast_add():
+    """Add of a (1, 4, 8) and a (1, 1, 8) activation, then Relu: a broadcasting int8 Add."""
+    from onnx import TensorProto as T, helper
+    n = helper.make_node
+    graph = helper.make_graph([n("Add", ["x", "z"], ["a"], name="broadcast_add"), n("Relu", ["a"], ["y"], name="relu")],
+                              "broadcast_add", [helper.make_tensor_value_info("x", T.FLOAT, [1, 4, 8]),
+                                                helper.make_tensor_value_info("z", T.FLOAT, [1, 1, 8])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, 4, 8])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def test_unsupported_quantized_op_is_one_line_naming_the_node(tmp_path, capsys):
     import onnx
-    path = tmp_path / "concat_qdq.onnx"
-    onnx.save(quantized("concat_net", "QDQ", False, "QInt8"), path)
+    path = tmp_path / "broadcast_qdq.onnx"
+    onnx.save(quantize_ops(broadcast_add(), ["Add", "Relu"]), path)
     for argv in (["compile", str(path), "-o", str(tmp_path / "out")], ["estimate", str(path)]):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err, err
-        assert "node 'slice' (Slice) on quantized tensors" in err, err
+        assert "node 'broadcast_add' (Add) on quantized tensors" in err, err
     assert not (tmp_path / "out").exists()
 
 
@@ -139,6 +150,24 @@ def quantize_float(model, count: int = 4):
         onnx.save(model, Path(tmp) / "float.onnx")
         quantize_static(str(Path(tmp) / "float.onnx"), str(Path(tmp) / "q.onnx"), reader, quant_format=QuantFormat.QDQ,
                         per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+        return onnx.load(str(Path(tmp) / "q.onnx"))
+
+
+def quantize_ops(model, ops: list[str] | None, count: int = 4, activation: str = "QInt8", per_channel: bool = True,
+                 extra: dict | None = None):
+    """`model` quantized by quantize_static (QDQ, int8 weights, seeded reader), only the op kinds `ops`."""
+    import logging
+    import tempfile
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from quant_models import RandomReader
+    logging.getLogger().setLevel(logging.ERROR)
+    reader = type("Reader", (RandomReader, CalibrationDataReader), {})(model, count=count)
+    with tempfile.TemporaryDirectory(prefix="tpuflow_int8_") as tmp:
+        onnx.save(model, Path(tmp) / "float.onnx")
+        quantize_static(str(Path(tmp) / "float.onnx"), str(Path(tmp) / "q.onnx"), reader, quant_format=QuantFormat.QDQ,
+                        per_channel=per_channel, activation_type=getattr(QuantType, activation),
+                        weight_type=QuantType.QInt8, op_types_to_quantize=ops, extra_options=extra or {})
         return onnx.load(str(Path(tmp) / "q.onnx"))
 
 
@@ -371,3 +400,74 @@ def test_float_op_between_quantized_chains_verifies(dtype):
     assert "LRN" in [n.op_type for n in load_graph_of(q).nodes()]
     result = verify(q, "sg2260", CompileOptions(dtype=dtype))
     assert result["ok"], result["outputs"]
+
+
+# ---------------------------------------------------------------- data movement on quantized tensors
+
+
+def moves_net():
+    """conv + relu -> Transpose (NCHW -> NHWC) -> Slice of the last axis -> Slice of rows -> 1x1 conv, then a channel shuffle (Reshape to 5-D, Transpose, Reshape) -> conv: the moves of
+    transformer heads and ShuffleNet on int8 tensors."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    rng = np.random.default_rng(11)
+    n = helper.make_node
+
+    def c(name, a):
+        return numpy_helper.from_array(np.asarray(a), name)
+
+    def w(name, shape, scale=0.3):
+        return c(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    nodes = [n("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"], name="relu"),
+             n("Transpose", ["r"], ["t"], name="to_nhwc", perm=[0, 2, 3, 1]),
+             n("Slice", ["t", "starts", "ends", "axes"], ["s"], name="slice"),
+             n("Slice", ["s", "bot0", "bot1", "rows"], ["cat"], name="bottom_rows"),
+             n("Conv", ["cat", "w2", "b2"], ["c2"], name="conv2"),
+             n("Reshape", ["c2", "groups"], ["g5"], name="split_groups"),
+             n("Transpose", ["g5"], ["gt"], name="shuffle", perm=[0, 2, 1, 3, 4]),
+             n("Reshape", ["gt", "flat"], ["sh"], name="merge_groups"),
+             n("Conv", ["sh", "w3"], ["y"], name="conv3")]
+    inits = [w("w", (8, 3, 3, 3)), w("b", (8,), 0.1), c("starts", np.array([1], np.int64)),
+             c("ends", np.array([7], np.int64)), c("axes", np.array([3], np.int64)), c("rows", np.array([2], np.int64)),
+             c("bot0", np.array([1], np.int64)),
+             c("bot1", np.array([6], np.int64)), w("w2", (12, 6, 1, 1)), w("b2", (12,), 0.1),
+             c("groups", np.array([1, 3, 4, 5, 6], np.int64)), c("flat", np.array([1, 12, 5, 6], np.int64)),
+             w("w3", (4, 12, 1, 1))]
+    graph = helper.make_graph(nodes, "moves", [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 6, 8])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, 4, 5, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+MOVE_OPS = ["Conv", "Relu", "Transpose", "Slice", "Reshape"]
+
+
+def test_moves_on_quantized_tensors_stay_int8():
+    graph = load_graph_of(quantize_ops(moves_net(), MOVE_OPS))
+    moves = [node for node in graph.nodes() if node.op_type in ("Transpose", "Slice")]
+    assert len(moves) == 4
+    assert all(graph.tensor(t).quant is not None for node in moves for t in (*node.inputs, *node.outputs))
+
+
+@pytest.mark.parametrize("matmul", ["tiu", "tile"])
+def test_moves_on_quantized_tensors_are_exact(matmul):
+    """At fp32 the program's int8 output equals onnxruntime's: the moves copy stored bytes."""
+    result = verify(quantize_ops(moves_net(), MOVE_OPS), "sg2260", CompileOptions(dtype="fp32", matmul=matmul))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
+
+
+def test_moves_on_quantized_tensors_verify_at_fp16():
+    result = verify(quantize_ops(moves_net(), MOVE_OPS), "sg2260", CompileOptions(dtype="fp16"))
+    assert result["ok"], result["outputs"]
+
+
+def test_a_move_between_two_quantizations_is_refused(tmp_path):
+    """A Transpose whose output has another Quant than its input is not a byte move: one line naming it."""
+    from tpuflow.errors import LoweringError
+    from tpuflow.lowering.quant import check_supported
+    graph = load_graph_of(quantize_ops(moves_net(), MOVE_OPS))
+    node = next(n for n in graph.nodes() if n.name == "to_nhwc")
+    out = graph.tensor(node.outputs[0])
+    other = type(out.quant)(out.quant.scale * 2, out.quant.zero_point, None, out.quant.storage)
+    graph.tensors[node.outputs[0]] = type(out)(out.name, out.shape, out.dtype, out.const, other)
+    with pytest.raises(LoweringError, match="node 'to_nhwc' .Transpose. on quantized tensors: moves only of 8-bit"):
+        check_supported(graph)
