@@ -153,6 +153,9 @@ class Roofline:
         return "compute" if self.compute_s >= self.memory_s else "memory"
 
 
-def roofline(macs: int, dram_bytes: int, chip: "ChipConfig", dtype: str) -> Roofline:
+def roofline(macs: int, dram_bytes: int, chip: "ChipConfig", dtype: str, int8_macs: int = 0) -> Roofline:
+    """`int8_macs` of the `macs` (products of quantized tensors) count at the chip's int8 rate, the
+    rest at `dtype`'s."""
     dtype = compute_dtype(dtype)
-    return Roofline(macs / chip.peak_macs_per_second(dtype), dram_bytes / chip.ddr_peak_bytes_per_second)
+    compute_s = (macs - int8_macs) / chip.peak_macs_per_second(dtype) + int8_macs / chip.peak_macs_per_second("int8")
+    return Roofline(compute_s, dram_bytes / chip.ddr_peak_bytes_per_second)

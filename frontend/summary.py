@@ -2,7 +2,9 @@
 
 JSON keys (stable): model, chip, chip_fingerprint, dtype, inputs / outputs ([{name, shape, dtype}]),
 macs, vector_ops, params, weight_bytes, activation_bytes, input_bytes, output_bytes,
-compulsory_bytes, ops (op type -> count), peak_macs_per_second, ddr_peak_bytes_per_second,
+compulsory_bytes, ops (op type -> count), peak_macs_per_second, int8_macs (MACs of products of
+quantized tensors, counted at int8_peak_macs_per_second; quantized tensors count at their stored
+size), int8_peak_macs_per_second, ddr_peak_bytes_per_second,
 compute_bound_us, memory_bound_us, lower_bound_us, bound ("compute" | "memory"), and layers: one
 row per node {name, op, output_shape, macs, vector_ops, params, weight_bytes, activation_bytes,
 lower_bound_us, bound, quant}, where a layer's bound uses its own weights + inputs + outputs as traffic;
@@ -30,10 +32,11 @@ def inspect_summary(graph: Graph, chip: ChipConfig, dtype: str) -> dict[str, Any
     dtype = compute_dtype(dtype)
     layers = layer_stats(graph, dtype)
     totals = graph_stats(graph, layers, dtype)
-    bound = roofline(totals.macs, totals.compulsory_bytes, chip, dtype)
+    int8_macs = [l.macs if _quantized_product(graph, node) else 0 for l, node in zip(layers, graph.nodes())]
+    bound = roofline(totals.macs, totals.compulsory_bytes, chip, dtype, sum(int8_macs))
     rows = []
-    for l, node in zip(layers, graph.nodes()):
-        r = roofline(l.macs, l.weight_bytes + l.activation_bytes, chip, dtype)
+    for l, node, int8 in zip(layers, graph.nodes(), int8_macs):
+        r = roofline(l.macs, l.weight_bytes + l.activation_bytes, chip, dtype, int8)
         rows.append({"name": l.name, "op": l.op_type, "output_shape": list(l.output_shape), "macs": l.macs,
                      "vector_ops": l.vector_ops, "params": l.params, "weight_bytes": l.weight_bytes,
                      "activation_bytes": l.activation_bytes, "lower_bound_us": r.lower_bound_s * 1e6,
@@ -45,12 +48,18 @@ def inspect_summary(graph: Graph, chip: ChipConfig, dtype: str) -> dict[str, Any
         "weight_bytes": totals.weight_bytes, "activation_bytes": totals.activation_bytes,
         "input_bytes": totals.input_bytes, "output_bytes": totals.output_bytes,
         "compulsory_bytes": totals.compulsory_bytes, "ops": totals.ops,
-        "peak_macs_per_second": chip.peak_macs_per_second(dtype),
+        "peak_macs_per_second": chip.peak_macs_per_second(dtype), "int8_macs": sum(int8_macs),
+        "int8_peak_macs_per_second": chip.peak_macs_per_second("int8"),
         "ddr_peak_bytes_per_second": chip.ddr_peak_bytes_per_second,
         "compute_bound_us": bound.compute_s * 1e6, "memory_bound_us": bound.memory_s * 1e6,
         "lower_bound_us": bound.lower_bound_s * 1e6, "bound": bound.bound, "layers": rows,
         "quantized": _quantized_tensors(graph),
     }
+
+
+def _quantized_product(graph: Graph, node) -> bool:
+    """A Conv / MatMul on quantized tensors: the chip computes it at its int8 rate."""
+    return node.op_type in ("Conv", "MatMul") and graph.tensor(node.inputs[0]).quant is not None
 
 
 def _layer_quant(graph: Graph, node) -> str:
@@ -106,7 +115,9 @@ def format_summary(s: dict[str, Any]) -> str:
               f"activations {si(s['activation_bytes'], 'B')}, vector ops {si(s['vector_ops'])}",
               "ops: " + ", ".join(f"{op} {n}" for op, n in s["ops"].items()),
               *_quantized_line(s["quantized"]),
-              f"roofline: compute {si(s['macs'], 'MAC')} / {si(s['peak_macs_per_second'], 'MAC/s')} = "
+              f"roofline: compute {si(s['macs'], 'MAC')} / {si(s['peak_macs_per_second'], 'MAC/s')}"
+              + (f" ({si(s['int8_macs'], 'MAC')} of them int8, at {si(s['int8_peak_macs_per_second'], 'MAC/s')})"
+                 if s["int8_macs"] else "") + " = "
               f"{us(s['compute_bound_us'])}; memory {si(s['compulsory_bytes'], 'B')} (weights + inputs + outputs)"
               f" / {si(s['ddr_peak_bytes_per_second'], 'B/s')} = {us(s['memory_bound_us'])}",
               f"lower bound {us(s['lower_bound_us'])} ({s['bound']}-bound)"]

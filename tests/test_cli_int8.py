@@ -157,3 +157,17 @@ def test_bad_calibration_data_with_json_is_an_error_document(capsys, tmp_path):
     doc = json.loads(out)
     assert code == 2 and doc["ok"] is False and err.count("\n") == 1
     assert doc["error"]["type"] == "InputFileError" and "one.npz: key 'image'" in doc["error"]["message"]
+
+
+def test_inspect_counts_quantized_products_at_the_int8_rate(capsys, tmp_path):
+    from tpuflow.chip import load_chip
+    assert run(capsys, "estimate", "small_cnn", "--dtype", "int8", "--emit-qdq", tmp_path / "q.onnx")[0] == 0
+    code, out, _ = run(capsys, "inspect", tmp_path / "q.onnx", "--dtype", "fp16", "--json")
+    quantized = json.loads(out)
+    code, out, _ = run(capsys, "inspect", "small_cnn", "--dtype", "fp16", "--json")
+    float_model = json.loads(out)
+    chip = load_chip("sg2260")
+    assert quantized["int8_macs"] == quantized["macs"] == float_model["macs"] and float_model["int8_macs"] == 0
+    assert quantized["compute_bound_us"] == pytest.approx(quantized["macs"] / chip.peak_macs_per_second("int8") * 1e6)
+    assert float_model["compute_bound_us"] == pytest.approx(float_model["macs"] / chip.peak_macs_per_second("fp16") * 1e6)
+    assert quantized["weight_bytes"] < 0.6 * float_model["weight_bytes"]     # int8 weights (and int32 biases)
