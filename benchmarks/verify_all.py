@@ -1,10 +1,12 @@
-"""Verify every bundled model on both matmul paths and in fp32/fp16/bf16, timing each run.
+"""Verify every bundled model on both matmul paths and in fp32/fp16/bf16 (and int8), timing each run.
 
-    python benchmarks/verify_all.py [--models a,b] [--paths tiu,tile] [--dtypes fp32,fp16,bf16] [--schedule list]
+    python benchmarks/verify_all.py [--models a,b] [--paths tiu,tile] [--dtypes fp32,fp16,bf16,int8] [--schedule list]
                                     [--no-race] [--out FILE] [--append]
 
 Writes benchmarks/results/verify_all.json (one row per run: ok, max_abs_err, max_rel_err, cosine,
-seconds, instruction counts; rewritten after every run so a long sweep keeps what it has done) and
+seconds, instruction counts; int8 rows, tpuflow's post-training quantization checked against onnxruntime
+on the QDQ model, also the worst error in quantization steps and against the float model; rewritten
+after every run so a long sweep keeps what it has done) and
 prints a table. --append keeps the rows already in --out and skips the cases they cover. Exit code
 1 when any run fails.
 """
@@ -50,7 +52,7 @@ def main() -> int:
                     row = {"model": model, "matmul": path, "dtype": dtype, "ok": r["ok"],
                            "max_abs_err": max(o["max_abs_err"] for o in r["outputs"]),
                            "max_rel_err": worst["max_rel_err"], "cosine": worst["cosine"],
-                           "instructions": r["instructions"]}
+                           "instructions": r["instructions"], **_int8_columns(r)}
                 except Exception as exc:  # a crash is a failure of this row, the others still run
                     row = {"model": model, "matmul": path, "dtype": dtype, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
                 row["seconds"] = round(time.perf_counter() - t0, 2)
@@ -60,6 +62,21 @@ def main() -> int:
                       f"{row.get('max_rel_err', float('nan')):.2e} {row['seconds']:7.1f}s {row.get('error', '')}", flush=True)
                 _write(args, rows)
     return 1 if failed else 0
+
+
+def _int8_columns(result: dict) -> dict:
+    """--dtype int8 on a float model (verify compares with onnxruntime on tpuflow's QDQ model): the
+    worst error in quantization steps where the output is quantized, the worst error against the
+    float model, and how many ops stayed float."""
+    quant = result.get("quantization")
+    if not quant:
+        return {}
+    outputs = result["outputs"]
+    steps = [o["max_abs_err"] / o["quant_step"] for o in outputs if o.get("quant_step")]
+    return {"max_quant_steps": max(steps) if steps else None,
+            "vs_float_max_abs_err": max(o["vs_float"]["max_abs_err"] for o in outputs),
+            "vs_float_cosine": min(o["vs_float"]["cosine"] for o in outputs),
+            "int8_ops": quant["int8_ops"], "float_ops": len(quant["float_ops"])}
 
 
 def _write(args, rows: list) -> None:
