@@ -171,3 +171,11 @@ def test_inspect_counts_quantized_products_at_the_int8_rate(capsys, tmp_path):
     assert quantized["compute_bound_us"] == pytest.approx(quantized["macs"] / chip.peak_macs_per_second("int8") * 1e6)
     assert float_model["compute_bound_us"] == pytest.approx(float_model["macs"] / chip.peak_macs_per_second("fp16") * 1e6)
     assert quantized["weight_bytes"] < 0.6 * float_model["weight_bytes"]     # int8 weights (and int32 biases)
+
+
+def test_report_and_estimate_name_the_calibration_files(capsys, tmp_path):
+    folder = _npz_folder(tmp_path / "cal", 1.0)
+    assert run(capsys, "report", "small_cnn", "--dtype", "int8", "--calibration-data", folder, "-o", tmp_path / "r.html")[0] == 0
+    assert "2 npz\nfiles (s0.npz, s1.npz; sha256" in (tmp_path / "r.html").read_text()
+    code, out, _ = run(capsys, "estimate", "small_cnn", "--dtype", "int8", "--calibration-data", folder)
+    assert code == 0 and "calibrated on 2 npz files (s0.npz, s1.npz; sha256 " in out

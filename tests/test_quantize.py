@@ -197,3 +197,7 @@ def test_the_ops_left_float_are_named_with_the_reason():
     assert reasons == {("Softmax", "softmax_1"): NO_INT8_FORM, ("MatMul", "matmul_3"): PRODUCT_OF_ACTIVATIONS,
                        ("Tanh", "tanh_5"): NO_INT8_FORM}
     assert result.int8_ops == 3      # the weight MatMul and the two Adds
+
+
+def test_the_quantized_model_is_deterministic():
+    assert quantize("mlp", samples=2).model.SerializeToString() == quantize("mlp", samples=2).model.SerializeToString()
