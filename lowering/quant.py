@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph, OpNode
 from tpuflow.lowering.ddrplan import FirstFit
@@ -78,8 +80,8 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
     if op in ELEMENTWISE:
         runtime = [t for t in ins if not t.is_const]
         consts = [t for t in ins if t.is_const] if op not in ("QuantizeLinear", "DequantizeLinear") else []
-        if consts and not _channel_constant(consts[0], outs[0], op):
-            return "constant operands of elementwise int8 ops only as a scalar or one value per channel"
+        if consts and not (_channel_constant(consts[0], outs[0], op) or row_pattern(graph, node) is not None):
+            return "constant operands of elementwise int8 ops only as real values or per-tensor quantized"
         if any(t.shape != outs[0].shape for t in runtime):
             return "broadcasting elementwise int8 ops are not supported yet"
         if any(t.quant is not None and t.quant.per_channel for t in runtime + outs):
@@ -115,6 +117,29 @@ def _same_bytes_move(graph: Graph, node: OpNode) -> bool:
     first = tensors[0].quant
     return all(t.quant is not None and t.quant == first for t in tensors) and first.storage != "int32" \
         and not first.per_channel
+
+
+def row_pattern(graph: Graph, node: OpNode) -> np.ndarray | None:
+    """The constant operand of an Add / Mul on quantized tensors as the real values (fp32) of its
+    smallest repeating unit along the flattened output: the output's trailing axes from the first
+    one the constant varies along (a LayerNorm / RMSNorm gain: one last-axis vector; a per-channel
+    (C, 1, 1) constant: C * H * W values). None when the node has no such constant (a quantized
+    per-channel or int32 constant, or none)."""
+    from tpuflow.frontend.quant import dequantize
+    if node.op_type not in ("Add", "Mul"):
+        return None
+    consts = [graph.tensor(t) for t in node.inputs if t and graph.tensor(t).is_const]
+    out = graph.tensor(node.outputs[0])
+    if len(consts) != 1 or (consts[0].quant is not None and (consts[0].quant.per_channel
+                                                             or consts[0].quant.storage == "int32")):
+        return None
+    const = np.asarray(consts[0].const)
+    real = (dequantize(const, consts[0].quant) if consts[0].quant is not None else const).astype(np.float32)
+    if real.ndim > len(out.shape):
+        return None
+    aligned = real.reshape((1,) * (len(out.shape) - real.ndim) + real.shape)
+    first = next((k for k, d in enumerate(aligned.shape) if d > 1), len(out.shape))
+    return np.broadcast_to(aligned[(0,) * first], tuple(out.shape[first:])).reshape(-1).copy()
 
 
 def _channel_constant(const, out, op: str) -> bool:
@@ -203,6 +228,10 @@ def _chainable(graph: Graph, group: Group) -> bool:
     if group.kind != "quant" or group.anchor.op_type not in CHAINABLE:
         return False
     node = group.anchor
+    if node.op_type in ("Add", "Mul") and any(graph.tensor(t).is_const for t in node.inputs if t) and \
+            not _channel_constant(next(graph.tensor(t) for t in node.inputs if t and graph.tensor(t).is_const),
+                                  graph.tensor(node.outputs[0]), node.op_type):
+        return False                  # a row constant: the flat view only
     if node.op_type == "Conv" and 1 < node.attr("group", 1) < graph.tensor(node.inputs[0]).shape[1]:
         return False                  # grouped (not depthwise): each group's input loads from DDR at lane 0
     return all(len(graph.tensor(t).shape) == 4 for n in group.nodes for t in (*n.inputs, *n.outputs)

@@ -52,7 +52,7 @@ from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
 from tpuflow.lowering.ops.movement import MoveEmitter
 from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, folds_kernel_rows, held_bytes, held_layout,
-                                    held_tensors)
+                                    held_tensors, row_pattern)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
 from tpuflow.lowering.weights import pack_conv_weights, to_storage
@@ -178,7 +178,10 @@ def lane_rows(count: int, lanes: int) -> int:
 
 class ElementwiseQuant(Planned):
     """QuantizeLinear, DequantizeLinear, and Add / Mul / Relu / Clip of same-shaped quantized
-    tensors, over the flat tensor viewed as (lanes, cols) in column steps."""
+    tensors, over the flat tensor viewed as (lanes, cols) in column steps. A constant operand that
+    is neither a scalar nor per channel (a norm gain along the last axis, a bias row) repeats with
+    the period lowering.quant.row_pattern gives: the view's rows then divide count / period, so one
+    row of the constant (fp32, in DDR) broadcast-loaded on every lane per step serves all rows."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
         super().__init__(ctx, group)
@@ -192,6 +195,18 @@ class ElementwiseQuant(Planned):
         self.shape = g.tensor(self.out).shape
         consts = [t for t in self.node.inputs if t and g.tensor(t).is_const] if not self.direct else []
         self.constant = real_values(g.tensor(consts[0])).reshape(-1) if consts else None   # scalar or per channel
+        self.row = None              # any other constant: one row of the flat view, the same on every lane
+        if self.constant is not None and self.constant.size > 1 and not self._channel_constant(g, consts[0]):
+            pattern = row_pattern(g, self.node)
+            self.rows = lane_rows(self.count // pattern.size, self.chip.lanes)
+            self.cols = self.count // self.rows
+            self.row = np.tile(pattern, self.cols // pattern.size).astype(np.float32)
+            self.constant = None
+
+    def _channel_constant(self, g, const: str) -> bool:
+        """(C, 1, 1) / (1, C, 1, 1) on an NCHW result: loaded once per channel (the NCHW view)."""
+        shape, out = tuple(g.tensor(const).shape), g.tensor(self.out).shape
+        return len(out) == 4 and shape in ((out[1], 1, 1), (1, out[1], 1, 1))
 
     @property
     def per_channel_constant(self) -> bool:
@@ -235,6 +250,8 @@ class ElementwiseQuant(Planned):
             per_set.append(("work0", self.bytes(shape, Prec.FP32, compact)))      # the input widened to fp32
         if self.out not in self.lmem:
             per_set.append(("out", self.bytes(shape, self.ctx.tensor_prec(self.out), compact)))
+        if self.row is not None:
+            per_set.append(("row", self.bytes(shape, Prec.FP32, compact)))
         resident = [self.bytes((1, self.shape[1], 1, 1), Prec.FP32, True)] if self.per_channel_constant else []
         return resident, per_set
 
@@ -247,9 +264,13 @@ class ElementwiseQuant(Planned):
             tile = make_tile(self.chip, plan.resident[0], (1, c, 1, 1), Prec.FP32, compact=True)
             ctx.load_const_channels(tile, f"{self.node.name}:constant", self.constant.reshape(c, 1), Prec.FP32)
             self.operand = tile
+        row_addr = None if self.row is None else ctx.const_addr(f"{self.node.name}:constant_row", self.row, Prec.FP32)
         for index, (n, at, count) in enumerate(self._steps(plan.choice[0])):
             offs = plan.sets[index % len(plan.sets)]
             shape, compact = self._tile_shape(count)
+            if row_addr is not None:                     # the constant's columns of this step, on every lane
+                self.operand = make_tile(self.chip, offs["row"], shape, Prec.FP32, compact=compact)
+                ctx.em.broadcast_load(self.operand, row_addr + 4 * at, Prec.FP32)
             tiles = []
             for i, t in enumerate(self.inputs):
                 tile = self._held(t, n, at, count)

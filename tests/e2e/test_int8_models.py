@@ -471,3 +471,33 @@ def test_a_move_between_two_quantizations_is_refused(tmp_path):
     graph.tensors[node.outputs[0]] = type(out)(out.name, out.shape, out.dtype, out.const, other)
     with pytest.raises(LoweringError, match="node 'to_nhwc' .Transpose. on quantized tensors: moves only of 8-bit"):
         check_supported(graph)
+
+
+# ---------------------------------------------------------------- constants along rows
+
+
+@pytest.mark.parametrize("case", [("QDQ", True, "QUInt8"), ("QDQ", False, "QInt8"), ("QOperator", True, "QInt8")],
+                         ids=["QDQ-channel-QUInt8", "QDQ-tensor-QInt8", "QOperator-channel-QInt8"])
+def test_last_axis_constants_are_exact_at_fp32(case):
+    """matmul_chain: a MatMul without the Gemm form, then Add of a (24,) bias and Mul by a (12,) gain along
+    the last axis (one row of the flat view repeated on every lane), then a Transpose: onnxruntime's integers."""
+    result = verify(quantized("matmul_chain", *case), "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
+
+
+def test_row_pattern_is_the_constants_repeating_unit():
+    from tpuflow.frontend.graph import Graph
+    from tpuflow.lowering.quant import row_pattern
+    graph = load_graph_of(quantized("matmul_chain", "QDQ", False, "QInt8"))
+    node = next(n for n in graph.nodes() if n.name == "gain_mul")
+    gain = next(graph.tensor(t) for t in node.inputs if graph.tensor(t).is_const)
+    assert isinstance(graph, Graph) and gain.shape == (12,)
+    assert np.array_equal(row_pattern(graph, node), dequantize(gain.const, gain.quant))
+
+
+def test_llama_mlp_qdq_is_exact_at_fp32():
+    """The bundled LLaMA MLP quantized (RMSNorm's gain: a last-axis int8 Mul; SwiGLU's products of two
+    activations by Mul): onnxruntime's integers with the float rest in fp32."""
+    from tpuflow import models
+    result = verify(quantize_ops(models.build_model("llama_mlp"), None, count=2), "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]

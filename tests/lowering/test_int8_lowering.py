@@ -124,7 +124,6 @@ def test_folded_bias_and_requant_words():
 
 @pytest.mark.parametrize("model, node, words", [
     (("attention", "QDQ", False, "QInt8"), "scores", "constant int8 weights"),
-    (("matmul_chain", "QDQ", True, "QUInt8"), "bias_add", "constant operands"),
 ])
 def test_unsupported_quantized_nodes_are_named(model, node, words):
     g = load(quantized(*model))
