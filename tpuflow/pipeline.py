@@ -128,9 +128,9 @@ def compile_model(model, chip: ChipConfig | str | None = None, options: CompileO
     quantization = None
     _check_emit_qdq(options, emit_qdq)
     if options.dtype == "int8":
+        from tpuflow.quantize import FLOAT_REST
         model, input_shapes, quantization = _quantize(model, options, input_shapes, emit_qdq)
-        options = replace(options, dtype=quantization.record()["float_rest"], calibration=CompileOptions.calibration,
-                          calibration_data="")
+        options = replace(options, dtype=FLOAT_REST, calibration=CompileOptions.calibration, calibration_data="")
     with step("import and canonicalise the model"):
         graph = load_graph(model, input_shapes)
     _check_quantized(graph)
@@ -245,33 +245,32 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
     bound = tolerance_dtype(graph, options.dtype)        # an fp16 model's reference is itself fp16
     tol = TOLERANCES[bound]
     passed = [_quantized_ok(e, steps[e.name]) if steps.get(e.name) else e.ok(bound) for e in errors]
+    rows = _output_rows(errors, passed, steps)
+    if float_graph is not None:
+        _add_float_errors(rows, ours, ref, float_graph, inputs)
     return {"ok": all(passed), "model": graph.name, "chip": program.chip.name,
             "chip_fingerprint": program.chip.fingerprint(), "dtype": options.dtype, "matmul": options.matmul,
             "schedule": options.schedule, "seed": seed, "race_check": race_check,
             "rtol": tol["rtol"], "min_cosine": tol["min_cosine"], "atol": REFERENCE_ATOL,
             "instructions": program.counts(),
-            "outputs": _output_rows(errors, passed, steps),
+            "outputs": rows,
             **({"cores": program.core_count, "core_instructions": program.core_counts()}
                if program.core_count > 1 else {}),
-            **({"quantization": program.quantization} if program.quantization else {}),
-            **({"outputs": _with_float_errors(errors, passed, steps, ours, ref, float_graph, inputs)}
-               if float_graph is not None else {})}
+            **({"quantization": program.quantization} if program.quantization else {})}
 
 
-def _with_float_errors(errors, passed, steps, ours, ref, float_graph, inputs) -> list[dict]:
-    """verify's output rows with `vs_float` and `qdq_vs_float`: the error of our outputs and of
+def _add_float_errors(rows: list[dict], ours: dict, ref: dict, float_graph, inputs: dict) -> None:
+    """Add `vs_float` and `qdq_vs_float` to verify's output rows: the error of our outputs and of
     onnxruntime's on the QDQ model against onnxruntime on the float model (information: the cost
     of quantization, no bound)."""
     from tpuflow.compare import compare, reference_outputs
     with step("onnxruntime on the float model"):
         float_ref = reference_outputs(float_graph, inputs)
-    rows = _output_rows(errors, passed, steps)
     for row in rows:
         name = row["name"]
         for key, values in (("vs_float", ours[name]), ("qdq_vs_float", ref[name])):
             e = compare(name, values, float_ref[name])
             row[key] = {"max_abs_err": e.max_abs_err, "max_rel_err": e.max_rel_err, "cosine": e.cosine}
-    return rows
 
 
 def _output_rows(errors, passed, steps) -> list[dict]:
