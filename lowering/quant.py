@@ -9,7 +9,8 @@ node in a group of kind "quant":
   weights (the Gemm form, with the int32 bias Add that follows its int32 accumulator), each with a
   following Relu / Clip on its 8-bit output fused;
 - QuantizeLinear, DequantizeLinear (per tensor), and Add / Mul / Relu / Clip of same-shaped
-  quantized tensors or of one such tensor and a scalar / per-channel constant;
+  quantized tensors or of one such tensor and a broadcast constant (scalar, per channel, or any
+  other pattern: row_pattern);
 - MaxPool, AveragePool, GlobalAveragePool;
 - channel Concat (requantising the inputs whose Quant is not the output's);
 - Reshape views (no instructions: the DDR buffer is shared, as for float views);
