@@ -86,8 +86,8 @@ class TileGemm:
             for nt in self._n_sides():
                 if mt * nt * oe > tile.slot_bytes:
                     continue
-                if self.residual is not None and max(ceil_to(nt, k0) * ceil_to(nt, 16), ceil_to(mt, 16) * ceil_to(nt, k0)) * e > tile.slot_bytes:
-                    continue                     # R (mt x nt) and the identity (nt x nt) of the R . I step fit a slot
+                if self.residual is not None and self._residual_bytes(mt, nt) > tile.slot_bytes:
+                    continue                     # R (mt x nt) and the identity of the R . I / I . R step fit a slot
                 kt = min(tile.slot_bytes // (mt * e), tile.slot_bytes // (ceil_to(nt, tile.fractal_n) * e)) // k0 * k0
                 kt = max(k0, min(kt, ceil_to(self.k, k0)))
                 if self.k_unit:
@@ -104,6 +104,14 @@ class TileGemm:
         if best is None:
             raise ValueError(f"no TILE tiling with N tile {self.n_tile} (residual: {self.residual is not None})")
         return best[1]
+
+    def _residual_bytes(self, mt: int, nt: int) -> int:
+        """The larger of R's tile and the identity's: R . I (R an Nz A tile, I nt x nt) or, for a residual
+        given as a Zn operand, I . R (I mt x mt)."""
+        k0, e = self.a.k0, self.ctx.prec.bytes
+        if self.residual.layout == "zn":
+            return max(ceil_to(mt, 16) * ceil_to(mt, k0), ceil_to(mt, k0) * ceil_to(nt, 16)) * e
+        return max(ceil_to(nt, k0) * ceil_to(nt, 16), ceil_to(mt, 16) * ceil_to(nt, k0)) * e
 
     def _n_sides(self) -> list[int]:
         if self.n_tile:
@@ -263,10 +271,16 @@ class TileGemm:
         if "res" in streams:                 # ACC = R . I (+ bias)
             r_index = streams["res"].take()
             bias_index = streams["bias"].take() if "bias" in streams else None
-            eye = self._identity(nt)
-            em.tile(TMatmul(fn=gemv + (".BIAS" if bias_index is not None else "" if first else ".ACC"), dt=self.dt, m=mt, n=nt, k=nt,
-                            src0=ref(Q_N, r_index), src1=ref(*eye), reuse1=1, acc_size=acc_size,
-                            bias_src=-1 if bias_index is None else ref(Q_N, bias_index)))
+            fn = gemv + (".BIAS" if bias_index is not None else "" if first else ".ACC")
+            bias_src = -1 if bias_index is None else ref(Q_N, bias_index)
+            if self.residual.layout == "zn":     # ACC = I . R: R a B tile (K = mt rows, whole fractals)
+                eye = self._identity(mt, "nz")
+                em.tile(TMatmul(fn=fn, dt=self.dt, m=mt, n=nt, k=mt, src0=ref(*eye), src1=ref(Q_N, r_index), reuse0=1,
+                                acc_size=acc_size, bias_src=bias_src))
+            else:
+                eye = self._identity(nt)
+                em.tile(TMatmul(fn=fn, dt=self.dt, m=mt, n=nt, k=nt, src0=ref(Q_N, r_index), src1=ref(*eye), reuse1=1,
+                                acc_size=acc_size, bias_src=bias_src))
             first = False
         for i, (k0, kt) in enumerate(k_steps):
             index = {side: self.panel_base + i if side == res else streams[side].take() for side in ("a", "b")}
@@ -293,10 +307,11 @@ class TileGemm:
             self.sticky[name] = held = (self.cursor.pushes[queue] - 1, (op.key, block))
         return queue, held[0]
 
-    def _identity(self, nt: int) -> tuple[int, int]:
-        """The nt x nt identity B tile (Zn) of the R . I step."""
-        eye = ConstOperand(self.ctx, "zn", np.eye(nt, dtype=np.float32), f"tile:identity:{nt}", 0, 0)
-        return self._sticky("identity", eye, (0, nt, 0, nt))
+    def _identity(self, size: int, layout: str = "zn") -> tuple[int, int]:
+        """The size x size identity: the B tile (Zn) of the R . I step, or the A tile (Nz) of I . R."""
+        key = f"tile:identity:{size}" if layout == "zn" else f"tile:identity:{layout}:{size}"
+        eye = ConstOperand(self.ctx, layout, np.eye(size, dtype=np.float32), key, 0, 0)
+        return self._sticky("identity", eye, (0, size, 0, size))
 
     def _row_bias_step(self, m0: int, mt: int, nt: int, gemv: str, acc_size: int) -> None:
         """ACC = [bias_hi | bias_lo] (mt x 2) . ones (2 x nt): a per-row bias as two terms in the

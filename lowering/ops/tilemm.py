@@ -400,7 +400,8 @@ class TileConvEmitter:
         residual = None
         if self.residual is not None:
             r_addr = ctx.ddr_addr(self.residual) + (n * geo.cout + oc0) * pix * ctx.prec.bytes
-            residual = RowsOperand(ctx, "nz", r_addr, cout_g, pix, pix)
+            layout = "zn" if window is not None and cout_g % (ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes) == 0 else "nz"
+            residual = RowsOperand(ctx, layout, r_addr, cout_g, pix, pix)     # zn: I . R, channel rows whole fractals
         gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, out.value_prec if out.needs_tiu else ctx.prec,
                         bias_key=f"{self.node.name}:{gi}", residual=residual,
                         n_tile=window[1] if window else None, k_unit=cin_g if window else None)

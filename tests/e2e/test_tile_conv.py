@@ -59,7 +59,7 @@ def test_a_conv_bias_followed_only_by_relu_is_added_in_the_acc(act, dtype):
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 def test_a_conv_residual_and_relu_leave_the_acc_in_the_model_dtype(dtype):
     """Conv + bias + Add(skip) + Relu (a ResNet block's tail) on the CUBE: the bias and the skip
-    tensor both enter the ACC (K = 2 bias step, then R . I with R read from NCHW), only the Relu runs
+    tensor both enter the ACC (K = 2 bias step, then R . I or I . R with R read from NCHW), only the Relu runs
     on the TIU; numerics against onnxruntime."""
     b = ModelBuilder()
     x = b.node("Neg", [b.input("x", [1, 32, 10, 10])], "nx")
@@ -69,7 +69,8 @@ def test_a_conv_residual_and_relu_leave_the_acc_in_the_model_dtype(dtype):
     _, program = compile_model(model, None, CompileOptions(dtype=dtype, matmul="tile"))
     matmuls = [i for i in program.tile if isinstance(i, TMatmul)]
     bias_steps = [i for i in matmuls if i.k == 2 and not i.accumulates]
-    residual_steps = [i for i in matmuls if i.accumulates and i.k == i.n and i.reuse1]
+    # R . I (R an A tile) or I . R (R a B tile, channel rows whole fractals): R comes from queue N (code 48..63)
+    residual_steps = [i for i in matmuls if i.accumulates and 3 in (i.src0 // 16, i.src1 // 16)]
     assert bias_steps and len(residual_steps) == len(bias_steps)
     result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile"), race_check=True)
     assert result["ok"], result["outputs"]
