@@ -13,7 +13,8 @@ node in a group of kind "quant":
   other pattern: row_pattern);
 - MaxPool, AveragePool, GlobalAveragePool;
 - channel Concat (requantising the inputs whose Quant is not the output's);
-- Reshape views (no instructions: the DDR buffer is shared, as for float views);
+- Reshape views (no instructions: the DDR buffer is shared, as for float views); a Reshape whose
+  output has another Quant (requantising_view) is requantised like an elementwise op;
 - Transpose / Slice of an 8-bit tensor whose output has its input's per-tensor Quant: the float
   movement emitter's DMAs (or its LMEM transpose path) on the stored bytes (exact).
 
@@ -47,6 +48,13 @@ SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS + MOVES + ("Concat",)
 # wrong results at fp16 on AlexNet QDQ (its float output feeding LRN; correct at fp32 and unchained),
 # not understood yet; unchained, its input is stored by its producer and it runs on the flat view.
 CHAINABLE = ("Conv", "Concat") + tuple(k for k in ELEMENTWISE if k != "DequantizeLinear") + POOLS
+
+
+def requantising_view(graph: Graph, node: OpNode) -> bool:
+    """A Reshape whose output has another Quant than its input (onnxruntime's quantizer gives a
+    Flatten before a classifier its own scale): not a view but a requantisation of the flat
+    values (ElementwiseQuant), quantize(real(x), out.quant)."""
+    return node.op_type in VIEWS and graph.tensor(node.inputs[0]).quant != graph.tensor(node.outputs[0]).quant
 
 
 def is_quantized(graph: Graph, node: OpNode) -> bool:
@@ -91,6 +99,11 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
             return "a float result of quantized inputs is not supported"
         if any(t.quant is not None and t.quant.storage == "int32" for t in runtime + outs):
             return "int32 tensors only as a MatMul's accumulator"
+        return ""
+    if requantising_view(graph, node):
+        tensors = [graph.tensor(node.inputs[0]), *outs]
+        if any(t.quant is None or t.quant.per_channel or t.quant.storage == "int32" for t in tensors):
+            return "a Reshape between two quantizations only of per-tensor 8-bit tensors"
         return ""
     if op in MOVES and _same_bytes_move(graph, node):
         return ""
@@ -214,7 +227,7 @@ def quantized_groups(graph: Graph, groups: list[Group], chip=None) -> list[Group
             if not is_quantized(graph, node):
                 raise LoweringError(f"node '{node.name}' ({node.op_type}): a float node the fusion put in one group "
                                     "with quantized nodes is not supported by the int8 lowering yet")
-            if node.op_type in VIEWS:
+            if node.op_type in VIEWS and not requantising_view(graph, node):
                 made = Group("view", [node])
             else:
                 made = Group("quant", [node] + (_fused_after(graph, node) if node.op_type in PRODUCTS else []))

@@ -177,8 +177,9 @@ def lane_rows(count: int, lanes: int) -> int:
 
 
 class ElementwiseQuant(Planned):
-    """QuantizeLinear, DequantizeLinear, and Add / Mul / Relu / Clip of same-shaped quantized
-    tensors, over the flat tensor viewed as (lanes, cols) in column steps. A constant operand that
+    """QuantizeLinear, DequantizeLinear, Add / Mul / Relu / Clip of same-shaped quantized tensors,
+    and a Reshape between two quantizations (lowering.quant.requantising_view: dq0, then the
+    output's requantisation), over the flat tensor viewed as (lanes, cols) in column steps. A constant operand that
     is neither a scalar nor per channel (a norm gain along the last axis, a bias row) repeats with
     the period lowering.quant.row_pattern gives: the view's rows then divide count / period, so one
     row of the constant (fp32, in DDR) broadcast-loaded on every lane per step serves all rows."""

@@ -501,3 +501,44 @@ def test_llama_mlp_qdq_is_exact_at_fp32():
     from tpuflow import models
     result = verify(quantize_ops(models.build_model("llama_mlp"), None, count=2), "sg2260", CompileOptions(dtype="fp32"))
     assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
+
+
+# ---------------------------------------------------------------- a Reshape between two quantizations
+
+
+def cnn_with_requantised_flatten(zero_shift: int = 3, scale_ratio: float = 0.7):
+    """The quantized cnn with the Flatten before its Gemm given its own scale and zero point (as
+    onnxruntime's quantizer does on ResNet-50 and Inception v1): Flatten is then no view."""
+    import onnx
+    from onnx import numpy_helper
+    model = onnx.ModelProto()
+    model.CopyFrom(quantized("cnn", "QDQ", True, "QInt8"))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    model.graph.initializer.extend([
+        numpy_helper.from_array((inits["g_scale"] * np.float32(scale_ratio)).astype(np.float32), "f_scale"),
+        numpy_helper.from_array(np.asarray(inits["g_zero_point"] + zero_shift, np.int8), "f_zero_point")])
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.input[0] in ("f", "f_QuantizeLinear_Output"):
+            node.input[1], node.input[2] = "f_scale", "f_zero_point"
+    return model
+
+
+def test_a_reshape_between_two_quantizations_is_requantised():
+    """At fp32 the requantised Flatten's integers and the output equal onnxruntime's (was: the flattened
+    bytes read with the new scale). The Flatten's output is a graph output here: onnxruntime's graph
+    optimizer otherwise rewrites DequantizeLinear -> Flatten -> QuantizeLinear -> Gemm and its result
+    moves by a step or two from the model's QDQ meaning (which it computes with optimizations off)."""
+    import onnx
+    from onnx import helper
+    from tpuflow.lowering.quant import requantising_view
+    model = cnn_with_requantised_flatten()
+    model.graph.output.append(helper.make_tensor_value_info("f_QuantizeLinear_Output", onnx.TensorProto.INT8, [1, 8]))
+    graph = load_graph_of(model)
+    assert [n.name for n in graph.nodes() if requantising_view(graph, n)] == ["flatten"]
+    result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and all(o["max_abs_err"] == 0.0 for o in result["outputs"]), result["outputs"]
+
+
+def test_a_reshape_between_two_quantizations_verifies_within_the_bound():
+    result = verify(cnn_with_requantised_flatten(), "sg2260", CompileOptions(dtype="fp16"))
+    assert result["ok"], result["outputs"]
