@@ -352,3 +352,103 @@ class WindowOperand(Operand):
         count, slot_elems = len(blocks), ctx.chip.tile.slot_bytes // self.prec.bytes
         dst = DRegion(global_lmem_address(slot_addr, ctx.chip), (c, count, r // k0, k0), (k0, slot_elems, cp * k0, 1), self.prec)
         ctx.em.region_copy(dst, self._source(r0, count * r, c0, c))
+
+
+class StagedConstOperand(ConstOperand):
+    """A constant matrix tiled on a fixed (tile_rows x tile_cols) grid whose tiles are staged in LMEM by
+    large DMAs and moved into their slots by LMEM -> tile-buffer copies (no DDR latency per fill).
+
+    Tile t (row-major over the grid) sits in lane t % lanes of staging chunk t // lanes (one DMA of up
+    to `lanes` tiles, `stride` bytes each, one per lane: the weight image holds them in that order);
+    chunk c lives in ring slot c % ring_chunks at `lmem_offset` + slot * stride per lane. A chunk is
+    loaded when a fill first needs it, with the next one ahead; a chunk evicted from the ring is
+    loaded again when needed (GDMA runs in order, so no fill reads a ring slot being reloaded)."""
+
+    def __init__(self, ctx, layout, matrix: np.ndarray, key: str, tile_rows: int, tile_cols: int,
+                 lmem_offset: int, ring_chunks: int):
+        super().__init__(ctx, layout, matrix, key, tile_rows, tile_cols)
+        self.grid = (-(-self.rows // tile_rows), -(-self.cols // tile_cols))
+        self.tiles = self.grid[0] * self.grid[1]
+        rp, cp = self.padded(tile_rows, tile_cols)
+        self.stride = self.chunk_stride(rp * cp, self.prec)
+        self.chunk_tiles = ctx.chip.lanes
+        self.lmem_offset, self.ring_chunks = lmem_offset, ring_chunks
+        self.ring: dict[int, int] = {}          # ring slot -> chunk held
+        self.image: int | None = None           # DDR address of the staged image
+
+    @staticmethod
+    def chunk_stride(padded_elems: int, prec) -> int:
+        """Bytes per lane of one staging chunk of tiles of `padded_elems` elements."""
+        return ceil_to(padded_elems * prec.bytes, 64)
+
+    def _tile_index(self, block) -> int | None:
+        r0, r, c0, c = block
+        if r0 % self.tile_rows or c0 % self.tile_cols or r != min(self.tile_rows, self.rows - r0) \
+                or c != min(self.tile_cols, self.cols - c0):
+            return None
+        return r0 // self.tile_rows * self.grid[1] + c0 // self.tile_cols
+
+    def _image(self) -> int:
+        if self.image is None:
+            key = (f"{self.key}:{self.layout}:staged:{self.tile_rows}x{self.tile_cols}:{self.stride}",)
+            addr = self.ctx.weights.lookup(key, self.prec)
+            if addr is None:
+                elems = self.stride // self.prec.bytes
+                image = np.zeros((self.tiles, elems), np.float32)
+                layout = nz_layout if self.layout == "nz" else zn_layout
+                for t in range(self.tiles):
+                    i, j = divmod(t, self.grid[1])
+                    r0, c0 = i * self.tile_rows, j * self.tile_cols
+                    block = self.matrix[r0:r0 + self.tile_rows, c0:c0 + self.tile_cols]
+                    flat = layout(block, *self.padded(*block.shape), self.k0)
+                    image[t, :flat.size] = flat
+                addr = self.ctx.weights.add(key, image.reshape(-1), self.prec)
+            self.image = addr
+        return self.image
+
+    def _stage(self, chunk: int) -> None:
+        """Chunk `chunk` into its ring slot (one DMA), unless it is there."""
+        slot = chunk % self.ring_chunks
+        t0 = chunk * self.chunk_tiles
+        if self.ring.get(slot) == chunk or t0 >= self.tiles:
+            return
+        self.ring[slot] = chunk
+        count, elems = min(self.chunk_tiles, self.tiles - t0), self.stride // self.prec.bytes
+        dst = self.lmem_offset + slot * self.stride
+        shape = (1, count, 1, elems)
+        self.ctx.em.region_copy(DRegion(global_lmem_address(dst, self.ctx.chip), shape, (count * elems, elems, elems, 1), self.prec),
+                                DRegion(self._image() + t0 * self.stride, shape, (count * elems, elems, elems, 1), self.prec))
+
+    def _staged_address(self, t: int) -> int:
+        chunk, lane = divmod(t, self.chunk_tiles)
+        return lane * self.ctx.chip.lmem_bytes_per_lane + self.lmem_offset + (chunk % self.ring_chunks) * self.stride
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        self.load_slots([slot_addr], [(r0, r, c0, c)])
+
+    def load_slots(self, slot_addrs, blocks) -> None:
+        """Runs of consecutive grid tiles of one chunk bound for neighbouring lanes' slots: one LMEM ->
+        tile-buffer copy each (their chunk staged first, the next one ahead)."""
+        lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
+        index = [self._tile_index(b) for b in blocks]
+        if any(t is None for t in index):
+            super().load_slots(slot_addrs, blocks)
+            return
+        while i < len(blocks):
+            j = i + 1
+            while (j < len(blocks) and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes and index[j] == index[j - 1] + 1
+                   and index[j] // self.chunk_tiles == index[i] // self.chunk_tiles
+                   and self.padded(*blocks[j][1::2]) == self.padded(*blocks[i][1::2])):
+                j += 1
+            chunk = index[i] // self.chunk_tiles
+            self._stage(chunk)
+            if self.ring_chunks > 1:
+                self._stage(chunk + 1)
+            rp, cp = self.padded(*blocks[i][1::2])
+            elems, count = rp * cp, j - i
+            shape = (1, count, 1, elems)
+            self.ctx.em.region_copy(
+                DRegion(global_lmem_address(slot_addrs[i], self.ctx.chip), shape, (count * elems, elems, elems, 1), self.prec),
+                DRegion(global_lmem_address(self._staged_address(index[i]), self.ctx.chip), shape,
+                        (count * elems, self.stride // self.prec.bytes, elems, 1), self.prec))
+            i = j

@@ -34,7 +34,7 @@ from tpuflow.lowering.ops.matmul import matmul_geometry
 from tpuflow.lowering.ops.movement import copy_nd
 from tpuflow.lowering.ops.tile_gemm import OUTPUT_SPAN, TILE_SIDES, TileDims, TileGemm
 from tpuflow.lowering.ops.tile_operands import (ConstOperand, LmemRowsOperand, Operand, PhaseImages, RowsOperand,
-                                                 WindowOperand)
+                                                 StagedConstOperand, WindowOperand, ceil_to)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
 
@@ -52,6 +52,12 @@ class _TileOutput:
         self.value_prec = value_prec      # of the result tiles a TIU epilogue works on (fp32 unless exact)
         self.row_bias = extra_row_bias
         self.needs_tiu = not epi.empty or extra_row_bias is not None
+        # a Relu-only epilogue on results already in the model's dtype runs in place on the result slots
+        # (the tile buffer's vector-unit port), which then leave as they are: no copy to lanes and back
+        self.in_slot = (self.needs_tiu and extra_row_bias is None and value_prec == ctx.prec and not epi.full
+                        and not epi.resident and all(n.op_type == "Relu" for n in epi.nodes))
+        if self.in_slot:
+            self.needs_tiu = False
         self.group = OUTPUT_SPAN
         self.pending: list | None = None
         self.y_resident = y_resident      # the result kept in LMEM by a layer group (MATRIX), or None
@@ -120,6 +126,9 @@ class _TileOutput:
         slot_elems = chip.tile.slot_bytes // src_prec.bytes
         slot_view = DRegion(global_lmem_address(slots[0], chip), (1, count, mt, nt),
                             (count * slot_elems, slot_elems, nt, 1), src_prec)
+        if self.in_slot:
+            span = LTile(slots[0], (1, count, 1, mt * nt), src_prec, (count * mt * nt, mt * nt, nt, 1), StrideMode.FREE)
+            self.epi.apply(span, [], row0, col0)
         if not self.needs_tiu:      # tile j -> columns j * nt.. of the same rows, walked row by row
             rows_view = DRegion(slot_view.addr, (mt, count, 1, nt), (nt, slot_elems, nt, 1), src_prec)
             if self.y_resident is not None:     # into the LMEM rows: lane i takes row i of every tile
@@ -335,6 +344,8 @@ class TileConvPlan(FrozenPlan):
     window_stage: int | None = None     # implicit GEMM: per-lane offset of the staged input (channels on lanes)
     window_images: int | None = None    # ... and of its PhaseImages (pixels on lanes); None: im2col in DDR
     n_tile: int = 0                     # ... and the pixel tile (whole output rows)
+    weight_stage: int | None = None     # per-lane offset of the weights' staging ring (StagedConstOperand), or None
+    weight_ring: int = 0                # ... its chunks
 
     @property
     def peak(self) -> int:
@@ -449,11 +460,17 @@ class TileConvEmitter:
         kdim, pix = cin_g * geo.kh * geo.kw, geo.ho * geo.wo
         weights = self._weights()
         out = self._output()
+        staged = None
         for n in range(geo.n):
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g
                 window = (plan.window_images, plan.n_tile) if plan.window_images is not None else None
                 gemm = self._gemm(out, weights, gi, n, window)
+                if plan.weight_stage is not None:       # one staging ring per conv, kept across images
+                    if staged is None:
+                        staged = StagedConstOperand(ctx, "nz", gemm.a.matrix, gemm.a.key, gemm.dims.mt, gemm.dims.kt,
+                                                    plan.weight_stage, plan.weight_ring)
+                    gemm.a = staged
                 if n == 0 and gi == 0 and out.needs_tiu:
                     out.load(plan.residents, plan.sets, geo.cout, pix, plan.out_group)
                 if window is not None:
@@ -509,10 +526,18 @@ class TileConvEmitter:
         stage = tile_bytes_per_lane(chip, (1, images.channels, geo.h, geo.w), ctx.prec)
         if not arena.fits([stage, images.bytes_per_lane]):
             return None
-        offs, _ = arena.alloc_plan([stage, images.bytes_per_lane], [], f"{self.node.name}:window",
-                                   names=(["window_stage", "window_images"], []))
+        sizes, names, ring = [stage, images.bytes_per_lane], ["window_stage", "window_images"], 0
+        if geo.groups == 1:         # the weights staged in LMEM: as many chunks as fit, all of them at most
+            tiles = -(-geo.cout // dims.mt) * -(-images.channels * geo.kh * geo.kw // dims.kt)
+            stride = StagedConstOperand.chunk_stride(ceil_to(dims.mt, chip.tile.fractal_m) * dims.kt, ctx.prec)
+            chunks = -(-tiles // chip.lanes)          # a ring of one chunk only when there is one
+            ring = next((r for r in range(chunks, 1 if chunks > 1 else 0, -1) if arena.fits(sizes + [r * stride])), 0)
+            if ring:
+                sizes, names = sizes + [ring * stride], names + ["weight_stage"]
+        offs, _ = arena.alloc_plan(sizes, [], f"{self.node.name}:window", names=(names, []))
         return TileConvPlan(region, ctx.window(region), tuple(arena.names), dims, *planned[:2], 0, 0, (), output_buffers,
-                            out_group=planned[2], window_stage=offs[0], window_images=offs[1], n_tile=dims.nt)
+                            out_group=planned[2], window_stage=offs[0], window_images=offs[1], n_tile=dims.nt,
+                            weight_stage=offs[2] if ring else None, weight_ring=ring)
 
     def _phase_images(self, n: int, ic0: int, cin_g: int, plan: TileConvPlan, zero: bool) -> None:
         """Image n's channels [ic0, ic0 + cin_g) into the phase images: one load (channels on lanes),
