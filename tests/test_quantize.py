@@ -204,3 +204,22 @@ def test_the_ops_left_float_are_named_with_the_reason():
 
 def test_the_quantized_model_is_deterministic():
     assert quantize("mlp", samples=2).model.SerializeToString() == quantize("mlp", samples=2).model.SerializeToString()
+
+
+def test_int8_layers_are_measured_against_the_int8_rate():
+    from tpuflow.chip import load_chip
+    from tpuflow.pipeline import estimate
+    report = estimate("small_cnn", None, CompileOptions(dtype="int8"))
+    conv = next(r for r in report["layers"] if r["name"] == "block2/conv")
+    peak = load_chip("sg2260").peak_macs_per_second("int8") / 1e6
+    assert conv["utilisation"] == pytest.approx(conv["macs"] / (conv["time_us"] * peak), rel=1e-3)
+
+
+@pytest.mark.slow
+def test_an_old_model_listing_its_weights_as_inputs_quantizes():
+    """DenseNet-121 of the ONNX model zoo: IR 3, every initializer also a graph input; its opset-9
+    Unsqueezes of weights get Constant axes at opset 13, and onnxruntime's calibration session
+    asked for a feed of each (\'Required inputs ... are missing\')."""
+    result = quantize("densenet121", samples=1)
+    assert result.int8_ops > 100
+    assert [i.name for i in result.model.graph.input] == ["data_0"]

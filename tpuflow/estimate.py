@@ -115,6 +115,15 @@ def _bound_of(busy: dict, compute_waited: float, dma_waited: float) -> str:
     return "dependency" if dma_waited > busy["gdma"] and compute_waited <= compute else "memory"
 
 
+def int8_product_layers(program: Program) -> set[str]:
+    """Layers whose CONV / MM2 instructions read int8 operands: their utilisation is against the
+    chip's int8 MAC rate, not the program's float dtype's."""
+    from tpuflow.isa import Prec
+    from tpuflow.isa.tiu import ConvTiu, Mm2Tiu
+    return {program.layer_of(Engine.TIU, i) for i, instr in enumerate(program.tiu)
+            if isinstance(instr, (ConvTiu, Mm2Tiu)) and instr.opt_opd0_prec == Prec.INT8}
+
+
 def layer_rows(program: Program, sim) -> list[LayerRow]:
     """One row per layer (ONNX node) with instructions, in order of first start."""
     chip, dtype = program.chip, program.options.get("dtype", "fp32")
@@ -128,6 +137,7 @@ def layer_rows(program: Program, sim) -> list[LayerRow]:
         layer = program.layer_of(Engine.GDMA, index)
         gdma_bytes[layer] = gdma_bytes.get(layer, 0) + ddr_bytes(instr, chip)
     peak = chip.peak_macs_per_second(dtype, "tile" if program.tile else "tiu") / 1e6
+    int8_peak, int8_layers = chip.peak_macs_per_second("int8") / 1e6, int8_product_layers(program)
     rows = []
     for name, idx in by_layer.items():
         idx = np.asarray(idx)
@@ -136,11 +146,12 @@ def layer_rows(program: Program, sim) -> list[LayerRow]:
         info = program.layers.get(name)
         macs = info.macs if info else 0
         engine_time = max(max(busy.values()), 1e-9)
+        layer_peak = int8_peak if name in int8_layers else peak
         rows.append(LayerRow(name or "(program)", info.op_type if info else "", s, e, busy, macs,
                              gdma_bytes.get(name, 0), _bound_of(busy, float(waited[idx][sim.engine[idx] != 1].sum()),
                                                                 float(waited[idx][sim.engine[idx] == 1].sum())),
                              info.fused_group if info else "",
-                             macs / (engine_time * peak) if peak else 0.0))
+                             macs / (engine_time * layer_peak) if layer_peak else 0.0))
     rows.sort(key=lambda r: (r.start_us, r.name))
     return rows
 

@@ -128,7 +128,7 @@ def _quantize_static(model, input_shapes, label: str, feeds: list[dict]):
     logging.getLogger().setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="tpuflow-ptq-") as tmp:
         src, pre, dst = (Path(tmp) / f for f in ("float.onnx", "pre.onnx", "int8.onnx"))
-        onnx.save(_sums_as_adds(_at_least_qdq_opset(model_proto(model, input_shapes))), src)
+        onnx.save(_sums_as_adds(_initializers_not_inputs(_at_least_qdq_opset(model_proto(model, input_shapes)))), src)
         excluded: list[str] = []
         try:
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
@@ -181,6 +181,23 @@ def _at_least_qdq_opset(model):
     from onnx import version_converter
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     return version_converter.convert_version(model, QDQ_OPSET) if opset < QDQ_OPSET else model
+
+
+def _initializers_not_inputs(model):
+    """The model without its initializers among the graph inputs, at an IR version that allows it
+    (old models, IR < 4, list every weight as an input: onnxruntime's calibration session then
+    requires a feed for each)."""
+    constants = {i.name for i in model.graph.initializer}
+    if not any(i.name in constants for i in model.graph.input):
+        return model
+    import onnx
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    runtime = [i for i in model.graph.input if i.name not in constants]
+    del out.graph.input[:]
+    out.graph.input.extend(runtime)
+    out.ir_version = max(out.ir_version, MIN_IR_VERSION)
+    return out
 
 
 def _sums_as_adds(model):
