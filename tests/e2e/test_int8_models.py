@@ -538,7 +538,3 @@ def test_a_reshape_between_two_quantizations_is_requantised():
     result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
     assert result["ok"] and all(o["max_abs_err"] == 0.0 for o in result["outputs"]), result["outputs"]
 
-
-def test_a_reshape_between_two_quantizations_verifies_within_the_bound():
-    result = verify(cnn_with_requantised_flatten(), "sg2260", CompileOptions(dtype="fp16"))
-    assert result["ok"], result["outputs"]
