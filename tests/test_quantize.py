@@ -223,3 +223,29 @@ def test_an_old_model_listing_its_weights_as_inputs_quantizes():
     result = quantize("densenet121", samples=1)
     assert result.int8_ops > 100
     assert [i.name for i in result.model.graph.input] == ["data_0"]
+
+
+def _preactivation_block():
+    """x -> BatchNormalization -> Relu -> Conv: a BN no Conv before it can absorb (DenseNet's)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=11)
+    bn = b.node("BatchNormalization", [b.input("x", (1, 8, 10, 10)), b.weight("g", (8,), positive=True),
+                                       b.weight("beta", (8,)), b.weight("mean", (8,)),
+                                       b.weight("var", (8,), positive=True)], "bn", epsilon=1e-3)
+    b.output(b.node("Conv", [b.node("Relu", [bn], "r"), b.weight("w", (8, 8, 3, 3))], "y", kernel_shape=[3, 3],
+                    pads=[1, 1, 1, 1]))
+    return b.model()
+
+
+def test_a_batchnorm_without_a_conv_before_it_runs_in_int8_and_verifies():
+    result = quantize(_preactivation_block())
+    assert result.float_ops == ()
+    ops = {n.name: n.op_type for n in result.model.graph.node}
+    assert ops["batchnormalization_0/scale"] == "Mul" and ops["batchnormalization_0/shift"] == "Add"
+    assert "BatchNormalization" not in ops.values()
+    checked = verify(_preactivation_block(), None, CompileOptions(dtype="int8"))
+    assert checked["ok"], checked["outputs"]
+    assert checked["outputs"][0]["vs_float"]["cosine"] > 0.999

@@ -132,6 +132,7 @@ def _quantize_static(model, input_shapes, label: str, feeds: list[dict]):
         excluded: list[str] = []
         try:
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+            _batchnorms_as_scale_shift(pre)
             excluded = _products_of_activations(pre)
             quantize_static(str(pre), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
@@ -181,6 +182,42 @@ def _at_least_qdq_opset(model):
     from onnx import version_converter
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     return version_converter.convert_version(model, QDQ_OPSET) if opset < QDQ_OPSET else model
+
+
+def _batchnorms_as_scale_shift(path: Path) -> None:
+    """Rewrite (in the file) each inference BatchNormalization the pre-processing left (one not
+    after a Conv: DenseNet's pre-activation BN) as Mul by its per-channel scale and Add of its
+    shift, which the quantizer quantizes and the int8 lowering computes; a BatchNormalization has no
+    int8 form of its own."""
+    import onnx
+    from onnx import helper, numpy_helper
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in list(model.graph.value_info) + list(model.graph.input)}
+    nodes, added = [], []
+    for n in model.graph.node:
+        params = n.input[1:5]
+        if n.op_type != "BatchNormalization" or len(n.output) != 1 or not all(t in inits for t in params) \
+                or ranks.get(n.input[0], 0) < 2:
+            nodes.append(n)
+            continue
+        gamma, beta, mean, var = (numpy_helper.to_array(inits[t]).astype(np.float64) for t in params)
+        eps = next((a.f for a in n.attribute if a.name == "epsilon"), 1e-5)
+        scale = gamma / np.sqrt(var + eps)
+        shape = (-1,) + (1,) * (ranks[n.input[0]] - 2)
+        name = n.name or n.output[0]
+        added += [numpy_helper.from_array(scale.reshape(shape).astype(np.float32), f"{name}/bn_scale"),
+                  numpy_helper.from_array((beta - mean * scale).reshape(shape).astype(np.float32), f"{name}/bn_shift")]
+        nodes += [helper.make_node("Mul", [n.input[0], f"{name}/bn_scale"], [f"{name}/scaled"], name=f"{name}/scale"),
+                  helper.make_node("Add", [f"{name}/scaled", f"{name}/bn_shift"], list(n.output), name=f"{name}/shift")]
+    if not added:
+        return
+    used = {t for n in nodes for t in n.input} | {o.name for o in model.graph.output}
+    kept = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.node[:], model.graph.initializer[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(kept + added)
+    onnx.save(model, str(path))
 
 
 def _initializers_not_inputs(model):
