@@ -201,6 +201,9 @@ def cmd_compile(model, chip, options: CompileOptions, input_shapes: dict, output
           f"{options.dtype}, matmul={options.matmul}, "
           f"schedule={options.schedule}): {counts['tiu']} TIU, {counts['gdma']} GDMA, {counts['tile']} TILE "
           f"instructions{cores} -> {path}")
+    if program.quantization:
+        from tpuflow.quantize import float_op_lines
+        print("\n".join(float_op_lines(program.quantization)))
     return 0
 
 
