@@ -39,6 +39,7 @@ from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_l
 from tpuflow.lowering.tiling import pipelined, steps
 
 NHWC_BLOCK = 256               # channels and pixels per block of the NHWC staging transpose
+TIU_STRIDE_MAX = (1 << 15) - 1     # largest TIU operand stride (16-bit signed descriptor fields)
 
 
 class _TileOutput:
@@ -127,7 +128,7 @@ class _TileOutput:
         slot_view = DRegion(global_lmem_address(slots[0], chip), (1, count, mt, nt),
                             (count * slot_elems, slot_elems, nt, 1), src_prec)
         if self.in_slot:
-            span = LTile(slots[0], (1, count, 1, mt * nt), src_prec, (count * mt * nt, mt * nt, nt, 1), StrideMode.FREE)
+            span = LTile(slots[0], (1, count, 1, mt * nt), src_prec, (0, 0, 0, 1), StrideMode.FREE)   # one slot per lane
             self.epi.apply(span, [], row0, col0)
         if not self.needs_tiu:      # tile j -> columns j * nt.. of the same rows, walked row by row
             rows_view = DRegion(slot_view.addr, (mt, count, 1, nt), (nt, slot_elems, nt, 1), src_prec)
@@ -498,6 +499,8 @@ class TileConvEmitter:
         cin_g = geo.cin // geo.groups
         if cin_g % (chip.tile.k_fractal_bytes // self.ctx.prec.bytes) or geo.wo > max(TILE_SIDES):
             return None
+        if tile_bytes_per_lane(chip, (1, 1, geo.h, geo.w), self.ctx.prec) // self.ctx.prec.bytes > TIU_STRIDE_MAX:
+            return None             # the transposes' source channel stride is a 16-bit TIU field
         images = PhaseImages(geo, cin_g, self.ctx.prec.bytes)
         return images if images.lanes_used <= chip.lanes else None
 
@@ -549,10 +552,10 @@ class TileConvEmitter:
         pix_in = geo.h * geo.w
         x_addr = ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * pix_in * e
         ctx.em.load(stage, DRegion(x_addr, stage.shape, (cin_g * pix_in, pix_in, geo.w, 1), prec))
-        if zero and any((geo.pt, geo.pl, geo.pb, geo.pr)):
-            elems = images.bytes_per_lane // e
-            ctx.em.ar("copy", LTile(plan.window_images, (1, images.lanes_used, 1, elems), prec, (elems, elems, elems, 1),
-                                    StrideMode.FREE), 0.0)
+        if zero and any((geo.pt, geo.pl, geo.pb, geo.pr)):       # every phase's rows, one lane per column
+            rows = images.bytes_per_lane // images.row_bytes
+            ctx.em.ar("copy", LTile(plan.window_images, (1, images.lanes_used, rows, images.row_bytes // e), prec,
+                                    (0, 0, images.row_bytes // e, 1), StrideMode.FREE), 0.0)
         row = images.row_bytes // e
         for phase in images.base:
             scatter = images.scatter(phase)
@@ -560,9 +563,9 @@ class TileConvEmitter:
                 continue
             ih0, rows, iw0, cols, u0, v0 = scatter
             src = LTile(stage.addr + (ih0 * geo.w + iw0) * e, (1, cin_g, rows, cols), prec,
-                        (stage.strides[0], stage.strides[1], geo.sy * geo.w, geo.sx), StrideMode.FREE)
+                        (0, stage.strides[1], geo.sy * geo.w, geo.sx), StrideMode.FREE)
             dst = LTile(v0 * lane_bytes + plan.window_images + images.base[phase] + u0 * images.row_bytes,
-                        (1, cols, rows, cin_g), prec, (rows * row, images.bytes_per_lane // e, row, 1), StrideMode.FREE)
+                        (1, cols, rows, cin_g), prec, (0, 0, row, 1), StrideMode.FREE)    # columns never wrap the lanes
             f = dst.fields("res0", with_shape=True)
             f.update(src.fields("opd0"))
             ctx.em.tiu(CwBcTiu(op="cw_ts", opd0_c=cin_g, opd0_w=cols, **{k: v for k, v in f.items() if k != "opt_opd0_prec"}))

@@ -99,3 +99,14 @@ def test_a_conv_whose_channels_are_not_whole_fractals_keeps_im2col(dtype):
     _, program = compile_model(model, None, options)
     assert (_ddr_to_ddr_copies(program) == 0) == (dtype == "fp32")   # 24 = 3 fractals of 8 in fp32, 1.5 of 16 in fp16
     assert verify(model, None, options, race_check=True)["ok"]
+
+
+def test_large_phase_images_encode(tmp_path):
+    """A 1x1 conv over 1024 channels of a padded 30 x 30 image (32 rows x 1024 channels per lane): the phase images' zero fill and the
+    transposes keep every TIU stride inside its 16-bit field (the binaries encode and decode)."""
+    from tpuflow.codegen import read_program, write_program
+    model = _conv_model(1024, 32, (30, 30), (1, 1), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
+    graph, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile"))
+    assert _ddr_to_ddr_copies(program) == 0
+    write_program(program, tmp_path, name="big")
+    assert len(read_program(tmp_path, program.chip).tiu) == len(program.tiu)
