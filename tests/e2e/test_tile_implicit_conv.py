@@ -110,3 +110,26 @@ def test_large_phase_images_encode(tmp_path):
     assert _ddr_to_ddr_copies(program) == 0
     write_program(program, tmp_path, name="big")
     assert len(read_program(tmp_path, program.chip).tiu) == len(program.tiu)
+
+
+def test_staged_weights_through_a_small_ring_match_onnxruntime(monkeypatch):
+    """256 -> 256 3x3 conv: 4 x 36 weight tiles = 3 staging chunks of 64 tiles; with a ring of two
+    chunks they are evicted and staged again per pixel tile, and the result still matches onnxruntime."""
+    from tpuflow.lowering.ops import tile_operands
+    staged = []
+    original = tile_operands.StagedConstOperand.__init__
+
+    def two_chunks(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.ring_chunks = 2
+        staged.append(self)
+    monkeypatch.setattr(tile_operands.StagedConstOperand, "__init__", two_chunks)
+    model = _conv_model(256, 256, (10, 10), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
+    options = CompileOptions(dtype="fp16", matmul="tile")
+    assert verify(model, None, options, race_check=True)["ok"]
+    assert staged and staged[0].tiles > 2 * options_lanes()
+
+
+def options_lanes() -> int:
+    from tpuflow.chip import load_chip
+    return load_chip("sg2260").lanes
