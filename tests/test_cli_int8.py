@@ -172,6 +172,8 @@ def test_inspect_counts_quantized_products_at_the_int8_rate(capsys, tmp_path):
     assert quantized["compute_bound_us"] == pytest.approx(quantized["macs"] / chip.peak_macs_per_second("int8") * 1e6)
     assert float_model["compute_bound_us"] == pytest.approx(float_model["macs"] / chip.peak_macs_per_second("fp16") * 1e6)
     assert quantized["weight_bytes"] < 0.6 * float_model["weight_bytes"]     # int8 weights (and int32 biases)
+    code, out, _ = run(capsys, "estimate", "small_cnn", "--dtype", "int8", "--json")
+    assert json.loads(out)["model_bounds"]["compute_us"] == pytest.approx(quantized["compute_bound_us"], rel=1e-12)
 
 
 def test_report_and_estimate_name_the_calibration_files(capsys, tmp_path):

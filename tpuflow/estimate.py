@@ -203,12 +203,15 @@ def model_bound(program: Program) -> dict:
     """The model's roofline exactly as `tpuflow inspect` computes its lower bound (frontend.stats.roofline
     on the model's MACs and its compulsory DDR bytes: weights, graph inputs and outputs), so both
     commands print one number, whatever --matmul, --schedule or --layer-group say. None for
-    programs without a model (vendor streams). It counts the MACs at one MAC engine's peak (TIU)."""
+    programs without a model (vendor streams). It counts the MACs at one MAC engine's peak (TIU),
+    those of int8 CONV / MM2 layers at its int8 peak."""
     from tpuflow.frontend.stats import roofline
     from tpuflow.scheduler.bounds import program_macs
     if not program.compulsory_ddr_bytes:
         return {"model_bound_us": None, "model_bounds": None}
-    r = roofline(program_macs(program), program.compulsory_ddr_bytes, program.chip, program.options.get("dtype", "fp32"))
+    int8_macs = sum(program.layers[name].macs for name in int8_product_layers(program) if name in program.layers)
+    r = roofline(program_macs(program), program.compulsory_ddr_bytes, program.chip, program.options.get("dtype", "fp32"),
+                 int8_macs)
     return {"model_bound_us": r.lower_bound_s * 1e6,
             "model_bounds": {"compute_us": r.compute_s * 1e6, "compulsory_ddr_us": r.memory_s * 1e6}}
 
