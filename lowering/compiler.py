@@ -39,6 +39,7 @@ from tpuflow.lowering.ewise import ROW_REDUCE
 from tpuflow.lowering.long_rows import split_long_rows
 from tpuflow.lowering.tensor_parallel import split_mlp_pairs
 from tpuflow.lowering.timesteps import pipelined_order
+from tpuflow.lowering.weight_prefetch import WeightPrefetch, prefetchable
 from tpuflow.lowering.weights import WeightImage
 from tpuflow.options import CompileOptions
 from tpuflow.program import CoreStreams, DdrTensor, MemoryPlan, Program
@@ -349,9 +350,13 @@ def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions, ddr
     hazards = CrossCoreHazards(ddr_limit) if barriers else None
     loaded: list[set[str]] = [set() for _ in ctxs]
     spans, count = [], 0
+
+    def parts_of(index: int) -> list:
+        return core_parts(graph, groups[index], options.cores, options, _on_vector_unit(ctxs[0], groups[index]),
+                          pins.get(groups[index].anchor.name))
+    prefetch = _weight_prefetch(ctxs, groups, options, parts_of) if barriers else None
     for index, group in enumerate(groups):
-        parts = core_parts(graph, group, options.cores, options, _on_vector_unit(ctxs[0], group),
-                           pins.get(group.anchor.name))
+        parts = parts_of(index)
         starts = [len(ctx.em.records) for ctx in ctxs]
         for ctx, part, record, done in zip(ctxs, parts, split, loaded):
             _emit_preloads(ctx, groups, index, done)
@@ -366,8 +371,16 @@ def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions, ddr
             for ctx, start in zip(ctxs, starts):
                 _insert_barrier(ctx, start, options.cores, count)
             count += 1
+        if prefetch is not None:
+            prefetch.after(index, starts)
         spans.append([(start, len(ctx.em.records)) for ctx, start in zip(ctxs, starts)])
     return ctxs, split, spans
+
+
+def _weight_prefetch(ctxs: list[LowerCtx], groups: list[Group], options: CompileOptions, parts_of) -> WeightPrefetch:
+    """Every core's weight ring (lowering.weight_prefetch)."""
+    graph = ctxs[0].graph
+    return WeightPrefetch(ctxs, groups, parts_of, lambda g: prefetchable(graph, g, options, _on_vector_unit(ctxs[0], g)))
 
 
 def _needs_barrier(hazards: CrossCoreHazards, ctxs: list[LowerCtx], starts: list[int], chip: ChipConfig,

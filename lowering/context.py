@@ -84,6 +84,7 @@ class LowerCtx:
     part: EmitPart = WHOLE                       # what of the group this emission computes
     held: dict[int, HeldConstants] = field(default_factory=dict)   # sliced runs: group -> its held constants
     held_floor: int | None = None                # sliced runs: the held constants lie above it
+    work_floor: int = 0                          # several cores: weight blocks lie below it (lowering.weight_prefetch)
 
     def rows_to_emit(self, height: int) -> tuple[int, int]:
         """The output rows [lo, hi) of the group being emitted (all of them unless sliced)."""
@@ -128,7 +129,7 @@ class LowerCtx:
 
     def window(self, region: str) -> tuple[int, int]:
         """The per-lane LMEM window [start, end) of `region` ("ring" or "full") for the current group."""
-        lo = CONST_REGION_BYTES
+        lo = max(CONST_REGION_BYTES, self.work_floor)
         top = self.residency.arena_top(self.group_index, self.chip.tile_window_offset)
         if self.held_floor is not None:
             top = min(top, self.held_floor)

@@ -205,6 +205,8 @@ class MatmulEmitter(MatmulGroup):
         self.a_addr = None if self.a_res else self._operand_addr(self.node.inputs[0])
         self.b_addr = None if self.b_res else self._operand_addr(self.node.inputs[1])
         self.col_range = ctx.view_cols_to_emit(self.geom.n)     # cores: the output columns this core computes
+        self.held = ctx.held_constants()     # several cores: B's columns prefetched (lowering.weight_prefetch)
+        self.r_cols = self.col_range[1] - self.col_range[0] if self.held is not None else self.geom.n
 
     def _operand_addr(self, tensor: str) -> int:
         info = self.ctx.graph.tensor(tensor)
@@ -219,7 +221,7 @@ class MatmulEmitter(MatmulGroup):
     def _sizes(self, mt: int, nt: int, kt: int, r_resident: bool) -> tuple[list[int], list[int], list[int]]:
         chip, prec, geo = self.chip, self.ctx.prec, self.geom
         split = kt < geo.k
-        res = [tile_bytes_per_lane(chip, self._r_shape(geo.k, geo.n), prec)] if r_resident else []
+        res = [self.held_bytes()] if r_resident and self.held is None else []
         load = [0 if self.a_res and not self.a_copied else tile_bytes_per_lane(chip, (1, mt, 1, kt), prec)]
         if not r_resident:
             load.append(tile_bytes_per_lane(chip, self._r_shape(kt, nt), prec))
@@ -247,15 +249,35 @@ class MatmulEmitter(MatmulGroup):
         for copies in (2, 1):
             fitting = []               # per (kt, B resident, mt): the widest column tile that fits
             for kt in k_opts:
-                for r_res in ((True, False) if kt == geo.k and not parts and width == geo.n else (False,)):
+                for r_res in self._b_options(kt, parts, width):
                     for mt in m_opts:
-                        nt = next((nt for nt in ([geo.n] if r_res else n_opts)
+                        nt = next((nt for nt in ([self.r_cols] if r_res else n_opts)
                                    if self._fits(arena, (mt, nt, kt, r_res), copies)), None)
                         if nt is not None:
                             fitting.append((mt, nt, kt, r_res))
             if fitting:
                 return self._least_traffic(fitting)
         return None
+
+    def _b_options(self, kt: int, parts, width: int) -> tuple[bool, ...]:
+        """Whether B can stay resident (whole K and N; a held block always) and whether it can stream."""
+        if self.held is not None:
+            return (True,) if kt == self.geom.k else ()
+        return (True, False) if kt == self.geom.k and not parts and width == self.geom.n else (False,)
+
+    def held_bytes(self) -> int:
+        """Per-lane bytes of B resident: its columns this emission computes when held, else all."""
+        return tile_bytes_per_lane(self.chip, self._r_shape(self.geom.k, self.r_cols), self.ctx.prec)
+
+    def fetch_held(self, k0: int, kt: int) -> None:
+        """Load rows [k0, k0 + kt) of B's columns this emission computes into its held block
+        (lowering.weight_prefetch; k0 a multiple of the lane count, B not transposed)."""
+        lo, hi = self.col_range
+        self.ctx.em.layer = self.node.name
+        row_bytes = make_tile(self.chip, self.held.addr, (1, self.chip.lanes, 1, hi - lo), self.ctx.prec).strides[1]
+        addr = self.held.addr + k0 // self.chip.lanes * row_bytes * self.ctx.prec.bytes
+        tile = make_tile(self.chip, addr, (1, kt, 1, hi - lo), self.ctx.prec)
+        self._fetch_b(tile, 0, self.geom.offsets(0)[1], k0, kt, lo, hi - lo)
 
     def _fits(self, arena, choice: tuple[int, int, int, bool], copies: int) -> bool:
         res, load, outs = self._sizes(*choice)
@@ -289,7 +311,7 @@ class MatmulEmitter(MatmulGroup):
             return None
         res, load, outs = self._sizes(*choice)
         r_res, split = choice[3], choice[2] < self.geom.k
-        res_names = (["b_resident"] if r_res else []) + self.epi.resident_names()
+        res_names = (["b_resident"] if r_res and self.held is None else []) + self.epi.resident_names()
         load_names = ["a"] + ([] if r_res else ["b"])
         out_names = ["result"] + self.epi.set_names() + (["stored"] if self._res_prec(split) != self.ctx.prec else [])
         res_offs, sets = arena.alloc_plan(res, load + outs, self.node.name, names=(res_names, load_names + out_names))
@@ -304,9 +326,10 @@ class MatmulEmitter(MatmulGroup):
         res_offs, sets = list(plan.residents), plan.sets
         self.load_sets = [s[:plan.load_count] for s in sets]
         self.out_sets = [s[plan.load_count:] for s in sets]
-        r_res_count = 1 if self.r_res else 0
+        r_res_count = 1 if self.r_res and self.held is None else 0
         self.epi.load_residents(res_offs[r_res_count:], self._epi_rows(), geo.n)
-        self.r_tile = make_tile(chip, res_offs[0], self._r_shape(geo.k, geo.n), ctx.prec) if self.r_res else None
+        r_addr = self.held.addr if self.held is not None else res_offs[0] if self.r_res else None
+        self.r_tile = make_tile(chip, r_addr, self._r_shape(geo.k, self.r_cols), ctx.prec) if self.r_res else None
         loaded_b = None
         k_steps = steps(geo.k, self.kt)
         lo, hi = ctx.view_rows_to_emit(geo.batch_count * geo.m)      # rows b * M + m
@@ -314,7 +337,8 @@ class MatmulEmitter(MatmulGroup):
             a_off, b_off, y_off = geo.offsets(b)
             if self.r_res and b_off != loaded_b:
                 ctx.em.layer = self.node.name
-                self._fetch_b(self.r_tile, b, b_off, 0, geo.k, 0, geo.n)
+                if self.held is None:
+                    self._fetch_b(self.r_tile, b, b_off, 0, geo.k, 0, geo.n)
                 loaded_b = b_off
             rows = steps_between(max(lo - b * geo.m, 0), min(hi - b * geo.m, geo.m), self.mt)
             out_tiles = [(m0, m, n0, n) for m0, m in rows for n0, n in self._column_tiles()]
