@@ -157,9 +157,29 @@ class TileGemm:
                 side = self.dims.resident
                 self._load_blocks(Q_T if side == "a" else Q_U, self.a if side == "a" else self.b,
                                   [self._block(side, b, m0, mt, n0, nt, k0, kt) for k0, kt in k_steps])
+            if self._aligned_passes():
+                streams["a"] = self._aligned_pass(b, m0, mt, n0, nt, k_steps)
             self._tile(mt, nt, k_steps, streams, keep_panel=not last_use, m0=m0)
             deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
                                                        self.ctx.chip.tile.queue_slots), b, m0, mt, n0, nt)
+
+    def _aligned_passes(self) -> bool:
+        """Whether A streams pass by pass from a lane-staged operand (LaneRowsOperand): every output
+        tile's K tiles start on a multiple of queue_slots T pushes, so K tile j always lands in the
+        slot (lane) j % queue_slots and is moved there by a TIU copy from the same lane."""
+        return not self.dims.resident and getattr(self.a, "aligned_passes", False)
+
+    def _aligned_pass(self, b: int, m0: int, mt: int, n0: int, nt: int, k_steps) -> "_Stream":
+        """The A stream of one output tile, after a TPUSH of the unused slots up to the next multiple of
+        queue_slots T pushes (the queue's slots are written only by these passes)."""
+        pad = -self.cursor.pushes[Q_T] % self.ctx.chip.tile.queue_slots
+        if pad:
+            self.ctx.em.tile(TPush(dst_queue=Q_T, dst_size=size_code(self.a.stride), dt=self.dt, count=pad))
+            for _ in range(pad):
+                self.cursor.push(Q_T)
+        blocks = [self._block("a", b, m0, mt, n0, nt, k0, kt) for k0, kt in k_steps]
+        return _Stream(blocks, STREAM_BATCH, lambda chunk: self._load_blocks(Q_T, self.a, chunk),
+                       lambda: self.cursor.pushes[Q_T])
 
     def _order(self) -> list[tuple[int, int, int, int, int, bool]]:
         """Output tiles (batch, m0, mt, n0, nt, last use of the resident panel) in emission order:

@@ -452,3 +452,70 @@ class StagedConstOperand(ConstOperand):
                 DRegion(global_lmem_address(self._staged_address(index[i]), self.ctx.chip), shape,
                         (count * elems, self.stride // self.prec.bytes, elems, 1), self.prec))
             i = j
+
+
+class LaneRowsOperand(StagedConstOperand):
+    """A constant A operand read pass by pass (each output tile reads the K tiles of one row of the
+    grid, rows in order: TileGemm._aligned_pass), staged a grid row at a time in the lanes of the T
+    slots it will fill: K tile j of a row in the lane of T slot j % queue_slots, at (j // queue_slots)
+    * stride, in a ring of two rows (the next row is loaded ahead). Every pass starts on a multiple of
+    queue_slots pushes, so the slots are filled by TIU copies lane to same lane (the vector unit's
+    port into the tile buffer), not by GDMA: the GDMA only loads each row once, in large DMAs."""
+
+    aligned_passes = True
+
+    def __init__(self, ctx, layout, matrix, key, tile_rows, tile_cols, lmem_offset: int):
+        super().__init__(ctx, layout, matrix, key, tile_rows, tile_cols, lmem_offset, 2)
+        self.slots = ctx.chip.tile.queue_slots
+
+    @staticmethod
+    def row_bytes(k_tiles: int, queue_slots: int, stride: int) -> int:
+        """Per-lane bytes of one staged grid row."""
+        return -(-k_tiles // queue_slots) * stride
+
+    def _lane_address(self, queue_slot_address: int) -> int:
+        lane_bytes = self.ctx.chip.lmem_bytes_per_lane
+        return queue_slot_address // lane_bytes * lane_bytes
+
+    def _row_address(self, row: int, j: int, slot0: int) -> int:
+        """Flat LMEM address of K tile j of grid row `row` (slot0: address of T slot 0)."""
+        lane_bytes = self.ctx.chip.lmem_bytes_per_lane
+        lane = (slot0 // lane_bytes + j % self.slots) % self.ctx.chip.lanes
+        per_row = self.row_bytes(self.grid[1], self.slots, self.stride)
+        return lane * lane_bytes + self.lmem_offset + (row % 2) * per_row + (j // self.slots) * self.stride
+
+    def _stage_row(self, row: int, slot0: int) -> None:
+        """Grid row `row` into ring slot row % 2 (one DMA per queue_slots K tiles... as one strided DMA
+        for the whole multiples of queue_slots, one for the rest), unless it is there."""
+        if row >= self.grid[0] or self.ring.get(row % 2) == row:
+            return
+        self.ring[row % 2] = row
+        ctx, kt_count, elems = self.ctx, self.grid[1], self.stride // self.prec.bytes
+        full, rest = divmod(kt_count, self.slots)
+        src = self._image() + row * kt_count * self.stride
+        for j0, shape in ((0, (full, self.slots, 1, elems)), (full * self.slots, (1, rest, 1, elems))):
+            if not shape[0] or not shape[1]:
+                continue
+            dst = self._row_address(row, j0, slot0)
+            ctx.em.region_copy(DRegion(global_lmem_address(dst, ctx.chip), shape, (elems, elems, elems, 1), self.prec),
+                               DRegion(src + j0 * self.stride, shape, (self.slots * elems, elems, elems, 1), self.prec))
+
+    def load_slots(self, slot_addrs, blocks) -> None:
+        """One TIU copy for the batch (K-consecutive tiles of one row, slots in consecutive lanes)."""
+        from tpuflow.lowering.tensors import LTile
+        from tpuflow.isa import StrideMode
+        ctx = self.ctx
+        slot0 = ctx.chip.tile_slot_address(0, 0)
+        index = [self._tile_index(b) for b in blocks]
+        row, j0 = divmod(index[0], self.grid[1])
+        lane_bytes = ctx.chip.lmem_bytes_per_lane
+        if (any(t != index[0] + i for i, t in enumerate(index)) or (index[-1] // self.grid[1]) != row
+                or any(a != slot_addrs[0] + i * lane_bytes for i, a in enumerate(slot_addrs))
+                or slot_addrs[0] // lane_bytes != self._row_address(row, j0, slot0) // lane_bytes):
+            raise AssertionError("an aligned A pass batch is not K-consecutive tiles bound for their own lanes")
+        self._stage_row(row, slot0)
+        self._stage_row(row + 1, slot0)
+        rp, cp = self.padded(*blocks[0][1::2])
+        shape = (1, len(blocks), 1, rp * cp)
+        ctx.em.ar("copy", LTile(slot_addrs[0], shape, self.prec, (0, 0, 0, 1), StrideMode.FREE),
+                  LTile(self._row_address(row, j0, slot0), shape, self.prec, (0, 0, 0, 1), StrideMode.FREE))

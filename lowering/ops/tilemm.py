@@ -33,8 +33,8 @@ from tpuflow.lowering.ops.epilogue import Epilogue
 from tpuflow.lowering.ops.matmul import matmul_geometry
 from tpuflow.lowering.ops.movement import copy_nd
 from tpuflow.lowering.ops.tile_gemm import OUTPUT_SPAN, TILE_SIDES, TileDims, TileGemm
-from tpuflow.lowering.ops.tile_operands import (ConstOperand, LmemRowsOperand, Operand, PhaseImages, RowsOperand,
-                                                 StagedConstOperand, WindowOperand, ceil_to)
+from tpuflow.lowering.ops.tile_operands import (ConstOperand, LaneRowsOperand, LmemRowsOperand, Operand, PhaseImages,
+                                                 RowsOperand, StagedConstOperand, WindowOperand, ceil_to)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
 
@@ -346,7 +346,8 @@ class TileConvPlan(FrozenPlan):
     window_images: int | None = None    # ... and of its PhaseImages (pixels on lanes); None: im2col in DDR
     n_tile: int = 0                     # ... and the pixel tile (whole output rows)
     weight_stage: int | None = None     # per-lane offset of the weights' staging ring (StagedConstOperand), or None
-    weight_ring: int = 0                # ... its chunks
+    weight_ring: int = 0                # ... its chunks (0 with weight_lanes)
+    weight_lanes: bool = False          # weight_stage holds two grid rows staged in the T slots' lanes (LaneRowsOperand)
 
     @property
     def peak(self) -> int:
@@ -468,7 +469,10 @@ class TileConvEmitter:
                 window = (plan.window_images, plan.n_tile) if plan.window_images is not None else None
                 gemm = self._gemm(out, weights, gi, n, window)
                 if plan.weight_stage is not None:       # one staging ring per conv, kept across images
-                    if staged is None:
+                    if staged is None and plan.weight_lanes:
+                        staged = LaneRowsOperand(ctx, "nz", gemm.a.matrix, gemm.a.key, gemm.dims.mt, gemm.dims.kt,
+                                                 plan.weight_stage)
+                    elif staged is None:
                         staged = StagedConstOperand(ctx, "nz", gemm.a.matrix, gemm.a.key, gemm.dims.mt, gemm.dims.kt,
                                                     plan.weight_stage, plan.weight_ring)
                     gemm.a = staged
@@ -529,18 +533,24 @@ class TileConvEmitter:
         stage = tile_bytes_per_lane(chip, (1, images.channels, geo.h, geo.w), ctx.prec)
         if not arena.fits([stage, images.bytes_per_lane]):
             return None
-        sizes, names, ring = [stage, images.bytes_per_lane], ["window_stage", "window_images"], 0
+        sizes, names, ring, lanes = [stage, images.bytes_per_lane], ["window_stage", "window_images"], 0, False
         if geo.groups == 1:         # the weights staged in LMEM: as many chunks as fit, all of them at most
-            tiles = -(-geo.cout // dims.mt) * -(-images.channels * geo.kh * geo.kw // dims.kt)
+            k_tiles = -(-images.channels * geo.kh * geo.kw // dims.kt)
+            tiles = -(-geo.cout // dims.mt) * k_tiles
             stride = StagedConstOperand.chunk_stride(ceil_to(dims.mt, chip.tile.fractal_m) * dims.kt, ctx.prec)
-            chunks = -(-tiles // chip.lanes)          # a ring of one chunk only when there is one
-            ring = next((r for r in range(chunks, 1 if chunks > 1 else 0, -1) if arena.fits(sizes + [r * stride])), 0)
-            if ring:
-                sizes, names = sizes + [ring * stride], names + ["weight_stage"]
+            lane_rows = 2 * LaneRowsOperand.row_bytes(k_tiles, chip.tile.queue_slots, stride)
+            if not dims.resident and arena.fits(sizes + [lane_rows]):       # A streams pass by pass: TIU fills
+                sizes, names, lanes = sizes + [lane_rows], names + ["weight_stage"], True
+            else:
+                chunks = -(-tiles // chip.lanes)          # a ring of one chunk only when there is one
+                ring = next((r for r in range(chunks, 1 if chunks > 1 else 0, -1) if arena.fits(sizes + [r * stride])), 0)
+                if ring:
+                    sizes, names = sizes + [ring * stride], names + ["weight_stage"]
         offs, _ = arena.alloc_plan(sizes, [], f"{self.node.name}:window", names=(names, []))
+        staged = ring or lanes
         return TileConvPlan(region, ctx.window(region), tuple(arena.names), dims, *planned[:2], 0, 0, (), output_buffers,
                             out_group=planned[2], window_stage=offs[0], window_images=offs[1], n_tile=dims.nt,
-                            weight_stage=offs[2] if ring else None, weight_ring=ring)
+                            weight_stage=offs[2] if staged else None, weight_ring=ring, weight_lanes=lanes)
 
     def _phase_images(self, n: int, ic0: int, cin_g: int, plan: TileConvPlan, zero: bool) -> None:
         """Image n's channels [ic0, ic0 + cin_g) into the phase images: one load (channels on lanes),

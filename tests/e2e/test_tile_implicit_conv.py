@@ -124,6 +124,7 @@ def test_staged_weights_through_a_small_ring_match_onnxruntime(monkeypatch):
         self.ring_chunks = 2
         staged.append(self)
     monkeypatch.setattr(tile_operands.StagedConstOperand, "__init__", two_chunks)
+    monkeypatch.setattr(tile_operands.LaneRowsOperand, "row_bytes", staticmethod(lambda *_: 1 << 30))  # no lane rows
     model = _conv_model(256, 256, (10, 10), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
     options = CompileOptions(dtype="fp16", matmul="tile")
     assert verify(model, None, options, race_check=True)["ok"]
@@ -133,3 +134,30 @@ def test_staged_weights_through_a_small_ring_match_onnxruntime(monkeypatch):
 def options_lanes() -> int:
     from tpuflow.chip import load_chip
     return load_chip("sg2260").lanes
+
+
+def test_weights_streamed_pass_by_pass_fill_slots_by_tiu_copies():
+    """256 -> 256 3x3 conv (A streams: 36 K tiles per output tile): each pass starts on a multiple of 16
+    T pushes (a TPUSH of the unused slots), K tile j is staged in the lane of T slot j % 16 and copied
+    there by the TIU; no GDMA command writes a T slot; numerics against onnxruntime."""
+    from tpuflow.isa import ArTiu, TPush
+    model = _conv_model(256, 256, (10, 10), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
+    options = CompileOptions(dtype="fp16", matmul="tile")
+    _, program = compile_model(model, None, options)
+    chip = program.chip
+    t_lanes = {chip.tile_slot_address(0, s) // chip.lmem_bytes_per_lane for s in range(chip.tile.queue_slots)}
+    window_top = chip.tile_window_offset
+
+    def writes_t_slot(addr: int) -> bool:
+        return addr % chip.lmem_bytes_per_lane >= window_top and addr // chip.lmem_bytes_per_lane in t_lanes
+    gdma_t = 0
+    for instr in program.gdma:
+        try:
+            _, dst = transfer_sides(instr, chip)
+        except TypeError:
+            continue
+        gdma_t += dst.lmem and writes_t_slot(dst.addr)
+    copies = [i for i in program.tiu if isinstance(i, ArTiu) and i.op == "copy" and writes_t_slot(i.res0_addr)]
+    pads = [i for i in program.tile if isinstance(i, TPush) and i.dst_queue == 0 and i.count == 12]
+    assert gdma_t == 0 and copies and pads
+    assert verify(model, None, options, race_check=True)["ok"]
