@@ -7,7 +7,8 @@ node in a group of kind "quant":
 
 - Conv (standard, grouped or depthwise; int8 weights of zero point 0) and MatMul by constant int8
   weights (the Gemm form, with the int32 bias Add that follows its int32 accumulator), each with a
-  following Relu / Clip on its 8-bit output fused;
+  following Relu / Clip on its 8-bit output fused; MatMul of two per-tensor 8-bit activations
+  (attention; both zero points exact: quant_ops.ActMatMulQuant);
 - QuantizeLinear, DequantizeLinear (per tensor), and Add / Mul / Relu / Clip of same-shaped
   quantized tensors or of one such tensor and a broadcast constant (scalar, per channel, or any
   other pattern: row_pattern);
@@ -170,7 +171,24 @@ def _channel_constant(const, out, op: str) -> bool:
     return len(out.shape) == 4 and tuple(const.shape) in ((out.shape[1], 1, 1), (1, out.shape[1], 1, 1))
 
 
+def product_of_activations(graph: Graph, node: OpNode) -> bool:
+    """A MatMul of two runtime tensors (attention's Q.K^T, P.V)."""
+    return node.op_type == "MatMul" and not any(graph.tensor(t).is_const for t in node.inputs[:2])
+
+
+def _activations_reason(graph: Graph, node: OpNode) -> str:
+    """Why the int8 lowering cannot emit a MatMul of two activations ('' when it can: ActMatMulQuant)."""
+    a, b, out = (graph.tensor(t) for t in (node.inputs[0], node.inputs[1], node.outputs[0]))
+    if any(t.quant is None or t.quant.per_channel or t.quant.storage == "int32" for t in (a, b, out)):
+        return "a product of two activations only of per-tensor 8-bit tensors into a per-tensor 8-bit result"
+    if len(a.shape) < 2 or len(b.shape) < 2 or tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
+        return "a product of two activations only with equal batch dimensions (no broadcasting)"
+    return ""
+
+
 def _product_reason(graph: Graph, node: OpNode) -> str:
+    if product_of_activations(graph, node):
+        return _activations_reason(graph, node)
     x, w = graph.tensor(node.inputs[0]), graph.tensor(node.inputs[1])
     out = graph.tensor(node.outputs[0])
     if x.quant is None or w.quant is None or not w.is_const:
@@ -230,7 +248,8 @@ def quantized_groups(graph: Graph, groups: list[Group], chip=None) -> list[Group
             if node.op_type in VIEWS and not requantising_view(graph, node):
                 made = Group("view", [node])
             else:
-                made = Group("quant", [node] + (_fused_after(graph, node) if node.op_type in PRODUCTS else []))
+                fused = node.op_type in PRODUCTS and not product_of_activations(graph, node)
+                made = Group("quant", [node] + (_fused_after(graph, node) if fused else []))
             claimed.update(n.name for n in made.nodes)
             made.stored = _stored(graph, made)
             out.append(made)

@@ -862,6 +862,183 @@ class GemmQuant(Planned):
         emit_requant(ctx, out, real, rq0_scalars(1.0, 0.0), self.zp_y, signed(ctx, self.out), self.clamp)
 
 
+class ActMatMulQuant(Planned):
+    """MatMul of two quantized activations (attention's Q.K^T and P.V), A (batch, M, K) by B (batch,
+    K, N), both per-tensor 8-bit, into a per-tensor 8-bit result, per batch item in row / column / K
+    steps on MM2 (int8 x int8 -> int32). The zero points are handled exactly by expanding
+    sum_k (a - za)(b - zb) = A.B + Z.B + A.Zb + K za zb, each term an integer:
+
+    - A.B: mm2 of the stored integers (signed or not by their storage);
+    - Z.B: mm2 of a constant matrix filled with -za by B, accumulated into the same int32 tile
+      (opt_res_add): -za times B's column sums, on every row (-za = 128 is stored as uint8; a uint8
+      zero point past 128 takes two fills, -128 and 128 - za: _fills);
+    - A.Zb: mm2 of A by a K x 1 column filled with -zb (the same fills): -zb times A's row sums (one
+      int32 per lane), added along the row by an int32 arith add (stride 0 along w);
+
+    Operands read through a Transpose the lowering folded into the MatMul (a_perm / b_perm /
+    y_perm) are loaded / stored through the permuted strides; B stored transposed (attention's K^T)
+    runs as mm2.nt.
+    - K za zb: the int32 bias row of the first K step (a constant, broadcast-loaded to every lane).
+
+    Every value stays below 2**31 for K < 2**15 (|a - za|, |b - zb| <= 255). Then onnxruntime's
+    requantisation (emit_requant) by fp32(fp32(s_a) * fp32(s_b)) / fp32(s_y) as its QLinearMatMul
+    computes the output scale. Z.B costs a second full product: cheap beside the weight matmuls of
+    an encoder (attention's two products are ~6% of BERT-base's MACs)."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        super().__init__(ctx, group)
+        g, node = ctx.graph, self.node
+        self.a, self.b, self.out = node.inputs[0], node.inputs[1], node.outputs[0]
+        a_shape, self.a_st = self._view(self.a, node.attr("a_perm"))
+        b_shape, self.b_st = self._view(self.b, node.attr("b_perm"))
+        y_shape, self.y_st = self._view(self.out, node.attr("y_perm"), inverse=True)
+        self.m, self.k = a_shape[-2:]
+        self.n = b_shape[-1]
+        self.batch_shape = tuple(a_shape[:-2])
+        if tuple(b_shape[:-2]) != self.batch_shape or tuple(y_shape[:-2]) != self.batch_shape \
+                or self.a_st[-1] != 1 or self.y_st[-1] != 1 or 1 not in self.b_st[-2:]:
+            raise LoweringError(f"node {node.name}: an int8 product of activations with broadcast batch dims or "
+                                f"operands read across their rows")
+        self.transposed_b = self.b_st[-1] != 1        # B^T rows in DDR (a folded K Transpose): mm2.nt
+        self.batch = math.prod(self.batch_shape)
+        s_a, self.za = per_tensor(ctx, self.a)
+        s_b, self.zb = per_tensor(ctx, self.b)
+        s_y, self.zp_y = per_tensor(ctx, self.out)
+        self.scale = float((np.float32(s_a) * np.float32(s_b)).astype(np.float32) / np.float32(s_y))
+        self.bias = np.full(self.n, self.k * self.za * self.zb, np.int64)
+        if np.abs(self.bias).max(initial=0) >= 1 << 31 or self.k >= 1 << 15:
+            raise LoweringError(f"node {node.name}: K = {self.k} is too long for an exact int32 accumulation")
+
+    def _view(self, tensor: str, perm, inverse: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(shape, element strides) of the logical operand / result read through a folded Transpose
+        (lowering.prepare.fold_matmul_transposes: a_perm / b_perm read the source permuted; y_perm
+        writes the result into its permutation: result dim e is dim perm.index(e) of the tensor)."""
+        shape = tuple(self.ctx.graph.tensor(tensor).shape)
+        st, acc = [0] * len(shape), 1
+        for d in reversed(range(len(shape))):
+            st[d], acc = acc, acc * shape[d]
+        if perm is None:
+            return shape, tuple(st)
+        if inverse:
+            order = [list(perm).index(e) for e in range(len(perm))]
+            return tuple(shape[d] for d in order), tuple(st[d] for d in order)
+        return tuple(shape[p] for p in perm), tuple(st[p] for p in perm)
+
+    def _offset(self, strides, item: int) -> int:
+        """Element offset of batch item `item` in an operand of these strides."""
+        index = np.unravel_index(item, self.batch_shape) if self.batch_shape else ()
+        return int(sum(int(i) * st for i, st in zip(index, strides)))
+
+    @staticmethod
+    def _fills(zero_point: int) -> list[tuple[int, int]]:
+        """(stored int8 value, sign flag) of the constant matrices whose products sum to -zero_point times
+        the other operand: none for 0, one for -zero_point in [-128, 128] (128 stored as uint8), two for
+        a uint8 zero point past 128 (-zero_point = -128 + (128 - zero_point))."""
+        v = -zero_point
+        if v == 0:
+            return []
+        if -128 <= v <= 127:
+            return [(v, 1)]
+        if v == 128:
+            return [(-128, 0)]
+        return [(-128, 1), (v + 128, 1)]
+
+    def _fill_tiles(self, at: int, shape, zero_point: int) -> dict[int, LTile]:
+        """{stored value: its filled tile} of _fills(zero_point), one tile after the other from `at`."""
+        tiles = {}
+        for value, _ in self._fills(zero_point):
+            tiles[value] = make_tile(self.chip, at, shape, Prec.INT8)
+            self.ctx.em.fill(tiles[value], value)
+            at += self.bytes(shape, Prec.INT8)
+        return tiles
+
+    def choices(self):
+        lanes = self.chip.lanes
+        rows = [self.m] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < self.m]
+        return [(rt, nt, kt) for kt in halvings(self.k) for nt in halvings(self.n) for rt in rows]
+
+    def sizes(self, choice):
+        rt, nt, kt = choice
+        lanes_used = min(rt, self.chip.lanes)
+        fills_a, fills_b = max(1, len(self._fills(self.za))), max(1, len(self._fills(self.zb)))
+        resident = [self.bytes((1, lanes_used, 1, nt), Prec.INT32), self.bytes((1, rt, 1, nt), Prec.INT32),
+                    self.bytes((1, rt, 1, nt), Prec.INT8), self.bytes((1, rt, 1, 1), Prec.INT32),
+                    fills_a * self.bytes((1, rt, 1, kt), Prec.INT8), fills_b * self.bytes((1, kt, 1, 1), Prec.INT8)]
+        b_shape = (1, nt, 1, kt) if self.transposed_b else (1, kt, 1, nt)
+        per_set = [("a", self.bytes((1, rt, 1, kt), Prec.INT8)), ("b", self.bytes(b_shape, Prec.INT8))]
+        return resident, per_set
+
+    def emit(self, plan: QuantPlan) -> None:
+        ctx, chip = self.ctx, self.chip
+        ctx.em.layer = self.node.name
+        rt, nt, kt = plan.choice
+        bias_at, acc_at, out_at, rows_at, z_at, zb_at = plan.resident
+        b_addr = ctx.const_addr(f"{self.node.name}:zero_point_product_row", self.bias.astype(np.int32), Prec.INT32)
+        z = self._fill_tiles(z_at, (1, rt, 1, kt), self.za)           # filled once: every view reads the fill
+        zb = self._fill_tiles(zb_at, (1, kt, 1, 1), self.zb)
+        index = 0
+        for item in range(self.batch):
+            for c0, nc in steps(self.n, nt):
+                bias = make_tile(chip, bias_at, (1, min(rt, chip.lanes), 1, nc), Prec.INT32)
+                ctx.em.broadcast_load(bias, b_addr + 4 * c0, Prec.INT32)
+                for r0, rc in steps(self.m, rt):
+                    acc = make_tile(chip, acc_at, (1, rc, 1, nc), Prec.INT32)
+                    sums = make_tile(chip, rows_at, (1, rc, 1, 1), Prec.INT32)
+                    k_steps = steps(self.k, kt)
+                    for ks, (k0, kc) in enumerate(k_steps):
+                        self._k_step(plan.sets[index % len(plan.sets)], (acc, sums, bias, z, zb), item,
+                                     (r0, rc), (c0, nc), (k0, kc), ks == 0)
+                        index += 1
+                    if self.zb:
+                        ctx.em.ar("add", acc, acc, sums.broadcast(acc.shape, w=True))
+                    out = make_tile(chip, out_at, (1, rc, 1, nc), Prec.INT8)
+                    emit_requant(ctx, out, acc, rq0_scalars(self.scale, 0.0), self.zp_y, signed(ctx, self.out))
+                    sm, sn = self.y_st[-2:]
+                    ctx.em.store(out, ctx.region(self.out, out.shape, self._offset(self.y_st, item) + r0 * sm + c0 * sn,
+                                                 (sm * rc, sm, sn * nc, sn)))
+        self.note(plan, self.batch * self.m * self.n * self.k)
+
+    def _k_step(self, offs: dict, tiles, item: int, rows, cols, ks, first: bool) -> None:
+        """One K step: A.B (+ the bias row on the first step), Z.B, and A.Zb into the row sums."""
+        ctx, chip = self.ctx, self.chip
+        acc, sums, bias, z, zb = tiles
+        (r0, rc), (c0, nc), (k0, kc) = rows, cols, ks
+        a = make_tile(chip, offs["a"], (1, rc, 1, kc), Prec.INT8)
+        (am, ak), (bk, bn) = self.a_st[-2:], self.b_st[-2:]
+        ctx.em.load(a, ctx.region(self.a, a.shape, self._offset(self.a_st, item) + r0 * am + k0 * ak,
+                                  (am * rc, am, ak * kc, ak)))
+        b_at = self._offset(self.b_st, item) + k0 * bk + c0 * bn
+        if self.transposed_b:                          # B^T rows: (nc, kc), K contiguous
+            b = make_tile(chip, offs["b"], (1, nc, 1, kc), Prec.INT8)
+            ctx.em.load(b, ctx.region(self.b, b.shape, b_at, (bn * nc, bn, bk * kc, bk)))
+        else:
+            b = make_tile(chip, offs["b"], (1, kc, 1, nc), Prec.INT8)
+            ctx.em.load(b, ctx.region(self.b, b.shape, b_at, (bk * kc, bk, bn * nc, bn)))
+        sign_a, sign_b = signed(ctx, self.a), signed(ctx, self.b)
+        self._mm2(acc, a, sign_a, b, sign_b, accumulate=not first, bias=bias if first else None, depth=kc)
+        for value, sign in self._fills(self.za):
+            self._mm2(acc, z[value], sign, b, sign_b, accumulate=True, rows=rc, depth=kc)
+        for i, (value, sign) in enumerate(self._fills(self.zb)):
+            self._mm2(sums, a, sign_a, zb[value], sign, accumulate=not first or i > 0, depth=kc, cols=1, plain=True)
+
+    def _mm2(self, res: LTile, left: LTile, left_sign: int, right: LTile, right_sign: int, accumulate: bool,
+             bias: LTile | None = None, rows: int | None = None, depth: int | None = None,
+             cols: int | None = None, plain: bool = False) -> None:
+        """res (rows x cols, int32) (+)= left (rows x depth) . right (depth x cols), int8 operands; right
+        is B (mm2.nt when B's rows are stored transposed) unless `plain` (a K x 1 column: mm2.nn)."""
+        rows, cols = rows or res.c, cols or res.w
+        nt = self.transposed_b and not plain
+        opd1 = (cols, depth) if nt else (depth, cols)
+        self.ctx.em.tiu(Mm2Tiu(op="nt" if nt else "nn", res0_addr=res.addr, res0_c=rows, res0_w=cols,
+                               opd0_addr=left.addr, opd0_c=rows, opd0_w=depth, opd1_addr=right.addr,
+                               opd1_c=opd1[0], opd1_w=opd1[1],
+                               opd2_addr=bias.addr if bias is not None else 0,
+                               opt_opd2_const=0 if bias is not None else 1, opt_res0_prec=int(Prec.INT32),
+                               opt_opd0_prec=int(Prec.INT8), opt_opd1_prec=int(Prec.INT8),
+                               opt_opd2_prec=int(Prec.INT32), opt_res_add=int(accumulate),
+                               opt_opd0_sign=left_sign, opt_opd1_sign=right_sign))
+
+
 def halvings(total: int) -> list[int]:
     """total, then halves of it (rounded up) down to 1: step sizes to try, largest first."""
     out = [total]
@@ -1033,7 +1210,8 @@ def single_emitter(ctx: LowerCtx, group: Group):
     if groups > 1 and groups == ctx.graph.tensor(group.anchor.inputs[0]).shape[1]:
         return DepthwiseQuant(ctx, group)
     if op == "MatMul":
-        return GemmQuant(ctx, group)
+        weights = ctx.graph.tensor(group.anchor.inputs[1]).is_const
+        return GemmQuant(ctx, group) if weights else ActMatMulQuant(ctx, group)
     if op == "Conv":
         return (FoldedConvQuant if folds_kernel_rows(ctx.graph, group.anchor) else ProductQuant)(ctx, group)
     if op in ("MaxPool", "AveragePool", "GlobalAveragePool"):

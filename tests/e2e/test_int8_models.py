@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frontend"))
 
@@ -538,3 +539,94 @@ def test_a_reshape_between_two_quantizations_is_requantised():
     result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
     assert result["ok"] and all(o["max_abs_err"] == 0.0 for o in result["outputs"]), result["outputs"]
 
+
+
+# ---------------------------------------------------------------- products of two activations (attention)
+
+
+@pytest.mark.parametrize("matmul", ["tiu", "tile"])
+@pytest.mark.parametrize("case", [("QDQ", False, "QInt8"), ("QDQ", True, "QUInt8"), ("QOperator", False, "QInt8"),
+                                  ("QOperator", True, "QUInt8")],
+                         ids=["QDQ-QInt8", "QDQ-QUInt8", "QOperator-QInt8", "QOperator-QUInt8"])
+def test_attention_scores_run_in_int8(case, matmul):
+    """quant_models.attention: Q.K^T of two activations (ActMatMulQuant), Softmax in float, P.V by weights.
+    QOperator (onnxruntime's QLinearMatMul kernel) gives exactly its integers at fp32; QDQ within a step."""
+    from tpuflow.lowering.quant import product_of_activations
+    model = quantized("attention", *case)
+    graph = load_graph_of(model)
+    assert any(product_of_activations(graph, n) for n in graph.nodes())
+    result = verify(model, "sg2260", CompileOptions(dtype="fp32", matmul=matmul))
+    (out,) = result["outputs"]
+    assert result["ok"] and out["max_abs_err"] <= (0.0 if case[0] == "QOperator" else 1.001 * out["quant_step"]), out
+
+
+def quantized_product_model(batch: tuple[int, ...], m: int, k: int, n: int, qa, qb, qy, transpose_b: bool = False):
+    """Graph inputs A (batch, m, k) and B (batch, k, n) already quantized (int8 / uint8 by their Quant's
+    (scale, zero point, storage)), DequantizeLinear -> MatMul -> QuantizeLinear: the int8 output y."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    types = {"int8": (T.INT8, np.int8), "uint8": (T.UINT8, np.uint8)}
+    n_ = helper.make_node
+    inits, nodes = [], []
+    for name, (scale, zp, storage) in (("a", qa), ("b", qb), ("y", qy)):
+        inits += [numpy_helper.from_array(np.float32(scale), f"{name}_s"),
+                  numpy_helper.from_array(np.asarray(zp, types[storage][1]), f"{name}_z")]
+    b_shape = (*batch, n, k) if transpose_b else (*batch, k, n)
+    nodes += [n_("DequantizeLinear", ["a", "a_s", "a_z"], ["af"]), n_("DequantizeLinear", ["b", "b_s", "b_z"], ["bf"])]
+    if transpose_b:
+        perm = list(range(len(batch))) + [len(batch) + 1, len(batch)]
+        nodes.append(n_("Transpose", ["bf"], ["bt"], perm=perm))
+    nodes += [n_("MatMul", ["af", "bt" if transpose_b else "bf"], ["yf"], name="product"),
+              n_("QuantizeLinear", ["yf", "y_s", "y_z"], ["y"])]
+    graph = helper.make_graph(nodes, "product", [helper.make_tensor_value_info("a", types[qa[2]][0], [*batch, m, k]),
+                                                  helper.make_tensor_value_info("b", types[qb[2]][0], list(b_shape))],
+                              [helper.make_tensor_value_info("y", types[qy[2]][0], [*batch, m, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def run_on_chip(model, inputs: dict, **options):
+    import tempfile
+    from tpuflow.codegen import read_program, write_program
+    from tpuflow.hwmodel.functional import run
+    graph, program = compile_model(model, "sg2260", CompileOptions(**options))
+    with tempfile.TemporaryDirectory() as tmp:
+        write_program(program, Path(tmp), name=graph.name)
+        decoded = read_program(Path(tmp), program.chip)
+    return run(decoded, inputs, race_check=True)
+
+
+def product_rule(a, b, qa, qb, qy) -> np.ndarray:
+    """The QDQ meaning with onnxruntime's requantisation: int64 sum of (a - za)(b - zb), times the fp32
+    scale fp32(s_a * s_b) / s_y, rounded half to even, plus zy, saturated."""
+    acc = np.matmul(a.astype(np.int64) - qa[1], b.astype(np.int64) - qb[1])
+    scale = np.float32(np.float32(qa[0]) * np.float32(qb[0])) / np.float32(qy[0])
+    lo, hi = np.iinfo(qy[2]).min, np.iinfo(qy[2]).max
+    return np.clip(np.rint(acc.astype(np.float32) * np.float32(scale)) + qy[1], lo, hi).astype(qy[2])
+
+
+def _quant_param(storage: str):
+    lo, hi = np.iinfo(storage).min, np.iinfo(storage).max
+    return st.tuples(st.floats(0.00390625, 0.0625, width=32), st.integers(lo, hi), st.just(storage))
+
+
+@settings(max_examples=12, deadline=None)
+@given(batch=st.sampled_from([(), (2,), (1, 3)]), m=st.integers(1, 70), k=st.integers(1, 80), n=st.integers(1, 40),
+       qa=st.one_of(_quant_param("int8"), _quant_param("uint8")), qb=st.one_of(_quant_param("int8"), _quant_param("uint8")),
+       transpose_b=st.booleans(), step=st.sampled_from([None, (16, 8, 24)]), seed=st.integers(0, 2 ** 16))
+def test_product_of_activations_is_exact(batch, m, k, n, qa, qb, transpose_b, step, seed):
+    """Any zero points (int8 / uint8, including -128 and uint8 ones past 128), batch dims, a Transpose of B
+    folded into the product (mm2.nt), K / row / column steps: the chip's integers equal the int64 rule."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(np.iinfo(qa[2]).min, np.iinfo(qa[2]).max + 1, (*batch, m, k)).astype(qa[2])
+    b_stored = rng.integers(np.iinfo(qb[2]).min, np.iinfo(qb[2]).max + 1, (*batch, n, k) if transpose_b
+                            else (*batch, k, n)).astype(qb[2])
+    b = np.swapaxes(b_stored, -1, -2) if transpose_b else b_stored
+    # the output scale calibrated on this result: its values spread over about +-100 steps (no saturation)
+    reach = np.abs(np.matmul(a.astype(np.int64) - qa[1], b.astype(np.int64) - qb[1])).max()
+    qy = (float(max(reach, 1)) * float(qa[0]) * float(qb[0]) / 100.0, 3, "int8")
+    model = quantized_product_model(batch, m, k, n, qa, qb, qy, transpose_b)
+    with pytest.MonkeyPatch.context() as patch:
+        if step is not None:
+            from tpuflow.lowering.ops import quant_ops
+            patch.setattr(quant_ops.ActMatMulQuant, "choices", lambda self: [step])
+        ours = run_on_chip(model, {"a": a, "b": b_stored}, dtype="fp32")["y"]
+    assert np.array_equal(ours, product_rule(a, b, qa, qb, qy))
