@@ -6,7 +6,7 @@ every float tensor at --dtype. The int8 lowering (lowering/ops/quant_ops.py) emi
 node in a group of kind "quant":
 
 - Conv (standard, grouped or depthwise; int8 weights of zero point 0) and MatMul by constant int8
-  weights (the Gemm form, with the int32 bias Add that follows its int32 accumulator), each with a
+  weights (any zero points but -128; the Gemm form, with the int32 bias Add that follows its int32 accumulator), each with a
   following Relu / Clip on its 8-bit output fused; MatMul of two per-tensor 8-bit activations
   (attention; both zero points exact: quant_ops.ActMatMulQuant);
 - QuantizeLinear, DequantizeLinear (per tensor), and Add / Mul / Relu / Clip of same-shaped
@@ -193,8 +193,10 @@ def _product_reason(graph: Graph, node: OpNode) -> str:
     out = graph.tensor(node.outputs[0])
     if x.quant is None or w.quant is None or not w.is_const:
         return "only products of a quantized activation by constant int8 weights"
-    if x.quant.per_channel or w.quant.storage != "int8" or (w.quant.zero_point != 0).any():
-        return "weights must be int8 with zero point 0, the activation per-tensor"
+    if x.quant.per_channel or w.quant.storage != "int8":
+        return "weights must be int8, the activation per-tensor"
+    if (w.quant.zero_point != 0).any() and (node.op_type == "Conv" or (w.quant.zero_point == -128).any()):
+        return "weights with zero points only in a MatMul (Gemm), and none of -128"
     if node.op_type == "Conv":
         if out.quant is None or out.quant.storage == "int32":
             return "a Conv with an int32 or float result is not supported yet"

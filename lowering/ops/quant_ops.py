@@ -758,6 +758,10 @@ class GemmQuant(Planned):
     MM2 (mm2.nn): A (rows x K, rows on lanes) times W (K x N, K on lanes) into an int32 accumulator
     with the folded bias row (bias - zp_a * column sums of W, broadcast to every lane used, added by
     the first K step), K in steps accumulated in int32 (opt_res_add), MM2's relu on the int32 sum.
+    Weights with zero points zw (per tensor or per column, zw > -128): sum (a - za)(w - zw) adds
+    -zw[n] * (row sums of A) + K za zw[n]; the constant part goes into the bias row, the other is a
+    second MM2 per K step of A by Zw, the K x N matrix whose every row is -zw (one broadcast DMA of
+    the row per column chunk): exact, at twice that layer's MACs (a classifier, usually).
     Requantisation: per-tensor weights, emit_requant by s_a * s_w / s_y; per-column weights (their
     scale varies along the row, not per lane), the sums as fp32 (dq0) times a broadcast row of
     per-column scales (the fp32 product onnxruntime rounds) then emit_requant by 1."""
@@ -774,7 +778,10 @@ class GemmQuant(Planned):
         bias = (np.asarray(g.tensor(adds[0].inputs[1]).const, np.int64).reshape(-1) if adds
                 else np.zeros(self.n, np.int64))
         s_x, zp_x = per_tensor(ctx, self.x)
-        folded = bias - zp_x * self.weights.astype(np.int64).sum(axis=0)
+        zp_w = np.broadcast_to(np.asarray(w_info.quant.zero_point, np.int64).reshape(-1), (self.n,))
+        self.weight_zero_points = np.any(zp_w != 0)
+        self.minus_zp_w = (-zp_w).astype(np.int8)      # the K x N matrix of A.Zw: this row on every K lane
+        folded = bias - zp_x * self.weights.astype(np.int64).sum(axis=0) + self.k * zp_x * zp_w
         if np.abs(folded).max(initial=0) >= 1 << 31:
             raise LoweringError(f"node {node.name}: the folded int32 bias overflows")
         self.bias = folded.astype(np.int32)
@@ -801,6 +808,8 @@ class GemmQuant(Planned):
         lanes_used = min(rt, self.chip.lanes)
         resident = [self.bytes((1, lanes_used, 1, nt), Prec.INT32), self.bytes((1, lanes_used, 1, nt), Prec.FP32),
                     self.bytes((1, rt, 1, nt), Prec.INT32), self.bytes((1, rt, 1, nt), Prec.INT8)]
+        if self.weight_zero_points:
+            resident.append(self.bytes((1, kt, 1, nt), Prec.INT8))
         per_set = [("a", self.bytes((1, rt, 1, kt), Prec.INT8)), ("w", self.bytes((1, kt, 1, nt), Prec.INT8))]
         return resident, per_set
 
@@ -811,9 +820,14 @@ class GemmQuant(Planned):
         self.w_addr = ctx.const_addr(f"{self.node.name}:int8_weights", self.weights, Prec.INT8)
         b_addr = ctx.const_addr(f"{self.node.name}:int32_bias_row", self.bias, Prec.INT32)
         s_addr = ctx.const_addr(f"{self.node.name}:scale_row", self.scales, Prec.FP32)
-        bias_at, scale_at, acc_at, out_at = plan.resident
+        bias_at, scale_at, acc_at, out_at = plan.resident[:4]
+        self.zw_at = plan.resident[4] if self.weight_zero_points else None
+        zw_addr = (ctx.const_addr(f"{self.node.name}:minus_weight_zero_points", self.minus_zp_w, Prec.INT8)
+                   if self.weight_zero_points else None)
         index = 0
         for c0, nc in steps(self.n, nt):
+            if zw_addr is not None:          # -zw of the chunk's columns on every K lane: Zw's rows
+                ctx.em.broadcast_load(make_tile(chip, self.zw_at, (1, kt, 1, nc), Prec.INT8), zw_addr + c0, Prec.INT8)
             lanes_used = min(rt, chip.lanes)
             bias = make_tile(chip, bias_at, (1, lanes_used, 1, nc), Prec.INT32)
             ctx.em.broadcast_load(bias, b_addr + 4 * c0, Prec.INT32)
@@ -846,8 +860,15 @@ class GemmQuant(Planned):
                           opd2_addr=bias.addr if first else 0, opt_opd2_const=0 if first else 1,
                           opt_res0_prec=int(Prec.INT32), opt_opd0_prec=int(Prec.INT8),
                           opt_opd1_prec=int(Prec.INT8), opt_opd2_prec=int(Prec.INT32),
-                          opt_res_add=0 if first else 1, opt_relu=int(self.relu and last),
+                          opt_res_add=0 if first else 1,
+                          opt_relu=int(self.relu and last and not self.weight_zero_points),
                           opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1))
+        if self.weight_zero_points:          # + A . Zw = -zw[n] * (the row sums of A), exact in int32
+            ctx.em.tiu(Mm2Tiu(op="nn", res0_addr=acc.addr, res0_c=rc, res0_w=nc, opd0_addr=a.addr, opd0_c=rc,
+                              opd0_w=kc, opd1_addr=self.zw_at, opd1_c=kc, opd1_w=nc, opt_opd2_const=1,
+                              opt_res0_prec=int(Prec.INT32), opt_opd0_prec=int(Prec.INT8),
+                              opt_opd1_prec=int(Prec.INT8), opt_opd2_prec=int(Prec.INT32), opt_res_add=1,
+                              opt_relu=int(self.relu and last), opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1))
 
     def _requantise(self, acc: LTile, out: LTile, scale: LTile, c0: int) -> None:
         ctx = self.ctx

@@ -630,3 +630,63 @@ def test_product_of_activations_is_exact(batch, m, k, n, qa, qb, transpose_b, st
             patch.setattr(quant_ops.ActMatMulQuant, "choices", lambda self: [step])
         ours = run_on_chip(model, {"a": a, "b": b_stored}, dtype="fp32")["y"]
     assert np.array_equal(ours, product_rule(a, b, qa, qb, qy))
+
+
+# ---------------------------------------------------------------- weights with zero points
+
+
+def weight_product_model(m: int, k: int, n: int, qa, weights: np.ndarray, w_scale, w_zp, qy):
+    """A (m, k) int8 / uint8 graph input, constant int8 weights (k, n) with scales / zero points per tensor
+    (scalars) or per column (arrays, axis 1), DequantizeLinear -> MatMul -> QuantizeLinear into int8 y."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    types = {"int8": (T.INT8, np.int8), "uint8": (T.UINT8, np.uint8)}
+    n_ = helper.make_node
+    per_column = np.ndim(w_scale) == 1
+    inits = [numpy_helper.from_array(np.float32(qa[0]), "a_s"), numpy_helper.from_array(np.asarray(qa[1], types[qa[2]][1]), "a_z"),
+             numpy_helper.from_array(weights.astype(np.int8), "w"),
+             numpy_helper.from_array(np.asarray(w_scale, np.float32), "w_s"),
+             numpy_helper.from_array(np.asarray(w_zp, np.int8), "w_z"),
+             numpy_helper.from_array(np.float32(qy[0]), "y_s"), numpy_helper.from_array(np.int8(qy[1]), "y_z")]
+    nodes = [n_("DequantizeLinear", ["a", "a_s", "a_z"], ["af"]),
+             n_("DequantizeLinear", ["w", "w_s", "w_z"], ["wf"], **({"axis": 1} if per_column else {})),
+             n_("MatMul", ["af", "wf"], ["yf"], name="fc"), n_("QuantizeLinear", ["yf", "y_s", "y_z"], ["y"])]
+    graph = helper.make_graph(nodes, "weights", [helper.make_tensor_value_info("a", types[qa[2]][0], [m, k])],
+                              [helper.make_tensor_value_info("y", T.INT8, [m, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@settings(max_examples=10, deadline=None)
+@given(m=st.integers(1, 70), k=st.integers(1, 90), n=st.integers(1, 40), qa=st.one_of(_quant_param("int8"),
+       _quant_param("uint8")), per_column=st.booleans(), step=st.sampled_from([None, (16, 8, 24)]),
+       seed=st.integers(0, 2 ** 16))
+def test_weights_with_zero_points_are_exact(m, k, n, qa, per_column, step, seed):
+    """MatMul by int8 weights whose zero points are not 0 (onnxruntime's quantizer gives Inception v1's
+    classifier per-tensor weights of zero point -3): the chip's integers equal the int64 rule."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(np.iinfo(qa[2]).min, np.iinfo(qa[2]).max + 1, (m, k)).astype(qa[2])
+    w = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    w_zp = rng.integers(-127, 128, n).astype(np.int8) if per_column else np.int8(rng.integers(-127, 128))
+    w_scale = (rng.uniform(0.5, 2.0, n) * 0.01).astype(np.float32) if per_column else np.float32(0.01)
+    acc = np.matmul(a.astype(np.int64) - qa[1], w.astype(np.int64) - np.asarray(w_zp, np.int64))
+    s_y = float(max(np.abs(acc).max(), 1)) * float(qa[0]) * 0.02 / 100.0
+    scale = (np.float32(qa[0]) * np.asarray(w_scale, np.float32)).astype(np.float32) / np.float32(s_y)
+    want = np.clip(np.rint(acc.astype(np.float32) * np.asarray(scale, np.float32)) + 3, -128, 127).astype(np.int8)
+    model = weight_product_model(m, k, n, qa, w, w_scale, w_zp, (s_y, 3))
+    with pytest.MonkeyPatch.context() as patch:
+        if step is not None:
+            from tpuflow.lowering.ops import quant_ops
+            patch.setattr(quant_ops.GemmQuant, "choices", lambda self: [step])
+        ours = run_on_chip(model, {"a": a}, dtype="fp32")["y"]
+    assert np.array_equal(ours, want)
+
+
+@pytest.mark.slow
+def test_inception_v1_qdq_with_zero_point_classifier_weights_verifies():
+    """The deployment-style QDQ Inception v1 (per-tensor classifier weights of zero point -3)."""
+    from tpuflow import models
+    q = quantize_float(deployable(models.build_model("inception_v1")), count=2)
+    graph = load_graph_of(q)
+    fc = next(n for n in graph.nodes() if n.op_type == "MatMul")
+    assert (graph.tensor(fc.inputs[1]).quant.zero_point != 0).any()
+    result = verify(q, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"], result["outputs"]
