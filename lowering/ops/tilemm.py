@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -348,6 +349,7 @@ class TileConvPlan(FrozenPlan):
     weight_stage: int | None = None     # per-lane offset of the weights' staging ring (StagedConstOperand), or None
     weight_ring: int = 0                # ... its chunks (0 with weight_lanes)
     weight_lanes: bool = False          # weight_stage holds two grid rows staged in the T slots' lanes (LaneRowsOperand)
+    residual_images: int | None = None  # per-lane offset of the residual's pixel-major image (I . R from LMEM), or None
 
     @property
     def peak(self) -> int:
@@ -399,7 +401,7 @@ class TileConvEmitter:
         return _nhwc_offset(cin_g * kh * kw * ho * wo * esize) + cin_g * h * w * esize
 
     def _gemm(self, out: _TileOutput, weights: np.ndarray, gi: int, n: int = 0,
-              window: tuple[int, int] | None = None) -> TileGemm:
+              window: tuple[int, int] | None = None, residual_images: int | None = None) -> TileGemm:
         """The GEMM of image n, group gi; `window` = (PhaseImages offset, pixel tile) reads B from the
         input's phase images in LMEM (implicit GEMM), else from the im2col matrix in DDR."""
         ctx, geo = self.ctx, self.geom
@@ -413,8 +415,10 @@ class TileConvEmitter:
         residual = None
         if self.residual is not None:
             r_addr = ctx.ddr_addr(self.residual) + (n * geo.cout + oc0) * pix * ctx.prec.bytes
-            layout = "zn" if window is not None and cout_g % (ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes) == 0 else "nz"
+            layout = self._residual_layout(window is not None)
             residual = RowsOperand(ctx, layout, r_addr, cout_g, pix, pix)     # zn: I . R, channel rows whole fractals
+            if residual_images is not None:
+                residual = WindowOperand(ctx, self._residual_images(), residual_images, geo.wo)
         gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, out.value_prec if out.needs_tiu else ctx.prec,
                         bias_key=f"{self.node.name}:{gi}", residual=residual,
                         n_tile=window[1] if window else None, k_unit=cin_g if window else None)
@@ -467,7 +471,7 @@ class TileConvEmitter:
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g
                 window = (plan.window_images, plan.n_tile) if plan.window_images is not None else None
-                gemm = self._gemm(out, weights, gi, n, window)
+                gemm = self._gemm(out, weights, gi, n, window, plan.residual_images)
                 if plan.weight_stage is not None:       # one staging ring per conv, kept across images
                     if staged is None and plan.weight_lanes:
                         staged = LaneRowsOperand(ctx, "nz", gemm.a.matrix, gemm.a.key, gemm.dims.mt, gemm.dims.kt,
@@ -482,6 +486,10 @@ class TileConvEmitter:
                     self._phase_images(n, ic0, cin_g, plan, zero=n == 0 and gi == 0)
                 else:
                     self._im2col(n, ic0, cin_g, plan)
+                if plan.residual_images is not None:
+                    pix_bytes = geo.ho * geo.wo * ctx.prec.bytes
+                    self._build_images(self._residual_images(), ctx.ddr_addr(self.residual) + (n * geo.cout + oc0) * pix_bytes,
+                                       plan.window_stage, plan.residual_images, False)
 
                 def deliver(slot, _batch, m0, mt, n0, nt, n=n, oc0=oc0):
                     def regions(p0, width, c=oc0 + m0):
@@ -531,6 +539,9 @@ class TileConvEmitter:
             return None
         output_buffers = len(arena.names)
         stage = tile_bytes_per_lane(chip, (1, images.channels, geo.h, geo.w), ctx.prec)
+        res_images = self._residual_images()
+        if res_images is not None:      # the residual passes through the same staging buffer
+            stage = max(stage, tile_bytes_per_lane(chip, (1, res_images.channels, geo.ho, geo.wo), ctx.prec))
         if not arena.fits([stage, images.bytes_per_lane]):
             return None
         sizes, names, ring, lanes = [stage, images.bytes_per_lane], ["window_stage", "window_images"], 0, False
@@ -546,39 +557,66 @@ class TileConvEmitter:
                 ring = next((r for r in range(chunks, 1 if chunks > 1 else 0, -1) if arena.fits(sizes + [r * stride])), 0)
                 if ring:
                     sizes, names = sizes + [ring * stride], names + ["weight_stage"]
+        residual = res_images is not None and arena.fits(sizes + [res_images.bytes_per_lane])
+        if residual:
+            sizes, names = sizes + [res_images.bytes_per_lane], names + ["residual_images"]
         offs, _ = arena.alloc_plan(sizes, [], f"{self.node.name}:window", names=(names, []))
         staged = ring or lanes
         return TileConvPlan(region, ctx.window(region), tuple(arena.names), dims, *planned[:2], 0, 0, (), output_buffers,
                             out_group=planned[2], window_stage=offs[0], window_images=offs[1], n_tile=dims.nt,
-                            weight_stage=offs[2] if staged else None, weight_ring=ring, weight_lanes=lanes)
+                            weight_stage=offs[2] if staged else None, weight_ring=ring, weight_lanes=lanes,
+                            residual_images=offs[-1] if residual else None)
 
     def _phase_images(self, n: int, ic0: int, cin_g: int, plan: TileConvPlan, zero: bool) -> None:
-        """Image n's channels [ic0, ic0 + cin_g) into the phase images: one load (channels on lanes),
-        a zero fill of the images when the conv pads (once: only the border stays zero), then one
+        """Image n's channels [ic0, ic0 + cin_g) into the phase images (_build_images)."""
+        geo, e = self.geom, self.ctx.prec.bytes
+        x_addr = self.ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * geo.h * geo.w * e
+        self._build_images(self._images(), x_addr, plan.window_stage, plan.window_images,
+                           zero and any((geo.pt, geo.pl, geo.pb, geo.pr)))
+
+    def _residual_layout(self, implicit: bool) -> str:
+        """Zn (I . R, R's channel rows whole K fractals) for an implicit GEMM whose output channels per
+        group are whole fractals, else Nz (R . I)."""
+        k0 = self.ctx.chip.tile.k_fractal_bytes // self.ctx.prec.bytes
+        return "zn" if implicit and (self.geom.cout // self.geom.groups) % k0 == 0 else "nz"
+
+    def _residual_images(self) -> PhaseImages | None:
+        """The residual of an I . R step kept as a pixel-major image (a 1x1 stride-1 window over the
+        output), so its Zn tiles arrive by LMEM -> tile-buffer DMAs of output rows x channels; None
+        when there is no such residual."""
+        geo = self.geom
+        if self.residual is None or self._residual_layout(True) != "zn":
+            return None
+        out = SimpleNamespace(h=geo.ho, w=geo.wo, ho=geo.ho, wo=geo.wo, pt=0, pb=0, pl=0, pr=0, sy=1, sx=1, dy=1, dx=1,
+                              kh=1, kw=1)
+        return PhaseImages(out, geo.cout // geo.groups, self.ctx.prec.bytes)
+
+    def _build_images(self, images: PhaseImages, x_addr: int, stage_offset: int, images_offset: int, zero: bool) -> None:
+        """An NCHW image at x_addr (images.channels channels, images.geo.h x w) into `images`: one load
+        (channels on lanes), a zero fill when the conv pads (once: only the border stays zero), then one
         TIU C<->W transpose per phase (pixels onto lanes, the stride taken by the source's steps)."""
-        ctx, geo, chip, prec = self.ctx, self.geom, self.ctx.chip, self.ctx.prec
-        images, e, lane_bytes = self._images(), prec.bytes, chip.lmem_bytes_per_lane
-        stage = make_tile(chip, plan.window_stage, (1, cin_g, geo.h, geo.w), prec)
+        ctx, chip, prec = self.ctx, self.ctx.chip, self.ctx.prec
+        geo, channels, e, lane_bytes = images.geo, images.channels, prec.bytes, chip.lmem_bytes_per_lane
+        stage = make_tile(chip, stage_offset, (1, channels, geo.h, geo.w), prec)
         pix_in = geo.h * geo.w
-        x_addr = ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * pix_in * e
-        ctx.em.load(stage, DRegion(x_addr, stage.shape, (cin_g * pix_in, pix_in, geo.w, 1), prec))
-        if zero and any((geo.pt, geo.pl, geo.pb, geo.pr)):       # every phase's rows, one lane per column
-            rows = images.bytes_per_lane // images.row_bytes
-            ctx.em.ar("copy", LTile(plan.window_images, (1, images.lanes_used, rows, images.row_bytes // e), prec,
-                                    (0, 0, images.row_bytes // e, 1), StrideMode.FREE), 0.0)
+        ctx.em.load(stage, DRegion(x_addr, stage.shape, (channels * pix_in, pix_in, geo.w, 1), prec))
         row = images.row_bytes // e
+        if zero:       # every phase's rows, one lane per column
+            rows = images.bytes_per_lane // images.row_bytes
+            ctx.em.ar("copy", LTile(images_offset, (1, images.lanes_used, rows, row), prec, (0, 0, row, 1),
+                                    StrideMode.FREE), 0.0)
         for phase in images.base:
             scatter = images.scatter(phase)
             if scatter is None:
                 continue
             ih0, rows, iw0, cols, u0, v0 = scatter
-            src = LTile(stage.addr + (ih0 * geo.w + iw0) * e, (1, cin_g, rows, cols), prec,
+            src = LTile(stage.addr + (ih0 * geo.w + iw0) * e, (1, channels, rows, cols), prec,
                         (0, stage.strides[1], geo.sy * geo.w, geo.sx), StrideMode.FREE)
-            dst = LTile(v0 * lane_bytes + plan.window_images + images.base[phase] + u0 * images.row_bytes,
-                        (1, cols, rows, cin_g), prec, (0, 0, row, 1), StrideMode.FREE)    # columns never wrap the lanes
+            dst = LTile(v0 * lane_bytes + images_offset + images.base[phase] + u0 * images.row_bytes,
+                        (1, cols, rows, channels), prec, (0, 0, row, 1), StrideMode.FREE)    # columns never wrap the lanes
             f = dst.fields("res0", with_shape=True)
             f.update(src.fields("opd0"))
-            ctx.em.tiu(CwBcTiu(op="cw_ts", opd0_c=cin_g, opd0_w=cols, **{k: v for k, v in f.items() if k != "opt_opd0_prec"}))
+            ctx.em.tiu(CwBcTiu(op="cw_ts", opd0_c=channels, opd0_w=cols, **{k: v for k, v in f.items() if k != "opt_opd0_prec"}))
 
     def _y_region(self, addr: int, n: int, c0: int, ct: int, p0: int, pt: int) -> DRegion:
         geo, prec = self.geom, self.ctx.prec
