@@ -284,9 +284,10 @@ class PhaseImages:
         self.lanes_used = max(self.cols)
 
     def tap(self, t: int) -> tuple[tuple[int, int], int, int]:
-        """(phase, row offset u0, column offset v0) of tap t (t = i * kw + j)."""
+        """(phase, row offset u0, column offset v0) of tap t (t = j * kh + i: taps of one kernel column
+        are neighbours in K, so they can share a DMA: WindowOperand)."""
         geo = self.geo
-        i, j = divmod(t, geo.kw)
+        j, i = divmod(t, geo.kh)
         di, dj = i * geo.dy, j * geo.dx
         return (di % geo.sy, dj % geo.sx), di // geo.sy, dj // geo.sx
 
@@ -303,10 +304,11 @@ class PhaseImages:
 
 
 class WindowOperand(Operand):
-    """B = P^T (K x pixels) of a convolution, K running (kh, kw, channel), read straight from the
+    """B = P^T (K x pixels) of a convolution, K running (kw, kh, channel), read straight from the
     input's PhaseImages in LMEM (implicit GEMM). A Zn tile of P^T is an Nz tile of P (pixel rows,
-    channel columns), so one LMEM -> tile-buffer DMA per run of K tiles (channel blocks of one tap)
-    of one pixel tile: the source walks output rows (in-lane steps), output columns (lanes) and
+    channel columns), so one LMEM -> tile-buffer DMA per run of K tiles of one pixel tile: channel
+    blocks of one tap, or whole taps of one kernel column in one phase (equally many rows apart): the
+    source walks output rows (in-lane steps), output columns (lanes), [taps (in-lane steps)] and
     channels (in-lane runs); the slot side is scattered into Zn in flight. Pixel tiles are whole
     output rows (`TileGemm(n_tile=...)`), K tiles divide the channel count (`k_unit`)."""
 
@@ -331,17 +333,31 @@ class WindowOperand(Operand):
         self._copy(slot_addr, [(r0, r, c0, c)])
 
     def load_slots(self, slot_addrs, blocks) -> None:
-        """Runs of K-consecutive tiles of one tap and pixel tile bound for neighbouring lanes' slots in
-        one DMA; others one by one."""
-        lane_bytes, i, channels = self.ctx.chip.lmem_bytes_per_lane, 0, self.images.channels
+        """Runs of K-consecutive tiles of one pixel tile bound for neighbouring lanes' slots in one DMA
+        (channel blocks of one tap, or whole taps a fixed number of rows apart); others one by one."""
+        lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
         while i < len(blocks):
             j = i + 1
             while (j < len(blocks) and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes and blocks[j][1::2] == blocks[i][1::2]
                    and blocks[j][2] == blocks[i][2] and blocks[j][0] == blocks[j - 1][0] + blocks[i][1]
-                   and blocks[j][0] // channels == blocks[i][0] // channels):
+                   and self._tap_step(blocks[i], blocks[j], j - i) is not None):
                 j += 1
             self._copy(slot_addrs[i], blocks[i:j])
             i = j
+
+    def _tap_step(self, first, block, distance: int) -> int | None:
+        """Rows (in-lane row steps) between the K tiles of a run: 0 within one tap, the taps' row
+        distance for whole-tap tiles of one kernel column in one phase; None when `block` cannot join
+        the run started by `first` (`distance` tiles after it)."""
+        img, channels = self.images, self.images.channels
+        t0, t1 = first[0] // channels, block[0] // channels
+        if t0 == t1:
+            return 0 if first[0] % channels + (distance + 1) * first[1] <= channels else None
+        if first[1] != channels or t1 != t0 + distance or t1 // img.geo.kh != t0 // img.geo.kh:
+            return None
+        (p0, u0, v0), (p1, u1, v1) = img.tap(t0), img.tap(t1)
+        step = img.tap(t0 + 1)[1] - u0
+        return step if (p0, v0) == (p1, v1) and u1 - u0 == distance * step and step > 0 else None
 
     def _copy(self, slot_addr: int, blocks) -> None:
         ctx, k0 = self.ctx, self.k0
@@ -351,7 +367,14 @@ class WindowOperand(Operand):
         _, cp = self.padded(r, c)
         count, slot_elems = len(blocks), ctx.chip.tile.slot_bytes // self.prec.bytes
         dst = DRegion(global_lmem_address(slot_addr, ctx.chip), (c, count, r // k0, k0), (k0, slot_elems, cp * k0, 1), self.prec)
-        ctx.em.region_copy(dst, self._source(r0, count * r, c0, c))
+        step = self._tap_step(blocks[0], blocks[-1], count - 1) if count > 1 else 0
+        if not step:        # channel blocks of one tap: one in-lane run of count * r channels
+            ctx.em.region_copy(dst, self._source(r0, count * r, c0, c))
+            return
+        src = self._source(r0, r, c0, c)     # whole taps `step` rows apart: h walks the taps
+        e = self.prec.bytes
+        ctx.em.region_copy(dst, DRegion(src.addr, (src.shape[0], src.shape[1], count, r),
+                                        (src.strides[0], src.strides[1], step * self.images.row_bytes // e, 1), self.prec))
 
 
 class StagedConstOperand(ConstOperand):

@@ -426,12 +426,14 @@ class TileConvEmitter:
             gemm.row_bias = self.bias[oc0:oc0 + cout_g]
         return gemm
 
-    def _weights(self) -> np.ndarray:
-        """(Cout x K) with K running (kh, kw, c), so im2col copies runs of channels from the NHWC copy."""
+    def _weights(self, implicit: bool = False) -> np.ndarray:
+        """(Cout x K) with K running (kh, kw, c), so im2col copies runs of channels from the NHWC copy;
+        (kw, kh, c) for an implicit GEMM (PhaseImages.tap: taps of a kernel column share a DMA)."""
         geo = self.geom
         cin_g = geo.cin // geo.groups
+        order = (0, 3, 2, 1) if implicit else (0, 2, 3, 1)
         return np.asarray(self.ctx.const(self.node.inputs[1]), np.float32).reshape(
-            geo.cout, cin_g, geo.kh, geo.kw).transpose(0, 2, 3, 1).reshape(geo.cout, cin_g * geo.kh * geo.kw)
+            geo.cout, cin_g, geo.kh, geo.kw).transpose(order).reshape(geo.cout, cin_g * geo.kh * geo.kw)
 
     def plan(self, region: str) -> TileConvPlan | None:
         """The TIU epilogue's buffers, then the NHWC staging buffers above them (every image and
@@ -464,7 +466,7 @@ class TileConvEmitter:
         ctx.em.layer = self.node.name
         cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
         kdim, pix = cin_g * geo.kh * geo.kw, geo.ho * geo.wo
-        weights = self._weights()
+        weights = self._weights(implicit=plan.window_images is not None)
         out = self._output()
         staged = None
         for n in range(geo.n):
