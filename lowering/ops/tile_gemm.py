@@ -243,7 +243,13 @@ class TileGemm:
                 if need is not None and need[0] == side:
                     load = _StagedStream(self, queue, op, blocks, self.stage, need[2]).load
                 out[side] = _Stream(blocks, self._batch(side), load, lambda q=queue: self.cursor.pushes[q])
-        n_batch = STREAM_BATCH // 2 if self.bias is not None and self.residual is not None else STREAM_BATCH
+        row_stream = self.row_bias is not None and self.dims.resident == "b"     # m changes every output tile
+        n_streams = (self.bias is not None) + (self.residual is not None) + row_stream
+        n_batch = STREAM_BATCH // 2 if n_streams > 1 else STREAM_BATCH
+        if row_stream:
+            out["row_bias"] = _Stream([(m0, mt, 0, 2) for _, m0, mt, _, _ in tiles], n_batch,
+                                      lambda b: self._load_blocks(Q_N, self._row_bias_operand(), b),
+                                      lambda: self.cursor.pushes[Q_N])
         if self.bias is not None:
             out["bias"] = _Stream([(n0, nt) for _, _, _, n0, nt in tiles], n_batch, self._load_bias,
                                   lambda: self.cursor.pushes[Q_N])
@@ -286,7 +292,7 @@ class TileGemm:
         ref = (lambda queue, index: tile_ref(QUEUE_NAMES[queue], self.cursor.pushes[queue] - index))  # noqa: E731
         first = True
         if self.row_bias is not None:
-            self._row_bias_step(m0, mt, nt, gemv, acc_size)
+            self._row_bias_step(m0, mt, nt, gemv, acc_size, streams)
             first = False                    # (a column bias needs .BIAS on the first block: not both)
         if "res" in streams:                 # ACC = R . I (+ bias)
             r_index = streams["res"].take()
@@ -333,17 +339,26 @@ class TileGemm:
         eye = ConstOperand(self.ctx, layout, np.eye(size, dtype=np.float32), key, 0, 0)
         return self._sticky("identity", eye, (0, size, 0, size))
 
-    def _row_bias_step(self, m0: int, mt: int, nt: int, gemv: str, acc_size: int) -> None:
-        """ACC = [bias_hi | bias_lo] (mt x 2) . ones (2 x nt): a per-row bias as two terms in the
-        model's dtype whose fp32 sum is the fp32 bias to ~2 x the dtype's precision (exact for
-        fp32), so only rounding-exact ops (Relu) are left for the TIU."""
+    def _row_bias_operand(self) -> ConstOperand:
+        """[bias_hi | bias_lo] (M x 2): the row bias as two terms in the model's dtype."""
         hi = _round_to(self.row_bias, self.ctx.prec)
         pair = np.stack([hi, _round_to(self.row_bias - hi, self.ctx.prec)], axis=1)
-        bias = ConstOperand(self.ctx, "nz", pair, f"{self.bias_key}:rowbias2", 0, 0)
+        return ConstOperand(self.ctx, "nz", pair, f"{self.bias_key}:rowbias2", 0, 0)
+
+    def _row_bias_step(self, m0: int, mt: int, nt: int, gemv: str, acc_size: int, streams: dict) -> None:
+        """ACC = [bias_hi | bias_lo] (mt x 2) . ones (2 x nt): a per-row bias as two terms in the
+        model's dtype whose fp32 sum is the fp32 bias to ~2 x the dtype's precision (exact for
+        fp32), so only rounding-exact ops (Relu) are left for the TIU. The bias tile is sticky (read
+        with .reuse by a row of output tiles) or, when every output tile has another row, streamed
+        on N in batches (one DMA each)."""
         ones = ConstOperand(self.ctx, "zn", np.ones((2, nt), np.float32), f"tile:ones2:{nt}", 0, 0)
-        a, b = self._sticky("row_bias", bias, (m0, mt, 0, 2)), self._sticky("ones", ones, (0, 2, 0, nt))
         ref = (lambda queue, index: tile_ref(QUEUE_NAMES[queue], self.cursor.pushes[queue] - index))  # noqa: E731
-        self.ctx.em.tile(TMatmul(fn=gemv, dt=self.dt, m=mt, n=nt, k=2, src0=ref(*a), src1=ref(*b), reuse0=1, reuse1=1,
+        if "row_bias" in streams:
+            a, reuse0 = (Q_N, streams["row_bias"].take()), 0
+        else:
+            a, reuse0 = self._sticky("row_bias", self._row_bias_operand(), (m0, mt, 0, 2)), 1
+        b = self._sticky("ones", ones, (0, 2, 0, nt))
+        self.ctx.em.tile(TMatmul(fn=gemv, dt=self.dt, m=mt, n=nt, k=2, src0=ref(*a), src1=ref(*b), reuse0=reuse0, reuse1=1,
                                  acc_size=acc_size))
 
     def _load_bias(self, blocks) -> None:

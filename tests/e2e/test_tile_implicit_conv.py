@@ -164,3 +164,15 @@ def test_weights_streamed_pass_by_pass_fill_slots_by_tiu_copies():
     pads = [i for i in program.tile if isinstance(i, TPush) and i.dst_queue == 0 and i.count == 12]
     assert gdma_t == 0 and copies and pads
     assert verify(model, None, options, race_check=True)["ok"]
+
+
+def test_row_bias_streams_when_every_output_tile_has_another_row():
+    """A 1x1 conv to 512 channels with B's panel resident (output tiles walk the channel rows): the
+    K = 2 bias step reads a bias tile streamed on N (no .reuse, batches of tiles per DMA) instead of
+    reloading a sticky one per output tile; numerics against onnxruntime."""
+    model = _conv_model(128, 512, (8, 8), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "relu")
+    options = CompileOptions(dtype="fp16", matmul="tile")
+    _, program = compile_model(model, None, options)
+    bias_steps = [i for i in program.tile if isinstance(i, TMatmul) and i.k == 2 and i.reuse1]
+    assert bias_steps and all(not i.reuse0 and i.src0 // 16 == 3 for i in bias_steps)
+    assert verify(model, None, options, race_check=True)["ok"]
