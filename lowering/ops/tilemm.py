@@ -105,15 +105,29 @@ class _TileOutput:
         """Result tile (row0, mt) x (col0, nt) is in `slot`; `regions(col0, width)` gives the DDR
         destination of those rows and columns and the epilogue's full-operand region function."""
         p, lane_bytes = self.pending, self.ctx.chip.lmem_bytes_per_lane
-        if p is not None and not (p["row0"] == row0 and p["mt"] == mt and p["nt"] == nt and len(p["slots"]) < self.group
-                                  and col0 == p["col0"] + len(p["slots"]) * nt and slot == p["slots"][-1] + lane_bytes):
-            self.flush()
+        if p is not None:
+            joins = p["mt"] == mt and p["nt"] == nt and len(p["slots"]) < self.group and slot == p["slots"][-1] + lane_bytes
+            along = self._along(p, row0, col0)
+            if not joins or along is None or (p["along"] and along != p["along"]):
+                self.flush()
+            else:
+                p["along"] = along
         if self.pending is None:
-            self.pending = {"row0": row0, "mt": mt, "col0": col0, "nt": nt, "slots": [slot], "regions": regions}
+            self.pending = {"row0": row0, "mt": mt, "col0": col0, "nt": nt, "slots": [slot], "regions": regions, "along": ""}
         else:
             self.pending["slots"].append(slot)
         if len(self.pending["slots"]) == self.group:
             self.flush()
+
+    def _along(self, p: dict, row0: int, col0: int) -> str | None:
+        """How tile (row0, col0) continues the pending span: "cols" (the next tile of its row of tiles),
+        "rows" (the next tile down its column of tiles: results stored to DDR as they are only), None."""
+        count = len(p["slots"])
+        if p["row0"] == row0 and col0 == p["col0"] + count * p["nt"]:
+            return "cols"
+        if p["col0"] == col0 and row0 == p["row0"] + count * p["mt"] and not self.needs_tiu and self.y_resident is None:
+            return "rows"
+        return None
 
     def flush(self) -> None:
         """Deliver the pending span of result tiles."""
@@ -122,7 +136,11 @@ class _TileOutput:
             return
         em, chip = self.ctx.em, self.ctx.chip
         row0, mt, col0, nt, slots = p["row0"], p["mt"], p["col0"], p["nt"], p["slots"]
-        count, width = len(slots), len(slots) * nt
+        count = len(slots)
+        if p["along"] == "rows":
+            self._flush_rows(p)
+            return
+        width = count * nt
         dst, full_region = p["regions"](col0, width)
         src_prec = self.value_prec if self.needs_tiu else self.ctx.prec
         slot_elems = chip.tile.slot_bytes // src_prec.bytes
@@ -159,6 +177,21 @@ class _TileOutput:
             em.ar("copy", stage, value)
             value = stage
         em.store(value, dst)
+
+
+    def _flush_rows(self, p: dict) -> None:
+        """A span of tiles down one column of tiles (row0, row0 + mt, ...): one DMA, tile j's rows to
+        rows row0 + j * mt of the DDR destination (after the in-slot Relu, if any)."""
+        em, chip, prec = self.ctx.em, self.ctx.chip, self.ctx.prec
+        mt, nt, slots, count = p["mt"], p["nt"], p["slots"], len(p["slots"])
+        slot_elems = chip.tile.slot_bytes // prec.bytes
+        if self.in_slot:
+            span = LTile(slots[0], (1, count, 1, mt * nt), prec, (0, 0, 0, 1), StrideMode.FREE)
+            self.epi.apply(span, [], p["row0"], p["col0"])
+        dst, _ = p["regions"](p["col0"], nt)
+        row_stride = dst.strides[1]
+        em.region_copy(DRegion(dst.addr, (1, count, mt, nt), (0, mt * row_stride, row_stride, 1), dst.prec),
+                       DRegion(global_lmem_address(slots[0], chip), (1, count, mt, nt), (0, slot_elems, nt, 1), prec))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx_build import ModelBuilder
 
-from tpuflow.isa import CwBcTiu, TMatmul
+from tpuflow.isa import AccCvt, CwBcTiu, TMatmul
 from tpuflow.hwmodel.timing.segments import transfer_sides
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, verify
@@ -169,10 +169,21 @@ def test_weights_streamed_pass_by_pass_fill_slots_by_tiu_copies():
 def test_row_bias_streams_when_every_output_tile_has_another_row():
     """A 1x1 conv to 512 channels with B's panel resident (output tiles walk the channel rows): the
     K = 2 bias step reads a bias tile streamed on N (no .reuse, batches of tiles per DMA) instead of
-    reloading a sticky one per output tile; numerics against onnxruntime."""
+    reloading a sticky one per output tile, and the results of a column of tiles leave in one store;
+    numerics against onnxruntime."""
     model = _conv_model(128, 512, (8, 8), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "relu")
     options = CompileOptions(dtype="fp16", matmul="tile")
     _, program = compile_model(model, None, options)
     bias_steps = [i for i in program.tile if isinstance(i, TMatmul) and i.k == 2 and i.reuse1]
     assert bias_steps and all(not i.reuse0 and i.src0 // 16 == 3 for i in bias_steps)
+    # result tiles down a column of tiles leave together: fewer slot -> DDR stores than result tiles
+    stores = 0
+    for instr in program.gdma:
+        try:
+            src, dst = transfer_sides(instr, program.chip)
+        except TypeError:
+            continue
+        stores += src is not None and src.lmem and program.chip.in_tile_buffer(src.addr) and not dst.lmem
+    results = sum(isinstance(i, AccCvt) for i in program.tile)
+    assert 0 < stores < results
     assert verify(model, None, options, race_check=True)["ok"]
