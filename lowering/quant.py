@@ -6,9 +6,9 @@ every float tensor at --dtype. The int8 lowering (lowering/ops/quant_ops.py) emi
 node in a group of kind "quant":
 
 - Conv (standard, grouped or depthwise; int8 weights of zero point 0) and MatMul by constant int8
-  weights (any zero points but -128; the Gemm form, with the int32 bias Add that follows its int32 accumulator), each with a
-  following Relu / Clip on its 8-bit output fused; MatMul of two per-tensor 8-bit activations
-  (attention; both zero points exact: quant_ops.ActMatMulQuant);
+  weights (any zero points but -128; the Gemm form, with the int32 bias Add that follows its int32
+  accumulator), each with a following Relu / Clip on its 8-bit output fused; MatMul of two
+  per-tensor 8-bit activations (attention; both zero points exact: quant_ops.ActMatMulQuant);
 - QuantizeLinear, DequantizeLinear (per tensor), and Add / Mul / Relu / Clip of same-shaped
   quantized tensors or of one such tensor and a broadcast constant (scalar, per channel, or any
   other pattern: row_pattern);

@@ -407,7 +407,8 @@ def test_float_op_between_quantized_chains_verifies(dtype):
 
 
 def moves_net():
-    """conv + relu -> Transpose (NCHW -> NHWC) -> Slice of the last axis -> Slice of rows -> 1x1 conv, then a channel shuffle (Reshape to 5-D, Transpose, Reshape) -> conv: the moves of
+    """conv + relu -> Transpose (NCHW -> NHWC) -> Slice of the last axis -> Slice of rows -> 1x1 conv,
+    then a channel shuffle (Reshape to 5-D, Transpose, Reshape) -> conv: the moves of
     transformer heads and ShuffleNet on int8 tensors."""
     from onnx import TensorProto as T, helper, numpy_helper
     rng = np.random.default_rng(11)
@@ -500,7 +501,8 @@ def test_llama_mlp_qdq_is_exact_at_fp32():
     """The bundled LLaMA MLP quantized (RMSNorm's gain: a last-axis int8 Mul; SwiGLU's products of two
     activations by Mul): onnxruntime's integers with the float rest in fp32."""
     from tpuflow import models
-    result = verify(quantize_ops(models.build_model("llama_mlp"), None, count=2), "sg2260", CompileOptions(dtype="fp32"))
+    model = quantize_ops(models.build_model("llama_mlp"), None, count=2)
+    result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
     assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
 
 
@@ -610,7 +612,8 @@ def _quant_param(storage: str):
 
 @settings(max_examples=12, deadline=None)
 @given(batch=st.sampled_from([(), (2,), (1, 3)]), m=st.integers(1, 70), k=st.integers(1, 80), n=st.integers(1, 40),
-       qa=st.one_of(_quant_param("int8"), _quant_param("uint8")), qb=st.one_of(_quant_param("int8"), _quant_param("uint8")),
+       qa=st.one_of(_quant_param("int8"), _quant_param("uint8")),
+       qb=st.one_of(_quant_param("int8"), _quant_param("uint8")),
        transpose_b=st.booleans(), step=st.sampled_from([None, (16, 8, 24)]), seed=st.integers(0, 2 ** 16))
 def test_product_of_activations_is_exact(batch, m, k, n, qa, qb, transpose_b, step, seed):
     """Any zero points (int8 / uint8, including -128 and uint8 ones past 128), batch dims, a Transpose of B
@@ -642,7 +645,8 @@ def weight_product_model(m: int, k: int, n: int, qa, weights: np.ndarray, w_scal
     types = {"int8": (T.INT8, np.int8), "uint8": (T.UINT8, np.uint8)}
     n_ = helper.make_node
     per_column = np.ndim(w_scale) == 1
-    inits = [numpy_helper.from_array(np.float32(qa[0]), "a_s"), numpy_helper.from_array(np.asarray(qa[1], types[qa[2]][1]), "a_z"),
+    inits = [numpy_helper.from_array(np.float32(qa[0]), "a_s"),
+             numpy_helper.from_array(np.asarray(qa[1], types[qa[2]][1]), "a_z"),
              numpy_helper.from_array(weights.astype(np.int8), "w"),
              numpy_helper.from_array(np.asarray(w_scale, np.float32), "w_s"),
              numpy_helper.from_array(np.asarray(w_zp, np.int8), "w_z"),
