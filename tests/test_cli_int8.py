@@ -72,24 +72,26 @@ def test_the_emitted_model_is_the_one_compiled(capsys, tmp_path):
     assert [p.read_bytes() for p in ours] == [p.read_bytes() for p in theirs]
 
 
-def test_verify_compares_against_the_emitted_model_and_reports_the_float_error(capsys, tmp_path):
-    """onnxruntime on the emitted file, fed verify's inputs, reproduces verify's reference: its
-    error against the float model is exactly verify's `qdq_vs_float`."""
+@pytest.mark.parametrize("model, output, int8_ops", [("small_cnn", "logits", 7), ("mlp", "probs", 3)])
+def test_verify_compares_against_the_emitted_model_and_reports_the_float_error(capsys, tmp_path, model, output,
+                                                                              int8_ops):
+    """onnxruntime on the emitted file, fed verify's inputs as the chip reads them (rounded to the
+    fp16 of the float rest, quantized output or float softmax alike), reproduces verify's
+    reference: its error against the float model is exactly verify's `qdq_vs_float`."""
     from tpuflow.compare import compare, random_inputs
     from tpuflow.pipeline import _in_program_floats, load_graph
-    code, out, err = run(capsys, "verify", "small_cnn", "--dtype", "int8", "--json", "--emit-qdq", tmp_path / "q.onnx")
+    code, out, err = run(capsys, "verify", model, "--dtype", "int8", "--json", "--emit-qdq", tmp_path / "q.onnx")
     assert code == 0, err
     result = json.loads(out)
     (row,) = result["outputs"]
-    float_graph = load_graph("small_cnn")
+    float_graph = load_graph(model)
     inputs = random_inputs(float_graph, 0)
-    float_ref = _onnxruntime(float_graph.model, inputs)["logits"]
-    emitted = _onnxruntime(onnx.load(str(tmp_path / "q.onnx")), _in_program_floats(inputs, "fp16"))["logits"]
-    assert "quant_step" in row            # a quantized output: the reference sees fp16-rounded inputs
-    assert compare("logits", emitted, float_ref).max_abs_err == pytest.approx(row["qdq_vs_float"]["max_abs_err"],
-                                                                             rel=1e-12)
+    float_ref = _onnxruntime(float_graph.model, inputs)[output]
+    emitted = _onnxruntime(onnx.load(str(tmp_path / "q.onnx")), _in_program_floats(inputs, "fp16"))[output]
+    assert compare(output, emitted, float_ref).max_abs_err == pytest.approx(row["qdq_vs_float"]["max_abs_err"],
+                                                                            rel=1e-12)
     assert 0.99 < row["vs_float"]["cosine"] <= 1.0 and row["vs_float"]["max_abs_err"] > 0
-    assert result["quantization"]["int8_ops"] == 7 and result["quantization"]["float_ops"] == []
+    assert result["quantization"]["int8_ops"] == int8_ops
 
 
 def test_verify_text_shows_the_float_model_error(capsys):

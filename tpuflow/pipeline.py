@@ -243,7 +243,7 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
         ours = run(decoded, inputs, race_check=race_check)
     steps = quantized_output_steps(graph)
     with step("onnxruntime reference"):
-        ref = reference_outputs(graph, _in_program_floats(inputs, options.dtype) if steps else inputs)
+        ref = reference_outputs(graph, _in_program_floats(inputs, options.dtype) if _is_quantized(graph) else inputs)
     errors = [compare(name, ours[name], ref[name]) for name in graph.outputs]
     bound = tolerance_dtype(graph, options.dtype)        # an fp16 model's reference is itself fp16
     tol = TOLERANCES[bound]
@@ -309,6 +309,11 @@ def quantized_output_steps(graph) -> dict[str, float]:
                 break
             tensor, seen = producer.inputs[0], seen + 1
     return out
+
+
+def _is_quantized(graph) -> bool:
+    """A graph with quantized tensors (a QDQ / QOperator model, or --dtype int8's)."""
+    return any(t.quant is not None for t in graph.tensors.values())
 
 
 def _in_program_floats(inputs: dict, dtype: str) -> dict:
