@@ -74,6 +74,7 @@ class TileGemm:
         self.panel_base = 0          # queue push index of the resident panel's first tile
         self.sticky: dict[str, tuple[int, tuple]] = {}   # name -> (M push index, (operand key, block))
         self.row_bias: np.ndarray | None = None         # per-row (M) bias added in the ACC (_row_bias_step)
+        self.sticky_cache: StickyCache | None = None    # LMEM copies of the sticky constant tiles, or None
 
     def _dims(self) -> TileDims:
         """The tiling with the least estimated time: tile sides whose A, B and converted result
@@ -327,7 +328,16 @@ class TileGemm:
         panel keeps its whole queue), again when its block changes or its slot would be reused."""
         queue, held = Q_M, self.sticky.get(name)
         if held is None or held[1] != (op.key, block) or self.cursor.pushes[queue] - held[0] >= self.ctx.chip.tile.queue_slots:
-            op.load(self.cursor.next_slot_addr(queue), *block)
+            staged = self.sticky_cache.address(op, block) if self.sticky_cache is not None else None
+            if staged is None:
+                op.load(self.cursor.next_slot_addr(queue), *block)
+            else:                      # LMEM -> tile buffer: no DDR latency per reload
+                elems = op.padded(block[1], block[3])[0] * op.padded(block[1], block[3])[1]
+                self.ctx.em.region_copy(
+                    DRegion(global_lmem_address(self.cursor.next_slot_addr(queue), self.ctx.chip), (1, 1, 1, elems),
+                            (elems, elems, elems, 1), self.ctx.prec),
+                    DRegion(global_lmem_address(staged, self.ctx.chip), (1, 1, 1, elems), (elems, elems, elems, 1),
+                            self.ctx.prec))
             rp, cp = op.padded(block[1], block[3])
             self._push(queue, rp * cp * self.ctx.prec.bytes)
             self.sticky[name] = held = (self.cursor.pushes[queue] - 1, (op.key, block))
@@ -384,6 +394,28 @@ class TileGemm:
                                     DRegion(addr, shape, strides, Prec.FP32))
             i = j
         self._push_all(Q_N, [ceil_to(nt, 16) * 4 for _, nt in blocks])
+
+
+class StickyCache:
+    """Sticky constant tiles (identity, ones, row-bias pairs) staged once in LMEM, one tile per lane at
+    `offset` (`rows` tiles deep), so reloading one into an M slot is an LMEM -> tile-buffer copy."""
+
+    def __init__(self, ctx: LowerCtx, offset: int, rows: int):
+        self.ctx, self.offset, self.rows = ctx, offset, rows
+        self.held: dict[tuple, int] = {}
+
+    def address(self, op: ConstOperand, block: tuple) -> int | None:
+        """Flat LMEM address of `op`'s tile `block` (staged now if new), None when the cache is full."""
+        key = (op.key, op.layout, block)
+        if key not in self.held:
+            chip = self.ctx.chip
+            index = len(self.held)
+            if index >= self.rows * chip.lanes:
+                return None
+            row, lane = divmod(index, chip.lanes)
+            self.held[key] = lane * chip.lmem_bytes_per_lane + self.offset + row * chip.tile.slot_bytes
+            op.load(self.held[key], *block)
+        return self.held[key]
 
 
 class _StagedStream:

@@ -33,7 +33,7 @@ from tpuflow.lowering.ops.conv import conv_geometry
 from tpuflow.lowering.ops.epilogue import Epilogue
 from tpuflow.lowering.ops.matmul import matmul_geometry
 from tpuflow.lowering.ops.movement import copy_nd
-from tpuflow.lowering.ops.tile_gemm import OUTPUT_SPAN, TILE_SIDES, TileDims, TileGemm
+from tpuflow.lowering.ops.tile_gemm import OUTPUT_SPAN, TILE_SIDES, StickyCache, TileDims, TileGemm
 from tpuflow.lowering.ops.tile_operands import (ConstOperand, LaneRowsOperand, LmemRowsOperand, Operand, PhaseImages,
                                                  RowsOperand, StagedConstOperand, WindowOperand, ceil_to)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
@@ -383,6 +383,7 @@ class TileConvPlan(FrozenPlan):
     weight_ring: int = 0                # ... its chunks (0 with weight_lanes)
     weight_lanes: bool = False          # weight_stage holds two grid rows staged in the T slots' lanes (LaneRowsOperand)
     residual_images: int | None = None  # per-lane offset of the residual's pixel-major image (I . R from LMEM), or None
+    sticky_stage: int | None = None     # per-lane offset of one slot's bytes for sticky constant tiles (StickyCache)
 
     @property
     def peak(self) -> int:
@@ -501,7 +502,7 @@ class TileConvEmitter:
         kdim, pix = cin_g * geo.kh * geo.kw, geo.ho * geo.wo
         weights = self._weights(implicit=plan.window_images is not None)
         out = self._output()
-        staged = None
+        staged = sticky = None
         for n in range(geo.n):
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g
@@ -515,6 +516,10 @@ class TileConvEmitter:
                         staged = StagedConstOperand(ctx, "nz", gemm.a.matrix, gemm.a.key, gemm.dims.mt, gemm.dims.kt,
                                                     plan.weight_stage, plan.weight_ring)
                     gemm.a = staged
+                if plan.sticky_stage is not None:
+                    if sticky is None:
+                        sticky = StickyCache(ctx, plan.sticky_stage, 1)
+                    gemm.sticky_cache = sticky
                 if n == 0 and gi == 0 and out.needs_tiu:
                     out.load(plan.residents, plan.sets, geo.cout, pix, plan.out_group)
                 if window is not None:
@@ -595,12 +600,19 @@ class TileConvEmitter:
         residual = res_images is not None and arena.fits(sizes + [res_images.bytes_per_lane])
         if residual:
             sizes, names = sizes + [res_images.bytes_per_lane], names + ["residual_images"]
+        sticky = arena.fits(sizes + [chip.tile.slot_bytes])
+        if sticky:
+            sizes, names = sizes + [chip.tile.slot_bytes], names + ["sticky_stage"]
         offs, _ = arena.alloc_plan(sizes, [], f"{self.node.name}:window", names=(names, []))
+        if sticky:
+            offs, sticky = offs[:-1], offs[-1]
+        else:
+            sticky = None
         staged = ring or lanes
         return TileConvPlan(region, ctx.window(region), tuple(arena.names), dims, *planned[:2], 0, 0, (), output_buffers,
                             out_group=planned[2], window_stage=offs[0], window_images=offs[1], n_tile=dims.nt,
                             weight_stage=offs[2] if staged else None, weight_ring=ring, weight_lanes=lanes,
-                            residual_images=offs[-1] if residual else None)
+                            residual_images=offs[-1] if residual else None, sticky_stage=sticky)
 
     def _phase_images(self, n: int, ic0: int, cin_g: int, plan: TileConvPlan, zero: bool) -> None:
         """Image n's channels [ic0, ic0 + cin_g) into the phase images (_build_images)."""
