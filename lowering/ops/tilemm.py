@@ -1,9 +1,17 @@
 """MatMul and Conv on the TILE engine (LinxISA CUBE blocks): A tiles in Nz, B tiles in Zn, pushed
 with TPUSH after their slots are filled; TMATMUL then TMATMUL.ACC over K (TMATMUL.BIAS for a
 per-column bias, TGEMV when M = 1); ACCCVT NZ2ND; the result leaves its slot for DDR or LMEM, or
-for lanes and a TIU epilogue. Conv runs as Y^T = W . P^T with P^T built by im2col DMAs (or the
-input's NHWC copy itself for 1x1 stride-1 convolutions); depthwise convs and convs with fewer input
-channels per group than K0 stay on the TIU.
+for lanes and a TIU epilogue. Conv runs as Y^T = W . P^T, as an implicit GEMM when it can (issue 16):
+the input is loaded into LMEM once and turned into pixel-major phase images by TIU transposes
+(PhaseImages: a stride-s conv is a stride-1 one over s x s phases), and every B tile of P^T is one
+LMEM -> tile-buffer DMA of whole output rows x channels (WindowOperand; taps of a kernel column
+share one), so no im2col matrix exists; the weights are pre-arranged in the weight image (K runs
+(kw, kh, c)) and staged in LMEM (StagedConstOperand, or LaneRowsOperand: TIU copies into the T
+slots); the residual of a bias + Add + Relu tail enters the ACC as I . R from a pixel-major image
+too; a Relu-only epilogue runs in place on the result slots. Otherwise (channels per group not whole
+K fractals, output rows wider than a tile, buffers that do not fit) P^T is built by im2col DMAs in
+DDR (or is the input's NHWC copy for 1x1 stride-1 convolutions). Depthwise convs and convs with
+fewer input channels per group than K0 stay on the TIU.
 
 How the slots are fed (the tile window is a tile buffer, tpuflow.isa.tile; issue 16):
 * runtime operands from DDR: one DMA per K panel (or run of equally spaced tiles) into neighbouring
