@@ -310,7 +310,9 @@ def absorb(draft: Draft, dequantized: dict[str, Dequantized], label: str) -> Non
 
 def _integer_node(draft: Draft, n: OpNode, absorbed: bool, label: str) -> OpNode:
     """`n` after the integer checks: a Cast of a quantized tensor is a DequantizeLinear (scale 1, zero
-    point 0); an integer move carries its input's Quant; any other reader of stored integers fails."""
+    point 0); an integer move carries its input's Quant (a Split of a per-tensor quantized tensor, as
+    QOperator models leave it on int8 between QLinear ops, to every output); any other reader of
+    stored integers fails."""
     quantized = [t for t in n.inputs if draft.tensors[t].quant is not None and not draft.tensors[t].is_const]
     if absorbed or not quantized or n.op_type in (K.DEQUANTIZE, K.QUANTIZE):
         return n
@@ -321,12 +323,13 @@ def _integer_node(draft: Draft, n: OpNode, absorbed: bool, label: str) -> OpNode
             raise ModelError(f"{where}: a Cast of quantized tensor '{quantized[0]}' ({q.describe()}) is supported "
                              "only from an int32 result of scale 1 to float")
         return replace(n, op_type=K.DEQUANTIZE.value, attrs=type(n.attrs)({}))
-    if n.op_type in INTEGER_MOVES and len(n.outputs) == 1:
-        out = draft.tensors[n.outputs[0]]
-        carried = _carried(draft, n, q, where)
-        if out.quant is not None and out.quant != carried:
-            raise ModelError(f"{where}: output '{out.name}' is dequantized with other parameters than its input has")
-        draft.tensors[out.name] = replace(out, quant=carried)
+    if n.op_type in INTEGER_MOVES and len(n.outputs) == 1 or n.op_type == K.SPLIT and not q.per_channel:
+        carried = q if n.op_type == K.SPLIT else _carried(draft, n, q, where)
+        for name in n.outputs:
+            out = draft.tensors[name]
+            if out.quant is not None and out.quant != carried:
+                raise ModelError(f"{where}: output '{out.name}' is dequantized with other parameters than its input has")
+            draft.tensors[out.name] = replace(out, quant=carried)
         return n
     raise ModelError(f"{where} computes on the stored integers of quantized tensor '{quantized[0]}' "
                      f"({q.describe()}); tpuflow takes such ops only between DequantizeLinear and QuantizeLinear")

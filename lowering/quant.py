@@ -16,8 +16,8 @@ node in a group of kind "quant":
 - channel Concat (requantising the inputs whose Quant is not the output's);
 - Reshape views (no instructions: the DDR buffer is shared, as for float views); a Reshape whose
   output has another Quant (requantising_view) is requantised like an elementwise op;
-- Transpose / Slice of an 8-bit tensor whose output has its input's per-tensor Quant: the float
-  movement emitter's DMAs (or its LMEM transpose path) on the stored bytes (exact).
+- Transpose / Slice / Split of an 8-bit tensor whose outputs have its per-tensor Quant: the float
+  movement emitter's DMAs (or its LMEM paths) on the stored bytes (exact).
 
 Runs of consecutive quant groups on NCHW tensors (CHAINABLE kinds) form a QuantChain whose inner
 tensors stay whole in LMEM (the float layer groups' residency plan never holds a quantized tensor:
@@ -43,7 +43,7 @@ POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool")
 VIEWS = ("Reshape",)
 # Data movement that is exact on the stored bytes when every moved tensor has one per-tensor Quant:
 # emitted by the float movement emitters at the storage precision (quant_ops.QuantMove).
-MOVES = ("Transpose", "Slice")
+MOVES = ("Transpose", "Slice", "Split")
 SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS + MOVES + ("Concat",)
 # Emitters that read and write held tensors. DequantizeLinear is left out: a chain ending in one gave
 # wrong results at fp16 on AlexNet QDQ (its float output feeding LRN; correct at fp32 and unchained),

@@ -720,3 +720,33 @@ def test_fully_quantized_bert_layer_matches_the_qdq_meaning():
     step = quantized_output_steps(graph)["output"]
     cosine = (ours * ref).sum() / np.linalg.norm(ours) / np.linalg.norm(ref)
     assert np.abs(ours - ref).max() <= 2 * step * 1.0001 and cosine >= QUANT_MIN_COSINE
+
+
+def qoperator(model, count: int = 2):
+    """`model` quantized by quantize_static in QOperator format (QLinearConv / QLinearMatMul / QLinearAdd
+    ...; per-channel int8 weights, int8 activations, seeded reader)."""
+    import logging
+    import tempfile
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from quant_models import RandomReader
+    logging.getLogger().setLevel(logging.ERROR)
+    reader = type("Reader", (RandomReader, CalibrationDataReader), {})(model, count=count)
+    with tempfile.TemporaryDirectory(prefix="tpuflow_int8_") as tmp:
+        onnx.save(model, Path(tmp) / "float.onnx")
+        quantize_static(str(Path(tmp) / "float.onnx"), str(Path(tmp) / "q.onnx"), reader,
+                        quant_format=QuantFormat.QOperator, per_channel=True, activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8)
+        return onnx.load(str(Path(tmp) / "q.onnx"))
+
+
+def test_qoperator_gpt_block_splits_int8_tensors_and_verifies():
+    """QOperator leaves GPT's qkv Split on the int8 tensor between QLinear ops (no QLinearSplit): the frontend
+    carries the Quant to each part, the lowering moves the bytes (QuantMove)."""
+    from tpuflow import models
+    q = qoperator(models.build_model("gpt_block"))
+    graph = load_graph_of(q)
+    split = next(n for n in graph.nodes() if n.op_type == "Split")
+    assert all(graph.tensor(t).quant == graph.tensor(split.inputs[0]).quant is not None for t in split.outputs)
+    result = verify(q, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"], result["outputs"]
