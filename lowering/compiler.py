@@ -11,7 +11,9 @@ from tpuflow.frontend.stats import graph_stats, layer_stats
 from tpuflow.isa import Engine, Prec, SysDma, SysTiu
 from tpuflow.isa.messages import barrier, barrier_id
 from tpuflow.lowering.context import WHOLE, HeldConstants, LowerCtx
-from tpuflow.lowering.cores import CELL_BYTES, CrossCoreHazards, core_parts, crossing_tensors, ddr_cells
+from tpuflow.lowering.cores import (BAND_LMEM_SHARES, CELL_BYTES, CrossCoreHazards, band_regions, core_parts,
+                                     crossing_tensors, ddr_cells, span_tensors)
+from tpuflow.lowering.slicing import chunk
 from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.deps import assign_dependencies
 from tpuflow.lowering.emitter import Emitter
@@ -40,6 +42,7 @@ from tpuflow.lowering.long_rows import split_long_rows
 from tpuflow.lowering.tensor_parallel import split_mlp_pairs
 from tpuflow.lowering.timesteps import pipelined_order
 from tpuflow.lowering.weight_prefetch import WeightPrefetch, prefetchable
+
 from tpuflow.lowering.weights import WeightImage
 from tpuflow.options import CompileOptions
 from tpuflow.program import CoreStreams, DdrTensor, MemoryPlan, Program
@@ -134,19 +137,22 @@ def resident_ports(graph: Graph, group: Group, chip: ChipConfig,
 
 def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
                       share: float = RESIDENT_SHARE, crossing: frozenset = frozenset(),
-                      gathered: frozenset = frozenset()) -> ResidencyPlan:
+                      gathered: frozenset = frozenset(), bands: list | None = None) -> ResidencyPlan | None:
     """The residency plan; its sliced spans are chosen by the layer-group search on estimated
     times (`_members_cost`), and kept when the groups whose emission they can change (first to
     last, `_differing_span`) run faster with them than without. Several cores: whole tensors
     only, none of `crossing` (activations a core reads from another core's part) but those
-    `gathered` (every core loads them whole from DDR once, as graph inputs are preloaded)."""
+    `gathered` (every core loads them whole from DDR once, as graph inputs are preloaded); with
+    `bands` (lowering.cores.band_regions) those spans run in bands over the cores (None when
+    their slice buffers do not fit)."""
     if options.layer_group == "off" or share <= 0:
         return ResidencyPlan()
     if options.cores > 1:
         plan = plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
                               lambda g: _local_ports(resident_ports(graph, g, chip, options), crossing, gathered),
-                              None, share, gathered=gathered)
-        plan.gathered = frozenset(t for t in gathered if t in plan.tensors)
+                              None, share, gathered=gathered, regions=bands)
+        if plan is not None:
+            plan.gathered = frozenset(t for t in gathered if t in plan.tensors)
         return plan
 
     def plan(span_cost) -> ResidencyPlan:
@@ -277,14 +283,61 @@ def _lower_split_once(source: Graph, chip: ChipConfig, options: CompileOptions,
     groups = quantized_groups(graph, form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes, ends=ends),
                               chip)
     crossing, gathered = _crossing_tensors(graph, groups, chip, options, pins) if options.cores > 1 else ((), ())
+    banded = _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered)
     for share in RESIDENT_SHARE_FALLBACKS:
         residency = plan_layer_groups(graph, groups, chip, options, share, frozenset(crossing), frozenset(gathered))
         try:
-            return _lower_planned(source, graph, groups, chip, options, residency, pins)
+            program = _lower_planned(source, graph, groups, chip, options, residency, pins)
+            break
         except LoweringError:
             if not residency.tensors:
                 raise
-    raise AssertionError("unreachable: the last share keeps nothing resident")
+    return program if banded is None else _faster(banded, program)
+
+
+def _faster(banded: Program, program: Program) -> Program:
+    """The program with band spans when it runs faster on the timing model, else the other."""
+    from tpuflow.hwmodel.timing import simulate
+    return banded if simulate(banded).total_ps < simulate(program).total_ps else program
+
+
+def _lower_banded(source: Graph, graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
+                  pins: dict[str, int], crossing, gathered) -> Program | None:
+    """Several cores: the program with spans of sliceable groups run in bands over the cores
+    (lowering.cores.band_regions; the tensors crossing a span's edge meet in DDR, those inside
+    stay in each core's LMEM), at the resident share of LMEM; None when there are no such spans
+    or they do not fit (lowering keeps it when it runs faster than the program without them)."""
+    if options.cores == 1 or options.matmul != "tiu" or options.layer_group == "off":
+        return None
+    for share in BAND_LMEM_SHARES:
+        budget = None if share is None else share * chip.lmem_bytes_per_lane
+        bands = band_regions(graph, groups, options.cores, chip.lanes, budget, Prec.from_name(options.dtype).bytes)
+        if not bands:
+            return None
+        residency = _band_residency(graph, groups, chip, options, bands, crossing, gathered)
+        if residency is not None:
+            break
+    else:
+        return None
+    try:
+        return _lower_planned(source, graph, groups, chip, options, residency, pins)
+    except LoweringError:
+        return None
+
+
+def _band_residency(graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions, bands: list,
+                    crossing, gathered) -> ResidencyPlan | None:
+    """The residency plan with `bands` run in bands over the cores: what crosses a span's edge
+    meets in DDR, what stays inside is a slice buffer (None when they do not fit)."""
+    inside, edges, made = set(), set(), set()
+    for region in bands:
+        i, e = span_tensors(graph, groups, region.members)
+        inside, edges = inside | i, edges | e
+        made |= {t for m in region.members for t in groups[m].produced()}
+    crossing = (set(crossing) - inside) | edges
+    gathered = set(gathered) - made          # a gathered tensor is loaded before the span that makes it runs
+    return plan_layer_groups(graph, groups, chip, options, RESIDENT_SHARE, frozenset(crossing),
+                             frozenset(gathered), bands)
 
 
 def _lower_planned(source: Graph, graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
@@ -339,7 +392,8 @@ def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions, ddr
     """Every group split over the cores (lowering.cores: each core emits its part; activations
     resident in LMEM stay where their core's part made them), with a chip-wide barrier before a
     group only where one core touches DDR that another core wrote, or writes DDR another core
-    read, since the last barrier (lowering.cores.CrossCoreHazards; none with `barriers` off);
+    read, since the last barrier (lowering.cores.CrossCoreHazards; none with `barriers` off); a
+    sliced region of the residency plan runs in bands over the cores (_emit_band_over_cores);
     (the cores' contexts, the manifest's record of the split: per core, each group's part,
     per group and core the [start, end) of its records)."""
     ctxs = [make_ctx() for _ in range(options.cores)]
@@ -356,8 +410,18 @@ def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions, ddr
                           pins.get(groups[index].anchor.name))
     prefetch = _weight_prefetch(ctxs, groups, options, parts_of) if barriers else None
     for index, group in enumerate(groups):
-        parts = parts_of(index)
+        band = ctxs[0].residency.region_at(index)
         starts = [len(ctx.em.records) for ctx in ctxs]
+        if band is not None or ctxs[0].residency.in_region(index):
+            if band is not None:
+                _emit_band_over_cores(ctxs, groups, band, options, split, loaded)
+                if hazards is not None and _needs_barrier(hazards, ctxs, starts, chip, ddr_limit):
+                    for ctx, start in zip(ctxs, starts):
+                        _insert_barrier(ctx, start, options.cores, count)
+                    count += 1
+            spans.append([(start, len(ctx.em.records)) for ctx, start in zip(ctxs, starts)])
+            continue
+        parts = parts_of(index)
         for ctx, part, record, done in zip(ctxs, parts, split, loaded):
             _emit_preloads(ctx, groups, index, done)
             if part is None:
@@ -375,6 +439,30 @@ def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions, ddr
             prefetch.after(index, starts)
         spans.append([(start, len(ctx.em.records)) for ctx, start in zip(ctxs, starts)])
     return ctxs, split, spans
+
+
+def _emit_band_over_cores(ctxs: list[LowerCtx], groups: list[Group], region, options: CompileOptions,
+                          split: list[dict], loaded: list[set[str]]) -> None:
+    """A span run in bands over the cores (lowering.cores.band_regions): core k runs its block of
+    the region's slices (one band per core), every member on the rows that band needs, the
+    activations inside in its LMEM slice buffers."""
+    cores = len(ctxs)
+    for k, (ctx, record, done) in enumerate(zip(ctxs, split, loaded)):
+        _emit_preloads(ctx, groups, region.last, done)
+        start, slice_of = len(ctx.em.records), []
+        for s in range(*chunk(region.slices, cores, k)):
+            ctx.residency.enter_slice(region, s)
+            for m in region.members:
+                part = region.part(m, s)
+                if part.rows[1] <= part.rows[0]:
+                    continue
+                record["groups"][groups[m].name] = part.as_dict()
+                ctx.group_index, ctx.part = m, part
+                _emit_group(ctx, groups[m], options)
+            slice_of += [s] * (len(ctx.em.records) - start - len(slice_of))
+        ctx.part = WHOLE
+        emitted = ctx.em.records[start:]
+        ctx.em.records[start:] = [emitted[i] for i in pipelined_order(emitted, slice_of, ctx.chip)]
 
 
 def _weight_prefetch(ctxs: list[LowerCtx], groups: list[Group], options: CompileOptions, parts_of) -> WeightPrefetch:

@@ -13,7 +13,8 @@ from tpuflow.frontend.graph import Graph
 from tpuflow.isa import Engine
 from tpuflow.lowering.context import WHOLE, EmitPart
 from tpuflow.lowering.groups import Group
-from tpuflow.lowering.slicing import chunk, matmul_geometry_of, output_height, output_of, view_rows
+from tpuflow.lowering.slicing import (SlicedRegion, candidate_runs, chunk, matmul_geometry_of, output_height, output_of,
+                                      samples, slice_region, view_rows)
 from tpuflow.options import CompileOptions
 
 
@@ -41,6 +42,9 @@ def _split(graph: Graph, group: Group, cores: int, options: CompileOptions,
             cout = graph.tensor(group.anchor.inputs[1]).shape[0]
             return [_some(EmitPart(channels=chunk(cout, cores, k))) for k in range(cores)]
         return [_some(EmitPart(rows=chunk(height, cores, k))) for k in range(cores)]
+    if group.kind == "matmul" and options.matmul == "tiu" and on_vector_unit:
+        cols = matmul_geometry_of(graph, group).n      # a matrix-vector product: its weights' columns
+        return [_some(EmitPart(view_cols=chunk(cols, cores, k))) for k in range(cores)]
     if group.kind == "matmul" and options.matmul == "tiu" and not on_vector_unit and _weight_heavy(graph, group):
         cols = matmul_geometry_of(graph, group).n
         step = _head_width(graph, group, cols, cores)
@@ -228,3 +232,95 @@ class CrossCoreHazards:
 
     def barrier(self) -> None:
         self.epoch += 1
+
+
+# ------------------------------------------------------------------ spans run in bands over cores
+# Most rows a member of a band span may compute, over all cores, as a multiple of its output
+# height (each core recomputes the halo rows the later members need). A compiler policy.
+BAND_RECOMPUTE_LIMIT = 1.5
+# Shares of a lane's LMEM the slice buffers of one band span may take together (none: no limit),
+# tried in turn until the residency plan fits them (the rest of LMEM holds other resident
+# activations and the members' working area). A compiler policy.
+BAND_LMEM_SHARES = (None, 0.7, 0.5, 0.35)
+
+
+def band_regions(graph: Graph, groups: list[Group], cores: int, lanes: int = 1, lane_budget: float | None = None,
+                 elem_bytes: int = 2) -> list[SlicedRegion]:
+    """Spans of consecutive sliceable groups of one sample run as sliced regions whose slices are
+    the cores (tpu-mlir's multi-core layer groups: a contiguous band of output rows per core):
+    core k computes band k of the last member's output and every member the rows later members
+    need (halos recomputed), so the activations made and read inside a span stay in each core's
+    LMEM and only the span's inputs and output meet in DDR. Greedy in run order: a span is the
+    longest from its first group whose tensors read outside come from its last member, whose
+    members recompute at most BAND_RECOMPUTE_LIMIT times their rows, and whose weights, loaded
+    by every core, cost fewer extra bytes than the activations it keeps out of DDR, and whose
+    slice buffers take at most `lane_budget` bytes of each of `lanes` lanes (`elem_bytes` per
+    activation element; None: no limit)."""
+    out = []
+    for run in candidate_runs(graph, groups):
+        if samples(graph, groups[run[0]]) != 1:
+            continue
+        a = 0
+        while a < len(run) - 1:
+            best = None
+            for b in range(a + 1, len(run)):
+                region = _band_region(graph, groups, run[a:b + 1], cores)
+                if region is None or (lane_budget is not None and _lane_bytes(graph, region, lanes, elem_bytes) > lane_budget):
+                    break
+                if _band_pays(graph, groups, region, cores):
+                    best = region
+            out += [best] if best is not None else []
+            a = run.index(best.last) + 1 if best is not None else a + 1
+    return out
+
+
+def _band_region(graph: Graph, groups: list[Group], members: tuple[int, ...], cores: int) -> SlicedRegion | None:
+    """The span sliced into one band per core with its inside tensors as slice buffers, or None
+    when a member would recompute too many rows (a longer span only recomputes more)."""
+    inside, _ = span_tensors(graph, groups, members)
+    region = slice_region(graph, groups, members, cores, inside)
+    for m in members:
+        computed = sum(max(0, hi - lo) for lo, hi in region.rows[m])
+        if computed > BAND_RECOMPUTE_LIMIT * output_height(graph, groups[m]):
+            return None
+    return region
+
+
+def _lane_bytes(graph: Graph, region: SlicedRegion, lanes: int, elem_bytes: int) -> int:
+    """Bytes per lane of all of a region's slice buffers (channels over lanes, a band of rows)."""
+    total = 0
+    for t in region.buffers:
+        _, c, _, w = graph.tensor(t).shape
+        total += -(-c // lanes) * region.capacity(t) * w * elem_bytes
+    return total
+
+
+def span_tensors(graph: Graph, groups: list[Group], members: tuple[int, ...]) -> tuple[set[str], set[str]]:
+    """(the 4-D activations a span makes and only it reads, every other activation it makes or
+    reads: its boundary)."""
+    inside_groups = set(members)
+    made = {t: m for m in members for t in groups[m].produced()}
+    readers: dict[str, set[int]] = {}
+    for i, g in enumerate(groups):
+        for t in {t for n in g.nodes for t in n.inputs if t} - g.produced():
+            readers.setdefault(t, set()).add(i)
+    inside = {t for t, m in made.items() if readers.get(t) and readers[t] <= inside_groups
+              and t not in graph.outputs and len(graph.tensor(t).shape) == 4}
+    read = {t for m in members for n in groups[m].nodes for t in n.inputs
+            if t and not graph.tensor(t).is_const and t not in made}
+    leaving = {t for t in made if t not in inside and (readers.get(t) or t in graph.outputs)}
+    return inside, leaving | read
+
+
+def _band_pays(graph: Graph, groups: list[Group], region: SlicedRegion, cores: int) -> bool:
+    """Whether every tensor leaving the span is its last member's output (its bands are the
+    cores' own rows: no two cores write a row), and the weights the other cores load again are
+    fewer bytes than the inside activations' DDR write and read."""
+    inside, boundary = span_tensors(graph, groups, region.members)
+    made_before_last = {t for m in region.members[:-1] for t in groups[m].produced()}
+    if boundary & made_before_last:
+        return False
+    weights = sum(graph.tensor(t).const.size for m in region.members for n in groups[m].nodes
+                  for t in n.inputs if t and graph.tensor(t).const is not None)
+    kept = sum(2 * math.prod(graph.tensor(t).shape) for t in inside)
+    return weights * (cores - 1) < kept

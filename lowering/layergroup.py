@@ -169,6 +169,10 @@ class ResidencyPlan:
     def region_at(self, index: int) -> SlicedRegion | None:
         return next((r for r in self.regions if r.first == index), None)
 
+    def in_region(self, index: int) -> bool:
+        """Whether group `index` is a member of a sliced region."""
+        return any(index in r.members for r in self.regions)
+
     def enter_slice(self, region: SlicedRegion, s: int) -> None:
         """Point the slice buffers of `region` at the sample and rows of slice `s`."""
         for name, rows in region.buffers.items():

@@ -71,7 +71,7 @@ SLICE_COUNT_CHOICES = 2    # slice counts tried per span: the fewest that fit, a
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
                    ports: Callable[[Group], tuple[set[str], set[str]]], span_cost: SpanCost | None,
                    share: float = RESIDENT_SHARE, matrix_slicing: bool = False,
-                   gathered: frozenset = frozenset()) -> ResidencyPlan:
+                   gathered: frozenset = frozenset(), regions: list[SlicedRegion] | None = None) -> ResidencyPlan | None:
     """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
     to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it has
     a resident layout, it is neither a graph input nor output, and it fits the resident share of
@@ -83,7 +83,9 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
     groups around them runs slice by slice (lowering.slicing); the spans and their slice counts
     are chosen by the layer-group search (lowering.groupsearch) on `span_cost` (none without one).
     `gathered` activations (several cores) are loaded whole before their first reader like graph
-    inputs, when several groups read them in one layout."""
+    inputs, when several groups read them in one layout. Given `regions` (several cores:
+    lowering.cores.band_regions), those spans run sliced instead of searched ones; None when
+    their slice buffers do not fit."""
     top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
     budget = int((top - lo) * share) // chip.bank_bytes * chip.bank_bytes
     producer, consumers = _producers_and_consumers(graph, groups)
@@ -131,6 +133,8 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
         kept = [(u, t) for u, t in needed if u in base.tensors]
         if kept != needed:     # pairs that fit no better together stay apart (and may be sliced)
             base = placed_with(kept)
+    if regions is not None:
+        return _place(inputs, regions)
     if span_cost is None:
         return base
     rejected = {t for t in producer if eligible(t) and t not in base.tensors and t not in family}

@@ -14,7 +14,7 @@ from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.matmul import MatmulGroup, matmul_geometry
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
-from tpuflow.lowering.tiling import largest_fitting, pipelined, steps
+from tpuflow.lowering.tiling import largest_fitting, pipelined, steps, steps_between
 
 
 def is_gemv(ctx: LowerCtx, group: Group) -> bool:
@@ -46,7 +46,9 @@ class GemvEmitter(MatmulGroup):
         block contiguous, so every weight load is one sequential DDR stream (rows of W^T strided
         by K would each open a DRAM page of their own). Returns the block addresses."""
         blocks = [np.ascontiguousarray(self.wt[n0:n0 + n, k0:k0 + k]).reshape(-1) for n0, n, k0, k, _, _ in work]
-        base = self.ctx.const_addr(f"gemv:{self.node.name}", np.concatenate(blocks))
+        cols = self.ctx.part.view_cols          # a core's columns: its own blob (lowering.cores)
+        key = f"gemv:{self.node.name}" + (f":{cols[0]}" if cols is not None else "")
+        base = self.ctx.const_addr(key, np.concatenate(blocks))
         addrs, offset = {}, 0
         for (n0, _, k0, _, _, _), block in zip(work, blocks):
             addrs[(n0, k0)] = base + offset * self.ctx.prec.bytes
@@ -69,8 +71,9 @@ class GemvEmitter(MatmulGroup):
     def plan(self, region: str) -> GemvPlan | None:
         """Output lanes and inner elements per step (largest that fit double-buffered)."""
         geo, lanes, arena = self.geom, self.chip.lanes, self.ctx.planning_arena(region)
+        lo, hi = self.ctx.view_cols_to_emit(geo.n)
         res = self.epi.resident_sizes(1, geo.n)
-        choice = next(((nt, kt) for nt in sorted({min(geo.n, lanes * g) for g in (16, 8, 4, 2, 1)}, reverse=True)
+        choice = next(((nt, kt) for nt in sorted({min(hi - lo, lanes * g) for g in (16, 8, 4, 2, 1)}, reverse=True)
                        for kt in [largest_fitting([min(geo.k, 256 * 2 ** i) for i in range(8)],
                                                   lambda kt: arena.fits(res + sum(self._sizes(nt, kt), []) * 2))]
                        if kt), None)
@@ -93,7 +96,7 @@ class GemvEmitter(MatmulGroup):
         self.epi.load_residents(res_offs, 1, geo.n)
         x_addr = self._input_addr()
         k_steps = steps(geo.k, kt)
-        work = [(n0, n, k0, k, i == len(k_steps) - 1, i == 0) for n0, n in steps(geo.n, nt)
+        work = [(n0, n, k0, k, i == len(k_steps) - 1, i == 0) for n0, n in steps_between(*ctx.view_cols_to_emit(geo.n), nt)
                 for i, (k0, k) in enumerate(k_steps)]
         w_addr = self._weight_blocks(work)
 
