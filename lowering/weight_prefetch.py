@@ -21,10 +21,12 @@ from tpuflow.lowering.groups import Group
 from tpuflow.lowering.mathops import CONST_REGION_BYTES
 
 # Share of the working area (per lane, below the resident activations of every group) the weight
-# ring takes at its bottom. A compiler policy, not a hardware number: BERT-base at seq 384 needs
-# 55 KiB per lane for one layer's weight blocks on 4 cores (28 KiB on 8); larger shares cut the
-# attention's softmax into more, smaller row tiles.
-WEIGHT_RING_SHARE = 0.55
+# area may take at its bottom (whole dependency chunks, at most what the core's blocks need). A
+# compiler policy, not a hardware number: bert_base fp16 on sg2260 (lower_split + list schedule),
+# 4 / 8 cores: 0.45 (2 chunks) 3270.9 / 3177.1 us, 0.55 and 0.65 (3) 3036.6 / 3140.9, 0.75 (4)
+# 3020.1 / 3146.9; without prefetch 3363.3 / 3529.8. Larger areas cut the attention's softmax into
+# more, smaller row tiles.
+WEIGHT_RING_SHARE = 0.75
 
 
 @dataclass
@@ -73,18 +75,32 @@ class CorePrefetch:
         top = min(ctx.residency.arena_top(i, chip.tile_window_offset) for i in range(len(groups)))
         bank = chip.chunk_bytes_per_lane            # dependency chunks: blocks share none with the SFU tables
         start = -(-CONST_REGION_BYTES // bank) * bank
-        size = int((top - start) * WEIGHT_RING_SHARE) // bank * bank
-        self.ring = WeightRing(start, start + size, chip.core.lmem_align_bytes, bank)
-        ctx.work_floor = self.ring.end
+        blocks = [self._block_bytes(i) for i in range(len(groups))]
+        blocks = [b for b in blocks if b]
+        size = min(int((top - start) * WEIGHT_RING_SHARE), -(-sum(blocks) // bank) * bank) // bank * bank
+        self.ring = None         # no matmul to prefetch, or no room: the working area keeps all of LMEM
+        if blocks and size >= max(blocks):
+            self.ring = WeightRing(start, start + size, chip.core.lmem_align_bytes, bank)
+            ctx.work_floor = self.ring.end
         self.gbps = min(chip.ddr_peak_bytes_per_second, chip.ddr_chip_peak_bytes_per_second / cores) / 1e9
         self.rows: dict[int, int] = {}
         self.next = 0
+
+    def _block_bytes(self, index: int) -> int:
+        """Per-lane bytes of group `index`'s weight block on this core (0: none)."""
+        part = self.parts_of(index)[self.core] if self.eligible(self.groups[index]) else None
+        if part is None:
+            return 0
+        em = _emitter(self.ctx, self.groups[index], index, part)
+        return 0 if em.ctx.residency.splits.get(em.result) else em.held_bytes()
 
     def after(self, index: int, start: int) -> None:
         """Group `index` was emitted (this core's records from `start`): after its last load, load
         rows of the next groups' blocks while their transfers fit the time its TIU work hides
         beyond its own; then the rest of the next group's block; its own block is then free, and
         the next group works below the blocks still waiting."""
+        if self.ring is None:
+            return
         records = self.ctx.em.records
         span = records[start:]
         budget = self._tiu_ps(span) - self._dma_ps(span)

@@ -95,3 +95,23 @@ def test_the_split_program_is_deterministic(split_lowering):
     second = compile_model(_encoder(1), "sg2260", CompileOptions(dtype="fp16", cores=8))[1]
     assert [c.gdma for c in first.cores] == [c.gdma for c in second.cores]
     assert [c.tiu for c in first.cores] == [c.tiu for c in second.cores]
+
+
+def test_each_core_moves_the_exchange_bytes_of_an_encoder_layer_exactly(split_lowering):
+    """One layer on 4 cores, per core, in units of the activation X (seq x hidden, fp16): reads X
+    whole (Q/K/V by its heads), the context whole (its columns of the output projection), its rows
+    of the residual sum (LayerNorm), the LayerNorm output whole (its FFN hidden columns) and its
+    rows of every core's FFN partial; writes its heads' context columns, its residual columns, its
+    LayerNorm rows, its whole FFN partial and its output rows."""
+    cores, x = 4, SMALL.seq * SMALL.hidden * 2
+    _, program = compile_model(_encoder(1), "sg2260", CompileOptions(dtype="fp16", cores=cores))
+    base, band = program.memory.weight_base, x // cores
+    for core in program.cores:
+        read = written = 0
+        for instr, layer in zip(core.gdma, core.gdma_layers):
+            if layer != "__prologue__":
+                acc = instr.accesses(program.chip)
+                read += sum(min(r.hi, base) - r.lo for r in acc.ddr_reads if r.lo < base)
+                written += sum(min(r.hi, base) - r.lo for r in acc.ddr_writes if r.lo < base)
+        assert read == x + x + band + x + cores * band
+        assert written == band + band + band + x + band
