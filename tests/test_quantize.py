@@ -249,3 +249,19 @@ def test_a_batchnorm_without_a_conv_before_it_runs_in_int8_and_verifies():
     checked = verify(_preactivation_block(), None, CompileOptions(dtype="int8"))
     assert checked["ok"], checked["outputs"]
     assert checked["outputs"][0]["vs_float"]["cosine"] > 0.999
+
+
+def test_an_op_left_float_by_a_float_input_names_that_input():
+    """AlexNet's x -> LRN -> MaxPool -> Conv: the MaxPool reads the float LRN, so it stays float."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=13)
+    lrn = b.node("LRN", [b.input("x", (1, 8, 8, 8))], "l", size=3)
+    pool = b.node("MaxPool", [lrn], "p", kernel_shape=[2, 2], strides=[2, 2])
+    b.output(b.node("Conv", [pool, b.weight("w", (8, 8, 3, 3))], "y", kernel_shape=[3, 3]))
+    result = quantize(b.model())
+    assert [(f["op"], f["node"], f["reason"]) for f in result.float_ops] == [
+        ("LRN", "lrn_0", NO_INT8_FORM), ("MaxPool", "maxpool_1", "reads a float op's output (LRN lrn_0)")]
+    assert result.int8_ops == 1

@@ -34,6 +34,7 @@ MOVES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", 
          "Slice", "Split", "Expand", "Cast", "Tile", "ConstantOfShape")
 NO_INT8_FORM = "no int8 form"
 PRODUCT_OF_ACTIVATIONS = "product of two activations"
+FLOAT_INPUT = "reads a float op's output"
 FLOAT_NEIGHBOURS = "its inputs or outputs stay float"
 
 
@@ -161,6 +162,7 @@ def float_ops_of(qdq, products_of_activations=()) -> tuple[int, tuple[dict, ...]
         for t in n.input:
             consumers.setdefault(t, set()).add(n.op_type)
     outputs = {o.name for o in graph.output}
+    producers = {t: n for n in graph.node for t in n.output}
     int8_ops, float_ops = 0, []
     for n in graph.node:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear") or n.op_type in MOVES:
@@ -172,7 +174,7 @@ def float_ops_of(qdq, products_of_activations=()) -> tuple[int, tuple[dict, ...]
             int8_ops += 1
             continue
         reason = (PRODUCT_OF_ACTIVATIONS if n.name in products_of_activations else
-                  NO_INT8_FORM if n.op_type not in INT8_OPS else FLOAT_NEIGHBOURS)
+                  NO_INT8_FORM if n.op_type not in INT8_OPS else _float_neighbour(n, producers, dequantized, constants))
         float_ops.append({"node": n.name or n.output[0], "op": n.op_type, "reason": reason})
     return int8_ops, tuple(float_ops)
 
@@ -182,6 +184,16 @@ def _at_least_qdq_opset(model):
     from onnx import version_converter
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     return version_converter.convert_version(model, QDQ_OPSET) if opset < QDQ_OPSET else model
+
+
+def _float_neighbour(node, producers: dict, dequantized: set, constants: set) -> str:
+    """Why an op of a kind the int8 lowering computes stayed float: the float op it reads from (the
+    quantizer quantizes an op only when its inputs are quantized), else its float output."""
+    for t in node.input:
+        producer = producers.get(t)
+        if t and t not in constants and t not in dequantized and producer is not None:
+            return f"{FLOAT_INPUT} ({producer.op_type} {producer.name or producer.output[0]})"
+    return FLOAT_NEIGHBOURS
 
 
 def _batchnorms_as_scale_shift(path: Path) -> None:
