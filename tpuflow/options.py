@@ -13,7 +13,7 @@ MATMUL_PATHS = ("tiu", "tile")
 DEP_MODES = ("bitmap", "auto")
 SCHEDULES = ("program", "list", "cpsat")
 LAYER_GROUP = ("on", "off")
-CALIBRATION_DEFAULT = 8      # tpuflow.quantize.CALIBRATION_SAMPLES (the issue's default)
+CALIBRATION_DEFAULT = 8      # --dtype int8: seeded random calibration inputs unless told (issue 15's default)
 DTYPE_ALIASES = {"f32": "fp32", "float32": "fp32", "f16": "fp16", "float16": "fp16", "bfloat16": "bf16"}
 
 
@@ -26,7 +26,7 @@ class CompileOptions:
     time_limit_s: float = 20.0   # CP-SAT total budget (deterministic time units)
     layer_group: str = "on"      # on: activations stay in LMEM across fused groups when they fit; off: every group round-trips DDR
     cores: int = 1               # cores the program is split over (at most the chip's core.cores, checked by the pipeline)
-    calibration: int = CALIBRATION_DEFAULT  # --dtype int8: seeded random calibration inputs (tpuflow.quantize.CALIBRATION_SAMPLES)
+    calibration: int = CALIBRATION_DEFAULT  # --dtype int8: seeded random calibration inputs (tpuflow.quantize)
     calibration_data: str = ""   # --dtype int8: a folder of .npz calibration samples instead of random inputs
 
     def __post_init__(self) -> None:

@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from tpuflow.errors import InputFileError, ModelError
+from tpuflow.options import CALIBRATION_DEFAULT
 
 INT8_OPS = ("Conv", "MatMul", "Gemm", "Add", "Mul", "Relu", "Clip", "MaxPool", "AveragePool", "GlobalAveragePool",
             "Concat")
 FLOAT_REST = "fp16"          # the precision of what stays float in an --dtype int8 program
-CALIBRATION_SAMPLES = 8      # seeded random calibration inputs (the default)
+CALIBRATION_SAMPLES = CALIBRATION_DEFAULT   # seeded random calibration inputs (the default, 8)
 CALIBRATION_SEED = 0         # seed of the random calibration inputs
 QDQ_OPSET = 13               # per-channel QuantizeLinear / DequantizeLinear (axis) need opset 13
 MIN_IR_VERSION = 7           # ONNX IR version of opset 13
