@@ -265,3 +265,16 @@ def test_an_op_left_float_by_a_float_input_names_that_input():
     assert [(f["op"], f["node"], f["reason"]) for f in result.float_ops] == [
         ("LRN", "lrn_0", NO_INT8_FORM), ("MaxPool", "maxpool_1", "reads a float op's output (LRN lrn_0)")]
     assert result.int8_ops == 1
+
+
+def test_long_float_op_lists_are_cut_in_text_and_counted_by_kind():
+    from tpuflow.quantize import MAX_FLOAT_OP_LINES, float_op_lines
+    ops = [{"op": "Softmax" if k % 3 else "LRN", "node": f"n{k}", "reason": NO_INT8_FORM}
+           for k in range(MAX_FLOAT_OP_LINES + 5)]
+    lines = float_op_lines({"calibration": {"source": "random", "samples": 8, "seed": 0}, "float_rest": "fp16",
+                            "int8_ops": 2, "float_ops": ops})
+    assert len(lines) == 1 + MAX_FLOAT_OP_LINES + 1
+    rest = ops[MAX_FLOAT_OP_LINES:]
+    lrn = sum(f["op"] == "LRN" for f in rest)
+    assert lines[-1].endswith(f"... 5 more (LRN {lrn}, Softmax {5 - lrn}; --json lists all)")
+    assert f"{len(ops)} stayed float" in lines[0]

@@ -33,6 +33,7 @@ QDQ_FILE_MODE = 0o644        # --emit-qdq file permissions (a temporary file is 
 # "stayed float" report leaves it out.
 MOVES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Shape", "Constant", "Gather",
          "Slice", "Split", "Expand", "Cast", "Tile", "ConstantOfShape")
+MAX_FLOAT_OP_LINES = 16      # text outputs list this many ops left float, then count the rest by kind
 NO_INT8_FORM = "no int8 form"
 PRODUCT_OF_ACTIVATIONS = "product of two activations"
 FLOAT_INPUT = "reads a float op's output"
@@ -60,7 +61,14 @@ def float_op_lines(record: dict) -> list[str]:
               f"{cal['samples']} npz files ({', '.join(cal['files'])}; sha256 {cal['sha256'][:16]})")
     lines = [f"int8           post-training quantization calibrated on {source}: {record['int8_ops']} ops int8, "
              f"{len(record['float_ops'])} stayed float ({record['float_rest']})"]
-    lines += [f"  float        {f['op']} {f['node']}: {f['reason']}" for f in record["float_ops"]]
+    shown = record["float_ops"][:MAX_FLOAT_OP_LINES]
+    lines += [f"  float        {f['op']} {f['node']}: {f['reason']}" for f in shown]
+    if len(record["float_ops"]) > len(shown):
+        kinds: dict[str, int] = {}
+        for f in record["float_ops"][len(shown):]:
+            kinds[f["op"]] = kinds.get(f["op"], 0) + 1
+        lines.append(f"  float        ... {len(record['float_ops']) - len(shown)} more ("
+                     + ", ".join(f"{op} {n}" for op, n in kinds.items()) + "; --json lists all)")
     return lines
 
 
