@@ -39,7 +39,7 @@ from tpuflow.lowering.ops.quant_ops import quant_emitter
 from tpuflow.lowering.tensors import make_tile
 from tpuflow.lowering.ewise import ROW_REDUCE
 from tpuflow.lowering.long_rows import split_long_rows
-from tpuflow.lowering.tensor_parallel import split_mlp_pairs
+from tpuflow.lowering.tensor_parallel import head_aligned_cores, split_mlp_pairs
 from tpuflow.lowering.timesteps import pipelined_order
 from tpuflow.lowering.weight_prefetch import WeightPrefetch, prefetchable
 
@@ -224,13 +224,15 @@ INFEASIBLE_PS = 1 << 62          # the cost of groups that cannot be emitted und
 def lower(source: Graph, chip: ChipConfig, options: CompileOptions) -> Program:
     """The program of `source`: layer groups at the resident share of LMEM, or at the next
     smaller share when some group does not fit the working area the residents leave it.
-    Several cores: the program split over all of them, over half of them or on core 0 alone
+    Several cores: the program split over all of them, over as many as split the attention heads
+    evenly (lowering.tensor_parallel.head_aligned_cores), over half of them or on core 0 alone
     (the others idle), whichever runs fastest on the timing model (a split's parts meet in DDR:
     small models, and layers whose exchange grows with the core count, can run faster on fewer)."""
     if options.cores == 1:
         return lower_split(source, chip, options)
     from tpuflow.hwmodel.timing import simulate
-    used = [options.cores] + ([options.cores // 2] if options.cores // 2 > 1 else []) + [1]
+    used = [options.cores] + head_aligned_cores(source, options.cores) + \
+        ([options.cores // 2] if options.cores // 2 > 1 else []) + [1]
     programs = [_widened(lower_split(source, chip, replace(options, cores=n)), options, chip) for n in used]
     times = [simulate(p).total_ps for p in programs]
     return programs[times.index(min(times))]

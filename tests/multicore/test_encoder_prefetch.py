@@ -115,3 +115,13 @@ def test_each_core_moves_the_exchange_bytes_of_an_encoder_layer_exactly(split_lo
                 written += sum(min(r.hi, base) - r.lo for r in acc.ddr_writes if r.lo < base)
         assert read == x + x + band + x + cores * band
         assert written == band + band + band + x + band
+
+
+@pytest.mark.parametrize("heads, cores, expected", [(12, 8, [6]), (12, 4, [3]), (12, 2, []), (8, 8, []),
+                                                     (6, 8, [6]), (10, 8, [5]), (3, 8, [])])
+def test_the_core_counts_tried_beside_all_and_half_split_the_heads_evenly(heads, cores, expected):
+    from tpuflow.lowering.tensor_parallel import head_aligned_cores
+    from tpuflow.pipeline import load_graph
+    graph = load_graph(encoder("heads", 1, Dims(seq=16, hidden=heads * 16, heads=heads, ffn=64)))
+    assert head_aligned_cores(graph, cores) == expected
+    assert head_aligned_cores(load_graph("small_cnn"), cores) == []         # no attention: nothing more to try
