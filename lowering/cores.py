@@ -245,15 +245,17 @@ BAND_LMEM_SHARES = (None, 0.7, 0.5, 0.35)
 
 
 def band_regions(graph: Graph, groups: list[Group], cores: int, lanes: int = 1, lane_budget: float | None = None,
-                 elem_bytes: int = 2) -> list[SlicedRegion]:
+                 elem_bytes: int = 2, lenient: bool = False) -> list[SlicedRegion]:
     """Spans of consecutive sliceable groups of one sample run as sliced regions whose slices are
     the cores (tpu-mlir's multi-core layer groups: a contiguous band of output rows per core):
     core k computes band k of the last member's output and every member the rows later members
     need (halos recomputed), so the activations made and read inside a span stay in each core's
     LMEM and only the span's inputs and output meet in DDR. Greedy in run order: a span is the
     longest from its first group whose tensors read outside come from its last member, whose
-    members recompute at most BAND_RECOMPUTE_LIMIT times their rows, and whose weights, loaded
-    by every core, cost fewer extra bytes than the activations it keeps out of DDR, and whose
+    members recompute at most BAND_RECOMPUTE_LIMIT times their rows, whose weights, loaded by
+    every core, cost fewer extra bytes than the activations it keeps out of DDR (`lenient`: only
+    the weights in excess of each member's input, which a split by output channels would have
+    every core read instead; _extra_elements), and whose
     slice buffers take at most `lane_budget` bytes of each of `lanes` lanes (`elem_bytes` per
     activation element; None: no limit)."""
     out = []
@@ -267,7 +269,7 @@ def band_regions(graph: Graph, groups: list[Group], cores: int, lanes: int = 1, 
                 region = _band_region(graph, groups, run[a:b + 1], cores)
                 if region is None or (lane_budget is not None and _lane_bytes(graph, region, lanes, elem_bytes) > lane_budget):
                     break
-                if _band_pays(graph, groups, region, cores):
+                if _band_pays(graph, groups, region, cores, lenient):
                     best = region
             out += [best] if best is not None else []
             a = run.index(best.last) + 1 if best is not None else a + 1
@@ -312,15 +314,24 @@ def span_tensors(graph: Graph, groups: list[Group], members: tuple[int, ...]) ->
     return inside, leaving | read
 
 
-def _band_pays(graph: Graph, groups: list[Group], region: SlicedRegion, cores: int) -> bool:
+def _band_pays(graph: Graph, groups: list[Group], region: SlicedRegion, cores: int, lenient: bool = False) -> bool:
     """Whether every tensor leaving the span is its last member's output (its bands are the
-    cores' own rows: no two cores write a row), and the weights the other cores load again are
-    fewer bytes than the inside activations' DDR write and read."""
+    cores' own rows: no two cores write a row), and the weights every other core loads again
+    (`lenient`: only those in excess of the members' inputs, _extra_elements) are fewer elements
+    than the inside activations' DDR write and read."""
     inside, boundary = span_tensors(graph, groups, region.members)
     made_before_last = {t for m in region.members[:-1] for t in groups[m].produced()}
     if boundary & made_before_last:
         return False
-    weights = sum(graph.tensor(t).const.size for m in region.members for n in groups[m].nodes
-                  for t in n.inputs if t and graph.tensor(t).const is not None)
     kept = sum(2 * math.prod(graph.tensor(t).shape) for t in inside)
-    return weights * (cores - 1) < kept
+    return (cores - 1) * sum(_extra_elements(graph, groups[m], lenient) for m in region.members) < kept
+
+
+def _extra_elements(graph: Graph, group: Group, lenient: bool) -> int:
+    """A member's weight elements (every core of a band span loads them all); `lenient`: only
+    those its input does not outweigh (split alone it costs each other core the smaller of its
+    weights, split by output rows, and its input, split by output channels)."""
+    weights = sum(graph.tensor(t).const.size for n in group.nodes for t in n.inputs
+                  if t and graph.tensor(t).const is not None)
+    source = math.prod(graph.tensor(group.anchor.inputs[0]).shape)
+    return max(0, weights - source) if lenient else weights

@@ -95,9 +95,9 @@ def test_a_model_whose_split_is_slower_runs_on_core_0_and_the_others_idle():
     from tpuflow.lowering.compiler import lower_split
     from tpuflow.pipeline import load_graph
     options = CompileOptions(dtype="fp16", cores=2, schedule="program")
-    _, program = compile_model("mobilenetv2", "sg2260", options)
-    _, one = compile_model("mobilenetv2", "sg2260", CompileOptions(dtype="fp16", schedule="program"))
-    split = lower_split(load_graph("mobilenetv2"), program.chip, options)
+    _, program = compile_model("gpt_block", "sg2260", options)
+    _, one = compile_model("gpt_block", "sg2260", CompileOptions(dtype="fp16", schedule="program"))
+    split = lower_split(load_graph("gpt_block"), program.chip, options)
     assert simulate(split).total_ps > simulate(one).total_ps          # splitting it costs more than it gains
     assert program.core_count == 2 and program.core(1).tiu == [SysTiu(op="end")]
     assert program.core(0).tiu == one.tiu and program.core(0).gdma == one.gdma
