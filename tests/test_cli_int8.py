@@ -184,3 +184,10 @@ def test_report_and_estimate_name_the_calibration_files(capsys, tmp_path):
     assert "2 npz\nfiles (s0.npz, s1.npz; sha256" in (tmp_path / "r.html").read_text()
     code, out, _ = run(capsys, "estimate", "small_cnn", "--dtype", "int8", "--calibration-data", folder)
     assert code == 0 and "calibrated on 2 npz files (s0.npz, s1.npz; sha256 " in out
+
+
+def test_int8_of_a_model_quantized_already_is_one_line(capsys, tmp_path):
+    assert run(capsys, "estimate", "mlp", "--dtype", "int8", "--emit-qdq", tmp_path / "q.onnx")[0] == 0
+    code, out, err = run(capsys, "estimate", tmp_path / "q.onnx", "--dtype", "int8")
+    assert code == 2 and err.count("\n") == 1
+    assert "is quantized already" in err and "give --dtype fp16, bf16 or fp32 for the float rest" in err

@@ -33,6 +33,10 @@ QDQ_FILE_MODE = 0o644        # --emit-qdq file permissions (a temporary file is 
 # "stayed float" report leaves it out.
 MOVES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Shape", "Constant", "Gather",
          "Slice", "Split", "Expand", "Cast", "Tile", "ConstantOfShape")
+# ops that make a model a pre-quantized one (QDQ, QOperator, integer ops)
+QUANTIZED_MODEL_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+                       "MatMulInteger", "ConvInteger", "QLinearAdd", "QLinearMul", "QGemm",
+                       "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat")
 MAX_FLOAT_OP_LINES = 16      # text outputs list this many ops left float, then count the rest by kind
 NO_INT8_FORM = "no int8 form"
 PRODUCT_OF_ACTIVATIONS = "product of two activations"
@@ -77,6 +81,8 @@ def quantize(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES, data_
     """Quantize a float model: calibrated on `data_dir`'s npz files when given, else on `samples`
     seeded random inputs; the QDQ model with its record."""
     from tpuflow.pipeline import load_graph
+    proto = model_proto(model, input_shapes)
+    _check_float_model(proto)
     graph = load_graph(model, input_shapes)
     if data_dir:
         files, feeds = calibration_files(graph, Path(data_dir))
@@ -85,7 +91,7 @@ def quantize(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES, data_
     else:
         feeds = _calibration_feeds(graph, samples, seed)
         calibration = {"source": "random", "samples": samples, "seed": seed}
-    qdq, excluded = _quantize_static(model, input_shapes, graph.name, feeds)
+    qdq, excluded = _quantize_static(proto, graph.name, feeds)
     int8_ops, float_ops = float_ops_of(qdq, excluded)
     return Quantization(qdq, calibration, int8_ops, float_ops)
 
@@ -127,9 +133,20 @@ def quantized_model(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES
     return quantize(model, input_shapes, samples, seed=seed).model
 
 
-def _quantize_static(model, input_shapes, label: str, feeds: list[dict]):
+def _check_float_model(proto) -> None:
+    """A model that is quantized already (QDQ / QOperator nodes) is refused with one line: its
+    quantized tensors compile to int8 at any --dtype, which then sets the float rest."""
+    from tpuflow.errors import OptionError
+    node = next((n for n in proto.graph.node if n.op_type in QUANTIZED_MODEL_OPS), None)
+    if node is not None:
+        raise OptionError(f"option --dtype int8: {proto.graph.name or 'the model'} is quantized already (node "
+                          f"'{node.name or node.output[0]}' is a {node.op_type}); its quantized tensors compile to "
+                          "int8 at any --dtype: give --dtype fp16, bf16 or fp32 for the float rest")
+
+
+def _quantize_static(proto, label: str, feeds: list[dict]):
     """(QDQ ModelProto, names of the nodes kept float as products of activations) by onnxruntime's
-    quantize_static, calibrated on `feeds`."""
+    quantize_static on the float ModelProto `proto`, calibrated on `feeds`."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -138,7 +155,7 @@ def _quantize_static(model, input_shapes, label: str, feeds: list[dict]):
     logging.getLogger().setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="tpuflow-ptq-") as tmp:
         src, pre, dst = (Path(tmp) / f for f in ("float.onnx", "pre.onnx", "int8.onnx"))
-        onnx.save(_sums_as_adds(_initializers_not_inputs(_at_least_qdq_opset(model_proto(model, input_shapes)))), src)
+        onnx.save(_sums_as_adds(_initializers_not_inputs(_at_least_qdq_opset(proto))), src)
         excluded: list[str] = []
         try:
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
