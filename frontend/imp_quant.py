@@ -328,7 +328,8 @@ def _integer_node(draft: Draft, n: OpNode, absorbed: bool, label: str) -> OpNode
         for name in n.outputs:
             out = draft.tensors[name]
             if out.quant is not None and out.quant != carried:
-                raise ModelError(f"{where}: output '{out.name}' is dequantized with other parameters than its input has")
+                raise ModelError(f"{where}: output '{out.name}' is dequantized with other parameters than its "
+                                 "input has")
             draft.tensors[out.name] = replace(out, quant=carried)
         return n
     raise ModelError(f"{where} computes on the stored integers of quantized tensor '{quantized[0]}' "

@@ -750,3 +750,44 @@ def test_qoperator_gpt_block_splits_int8_tensors_and_verifies():
     assert all(graph.tensor(t).quant == graph.tensor(split.inputs[0]).quant is not None for t in split.outputs)
     result = verify(q, "sg2260", CompileOptions(dtype="fp32"))
     assert result["ok"], result["outputs"]
+
+
+def heads_product_model(m: int, h: int, k: int, n: int, qa, qb, qy):
+    """Attention's layout: A stored (1, m, h, k) and read through Transpose (0, 2, 1, 3), B stored (1, m, h, n)...
+    here B (1, h, k, n) direct, the product (1, h, m, n) written through Transpose (0, 2, 1, 3) as (1, m, h, n):
+    the lowering folds both Transposes into the MatMul (a_perm, y_perm)."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    types = {"int8": (T.INT8, np.int8), "uint8": (T.UINT8, np.uint8)}
+    n_ = helper.make_node
+    inits = []
+    for name, (scale, zp, storage) in (("a", qa), ("b", qb), ("y", qy)):
+        inits += [numpy_helper.from_array(np.float32(scale), f"{name}_s"),
+                  numpy_helper.from_array(np.asarray(zp, types[storage][1]), f"{name}_z")]
+    nodes = [n_("DequantizeLinear", ["a", "a_s", "a_z"], ["af"]), n_("DequantizeLinear", ["b", "b_s", "b_z"], ["bf"]),
+             n_("Transpose", ["af"], ["at"], perm=[0, 2, 1, 3]), n_("MatMul", ["at", "bf"], ["yf"], name="product"),
+             n_("QuantizeLinear", ["yf", "y_s", "y_z"], ["yq"]), n_("DequantizeLinear", ["yq", "y_s", "y_z"], ["yd"]),
+             n_("Transpose", ["yd"], ["yt"], perm=[0, 2, 1, 3]), n_("QuantizeLinear", ["yt", "y_s", "y_z"], ["y"])]
+    graph = helper.make_graph(nodes, "heads", [helper.make_tensor_value_info("a", types[qa[2]][0], [1, m, h, k]),
+                                               helper.make_tensor_value_info("b", types[qb[2]][0], [1, h, k, n])],
+                              [helper.make_tensor_value_info("y", types[qy[2]][0], [1, m, h, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("qa, qb", [((0.02, 7, "int8"), (0.03, -128, "int8")),
+                                    ((0.01, 200, "uint8"), (0.02, 0, "uint8"))], ids=["int8", "uint8"])
+def test_product_of_head_layouts_is_exact(qa, qb):
+    """The Transposes around an attention product (query heads in, context heads out) folded into it: the
+    operands are read and the result written through the permuted strides; integers equal the int64 rule."""
+    from tpuflow.lowering.prepare import fold_matmul_transposes
+    m, h, k, n = 20, 3, 16, 12
+    rng = np.random.default_rng(5)
+    a = rng.integers(np.iinfo(qa[2]).min, np.iinfo(qa[2]).max + 1, (1, m, h, k)).astype(qa[2])
+    b = rng.integers(np.iinfo(qb[2]).min, np.iinfo(qb[2]).max + 1, (1, h, k, n)).astype(qb[2])
+    a_heads = a.transpose(0, 2, 1, 3)
+    reach = np.abs(np.matmul(a_heads.astype(np.int64) - qa[1], b.astype(np.int64) - qb[1])).max()
+    qy = (float(reach) * qa[0] * qb[0] / 100.0, 3, "int8")
+    model = heads_product_model(m, h, k, n, qa, qb, qy)
+    folded = next(node for node in fold_matmul_transposes(load_graph_of(model)).nodes() if node.op_type == "MatMul")
+    assert folded.attr("a_perm") is not None and folded.attr("y_perm") is not None
+    ours = run_on_chip(model, {"a": a, "b": b}, dtype="fp32")["y"]
+    assert np.array_equal(ours, product_rule(a_heads, b, qa, qb, qy).transpose(0, 2, 1, 3))
