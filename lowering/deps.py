@@ -25,62 +25,82 @@ import numpy as np
 
 from tpuflow.chip import ChipConfig
 from tpuflow.isa import Engine, resolve_stream
-from tpuflow.isa.ids import IdFields, clamp
+from tpuflow.isa.ids import IdFields
 from tpuflow.isa.tile import sys_tile_wait
 from tpuflow.lowering.emitter import Record
 
 
 class ChunkTable:
     """Per engine, the last reader and last writer id of every LMEM chunk (flat chunk index =
-    lane group * chunks per group + offset chunk)."""
+    lane group * chunks per group + offset chunk), in one (3, 2 * chunks) table: columns
+    [0, chunks) the last writers, [chunks, 2 * chunks) the last readers. An instruction's chunk
+    facts (ChunkTable.facts) become two index arrays into it: the columns its conflicts read and the
+    columns its record writes, so each instruction costs one gather and one scatter."""
 
     def __init__(self, chip: ChipConfig):
         self.lane_div = chip.deps.chunk_lanes
         self.off_div = chip.chunk_bytes_per_lane
         self.per_group = chip.lmem_bytes_per_lane // self.off_div
-        chunks = (chip.lanes // self.lane_div) * self.per_group
-        self.readers = np.zeros((3, chunks), np.int64)
-        self.writers = np.zeros((3, chunks), np.int64)
+        self.count = (chip.lanes // self.lane_div) * self.per_group
+        self.table = np.zeros((3, 2 * self.count), np.int64)
         self._cache: dict[tuple, np.ndarray] = {}
+        self._facts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def chunks(self, ranges) -> np.ndarray:
         """Flat chunk indices touched by LMEM ranges (cached: programs repeat their patterns)."""
         key = tuple((r.lane, r.lanes, r.lo, r.hi) for r in ranges)
         hit = self._cache.get(key)
         if hit is None:
-            parts = []
-            for lane, lanes, lo, hi in key:
-                g = np.arange(lane // self.lane_div, (lane + lanes - 1) // self.lane_div + 1)
-                c = np.arange(lo // self.off_div, (hi - 1) // self.off_div + 1)
-                parts.append((g[:, None] * self.per_group + c[None, :]).reshape(-1))
-            hit = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
-            self._cache[key] = hit
+            hit = self._cache[key] = self._chunks_of(key)
         return hit
 
-    def conflicts(self, touched: np.ndarray, writes: np.ndarray) -> list[int]:
-        """Per engine: the largest id that wrote a chunk in `touched` (reads and writes) or read
-        a chunk in `writes`."""
-        best = [0, 0, 0]
-        if touched.size:
-            best = self.writers[:, touched].max(axis=1).tolist()
-        if writes.size:
-            best = [max(a, b) for a, b in zip(best, self.readers[:, writes].max(axis=1).tolist())]
-        return best
+    def _chunks_of(self, key: tuple) -> np.ndarray:
+        parts = []
+        for lane, lanes, lo, hi in key:
+            g = np.arange(lane // self.lane_div, (lane + lanes - 1) // self.lane_div + 1)
+            c = np.arange(lo // self.off_div, (hi - 1) // self.off_div + 1)
+            parts.append((g[:, None] * self.per_group + c[None, :]).reshape(-1))
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
-    def record(self, engine: int, cmd_id: int, reads: np.ndarray, writes: np.ndarray) -> None:
-        self.readers[engine, reads] = cmd_id
-        self.writers[engine, writes] = cmd_id
+    def facts(self, acc) -> tuple[np.ndarray, np.ndarray]:
+        """(conflict columns, record columns) of an instruction's Accesses: the writer columns of
+        every chunk it reads or writes plus the reader columns of every chunk it writes; the writer
+        columns of its writes plus the reader columns of its reads (cached by the LMEM ranges)."""
+        key = (acc.lmem_reads, acc.lmem_writes)
+        hit = self._facts.get(key)
+        if hit is None:
+            reads, writes = self.chunks(acc.lmem_reads), self.chunks(acc.lmem_writes)
+            touched = self.chunks(acc.lmem_reads + acc.lmem_writes)
+            hit = self._facts[key] = (np.concatenate((touched, writes + self.count)),
+                                      np.concatenate((writes, reads + self.count)))
+        return hit
+
+    def conflicts_at(self, columns: np.ndarray) -> list[int]:
+        """Per engine: the largest id in `columns` (the first array of facts()), 0 if none."""
+        if not columns.size:
+            return [0, 0, 0]
+        return self.table[:, columns].max(axis=1).tolist()
+
+    def record_at(self, engine: int, cmd_id: int, columns: np.ndarray) -> None:
+        self.table[engine, columns] = cmd_id
 
 
-def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str = "bitmap"):
-    """Queues (tiu, gdma, tile), their layer lists and the issue order string."""
-    tile_acc = iter(resolve_stream([r.instr for r in records if r.engine is Engine.TILE], chip))
+def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str = "bitmap",
+                        accesses: list | None = None):
+    """Queues (tiu, gdma, tile), their layer lists and the issue order string. `accesses`, when
+    given, holds each record's Accesses (None where unknown: computed here; a TILE record's must
+    be its block's in this TILE stream, isa.tile.resolve_stream)."""
+    if accesses is None:
+        tile_acc = iter(resolve_stream([r.instr for r in records if r.engine is Engine.TILE], chip))
+        accesses = [next(tile_acc) if r.engine is Engine.TILE else None for r in records]
     table = ChunkTable(chip)
     widths = IdFields.of(chip)
+    bits = [widths.bits(e) for e in (Engine.TIU, Engine.GDMA, Engine.TILE)]
     queues: list[list] = [[], [], []]
     layers: list[list[str]] = [[], [], []]
     order: list[str] = []
     tile_waited = [0, 0]
+    auto = dep_mode == "auto"
 
     def push(engine: Engine, instr, layer: str) -> int:
         e = engine.code
@@ -89,27 +109,33 @@ def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str =
         order.append(engine.letter)
         return len(queues[e])
 
-    for rec in records:
-        e = rec.engine.code
-        acc = next(tile_acc) if rec.engine is Engine.TILE else rec.instr.accesses(chip)
-        reads, writes = table.chunks(acc.lmem_reads), table.chunks(acc.lmem_writes)
-        if dep_mode == "auto":
+    for rec, acc in zip(records, accesses):
+        engine = rec.engine
+        e = engine.code
+        conflict_cols, record_cols = table.facts(rec.instr.accesses(chip) if acc is None else acc)
+        if auto:
             waits = [len(queues[0]), len(queues[1]), len(queues[2])]
         else:
-            waits = table.conflicts(table.chunks(acc.lmem_reads + acc.lmem_writes), writes)
+            waits = table.conflicts_at(conflict_cols)
             waits[e] = 0
-        bits = widths.bits(rec.engine)
-        if rec.engine is not Engine.TILE and waits[2] > tile_waited[e]:
-            other = [waits[0], waits[1], 0] if dep_mode == "auto" else [0, 0, 0]
-            wait = sys_tile_wait(rec.engine, waits[2])
-            push(rec.engine, wait.with_waits(_clamped(other, queues, bits)), rec.layer)
+        if e != Engine.TILE.code and waits[2] > tile_waited[e]:
+            other = [waits[0], waits[1], 0] if auto else [0, 0, 0]
+            wait = sys_tile_wait(engine, waits[2])
+            push(engine, wait.with_waits(_clamped(other, queues, bits[e])), rec.layer)
             tile_waited[e] = waits[2]
-        instr = rec.instr.with_waits(_clamped(waits, queues, bits))
-        cmd_id = push(rec.engine, instr, rec.layer)
-        table.record(e, cmd_id, reads, writes)
+        instr = rec.instr.with_waits(_clamped(waits, queues, bits[e]))
+        cmd_id = push(engine, instr, rec.layer)
+        if record_cols.size:
+            table.record_at(e, cmd_id, record_cols)
     return queues, layers, "".join(order)
 
 
 def _clamped(waits: list[int], queues: list[list], bits: int) -> list[int]:
-    """Each engine's id moved forward into the id window of the field that carries it."""
-    return [clamp(w, len(q), bits) for w, q in zip(waits, queues)]
+    """Each engine's id moved forward into the id window of the field that carries it
+    (tpuflow.isa.ids.clamp, inlined: this runs for every instruction)."""
+    span = (1 << bits) - 1
+    out = []
+    for w, q in zip(waits, queues):
+        floor = len(q) - span
+        out.append(w if w >= floor else floor)
+    return out

@@ -49,6 +49,7 @@ class Dag:
     pred_idx: np.ndarray
     trailer: list[tuple[int, int]]   # (unit, queue index) of the stream ends, in issue order
     units: int = 3            # engine slots: a node's `engine` is core * 3 + Engine.code (the code on one core)
+    accesses: list | None = None     # per node its isa Accesses (TILE: resolved in the original TILE stream)
 
     @property
     def size(self) -> int:
@@ -85,7 +86,7 @@ class _Builder:
     """Collects the nodes of build_dag in issue order."""
 
     def __init__(self, program: Program, columns: list[list] | None = None, preds: list[list[int]] | None = None,
-                 unit_base: int = 0):
+                 unit_base: int = 0, accesses: list | None = None):
         self.program, self.chip = program, program.chip
         self.finder = HazardFinder(self.chip.lanes, LMEM_LANE_BLOCK, self.chip.chunk_bytes_per_lane,
                                    exact_ddr=program.core_count > 1)
@@ -94,6 +95,7 @@ class _Builder:
         # engine (unit), queue index, duration, head, tail; shared by the cores of a multi-core DAG
         self.columns: list[list] = [[], [], [], [], []] if columns is None else columns
         self.preds: list[list[int]] = [] if preds is None else preds
+        self.accesses: list = [] if accesses is None else accesses    # per node, in node order (shared like columns)
         self.unit_base = unit_base
         self.last_node = [-1, -1, -1]
         self.pinned_open = [False, False, False]
@@ -111,7 +113,10 @@ class _Builder:
         message = instr.message()
         if message is not None and message.kind == "send":     # it reaches the other cores' waits this much later
             timing = (timing[0], timing[1], timing[2] + round(self.chip.core.message_latency_ns * 1000))
-        preds = self.finder.add(node, self.program.accesses(Engine.of_code(code), index) if acc is None else acc)
+        if acc is None:
+            acc = self.program.accesses(Engine.of_code(code), index)
+        self.accesses.append(acc)
+        preds = self.finder.add(node, acc)
         pinned = isinstance(instr, (SysTiu, SysDma))
         if self.last_node[code] >= 0 and (code == TILE or pinned or self.pinned_open[code]):
             preds.add(self.last_node[code])
@@ -138,7 +143,8 @@ class _Builder:
         idx = np.fromiter((a for p in self.preds for a in p), dtype=np.int64, count=int(ptr[-1]))
         engine, qindex, dur, head, tail = self.columns
         return Dag(np.asarray(engine, np.int8), np.asarray(qindex, np.int64), np.asarray(dur, np.int64),
-                   np.asarray(head, np.int64), np.asarray(tail, np.int64), ptr, idx, trailer, units)
+                   np.asarray(head, np.int64), np.asarray(tail, np.int64), ptr, idx, trailer, units,
+                   self.accesses)
 
 
 def build_dag(program: Program) -> Dag:
@@ -168,7 +174,8 @@ def build_chip_dag(program: Program) -> Dag:
     views = [program.core(k) for k in range(program.core_count)]
     columns: list[list] = [[], [], [], [], []]
     preds: list[list[int]] = []
-    builders = [_Builder(view, columns, preds, len(Engine) * k) for k, view in enumerate(views)]
+    accesses: list = []
+    builders = [_Builder(view, columns, preds, len(Engine) * k, accesses) for k, view in enumerate(views)]
     ends = [{e.code: len(view.queue(e)) - 1 for e in Engine if view.queue(e) and is_stream_end(view.queue(e)[-1])}
             for view in views]
     trailer: list[tuple[int, int]] = []

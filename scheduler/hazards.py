@@ -14,66 +14,55 @@ when a write's leftovers repeat a box (or buckets grow without bound on partly r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
-
-@dataclass
-class _Entry:
-    """A live box in one bucket (clipped to it): its last writer or the readers since."""
-
-    row_lo: int
-    row_hi: int
-    lo: int
-    hi: int
-    writer: int                                   # node that wrote the box, -1 for a read entry
-    readers: list[int] = field(default_factory=list)
-
-
-def _minus(e: _Entry, r_lo: int, r_hi: int, lo: int, hi: int) -> list[_Entry]:
-    """`e` without the box [r_lo, r_hi) x [lo, hi)."""
-    if not (e.row_lo < r_hi and r_lo < e.row_hi and e.lo < hi and lo < e.hi):
-        return [e]
+def _box_minus(box: tuple, r_lo: int, r_hi: int, lo: int, hi: int) -> list[tuple]:
+    """The box (row_lo, row_hi, lo, hi) without [r_lo, r_hi) x [lo, hi), which overlaps it: up to four boxes."""
+    e_rlo, e_rhi, e_lo, e_hi = box
     boxes = []
-    if e.row_lo < r_lo:
-        boxes.append((e.row_lo, r_lo, e.lo, e.hi))
-    if r_hi < e.row_hi:
-        boxes.append((r_hi, e.row_hi, e.lo, e.hi))
-    mid_lo, mid_hi = max(e.row_lo, r_lo), min(e.row_hi, r_hi)
-    if e.lo < lo:
-        boxes.append((mid_lo, mid_hi, e.lo, lo))
-    if hi < e.hi:
-        boxes.append((mid_lo, mid_hi, hi, e.hi))
-    return [_Entry(a, b, c, d, e.writer, list(e.readers)) for a, b, c, d in boxes]
+    if e_rlo < r_lo:
+        boxes.append((e_rlo, r_lo, e_lo, e_hi))
+    if r_hi < e_rhi:
+        boxes.append((r_hi, e_rhi, e_lo, e_hi))
+    mid_lo, mid_hi = max(e_rlo, r_lo), min(e_rhi, r_hi)
+    if e_lo < lo:
+        boxes.append((mid_lo, mid_hi, e_lo, lo))
+    if hi < e_hi:
+        boxes.append((mid_lo, mid_hi, hi, e_hi))
+    return boxes
 
 
-def _merge_reads(entries: list[_Entry]) -> list[_Entry]:
-    """One read entry per box: the pieces a write leaves behind often repeat a box already live
-    (a slot rewritten with the same partial size), and their readers are all readers since that
-    box was last written."""
-    seen: dict[tuple, _Entry] = {}
-    out = []
-    for e in entries:
-        if e.writer < 0:
-            box = (e.row_lo, e.row_hi, e.lo, e.hi)
-            kept = seen.get(box)
-            if kept is not None:
-                kept.readers.extend(e.readers)
-                continue
-            seen[box] = e
-        out.append(e)
-    return out
+class _Bucket:
+    """The live accesses of one bucket: the writer entries (row_lo, row_hi, lo, hi, node), pairwise
+    disjoint (a write cuts every live box it overlaps before it goes live), and, per box, the readers since that box was last
+    written (one entry per box; the pieces a write leaves behind often repeat a box already live,
+    e.g. a slot rewritten with the same partial size, and then their readers join)."""
+
+    __slots__ = ("writes", "reads")
+
+    def __init__(self):
+        self.writes: list[tuple[int, int, int, int, int]] = []
+        self.reads: dict[tuple[int, int, int, int], list[int]] = {}
 
 
 class AccessIndex:
-    """Live accesses of one address space, bucketed by (row // row_block, byte // byte_block)."""
+    """Live accesses of one address space, bucketed by (row // row_block, byte // byte_block).
+    A read only conflicts with writer entries, so it never scans the read boxes."""
 
     def __init__(self, row_block: int, byte_block: int):
         self.row_block, self.byte_block = row_block, byte_block
-        self.buckets: dict[tuple[int, int], list[_Entry]] = {}
+        self.buckets: dict[tuple[int, int], _Bucket] = {}
+        self._pieces: dict[tuple, list[tuple]] = {}
 
     def pieces(self, boxes) -> list[tuple]:
         """(bucket key, row_lo, row_hi, lo, hi) of every bucket the boxes (row, rows, lo, hi) touch,
-        each box clipped to its bucket."""
+        each box clipped to its bucket (cached: programs repeat their boxes)."""
+        key = tuple(boxes)
+        hit = self._pieces.get(key)
+        if hit is None:
+            hit = self._pieces[key] = self._pieces_of(boxes)
+        return hit
+
+    def _pieces_of(self, boxes) -> list[tuple]:
         rb, bb = self.row_block, self.byte_block
         out = []
         for row, rows, lo, hi in boxes:
@@ -88,29 +77,62 @@ class AccessIndex:
         """Add to `preds` every live access that one of `pieces` conflicts with."""
         get = self.buckets.get
         for key, r_lo, r_hi, b_lo, b_hi in pieces:
-            for e in get(key, ()):
-                if e.row_lo < r_hi and r_lo < e.row_hi and e.lo < b_hi and b_lo < e.hi:
-                    if e.writer >= 0:
-                        preds.add(e.writer)
-                    elif is_write:
-                        preds.update(e.readers)
+            bucket = get(key)
+            if bucket is None:
+                continue
+            for e_rlo, e_rhi, e_lo, e_hi, writer in bucket.writes:
+                if e_rlo < r_hi and r_lo < e_rhi and e_lo < b_hi and b_lo < e_hi:
+                    preds.add(writer)
+            if is_write:
+                for (e_rlo, e_rhi, e_lo, e_hi), readers in bucket.reads.items():
+                    if e_rlo < r_hi and r_lo < e_rhi and e_lo < b_hi and b_lo < e_hi:
+                        preds.update(readers)
 
     def record(self, pieces, is_write: bool, node: int) -> None:
         """Make `node`'s access of `pieces` live (after conflicts() was asked for all of them)."""
+        buckets = self.buckets
         for key, r_lo, r_hi, b_lo, b_hi in pieces:
-            entries = self.buckets.get(key)
-            if entries is None:
-                entries = self.buckets[key] = []
-            if is_write:
-                entries[:] = _merge_reads([piece for e in entries for piece in _minus(e, r_lo, r_hi, b_lo, b_hi)])
-                entries.append(_Entry(r_lo, r_hi, b_lo, b_hi, node))
+            bucket = buckets.get(key)
+            if bucket is None:
+                bucket = buckets[key] = _Bucket()
+            if not is_write:
+                box = (r_lo, r_hi, b_lo, b_hi)
+                readers = bucket.reads.get(box)
+                if readers is None:
+                    bucket.reads[box] = [node]
+                else:
+                    readers.append(node)
                 continue
-            for e in entries:
-                if e.writer < 0 and e.lo == b_lo and e.hi == b_hi and e.row_lo == r_lo and e.row_hi == r_hi:
-                    e.readers.append(node)
-                    break
+            bucket.writes = _cut_writes(bucket.writes, r_lo, r_hi, b_lo, b_hi)
+            bucket.writes.append((r_lo, r_hi, b_lo, b_hi, node))
+            _cut_reads(bucket.reads, r_lo, r_hi, b_lo, b_hi)
+
+
+def _cut_writes(writes: list[tuple], r_lo: int, r_hi: int, lo: int, hi: int) -> list[tuple]:
+    """The writer entries without the written box [r_lo, r_hi) x [lo, hi)."""
+    out = []
+    for entry in writes:
+        e_rlo, e_rhi, e_lo, e_hi, writer = entry
+        if e_rlo < r_hi and r_lo < e_rhi and e_lo < hi and lo < e_hi:
+            out.extend((*box, writer) for box in _box_minus(entry[:4], r_lo, r_hi, lo, hi))
+        else:
+            out.append(entry)
+    return out
+
+
+def _cut_reads(reads: dict, r_lo: int, r_hi: int, lo: int, hi: int) -> None:
+    """Every read box without the written box [r_lo, r_hi) x [lo, hi); a left-over piece that
+    repeats a live read box joins its readers."""
+    cut = [box for box in reads
+           if box[0] < r_hi and r_lo < box[1] and box[2] < hi and lo < box[3]]
+    for box in cut:
+        readers = reads.pop(box)
+        for piece in _box_minus(box, r_lo, r_hi, lo, hi):
+            kept = reads.get(piece)
+            if kept is None:
+                reads[piece] = list(readers)
             else:
-                entries.append(_Entry(r_lo, r_hi, b_lo, b_hi, -1, [node]))
+                kept.extend(readers)
 
 
 class HazardFinder:
