@@ -1,7 +1,9 @@
 """Which part of each fused group every core computes when a program is split over cores (issue
 14): samples or output rows of convs and pools, rows of a row group's view, output columns of a
-matmul by weights at least as large as its activations, else its rows; other groups run on core
-0. DDR is shared, LMEM private: a group's parts read and write DDR."""
+matmul by weights at least as large as its activations (or of a matrix-vector product), else its
+rows; other groups run on core 0. DDR is shared, LMEM private: a group's parts read and write
+DDR. Also the spans of conv groups that run in bands over the cores instead (band_regions), and
+which DDR data crosses cores (crossing_tensors, CrossCoreHazards)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def core_parts(graph: Graph, group: Group, cores: int, options: CompileOptions,
                on_vector_unit: bool = False, pinned: int | None = None) -> list[EmitPart | None]:
     """Per core, its part of `group` (None: that core has nothing of it). A group that does not
     split runs whole on core 0, a `pinned` one whole on that core (lowering.tensor_parallel);
-    `on_vector_unit`: a matmul the GEMV path computes (core 0)."""
+    `on_vector_unit`: a matmul the GEMV path computes (split by output columns: each core streams
+    its share of the weights)."""
     if pinned is not None:
         return [WHOLE if k == pinned else None for k in range(cores)]
     parts = _split(graph, group, cores, options, on_vector_unit)
