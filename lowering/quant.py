@@ -45,9 +45,10 @@ VIEWS = ("Reshape",)
 # emitted by the float movement emitters at the storage precision (quant_ops.QuantMove).
 MOVES = ("Transpose", "Slice", "Split")
 SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS + MOVES + ("Concat",)
-# Emitters that read and write held tensors. DequantizeLinear is left out: a chain ending in one gave
-# wrong results at fp16 on AlexNet QDQ (its float output feeding LRN; correct at fp32 and unchained),
-# not understood yet; unchained, its input is stored by its producer and it runs on the flat view.
+# Emitters that read and write held tensors. DequantizeLinear is left out on NCHW tensors: a chain
+# ending in one gave wrong results at fp16 on AlexNet QDQ (its float output feeding LRN; correct at
+# fp32 and unchained), not understood yet; unchained, its input is stored by its producer and it runs
+# on the flat view. On tensors held as rows (held_view: a transformer's) it joins chains (_chainable).
 CHAINABLE = ("Conv", "Concat") + tuple(k for k in ELEMENTWISE if k != "DequantizeLinear") + POOLS
 
 
@@ -215,11 +216,27 @@ def _product_reason(graph: Graph, node: OpNode) -> str:
 
 @dataclass
 class QuantChain(Group):
-    """Consecutive "quant" groups on NCHW tensors emitted as one (lowering/ops/quant_ops.ChainQuant):
-    a tensor made and read inside the chain stays whole in LMEM (its DDR buffer is kept, unused, so
-    the chain can still run member by member when it does not fit)."""
+    """Consecutive "quant" groups emitted as one (lowering/ops/quant_ops.ChainQuant): a tensor made
+    and read inside the chain stays whole in LMEM (its DDR buffer is kept, unused, so the chain can
+    still run member by member when it does not fit). `views`: {output: source} of the Reshapes
+    between members that keep the held layout (held_view): their groups follow the chain, and a
+    member reading a view's output reads its source's held tile."""
 
     members: list[Group] = field(default_factory=list)
+    views: dict[str, str] = field(default_factory=dict)
+
+
+def held_view(shape) -> tuple[int, int, int, int]:
+    """The NCHW shape a chain holds a tensor in: an NCHW tensor as it is, any other one as its rows
+    (the product of the leading dims) on lanes by its last axis, (1, rows, 1, last): MM2's operand
+    layout, so a MatMul reads and writes held rows in place."""
+    shape = tuple(shape)
+    if len(shape) == 4:
+        return shape
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return (1, rows, 1, shape[-1] if shape else 1)
 
 
 # The share of a lane's LMEM the tensors a chain holds may take at once (estimated at one byte per
@@ -259,43 +276,74 @@ def quantized_groups(graph: Graph, groups: list[Group], chip=None) -> list[Group
 
 
 def _chainable(graph: Graph, group: Group) -> bool:
-    """A quant group whose emitter takes held tensors (CHAINABLE: not the Gemm form), on 4-D tensors only."""
-    if group.kind != "quant" or group.anchor.op_type not in CHAINABLE:
+    """A quant group whose emitter takes held tensors: CHAINABLE kinds on 4-D tensors, and the Gemm
+    form (a MatMul by constant int8 weights, its operand and result not 4-D) with elementwise members
+    on tensors of any other rank (held as rows: held_view)."""
+    if group.kind != "quant":
         return False
     node = group.anchor
+    if node.op_type == "MatMul":
+        return not product_of_activations(graph, node) and all(
+            len(graph.tensor(t).shape) != 4 for t in (node.inputs[0], group.nodes[-1].outputs[0]))
+    if node.op_type == "DequantizeLinear":       # on rows only (see CHAINABLE)
+        return all(len(graph.tensor(t).shape) != 4 for t in (node.inputs[0], node.outputs[0]))
+    if node.op_type not in CHAINABLE:
+        return False
     if node.op_type in ("Add", "Mul") and any(graph.tensor(t).is_const for t in node.inputs if t) and \
             not _channel_constant(next(graph.tensor(t) for t in node.inputs if t and graph.tensor(t).is_const),
                                   graph.tensor(node.outputs[0]), node.op_type):
         return False                  # a row constant: the flat view only
     if node.op_type == "Conv" and 1 < node.attr("group", 1) < graph.tensor(node.inputs[0]).shape[1]:
         return False                  # grouped (not depthwise): each group's input loads from DDR at lane 0
-    return all(len(graph.tensor(t).shape) == 4 for n in group.nodes for t in (*n.inputs, *n.outputs)
-               if t and not graph.tensor(t).is_const)
+    runtime = [graph.tensor(t).shape for n in group.nodes for t in (*n.inputs, *n.outputs)
+               if t and not graph.tensor(t).is_const]
+    if node.op_type in ("Conv", "Concat") + POOLS:
+        return all(len(shape) == 4 for shape in runtime)
+    return all(len(shape) >= 1 for shape in runtime)
+
+
+def _chain_view(graph: Graph, group: Group, made: set[str]) -> bool:
+    """A (non-requantising) Reshape of a tensor made in the open run that keeps its held layout."""
+    if group.kind != "view" or group.anchor.inputs[0] not in made:
+        return False
+    src, out = (graph.tensor(t) for t in (group.anchor.inputs[0], group.anchor.outputs[0]))
+    return src.quant is not None and held_view(src.shape) == held_view(out.shape)
 
 
 def _chains(graph: Graph, groups: list[Group], chip) -> list[Group]:
-    """Runs of chainable groups joined while the tensors they would hold fit CHAIN_RESIDENT_SHARE."""
+    """Runs of chainable groups joined while the tensors they would hold fit CHAIN_RESIDENT_SHARE;
+    the layout-keeping Reshapes of tensors made in a run (_chain_view) do not end it: their view
+    groups are moved after the chain (they emit nothing)."""
     out: list[Group] = []
     run: list[Group] = []
+    views: list[Group] = []
 
     def flush():
         if len(run) > 1:
-            chain = QuantChain("quant", [n for g in run for n in g.nodes], members=list(run))
+            chain = QuantChain("quant", [n for g in run for n in g.nodes], members=list(run),
+                               views={v.anchor.outputs[0]: v.anchor.inputs[0] for v in views})
             chain.stored = [t for g in run for t in g.stored]
             out.append(chain)
         else:
             out.extend(run)
+        out.extend(views)
         run.clear()
+        views.clear()
 
     budget = CHAIN_RESIDENT_SHARE * chip.lmem_bytes_per_lane
     for group in groups:
+        made = {t for g in run + views for n in g.nodes for t in n.outputs}
+        if run and _chain_view(graph, group, made):
+            views.append(group)
+            continue
         if not _chainable(graph, group):
             flush()
             out.append(group)
             continue
         if folds_kernel_rows(graph, group.anchor):
             flush()                   # it reads its input from DDR: it can only start a chain
-        if run and held_peak(graph, run + [group], chip.lanes) > budget:
+        aliases = {v.anchor.outputs[0]: v.anchor.inputs[0] for v in views}
+        if run and held_peak(graph, run + [group], chip.lanes, aliases) > budget:
             flush()
         run.append(group)
     flush()
@@ -316,14 +364,22 @@ def folds_kernel_rows(graph: Graph, node: OpNode) -> bool:
     return kh > 1 and cin * kh <= CUBE_INT8_CHANNELS
 
 
-def held_tensors(graph: Graph, members: list[Group]) -> dict[str, tuple[int, int]]:
+def view_source(views: dict[str, str], tensor: str) -> str:
+    """The tensor a chain holds for `tensor`: itself, or the source of the views it is made by."""
+    while tensor in views:
+        tensor = views[tensor]
+    return tensor
+
+
+def held_tensors(graph: Graph, members: list[Group], views: dict[str, str] | None = None) -> dict[str, tuple[int, int]]:
     """{tensor: (index of its producer, index of its last reader)} of the tensors a chain holds:
-    made by one member and read by a later one."""
+    made by one member and read by a later one (directly or through the chain's `views`)."""
+    views = views or {}
     made = {t: i for i, g in enumerate(members) for n in g.nodes for t in n.outputs
             if t and graph.tensor(t).quant is not None and graph.tensor(t).quant.storage != "int32"}
     held: dict[str, tuple[int, int]] = {}
     for i, g in enumerate(members):
-        for t in (t for n in g.nodes for t in n.inputs):
+        for t in (view_source(views, t) for n in g.nodes for t in n.inputs if t):
             if t in made and made[t] < i:
                 held[t] = (made[t], max(i, held.get(t, (0, 0))[1]))
     return held
@@ -345,14 +401,14 @@ def held_layout(lifetimes: dict[str, tuple[int, int]], sizes: dict[str, int], al
 
 
 def held_bytes(graph: Graph, tensor: str, lanes: int) -> int:
-    """Bytes per lane of a held int8 NCHW tensor (aligned: 64-element rows of each channel plane)."""
-    n, c, h, w = graph.tensor(tensor).shape
+    """Bytes per lane of a held int8 tensor in its held_view (aligned: 64-element rows of each channel plane)."""
+    n, c, h, w = held_view(graph.tensor(tensor).shape)
     return n * -(-c // lanes) * -(-(h * w) // 64) * 64
 
 
-def held_peak(graph: Graph, members: list[Group], lanes: int) -> int:
+def held_peak(graph: Graph, members: list[Group], lanes: int, views: dict[str, str] | None = None) -> int:
     """The most bytes per lane the chain's held tensors take at once."""
-    held = held_tensors(graph, members)
+    held = held_tensors(graph, members, views)
     return max((sum(held_bytes(graph, t, lanes) for t, (a, b) in held.items() if a <= i <= b)
                 for i in range(len(members))), default=0)
 

@@ -52,7 +52,7 @@ from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
 from tpuflow.lowering.ops.movement import MoveEmitter
 from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, folds_kernel_rows, held_bytes, held_layout,
-                                    held_tensors, row_pattern)
+                                    held_tensors, held_view, row_pattern, view_source)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
 from tpuflow.lowering.weights import pack_conv_weights, to_storage
@@ -126,6 +126,8 @@ class Planned:
 
     def plan(self, region: str) -> QuantPlan | None:
         for choice in self.choices():
+            if not self.usable(choice):
+                continue
             resident, per_set = self.sizes(choice)
             arena = self.ctx.planning_arena(region)
             if self.top is not None:
@@ -138,6 +140,11 @@ class Planned:
             return QuantPlan(region, self.ctx.window(region), tuple(arena.names), tuple(choice), tuple(res),
                              tuple(dict(zip(names, offs)) for offs in sets))
         return None
+
+    def usable(self, choice) -> bool:
+        """Whether the emitter can run `choice` with the tensors it is given held (every choice unless
+        an emitter says otherwise)."""
+        return True
 
     def held(self, tensor: str, n: int, c0: int, c: int, r0: int, rows: int) -> LTile | None:
         """Sample n, channels [c0, c0 + c), rows [r0, r0 + rows) of a tensor the chain holds in
@@ -193,7 +200,7 @@ class ElementwiseQuant(Planned):
         self.rows = lane_rows(self.count, self.chip.lanes)
         self.cols = self.count // self.rows
         self.direct = self.node.op_type in ("QuantizeLinear", "DequantizeLinear")
-        self.shape = g.tensor(self.out).shape
+        self.shape = held_view(g.tensor(self.out).shape)     # the NCHW view of a chain (lowering.quant.held_view)
         consts = [t for t in self.node.inputs if t and g.tensor(t).is_const] if not self.direct else []
         self.constant = real_values(g.tensor(consts[0])).reshape(-1) if consts else None   # scalar or per channel
         self.row = None              # any other constant: one row of the flat view, the same on every lane
@@ -799,18 +806,34 @@ class GemmQuant(Planned):
                           int(quantize(np.float32(hi), quant)) if hi is not None else (1 << 31) - 1)
 
     def choices(self):
+        """Row, column and K steps, largest first; a held operand (a chain's, rows on lanes) is read
+        whole along K and a held result written whole along N (MM2 reads and writes compact rows)."""
         lanes = self.chip.lanes
         rows = [self.rows] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < self.rows]
-        return [(rt, nt, kt) for kt in halvings(self.k) for nt in halvings(self.n) for rt in rows]
+        ks = [self.k] if self.x in self.lmem else halvings(self.k)
+        ns = [self.n] if self.out in self.lmem else halvings(self.n)
+        return [(rt, nt, kt) for kt in ks for nt in ns for rt in rows]
+
+    def usable(self, choice) -> bool:
+        """A held operand whole along K, a held result whole along N, and row steps starting on lane 0
+        (MM2's rows of the operand, the accumulator and the result share lanes)."""
+        rt, nt, kt = choice
+        rows_ok = rt >= self.rows or rt % self.chip.lanes == 0
+        return (self.x not in self.lmem or (kt >= self.k and rows_ok)) and \
+            (self.out not in self.lmem or (nt >= self.n and rows_ok))
 
     def sizes(self, choice):
         rt, nt, kt = choice
         lanes_used = min(rt, self.chip.lanes)
         resident = [self.bytes((1, lanes_used, 1, nt), Prec.INT32), self.bytes((1, lanes_used, 1, nt), Prec.FP32),
-                    self.bytes((1, rt, 1, nt), Prec.INT32), self.bytes((1, rt, 1, nt), Prec.INT8)]
+                    self.bytes((1, rt, 1, nt), Prec.INT32)]
+        if self.out not in self.lmem:
+            resident.append(self.bytes((1, rt, 1, nt), Prec.INT8))
         if self.weight_zero_points:
             resident.append(self.bytes((1, kt, 1, nt), Prec.INT8))
-        per_set = [("a", self.bytes((1, rt, 1, kt), Prec.INT8)), ("w", self.bytes((1, kt, 1, nt), Prec.INT8))]
+        per_set = [("w", self.bytes((1, kt, 1, nt), Prec.INT8))]
+        if self.x not in self.lmem:
+            per_set.insert(0, ("a", self.bytes((1, rt, 1, kt), Prec.INT8)))
         return resident, per_set
 
     def emit(self, plan: QuantPlan) -> None:
@@ -820,8 +843,9 @@ class GemmQuant(Planned):
         self.w_addr = ctx.const_addr(f"{self.node.name}:int8_weights", self.weights, Prec.INT8)
         b_addr = ctx.const_addr(f"{self.node.name}:int32_bias_row", self.bias, Prec.INT32)
         s_addr = ctx.const_addr(f"{self.node.name}:scale_row", self.scales, Prec.FP32)
-        bias_at, scale_at, acc_at, out_at = plan.resident[:4]
-        self.zw_at = plan.resident[4] if self.weight_zero_points else None
+        bias_at, scale_at, acc_at = plan.resident[:3]
+        out_at = None if self.out in self.lmem else plan.resident[3]
+        self.zw_at = plan.resident[-1] if self.weight_zero_points else None
         zw_addr = (ctx.const_addr(f"{self.node.name}:minus_weight_zero_points", self.minus_zp_w, Prec.INT8)
                    if self.weight_zero_points else None)
         index = 0
@@ -841,19 +865,22 @@ class GemmQuant(Planned):
                     self._k_step(plan.sets[index % len(plan.sets)], acc, bias, (r0, rc), (c0, nc), (k0, kc),
                                  ks == 0, ks == len(k_steps) - 1)
                     index += 1
-                out = make_tile(chip, out_at, (1, rc, 1, nc), Prec.INT8)
+                out = self.held(self.out, 0, r0, rc, 0, 1) or make_tile(chip, out_at, (1, rc, 1, nc), Prec.INT8)
                 self._requantise(acc, out, scale, c0)
-                ctx.em.store(out, ctx.region(self.out, out.shape, r0 * self.n + c0,
-                                             (self.rows * self.n, self.n, nc, 1)))
+                if self.out not in self.lmem or self.out in self.keep:
+                    ctx.em.store(out, ctx.region(self.out, out.shape, r0 * self.n + c0,
+                                                 (self.rows * self.n, self.n, nc, 1)))
         self.note(plan, self.rows * self.n * self.k)
 
     def _k_step(self, offs: dict, acc: LTile, bias: LTile, rows, cols, ks, first: bool, last: bool) -> None:
         """One MM2 of rows x K step x columns into acc: the bias row on the first step, relu on the last."""
         ctx, chip = self.ctx, self.chip
         (r0, rc), (c0, nc), (k0, kc) = rows, cols, ks
-        a = make_tile(chip, offs["a"], (1, rc, 1, kc), Prec.INT8)
+        a = self.held(self.x, 0, r0, rc, 0, 1)          # a chain's rows: read in place (kc = K)
+        if a is None:
+            a = make_tile(chip, offs["a"], (1, rc, 1, kc), Prec.INT8)
+            ctx.em.load(a, ctx.region(self.x, a.shape, r0 * self.k + k0, (self.rows * self.k, self.k, kc, 1)))
         w = make_tile(chip, offs["w"], (1, kc, 1, nc), Prec.INT8)
-        ctx.em.load(a, ctx.region(self.x, a.shape, r0 * self.k + k0, (self.rows * self.k, self.k, kc, 1)))
         ctx.em.load(w, DRegion(self.w_addr + k0 * self.n + c0, w.shape, (self.k * self.n, self.n, nc, 1), Prec.INT8))
         ctx.em.tiu(Mm2Tiu(op="nn", res0_addr=acc.addr, res0_c=rc, res0_w=nc, opd0_addr=a.addr, opd0_c=rc,
                           opd0_w=kc, opd1_addr=w.addr, opd1_c=kc, opd1_w=nc,
@@ -1162,10 +1189,13 @@ class ChainQuant:
     def __init__(self, ctx: LowerCtx, group):
         self.ctx, self.group, self.chip = ctx, group, ctx.chip
         self.members = [single_emitter(ctx, m) for m in group.members]
-        self.lifetimes = held_tensors(ctx.graph, group.members)
+        self.views = group.views
+        self.lifetimes = held_tensors(ctx.graph, group.members, self.views)
         inside = {n.name for n in group.nodes}
-        self.keep = {t for t in self.lifetimes if t in ctx.graph.outputs
-                     or any(c.name not in inside for c in ctx.graph.consumers(t))}
+        names = {t: [t] + [v for v in self.views if view_source(self.views, v) == t] for t in self.lifetimes}
+        self.keep = {t for t in self.lifetimes if any(
+            v in ctx.graph.outputs or any(c.name not in inside and c.outputs[0] not in self.views
+                                          for c in ctx.graph.consumers(v)) for v in names[t])}
 
     def plan(self, region: str) -> ChainPlan | None:
         start, end = self.ctx.window(region)
@@ -1201,9 +1231,11 @@ class ChainQuant:
     def _hand_over(self, member, held: dict[str, int], top: int | None) -> None:
         """Give a member the held tensors it reads or writes (as whole aligned tiles) and its ceiling."""
         g = self.ctx.graph
-        mine = {t for n in member.group.nodes for t in (*n.inputs, *n.outputs) if t in held}
-        member.lmem = {t: make_tile(self.chip, held[t], g.tensor(t).shape, Prec.INT8) for t in mine}
-        member.keep = self.keep & mine
+        mine = {t for n in member.group.nodes for t in (*n.inputs, *n.outputs)
+                if t and view_source(self.views, t) in held}
+        member.lmem = {t: make_tile(self.chip, held[view_source(self.views, t)], held_view(g.tensor(t).shape),
+                                    Prec.INT8) for t in mine}
+        member.keep = {t for t in mine if view_source(self.views, t) in self.keep}
         member.top = top
 
     def emit(self, plan: ChainPlan) -> None:
