@@ -292,7 +292,9 @@ def _chainable(graph: Graph, group: Group) -> bool:
     if node.op_type in ("Add", "Mul") and any(graph.tensor(t).is_const for t in node.inputs if t) and \
             not _channel_constant(next(graph.tensor(t) for t in node.inputs if t and graph.tensor(t).is_const),
                                   graph.tensor(node.outputs[0]), node.op_type):
-        return False                  # a row constant: the flat view only
+        pattern, out = row_pattern(graph, node), graph.tensor(node.outputs[0]).shape
+        # a row constant: the flat view, or on held rows when it repeats along each (a norm's gain)
+        return len(out) != 4 and pattern is not None and held_view(out)[3] % pattern.size == 0
     if node.op_type == "Conv" and 1 < node.attr("group", 1) < graph.tensor(node.inputs[0]).shape[1]:
         return False                  # grouped (not depthwise): each group's input loads from DDR at lane 0
     runtime = [graph.tensor(t).shape for n in group.nodes for t in (*n.inputs, *n.outputs)

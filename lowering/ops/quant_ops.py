@@ -209,6 +209,8 @@ class ElementwiseQuant(Planned):
             self.rows = lane_rows(self.count // pattern.size, self.chip.lanes)
             self.cols = self.count // self.rows
             self.row = np.tile(pattern, self.cols // pattern.size).astype(np.float32)
+            self.held_row = np.tile(pattern, self.shape[3] // pattern.size).astype(np.float32) \
+                if self.shape[3] % pattern.size == 0 else None      # one held row's (lowering.quant._chainable)
             self.constant = None
 
     def _channel_constant(self, g, const: str) -> bool:
@@ -272,7 +274,11 @@ class ElementwiseQuant(Planned):
             tile = make_tile(self.chip, plan.resident[0], (1, c, 1, 1), Prec.FP32, compact=True)
             ctx.load_const_channels(tile, f"{self.node.name}:constant", self.constant.reshape(c, 1), Prec.FP32)
             self.operand = tile
-        row_addr = None if self.row is None else ctx.const_addr(f"{self.node.name}:constant_row", self.row, Prec.FP32)
+        row_addr = None
+        if self.row is not None and self.nchw:           # held rows: the constant's one row, on every lane
+            row_addr = ctx.const_addr(f"{self.node.name}:constant_held_row", self.held_row, Prec.FP32)
+        elif self.row is not None:
+            row_addr = ctx.const_addr(f"{self.node.name}:constant_row", self.row, Prec.FP32)
         for index, (n, at, count) in enumerate(self._steps(plan.choice[0])):
             offs = plan.sets[index % len(plan.sets)]
             shape, compact = self._tile_shape(count)

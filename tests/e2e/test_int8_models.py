@@ -791,3 +791,73 @@ def test_product_of_head_layouts_is_exact(qa, qb):
     assert folded.attr("a_perm") is not None and folded.attr("y_perm") is not None
     ours = run_on_chip(model, {"a": a, "b": b}, dtype="fp32")["y"]
     assert np.array_equal(ours, product_rule(a_heads, b, qa, qb, qy).transpose(0, 2, 1, 3))
+
+
+# ---------------------------------------------------------------- transformer chains (tensors held as rows)
+
+
+def layer_ddr_bytes(program) -> dict[str, list[int]]:
+    """{layer: [DDR bytes read, DDR bytes written]} of the program's GDMA instructions (distinct bytes per
+    side: a broadcast row counts once)."""
+    from tpuflow.estimate import _ddr_sides
+    from tpuflow.isa.gdma import is_lmem
+    moved: dict[str, list[int]] = {}
+    for instr, layer in zip(program.gdma, program.gdma_layers):
+        if not hasattr(instr, "src_start_addr"):
+            continue                                # no data (SYS)
+        writes = is_lmem(instr.src_start_addr, program.chip)
+        for _, nbytes in _ddr_sides(instr, program.chip):
+            moved.setdefault(layer, [0, 0])[1 if writes else 0] += nbytes
+    return moved
+
+
+def test_int8_mlp_chain_moves_one_byte_per_weight_and_nothing_between_layers():
+    """Gemm + Relu + Gemm quantized: QuantizeLinear, both MM2 products and the DequantizeLinear form one
+    chain holding the activations as rows; each layer's DDR traffic is its compulsory part only: the
+    fp16 input read once, each product's int8 weights (one byte per element) and its int32 bias and
+    fp32 scale rows (one broadcast each), the fp16 result written once."""
+    from tpuflow.lowering.quant import QuantChain
+    rows, k, n = 130, 300, 70
+    q = quantize_float(gemm_model(rows, k, n))
+    graph, program = compile_model(q, "sg2260", CompileOptions(dtype="fp16"))
+    moved = layer_ddr_bytes(program)
+    products = sorted(name for name in moved if name in ("fc1", "fc2") or name.endswith("MatMul"))
+    assert len(products) == 2, moved
+    first, second = products
+    quantize = next(name for name in moved if name.endswith("QuantizeLinear") and "Dequantize" not in name)
+    dequantize_ = next(name for name in moved if name.endswith("DequantizeLinear"))
+    assert moved[quantize] == [rows * k * 2, 0]
+    assert moved[first] == [k * n + 4 * n + 4 * n, 0]
+    assert moved[second] == [n * 9 + 4 * 9 + 4 * 9, 0]
+    assert moved[dequantize_] == [0, rows * 9 * 2]
+    from tpuflow.lowering.groups import form_groups
+    from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts
+    from tpuflow.lowering.quant import quantized_groups
+    from tpuflow.chip import load_chip
+    g = materialize_broadcasts(fold_matmul_transposes(load_graph_of(q)))
+    chains = [x for x in quantized_groups(g, form_groups(g), load_chip("sg2260")) if isinstance(x, QuantChain)]
+    assert [[m.anchor.op_type for m in c.members] for c in chains] == [
+        ["QuantizeLinear", "MatMul", "MatMul", "DequantizeLinear"]]
+
+
+@pytest.mark.parametrize("name", ["llama_mlp", "bert_layer"])
+def test_transformer_chains_give_the_unchained_integers(name, monkeypatch):
+    """The bundled transformer blocks quantized whole: chained (operands and results held as rows, views
+    inside chains, a norm's gain on held rows) and unchained (every quant group through DDR) programs
+    give the same outputs bit for bit at fp32, and the chained one moves fewer DDR bytes."""
+    import tpuflow.lowering.quant as quant
+    from tpuflow import models
+    from tpuflow.frontend import load
+    model = quantize_ops(models.build_model(name), None, count=2)
+    rng = np.random.default_rng(3)
+    graph = load(model)
+    inputs = {t: rng.standard_normal(graph.tensor(t).shape).astype(np.float32) for t in graph.inputs}
+    chained = run_on_chip(model, inputs, dtype="fp32")
+    _, program = compile_model(model, "sg2260", CompileOptions(dtype="fp32"))
+    monkeypatch.setattr(quant, "CHAIN_RESIDENT_SHARE", 0)
+    unchained = run_on_chip(model, inputs, dtype="fp32")
+    _, flat = compile_model(model, "sg2260", CompileOptions(dtype="fp32"))
+    assert chained.keys() == unchained.keys()
+    assert all(np.array_equal(chained[k], unchained[k]) for k in chained)
+    total = lambda p: sum(sum(v) for v in layer_ddr_bytes(p).values())  # noqa: E731
+    assert total(program) < total(flat)

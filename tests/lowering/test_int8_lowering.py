@@ -21,7 +21,7 @@ from tpuflow.isa import Prec  # noqa: E402
 from tpuflow.lowering.ddrplan import plan_ddr, stored_dtype  # noqa: E402
 from tpuflow.lowering.groups import form_groups  # noqa: E402
 from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts  # noqa: E402
-from tpuflow.lowering.quant import (QuantChain, check_supported, folds_kernel_rows, held_layout,  # noqa: E402
+from tpuflow.lowering.quant import (QuantChain, check_supported, folds_kernel_rows, held_layout, held_view,  # noqa: E402
                                     held_peak, quantized_groups)
 from tpuflow.lowering.tensors import storage_prec  # noqa: E402
 from tpuflow import models  # noqa: E402
@@ -158,3 +158,18 @@ def test_supported_models_pass_the_check():
                  ("attention", "QDQ", False, "QInt8"),            # Q.K^T of two activations
                  ("matmul_chain", "QDQ", True, "QUInt8")):        # bias and gain rows along the last axis
         check_supported(load(quantized(*case)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=5))
+def test_held_view_keeps_nchw_and_lays_other_tensors_as_rows(shape):
+    """An NCHW tensor is held as it is; any other one as (1, rows, 1, last axis), row-major like its DDR
+    bytes (so a layout-keeping Reshape is a view of the same held tile)."""
+    view = held_view(shape)
+    assert int(np.prod(view)) == int(np.prod(shape))
+    if len(shape) == 4:
+        assert view == tuple(shape)
+    else:
+        assert view == (1, int(np.prod(shape[:-1])), 1, shape[-1])
+        if len(shape) != 3:                   # a leading 1 (a Reshape adding a batch dim) holds the same rows
+            assert held_view([1, *shape]) == view
