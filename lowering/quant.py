@@ -366,6 +366,27 @@ def folds_kernel_rows(graph: Graph, node: OpNode) -> bool:
     return kh > 1 and cin * kh <= CUBE_INT8_CHANNELS
 
 
+def tail_boundary(graph: Graph) -> set[str]:
+    """The quantized tensors the float tails of the graph's float outputs read (walking producers back
+    through float runtime tensors): a chain still stores them, so verify can read the program's
+    boundary from DDR and check the float tail on it (tpuflow.pipeline's decomposed check)."""
+    boundary: set[str] = set()
+    seen: set[str] = set()
+    todo = [t for t in graph.outputs if graph.tensor(t).quant is None]
+    while todo:
+        tensor = todo.pop()
+        info = graph.tensor(tensor)
+        if tensor in seen or info.is_const or tensor in graph.inputs:
+            continue
+        seen.add(tensor)
+        if info.quant is not None:
+            boundary.add(tensor)
+            continue
+        producer = graph.producer(tensor)
+        todo.extend(t for t in (producer.inputs if producer is not None else ()) if t)
+    return boundary
+
+
 def view_source(views: dict[str, str], tensor: str) -> str:
     """The tensor a chain holds for `tensor`: itself, or the source of the views it is made by."""
     while tensor in views:

@@ -52,7 +52,7 @@ from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
 from tpuflow.lowering.ops.movement import MoveEmitter
 from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, folds_kernel_rows, held_bytes, held_layout,
-                                    held_tensors, held_view, row_pattern, view_source)
+                                    held_tensors, held_view, row_pattern, tail_boundary, view_source)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
 from tpuflow.lowering.weights import pack_conv_weights, to_storage
@@ -1199,9 +1199,10 @@ class ChainQuant:
         self.lifetimes = held_tensors(ctx.graph, group.members, self.views)
         inside = {n.name for n in group.nodes}
         names = {t: [t] + [v for v in self.views if view_source(self.views, v) == t] for t in self.lifetimes}
+        boundary = tail_boundary(ctx.graph)
         self.keep = {t for t in self.lifetimes if any(
-            v in ctx.graph.outputs or any(c.name not in inside and c.outputs[0] not in self.views
-                                          for c in ctx.graph.consumers(v)) for v in names[t])}
+            v in ctx.graph.outputs or v in boundary or any(c.name not in inside and c.outputs[0] not in self.views
+                                                           for c in ctx.graph.consumers(v)) for v in names[t])}
 
     def plan(self, region: str) -> ChainPlan | None:
         start, end = self.ctx.window(region)
