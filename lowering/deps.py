@@ -20,8 +20,7 @@ before it.
 
 from __future__ import annotations
 
-
-import numpy as np
+from operator import itemgetter
 
 from tpuflow.chip import ChipConfig
 from tpuflow.isa import Engine, resolve_stream
@@ -32,57 +31,62 @@ from tpuflow.lowering.emitter import Record
 
 class ChunkTable:
     """Per engine, the last reader and last writer id of every LMEM chunk (flat chunk index =
-    lane group * chunks per group + offset chunk), in one (3, 2 * chunks) table: columns
-    [0, chunks) the last writers, [chunks, 2 * chunks) the last readers. An instruction's chunk
-    facts (ChunkTable.facts) become two index arrays into it: the columns its conflicts read and the
-    columns its record writes, so each instruction costs one gather and one scatter."""
+    lane group * chunks per group + offset chunk), as one list per engine: entries [0, chunks) the
+    last writers, [chunks, 2 * chunks) the last readers. An instruction's facts (cached by its LMEM
+    ranges: programs repeat their patterns) are the entries its conflicts read and the entries its
+    record writes; most instructions touch a few chunks, so plain lists beat numpy's per-call cost."""
 
     def __init__(self, chip: ChipConfig):
         self.lane_div = chip.deps.chunk_lanes
         self.off_div = chip.chunk_bytes_per_lane
         self.per_group = chip.lmem_bytes_per_lane // self.off_div
         self.count = (chip.lanes // self.lane_div) * self.per_group
-        self.table = np.zeros((3, 2 * self.count), np.int64)
-        self._cache: dict[tuple, np.ndarray] = {}
-        self._facts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self.table = [[0] * (2 * self.count) for _ in range(3)]
+        self._cache: dict[tuple, list[int]] = {}
+        self._facts: dict[tuple, tuple] = {}
 
-    def chunks(self, ranges) -> np.ndarray:
-        """Flat chunk indices touched by LMEM ranges (cached: programs repeat their patterns)."""
+    def chunks(self, ranges) -> list[int]:
+        """Flat chunk indices touched by LMEM ranges (sorted, unique)."""
         key = tuple((r.lane, r.lanes, r.lo, r.hi) for r in ranges)
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = self._chunks_of(key)
         return hit
 
-    def _chunks_of(self, key: tuple) -> np.ndarray:
-        parts = []
+    def _chunks_of(self, key: tuple) -> list[int]:
+        out: set[int] = set()
         for lane, lanes, lo, hi in key:
-            g = np.arange(lane // self.lane_div, (lane + lanes - 1) // self.lane_div + 1)
-            c = np.arange(lo // self.off_div, (hi - 1) // self.off_div + 1)
-            parts.append((g[:, None] * self.per_group + c[None, :]).reshape(-1))
-        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+            first, last = lo // self.off_div, (hi - 1) // self.off_div + 1
+            for g in range(lane // self.lane_div, (lane + lanes - 1) // self.lane_div + 1):
+                out.update(range(g * self.per_group + first, g * self.per_group + last))
+        return sorted(out)
 
-    def facts(self, acc) -> tuple[np.ndarray, np.ndarray]:
-        """(conflict columns, record columns) of an instruction's Accesses: the writer columns of
-        every chunk it reads or writes plus the reader columns of every chunk it writes; the writer
-        columns of its writes plus the reader columns of its reads (cached by the LMEM ranges)."""
+    def facts(self, acc) -> tuple:
+        """(conflict getter, record entries) of an instruction's Accesses. The getter takes one
+        engine's list to a tuple of the writer entries of every chunk the instruction reads or
+        writes and the reader entries of every chunk it writes (None if there are none); the
+        record entries are the writer entries of its writes and the reader entries of its reads."""
         key = (acc.lmem_reads, acc.lmem_writes)
         hit = self._facts.get(key)
         if hit is None:
             reads, writes = self.chunks(acc.lmem_reads), self.chunks(acc.lmem_writes)
             touched = self.chunks(acc.lmem_reads + acc.lmem_writes)
-            hit = self._facts[key] = (np.concatenate((touched, writes + self.count)),
-                                      np.concatenate((writes, reads + self.count)))
+            n = self.count
+            conflict = touched + [c + n for c in writes]
+            getter = itemgetter(*conflict, conflict[0]) if conflict else None   # always a tuple
+            hit = self._facts[key] = (getter, writes + [c + n for c in reads])
         return hit
 
-    def conflicts_at(self, columns: np.ndarray) -> list[int]:
-        """Per engine: the largest id in `columns` (the first array of facts()), 0 if none."""
-        if not columns.size:
+    def conflicts_at(self, getter) -> list[int]:
+        """Per engine: the largest id among the entries of `getter` (facts()), 0 if none."""
+        if getter is None:
             return [0, 0, 0]
-        return self.table[:, columns].max(axis=1).tolist()
+        return [max(getter(ids)) for ids in self.table]
 
-    def record_at(self, engine: int, cmd_id: int, columns: np.ndarray) -> None:
-        self.table[engine, columns] = cmd_id
+    def record_at(self, engine: int, cmd_id: int, entries: list[int]) -> None:
+        ids = self.table[engine]
+        for k in entries:
+            ids[k] = cmd_id
 
 
 def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str = "bitmap",
@@ -112,11 +116,11 @@ def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str =
     for rec, acc in zip(records, accesses):
         engine = rec.engine
         e = engine.code
-        conflict_cols, record_cols = table.facts(rec.instr.accesses(chip) if acc is None else acc)
+        conflict_get, record_entries = table.facts(rec.instr.accesses(chip) if acc is None else acc)
         if auto:
             waits = [len(queues[0]), len(queues[1]), len(queues[2])]
         else:
-            waits = table.conflicts_at(conflict_cols)
+            waits = table.conflicts_at(conflict_get)
             waits[e] = 0
         if e != Engine.TILE.code and waits[2] > tile_waited[e]:
             other = [waits[0], waits[1], 0] if auto else [0, 0, 0]
@@ -125,8 +129,7 @@ def assign_dependencies(records: list[Record], chip: ChipConfig, dep_mode: str =
             tile_waited[e] = waits[2]
         instr = rec.instr.with_waits(_clamped(waits, queues, bits[e]))
         cmd_id = push(engine, instr, rec.layer)
-        if record_cols.size:
-            table.record_at(e, cmd_id, record_cols)
+        table.record_at(e, cmd_id, record_entries)
     return queues, layers, "".join(order)
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 
 def _box_minus(box: tuple, r_lo: int, r_hi: int, lo: int, hi: int) -> list[tuple]:
-    """The box (row_lo, row_hi, lo, hi) without [r_lo, r_hi) x [lo, hi), which overlaps it: up to four boxes."""
-    e_rlo, e_rhi, e_lo, e_hi = box
+    """The box (row_lo, row_hi, lo, hi, ...) without [r_lo, r_hi) x [lo, hi), which overlaps it: up
+    to four boxes."""
+    e_rlo, e_rhi, e_lo, e_hi = box[:4]
     boxes = []
     if e_rlo < r_lo:
         boxes.append((e_rlo, r_lo, e_lo, e_hi))
@@ -114,7 +115,8 @@ def _cut_writes(writes: list[tuple], r_lo: int, r_hi: int, lo: int, hi: int) -> 
     for entry in writes:
         e_rlo, e_rhi, e_lo, e_hi, writer = entry
         if e_rlo < r_hi and r_lo < e_rhi and e_lo < hi and lo < e_hi:
-            out.extend((*box, writer) for box in _box_minus(entry[:4], r_lo, r_hi, lo, hi))
+            for b_rlo, b_rhi, b_lo, b_hi in _box_minus(entry, r_lo, r_hi, lo, hi):
+                out.append((b_rlo, b_rhi, b_lo, b_hi, writer))
         else:
             out.append(entry)
     return out
@@ -152,15 +154,11 @@ class HazardFinder:
         # hull (a strided DMA can have thousands of pieces). Several cores need the exact pieces:
         # cores write interleaved row bands of one tensor at the same time.
         self.exact_ddr = exact_ddr
+        self._parts_cache: dict[tuple, tuple] = {}
 
     def add(self, node: int, acc) -> set[int]:
         """Predecessors of `node` with accesses `acc` (an isa Accesses), then record them."""
-        lmem, ddr = self.lmem, self.ddr
-        parts = (
-            (lmem, lmem.pieces([(r.lane, r.lanes, r.lo, r.hi) for r in acc.lmem_reads if r.hi > r.lo and r.lanes > 0]),
-             lmem.pieces([(r.lane, r.lanes, r.lo, r.hi) for r in acc.lmem_writes if r.hi > r.lo and r.lanes > 0])),
-            (ddr, ddr.pieces(self._ddr_boxes(acc.ddr_reads)), ddr.pieces(self._ddr_boxes(acc.ddr_writes))),
-        )
+        parts = self._parts(acc)
         preds: set[int] = set()
         for index, reads, writes in parts:
             if reads:
@@ -174,3 +172,20 @@ class HazardFinder:
                 index.record(writes, True, node)
         preds.discard(node)
         return preds
+
+    def _parts(self, acc) -> tuple:
+        """((index, read pieces, write pieces) of LMEM, then of DDR) of `acc` (cached by its ranges:
+        programs repeat their accesses)."""
+        key = (acc.lmem_reads, acc.lmem_writes, acc.ddr_reads, acc.ddr_writes)
+        hit = self._parts_cache.get(key)
+        if hit is None:
+            lmem, ddr = self.lmem, self.ddr
+            hit = self._parts_cache[key] = (
+                (lmem, lmem.pieces(_lmem_boxes(acc.lmem_reads)), lmem.pieces(_lmem_boxes(acc.lmem_writes))),
+                (ddr, ddr.pieces(self._ddr_boxes(acc.ddr_reads)), ddr.pieces(self._ddr_boxes(acc.ddr_writes))),
+            )
+        return hit
+
+
+def _lmem_boxes(ranges) -> list[tuple[int, int, int, int]]:
+    return [(r.lane, r.lanes, r.lo, r.hi) for r in ranges if r.hi > r.lo and r.lanes > 0]
