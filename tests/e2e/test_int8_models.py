@@ -815,7 +815,8 @@ def test_int8_mlp_chain_moves_one_byte_per_weight_and_nothing_between_layers():
     """Gemm + Relu + Gemm quantized: QuantizeLinear, both MM2 products and the DequantizeLinear form one
     chain holding the activations as rows; each layer's DDR traffic is its compulsory part only: the
     fp16 input read once, each product's int8 weights (one byte per element) and its int32 bias and
-    fp32 scale rows (one broadcast each), the fp16 result written once."""
+    fp32 scale rows (one broadcast each), the fp16 result written once; the int8 result the output's
+    DequantizeLinear reads (the float tail's boundary: lowering.quant.tail_boundary) is stored as well."""
     from tpuflow.lowering.quant import QuantChain
     rows, k, n = 130, 300, 70
     q = quantize_float(gemm_model(rows, k, n))
@@ -828,7 +829,7 @@ def test_int8_mlp_chain_moves_one_byte_per_weight_and_nothing_between_layers():
     dequantize_ = next(name for name in moved if name.endswith("DequantizeLinear"))
     assert moved[quantize] == [rows * k * 2, 0]
     assert moved[first] == [k * n + 4 * n + 4 * n, 0]
-    assert moved[second] == [n * 9 + 4 * 9 + 4 * 9, 0]
+    assert moved[second] == [n * 9 + 4 * 9 + 4 * 9, rows * 9]      # the float tail's boundary, stored for verify
     assert moved[dequantize_] == [0, rows * 9 * 2]
     from tpuflow.lowering.groups import form_groups
     from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts
