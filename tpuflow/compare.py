@@ -85,3 +85,124 @@ def compare(name: str, ours: np.ndarray, ref: np.ndarray) -> OutputError:
     if not np.all(np.isfinite(o)):
         rel, cosine = float("inf"), 0.0
     return OutputError(name, abs_err, rel, cosine, scale)
+
+
+# ------------------------------------------------------------------ quantized graphs (issue 15)
+# The reference of a quantized graph (verify's bound policy, tpuflow.pipeline.verify_program):
+# onnxruntime runs the model with graph optimizations disabled, i.e. as written (DequantizeLinear ->
+# float op -> QuantizeLinear, not its fused integer kernels with their own requantization rounding),
+# with every float tensor the program stores at its float type rounded to that type.
+
+ROUNDING_CASTS = {"fp16": 10, "bf16": 16}       # onnx TensorProto.FLOAT16 / BFLOAT16
+
+
+def stored_float_tensors(graph) -> list[str]:
+    """The float tensors a program of `graph` computes and stores at its float type, named as in
+    the ONNX model: the canonical graph's float runtime tensors (no Quant, not constants, not graph
+    inputs: those are rounded when fed) that an ONNX node produces. Not among them: whatever the
+    frontend absorbed into an integer op (DequantizeLinear -> Conv -> QuantizeLinear has no float
+    tensor in the program; rounding the Conv's float result would move the requantization's ties),
+    and DequantizeLinear of a weight (folded into the integer constant)."""
+    produced = {o for node in graph.model.graph.node for o in node.output}
+    return [t.name for t in graph.tensors.values()
+            if t.quant is None and not t.is_const and t.dtype == "float32" and t.name not in graph.inputs
+            and t.name in produced]
+
+
+def rounded_model(model, names, dtype: str):
+    """A copy of ONNX `model` in which each tensor of `names` passes through Cast(to dtype) ->
+    Cast(to float): its producer writes '<name>/fp32' and every consumer (and the graph output)
+    reads the value rounded to `dtype` (round to nearest even, onnxruntime's Cast)."""
+    import onnx
+    from onnx import helper
+    if dtype not in ROUNDING_CASTS or not names:
+        return model
+    model, wanted = _copy(model), set(names)
+    nodes = []
+    for node in model.graph.node:
+        nodes.append(node)
+        for i, out in enumerate(node.output):
+            if out in wanted:
+                node.output[i] = f"{out}/fp32"
+                nodes.append(helper.make_node("Cast", [f"{out}/fp32"], [f"{out}/{dtype}"], f"{out}/round_{dtype}",
+                                              to=ROUNDING_CASTS[dtype]))
+                nodes.append(helper.make_node("Cast", [f"{out}/{dtype}"], [out], f"{out}/back_fp32",
+                                              to=onnx.TensorProto.FLOAT))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def fed_model(model, feeds: dict[str, np.ndarray], outputs: list[str]):
+    """A copy of ONNX `model` whose tensors named in `feeds` are graph inputs (their producers'
+    results are dropped) and whose graph outputs are `outputs`: runs the part of the model
+    after those tensors on given values."""
+    from onnx import helper
+    model = _copy(model)
+    for node in model.graph.node:
+        for i, out in enumerate(node.output):
+            if out in feeds:
+                node.output[i] = f"{out}/replaced"
+    for name, value in feeds.items():
+        model.graph.input.append(helper.make_tensor_value_info(
+            name, helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype), list(np.shape(value))))
+    _set_outputs(model, outputs)
+    return model
+
+
+def with_outputs(model, outputs: list[str]):
+    """A copy of ONNX `model` whose graph outputs are `outputs` (any tensor of the model)."""
+    model = _copy(model)
+    _set_outputs(model, outputs)
+    return model
+
+
+def _set_outputs(model, outputs: list[str]) -> None:
+    from onnx import ValueInfoProto
+    del model.graph.output[:]
+    model.graph.output.extend(ValueInfoProto(name=name) for name in outputs)
+
+
+def _copy(model):
+    import onnx
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def run_onnxruntime(model, feeds: dict[str, np.ndarray], optimize: bool = True) -> dict[str, np.ndarray]:
+    """onnxruntime (CPU, 2 threads) on ONNX `model`: every graph output by name. optimize=False
+    disables graph optimizations (the model executes node by node as written)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in sess.get_inputs()}
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, {k: v for k, v in feeds.items() if k in wanted})))
+
+
+def codes(values: np.ndarray, quant, axis_ok: bool = True) -> np.ndarray | None:
+    """The integer codes of dequantized `values`: round(y / scale) + zero point (int64), per
+    channel along quant.axis; None for a per-channel Quant whose axis does not apply to `values`
+    (axis_ok False: moves after the DequantizeLinear). Exact for an output stored at fp16 while
+    |code - zero point| < 1024 and scale > 2^-24: fp16 rounds y by at most max(|y| 2^-11, 2^-25),
+    under half a step."""
+    y = as_float32(values).astype(np.float64)
+    scale = np.asarray(quant.scale, np.float64)
+    zero = np.asarray(quant.zero_point, np.int64)
+    if quant.axis is not None:
+        if not axis_ok or y.ndim <= quant.axis or y.shape[quant.axis] != scale.size:
+            return None
+        shape = [1] * y.ndim
+        shape[quant.axis] = scale.size
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return np.rint(y / scale).astype(np.int64) + zero
+
+
+def code_steps(ours: np.ndarray, ref: np.ndarray) -> int:
+    """max |our code - reference code| over an output (0 for an empty one)."""
+    return int(np.max(np.abs(ours - ref))) if np.size(ref) else 0
