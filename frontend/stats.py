@@ -153,9 +153,13 @@ class Roofline:
         return "compute" if self.compute_s >= self.memory_s else "memory"
 
 
-def roofline(macs: int, dram_bytes: int, chip: "ChipConfig", dtype: str, int8_macs: int = 0) -> Roofline:
+def roofline(macs: int, dram_bytes: int, chip: "ChipConfig", dtype: str, int8_macs: int = 0,
+             cores: int = 1) -> Roofline:
     """`int8_macs` of the `macs` (products of quantized tensors) count at the chip's int8 rate, the
-    rest at `dtype`'s."""
+    rest at `dtype`'s. On `cores` cores: that many MAC engines, and the DDR bandwidth they share
+    (one port each, at most dram.chip_peak_gbps)."""
     dtype = compute_dtype(dtype)
     compute_s = (macs - int8_macs) / chip.peak_macs_per_second(dtype) + int8_macs / chip.peak_macs_per_second("int8")
-    return Roofline(compute_s, dram_bytes / chip.ddr_peak_bytes_per_second)
+    ddr = chip.ddr_peak_bytes_per_second if cores == 1 else min(cores * chip.ddr_peak_bytes_per_second,
+                                                                  chip.ddr_chip_peak_bytes_per_second)
+    return Roofline(compute_s / cores, dram_bytes / ddr)

@@ -36,6 +36,18 @@ def test_estimate_model_bound_is_inspects_lower_bound_for_every_matmul_path(caps
     assert len(seen) == 1
 
 
+@pytest.mark.parametrize("cores", [2, 8])
+def test_model_bound_on_several_cores_has_their_engines_and_the_ddr_they_share(capsys, cores):
+    chip = load_chip("sg2260")
+    one = run_json(capsys, "estimate", "mlp", "--dtype", "fp16")["model_bounds"]
+    report = run_json(capsys, "estimate", "mlp", "--dtype", "fp16", "--cores", str(cores))
+    shared = min(cores * chip.dram.peak_gbps, chip.ddr_chip_peak_bytes_per_second / 1e9)
+    assert report["model_bounds"]["compute_us"] == pytest.approx(one["compute_us"] / cores, rel=1e-12)
+    assert report["model_bounds"]["compulsory_ddr_us"] == pytest.approx(
+        one["compulsory_ddr_us"] * chip.dram.peak_gbps / shared, rel=1e-12)
+    assert report["latency_us"] >= report["model_bound_us"]
+
+
 def test_estimate_text_names_its_two_bounds_and_says_stalls_are_summed(capsys):
     assert cli.main(["estimate", "mlp"]) == 0
     out = capsys.readouterr().out

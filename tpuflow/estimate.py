@@ -204,16 +204,22 @@ def model_bound(program: Program) -> dict:
     on the model's MACs and its compulsory DDR bytes: weights, graph inputs and outputs), so both
     commands print one number, whatever --matmul, --schedule or --layer-group say. None for
     programs without a model (vendor streams). It counts the MACs at one MAC engine's peak (TIU),
-    those of int8 CONV / MM2 layers at its int8 peak."""
+    those of int8 CONV / MM2 layers at its int8 peak; a program on N cores at N engines and the DDR
+    bandwidth the cores share (inspect's bound is the one-core case)."""
     from tpuflow.frontend.stats import roofline
     from tpuflow.scheduler.bounds import program_macs
     if not program.compulsory_ddr_bytes:
         return {"model_bound_us": None, "model_bounds": None}
     int8_macs = sum(program.layers[name].macs for name in int8_product_layers(program) if name in program.layers)
     r = roofline(program_macs(program), program.compulsory_ddr_bytes, program.chip, program.options.get("dtype", "fp32"),
-                 int8_macs)
+                 int8_macs, program.core_count)
     return {"model_bound_us": r.lower_bound_s * 1e6,
             "model_bounds": {"compute_us": r.compute_s * 1e6, "compulsory_ddr_us": r.memory_s * 1e6}}
+
+
+def _on_cores(report: dict) -> str:
+    cores = len(report.get("cores") or ()) or 1
+    return f" on {cores} cores sharing DDR" if cores > 1 else ", `tpuflow inspect`'s lower bound"
 
 
 def _bound_lines(report: dict) -> list[str]:
@@ -222,7 +228,7 @@ def _bound_lines(report: dict) -> list[str]:
     if report.get("model_bound_us"):
         b = report["model_bounds"]
         lines.append(f"model bound    {report['model_bound_us']:.1f} us  latency / bound = {latency / report['model_bound_us']:.2f}"
-                     f"  (the model's roofline, `tpuflow inspect`'s lower bound: compute {b['compute_us']:.1f} us, "
+                     f"  (the model's roofline{_on_cores(report)}: compute {b['compute_us']:.1f} us, "
                      f"weights + inputs + outputs over DDR {b['compulsory_ddr_us']:.1f} us; the same for every --matmul)")
     lines.append(f"program bound  {report['lower_bound_us']:.1f} us  latency / bound = {report['latency_over_bound']:.2f}"
                  "  (no order of this program's instructions is faster: "
