@@ -460,6 +460,7 @@ class ConcatQuant(Planned):
             c0 += g.tensor(x).shape[1]
         quant = g.tensor(self.out).quant
         self.requantised = [p for p in self.parts if g.tensor(p[0]).quant != quant]
+        self.placed: set[str] = set()        # inputs a chain's producer wrote into the held output already
 
     def _stepped(self, part) -> bool:
         """Whether a part goes through LMEM in row steps (else a DDR copy, or nothing)."""
@@ -512,7 +513,7 @@ class ConcatQuant(Planned):
             src = make_tile(self.chip, offs["out"], (1, c, h, w), Prec.INT8)
             emit_requant(ctx, src, f, rq0_scalars(s_in / s_out, 0.0), zp_out, signed(ctx, self.out))
         dst = self.held(self.out, n, c0, c, h0, h)
-        if dst is not None:
+        if dst is not None and x not in self.placed:
             ctx.em.lmem_copy(dst, src)
         if dst is None or self.out in self.keep:
             ctx.em.store(src, self._slice(self.out, c0, c, h0, h, c_all, n))
@@ -1203,6 +1204,24 @@ class ChainQuant:
         self.keep = {t for t in self.lifetimes if any(
             v in ctx.graph.outputs or v in boundary or any(c.name not in inside and c.outputs[0] not in self.views
                                                            for c in ctx.graph.consumers(v)) for v in names[t])}
+        self.placed = self._placements()
+
+    def _placements(self) -> dict[str, tuple[str, int]]:
+        """{input: (held Concat output, first channel)} of the Concat inputs made in the chain that its
+        producer writes straight into the output's channels (the Concat then copies nothing): same
+        Quant as the output, one sample, and a first channel on lane 0 (a whole channel group further
+        on: the input's aligned tile is the output's from that group)."""
+        placed: dict[str, tuple[str, int]] = {}
+        for member in self.members:
+            if not isinstance(member, ConcatQuant) or member.out not in self.lifetimes:
+                continue
+            inputs = [x for x, _, _ in member.parts]
+            for x, c0, _ in member.parts:
+                if x in self.lifetimes and inputs.count(x) == 1 and (x, c0, _) not in member.requantised \
+                        and c0 % self.chip.lanes == 0 and member.shape[0] == 1 and x not in placed \
+                        and not any(target == x for target, _ in placed.values()):
+                    placed[x] = (member.out, c0)
+        return {x: (out, c0) for x, (out, c0) in placed.items() if out not in placed}
 
     def plan(self, region: str) -> ChainPlan | None:
         start, end = self.ctx.window(region)
@@ -1215,15 +1234,22 @@ class ChainQuant:
             if plans is None:
                 return None
         buffers = tuple((f"held {t}", top + off, held_bytes(self.ctx.graph, t, self.chip.lanes))
-                        for t, off in offsets.items())
+                        for t, off in offsets.items() if t not in self.placed)
         work = tuple((CHAIN_WORK, off, size) for p in plans for _, off, size in p.buffers)
         return ChainPlan(region, (start, end), buffers + work, tuple((t, top + off) for t, off in offsets.items()),
                          tuple(plans), top)
 
     def _held_offsets(self) -> tuple[dict[str, int], int]:
         """Where the held tensors lie above the chain's base (lowering.quant.held_layout), and their extent."""
-        sizes = {t: held_bytes(self.ctx.graph, t, self.chip.lanes) for t in self.lifetimes}
-        return held_layout(self.lifetimes, sizes, self.chip.core.lmem_align_bytes)
+        lifetimes = {t: life for t, life in self.lifetimes.items() if t not in self.placed}
+        for t, (out, _) in self.placed.items():          # the output's space is taken from its first input on
+            lifetimes[out] = (min(lifetimes[out][0], self.lifetimes[t][0]), lifetimes[out][1])
+        sizes = {t: held_bytes(self.ctx.graph, t, self.chip.lanes) for t in lifetimes}
+        offsets, extent = held_layout(lifetimes, sizes, self.chip.core.lmem_align_bytes)
+        for t, (out, c0) in self.placed.items():
+            group_bytes = make_tile(self.chip, 0, self.ctx.graph.tensor(out).shape, Prec.INT8).strides[1]
+            offsets[t] = offsets[out] + c0 // self.chip.lanes * group_bytes
+        return offsets, extent
 
     def _member_plans(self, region: str, offsets: dict[str, int], top: int | None) -> list[QuantPlan] | None:
         plans = []
@@ -1244,6 +1270,8 @@ class ChainQuant:
                                     Prec.INT8) for t in mine}
         member.keep = {t for t in mine if view_source(self.views, t) in self.keep}
         member.top = top
+        if isinstance(member, ConcatQuant):
+            member.placed = {t for t in mine if t in self.placed}
 
     def emit(self, plan: ChainPlan) -> None:
         for member, member_plan in zip(self.members, plan.members):

@@ -862,3 +862,55 @@ def test_transformer_chains_give_the_unchained_integers(name, monkeypatch):
     assert all(np.array_equal(chained[k], unchained[k]) for k in chained)
     total = lambda p: sum(sum(v) for v in layer_ddr_bytes(p).values())  # noqa: E731
     assert total(program) < total(flat)
+
+
+def wide_fire_cnn(expand: int = 64):
+    """A fire module whose expands are whole lane groups wide (the 3x3 expand's input too wide to fold
+    its kernel rows), then MaxPool, global average pool and a Gemm: one chain through the Concat."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    rng = np.random.default_rng(17)
+    n = helper.make_node
+
+    def w(name, shape, scale=0.2):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    nodes = [n("Conv", ["x", "ws", "bs"], ["s"], name="squeeze"), n("Relu", ["s"], ["sr"], name="squeeze_relu"),
+             n("Conv", ["sr", "we1", "be1"], ["e1"], name="expand1x1"), n("Relu", ["e1"], ["e1r"], name="e1_relu"),
+             n("Conv", ["sr", "we3", "be3"], ["e3"], name="expand3x3", pads=[1, 1, 1, 1]),
+             n("Relu", ["e3"], ["e3r"], name="e3_relu"), n("Concat", ["e1r", "e3r"], ["cat"], name="concat", axis=1),
+             n("MaxPool", ["cat"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             n("GlobalAveragePool", ["p"], ["g"], name="gap"), n("Flatten", ["g"], ["f"], name="flatten"),
+             n("Gemm", ["f", "fw", "fb"], ["y"], name="fc", transB=1)]
+    inits = [w("ws", (32, 16, 1, 1)), w("bs", (32,), 0.1), w("we1", (expand, 32, 1, 1)), w("be1", (expand,), 0.1),
+             w("we3", (expand, 32, 3, 3), 0.1), w("be3", (expand,), 0.1), w("fw", (10, 2 * expand)), w("fb", (10,), 0.1)]
+    graph = helper.make_graph(nodes, "wide_fire", [helper.make_tensor_value_info("x", T.FLOAT, [1, 16, 10, 10])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_concat_inputs_are_written_into_the_held_output(monkeypatch):
+    """An expand with the Concat's Quant, starting on lane 0 of a channel group of the Concat's held
+    output, is written straight into it (the other, requantised, is still copied): the Concat moves fewer
+    bytes than with no input placed, and the integers equal those of the program with no placement and
+    of the unchained one (every group through DDR) at fp32; it verifies."""
+    import tpuflow.lowering.quant as quant
+    from tpuflow.lowering.ops import quant_ops
+    q = quantize_float(wide_fire_cnn())
+    graph = load_graph_of(q)
+    cat = next(n for n in graph.nodes() if n.op_type == "Concat")
+    same = [x for x in cat.inputs if graph.tensor(x).quant == graph.tensor(cat.outputs[0]).quant]
+    assert same == [cat.inputs[1]]                      # the 3x3 expand (channels 64..127) shares the Quant
+    rng = np.random.default_rng(4)
+    inputs = {"x": rng.standard_normal((1, 16, 10, 10)).astype(np.float32)}
+
+    def concat_dmas():
+        _, program = compile_model(q, "sg2260", CompileOptions(dtype="fp32"))
+        return sum(1 for layer in program.gdma_layers if layer == "concat")
+    placed, placed_y = concat_dmas(), run_on_chip(q, inputs, dtype="fp32")["y"]
+    result = verify(q, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] <= result["outputs"][0]["quant_step"]
+    monkeypatch.setattr(quant_ops.ChainQuant, "_placements", lambda self: {})
+    assert placed < concat_dmas()
+    assert np.array_equal(placed_y, run_on_chip(q, inputs, dtype="fp32")["y"])
+    monkeypatch.setattr(quant, "CHAIN_RESIDENT_SHARE", 0)
+    assert np.array_equal(placed_y, run_on_chip(q, inputs, dtype="fp32")["y"])
