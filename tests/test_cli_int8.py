@@ -75,10 +75,11 @@ def test_the_emitted_model_is_the_one_compiled(capsys, tmp_path):
 @pytest.mark.parametrize("model, output, int8_ops", [("small_cnn", "logits", 7), ("mlp", "probs", 3)])
 def test_verify_compares_against_the_emitted_model_and_reports_the_float_error(capsys, tmp_path, model, output,
                                                                               int8_ops):
-    """onnxruntime on the emitted file, fed verify's inputs as the chip reads them (rounded to the
-    fp16 of the float rest, quantized output or float softmax alike), reproduces verify's
-    reference: its error against the float model is exactly verify's `qdq_vs_float`."""
-    from tpuflow.compare import compare, random_inputs
+    """onnxruntime on the emitted file as written (optimizations off), fed verify's inputs as the chip
+    reads them and with the float tensors the program stores rounded to the fp16 of the float rest
+    (quantized output or float softmax alike), reproduces verify's reference: its error against the
+    float model is exactly verify's `qdq_vs_float`."""
+    from tpuflow.compare import compare, random_inputs, rounded_model, run_onnxruntime, stored_float_tensors
     from tpuflow.pipeline import _in_program_floats, load_graph
     code, out, err = run(capsys, "verify", model, "--dtype", "int8", "--json", "--emit-qdq", tmp_path / "q.onnx")
     assert code == 0, err
@@ -87,7 +88,9 @@ def test_verify_compares_against_the_emitted_model_and_reports_the_float_error(c
     float_graph = load_graph(model)
     inputs = random_inputs(float_graph, 0)
     float_ref = _onnxruntime(float_graph.model, inputs)[output]
-    emitted = _onnxruntime(onnx.load(str(tmp_path / "q.onnx")), _in_program_floats(inputs, "fp16"))[output]
+    qdq = onnx.load(str(tmp_path / "q.onnx"))
+    reference = rounded_model(qdq, stored_float_tensors(load_graph(qdq)), "fp16")
+    emitted = run_onnxruntime(reference, _in_program_floats(inputs, "fp16"), optimize=False)[output]
     assert compare(output, emitted, float_ref).max_abs_err == pytest.approx(row["qdq_vs_float"]["max_abs_err"],
                                                                             rel=1e-12)
     assert 0.99 < row["vs_float"]["cosine"] <= 1.0 and row["vs_float"]["max_abs_err"] > 0
