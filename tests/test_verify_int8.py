@@ -168,6 +168,7 @@ def test_quantized_mlp_verifies_on_codes(qdq_mlp):
     result = verify(qdq_mlp, "sg2260", CompileOptions(dtype="fp16"))
     (out,) = result["outputs"]
     assert result["ok"] and out["steps_counted_on"] == "integer codes" and out["steps"] <= QUANT_STEPS_ALLOWED
+    assert out["check"] == "steps on integer codes"
     assert {"vs_qdq_fp32", "vs_ort_optimized"} <= set(out)
 
 
@@ -219,7 +220,7 @@ def test_float_tail_is_checked_from_the_programs_boundary(qdq_softmax, monkeypat
     corrupting_run(monkeypatch, change)
     (out,) = verify(qdq_softmax, "sg2260", CompileOptions(dtype="fp16"))["outputs"]
     tail = out["tail_check"]
-    assert tail["boundary_values"] == "program (read from DDR)"
+    assert tail["boundary_values"] == "program (read from DDR)" and "boundary read from the program's DDR" in out["check"]
     assert out["max_rel_err"] > 2e-2                     # the direct check fails
     assert tail["tail"]["ok"] and tail["boundary"][0]["steps"] == codes_moved
     assert out["ok"] is ok and tail["ok"] is ok

@@ -317,9 +317,22 @@ def _quantized_rows(graph, dtype: str, bound: str, inputs: dict, ours: dict, tai
             if name in quants:
                 _code_row(row[key], quants[name], ours[name], other, info.cosine)
         row["ok"] = ok
+        row["check"] = _check_name(row)
         rows.append(row)
         passed.append(ok)
     return rows, passed, ref
+
+
+def _check_name(row: dict) -> str:
+    """Which of verify_program's rules decided an output row of a quantized graph (JSON `check`)."""
+    if "steps" in row:
+        return f"steps on {row['steps_counted_on']}"
+    tail = row.get("tail_check")
+    if tail is None:
+        return "float bound, direct"
+    if tail["boundary_values"].startswith("program"):
+        return "float bound failed directly; decomposed: boundary read from the program's DDR, tail fed with it"
+    return f"float bound, direct; {tail['note']}"
 
 
 def _code_row(row: dict, quant: tuple, ours, ref, cosine: float) -> bool:
@@ -571,6 +584,8 @@ def _quantized_verify_lines(result: dict) -> list[str]:
         if "quant_step" in o:
             lines.append(f"  {o['name']} holds quantized values: {o['steps']:g} steps (on {o['steps_counted_on']}) of "
                          f"{o['quant_step']:.4g}; bound <= {QUANT_STEPS_ALLOWED} steps and cosine >= {QUANT_MIN_COSINE:g}")
+        elif "tail_check" not in o:
+            lines.append(f"  {o['name']}: float bound, direct")
         tail = o.get("tail_check")
         if tail and tail["boundary_values"].startswith("program"):
             worst = max((b["steps"] for b in tail["boundary"]), default=0.0)
