@@ -19,9 +19,11 @@ node in a group of kind "quant":
 - Transpose / Slice / Split of an 8-bit tensor whose outputs have its per-tensor Quant: the float
   movement emitter's DMAs (or its LMEM paths) on the stored bytes (exact).
 
-Runs of consecutive quant groups on NCHW tensors (CHAINABLE kinds) form a QuantChain whose inner
-tensors stay whole in LMEM (the float layer groups' residency plan never holds a quantized tensor:
-the quant emitters declare no LMEM ports). Everything else on quantized tensors is refused before
+Runs of consecutive chainable quant groups (_chainable: CHAINABLE kinds on NCHW tensors; the Gemm
+form, elementwise ops and DequantizeLinear on tensors of other ranks, held as rows: held_view) form a
+QuantChain whose inner tensors stay whole in LMEM (the float layer groups' residency plan never holds
+a quantized tensor: the quant emitters declare no LMEM ports); a Reshape keeping the held layout does
+not end a run. Everything else on quantized tensors is refused before
 lowering by `check_supported`, one line naming the node.
 """
 

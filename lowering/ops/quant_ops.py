@@ -1190,8 +1190,9 @@ class ChainQuant:
     """A QuantChain (lowering/quant.py): its members in order, every tensor made and read inside it
     held whole in LMEM (aligned NCHW int8) from its producer to its last reader, at the top of the
     window (first fit over their lifetimes), the members' working buffers below; tensors read
-    outside the chain are stored as well. When that does not fit, the members run one by one
-    through DDR as unchained groups do."""
+    outside the chain (or by a float output's tail: lowering.quant.tail_boundary) are stored as
+    well. A Concat input may be written by its producer straight into the held output (_placements).
+    When that does not fit, the members run one by one through DDR as unchained groups do."""
 
     def __init__(self, ctx: LowerCtx, group):
         self.ctx, self.group, self.chip = ctx, group, ctx.chip
