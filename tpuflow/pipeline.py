@@ -448,6 +448,8 @@ def _last_written_by(program, addr: int, nbytes: int, layer: str) -> bool:
     """Whether `layer`'s instructions are the last to write every byte of DDR [addr, addr + nbytes):
     GDMA queue order, walked from its end; any TIU / TILE write to the range answers no."""
     import numpy as np
+    if len(program.gdma_layers) != len(program.gdma):
+        return False
     if any(r.lo < addr + nbytes and addr < r.hi for queue in (program.tiu, program.tile)
            for instr in queue for r in instr.accesses(program.chip).ddr_writes):
         return False
