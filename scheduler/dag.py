@@ -82,6 +82,19 @@ def node_timing(instr, chip) -> tuple[int, int, int]:
     return instruction_timing_ps(instr, chip)
 
 
+_SHARED: dict = {"chip": None, "facts": {}}
+SHARED_LIMIT = 1 << 18       # instructions remembered across DAGs (the table restarts beyond it)
+
+
+def _shared_facts(chip) -> dict:
+    """Instruction (without waits) -> (timing, accesses) for `chip`, kept from the last DAGs built
+    for it (one chip at a time, at most SHARED_LIMIT instructions)."""
+    key = chip.fingerprint()
+    if _SHARED["chip"] != key or len(_SHARED["facts"]) > SHARED_LIMIT:
+        _SHARED["chip"], _SHARED["facts"] = key, {}
+    return _SHARED["facts"]
+
+
 class _Builder:
     """Collects the nodes of build_dag in issue order."""
 
@@ -92,6 +105,7 @@ class _Builder:
                                    exact_ddr=program.core_count > 1)
         self.same = [same_as_earlier(program.queue(e)) for e in Engine]
         self.known: list[dict] = [{}, {}, {}]    # per engine: first equal instruction -> (timing, accesses or None)
+        self.shared = _shared_facts(self.chip)
         # engine (unit), queue index, duration, head, tail; shared by the cores of a multi-core DAG
         self.columns: list[list] = [[], [], [], [], []] if columns is None else columns
         self.preds: list[list[int]] = [] if preds is None else preds
@@ -107,8 +121,7 @@ class _Builder:
         first = self.same[code][index]
         known = self.known[code].get(first)
         if known is None:
-            acc = None if code == TILE else instr.accesses(self.chip)
-            known = self.known[code][first] = (node_timing(instr, self.chip), acc)
+            known = self.known[code][first] = self._facts(code, instr)
         timing, acc = known
         message = instr.message()
         if message is not None and message.kind == "send":     # it reaches the other cores' waits this much later
@@ -125,6 +138,17 @@ class _Builder:
         for column, value in zip(self.columns, (code + self.unit_base, index, *timing)):
             column.append(value)
         self.preds.append(sorted(preds))
+
+    def _facts(self, code: int, instr) -> tuple:
+        """(timing, accesses or None for TILE) of an instruction, shared with earlier DAGs of the
+        same chip (the estimate builds the scheduled program's DAG after the scheduler's): both
+        depend on the instruction apart from its waits only."""
+        key = instr.without_waits()
+        hit = self.shared.get(key)
+        if hit is None:
+            acc = None if code == TILE else instr.accesses(self.chip)
+            hit = self.shared[key] = (node_timing(instr, self.chip), acc)
+        return hit
 
     def _fence(self, code: int, node: int, instr, preds: set[int]) -> None:
         """A SEND/WAIT orders what other cores see: every earlier node of its queue stays before it and
