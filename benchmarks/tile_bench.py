@@ -5,9 +5,9 @@
 For each model: latency, instructions per engine, engine busy time, the estimate's wall time and
 the CPU seconds (time.process_time: the machine may be shared) of the compile (frontend, lowering,
 list schedule) and of the whole estimate (compile + timing simulation + report) on both --matmul
-paths (issue 16 target: TILE-path ResNet-50 estimated in under 10 s), the TILE / TIU latency ratio, and where the TILE path's GDMA time goes (per
-kind of transfer: DDR -> tile buffer, DDR -> LMEM, LMEM -> DDR, ...). Writes
-benchmarks/results/tile_<dtype>.json and prints a table.
+paths (issue 16 target: TILE-path ResNet-50 estimated in under 10 s), the TILE / TIU latency
+ratio, and where the TILE path's GDMA time goes (per kind of transfer: DDR -> tile buffer,
+DDR -> LMEM, LMEM -> DDR, ...). Writes benchmarks/results/tile_<dtype>.json and prints a table.
 """
 
 from __future__ import annotations
