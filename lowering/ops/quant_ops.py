@@ -260,8 +260,9 @@ class ElementwiseQuant(Planned):
             per_set.append(("work0", self.bytes(shape, Prec.FP32, compact)))      # the input widened to fp32
         if self.out not in self.lmem:
             per_set.append(("out", self.bytes(shape, self.ctx.tensor_prec(self.out), compact)))
-        if self.row is not None:
-            per_set.append(("row", self.bytes(shape, Prec.FP32, compact)))
+        if self.row is not None:                         # held rows: one lane group's copy (_row_operand)
+            row_shape = (1, min(shape[1], self.chip.lanes), 1, shape[3]) if self.nchw else shape
+            per_set.append(("row", self.bytes(row_shape, Prec.FP32, compact)))
         resident = [self.bytes((1, self.shape[1], 1, 1), Prec.FP32, True)] if self.per_channel_constant else []
         return resident, per_set
 
@@ -282,7 +283,9 @@ class ElementwiseQuant(Planned):
         for index, (n, at, count) in enumerate(self._steps(plan.choice[0])):
             offs = plan.sets[index % len(plan.sets)]
             shape, compact = self._tile_shape(count)
-            if row_addr is not None:                     # the constant's columns of this step, on every lane
+            if row_addr is not None and self.nchw:
+                self.operand = self._row_operand(offs["row"], shape, row_addr)
+            elif row_addr is not None:                   # the constant's columns of this step, on every lane
                 self.operand = make_tile(self.chip, offs["row"], shape, Prec.FP32, compact=compact)
                 ctx.em.broadcast_load(self.operand, row_addr + 4 * at, Prec.FP32)
             tiles = []
@@ -300,6 +303,13 @@ class ElementwiseQuant(Planned):
             if self.out not in self.lmem or self.out in self.keep:
                 ctx.em.store(out, self._region(self.out, n, at, count))
         self.note(plan)
+
+    def _row_operand(self, at: int, shape, row_addr: int) -> LTile:
+        """The constant's row on held rows: broadcast once into the first lane group, read by every
+        channel group and row at the same per-lane offset (strides 0)."""
+        lanes_row = make_tile(self.chip, at, (1, min(shape[1], self.chip.lanes), 1, shape[3]), Prec.FP32)
+        self.ctx.em.broadcast_load(lanes_row, row_addr, Prec.FP32)
+        return LTile(lanes_row.addr, tuple(shape), Prec.FP32, (0, 0, 0, 1), StrideMode.FREE)
 
     def _held(self, tensor: str, n: int, h0: int, rows: int) -> LTile | None:
         return self.held(tensor, n, 0, self.shape[1], h0, rows) if self.nchw else None

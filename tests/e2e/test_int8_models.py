@@ -914,3 +914,39 @@ def test_concat_inputs_are_written_into_the_held_output(monkeypatch):
     assert np.array_equal(placed_y, run_on_chip(q, inputs, dtype="fp32")["y"])
     monkeypatch.setattr(quant, "CHAIN_RESIDENT_SHARE", 0)
     assert np.array_equal(placed_y, run_on_chip(q, inputs, dtype="fp32")["y"])
+
+
+def matmul_bias_row_model(rows: int = 130, k: int = 40, n: int = 48):
+    """MatMul, then a bias row Add (a separate node, as in bert_base's quantized graph), then a MatMul:
+    more rows than lanes."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    rng = np.random.default_rng(23)
+    node = helper.make_node
+    nodes = [node("MatMul", ["x", "w1"], ["h"], name="mm1"), node("Add", ["h", "b1"], ["hb"], name="bias"),
+             node("MatMul", ["hb", "w2"], ["y"], name="mm2")]
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), name)
+             for name, s in (("w1", (k, n)), ("b1", (n,)), ("w2", (n, 8)))]
+    graph = helper.make_graph(nodes, "bias_row", [helper.make_tensor_value_info("x", T.FLOAT, [1, rows, k])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, rows, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_bias_row_on_held_rows_reads_its_row_once(monkeypatch):
+    """A bias row Add between two int8 MatMuls joins their chain (rows held past the lanes): its DDR
+    traffic is the fp32 row, read once into one lane group and read by every channel group at stride 0;
+    the integers equal the unchained program's at fp32."""
+    import tpuflow.lowering.quant as quant
+    rows, n = 130, 48
+    q = quantize_ops(matmul_bias_row_model(rows, 40, n), ["MatMul", "Add"], count=2)
+    graph = load_graph_of(q)
+    assert any(node.op_type == "Add" and any(graph.tensor(t).is_const for t in node.inputs) for node in graph.nodes())
+    _, program = compile_model(q, "sg2260", CompileOptions(dtype="fp32"))
+    assert layer_ddr_bytes(program)["bias"] == [4 * n, 0]
+    (dma,) = [i for i, layer in zip(program.gdma, program.gdma_layers) if layer == "bias"]
+    assert dma.op == "broadcast" and dma.dst_csize == 64      # one lane group, not one row per held row
+    x = {"x": np.random.default_rng(2).standard_normal((1, rows, 40)).astype(np.float32)}
+    chained = run_on_chip(q, x, dtype="fp32")["y"]
+    result = verify(q, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] <= result["outputs"][0]["quant_step"]
+    monkeypatch.setattr(quant, "CHAIN_RESIDENT_SHARE", 0)
+    assert np.array_equal(chained, run_on_chip(q, x, dtype="fp32")["y"])
