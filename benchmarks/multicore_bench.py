@@ -63,9 +63,22 @@ def main(argv=None) -> int:
                   f"{row['simulate_cpu_s']:10.2f}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"multicore_{args.dtype}.json"
+    rows = _merged(out, args.chip, rows)
     out.write_text(json.dumps({"chip": args.chip, "dtype": args.dtype, "rows": rows}, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
+
+
+def _merged(out, chip: str, rows: list[dict]) -> list[dict]:
+    """The rows measured now, replacing the file's rows of the same (model, cores); the file's other
+    rows kept when it is for the same chip (so `--models X` updates X's rows only)."""
+    if not out.exists():
+        return rows
+    old = json.loads(out.read_text())
+    if old.get("chip") != chip:
+        return rows
+    fresh = {(r["model"], r["cores"]) for r in rows}
+    return [r for r in old["rows"] if (r["model"], r["cores"]) not in fresh] + rows
 
 
 if __name__ == "__main__":
