@@ -35,8 +35,9 @@ def _box_minus(box: tuple, r_lo: int, r_hi: int, lo: int, hi: int) -> list[tuple
 class _Bucket:
     """The live accesses of one bucket: the writer entries (row_lo, row_hi, lo, hi, node), pairwise
     disjoint (a write cuts every live box it overlaps before it goes live), and, per box, the
-    readers since that box was last written (one entry per box; the pieces a write leaves behind often repeat a box already live,
-    e.g. a slot rewritten with the same partial size, and then their readers join)."""
+    readers since that box was last written (one entry per box; the pieces a write leaves behind
+    often repeat a box already live, e.g. a slot rewritten with the same partial size, and then
+    their readers join)."""
 
     __slots__ = ("writes", "reads")
 
