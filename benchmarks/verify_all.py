@@ -76,8 +76,9 @@ def _int8_columns(result: dict) -> dict:
     tails = [o["tail_check"] for o in outputs if "tail_check" in o]
     return {"max_quant_steps": max(steps) if steps else None,
             **({"tail_checks": [{"boundary_values": t["boundary_values"], "ok": t["ok"]} for t in tails]} if tails else {}),
-            "vs_ort_optimized_steps": max((o["vs_ort_optimized"].get("steps", 0.0) for o in outputs), default=None),
-            "vs_ort_optimized_cosine": min(o["vs_ort_optimized"]["cosine"] for o in outputs),
+            "references": sorted({o["reference"] for o in outputs}),
+            "vs_other_execution_steps": max((o["vs_other_execution"].get("steps", 0.0) for o in outputs), default=None),
+            "vs_other_execution_cosine": min(o["vs_other_execution"]["cosine"] for o in outputs),
             "vs_float_max_abs_err": max(o["vs_float"]["max_abs_err"] for o in outputs),
             "vs_float_cosine": min(o["vs_float"]["cosine"] for o in outputs),
             "int8_ops": quant["int8_ops"], "float_ops": len(quant["float_ops"])}

@@ -18,7 +18,7 @@ import tpuflow.hwmodel.functional as functional
 from tpuflow.compare import code_steps, codes, rounded_model, run_onnxruntime, stored_float_tensors
 from tpuflow.frontend.quant import Quant
 from tpuflow.options import CompileOptions
-from tpuflow.pipeline import QUANT_STEPS_ALLOWED, load_graph, verify
+from tpuflow.pipeline import QUANT_STEPS_ALLOWED, REFERENCE_EXECUTIONS, load_graph, verify
 
 
 # ------------------------------------------------------------------ models
@@ -169,7 +169,8 @@ def test_quantized_mlp_verifies_on_codes(qdq_mlp):
     (out,) = result["outputs"]
     assert result["ok"] and out["steps_counted_on"] == "integer codes" and out["steps"] <= QUANT_STEPS_ALLOWED
     assert out["check"] == "steps on integer codes"
-    assert {"vs_qdq_fp32", "vs_ort_optimized"} <= set(out)
+    assert {"vs_qdq_fp32", "vs_other_execution"} <= set(out)
+    assert {out["reference"], out["vs_other_execution"]["reference"]} == set(REFERENCE_EXECUTIONS.values())
 
 
 @pytest.mark.parametrize("flip, ok", [(3, False), (-3, False), (1, True)])
@@ -186,6 +187,28 @@ def test_an_output_integer_moved_by_three_fails(qdq_mlp, monkeypatch, flip, ok):
     result = verify(qdq_mlp, "sg2260", CompileOptions(dtype="fp16"))
     (out,) = result["outputs"]
     assert out["steps"] == abs(flip) and result["ok"] is ok and out["ok"] is ok
+
+
+@pytest.mark.parametrize("moved", [(True,), (False,), (False, True)])
+def test_an_output_passes_against_either_onnxruntime_execution_not_neither(qdq_mlp, monkeypatch, moved):
+    """onnxruntime's executions with `moved` optimize flags return the output moved by 3 codes: the
+    program passes against the other one (named in the row), and fails when both are moved."""
+    import tpuflow.compare as compare_module
+    step = verify(qdq_mlp, "sg2260", CompileOptions(dtype="fp16"))["outputs"][0]["quant_step"]
+    real = compare_module.run_onnxruntime
+
+    def shifted(model, feeds, optimize=True):
+        outputs = real(model, feeds, optimize)
+        if optimize in moved and "y" in outputs:
+            outputs["y"] = outputs["y"] + np.float32(3 * step)
+        return outputs
+    monkeypatch.setattr(compare_module, "run_onnxruntime", shifted)
+    result = verify(qdq_mlp, "sg2260", CompileOptions(dtype="fp16"))
+    (out,) = result["outputs"]
+    assert result["ok"] is (len(moved) == 1)
+    if len(moved) == 1:
+        assert out["reference"] == REFERENCE_EXECUTIONS[not moved[0]]
+        assert out["vs_other_execution"]["ok"] is False and out["vs_other_execution"]["steps"] == 3
 
 
 def _softmax16(logits: np.ndarray) -> np.ndarray:

@@ -229,17 +229,17 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
     for our outputs (`vs_float`) and for onnxruntime's on the QDQ model (`qdq_vs_float`).
 
     A quantized graph (QDQ / QOperator, or --dtype int8's QDQ model) is checked as follows.
-    1. The reference is onnxruntime running the model with graph optimizations disabled (the QDQ
-       operators' written meaning: DequantizeLinear -> float op -> QuantizeLinear; onnxruntime's
-       optimized run replaces those with fused integer kernels that requantize with their own
-       rounding; on --dtype int8's QDQ models of the bundled CNNs it differs from its unoptimized run
-       by up to 4 output steps (MobileNetV2) / cosine 0.9993 (ResNet-50), as near-ties resolve one
-       way or the other and compound with depth), with the float inputs and every float tensor the
+    1. The reference is onnxruntime running the model with the float inputs and every float tensor the
        program stores at its float type rounded to that type (compare.stored_float_tensors: the
        canonical graph's float runtime tensors; not the float results inside an absorbed
-       DequantizeLinear -> op -> QuantizeLinear, which the program computes in integers). The fp32
-       QDQ run stays in each row as information (`vs_qdq_fp32`), as does onnxruntime's optimized run
-       on the rounded inputs (`vs_ort_optimized`).
+       DequantizeLinear -> op -> QuantizeLinear, which the program computes in integers), in both of
+       its executions: as written (graph optimizations off: DequantizeLinear -> float op ->
+       QuantizeLinear) and optimized (fused integer kernels that requantize with their own rounding).
+       The two differ from each other by more than the bound on --dtype int8's QDQ models of the
+       bundled CNNs (MobileNetV2 4 output steps, VGG-19's softmax cosine 0.9987: near-ties resolve one
+       way or the other and compound with depth), so an output passes when it meets rules 2-3 against
+       either; the row names the execution that decided it (`reference`) and carries the other
+       (`vs_other_execution`). The fp32 run as written stays as information (`vs_qdq_fp32`).
     2. An output holding quantized values (read through DequantizeLinear and moves from a quantized
        tensor, or an integer output) passes when its integer codes, round(y / scale) + zero point
        for ours and the reference, differ by at most QUANT_STEPS_ALLOWED and the cosine of the values
@@ -298,31 +298,49 @@ def _quantized_rows(graph, dtype: str, bound: str, inputs: dict, ours: dict, tai
     produced = {o for node in graph.model.graph.node for o in node.output}
     boundaries = sorted({t for b in tails.values() for t in b} & produced)
     model = rounded_model(graph.model, stored_float_tensors(graph) if dtype != "fp32" else [], dtype)
-    with step("onnxruntime reference (the quantized model as written, float tensors at " + dtype + ")"):
-        ref = run_onnxruntime(with_outputs(model, list(graph.outputs) + boundaries), feeds, optimize=False)
+    wanted = with_outputs(model, list(graph.outputs) + boundaries)
+    with step("onnxruntime references (the quantized model as written and optimized, float tensors at " + dtype + ")"):
+        refs = {optimize: run_onnxruntime(wanted, feeds, optimize=optimize) for optimize in (False, True)}
         plain = run_onnxruntime(graph.model, inputs, optimize=False)
-        optimized = run_onnxruntime(graph.model, feeds, optimize=True)
     quants = output_quants(graph)
     rows, passed = [], []
     for name in graph.outputs:
-        e = compare(name, ours[name], ref[name])
-        row = dict(e.as_dict())
+        checked = [_checked_row(graph, model, feeds, ours, ref, quants, tails, readable, bound, name, optimize)
+                   for optimize, ref in refs.items()]
+        row, other = checked if checked[0]["ok"] or not checked[1]["ok"] else checked[::-1]
+        row["vs_other_execution"] = {k: other[k] for k in ("reference", "ok", "max_abs_err", "max_rel_err", "cosine",
+                                                           "steps") if k in other}
+        info = compare(name, ours[name], plain[name])
+        row["vs_qdq_fp32"] = {"max_abs_err": info.max_abs_err, "max_rel_err": info.max_rel_err, "cosine": info.cosine}
         if name in quants:
-            ok = _code_row(row, quants[name], ours[name], ref[name], e.cosine)
-        else:
-            ok = e.ok(bound)
-            if not ok and name in tails:
-                ok = _tail_check(row, graph, model, feeds, ours, ref, tails[name], readable, bound, name)
-        for key, other in (("vs_qdq_fp32", plain[name]), ("vs_ort_optimized", optimized[name])):
-            info = compare(name, ours[name], other)
-            row[key] = {"max_abs_err": info.max_abs_err, "max_rel_err": info.max_rel_err, "cosine": info.cosine}
-            if name in quants:
-                _code_row(row[key], quants[name], ours[name], other, info.cosine)
-        row["ok"] = ok
-        row["check"] = _check_name(row)
+            _code_row(row["vs_qdq_fp32"], quants[name], ours[name], plain[name], info.cosine)
         rows.append(row)
-        passed.append(ok)
-    return rows, passed, ref
+        passed.append(row["ok"])
+    return rows, passed, refs[False]
+
+
+def _checked_row(graph, model, feeds, ours, ref, quants, tails, readable, bound, name, optimize: bool) -> dict:
+    """An output row of a quantized graph checked by rules 2-3 against one of onnxruntime's two
+    executions of the rounded model (`reference` says which)."""
+    from tpuflow.compare import compare
+    e = compare(name, ours[name], ref[name])
+    row = dict(e.as_dict(), reference=REFERENCE_EXECUTIONS[optimize])
+    if name in quants:
+        ok = _code_row(row, quants[name], ours[name], ref[name], e.cosine)
+    else:
+        ok = e.ok(bound)
+        if not ok and name in tails:
+            ok = _tail_check(row, graph, model, feeds, ours, ref, tails[name], readable, bound, name, optimize)
+    row["ok"] = ok
+    row["check"] = _check_name(row)
+    return row
+
+
+# onnxruntime's two executions of a quantized model: they differ from each other by up to 4 output
+# steps (MobileNetV2 --dtype int8) / cosine 0.9987 (VGG-19 softmax), more than verify's bound, so an
+# output passes when it meets the bound against either (each row names the one that decided it and
+# carries the other as `vs_other_execution`).
+REFERENCE_EXECUTIONS = {False: "as written (optimizations off)", True: "optimized (onnxruntime's fused integer kernels)"}
 
 
 def _check_name(row: dict) -> str:
@@ -358,7 +376,7 @@ def _code_row(row: dict, quant: tuple, ours, ref, cosine: float) -> bool:
 
 
 def _tail_check(row: dict, graph, model, feeds: dict, ours: dict, ref: dict, boundary: list[str],
-                readable: set, bound: str, name: str) -> bool:
+                readable: set, bound: str, name: str, optimize: bool = False) -> bool:
     """Rule 3 for a float output that failed the float bound: fill row['tail_check'], return its result."""
     import numpy as np
     from tpuflow.compare import compare, fed_model, run_onnxruntime
@@ -378,7 +396,7 @@ def _tail_check(row: dict, graph, model, feeds: dict, ours: dict, ref: dict, bou
     program_boundary = {t: np.asarray(ours[t]).astype(ref[t].dtype) for t in boundary}
     with step(f"onnxruntime on the float tail of {name} from the program's boundary"):
         tail_ref = run_onnxruntime(fed_model(model, program_boundary, [name]),
-                                   {**feeds, **program_boundary}, optimize=False)[name]
+                                   {**feeds, **program_boundary}, optimize=optimize)[name]
     tail = compare(name, ours[name], tail_ref)
     tail_ok = tail.ok(bound)
     ok = tail_ok and all(p["ok"] for p in parts)
@@ -582,9 +600,10 @@ def cmd_verify(model, chip, options: CompileOptions, input_shapes: dict, seed: i
 def _quantized_verify_lines(result: dict) -> list[str]:
     """verify's text for a quantized graph: the reference, each quantized output's steps, each float
     tail check, and the pure-fp32 / optimized onnxruntime runs (information)."""
-    lines = [f"  reference: onnxruntime on the quantized model as written (graph optimizations off), its float "
-             f"tensors rounded to {result['dtype']} as the program stores them"]
+    lines = [f"  reference: onnxruntime on the quantized model, its float tensors rounded to {result['dtype']} as the "
+             "program stores them, in both its executions (as written / optimized); an output passes against either"]
     for o in result["outputs"]:
+        lines.append(f"  {o['name']} decided against onnxruntime {o['reference']}")
         if "quant_step" in o:
             lines.append(f"  {o['name']} holds quantized values: {o['steps']:g} steps (on {o['steps_counted_on']}) of "
                          f"{o['quant_step']:.4g}; bound <= {QUANT_STEPS_ALLOWED} steps and cosine >= {QUANT_MIN_COSINE:g}")
@@ -599,8 +618,10 @@ def _quantized_verify_lines(result: dict) -> list[str]:
                          f"{'ok' if tail['ok'] else 'FAIL'}")
         elif tail:
             lines.append(f"  {o['name']}: {tail['note']}")
-        for key, what in (("vs_qdq_fp32", "fp32 as written"), ("vs_ort_optimized", "optimized")):
+        for key in ("vs_qdq_fp32", "vs_other_execution"):
             info = o[key]
+            what = "fp32 as written" if key == "vs_qdq_fp32" else \
+                f"{info['reference']} ({'within' if info['ok'] else 'outside'} the bound)"
             steps = f", {info['steps']:g} steps" if "steps" in info else ""
             lines.append(f"    information, against onnxruntime {what}: max_abs_err {info['max_abs_err']:.3e} "
                          f"cosine {info['cosine']:.6f}{steps}")
