@@ -88,10 +88,11 @@ SHARED_LIMIT = 1 << 18       # instructions remembered across DAGs (the table re
 
 def _shared_facts(chip) -> dict:
     """Instruction (without waits) -> (timing, accesses) for `chip`, kept from the last DAGs built
-    for it (one chip at a time, at most SHARED_LIMIT instructions)."""
-    key = chip.fingerprint()
-    if _SHARED["chip"] != key or len(_SHARED["facts"]) > SHARED_LIMIT:
-        _SHARED["chip"], _SHARED["facts"] = key, {}
+    for it (one chip object at a time, at most SHARED_LIMIT instructions). Keyed by the object, not
+    its fingerprint: hashing every key would count as reading every key, and the sweep reuses a
+    compiled program across chip values the compiler did not read."""
+    if _SHARED["chip"] is not chip or len(_SHARED["facts"]) > SHARED_LIMIT:
+        _SHARED["chip"], _SHARED["facts"] = chip, {}
     return _SHARED["facts"]
 
 
