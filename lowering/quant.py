@@ -369,12 +369,18 @@ def folds_kernel_rows(graph: Graph, node: OpNode) -> bool:
 
 
 def tail_boundary(graph: Graph) -> set[str]:
-    """The quantized tensors the float tails of the graph's float outputs read (walking producers back
-    through float runtime tensors): a chain still stores them, so verify can read the program's
-    boundary from DDR and check the float tail on it (tpuflow.pipeline's decomposed check)."""
+    """The quantized tensors the float tails of the graph's float outputs read: a chain still stores
+    them, so verify can read the program's boundary from DDR and check the float tail on it
+    (tpuflow.pipeline's decomposed check)."""
+    return {t for out in graph.outputs if graph.tensor(out).quant is None for t in float_tail_boundary(graph, out)}
+
+
+def float_tail_boundary(graph: Graph, output: str) -> set[str]:
+    """The quantized tensors `output`'s float tail reads, walking producers back through float runtime
+    tensors (graph inputs and constants end the walk)."""
     boundary: set[str] = set()
     seen: set[str] = set()
-    todo = [t for t in graph.outputs if graph.tensor(t).quant is None]
+    todo = [output]
     while todo:
         tensor = todo.pop()
         info = graph.tensor(tensor)

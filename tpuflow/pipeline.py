@@ -426,27 +426,11 @@ def _channel(values, axis, ndim: int):
 
 
 def _float_tails(graph) -> dict[str, list[str]]:
-    """{float output of a quantized graph: the quantized tensors its float tail reads (the boundary)},
-    walking producers back through float runtime tensors; graph inputs and constants end the walk."""
+    """{float output of a quantized graph: the quantized tensors its float tail reads (the boundary)}."""
+    from tpuflow.lowering.quant import float_tail_boundary
     quants = output_quants(graph)
-    tails = {}
-    for name in graph.outputs:
-        if name in quants or graph.tensor(name).dtype != "float32":
-            continue
-        boundary, seen, todo = set(), set(), [name]
-        while todo:
-            tensor = todo.pop()
-            info = graph.tensor(tensor)
-            if tensor in seen or info.is_const or tensor in graph.inputs:
-                continue
-            seen.add(tensor)
-            if info.quant is not None:
-                boundary.add(tensor)
-                continue
-            producer = graph.producer(tensor)
-            todo.extend(producer.inputs if producer is not None else ())
-        tails[name] = sorted(boundary)
-    return tails
+    return {name: sorted(float_tail_boundary(graph, name)) for name in graph.outputs
+            if name not in quants and graph.tensor(name).dtype == "float32"}
 
 
 def _ddr_readable(graph, program, names: set) -> set:

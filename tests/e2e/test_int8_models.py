@@ -233,6 +233,25 @@ def test_resnet50_qdq_verifies_and_beats_fp16():
     assert latency_us(q) < latency_us(float_model)
 
 
+def _weight_maker(rng):
+    """name, shape -> a seeded random fp32 initializer (standard normal x scale)."""
+    from onnx import numpy_helper
+
+    def w(name, shape, scale=0.2):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+    return w
+
+
+def _fire_nodes():
+    """A SqueezeNet fire module x -> cat: squeeze 1x1 + Relu, expand 1x1 and 3x3 + Relu, channel Concat."""
+    from onnx import helper
+    n = helper.make_node
+    return [n("Conv", ["x", "ws", "bs"], ["s"], name="squeeze"), n("Relu", ["s"], ["sr"], name="squeeze_relu"),
+            n("Conv", ["sr", "we1", "be1"], ["e1"], name="expand1x1"), n("Relu", ["e1"], ["e1r"], name="e1_relu"),
+            n("Conv", ["sr", "we3", "be3"], ["e3"], name="expand3x3", pads=[1, 1, 1, 1]),
+            n("Relu", ["e3"], ["e3r"], name="e3_relu"), n("Concat", ["e1r", "e3r"], ["cat"], name="concat", axis=1)]
+
+
 def fire_and_depthwise_cnn():
     """A SqueezeNet fire module (squeeze 1x1, expand 1x1 and 3x3, channel Concat) then MaxPool, a MobileNet
     block (depthwise 3x3 with Relu6, pointwise 1x1), a padded 3x3 AveragePool (border windows average fewer
@@ -241,13 +260,8 @@ def fire_and_depthwise_cnn():
     rng = np.random.default_rng(11)
     n = helper.make_node
 
-    def w(name, shape, scale=0.2):
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
-
-    nodes = [n("Conv", ["x", "ws", "bs"], ["s"], name="squeeze"), n("Relu", ["s"], ["sr"], name="squeeze_relu"),
-             n("Conv", ["sr", "we1", "be1"], ["e1"], name="expand1x1"), n("Relu", ["e1"], ["e1r"], name="e1_relu"),
-             n("Conv", ["sr", "we3", "be3"], ["e3"], name="expand3x3", pads=[1, 1, 1, 1]),
-             n("Relu", ["e3"], ["e3r"], name="e3_relu"), n("Concat", ["e1r", "e3r"], ["cat"], name="concat", axis=1),
+    w = _weight_maker(rng)
+    nodes = [*_fire_nodes(),
              n("MaxPool", ["cat"], ["p"], name="pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
              n("Conv", ["p", "wd", "bd"], ["d"], name="depthwise", pads=[1, 1, 1, 1], group=32),
              n("Clip", ["d", "lo", "hi"], ["dr"], name="relu6"),
@@ -867,17 +881,12 @@ def test_transformer_chains_give_the_unchained_integers(name, monkeypatch):
 def wide_fire_cnn(expand: int = 64):
     """A fire module whose expands are whole lane groups wide (the 3x3 expand's input too wide to fold
     its kernel rows), then MaxPool, global average pool and a Gemm: one chain through the Concat."""
-    from onnx import TensorProto as T, helper, numpy_helper
+    from onnx import TensorProto as T, helper
     rng = np.random.default_rng(17)
     n = helper.make_node
 
-    def w(name, shape, scale=0.2):
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
-
-    nodes = [n("Conv", ["x", "ws", "bs"], ["s"], name="squeeze"), n("Relu", ["s"], ["sr"], name="squeeze_relu"),
-             n("Conv", ["sr", "we1", "be1"], ["e1"], name="expand1x1"), n("Relu", ["e1"], ["e1r"], name="e1_relu"),
-             n("Conv", ["sr", "we3", "be3"], ["e3"], name="expand3x3", pads=[1, 1, 1, 1]),
-             n("Relu", ["e3"], ["e3r"], name="e3_relu"), n("Concat", ["e1r", "e3r"], ["cat"], name="concat", axis=1),
+    w = _weight_maker(rng)
+    nodes = [*_fire_nodes(),
              n("MaxPool", ["cat"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
              n("GlobalAveragePool", ["p"], ["g"], name="gap"), n("Flatten", ["g"], ["f"], name="flatten"),
              n("Gemm", ["f", "fw", "fb"], ["y"], name="fc", transB=1)]
