@@ -443,13 +443,19 @@ def _ddr_readable(graph, program, names: set) -> set:
     for name in names:
         t, producer = tensors.get(name), graph.producer(name)
         if t is not None and producer is not None and program.core_count == 1 \
-                and _last_written_by(program, t.addr, t.nbytes, producer.name):
+                and _last_written_by(program, t.addr, t.nbytes, _layers_computing(program, producer.name)):
             out.add(name)
     return out
 
 
-def _last_written_by(program, addr: int, nbytes: int, layer: str) -> bool:
-    """Whether `layer`'s instructions are the last to write every byte of DDR [addr, addr + nbytes):
+def _layers_computing(program, node: str) -> set[str]:
+    """The layer names a node's results are stored under: its own, or any of its fused group's (a
+    group's instructions carry its anchor's name, e.g. a Conv with its bias Add)."""
+    return {node}.union(*(set(g) for g in program.fused_groups if node in g))
+
+
+def _last_written_by(program, addr: int, nbytes: int, layers: set[str]) -> bool:
+    """Whether instructions of `layers` are the last to write every byte of DDR [addr, addr + nbytes):
     GDMA queue order, walked from its end; any TIU / TILE write to the range answers no."""
     import numpy as np
     if len(program.gdma_layers) != len(program.gdma):
@@ -462,7 +468,7 @@ def _last_written_by(program, addr: int, nbytes: int, layer: str) -> bool:
         for r in instr.accesses(program.chip).ddr_writes:
             lo, hi = max(r.lo - addr, 0), min(r.hi - addr, nbytes)
             if lo < hi:
-                if owner != layer and not decided[lo:hi].all():
+                if owner not in layers and not decided[lo:hi].all():
                     return False
                 decided[lo:hi] = True
         if decided.all():
