@@ -95,6 +95,20 @@ def program_macs(program: Program) -> int:
     return sum(layer.macs for layer in program.layers.values())
 
 
+def int8_product_layers(program: Program) -> set[str]:
+    """Layers whose CONV / MM2 instructions (on any core) read int8 operands: their MACs run at the
+    chip's int8 rate, not the program's float dtype's."""
+    from tpuflow.isa.tiu import ConvTiu, Mm2Tiu
+    return {view.layer_of(Engine.TIU, i) for view in (program.core(k) for k in range(program.core_count))
+            for i, instr in enumerate(view.tiu)
+            if isinstance(instr, (ConvTiu, Mm2Tiu)) and instr.opt_opd0_prec == Prec.INT8}
+
+
+def int8_macs(program: Program) -> int:
+    """The MACs of int8_product_layers."""
+    return sum(program.layers[name].macs for name in int8_product_layers(program) if name in program.layers)
+
+
 def ddr_bytes(program: Program) -> int:
     """DDR bytes the GDMA instructions of every core read plus write (elements moved, not bounding ranges)."""
     total = 0
@@ -119,7 +133,8 @@ def _source_bytes(instr) -> int:
 
 
 def roofline_ps(program: Program) -> tuple[int, int]:
-    """(compute, memory) roofline bounds in ps. On N cores: N times one core's MAC peak, and the DDR
+    """(compute, memory) roofline bounds in ps (the MACs of int8 CONV / MM2 layers at the int8 peak).
+    On N cores: N times one core's MAC peak, and the DDR
     bytes of every core at the DRAM rate the cores share (N ports, at most dram.chip_peak_gbps)."""
     chip, cores = program.chip, program.core_count
     dtype = program.options.get("dtype", "fp32")
@@ -127,7 +142,9 @@ def roofline_ps(program: Program) -> tuple[int, int]:
     if any(s.tile for s in program.cores):
         peak_per_ps += chip.peak_macs_per_second(dtype, "tile") / 1e12
     peak_per_ps *= cores
-    compute = int(program_macs(program) / peak_per_ps) if peak_per_ps else 0
+    integer = int8_macs(program)
+    int8_per_ps = chip.peak_macs_per_second("int8", "tiu") / 1e12 * cores
+    compute = int((program_macs(program) - integer) / peak_per_ps + integer / int8_per_ps) if peak_per_ps else 0
     gbps = chip.dram.peak_gbps if cores == 1 else min(cores * chip.dram.peak_gbps, chip.ddr_chip_peak_bytes_per_second / 1e9)
     memory = int(ddr_bytes(program) / (gbps * 1e-3))   # GB/s = bytes per ns
     return compute, memory

@@ -194,3 +194,13 @@ def test_int8_of_a_model_quantized_already_is_one_line(capsys, tmp_path):
     code, out, err = run(capsys, "estimate", tmp_path / "q.onnx", "--dtype", "int8")
     assert code == 2 and err.count("\n") == 1
     assert "is quantized already" in err and "give --dtype fp16, bf16 or fp32 for the float rest" in err
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_program_bound_counts_int8_products_at_the_int8_rate(capsys, cores):
+    """The scheduler's roofline (program bound) and the model bound count int8 CONV / MM2 MACs alike,
+    on every core; at the float rate the program's compute roofline was twice the model's."""
+    code, out, _ = run(capsys, "estimate", "small_cnn", "--dtype", "int8", "--cores", str(cores), "--json")
+    report = json.loads(out)
+    assert report["bounds"]["roofline_compute_us"] == pytest.approx(report["model_bounds"]["compute_us"], rel=1e-5)
+    assert report["latency_us"] >= report["lower_bound_us"]

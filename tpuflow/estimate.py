@@ -115,15 +115,6 @@ def _bound_of(busy: dict, compute_waited: float, dma_waited: float) -> str:
     return "dependency" if dma_waited > busy["gdma"] and compute_waited <= compute else "memory"
 
 
-def int8_product_layers(program: Program) -> set[str]:
-    """Layers whose CONV / MM2 instructions read int8 operands: their utilisation is against the
-    chip's int8 MAC rate, not the program's float dtype's."""
-    from tpuflow.isa import Prec
-    from tpuflow.isa.tiu import ConvTiu, Mm2Tiu
-    return {program.layer_of(Engine.TIU, i) for i, instr in enumerate(program.tiu)
-            if isinstance(instr, (ConvTiu, Mm2Tiu)) and instr.opt_opd0_prec == Prec.INT8}
-
-
 def layer_rows(program: Program, sim) -> list[LayerRow]:
     """One row per layer (ONNX node) with instructions, in order of first start."""
     chip, dtype = program.chip, program.options.get("dtype", "fp32")
@@ -137,6 +128,7 @@ def layer_rows(program: Program, sim) -> list[LayerRow]:
         layer = program.layer_of(Engine.GDMA, index)
         gdma_bytes[layer] = gdma_bytes.get(layer, 0) + ddr_bytes(instr, chip)
     peak = chip.peak_macs_per_second(dtype, "tile" if program.tile else "tiu") / 1e6
+    from tpuflow.scheduler.bounds import int8_product_layers
     int8_peak, int8_layers = chip.peak_macs_per_second("int8") / 1e6, int8_product_layers(program)
     rows = []
     for name, idx in by_layer.items():
@@ -207,12 +199,11 @@ def model_bound(program: Program) -> dict:
     those of int8 CONV / MM2 layers at its int8 peak; a program on N cores at N engines and the DDR
     bandwidth the cores share (inspect's bound is the one-core case)."""
     from tpuflow.frontend.stats import roofline
-    from tpuflow.scheduler.bounds import program_macs
+    from tpuflow.scheduler.bounds import int8_macs, program_macs
     if not program.compulsory_ddr_bytes:
         return {"model_bound_us": None, "model_bounds": None}
-    int8_macs = sum(program.layers[name].macs for name in int8_product_layers(program) if name in program.layers)
     r = roofline(program_macs(program), program.compulsory_ddr_bytes, program.chip, program.options.get("dtype", "fp32"),
-                 int8_macs, program.core_count)
+                 int8_macs(program), program.core_count)
     return {"model_bound_us": r.lower_bound_s * 1e6,
             "model_bounds": {"compute_us": r.compute_s * 1e6, "compulsory_ddr_us": r.memory_s * 1e6}}
 
