@@ -22,17 +22,8 @@ def program_in_order(program: Program, dag: Dag, order) -> Program:
     items = [(engine[b], queue_index[b]) for b in order] + list(dag.trailer)
     queues, layers, issue = _assigned(program, items, _node_accesses(dag, order, len(dag.trailer)))
     result = program.with_queues(queues[0], queues[1], queues[2], layers[0], layers[1], layers[2], issue)
-    _keep_tile_accesses(program, result)
+    result.adopt_tile_accesses(program)     # the DAG chains the TILE queue: same blocks, same order
     return result
-
-
-def _keep_tile_accesses(program: Program, result: Program) -> None:
-    """Hand `program`'s resolved TILE accesses (Program.accesses' cache, when already computed) to
-    `result`: its TILE queue is the same blocks in the same order (the DAG chains the TILE queue),
-    only their wait fields differ, and isa.tile.resolve_stream reads no wait field."""
-    known = program.__dict__.get("_tile_accesses")
-    if known is not None and len(result.tile) == len(program.tile):
-        result.__dict__["_tile_accesses"] = known
 
 
 def _node_accesses(dag: Dag, nodes: list[int], trailing: int) -> list | None:

@@ -208,6 +208,13 @@ class Program:
     def _tile_accesses(self) -> list[Accesses]:
         return resolve_stream(self.tile, self.chip)
 
+    def adopt_tile_accesses(self, source: "Program") -> None:
+        """Take `source`'s resolved TILE accesses (when already computed) for a TILE queue that is the
+        same blocks in the same order with other wait fields (resolve_stream reads no wait field)."""
+        known = source.__dict__.get("_tile_accesses")
+        if known is not None and len(self.tile) == len(source.tile):
+            self.__dict__["_tile_accesses"] = known
+
     def accesses(self, engine: Engine, index: int) -> Accesses:
         """LMEM/DDR ranges of the instruction at 0-based `index` (TILE operands resolved through
         the queue state of the whole TILE stream)."""
