@@ -32,16 +32,20 @@ def _conv_model(cin, cout, hw, k, stride, pad, dilation, groups, tail):
     return b.model()
 
 
-def _ddr_to_ddr_copies(program) -> int:
-    """GDMA data commands with both sides in DDR (the im2col and NHWC staging copies)."""
-    count = 0
+def _transfers(program):
+    """(source, destination) sides of the GDMA data commands (commands without sides skipped)."""
     for instr in program.gdma:
         try:
             src, dst = transfer_sides(instr, program.chip)
         except TypeError:
             continue
-        count += src is not None and not src.lmem and not dst.lmem
-    return count
+        if src is not None:
+            yield src, dst
+
+
+def _ddr_to_ddr_copies(program) -> int:
+    """GDMA data commands with both sides in DDR (the im2col and NHWC staging copies)."""
+    return sum(not src.lmem and not dst.lmem for src, dst in _transfers(program))
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -177,13 +181,7 @@ def test_row_bias_streams_when_every_output_tile_has_another_row():
     bias_steps = [i for i in program.tile if isinstance(i, TMatmul) and i.k == 2 and i.reuse1]
     assert bias_steps and all(not i.reuse0 and i.src0 // 16 == 3 for i in bias_steps)
     # result tiles down a column of tiles leave together: fewer slot -> DDR stores than result tiles
-    stores = 0
-    for instr in program.gdma:
-        try:
-            src, dst = transfer_sides(instr, program.chip)
-        except TypeError:
-            continue
-        stores += src is not None and src.lmem and program.chip.in_tile_buffer(src.addr) and not dst.lmem
+    stores = sum(src.lmem and program.chip.in_tile_buffer(src.addr) and not dst.lmem for src, dst in _transfers(program))
     results = sum(isinstance(i, AccCvt) for i in program.tile)
     assert 0 < stores < results
     assert verify(model, None, options, race_check=True)["ok"]
