@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
-from tpuflow.errors import GroupDoesNotFit, LoweringError
+from tpuflow.errors import GroupDoesNotFit
 
 REGIONS = ("ring", "full")          # the LMEM regions a group is planned in, in order of preference
 NO_FIT = "does not fit LMEM: no tiling fits"

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tpuflow.chip import ChipConfig
-from tpuflow.isa import GatherDma, GeneralDma, Instruction, MatrixDma, Prec, TensorDma, is_lmem, lmem_address
+from tpuflow.isa import GatherDma, GeneralDma, Instruction, MatrixDma, Prec, TensorDma, is_lmem
 
 
 class Side(NamedTuple):

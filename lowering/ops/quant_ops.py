@@ -952,7 +952,7 @@ class ActMatMulQuant(Planned):
 
     def __init__(self, ctx: LowerCtx, group: Group):
         super().__init__(ctx, group)
-        g, node = ctx.graph, self.node
+        node = self.node
         self.a, self.b, self.out = node.inputs[0], node.inputs[1], node.outputs[0]
         a_shape, self.a_st = self._view(self.a, node.attr("a_perm"))
         b_shape, self.b_st = self._view(self.b, node.attr("b_perm"))

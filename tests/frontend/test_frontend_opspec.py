@@ -7,12 +7,11 @@ OpKind."""
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as T, helper
+from onnx import TensorProto as T
 
 from frontend_util import assert_canonical_matches
 from op_models import node_model

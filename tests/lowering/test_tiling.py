@@ -17,7 +17,7 @@ from onnx_build import ModelBuilder  # noqa: E402
 from tpuflow.chip import load_chip
 from tpuflow.errors import LoweringError
 from tpuflow.frontend import load
-from tpuflow.isa import Prec, TensorDma, is_lmem
+from tpuflow.isa import TensorDma, is_lmem
 from tpuflow.lowering import lower
 from tpuflow.lowering.ddrplan import plan_ddr
 from tpuflow.lowering.groups import form_groups

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import tpuflow.lowering.compiler as compiler
 from tpuflow.chip import load_chip
-from tpuflow.isa import Engine, SysTiu
+from tpuflow.isa import SysTiu
 from tpuflow.lowering.cores import BAND_RECOMPUTE_LIMIT, band_regions, span_tensors
 from tpuflow.lowering.groups import form_groups
 from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts

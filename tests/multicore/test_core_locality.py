@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpuflow.isa import Engine, SysTiu
+from tpuflow.isa import SysTiu
 from tpuflow.lowering.cores import CELL_BYTES, CrossCoreHazards, crossing_tensors
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, verify
