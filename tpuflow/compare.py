@@ -56,14 +56,7 @@ def random_inputs(graph, seed: int) -> dict[str, np.ndarray]:
 
 def reference_outputs(graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """onnxruntime on the original (un-canonicalised) model."""
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.log_severity_level = 3
-    sess = ort.InferenceSession(graph.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    values = sess.run(names, inputs)
-    return dict(zip(names, values))
+    return run_onnxruntime(graph.model, inputs)
 
 
 def as_float32(array: np.ndarray) -> np.ndarray:
