@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpuflow.estimate import ddr_bytes
-from tpuflow.isa import Engine, is_lmem
+from tpuflow.isa import Engine, ddr_bytes, is_lmem
 from tpuflow.lowering.context import HeldConstants, LowerCtx
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.mathops import CONST_REGION_BYTES

@@ -7,23 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpuflow.isa import Engine, GeneralDma, MatrixDma, TensorDma, is_lmem
+from tpuflow.isa import Engine, GeneralDma, MatrixDma, TensorDma, ddr_bytes, is_lmem
 from tpuflow.program import Program
 
 ENGINES = ("tiu", "gdma", "tile")
 FORMAT_VERSION = 1
-
-
-def ddr_bytes(instr, chip) -> int:
-    """DDR bytes a GDMA instruction moves (both sides count for DDR -> DDR copies)."""
-    if isinstance(instr, TensorDma):
-        sides = [] if instr.fill_constant_en else [instr.src_start_addr]
-        sides.append(instr.dst_start_addr)
-    elif isinstance(instr, (MatrixDma, GeneralDma)):
-        sides = [instr.src_start_addr, instr.dst_start_addr]
-    else:
-        return 0
-    return instr.nbytes * sum(1 for a in sides if not is_lmem(a, chip))
 
 
 def _distinct_bytes(shape, strides, esize: int) -> int:
