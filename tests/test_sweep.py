@@ -373,3 +373,51 @@ def test_int8_points_quantize_the_model_and_match_a_direct_estimate(client, tmp_
     _, program = compile_model("mlp", "sg2260", CompileOptions(dtype="int8"))
     direct = estimate_report(program, simulate(program))["latency_us"]
     assert frame[frame["dtype"] == "int8"]["latency_us"].iloc[0] == direct
+
+
+def test_calibration_options_apply_to_int8_points_only(tmp_path):
+    """[options] calibration / calibration_data are the quantizer's inputs: an fp16 point does not
+    take them (one fp16 point, not one per value), and a data folder is read relative to the spec."""
+    (tmp_path / "cal").mkdir()
+    spec = sweep.load_spec(write_spec(tmp_path, 'models = ["mlp"]\ndtypes = ["fp16", "int8"]\n'
+                                      '[options]\ncalibration = [2, 4]\n'))
+    assert [(p.dtype, p.options) for p in spec.points()] == [
+        ("fp16", ()), ("int8", (("calibration", 2),)), ("int8", (("calibration", 4),))]
+    spec = sweep.load_spec(write_spec(tmp_path, 'models = ["mlp"]\ndtypes = ["int8"]\n'
+                                      '[options]\ncalibration_data = "cal"\n'))
+    assert spec.points()[0].options == (("calibration_data", str((tmp_path / "cal").resolve())),)
+
+
+def test_a_calibration_folder_without_samples_is_rejected_before_any_work(tmp_path, capsys):
+    (tmp_path / "cal").mkdir()
+    spec = write_spec(tmp_path, 'models = ["mlp"]\ndtypes = ["int8"]\n[options]\ncalibration_data = "cal"\n')
+    assert main(["sweep", str(spec), "-o", str(tmp_path / "out.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no .npz files" in err and "model 'mlp'" in err
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_calibrated_int8_points_match_direct_estimates(client, tmp_path):
+    """Each calibration value is its own quantization: the row is `estimate --dtype int8
+    --calibration N`, and a data folder's row is `--calibration-data DIR`."""
+    import numpy as np
+    from tpuflow.estimate import estimate_report
+    from tpuflow.hwmodel.timing import simulate
+    from tpuflow.options import CompileOptions
+    from tpuflow.pipeline import compile_model
+    (tmp_path / "cal").mkdir()
+    rng = np.random.default_rng(3)        # mlp's input x: 4 x 784
+    for i in range(2):
+        np.savez(tmp_path / "cal" / f"s{i}.npz", x=(4 * rng.standard_normal((4, 784))).astype(np.float32))
+    spec = write_spec(tmp_path, 'models = ["small_cnn"]\ndtypes = ["int8"]\n'
+                                '[options]\ncalibration = [1, 3]\n')
+    frame = sweep.run(spec, client)
+    assert list(frame["status"]) == ["ok", "ok"] and list(frame["options.calibration"]) == [1, 3]
+    for n, latency in zip([1, 3], frame["latency_us"]):
+        _, program = compile_model("small_cnn", "sg2260", CompileOptions(dtype="int8", calibration=n))
+        assert latency == estimate_report(program, simulate(program))["latency_us"]
+    data = sweep.run(write_spec(tmp_path, 'models = ["mlp"]\ndtypes = ["int8"]\n'
+                                          '[options]\ncalibration_data = "cal"\n'), client)
+    _, program = compile_model("mlp", "sg2260", CompileOptions(dtype="int8", calibration_data=str(tmp_path / "cal")))
+    assert list(data["status"]) == ["ok"]
+    assert data["latency_us"].iloc[0] == estimate_report(program, simulate(program))["latency_us"]

@@ -32,7 +32,8 @@ from tpuflow.errors import TpuflowError, UserError
 from tpuflow.options import CompileOptions
 
 SPEC_KEYS = ("models", "dtypes", "chip", "cores", "grid", "options", "inputs")
-OPTION_KEYS = ("matmul", "schedule", "layer_group", "dep_mode", "time_limit_s")
+OPTION_KEYS = ("matmul", "schedule", "layer_group", "dep_mode", "time_limit_s", "calibration", "calibration_data")
+INT8_ONLY_OPTIONS = ("calibration", "calibration_data")   # quantizer inputs: they apply to int8 points only
 ENGINES = ("tiu", "gdma", "tile")
 FORMAT_VERSION = 1
 
@@ -79,7 +80,18 @@ class Spec:
         axes = [self.models, self.dtypes, self.cores,
                 list(itertools.product(*[[(k, v) for v in vs] for k, vs in self.options])),
                 list(itertools.product(*[[(k, v) for v in vs] for k, vs in self.grid]))]
-        return [Point(m, d, c, tuple(o), tuple(g)) for m, d, c, o, g in itertools.product(*axes)]
+        points = (Point(m, d, c, self._applicable(d, o), tuple(g)) for m, d, c, o, g in itertools.product(*axes))
+        return list(dict.fromkeys(points))
+
+    def _applicable(self, dtype: str, options) -> tuple[tuple[str, Any], ...]:
+        """A point's options: the quantizer's (calibration, calibration_data) only on int8 points, a
+        calibration folder relative to the spec file."""
+        kept = [(k, v) for k, v in options if dtype == "int8" or k not in INT8_ONLY_OPTIONS]
+        return tuple((k, self._data_dir(v) if k == "calibration_data" else v) for k, v in kept)
+
+    def _data_dir(self, folder) -> str:
+        path = Path(self.base_dir) / str(folder)
+        return str(path.resolve()) if not Path(str(folder)).is_absolute() else str(folder)
 
     def model_inputs(self, model: str) -> dict:
         from tpuflow.frontend.pinning import InputValue
@@ -290,8 +302,9 @@ def validate(spec: Spec) -> dict[Point, ChipConfig]:
     for model, _ in spec.inputs:
         if model not in spec.models:
             raise SweepSpecError(f"sweep spec: [inputs.{model}] names no model of 'models'")
+    folders = sorted({v for p in spec.points() for k, v in p.options if k == "calibration_data"})
     for model in spec.models:
-        _check_model_loads(spec, model)
+        _check_model_loads(spec, model, folders)
     return {p: chips[p.grid] for p in spec.points()}
 
 
@@ -315,10 +328,15 @@ def _point_chip_or_error(base_raw: dict, base_name: str, grid) -> ChipConfig:
         raise SweepSpecError(f"sweep spec [grid] ({values}): {message}") from None
 
 
-def _check_model_loads(spec: Spec, model: str) -> None:
+def _check_model_loads(spec: Spec, model: str, calibration_folders=()) -> None:
+    """The model loads, and every calibration folder of the spec's int8 points holds samples it takes."""
     from tpuflow.pipeline import _check_quantized, load_graph
+    from tpuflow.quantize import calibration_files
     try:
-        _check_quantized(load_graph(spec.model_path(model), spec.model_inputs(model) or None))
+        graph = load_graph(spec.model_path(model), spec.model_inputs(model) or None)
+        _check_quantized(graph)
+        for folder in calibration_folders:
+            calibration_files(graph, Path(folder))
     except TpuflowError as exc:
         raise SweepSpecError(f"sweep spec: model '{model}' does not load: {exc}") from None
 
