@@ -100,7 +100,8 @@ def _table(rows: list[tuple], header: tuple) -> list[str]:
 def format_summary(s: dict[str, Any]) -> str:
     ios = lambda items: ", ".join(f"{t['name']} {_shape(t['shape'])} {t['dtype']}" for t in items)  # noqa: E731
     lines = [f"model {s['model']}: {len(s['layers'])} ops; inputs {ios(s['inputs'])}; outputs {ios(s['outputs'])}",
-             f"chip {s['chip']} (fingerprint {s['chip_fingerprint']}), dtype {s['dtype']}", ""]
+             f"chip {s['chip']} (fingerprint {s['chip_fingerprint']}), dtype {s['dtype']}"
+             + (f" (the rest {s['float_rest']})" if s.get("float_rest") else ""), *_quantization_lines(s), ""]
     shown = s["layers"][:MAX_TEXT_LAYERS]
     rows = [(l["name"], l["op"], _shape(l["output_shape"]), si(l["macs"]), si(l["params"]), si(l["weight_bytes"], "B"),
              si(l["activation_bytes"], "B"), f"{l['lower_bound_us']:.3g}", l["bound"]) for l in shown]
@@ -122,6 +123,12 @@ def format_summary(s: dict[str, Any]) -> str:
               f" / {si(s['ddr_peak_bytes_per_second'], 'B/s')} = {us(s['memory_bound_us'])}",
               f"lower bound {us(s['lower_bound_us'])} ({s['bound']}-bound)"]
     return "\n".join(lines)
+
+
+def _quantization_lines(s: dict[str, Any]) -> list[str]:
+    """--dtype int8 on a float model: how tpuflow quantized it (calibration, the ops left float)."""
+    from tpuflow.quantize import float_op_lines
+    return float_op_lines(s["quantization"]) if s.get("quantization") else []
 
 
 def _quantized_line(tensors: list[dict[str, Any]]) -> list[str]:

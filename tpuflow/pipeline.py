@@ -60,12 +60,11 @@ def cmd_inspect(model, chip: str | None, dtype: str, input_shapes, as_json: bool
     its unsupported nodes marked, and then fails like compile does (exit code 2, the one-line error);
     with --json the summary's keys go into the error document (the CLI prints it)."""
     from tpuflow.errors import UnsupportedOpError
-    from tpuflow.frontend.summary import format_summary, inspect_summary
+    from tpuflow.frontend.summary import format_summary
     from tpuflow.partial_inspect import format_partial, partial_summary
     chip = load_chip(chip)
     try:
-        summary = inspect_summary(load_graph(model, input_shapes), chip, dtype)
-        summary.update(supported=True, unsupported={}, model_bound_us=summary["lower_bound_us"])  # estimate's key
+        summary = _inspect_summary(model, chip, dtype, input_shapes)
     except UnsupportedOpError as exc:
         summary = partial_summary(model, input_shapes, chip, dtype, exc)
         if as_json:
@@ -78,6 +77,24 @@ def cmd_inspect(model, chip: str | None, dtype: str, input_shapes, as_json: bool
     else:
         print(format_summary(summary))
     return 0
+
+
+def _inspect_summary(model, chip, dtype: str, input_shapes) -> dict:
+    """inspect's summary. --dtype int8 on a float model summarises the model compile would build:
+    quantized first (default calibration: which ops stay float does not depend on it), int8 where
+    the quantizer put it and the float rest at its type, with the quantization record."""
+    from tpuflow.frontend.stats import compute_dtype
+    from tpuflow.frontend.summary import inspect_summary
+    quantization = None
+    if compute_dtype(dtype) == "int8":
+        from tpuflow.quantize import FLOAT_REST
+        model, input_shapes, quantization = _quantize(model, CompileOptions(dtype="int8"), input_shapes, None)
+        dtype = FLOAT_REST
+    summary = inspect_summary(load_graph(model, input_shapes), chip, dtype)
+    summary.update(supported=True, unsupported={}, model_bound_us=summary["lower_bound_us"])  # estimate's key
+    if quantization is not None:
+        summary.update(dtype="int8", float_rest=dtype, quantization=quantization.record())
+    return summary
 
 
 def cmd_models(as_json: bool) -> int:
