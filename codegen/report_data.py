@@ -60,8 +60,8 @@ def row_classes(program: Program) -> np.ndarray:
 
 
 def row_ddr_bytes(program: Program) -> np.ndarray:
-    """DDR bytes per SimResult row (GDMA rows only; both sides count for DDR -> DDR copies)."""
-    from tpuflow.isa import ddr_bytes
+    """DDR bytes per SimResult row (GDMA rows only; hwmodel.timing.segments.ddr_bytes)."""
+    from tpuflow.hwmodel.timing.segments import ddr_bytes
     chip = program.chip
     gdma = [ddr_bytes(i, chip) for i in program.gdma]
     return np.concatenate([np.zeros(len(program.tiu), dtype=np.int64), np.asarray(gdma, dtype=np.int64),

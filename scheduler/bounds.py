@@ -12,11 +12,10 @@ times it (schedule_bound_ps: their maximum); the roofline terms use only the chi
 from __future__ import annotations
 
 import heapq
-import math
 
 import numpy as np
 
-from tpuflow.isa import Engine, GeneralDma, Prec, TensorDma
+from tpuflow.isa import Engine, Prec
 from tpuflow.program import Program
 from tpuflow.scheduler.dag import Dag, build_dag
 from tpuflow.scheduler.listsched import EdgeTable, bottom_levels
@@ -110,26 +109,10 @@ def int8_macs(program: Program) -> int:
 
 
 def ddr_bytes(program: Program) -> int:
-    """DDR bytes the GDMA instructions of every core read plus write (elements moved, not bounding ranges)."""
-    total = 0
-    for k in range(program.core_count):
-        view = program.core(k)
-        for i, instr in enumerate(view.gdma):
-            acc = view.accesses(Engine.GDMA, i)
-            if acc.ddr_reads:
-                total += _source_bytes(instr)
-            if acc.ddr_writes:
-                total += instr.nbytes
-    return total
-
-
-def _source_bytes(instr) -> int:
-    """Bytes read at the source (a broadcast reads its source once)."""
-    if isinstance(instr, TensorDma) and instr.op == "broadcast":
-        return math.prod(instr.src_shape) * Prec(instr.src_data_format).bytes
-    if isinstance(instr, GeneralDma) and instr.op == "broadcast":
-        return instr.src_cstride * Prec(instr.src_data_format).bytes
-    return instr.nbytes
+    """DDR bytes the GDMA instructions of every core read plus write (hwmodel.timing.segments.ddr_bytes)."""
+    from tpuflow.hwmodel.timing.segments import ddr_bytes as instruction_ddr_bytes
+    return sum(instruction_ddr_bytes(instr, program.chip)
+               for k in range(program.core_count) for instr in program.core(k).gdma)
 
 
 def roofline_ps(program: Program) -> tuple[int, int]:

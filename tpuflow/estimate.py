@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpuflow.isa import Engine, GeneralDma, MatrixDma, TensorDma, ddr_bytes, is_lmem
+from tpuflow.hwmodel.timing.segments import ddr_bytes
+from tpuflow.isa import Engine, GeneralDma, MatrixDma, TensorDma, is_lmem
 from tpuflow.program import Program
 
 ENGINES = ("tiu", "gdma", "tile")

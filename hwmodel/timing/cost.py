@@ -25,7 +25,7 @@ from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.clocks import Clocks, ns_to_ps, period_ps
 from tpuflow.hwmodel.timing.compute import CUBE, cdiv, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.gdma import DDR, LMEM, charged_ddr_bytes, direction_floor_ps
-from tpuflow.hwmodel.timing.segments import side_bursts, transfer_sides
+from tpuflow.hwmodel.timing.segments import side_bursts, sides_ddr_bytes, transfer_sides
 from tpuflow.hwmodel.timing.wdc import WdcParams
 from tpuflow.isa import (DmaInstruction, Engine, Instruction, Prec, SysDma, TensorDma, TileInstruction,
                          TiuInstruction, global_lmem_address)
@@ -69,7 +69,7 @@ def gdma_cycles(instr: DmaInstruction, chip: ChipConfig) -> int:
         return g.cmd_setup_cycles
     src, dst = transfer_sides(instr, chip)
     nbytes = dst.nbytes
-    ddr = sum(s.nbytes for s in (src, dst) if s is not None and not s.lmem)
+    ddr = sides_ddr_bytes(src, dst)
     bus = cdiv(nbytes, g.bus_bytes)
     ddr_cycles = cdiv(round(ddr / chip.dram.peak_gbps * 1000), period)
     bus = max(bus, max(_issue_cycles(side, chip) for side in (src, dst) if side is not None))

@@ -208,6 +208,21 @@ def transfer_sides(instr: Instruction, chip: ChipConfig) -> tuple[Side | None, S
     raise TypeError(f"not a GDMA data command: {type(instr).__name__}")
 
 
+def ddr_bytes(instr: Instruction, chip: ChipConfig) -> int:
+    """DDR bytes a GDMA instruction reads plus writes: the bytes of its transfer sides outside LMEM
+    (transfer_sides: a broadcast reads its source once, a gather its rows, a DDR -> DDR copy counts
+    both sides, a constant fill only its destination); 0 for a SYS command. The one rule for the
+    timing model, the estimate and its report, the scheduler's bounds and the lowering."""
+    if not isinstance(instr, (TensorDma, MatrixDma, GeneralDma, GatherDma)):
+        return 0
+    return sides_ddr_bytes(*transfer_sides(instr, chip))
+
+
+def sides_ddr_bytes(*sides: Side | None) -> int:
+    """Bytes of the given transfer sides that lie outside LMEM."""
+    return sum(side.nbytes for side in sides if side is not None and not side.lmem)
+
+
 def _gather_sides(instr: GatherDma, chip: ChipConfig) -> tuple[Side, Side]:
     """gdma.gather reads one src row per index; which rows is data dependent, so the read side is
     modelled as index_hsize rows spread evenly over the table (each its own segment, as random

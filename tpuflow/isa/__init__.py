@@ -3,7 +3,7 @@
 from tpuflow.isa.base import (TILE_WAIT_TAG, Accesses, DdrRange, Engine, Instruction, LmemRange, LocalTensor,
                               Prec, StrideMode, aligned_strides, ddr_range, lmem_ranges, operand_strides)
 from tpuflow.isa.gdma import (GDMA_KINDS, DmaInstruction, GatherDma, GeneralDma, MatrixDma, SysDma, TensorDma,
-                              ddr_bytes, global_lmem_address, is_lmem, lmem_address)
+                              global_lmem_address, is_lmem, lmem_address)
 from tpuflow.isa.messages import BARRIER_ENGINES, Message, barrier, barrier_id
 from tpuflow.isa.tile import (QUEUES, TILE_KINDS, AccCvt, TileInstruction, TileQueues, TMatmul, TPush,
                               ref_name, resolve_stream, size_bytes, size_code, tile_ref)

@@ -364,14 +364,3 @@ class SysDma(DmaInstruction):
 
 GDMA_KINDS: tuple[type[DmaInstruction], ...] = (TensorDma, MatrixDma, GeneralDma, GatherDma, SysDma)
 
-
-def ddr_bytes(instr, chip) -> int:
-    """DDR bytes a GDMA instruction moves (both sides count for DDR -> DDR copies)."""
-    if isinstance(instr, TensorDma):
-        sides = [] if instr.fill_constant_en else [instr.src_start_addr]
-        sides.append(instr.dst_start_addr)
-    elif isinstance(instr, (MatrixDma, GeneralDma)):
-        sides = [instr.src_start_addr, instr.dst_start_addr]
-    else:
-        return 0
-    return instr.nbytes * sum(1 for a in sides if not is_lmem(a, chip))
