@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpuflow.isa import Engine, ddr_bytes, is_lmem
+from tpuflow.isa import Engine, is_lmem
 from tpuflow.lowering.context import HeldConstants, LowerCtx
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.mathops import CONST_REGION_BYTES
@@ -153,7 +153,7 @@ class CorePrefetch:
 
     def _load_rows(self, index: int, budget: int | None) -> int:
         """Load the next rows of group `index`'s block (whole lane multiples, as many as `budget`
-        covers; all of them with no budget): their estimated ps."""
+        covers at the DRAM share's rate; all of them with no budget): their ps (_dma_ps)."""
         ctx, lanes = self.ctx, self.ctx.chip.lanes
         part = self.parts_of(index)[self.core]
         em = _emitter(ctx, self.groups[index], index, part)
@@ -165,6 +165,7 @@ class CorePrefetch:
             return 0
         saved = (ctx.group_index, ctx.part, ctx.em.layer)
         ctx.group_index, ctx.part = index, part
+        first = len(ctx.em.records)
         try:
             em.fetch_held(done, rows)
         finally:
@@ -172,15 +173,18 @@ class CorePrefetch:
         self.rows[index] = done + rows
         if done + rows == k:
             ctx.held[index].loaded = True
-        return int(rows * row_ps)
+        return self._dma_ps(ctx.em.records[first:])
 
     def _tiu_ps(self, span) -> int:
         from tpuflow.hwmodel.timing.cost import instruction_ps
         return sum(instruction_ps(r.instr, self.ctx.chip) for r in span if r.engine == Engine.TIU)
 
     def _dma_ps(self, span) -> int:
+        """The span's GDMA time in the cost model, stretched by this core's share of the DRAM bandwidth."""
+        from tpuflow.hwmodel.timing.cost import instruction_ps
         chip = self.ctx.chip
-        return int(sum(ddr_bytes(r.instr, chip) for r in span if r.engine == Engine.GDMA) / self.gbps * 1e3)
+        share = chip.ddr_peak_bytes_per_second / 1e9 / self.gbps
+        return int(sum(instruction_ps(r.instr, chip) for r in span if r.engine == Engine.GDMA) * share)
 
 
 def matmul_k(ctx: LowerCtx, group: Group) -> int:
