@@ -5,7 +5,7 @@ lives in DDR at its integer storage (ddrplan.stored_dtype: int8 / uint8 one byte
 every float tensor at --dtype. The int8 lowering (lowering/ops/quant_ops.py) emits every quantized
 node in a group of kind "quant":
 
-- Conv (standard, grouped or depthwise; int8 weights of zero point 0) and MatMul by constant int8
+- Conv (standard, grouped or depthwise; int8 or uint8 weights, any zero points) and MatMul by constant int8
   weights (any zero points but -128; the Gemm form, with the int32 bias Add that follows its int32
   accumulator), each with a following Relu / Clip on its 8-bit output fused; MatMul of two
   per-tensor 8-bit activations (attention; both zero points exact: quant_ops.ActMatMulQuant);
@@ -196,10 +196,12 @@ def _product_reason(graph: Graph, node: OpNode) -> str:
     out = graph.tensor(node.outputs[0])
     if x.quant is None or w.quant is None or not w.is_const:
         return "only products of a quantized activation by constant int8 weights"
-    if x.quant.per_channel or w.quant.storage != "int8":
-        return "weights must be int8, the activation per-tensor"
-    if (w.quant.zero_point != 0).any() and (node.op_type == "Conv" or (w.quant.zero_point == -128).any()):
-        return "weights with zero points only in a MatMul (Gemm), and none of -128"
+    if x.quant.per_channel or w.quant.storage not in (("int8", "uint8") if node.op_type == "Conv" else ("int8",)):
+        return "weights must be int8 (or uint8 in a Conv), the activation per-tensor"
+    if node.op_type == "Conv" and w.quant.per_channel and w.quant.axis != 0:
+        return "Conv weights quantized per output channel (axis 0) or per tensor"
+    if node.op_type != "Conv" and (w.quant.zero_point == -128).any():
+        return "MatMul weights with a zero point of -128"
     if node.op_type == "Conv":
         if out.quant is None or out.quant.storage == "int32":
             return "a Conv with an int32 or float result is not supported yet"
@@ -297,7 +299,8 @@ def _chainable(graph: Graph, group: Group) -> bool:
         pattern, out = row_pattern(graph, node), graph.tensor(node.outputs[0]).shape
         # a row constant: the flat view, or on held rows when it repeats along each (a norm's gain)
         return len(out) != 4 and pattern is not None and held_view(out)[3] % pattern.size == 0
-    if node.op_type == "Conv" and 1 < node.attr("group", 1) < graph.tensor(node.inputs[0]).shape[1]:
+    if node.op_type == "Conv" and 1 < node.attr("group", 1) and not \
+            node.attr("group", 1) == graph.tensor(node.inputs[0]).shape[1] == graph.tensor(node.outputs[0]).shape[1]:
         return False                  # grouped (not depthwise): each group's input loads from DDR at lane 0
     runtime = [graph.tensor(t).shape for n in group.nodes for t in (*n.inputs, *n.outputs)
                if t and not graph.tensor(t).is_const]

@@ -551,10 +551,33 @@ class Requant:
     clamp: tuple[int, int] | None
 
 
+def centred_weights(w_info) -> np.ndarray:
+    """A Conv's integer weights minus their zero points (per tensor or per output channel), int64:
+    w - zw lies in [-255, 255] for int8 or uint8 weights."""
+    weights = np.asarray(w_info.const, np.int64)
+    zero_points = np.asarray(w_info.quant.zero_point, np.int64).reshape(-1)
+    return weights - zero_points.reshape((-1,) + (1,) * (weights.ndim - 1))
+
+
+def int8_terms(values: np.ndarray) -> list[np.ndarray]:
+    """int8 arrays summing to `values` (int64), fewest first: the values clipped to int8, then what is
+    left clipped, ...: one array when every value is an int8 (zero points 0, or w - zw within [-128, 127]),
+    at most three for [-255, 255] (255 = 127 + 127 + 1)."""
+    terms, rest = [], values
+    while not terms or rest.any():
+        terms.append(np.clip(rest, -128, 127).astype(np.int8))
+        rest = rest - terms[-1]
+    return terms
+
+
 class ProductQuant(Planned):
     """Conv: int8 x int8 -> int32 with the folded bias, then the per-channel requantisation. Tiled
     over output channel chunks (weights, bias and requant words loaded once per chunk), samples
-    and rows."""
+    and rows. Weights with zero points zw (uint8, or asymmetric int8; per tensor or per channel):
+    the conv by w - zw, exact, whose values may pass int8 (to +-255): it is split into int8_terms,
+    the first conv with the folded bias, each further term one more CONV accumulating into the int32
+    sums (opt_res_add), on the same zero-point-padded input (one extra CONV where any w - zw leaves
+    int8, none when all fit)."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
         super().__init__(ctx, group)
@@ -562,7 +585,7 @@ class ProductQuant(Planned):
         self.x, self.out = node.inputs[0], group.nodes[-1].outputs[0]
         w_info = g.tensor(node.inputs[1])
         self.geom = conv_geometry(ctx, node)
-        weights = np.asarray(w_info.const, np.int64)
+        weights = centred_weights(w_info)
         bias = self._const_bias(node.inputs[2] if len(node.inputs) > 2 else None)
         s_x, zp_x = per_tensor(ctx, self.x)
         self.zp_x = zp_x
@@ -570,7 +593,9 @@ class ProductQuant(Planned):
         if np.abs(folded).max(initial=0) >= 1 << 31:
             raise LoweringError(f"node {node.name}: the folded int32 bias overflows")
         self.bias = folded.astype(np.int32)
-        self.packed = pack_conv_weights(weights.astype(np.int8), IC_BLOCK)
+        self.kernels = int8_terms(weights)
+        self.packed = pack_conv_weights(self.kernels[0], IC_BLOCK)
+        self.extra_packed = [pack_conv_weights(k, IC_BLOCK) for k in self.kernels[1:]]
         self.requant = self._requant(w_info.quant, s_x)
 
     def _const_bias(self, name: str | None) -> np.ndarray:
@@ -599,7 +624,7 @@ class ProductQuant(Planned):
         geo, lanes = self.geom, self.chip.lanes
         per_group = geo.cout // geo.groups
         chunks = [geo.cout] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < geo.cout]
-        if 1 < geo.groups < geo.cin:         # grouped: a chunk never straddles two groups
+        if 1 < geo.groups and not geo.groups == geo.cin == geo.cout:   # grouped: a chunk never straddles two groups
             chunks = [c for c in [per_group] + chunks if c <= per_group and per_group % c == 0]
         return [(ct, rt) for ct in chunks for rt in row_options(geo.ho)]
 
@@ -624,20 +649,22 @@ class ProductQuant(Planned):
         index = 0
         for chunk, (c0, c) in enumerate(steps(geo.cout, ct)):
             base = plan.resident[chunk % len(plan.resident)]
-            wt, bt, qt = self._load_constants(base, c0, c)
+            consts = self._load_constants(base, c0, c)
             for n in range(geo.n):
                 for h0, h in steps(geo.ho, rt):
-                    self._tile(plan.sets[index % len(plan.sets)], (wt, bt, qt), n, c0, c, h0, h)
+                    self._tile(plan.sets[index % len(plan.sets)], consts, n, c0, c, h0, h)
                     index += 1
         self.note(plan, self.macs())
 
     def macs(self) -> int:
         geo = self.geom
-        return geo.n * geo.cout * geo.ho * geo.wo * geo.cin // geo.groups * geo.kh * geo.kw
+        return geo.n * geo.cout * geo.ho * geo.wo * geo.cin // geo.groups * geo.kh * geo.kw * len(self.kernels)
 
     def _const_parts(self) -> list[tuple[np.ndarray, Prec]]:
-        """The per-channel constants as (C, k) rows and their precision: weights, bias, requant words."""
-        return [(self.packed, Prec.INT8), (self.bias.reshape(-1, 1), Prec.INT32), (self.requant.words, Prec.INT32)]
+        """The per-channel constants as (C, k) rows and their precision: weights, bias, requant words, then
+        the further weight terms (zero points)."""
+        return ([(self.packed, Prec.INT8), (self.bias.reshape(-1, 1), Prec.INT32), (self.requant.words, Prec.INT32)]
+                + [(packed, Prec.INT8) for packed in self.extra_packed])
 
     def _const_layout(self, count: int) -> tuple[list[int], int]:
         """Per-lane byte offsets of a chunk of `count` channels' constants (_const_parts, each compact
@@ -676,7 +703,7 @@ class ProductQuant(Planned):
 
     def _tile(self, offs, consts, n: int, c0: int, c: int, h0: int, h: int) -> None:
         ctx, geo, chip = self.ctx, self.geom, self.chip
-        wt, bt, qt = consts
+        wt, bt, qt, *extra = consts
         r0, rows, up, dn = geo.input_rows(h0, h)
         acc = make_tile(chip, offs["acc"], (1, c, h, geo.wo), Prec.INT32)
         cin = geo.cin // geo.groups           # grouped: the input channels of this chunk's group
@@ -688,15 +715,24 @@ class ProductQuant(Planned):
         out = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8)
         fields = acc.fields("res0", with_shape=True)
         fields.update(xt.fields("opd0"))
-        ctx.em.tiu(ConvTiu(**fields, opd0_c=cin, opd0_h=rows, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=geo.kh,
-                           opd1_w=geo.kw, opd2_addr=bt.addr, opt_opd2_const=0, opt_opd1_prec=int(Prec.INT8),
-                           opt_opd2_prec=int(Prec.INT32), opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl,
-                           opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
-                           opd1_y_ins0=geo.dy - 1, opt_relu=int(self.requant.relu), weight_ic_block=IC_BLOCK,
-                           opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1, opd3_addr=self.zp_x))
+        self._convs(dict(**fields, opd0_c=cin, opd0_h=rows, opd0_w=geo.w, opd1_h=geo.kh, opd1_w=geo.kw,
+                         opt_opd1_prec=int(Prec.INT8), opt_opd2_prec=int(Prec.INT32), opd0_up_pad=up, opd0_dn_pad=dn,
+                         opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=geo.sy,
+                         opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1, weight_ic_block=IC_BLOCK,
+                         opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1, opd3_addr=self.zp_x), wt, bt, extra)
         self._requantise(acc, out, qt)
         if self.out not in self.lmem or self.out in self.keep:
             ctx.em.store(out, self._y_region(n, c0, c, h0, h))
+
+    def _convs(self, conv: dict, wt: LTile, bt: LTile, extra: list[LTile]) -> None:
+        """The CONV by the first weight term with the folded bias, then one CONV per further term
+        (weights with zero points: int8_terms) accumulating into the int32 sums; relu on the last."""
+        relu = int(self.requant.relu)
+        self.ctx.em.tiu(ConvTiu(**conv, opd1_addr=wt.addr, opd2_addr=bt.addr, opt_opd2_const=0,
+                                opt_relu=0 if extra else relu))
+        for i, term in enumerate(extra):
+            self.ctx.em.tiu(ConvTiu(**conv, opd1_addr=term.addr, opt_opd2_const=1, opt_res_add=1,
+                                    opt_relu=relu if i == len(extra) - 1 else 0))
 
     def _requantise(self, acc: LTile, out: LTile, qt: LTile) -> None:
         """The sums in `acc` (int32, or fp32 integers; rewritten in place) to `out` by the per-channel
@@ -726,9 +762,12 @@ class FoldedConvQuant(ProductQuant):
         super().__init__(ctx, group)
         if IC_BLOCK != CUBE_INT8_CHANNELS:
             raise LoweringError("internal: the int8 weight block and lowering.quant disagree")
-        w = np.asarray(ctx.graph.tensor(self.node.inputs[1]).const, np.int8)
-        cout, cin, kh, kw = w.shape
-        self.packed = pack_conv_weights(w.transpose(0, 2, 1, 3).reshape(cout, kh * cin, 1, kw), IC_BLOCK)
+        cout, cin, kh, kw = self.kernels[0].shape
+
+        def folded(w: np.ndarray) -> np.ndarray:
+            return pack_conv_weights(w.transpose(0, 2, 1, 3).reshape(cout, kh * cin, 1, kw), IC_BLOCK)
+
+        self.packed, self.extra_packed = folded(self.kernels[0]), [folded(k) for k in self.kernels[1:]]
 
     def sizes(self, choice):
         resident, per_set = super().sizes(choice)
@@ -739,7 +778,7 @@ class FoldedConvQuant(ProductQuant):
 
     def _tile(self, offs, consts, n: int, c0: int, c: int, h0: int, h: int) -> None:
         ctx, geo, chip = self.ctx, self.geom, self.chip
-        wt, bt, qt = consts
+        wt, bt, qt, *extra = consts
         acc = make_tile(chip, offs["acc"], (1, c, h, geo.wo), Prec.INT32)
         xt = make_tile(chip, offs["x"], (1, geo.cin * geo.kh, h, geo.w), Prec.INT8)
         for ky in range(geo.kh):
@@ -747,12 +786,11 @@ class FoldedConvQuant(ProductQuant):
         out = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8)
         fields = acc.fields("res0", with_shape=True)
         fields.update(xt.fields("opd0"))
-        ctx.em.tiu(ConvTiu(**fields, opd0_c=geo.cin * geo.kh, opd0_h=h, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=1,
-                           opd1_w=geo.kw, opd2_addr=bt.addr, opt_opd2_const=0, opt_opd1_prec=int(Prec.INT8),
-                           opt_opd2_prec=int(Prec.INT32), opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
-                           res_op_x_str=geo.sx, res_op_y_str=1, opd1_x_ins0=geo.dx - 1,
-                           opt_relu=int(self.requant.relu), weight_ic_block=IC_BLOCK,
-                           opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1, opd3_addr=self.zp_x))
+        self._convs(dict(**fields, opd0_c=geo.cin * geo.kh, opd0_h=h, opd0_w=geo.w, opd1_h=1, opd1_w=geo.kw,
+                         opt_opd1_prec=int(Prec.INT8), opt_opd2_prec=int(Prec.INT32), opd0_lf_pad=geo.pl,
+                         opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=1, opd1_x_ins0=geo.dx - 1,
+                         weight_ic_block=IC_BLOCK, opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1,
+                         opd3_addr=self.zp_x), wt, bt, extra)
         self._requantise(acc, out, qt)
         if self.out not in self.lmem or self.out in self.keep:
             ctx.em.store(out, self._y_region(n, c0, c, h0, h))
@@ -1127,7 +1165,7 @@ class DepthwiseQuant(ProductQuant):
         self.x, self.out = node.inputs[0], group.nodes[-1].outputs[0]
         self.geom = conv_geometry(ctx, node)
         w_info = g.tensor(node.inputs[1])
-        weights = np.asarray(w_info.const, np.int64).reshape(self.geom.cout, -1)
+        weights = centred_weights(w_info).reshape(self.geom.cout, -1)
         bias = self._const_bias(node.inputs[2] if len(node.inputs) > 2 else None)
         s_x, self.zp_x = per_tensor(ctx, self.x)
         lo, hi = storage_range(g.tensor(self.x).quant.storage)
@@ -1306,7 +1344,8 @@ def single_emitter(ctx: LowerCtx, group: Group):
     if op in MOVES:
         return QuantMove(ctx, group)
     groups = group.anchor.attr("group", 1) if op == "Conv" else 1
-    if groups > 1 and groups == ctx.graph.tensor(group.anchor.inputs[0]).shape[1]:
+    if groups > 1 and groups == ctx.graph.tensor(group.anchor.inputs[0]).shape[1] \
+            == ctx.graph.tensor(group.anchor.outputs[0]).shape[1]:        # a channel multiplier: grouped
         return DepthwiseQuant(ctx, group)
     if op == "MatMul":
         weights = ctx.graph.tensor(group.anchor.inputs[1]).is_const
