@@ -6,7 +6,7 @@ every float tensor at --dtype. The int8 lowering (lowering/ops/quant_ops.py) emi
 node in a group of kind "quant":
 
 - Conv (standard, grouped or depthwise; int8 or uint8 weights, any zero points) and MatMul by constant int8
-  weights (any zero points but -128; the Gemm form, with the int32 bias Add that follows its int32
+  or uint8 weights (any zero points but -128 / 0; the Gemm form, with the int32 bias Add that follows its int32
   accumulator), each with a following Relu / Clip on its 8-bit output fused; MatMul of two
   per-tensor 8-bit activations (attention; both zero points exact: quant_ops.ActMatMulQuant);
 - QuantizeLinear, DequantizeLinear (per tensor), and Add / Mul / Relu / Clip of same-shaped
@@ -35,6 +35,7 @@ import numpy as np
 
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph, OpNode
+from tpuflow.frontend.quant import storage_range
 from tpuflow.lowering.ddrplan import FirstFit
 from tpuflow.lowering.groups import Group
 
@@ -196,12 +197,12 @@ def _product_reason(graph: Graph, node: OpNode) -> str:
     out = graph.tensor(node.outputs[0])
     if x.quant is None or w.quant is None or not w.is_const:
         return "only products of a quantized activation by constant int8 weights"
-    if x.quant.per_channel or w.quant.storage not in (("int8", "uint8") if node.op_type == "Conv" else ("int8",)):
-        return "weights must be int8 (or uint8 in a Conv), the activation per-tensor"
+    if x.quant.per_channel or w.quant.storage not in ("int8", "uint8"):
+        return "weights must be int8 or uint8, the activation per-tensor"
     if node.op_type == "Conv" and w.quant.per_channel and w.quant.axis != 0:
         return "Conv weights quantized per output channel (axis 0) or per tensor"
-    if node.op_type != "Conv" and (w.quant.zero_point == -128).any():
-        return "MatMul weights with a zero point of -128"
+    if node.op_type != "Conv" and (w.quant.zero_point == storage_range(w.quant.storage)[0]).any():
+        return "MatMul weights with a zero point of -128 (int8) or 0 (uint8)"
     if node.op_type == "Conv":
         if out.quant is None or out.quant.storage == "int32":
             return "a Conv with an int32 or float result is not supported yet"

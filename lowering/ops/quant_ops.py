@@ -820,6 +820,7 @@ class GemmQuant(Planned):
     MM2 (mm2.nn): A (rows x K, rows on lanes) times W (K x N, K on lanes) into an int32 accumulator
     with the folded bias row (bias - zp_a * column sums of W, broadcast to every lane used, added by
     the first K step), K in steps accumulated in int32 (opt_res_add), MM2's relu on the int32 sum.
+    uint8 weights are taken as int8 (w - 128, zw - 128: the same products).
     Weights with zero points zw (per tensor or per column, zw > -128): sum (a - za)(w - zw) adds
     -zw[n] * (row sums of A) + K za zw[n]; the constant part goes into the bias row, the other is a
     second MM2 per K step of A by Zw, the K x N matrix whose every row is -zw (one broadcast DMA of
@@ -835,12 +836,13 @@ class GemmQuant(Planned):
         w_info = g.tensor(node.inputs[1])
         self.k, self.n = w_info.shape
         self.rows = math.prod(g.tensor(self.x).shape[:-1])
-        self.weights = np.asarray(w_info.const, np.int8)
+        shift = 128 if w_info.quant.storage == "uint8" else 0     # uint8 weights as int8: w - 128, zw - 128
+        self.weights = (np.asarray(w_info.const, np.int64) - shift).astype(np.int8)
         adds = [m for m in group.nodes if m.op_type == "Add"]
         bias = (np.asarray(g.tensor(adds[0].inputs[1]).const, np.int64).reshape(-1) if adds
                 else np.zeros(self.n, np.int64))
         s_x, zp_x = per_tensor(ctx, self.x)
-        zp_w = np.broadcast_to(np.asarray(w_info.quant.zero_point, np.int64).reshape(-1), (self.n,))
+        zp_w = np.broadcast_to(np.asarray(w_info.quant.zero_point, np.int64).reshape(-1) - shift, (self.n,))
         self.weight_zero_points = np.any(zp_w != 0)
         self.minus_zp_w = (-zp_w).astype(np.int8)      # the K x N matrix of A.Zw: this row on every K lane
         folded = bias - zp_x * self.weights.astype(np.int64).sum(axis=0) + self.k * zp_x * zp_w
