@@ -280,3 +280,17 @@ def test_qlinearconv_with_weight_zero_points_verifies_against_onnxruntime(per_ch
     case = ConvCase(24, 16, 9, 3, 2, 1, 1, "int8", 13, "int8", per_channel, 6)
     result = verify(qlinear_conv(case), "sg2260", CompileOptions(dtype="fp32"))
     assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
+
+
+@pytest.mark.parametrize("name", ["cnn", "matmul_chain"])
+def test_uint8_weights_in_matmuls_verify(name):
+    """quantize_static(weight_type=QUInt8), per tensor (asymmetric), on a CNN with a Gemm classifier and on a
+    MatMul chain: the MatMuls' uint8 weights run as int8 (w - 128, zw - 128) and the models verify exactly."""
+    from quant_models import MODELS
+    model = quantize_uint8_weights(MODELS[name](), "QDQ", False, False)
+    graph, _ = compile_model(model, "sg2260", CompileOptions(dtype="fp32"))
+    products = [n for n in graph.nodes() if n.op_type in ("Conv", "MatMul")]
+    assert products and all(graph.tensor(n.inputs[1]).quant.storage == "uint8" for n in products)
+    assert any(n.op_type == "MatMul" for n in products)
+    result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and all(o["max_abs_err"] == 0.0 or o.get("steps") == 0.0 for o in result["outputs"])
