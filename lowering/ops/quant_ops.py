@@ -46,7 +46,7 @@ from tpuflow.isa import ConvTiu, Mm2Tiu, PordTiu, Prec, StrideMode
 from tpuflow.isa.tiu import RQ_ROUND_MODES, RqDqTiu, dq0_scalars, rq0_channel_words, rq0_scalars, rq1_scalars
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
-from tpuflow.lowering.emitter import pool_scale_fields
+from tpuflow.lowering.emitter import MAX_DMA_DIM, pool_scale_fields
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
@@ -677,7 +677,7 @@ class ProductQuant(Planned):
         return offsets, end
 
     def _load_constants(self, base: int, c0: int, count: int) -> list[LTile]:
-        """One DMA of a channel chunk's constants, lane-major (lane l holds channels l, l + lanes,
+        """DMAs of a channel chunk's constants (one unless a lane's bytes pass MAX_DMA_DIM), lane-major (lane l holds channels l, l + lanes,
         ...: one contiguous run per lane) into one block at `base`; their tiles."""
         lanes = self.chip.lanes
         groups, used = -(-count // lanes), min(count, lanes)
@@ -696,9 +696,12 @@ class ProductQuant(Planned):
             block[:, at:at + data.shape[1]] = data
             tiles.append(make_tile(self.chip, base + at, (1, count, 1, rows.shape[1]), prec, compact=True))
         addr = self.ctx.const_addr(f"{self.node.name}:constants:{c0}:{count}", block[:used], Prec.INT8)
-        shape = (1, used, 1, size)
-        self.ctx.em.load(make_tile(self.chip, base, shape, Prec.INT8, compact=True),
-                         DRegion(addr, shape, (used * size, size, size, 1), Prec.INT8))
+        align = self.chip.core.lmem_align_bytes
+        piece = MAX_DMA_DIM // align * align            # a lane's bytes in one DMA (weight terms may pass it)
+        for at, width in steps(size, piece):
+            shape = (1, used, 1, width)
+            self.ctx.em.load(make_tile(self.chip, base + at, shape, Prec.INT8, compact=True),
+                             DRegion(addr + at, shape, (used * size, size, size, 1), Prec.INT8))
         return tiles
 
     def _tile(self, offs, consts, n: int, c0: int, c: int, h0: int, h: int) -> None:
