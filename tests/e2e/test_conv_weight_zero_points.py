@@ -294,3 +294,14 @@ def test_uint8_weights_in_matmuls_verify(name):
     assert any(n.op_type == "MatMul" for n in products)
     result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
     assert result["ok"] and all(o["max_abs_err"] == 0.0 or o.get("steps") == 0.0 for o in result["outputs"])
+
+
+def test_wide_conv_with_two_weight_terms_loads_its_constants_in_pieces():
+    """512 -> 512 3x3 by per-tensor uint8 weights: a lane's constants (8 channels x 512 x 9 bytes per term, two
+    terms) pass one DMA's 65535-byte dimension, so they load in pieces; the result is the rule's."""
+    case = ConvCase(512, 512, 4, 3, 1, 1, 1, "uint8", 100, "uint8", False, 7)
+    model = qdq_conv(case)
+    _, program = compile_model(model, "sg2260", CompileOptions(dtype="fp32"))
+    convs = [i for i in program.tiu if type(i).__name__ == "ConvTiu"]
+    assert any(c.opt_res_add for c in convs)
+    assert np.array_equal(chip_output(model, case), expected(case))
