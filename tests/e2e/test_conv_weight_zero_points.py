@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 from onnx import TensorProto as T, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frontend"))
@@ -185,19 +185,20 @@ def test_conv_with_weight_zero_points_verifies_against_onnxruntime(case):
     assert result["outputs"][0]["max_abs_err"] == 0.0
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(cin_per_group=st.integers(1, 12), cout_per_group=st.integers(1, 10), groups=st.sampled_from([1, 2, 3]),
        side=st.integers(3, 9), kernel=st.sampled_from([1, 2, 3]), stride=st.integers(1, 2), pad=st.integers(0, 1),
        x_storage=st.sampled_from(["int8", "uint8"]), w_storage=st.sampled_from(["int8", "uint8"]),
-       per_channel=st.booleans(), relu=st.booleans(), data=st.data())
+       per_channel=st.booleans(), relu=st.booleans(), dilation=st.integers(1, 2), data=st.data())
 def test_conv_weight_zero_points_sweep(cin_per_group, cout_per_group, groups, side, kernel, stride, pad, x_storage,
-                                       w_storage, per_channel, relu, data):
-    """Stride, padding, groups (depthwise when one input channel per group and as many outputs), storages and
-    zero points: the chip's integers equal the int64 rule's."""
+                                       w_storage, per_channel, relu, dilation, data):
+    """Stride, padding, dilation, groups (depthwise when one input channel per group and as many outputs),
+    storages and zero points: the chip's integers equal the int64 rule's."""
     lo, hi = np.iinfo(TYPES[x_storage][1]).min, np.iinfo(TYPES[x_storage][1]).max
+    assume(side + 2 * pad > dilation * (kernel - 1))
     case = ConvCase(cin_per_group * groups, cout_per_group * groups, side, kernel, stride, pad, groups, x_storage,
                     data.draw(st.integers(lo, hi), "x_zp"), w_storage, per_channel,
-                    data.draw(st.integers(0, 2 ** 16), "seed"), relu)
+                    data.draw(st.integers(0, 2 ** 16), "seed"), relu, dilation)
     assert np.array_equal(chip_output(qdq_conv(case), case), expected(case))
 
 
