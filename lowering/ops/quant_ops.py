@@ -911,7 +911,9 @@ class GemmQuant(Planned):
         index = 0
         for c0, nc in steps(self.n, nt):
             if zw_addr is not None:          # -zw of the chunk's columns on every K lane: Zw's rows
-                ctx.em.broadcast_load(make_tile(chip, self.zw_at, (1, kt, 1, nc), Prec.INT8), zw_addr + c0, Prec.INT8)
+                zw = make_tile(chip, self.zw_at, (1, kt, 1, nc), Prec.INT8)
+                for g0, count in steps(kt, chip.lanes):   # one broadcast (the row read once) per lane group
+                    ctx.em.broadcast_load(zw.sub_channels(g0, count, chip), zw_addr + c0, Prec.INT8)
             lanes_used = min(rt, chip.lanes)
             bias = make_tile(chip, bias_at, (1, lanes_used, 1, nc), Prec.INT32)
             ctx.em.broadcast_load(bias, b_addr + 4 * c0, Prec.INT32)
