@@ -102,8 +102,8 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
             return "per-channel quantized activations are not supported yet"
         if op not in ("QuantizeLinear", "DequantizeLinear") and outs[0].quant is None:
             return "a float result of quantized inputs is not supported"
-        if any(t.quant is not None and t.quant.storage == "int32" for t in runtime + outs):
-            return "int32 tensors only as a MatMul's accumulator"
+        if any(t.quant is not None and t.quant.storage == "int32" for t in runtime + outs) and op != "DequantizeLinear":
+            return "int32 tensors only as a MatMul's accumulator, a Conv's result (ConvInteger) or dequantized"
         return ""
     if requantising_view(graph, node):
         tensors = [graph.tensor(node.inputs[0]), *outs]
@@ -204,8 +204,10 @@ def _product_reason(graph: Graph, node: OpNode) -> str:
     if node.op_type != "Conv" and (w.quant.zero_point == storage_range(w.quant.storage)[0]).any():
         return "MatMul weights with a zero point of -128 (int8) or 0 (uint8)"
     if node.op_type == "Conv":
-        if out.quant is None or out.quant.storage == "int32":
-            return "a Conv with an int32 or float result is not supported yet"
+        if out.quant is None:
+            return "a Conv with a float result is not supported yet"
+        if out.quant.storage == "int32" and node.attr("group", 1) == graph.tensor(node.inputs[0]).shape[1] > 1:
+            return "an int32 Conv result (ConvInteger) of a depthwise Conv is not supported yet"
         return ""
     if len(w.shape) != 2 or node.attr("a_perm") is not None or node.attr("y_perm") is not None:
         return "MatMul only by a 2-D constant, untransposed"
@@ -449,8 +451,11 @@ def held_peak(graph: Graph, members: list[Group], lanes: int, views: dict[str, s
 
 
 def _fused_after(graph: Graph, node: OpNode) -> list[OpNode]:
-    """The bias Add of a MatMul's int32 accumulator, then one Relu / Clip on the 8-bit result."""
+    """The bias Add of a MatMul's int32 accumulator, then one Relu / Clip on the 8-bit result (none after a
+    Conv's int32 result: ConvInteger's)."""
     fused, value = [], node.outputs[0]
+    if graph.tensor(value).dtype == "int32" and node.op_type == "Conv":
+        return []
     if graph.tensor(value).dtype == "int32":
         fused.append(graph.consumers(value)[0])
         value = fused[-1].outputs[0]

@@ -638,9 +638,14 @@ class ProductQuant(Planned):
         if self.x not in self.lmem:
             per_set.append(("x", self.bytes((1, geo.cin // geo.groups, min(geo.h, geo.halo_rows(rt)), geo.w),
                                             Prec.INT8)))
-        if self.out not in self.lmem:
+        if self.out not in self.lmem and not self.int32_result:
             per_set.append(("out", self.bytes(out_shape, Prec.INT8)))
         return resident, per_set
+
+    @property
+    def int32_result(self) -> bool:
+        """ConvInteger's form: the int32 sums are the result (no requantisation)."""
+        return self.ctx.graph.tensor(self.out).quant.storage == "int32"
 
     def emit(self, plan: QuantPlan) -> None:
         ctx, geo = self.ctx, self.geom
@@ -715,7 +720,8 @@ class ProductQuant(Planned):
         if xt is None:
             xt = make_tile(chip, offs["x"], (1, cin, rows, geo.w), Prec.INT8)
             ctx.em.load(xt, self._x_region(n, r0, rows, first, cin))
-        out = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8)
+        out = None if self.int32_result else (self.held(self.out, n, c0, c, h0, h)
+                                              or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8))
         fields = acc.fields("res0", with_shape=True)
         fields.update(xt.fields("opd0"))
         self._convs(dict(**fields, opd0_c=cin, opd0_h=rows, opd0_w=geo.w, opd1_h=geo.kh, opd1_w=geo.kw,
@@ -723,9 +729,16 @@ class ProductQuant(Planned):
                          opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=geo.sy,
                          opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1, weight_ic_block=IC_BLOCK,
                          opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1, opd3_addr=self.zp_x), wt, bt, extra)
+        self._finish(acc, out, qt, n, c0, c, h0, h)
+
+    def _finish(self, acc: LTile, out: LTile | None, qt: LTile, n: int, c0: int, c: int, h0: int, h: int) -> None:
+        """Requantise the sums into `out` and store it (an int32 result: the sums stored as they are)."""
+        if self.int32_result:
+            self.ctx.em.store(acc, self._y_region(n, c0, c, h0, h))
+            return
         self._requantise(acc, out, qt)
         if self.out not in self.lmem or self.out in self.keep:
-            ctx.em.store(out, self._y_region(n, c0, c, h0, h))
+            self.ctx.em.store(out, self._y_region(n, c0, c, h0, h))
 
     def _convs(self, conv: dict, wt: LTile, bt: LTile, extra: list[LTile]) -> None:
         """The CONV by the first weight term with the folded bias, then one CONV per further term
@@ -786,7 +799,8 @@ class FoldedConvQuant(ProductQuant):
         xt = make_tile(chip, offs["x"], (1, geo.cin * geo.kh, h, geo.w), Prec.INT8)
         for ky in range(geo.kh):
             self._load_kernel_row(xt.sub_channels(ky * geo.cin, geo.cin, chip), n, ky, h0, h)
-        out = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8)
+        out = None if self.int32_result else (self.held(self.out, n, c0, c, h0, h)
+                                              or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8))
         fields = acc.fields("res0", with_shape=True)
         fields.update(xt.fields("opd0"))
         self._convs(dict(**fields, opd0_c=geo.cin * geo.kh, opd0_h=h, opd0_w=geo.w, opd1_h=1, opd1_w=geo.kw,
@@ -794,9 +808,7 @@ class FoldedConvQuant(ProductQuant):
                          opd0_rt_pad=geo.pr, res_op_x_str=geo.sx, res_op_y_str=1, opd1_x_ins0=geo.dx - 1,
                          weight_ic_block=IC_BLOCK, opt_opd0_sign=signed(ctx, self.x), opt_opd1_sign=1,
                          opd3_addr=self.zp_x), wt, bt, extra)
-        self._requantise(acc, out, qt)
-        if self.out not in self.lmem or self.out in self.keep:
-            ctx.em.store(out, self._y_region(n, c0, c, h0, h))
+        self._finish(acc, out, qt, n, c0, c, h0, h)
 
     def _load_kernel_row(self, dst: LTile, n: int, ky: int, h0: int, h: int) -> None:
         """Input rows (h0 + i) * sy + ky * dy - pt, i < h, into dst's rows; the zero point outside."""
