@@ -306,3 +306,42 @@ def test_wide_conv_with_two_weight_terms_loads_its_constants_in_pieces():
     convs = [i for i in program.tiu if type(i).__name__ == "ConvTiu"]
     assert any(c.opt_res_add for c in convs)
     assert np.array_equal(chip_output(model, case), expected(case))
+
+
+def conv_integer(case: ConvCase):
+    """ConvInteger(x, w, x_zp, w_zp) -> Cast to float: the int32 sums (no bias) as the output."""
+    x, w, w_zp, _, _ = case.arrays()
+    per = (lambda a: a) if case.per_channel else (lambda a: a.reshape(()))
+    inits = [numpy_helper.from_array(np.asarray(case.x_zp, TYPES[case.x_storage][1]), "x_z"),
+             numpy_helper.from_array(w, "w"), numpy_helper.from_array(per(w_zp), "w_z")]
+    n = helper.make_node
+    nodes = [n("ConvInteger", ["x", "w", "x_z", "w_z"], ["acc"], name="conv_integer", **_conv_attrs(case)),
+             n("Cast", ["acc"], ["y"], name="to_float", to=T.FLOAT)]
+    model = _model(case, nodes, inits, "conv_integer")
+    model.graph.output[0].type.tensor_type.elem_type = T.FLOAT
+    model.opset_import[0].version = 13
+    return model
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.groups < c.cin or c.groups == 1],
+                         ids=["standard", "folded", "grouped"])
+def test_conv_integer_gives_the_int32_sums(case):
+    """ConvInteger (its int32 result stored as it is, then dequantized with scale 1): the chip's values are the
+    int64 rule's sums, exactly."""
+    model = conv_integer(case)
+    x, w, w_zp, _, _ = case.arrays()
+    want = conv_sums(case, x, w, w_zp, np.zeros(case.cout, np.int64)).astype(np.float32)
+    assert np.array_equal(run_on_chip(model, {"x": x}, dtype="fp32")["y"], want)
+
+
+def test_conv_integer_verifies_against_onnxruntime():
+    """uint8 activations by per-tensor uint8 weights of zero point 131 (onnxruntime's ConvInteger kernel)."""
+    case = ConvCase(4, 8, 8, 3, 1, 1, 1, "uint8", 120, "uint8", False, 9)
+    result = verify(conv_integer(case), "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
+
+
+def test_depthwise_conv_integer_is_refused_naming_the_node():
+    from tpuflow.errors import LoweringError
+    with pytest.raises(LoweringError, match="node 'conv_integer'.*depthwise"):
+        compile_model(conv_integer(CASES[2]), "sg2260", CompileOptions(dtype="fp32"))
