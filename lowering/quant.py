@@ -5,7 +5,8 @@ lives in DDR at its integer storage (ddrplan.stored_dtype: int8 / uint8 one byte
 every float tensor at --dtype. The int8 lowering (lowering/ops/quant_ops.py) emits every quantized
 node in a group of kind "quant":
 
-- Conv (standard, grouped or depthwise; int8 or uint8 weights, any zero points) and MatMul by constant int8
+- Conv (standard, grouped or depthwise; int8 or uint8 weights, any zero points; an int32 result, ConvInteger's,
+  stored as it is) and MatMul by constant int8
   or uint8 weights (any zero points but -128 / 0; the Gemm form, with the int32 bias Add that follows its int32
   accumulator), each with a following Relu / Clip on its 8-bit output fused; MatMul of two
   per-tensor 8-bit activations (attention; both zero points exact: quant_ops.ActMatMulQuant);
