@@ -5,6 +5,7 @@ steps are counted on integer codes, and a float tail after quantized tensors is 
 from __future__ import annotations
 
 import logging
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from tpuflow.compare import code_steps, codes, rounded_model, run_onnxruntime, s
 from tpuflow.frontend.quant import Quant
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import QUANT_STEPS_ALLOWED, REFERENCE_EXECUTIONS, load_graph, verify
+
+sys.path[:0] = [str(Path(__file__).parent / "frontend"), str(Path(__file__).parent / "e2e")]
 
 
 # ------------------------------------------------------------------ models
@@ -277,3 +280,54 @@ def test_a_wrong_float_tail_fails(qdq_softmax, monkeypatch):
     (out,) = result["outputs"]
     assert not result["ok"] and not out["tail_check"]["tail"]["ok"]
     assert all(b["ok"] for b in out["tail_check"]["boundary"])
+
+
+# ------------------------------------------------------------------ 5. uint8 activations in the optimized execution
+
+def full_range_uint8_cnn():
+    """quant_models' CNN by quantize_static: per-channel int8 weights of the full range [-127, 127] and
+    uint8 activations (no reduce_range), the form whose uint8 x int8 kernels saturate without VNNI."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from quant_models import MODELS, RandomReader
+    logging.getLogger().setLevel(logging.ERROR)
+    reader = type("Reader", (RandomReader, CalibrationDataReader), {})(MODELS["cnn"]())
+    with tempfile.TemporaryDirectory(prefix="tpuflow_u8_") as tmp:
+        onnx.save(MODELS["cnn"](), Path(tmp) / "float.onnx")
+        quantize_static(str(Path(tmp) / "float.onnx"), str(Path(tmp) / "q.onnx"), reader, quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        return onnx.load(str(Path(tmp) / "q.onnx"))
+
+
+def test_signed_activations_keep_every_value():
+    """The int8 copy computes what the uint8 model computes, as written (float DequantizeLinear -> op ->
+    QuantizeLinear: no integer kernel), every output and every shifted tensor read back as uint8."""
+    from tpuflow.compare import random_inputs, signed_activations, unshifted, with_outputs
+    model = full_range_uint8_cnn()
+    signed, shifted = signed_activations(model)
+    assert shifted and all(t.data_type == TensorProto.INT8 for t in signed.graph.initializer if t.name.endswith("/int8"))
+    names = [o.name for o in model.graph.output] + sorted(shifted)
+    feeds = random_inputs(load_graph(model), 3)
+    plain = run_onnxruntime(with_outputs(model, names), feeds, optimize=False)
+    moved = unshifted(run_onnxruntime(with_outputs(signed, names), feeds, optimize=False), shifted)
+    for name in names:
+        assert plain[name].dtype == moved[name].dtype and np.array_equal(plain[name], moved[name]), name
+    assert any(plain[name].dtype == np.uint8 for name in shifted)
+
+
+def test_signed_activations_leave_uint8_weights_and_qoperator_models_alone():
+    from quant_models import quantized as quantized_model
+    from tpuflow.compare import signed_activations
+    qoperator = quantized_model("cnn", "QOperator", True, "QUInt8")
+    assert signed_activations(qoperator) == (qoperator, set())
+    from test_conv_weight_zero_points import quantize_uint8_weights, small_cnn
+    uint8_weights = quantize_uint8_weights(small_cnn(), "QDQ", False, False)
+    assert signed_activations(uint8_weights) == (uint8_weights, set())
+
+
+def test_full_range_uint8_model_matches_the_optimized_execution_exactly():
+    """The program's integers equal onnxruntime's fused kernels run on the int8 copy (exact on any x86)."""
+    result = verify(full_range_uint8_cnn(), "sg2260", CompileOptions(dtype="fp32"))
+    (out,) = result["outputs"]
+    rows = [out, out["vs_other_execution"]]
+    optimized = next(r for r in rows if r["reference"] == REFERENCE_EXECUTIONS[True])
+    assert result["ok"] and optimized["steps"] == 0, out

@@ -163,6 +163,50 @@ def _copy(model):
     return copy
 
 
+def signed_activations(model):
+    """(model', shifted): a copy of QDQ `model` whose uint8 activations are int8 with zero points
+    128 lower (QuantizeLinear gives q - 128, DequantizeLinear reads (q - 128) - (z - 128): the same
+    values), and the names of the QuantizeLinear outputs so shifted (add 128 to read them as
+    uint8). onnxruntime's fused uint8 x int8 kernels add pairs of products in int16 with saturation
+    on x86 CPUs without VNNI; int8 x int8 ones do not (|product pair| <= 2 * 128 * 127), so the
+    optimized execution of the copy is exact on every machine. `model` itself and an empty set when
+    there is nothing to shift or the rewrite does not apply: uint8 weights (uint8 x uint8 kernels
+    are exact), uint8 graph inputs, a uint8 activation read by anything but DequantizeLinear
+    (QOperator nodes), zero points not initializers."""
+    import onnx
+    from onnx import numpy_helper
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    u8 = {name for name, t in inits.items() if t.data_type == onnx.TensorProto.UINT8}
+    qdq = ("QuantizeLinear", "DequantizeLinear")
+    shifted = {n.output[0] for n in graph.node if n.op_type == "QuantizeLinear" and len(n.input) > 2
+               and n.input[2] in u8}
+    readers = [n for n in graph.node if set(n.input) & shifted]
+    if not shifted or any(n.op_type != "DequantizeLinear" or n.input[0] not in shifted or n.input[2] not in u8
+                   for n in readers) \
+            or any(n.op_type == "DequantizeLinear" and n.input[0] in u8 for n in graph.node) \
+            or any(i.type.tensor_type.elem_type == onnx.TensorProto.UINT8 for i in graph.input):
+        return model, set()
+    model = _copy(model)
+    zero_points = {n.input[2] for n in model.graph.node if n.op_type in qdq and len(n.input) > 2 and
+                   (n.output[0] in shifted or n.input[0] in shifted)}
+    for name in sorted(zero_points):
+        value = numpy_helper.to_array(inits[name]).astype(np.int16) - 128
+        model.graph.initializer.append(numpy_helper.from_array(value.astype(np.int8), f"{name}/int8"))
+    for node in model.graph.node:
+        if node.op_type in qdq and len(node.input) > 2 and node.input[2] in zero_points:
+            node.input[2] = f"{node.input[2]}/int8"
+    for info in list(model.graph.value_info) + list(model.graph.output):
+        if info.name in shifted:
+            info.type.tensor_type.elem_type = onnx.TensorProto.INT8
+    return model, shifted
+
+
+def unshifted(outputs: dict[str, np.ndarray], shifted: set) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs of signed_activations' copy with the shifted tensors read as uint8 again."""
+    return {k: (v.astype(np.int16) + 128).astype(np.uint8) if k in shifted else v for k, v in outputs.items()}
+
+
 def run_onnxruntime(model, feeds: dict[str, np.ndarray], optimize: bool = True) -> dict[str, np.ndarray]:
     """onnxruntime (CPU, 2 threads) on ONNX `model`: every graph output by name. optimize=False
     disables graph optimizations (the model executes node by node as written)."""
