@@ -18,8 +18,9 @@ folded by onnxruntime's pre-processing, Sum as Add; every op kind onnxruntime qu
 
 The quantized model is then compiled once per --dtype (the precision of what stays float), verified through
 tpuflow.pipeline.verify_program (the policy of its docstring) and simulated. Writes
-benchmarks/results/prequantized.json, one row per model x format x dtype: ok, the worst error in
-quantization steps, the lowest cosine, latency_us, instruction counts, the compute ops that stayed float
+benchmarks/results/prequantized.json, one row per model x format x dtype: ok, ok_end_to_end (false when
+an output passed only by verify's stage-wise rule 4; worst_stage_steps then says how close the stages
+came; "ok-s" in the printed line), the worst error in quantization steps, the lowest cosine, latency_us, instruction counts, the compute ops that stayed float
 (a crash or refusal is a row with its one-line error). The rows of the cases run now replace the file's
 rows of the same cases; the others are kept, so partial runs merge. Deterministic (seeded calibration and
 verify inputs). Exit code 1 when any run fails.
@@ -109,7 +110,10 @@ def measure(qmodel, chip: str, dtype: str) -> dict:
     report = estimate_report(program, simulate(program))
     outputs = result["outputs"]
     steps = [o["steps"] for o in outputs if o.get("steps") is not None]
-    return {"ok": result["ok"], "max_steps": max(steps) if steps else None,
+    stage = [o["stage_check"] for o in outputs if "stage_check" in o]
+    return {"ok": result["ok"], "ok_end_to_end": all(o["ok"] and "stage_check" not in o for o in outputs),
+            "worst_stage_steps": max((s["worst_stage"]["steps"] for s in stage), default=None),
+            "max_steps": max(steps) if steps else None,
             "min_cosine": min(o["cosine"] for o in outputs), "max_rel_err": max(o["max_rel_err"] for o in outputs),
             "references": sorted({o["reference"] for o in outputs if "reference" in o}),
             "latency_us": report["latency_us"], "instructions": program.counts(),
@@ -140,7 +144,8 @@ def run_case(model: str, fmt: str, dtypes: list[str], chip: str, samples: int) -
 
 
 def _line(r: dict) -> str:
-    head = f"{r['model']:13s} {r['format']:9s} {r['dtype']:4s} {'ok  ' if r['ok'] else 'FAIL'}"
+    verdict = "FAIL" if not r["ok"] else "ok  " if r.get("ok_end_to_end", True) else "ok-s"   # ok-s: by stages
+    head = f"{r['model']:13s} {r['format']:9s} {r['dtype']:4s} {verdict}"
     if "latency_us" not in r:
         return f"{head} {r.get('error', '')[:110]}"
     steps = "-" if r["max_steps"] is None else f"{r['max_steps']:g}"

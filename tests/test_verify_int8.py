@@ -331,3 +331,86 @@ def test_full_range_uint8_model_matches_the_optimized_execution_exactly():
     rows = [out, out["vs_other_execution"]]
     optimized = next(r for r in rows if r["reference"] == REFERENCE_EXECUTIONS[True])
     assert result["ok"] and optimized["steps"] == 0, out
+
+
+# ------------------------------------------------------------------ 6. rule 4: stage-wise (teacher-forced) check
+
+SEPARATE = CompileOptions(dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def qdq_cnn():
+    """quant_models' CNN (two Conv + pool stages, a Gemm) as a QDQ int8 model: 4 of its 8 quantized tensors
+    are stored in DDR (the others stay in local memory between fused layers)."""
+    from quant_models import quantized as quantized_model
+    return quantized_model("cnn", "QDQ", True, "QInt8")
+
+
+def _stages(model, options=SEPARATE):
+    from tpuflow.compare import random_inputs
+    from tpuflow.pipeline import _quantized_produced, compile_model
+    from tpuflow.stagewise import snapshot_points
+    graph, program = compile_model(model, "sg2260", options)
+    inputs = random_inputs(graph, 0)
+    points = snapshot_points(graph, program, _quantized_produced(graph))
+    return graph, inputs, points, functional.run(program, inputs, snapshots=points)
+
+
+def test_snapshots_are_the_stored_quantized_tensors(qdq_cnn):
+    """Each snapshot is the tensor the program stored (this program is exact on the CNN: onnxruntime's
+    integers, 0 steps), taken when its producer finished, whether or not a later tensor reuses its DDR."""
+    from tpuflow.compare import with_outputs
+    from tpuflow.pipeline import _ddr_readable, _in_program_floats, _quantized_produced, compile_model
+    graph, inputs, points, ours = _stages(qdq_cnn)
+    assert len(points) == 4 and set(points) <= set(_quantized_produced(graph))
+    _, program = compile_model(qdq_cnn, "sg2260", SEPARATE)
+    assert set(points) - _ddr_readable(graph, program, set(points))     # one is overwritten by the end
+    ref = run_onnxruntime(with_outputs(qdq_cnn, list(points)), _in_program_floats(inputs, "fp32"), optimize=True)
+    for name in points:
+        assert ours[name].dtype == ref[name].dtype and np.array_equal(ours[name], ref[name]), name
+
+
+def _move_end_to_end_references(monkeypatch, codes: int, step: float):
+    """onnxruntime's full runs (not the teacher-forced ones, whose outputs end in '/stage') return y moved."""
+    import tpuflow.compare as compare_module
+    real = compare_module.run_onnxruntime
+
+    def moved(model, feeds, optimize=True):
+        outputs = real(model, feeds, optimize)
+        if "y" in outputs and not any(o.name.endswith("/stage") for o in model.graph.output):
+            outputs["y"] = outputs["y"] + np.float32(codes * step)
+        return outputs
+    monkeypatch.setattr(compare_module, "run_onnxruntime", moved)
+
+
+def test_rule4_passes_an_output_whose_every_stage_is_within_bound(qdq_cnn, monkeypatch):
+    """Both executions end 3 codes from the program (as compounded one-step differences do), while every
+    stored stage recomputed from the program's own inputs to it is exact: the row passes by rule 4 and
+    keeps its end-to-end numbers."""
+    step = verify(qdq_cnn, "sg2260", SEPARATE)["outputs"][0]["quant_step"]
+    _move_end_to_end_references(monkeypatch, 3, step)
+    result = verify(qdq_cnn, "sg2260", SEPARATE)
+    (out,) = result["outputs"]
+    assert result["ok"] and out["ok"] and out["steps"] == 3
+    assert out["check"].startswith("stage-wise") and out["stage_check"]["ok"]
+    assert out["stage_check"]["stages"] >= 2 and out["stage_check"]["worst_stage"]["steps"] == 0
+    assert out["stage_check"]["output_from_stages"]["steps"] == 0
+
+
+def test_rule4_fails_and_names_a_stage_three_codes_off(qdq_cnn, monkeypatch):
+    """The same, with one stored intermediate tensor 3 codes off in the program: rule 4 names it and fails."""
+    from tpuflow.pipeline import STAGE_PREFIX
+    graph, _, points, _ = _stages(qdq_cnn)
+    inner = next(t for t in points if t not in graph.outputs and graph.consumers(t))
+    step = verify(qdq_cnn, "sg2260", SEPARATE)["outputs"][0]["quant_step"]
+    _move_end_to_end_references(monkeypatch, 3, step)
+
+    def change(outputs):
+        key = STAGE_PREFIX + inner
+        outputs[key] = np.clip(outputs[key].astype(np.int16) + 3, -128, 127).astype(outputs[key].dtype)
+    corrupting_run(monkeypatch, change)
+    result = verify(qdq_cnn, "sg2260", SEPARATE)
+    (out,) = result["outputs"]
+    assert not result["ok"] and not out["stage_check"]["ok"]
+    assert inner in out["stage_check"]["stages_over_bound"]
+    assert out["stage_check"]["worst_stage"]["steps"] >= 3

@@ -270,13 +270,24 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
        functional model's DDR, is within the step bound of the reference's, and the tail, run by
        onnxruntime on the program's boundary values, is within the float bound of our output. A
        boundary the program keeps out of DDR cannot be read: the row says the tail was checked
-       against the reference boundary only, which is the direct check."""
+       against the reference boundary only, which is the direct check.
+    4. An output that fails rules 2-3 end to end passes stage-wise (tpuflow.stagewise) when every
+       quantized tensor the program stores in DDR (snapshotted right after its producer's last
+       write), recomputed by onnxruntime from the program's own values of the stored tensors it
+       reads (teacher forcing, in either execution), is within QUANT_STEPS_ALLOWED codes, and the
+       output recomputed from the program's stored tensors meets rule 2 or 3. One-step rounding
+       differences (fp32 float arithmetic against integer kernels, fp16 float ops between int8
+       layers, onnxruntime's QLinearAdd formula) compound with depth; rule 4 checks each stage
+       against its own inputs, as tpu-mlir compares per-layer tensors. The row keeps its end-to-end
+       numbers, says `check: stage-wise ...` and carries `stage_check` (stages, worst stage, those
+       over the bound); a failing row gets it too, naming where the divergence starts."""
     import tempfile
     from tpuflow.codegen import read_program, write_program
     from tpuflow.compare import REFERENCE_ATOL, TOLERANCES, compare, random_inputs, reference_outputs
     from tpuflow.estimate import typed_options
     from tpuflow.frontend.inputs import tolerance_dtype
     from tpuflow.hwmodel.functional import run
+    from tpuflow.stagewise import snapshot_points
     options = CompileOptions(**{k: v for k, v in typed_options(program.options).items()
                                 if k in CompileOptions.__dataclass_fields__})
     with tempfile.TemporaryDirectory(prefix="tpuflow-verify-") as tmp:
@@ -286,12 +297,15 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
     quantized = _is_quantized(graph)
     tails = _float_tails(graph) if quantized else {}
     readable = _ddr_readable(graph, decoded, {t for b in tails.values() for t in b})
+    points = snapshot_points(graph, decoded, _quantized_produced(graph)) if quantized else {}
     with step("functional model" + (" with the race detector" if race_check else "")):
-        ours = run(_with_outputs(decoded, readable), inputs, race_check=race_check)
+        ours = run(_with_outputs(decoded, readable), inputs, race_check=race_check,
+                   snapshots={STAGE_PREFIX + k: v for k, v in points.items()})
+    stages = {k[len(STAGE_PREFIX):]: ours.pop(k) for k in list(ours) if k.startswith(STAGE_PREFIX)}
     bound = tolerance_dtype(graph, options.dtype)        # an fp16 model's reference is itself fp16
     tol = TOLERANCES[bound]
     if quantized:
-        rows, passed, ref = _quantized_rows(graph, options.dtype, bound, inputs, ours, tails, readable)
+        rows, passed, ref = _quantized_rows(graph, options.dtype, bound, inputs, ours, tails, readable, stages)
     else:
         with step("onnxruntime reference"):
             ref = reference_outputs(graph, inputs)
@@ -311,8 +325,18 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
             **({"quantization": program.quantization} if program.quantization else {})}
 
 
-def _quantized_rows(graph, dtype: str, bound: str, inputs: dict, ours: dict, tails: dict, readable: set):
-    """(rows, passed, reference outputs) of a quantized graph's outputs under verify_program's rules 1-3."""
+STAGE_PREFIX = "stage:"          # functional-model snapshots of the stored quantized tensors (rule 4)
+
+
+def _quantized_produced(graph) -> list[str]:
+    """The quantized runtime tensors an ONNX node of the model produces, in node order."""
+    return [o for node in graph.model.graph.node for o in node.output
+            if o in graph.tensors and graph.tensor(o).quant is not None and not graph.tensor(o).is_const]
+
+
+def _quantized_rows(graph, dtype: str, bound: str, inputs: dict, ours: dict, tails: dict, readable: set,
+                    stages: dict):
+    """(rows, passed, reference outputs) of a quantized graph's outputs under verify_program's rules 1-4."""
     from tpuflow.compare import (compare, rounded_model, run_onnxruntime, signed_activations, stored_float_tensors,
                                  unshifted, with_outputs)
     feeds = _in_program_floats(inputs, dtype)
@@ -339,6 +363,11 @@ def _quantized_rows(graph, dtype: str, bound: str, inputs: dict, ours: dict, tai
             _code_row(row["vs_qdq_fp32"], quants[name], ours[name], plain[name], info.cosine)
         rows.append(row)
         passed.append(row["ok"])
+    if not all(passed) and stages:
+        from tpuflow import stagewise
+        with step(f"stage-wise check: {len(stages)} stored quantized tensors recomputed from the program's values"):
+            result = stagewise.stage_check(graph, model, signed, shifted, feeds, ours, stages, bound)
+        stagewise.apply(rows, passed, result, len(_quantized_produced(graph)))
     return rows, passed, refs[False]
 
 

@@ -79,8 +79,9 @@ def read_outputs(machine: Machine, program: Program) -> dict[str, np.ndarray]:
 
 
 def execute_program(machine: Machine, program: Program, *, race_check: bool = True,
-                    interleave: str = "round_robin", seed: int = 0) -> None:
-    """Run every queue to its end; DeadlockError when no engine can proceed, RaceError on a race."""
+                    interleave: str = "round_robin", seed: int = 0, observe=None) -> None:
+    """Run every queue to its end; DeadlockError when no engine can proceed, RaceError on a race.
+    `observe(engine, index)`, when given, is called after each instruction executes."""
     pick = make_policy(interleave, seed)
     state = EngineState(program)
     detector = RaceDetector(program) if race_check else None
@@ -94,19 +95,43 @@ def execute_program(machine: Machine, program: Program, *, race_check: bool = Tr
             detector.step(engine, index, waits_of(engine, instr))
         machine.execute(instr, index + 1, program.layer_of(engine, index))
         state.complete(engine)
+        if observe is not None:
+            observe(engine, index)
 
 
 def run(program: Program, inputs: dict[str, np.ndarray], *, race_check: bool = True,
-        interleave: str = "round_robin", seed: int = 0) -> dict[str, np.ndarray]:
+        interleave: str = "round_robin", seed: int = 0, snapshots: dict | None = None) -> dict[str, np.ndarray]:
     """Execute `program` on fresh cores (one shared DDR, private LMEM each) and return every role
     'output' tensor by name (storage dtype: fp32/fp16 as numpy, bf16 as uint16 bit patterns, DDR dtype
     uint8 / uint16 as unsigned numpy arrays).
+    `snapshots` {name: (GDMA instruction index, DdrTensor)} (single core): each tensor read from DDR
+    right after that GDMA instruction executes, returned by name with the outputs.
     A single-core program without messages runs on the one-core executor as it always did."""
     machine = Machine(program.chip, program.memory.ddr_bytes_used)
     load_inputs(machine, program, inputs)
+    taken = {}
     if program.core_count == 1 and not has_messages(program):
-        execute_program(machine, program, race_check=race_check, interleave=interleave, seed=seed)
+        observe = _snapshotter(machine, snapshots, taken) if snapshots else None
+        execute_program(machine, program, race_check=race_check, interleave=interleave, seed=seed, observe=observe)
     else:
+        if snapshots:
+            raise ExecutionError("DDR snapshots are taken on single-core programs only")
         machines = [machine] + [Machine(program.chip, 0, ddr=machine.ddr) for _ in range(1, program.core_count)]
         execute_cores(machines, program, race_check=race_check, interleave=interleave, seed=seed)
-    return read_outputs(machine, program)
+    return {**read_outputs(machine, program), **taken}
+
+
+def _snapshotter(machine: Machine, snapshots: dict, taken: dict):
+    """observe() for execute_program: copy each snapshot tensor out of DDR after its GDMA instruction."""
+    from tpuflow.isa.base import Engine
+    due: dict[int, list] = {}
+    for name, (index, tensor) in snapshots.items():
+        due.setdefault(index, []).append((name, tensor))
+
+    def observe(engine, index):
+        if engine == Engine.GDMA:
+            for name, tensor in due.get(index, ()):
+                dtype = storage_dtype(tensor)
+                raw = machine.read_ddr(tensor.addr, tensor.nbytes)
+                taken[name] = raw.view(dtype).reshape(tuple(tensor.shape)).copy()
+    return observe

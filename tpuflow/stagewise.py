@@ -1,0 +1,116 @@
+"""verify's stage-wise check of quantized programs: each quantized tensor the program stores in DDR,
+recomputed by onnxruntime from the program's own values of the stored tensors it reads (teacher
+forcing), must be within the step bound; it localises a divergence to the stage that made it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def snapshot_points(graph, program, names) -> dict[str, tuple]:
+    """{tensor: (GDMA index, DdrTensor)} for the tensors of `names` that the program stores whole in
+    DDR: single core, no TIU / TILE write into its range, and its producer's GDMA writes cover every
+    byte of it; the index is the producer's last such write (the tensor is complete right after it,
+    and nothing may overwrite it before its readers have run)."""
+    if program.core_count != 1 or len(program.gdma_layers) != len(program.gdma):
+        return {}
+    from tpuflow.pipeline import _layers_computing
+    by_layer: dict[str, list[int]] = {}
+    for index, layer in enumerate(program.gdma_layers):
+        by_layer.setdefault(layer, []).append(index)
+    compute_writes = [r for queue in (program.tiu, program.tile) for instr in queue
+                      for r in instr.accesses(program.chip).ddr_writes]
+    points = {}
+    for name in names:
+        tensor, producer = program.memory.tensors.get(name), graph.producer(name)
+        if tensor is None or producer is None:
+            continue
+        lo, hi = tensor.addr, tensor.addr + tensor.nbytes
+        if any(r.lo < hi and lo < r.hi for r in compute_writes):
+            continue
+        indices = sorted(i for layer in _layers_computing(program, producer.name) for i in by_layer.get(layer, ()))
+        covered, last = np.zeros(tensor.nbytes, bool), None
+        for index in indices:
+            for r in program.gdma[index].accesses(program.chip).ddr_writes:
+                a, b = max(r.lo - lo, 0), min(r.hi - lo, tensor.nbytes)
+                if a < b:
+                    covered[a:b], last = True, index
+        if last is not None and covered.all():
+            points[name] = (last, tensor)
+    return points
+
+
+def teacher_forced(model, feeds: dict, stored: dict[str, np.ndarray], outputs: list[str],
+                   optimize: bool) -> dict[str, np.ndarray]:
+    """onnxruntime on ONNX `model` with every tensor of `stored` fed with the program's values: each
+    stored tensor's producer still runs (from the program's values of what it reads) and is returned
+    under the tensor's own name, as are `outputs` (computed from the fed tensors)."""
+    from onnx import helper
+    from onnx.helper import np_dtype_to_tensor_dtype
+    from tpuflow.compare import _copy, _set_outputs, run_onnxruntime
+    model = _copy(model)
+    for node in model.graph.node:
+        for i, out in enumerate(node.output):
+            if out in stored:
+                node.output[i] = f"{out}/stage"
+    model.graph.input.extend(helper.make_tensor_value_info(name, np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
+                             for name, value in stored.items())
+    keep = [o for o in outputs if o not in stored]
+    _set_outputs(model, [f"{name}/stage" for name in stored] + keep)
+    ran = run_onnxruntime(model, {**feeds, **stored}, optimize=optimize)
+    return {**{name: ran[f"{name}/stage"] for name in stored}, **{o: ran[o] for o in keep}}
+
+
+def stage_steps(stored: dict[str, np.ndarray], forced: dict[str, dict[str, np.ndarray]]) -> dict[str, dict]:
+    """{stored tensor: its largest code difference from each execution's teacher-forced value, and
+    the smaller of the two (the stage's steps)}, in `stored` order."""
+    rows = {}
+    for name, ours in stored.items():
+        by = {label: int(np.max(np.abs(np.asarray(ours, np.int64) - np.asarray(values[name], np.int64)), initial=0))
+              for label, values in forced.items()}
+        rows[name] = {"steps": min(by.values()), "by_execution": by}
+    return rows
+
+
+def stage_check(graph, model, signed, shifted: set, feeds: dict, ours: dict, stages: dict, bound: str) -> dict:
+    """Rule 4 of verify_program for the whole program: every stage's steps (against either
+    execution), and each graph output recomputed from the program's stage values checked by rules
+    2-3 ({output: (ok, fields)}). Returns {"stages", "worst", "over_bound", "outputs", "ok_stages"}."""
+    from tpuflow.compare import compare, unshifted
+    from tpuflow.pipeline import QUANT_STEPS_ALLOWED, REFERENCE_EXECUTIONS, _code_row, output_quants
+    outputs = list(graph.outputs)
+    forced = {}
+    for optimize, onnx_model, moved in ((False, model, set()), (True, signed, shifted)):
+        fed = {k: (v.astype(np.int16) - 128).astype(np.int8) if k in moved else v for k, v in stages.items()}
+        forced[REFERENCE_EXECUTIONS[optimize]] = unshifted(teacher_forced(onnx_model, feeds, fed, outputs, optimize), moved)
+    steps = stage_steps(stages, forced)
+    worst = max(steps, key=lambda t: steps[t]["steps"])
+    over = [t for t, s in steps.items() if s["steps"] > QUANT_STEPS_ALLOWED]
+    quants, checked = output_quants(graph), {}
+    for name in outputs:
+        best = None
+        for label, values in forced.items():
+            e = compare(name, ours[name], values[name])
+            fields = dict(e.as_dict(), reference=label)
+            ok = _code_row(fields, quants[name], ours[name], values[name], e.cosine) if name in quants else e.ok(bound)
+            if best is None or (ok and not best[0]):
+                best = (ok, fields)
+        checked[name] = best
+    return {"stages": len(stages), "worst": {"tensor": worst, **steps[worst]}, "over_bound": over,
+            "outputs": checked, "ok_stages": not over}
+
+
+def apply(rows: list[dict], passed: list[bool], result: dict, stored_total: int) -> None:
+    """Mark the failing output rows that pass rule 4 (every stage and the output from its stages
+    within bound), and attach the stage check's summary to every failing row."""
+    for i, row in enumerate(rows):
+        if passed[i]:
+            continue
+        ok_output, fields = result["outputs"][row["name"]]
+        ok = result["ok_stages"] and ok_output
+        row["stage_check"] = {"stages": result["stages"], "quantized_tensors": stored_total,
+                              "worst_stage": result["worst"], "stages_over_bound": result["over_bound"][:8],
+                              "output_from_stages": dict(fields, ok=ok_output), "ok": ok}
+        if ok:
+            row["ok"], passed[i] = True, True
+            row["check"] = f"stage-wise ({result['stages']} stored stages within bound); end to end: {row['check']}"
