@@ -20,7 +20,8 @@ The quantized model is then compiled once per --dtype (the precision of what sta
 tpuflow.pipeline.verify_program (the policy of its docstring) and simulated. Writes
 benchmarks/results/prequantized.json, one row per model x format x dtype: ok, ok_end_to_end (false when
 an output passed only by verify's stage-wise rule 4; worst_stage_steps then says how close the stages
-came; "ok-s" in the printed line), the worst error in quantization steps, the lowest cosine, latency_us, instruction counts, the compute ops that stayed float
+came; "ok-s" in the printed line), how far onnxruntime's own two executions of the model are from each
+other (onnxruntime_executions_apart), the worst error in quantization steps, the lowest cosine, latency_us, instruction counts, the compute ops that stayed float
 (a crash or refusal is a row with its one-line error). The rows of the cases run now replace the file's
 rows of the same cases; the others are kept, so partial runs merge. Deterministic (seeded calibration and
 verify inputs). Exit code 1 when any run fails.
@@ -111,8 +112,11 @@ def measure(qmodel, chip: str, dtype: str) -> dict:
     outputs = result["outputs"]
     steps = [o["steps"] for o in outputs if o.get("steps") is not None]
     stage = [o["stage_check"] for o in outputs if "stage_check" in o]
+    apart = [o["executions_apart"] for o in outputs if "executions_apart" in o]
     return {"ok": result["ok"], "ok_end_to_end": all(o["ok"] and "stage_check" not in o for o in outputs),
             "worst_stage_steps": max((s["worst_stage"]["steps"] for s in stage), default=None),
+            "onnxruntime_executions_apart": {"steps": max((a["steps"] for a in apart if "steps" in a), default=None),
+                                             "min_cosine": min((a["cosine"] for a in apart), default=None)},
             "max_steps": max(steps) if steps else None,
             "min_cosine": min(o["cosine"] for o in outputs), "max_rel_err": max(o["max_rel_err"] for o in outputs),
             "references": sorted({o["reference"] for o in outputs if "reference" in o}),

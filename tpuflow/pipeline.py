@@ -259,7 +259,8 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
        bundled CNNs (MobileNetV2 4 output steps, VGG-19's softmax cosine 0.9987: near-ties resolve one
        way or the other and compound with depth), so an output passes when it meets rules 2-3 against
        either; the row names the execution that decided it (`reference`) and carries the other
-       (`vs_other_execution`). The fp32 run as written stays as information (`vs_qdq_fp32`).
+       (`vs_other_execution`). The fp32 run as written stays as information (`vs_qdq_fp32`), and so
+       does how far onnxruntime's two executions are from each other (`executions_apart`).
     2. An output holding quantized values (read through DequantizeLinear and moves from a quantized
        tensor, or an integer output) passes when its integer codes, round(y / scale) + zero point
        for ours and the reference, differ by at most QUANT_STEPS_ALLOWED and the cosine of the values
@@ -359,8 +360,12 @@ def _quantized_rows(graph, dtype: str, bound: str, inputs: dict, ours: dict, tai
                                                            "steps") if k in other}
         info = compare(name, ours[name], plain[name])
         row["vs_qdq_fp32"] = {"max_abs_err": info.max_abs_err, "max_rel_err": info.max_rel_err, "cosine": info.cosine}
+        apart = compare(name, refs[True][name], refs[False][name])
+        row["executions_apart"] = {"max_abs_err": apart.max_abs_err, "max_rel_err": apart.max_rel_err,
+                                   "cosine": apart.cosine}
         if name in quants:
             _code_row(row["vs_qdq_fp32"], quants[name], ours[name], plain[name], info.cosine)
+            _code_row(row["executions_apart"], quants[name], refs[True][name], refs[False][name], apart.cosine)
         rows.append(row)
         passed.append(row["ok"])
     if not all(passed) and stages:

@@ -26,6 +26,16 @@ Tile registers (tpuflow's design, documented here once):
   from memory blocks we do not model) declares that GDMA has written the next slot of a queue;
   it is how tiles loaded by GDMA enter the queue order, and it is where the TILE engine waits
   for that load.
+* TMOVE (BSTART.CUBE function 30, a tpuflow extension next to TPUSH): the tile buffer's own DMA
+  port (issue 16; LinxCore Janus: the tile registers are a banked buffer with wide ports to the
+  vector unit, the cube and the DMA engine). It carries one dma.tensor descriptor (`desc`, the
+  GDMA's semantics: elements taken in src (n,c,h,w) order, placed in dst order) and moves it on
+  the TILE engine instead of the GDMA queue. The compiler uses it only with one side in the tile
+  window: LMEM -> slots (runtime A operands a layer group keeps in LMEM, staged constants), slots
+  -> LMEM (results), and the weight image -> slots (constants, read-only: nothing writes them, so
+  no DDR hazard needs a wait). The port runs its moves in order, asynchronously: the engine goes
+  on with the next block, which waits only for moves whose LMEM bytes it touches (in TPUSH's
+  case, the slots being pushed). TMOVE neither pushes nor releases a tile.
 * Synchronisation: a block waits until tiu_sync_id >= wait_tiu_id and tdma_sync_id >=
   wait_gdma_id (encoded as B.IOD words). TIU and GDMA wait for TILE block k with an explicit
   SYS wait (system.wait_msg / dma.sys.sys_wait tagged TILE_WAIT_TAG, operand k).
@@ -47,6 +57,7 @@ from tpuflow.isa.base import Accesses, Engine, Instruction, LmemRange
 
 if TYPE_CHECKING:
     from tpuflow.chip import ChipConfig
+    from tpuflow.isa.gdma import TensorDma
 
 QUEUES = ("T", "U", "M", "N")
 NO_QUEUE = 7
@@ -224,7 +235,39 @@ class TPush(TileInstruction):
         return self.dst_queue
 
 
-TILE_KINDS: tuple[type[TileInstruction], ...] = (TMatmul, AccCvt, TPush)
+@dataclass(frozen=True)
+class TMove(TileInstruction):
+    """TMOVE (tpuflow extension, function 30): `desc` (a dma.tensor, cmd_id_dep 0) moved by the tile
+    buffer's DMA port: its LMEM and DDR ranges are desc's. Pushes nothing (a TPUSH makes filled
+    slots tiles); the block is done when the move has landed."""
+
+    FN: ClassVar[dict] = {"TMOVE": 30}
+    desc: "TensorDma"
+    wait_tiu_id: int = 0
+    wait_gdma_id: int = 0
+
+    def __post_init__(self) -> None:
+        from tpuflow.isa.gdma import TensorDma
+        if not isinstance(self.desc, TensorDma) or self.desc.cmd_id_dep or self.desc.op != "tensor":
+            raise ValueError("TMove: desc must be a plain dma.tensor with cmd_id_dep 0")
+
+    @property
+    def op_name(self) -> str:
+        return "TMOVE"
+
+    @property
+    def dt(self) -> str:
+        from tpuflow.isa.base import Prec
+        return {Prec.FP32: "FP32", Prec.FP16: "FP16", Prec.BF16: "BF16", Prec.INT8: "S8",
+                Prec.INT32: "S32"}.get(Prec(self.desc.src_data_format), "FP32")
+
+    def accesses(self, chip: "ChipConfig") -> Accesses:
+        return self.desc.accesses(chip)
+
+    move_accesses = accesses
+
+
+TILE_KINDS: tuple[type[TileInstruction], ...] = (TMatmul, AccCvt, TPush, TMove)
 
 
 def sys_tile_wait(engine: Engine, block: int) -> Instruction:
@@ -304,6 +347,9 @@ def resolve_stream(instrs: Iterable[TileInstruction], chip: "ChipConfig") -> lis
 
     out = []
     for instr in instrs:
+        if isinstance(instr, TMove):
+            out.append(instr.move_accesses(chip))
+            continue
         reads, writes = queues.step(instr)
         if isinstance(instr, TPush):
             reads, writes = writes, []
