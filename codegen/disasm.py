@@ -24,7 +24,7 @@ from typing import Iterator
 from tpuflow.chip import ChipConfig, load_chip
 from tpuflow.errors import InputFileError
 from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, Engine, GeneralDma, Instruction, MatrixDma,
-                         PordTiu, Prec, RqDqTiu, SfuTiu, StrideMode, SysTiu, TensorDma, TMatmul, TPush, is_lmem,
+                         PordTiu, Prec, RqDqTiu, SfuTiu, StrideMode, SysTiu, TensorDma, TMatmul, TMove, TPush, is_lmem,
                          lmem_address, ref_name)
 from tpuflow.isa.gdma import ALL_LANES
 from tpuflow.isa.messages import GDMA_COUNT_SHIFT, TIU_COUNT_SHIFT
@@ -252,8 +252,11 @@ def _head(engine: Engine, cmd_id: int, instr) -> str:
 
 # ------------------------------------------------------------------------------------ TILE
 
-def tile_text(instr) -> str:
-    """A CUBE block in LinxISA assembly syntax (without cmd_id and waits)."""
+def tile_text(instr, chip: ChipConfig | None = None) -> str:
+    """A CUBE block in LinxISA assembly syntax (without cmd_id and waits); a TMOVE (tpuflow extension)
+    shows its dma.tensor descriptor as the GDMA listing would (needs `chip`)."""
+    if isinstance(instr, TMove):
+        return "TMOVE " + gdma_line(0, instr.desc, chip).split(" ", 2)[2]
     if isinstance(instr, TMatmul):
         srcs = [ref_name(instr.src0) + (".reuse" if instr.reuse0 else ""),
                 ref_name(instr.src1) + (".reuse" if instr.reuse1 else "")]
@@ -276,9 +279,9 @@ def tile_text(instr) -> str:
     raise TypeError(f"{type(instr).__name__} is not a TILE instruction")
 
 
-def tile_line(cmd_id: int, instr) -> str:
+def tile_line(cmd_id: int, instr, chip: ChipConfig | None = None) -> str:
     waits = [f"B{instr.wait_tiu_id}"] * bool(instr.wait_tiu_id) + [f"D{instr.wait_gdma_id}"] * bool(instr.wait_gdma_id)
-    return f"T{cmd_id} {tile_text(instr)}" + (f" wait={','.join(waits)}" if waits else "")
+    return f"T{cmd_id} {tile_text(instr, chip)}" + (f" wait={','.join(waits)}" if waits else "")
 
 
 def instruction_line(engine: Engine, cmd_id: int, instr, chip: ChipConfig) -> str:
@@ -287,7 +290,7 @@ def instruction_line(engine: Engine, cmd_id: int, instr, chip: ChipConfig) -> st
         return tiu_line(cmd_id, instr, chip)
     if engine is Engine.GDMA:
         return gdma_line(cmd_id, instr, chip)
-    return tile_line(cmd_id, instr)
+    return tile_line(cmd_id, instr, chip)
 
 
 # --------------------------------------------------------------------------- files, programs

@@ -23,18 +23,26 @@ B.DATR and each B.IOD DepSrc at most once); the B.IOTs must come in the order ab
 
 TPUSH is BSTART.CUBE function 31 with a no-input B.IOT (see tpuflow.isa.tile) and, when it pushes
 more than one slot, one B.DIM LB0 = count.
+
+TMOVE (tpuflow extension, function 30; tpuflow.isa.tile) is BSTART.CUBE (dt = the move's data
+type), B.DIM LB0 = the byte length L of its dma.tensor descriptor in the SG2260 layout
+(codegen/sg2260.py, the form the GDMA stream would use), then ceil(L / 3) B.DESC words carrying
+the descriptor bytes in order, three per word (the last one zero padded), then its B.IODs.
+B.DESC is tpuflow's word: opcode 6..0 = 0001011 (RISC-V custom-0, unused by the CUBE formats),
+bit 7 = 0, bits 31..8 = three descriptor bytes, the first in bits 15..8.
 """
 
 from __future__ import annotations
 
 from tpuflow.errors import BinaryFormatError, EncodingError
-from tpuflow.isa import AccCvt, TileInstruction, TMatmul, TPush
+from tpuflow.isa import AccCvt, Engine, TensorDma, TileInstruction, TMatmul, TMove, TPush
 from tpuflow.isa.tile import DT_CODES, LAYOUT_CODES, NO_QUEUE, ROUND_MODES
 
 from tpuflow.codegen.bitfields import ConstantMismatch, FieldRangeError, Layout
 
 WORD_BYTES = 4
-OPC_BSTART, OPC_BDIM, OPC_BIOX, OPC_BDATR = 0b0000001, 0b1000011, 0b0010011, 0b0100011
+OPC_BSTART, OPC_BDIM, OPC_BIOX, OPC_BDATR, OPC_BDESC = 0b0000001, 0b1000011, 0b0010011, 0b0100011, 0b0001011
+DESC_BYTES_PER_WORD = 3
 FN_IOT2, FN_IOT1, FN_IOT0, FN_IOD, FN_IOR = 0b100, 0b101, 0b110, 0b001, 0b000
 DEP_TIU, DEP_GDMA = 1, 2
 
@@ -57,11 +65,12 @@ B_IOT0 = Layout("B.IOT (no input)", _IOT_HEAD + [
 B_DATR = Layout("B.DATR", [
     ("opcode", 7, OPC_BDATR), ("layout", 5), ("func", 3, 0b001), ("canon", 1), ("pad", 4, 0), ("dt", 5),
     ("compare_mode", 3, 0), ("round_mode", 3), ("saturate", 1)])
+B_DESC = Layout("B.DESC", [("opcode", 7, OPC_BDESC), ("zero", 1, 0), ("data", 24)])
 B_IOD = Layout("B.IOD", [
     ("opcode", 7, OPC_BIOX), ("dep_src", 2), ("id_hi", 3), ("func", 3, FN_IOD), ("id_lo", 17)],
     logical={"id": ("id_lo", "id_hi")})
 
-FN_NAMES = {code: name for cls in (TMatmul, AccCvt, TPush) for name, code in cls.FN.items()}
+FN_NAMES = {code: name for cls in (TMatmul, AccCvt, TPush, TMove) for name, code in cls.FN.items()}
 DT_NAMES = {code: name for name, code in DT_CODES.items()}
 LAYOUT_NAMES = {code: name for name, code in LAYOUT_CODES.items()}
 ROUND_NAMES = {code: name for name, code in ROUND_MODES.items()}
@@ -117,7 +126,20 @@ def block_words(instr: TileInstruction) -> list[int]:
                 + (_dims(kind, {"count": instr.count}) if instr.count > 1 else [])
                 + [_word(B_IOT0, kind, {"size": "dst_size"}, dst_queue=instr.dst_queue, size=instr.dst_size, last=1)]
                 + _waits(kind, instr))
+    if isinstance(instr, TMove):
+        return [_word(BSTART_CUBE, kind, fn=instr.FN["TMOVE"], dt=DT_CODES[instr.dt])] + _desc_words(kind, instr.desc) \
+            + _waits(kind, instr)
     raise EncodingError(f"{kind} is not a TILE instruction")
+
+
+def _desc_words(kind: str, desc: TensorDma) -> list[int]:
+    """B.DIM LB0 = descriptor bytes, then the bytes three per B.DESC word."""
+    from tpuflow.codegen.sg2260 import encode_descriptor
+    raw = encode_descriptor(desc)
+    padded = raw + bytes(-len(raw) % DESC_BYTES_PER_WORD)
+    return _dims(kind, {"descriptor bytes": len(raw)}) + [
+        B_DESC.pack_int({"data": int.from_bytes(padded[i:i + DESC_BYTES_PER_WORD], "little")})
+        for i in range(0, len(padded), DESC_BYTES_PER_WORD)]
 
 
 def encode_block(instr: TileInstruction) -> bytes:
@@ -139,6 +161,8 @@ def word_layout(word: int) -> Layout | None:
         return B_DIM
     if opcode == OPC_BDATR:
         return B_DATR
+    if opcode == OPC_BDESC:
+        return B_DESC
     if opcode == OPC_BIOX:
         return {FN_IOT2: B_IOT2, FN_IOT1: B_IOT1, FN_IOT0: B_IOT0, FN_IOD: B_IOD}.get(func)
     return None
@@ -154,6 +178,7 @@ class _Block:
         self.iots: list[tuple[Layout, dict]] = []
         self.datr: dict | None = None
         self.waits: dict[int, int] = {}
+        self.desc = bytearray()
 
     def fail(self, offset: int, why: str) -> BinaryFormatError:
         return BinaryFormatError(f"{self.source}: byte offset {offset}: {why}")
@@ -167,6 +192,8 @@ class _Block:
             if self.datr is not None:
                 raise self.fail(offset, "second B.DATR in one block")
             self.datr = values
+        elif layout is B_DESC:
+            self.desc += values["data"].to_bytes(DESC_BYTES_PER_WORD, "little")
         elif layout is B_IOD:
             if values["dep_src"] not in (DEP_TIU, DEP_GDMA) or values["dep_src"] in self.waits or not values["id"]:
                 raise self.fail(offset, f"B.IOD with bad or repeated DepSrc {values['dep_src']} / id {values['id']}")
@@ -205,6 +232,10 @@ class _Block:
     def _build(self, fn: str, dt: str) -> TileInstruction:
         if self.datr is not None and fn != "ACCCVT":
             raise self.fail(self.offset, f"{fn} block has a B.DATR")
+        if self.desc and fn != "TMOVE":
+            raise self.fail(self.offset, f"{fn} block has B.DESC words")
+        if fn == "TMOVE":
+            return _tmove_build(self, dt)
         if fn == "TPUSH":
             if set(self.dims) - {0} or self.dims.get(0) == 1:
                 raise self.fail(self.offset, "TPUSH block has B.DIM words other than LB0 = count > 1")
@@ -230,6 +261,25 @@ class _Block:
         return TMatmul(fn=fn, dt=dt, m=self.dim(0), n=self.dim(1), k=self.dim(2), src0=a["src0"], src1=a["src1"],
                        acc_size=a["size"], bias_src=iots[1]["src0"] if bias else -1, reuse0=a["reuse0"],
                        reuse1=a["reuse1"], **self.wait_kwargs())
+
+
+def _tmove_build(block: "_Block", dt: str) -> TileInstruction:
+    """A TMOVE block: B.DIM LB0 bytes of descriptor from its B.DESC words, one dma.tensor."""
+    from tpuflow.codegen.sg2260 import decode_descriptors
+    length = block.dims.get(0)
+    if set(block.dims) != {0} or block.iots or length is None or -(-length // DESC_BYTES_PER_WORD) * DESC_BYTES_PER_WORD != len(block.desc):
+        raise block.fail(block.offset, "TMOVE block needs B.DIM LB0 = descriptor bytes, that many bytes of B.DESC "
+                                       "words and no B.IOT")
+    if any(block.desc[length:]):
+        raise block.fail(block.offset, "TMOVE descriptor padding is not zero")
+    descs = decode_descriptors(bytes(block.desc[:length]), Engine.GDMA, f"{block.source}: TMOVE at byte offset {block.offset}")
+    if len(descs) != 1 or not isinstance(descs[0], TensorDma):
+        raise block.fail(block.offset, "TMOVE carries one dma.tensor descriptor")
+    move = TMove(desc=descs[0], **block.wait_kwargs())
+    if move.dt != dt:
+        raise block.fail(block.offset, f"TMOVE dt {dt} does not match its descriptor's {move.dt}")
+    return move
+
 
 
 def decode_blocks(data: bytes, source: str = "<bytes>") -> list[TileInstruction]:

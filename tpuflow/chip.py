@@ -266,6 +266,15 @@ class TileConfig:
         "plain LMEM, a strided element order costs its pieces)", check=_non_negative, default=256,
         source="LinxCore Janus design notes (issue 16): tile registers are a dedicated banked buffer, "
                "DMA transfers in 256-byte chunks with ND->Nz conversion in flight")
+    move_port_bytes_per_cycle: int = p(
+        "B/cycle", "tile buffer's own DMA port (TMOVE, tile clock): bytes a move puts through per cycle on its "
+        "LMEM / tile side; 0: no port, tile fills and drains are GDMA commands", check=_non_negative, default=256,
+        source="LinxCore Janus design notes (issue 16): wide ports from the tile buffer to the vector unit, the "
+               "cube and the DMA engine, 256-byte chunks; tpuflow assumes one chunk per tile cycle")
+    move_port_latency_cycles: int = p(
+        "cycles", "fixed latency of one TMOVE (tile clock) without a DDR side: request, LMEM access and the "
+        "chunk pipeline (a DDR side costs what a GDMA command would)", check=_non_negative, default=64,
+        source="tpuflow assumption, of the order of gdma.lmem_access_latency plus a chunk pipeline fill")
 
 
 @dataclass(frozen=True)

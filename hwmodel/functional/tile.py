@@ -1,5 +1,6 @@
 """TILE engine: tile-register queues over their LMEM slots, the CUBE's private ACC, and the
-blocks TPUSH, TMATMUL / TGEMV (all six functions) and ACCCVT (NORM, NZ2ND, NZ2DN, .canon).
+blocks TPUSH, TMATMUL / TGEMV (all six functions), ACCCVT (NORM, NZ2ND, NZ2DN, .canon) and TMOVE
+(the tile buffer's DMA port: its dma.tensor descriptor, executed as the GDMA would).
 
 Operands are read with the slot's in-tile layout (tpuflow.isa.tile): A is Nz with M padded to
 fractal_m and K to c0, B is Zn with K padded to r0 and N to fractal_n (c0 = r0 =
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tpuflow.isa.base import Prec
-from tpuflow.isa.tile import AccCvt, TileQueueError, TileQueues, TileSlot, TMatmul, TPush, size_bytes
+from tpuflow.isa.tile import AccCvt, TileQueueError, TileQueues, TileSlot, TMatmul, TMove, TPush, size_bytes
 
 from tpuflow.hwmodel.functional.errors import ExecutionError
 from tpuflow.hwmodel.functional.floats import Round, encode, to_f32
@@ -152,4 +153,10 @@ def execute_tpush(m, ins: TPush) -> None:
     _step(m, ins)
 
 
-HANDLERS = {TMatmul: execute_tmatmul, AccCvt: execute_acccvt, TPush: execute_tpush}
+def execute_tmove(m, ins: TMove) -> None:
+    """The move lands as the GDMA's dma.tensor would; the queues do not change."""
+    from tpuflow.hwmodel.functional.gdma import execute_tensor
+    execute_tensor(m, ins.desc)
+
+
+HANDLERS = {TMatmul: execute_tmatmul, AccCvt: execute_acccvt, TPush: execute_tpush, TMove: execute_tmove}

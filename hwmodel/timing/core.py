@@ -10,7 +10,7 @@ from tpuflow.hwmodel.timing.cores import check_finished, message_board
 from tpuflow.hwmodel.timing.deps import IssueOrder, Waits, same_instructions
 from tpuflow.hwmodel.timing.descriptors import descriptor_bits
 from tpuflow.hwmodel.timing.engines import GDMA, TILE, TIU, GdmaEngine, GdmaFlowEngine, TiuEngine, TileEngine
-from tpuflow.isa import Engine
+from tpuflow.isa import Engine, TMove
 from tpuflow.hwmodel.timing.events import EventQueue
 from tpuflow.hwmodel.timing.gdma import CommandModel
 from tpuflow.hwmodel.timing.ife import Ife
@@ -26,6 +26,12 @@ _ENGINE_COLUMNS = tuple(c for c in STAGES + STALLS if c not in _IFE_COLUMNS)
 def shared_capacity(chip) -> float:
     """How many cores' worth of UMC time each UMC serves (memory.py): chip total over one core's port."""
     return max(1.0, chip.ddr_chip_peak_bytes_per_second / chip.ddr_peak_bytes_per_second)
+
+
+def _tile_ddr_moves(program: Program) -> bool:
+    """Whether a TMOVE of the TILE queue has a DDR side (its flows then share the memory with the GDMA's)."""
+    return any(isinstance(instr, TMove) and (acc := instr.accesses(program.chip)).ddr_reads + acc.ddr_writes
+               for instr in program.tile)
 
 
 def _descriptor_bits(queues, order) -> list[int]:
@@ -81,7 +87,8 @@ class Simulator:
             self.commands = CommandModel(chip, clocks).table(program.gdma, self.same[GDMA])
         else:
             self.commands = TransferModel(chip, clocks).costs(program.gdma, self.same[GDMA])
-            self.memory = shared or SharedMemory(self.queue, chip.umc_count, shared_capacity(chip), exclusive=True)
+            self.memory = shared or SharedMemory(self.queue, chip.umc_count, shared_capacity(chip),
+                                                 exclusive=not _tile_ddr_moves(program))
         queues = [program.queue(e) for e in ENGINES]
         self.cols = [{c: [0] * len(q) for c in _ENGINE_COLUMNS} for q in queues]
         issue = IssueOrder.of(program)
@@ -93,7 +100,7 @@ class Simulator:
         gdma = (GdmaEngine(self, chip, queues[GDMA], clocks.gdma.period, self.commands) if memory == "burst" else
                 GdmaFlowEngine(self, chip, queues[GDMA], clocks.gdma, self.commands, self.memory))
         self.engines = [TiuEngine(self, chip, queues[TIU], clocks.tiu.period), gdma,
-                        TileEngine(self, chip, queues[TILE], clocks.tile)]
+                        TileEngine(self, chip, queues[TILE], clocks.tile, getattr(self, "memory", None))]
         for engine in self.engines:
             engine.watch(self.engines)
         self.ife = Ife(self, chip, clocks, self.order, bits)

@@ -28,7 +28,7 @@ from tpuflow.hwmodel.timing.gdma import DDR, LMEM, charged_ddr_bytes, direction_
 from tpuflow.hwmodel.timing.segments import side_bursts, sides_ddr_bytes, transfer_sides
 from tpuflow.hwmodel.timing.wdc import WdcParams
 from tpuflow.isa import (DmaInstruction, Engine, Instruction, Prec, SysDma, TensorDma, TileInstruction,
-                         TiuInstruction, global_lmem_address)
+                         TiuInstruction, TMove, global_lmem_address)
 
 
 def tiu_cycles(instr: TiuInstruction, chip: ChipConfig) -> int:
@@ -92,10 +92,22 @@ def _issue_cycles(side, chip: ChipConfig) -> int:
     return int(len(bursts.size) * g.segment_issue_cycles + int(bursts.unaligned.sum()) * g.unaligned_penalty_cycles)
 
 
+def tmove_cycles(instr: TMove, chip: ChipConfig) -> int:
+    """Tile-clock cycles of a TMOVE on the tile buffer's DMA port: latency + bytes / port width, or
+    with a DDR side the GDMA's estimate of its descriptor."""
+    acc = instr.desc.accesses(chip)
+    if acc.ddr_reads or acc.ddr_writes:
+        return cdiv(gdma_cycles(instr.desc, chip) * int(chip.clocks.tile_clock_mhz), int(chip.clocks.gdma_clock_mhz))
+    t = chip.tile
+    return t.move_port_latency_cycles + cdiv(instr.desc.nbytes, max(1, t.move_port_bytes_per_cycle))
+
+
 def instruction_cycles(instr: Instruction, chip: ChipConfig) -> int:
     """Cost estimate in cycles of the instruction's engine clock (see the module docstring)."""
     if isinstance(instr, TiuInstruction):
         return tiu_cycles(instr, chip)
+    if isinstance(instr, TMove):
+        return tmove_cycles(instr, chip)
     if isinstance(instr, TileInstruction):
         return tile_cycles(instr, chip)
     if isinstance(instr, DmaInstruction):

@@ -17,7 +17,15 @@ TIU DPC pipes (CUBE for CONV/MM2, VECTOR otherwise; T = TIU period; d_* = the pi
   end      = max(body_end + compute_latency*T, end_prev)                    (in-order retirement)
 Vector ARB has no fixed delay (d_arb = 0; its cost is the bubbles). The per-bus GEN address FIFOs
 (vector_gen_fifo_depth) are not modelled one by one: GEN's run-ahead is bounded by lookahead.
-TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period.
+TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period. A TMOVE
+goes to the tile buffer's DMA port (TilePort) and the engine takes the next block one tile cycle later;
+the port runs its moves in order (LMEM / tile only: move_port_latency + bytes / move_port_bytes_per_cycle
+tile cycles; with a DDR side: the GDMA's cost of its descriptor, as a flow of the shared memory owned by
+the core, so it shares the core's DDR port with the GDMA). A block that touches LMEM bytes of a move in
+flight waits for it; blocks retire in order (end = max(own end, the previous block's end), like the TIU's
+in-order retirement), and the sync id advances at retirement.
+A move with a DDR side frees the port when its bandwidth phase ends (the next move's requests overlap
+its latency); one without holds the port until it lands.
 GDMA: one command at a time, the next after the previous one's end. Rate model (default): the command
 is a flow of the shared memory (memory.py) from its dispatch; when its bandwidth phase ends at t_bw,
 end = align_gdma(t_bw + latency) (transfers.py). Per-burst model (memory="burst"): the command's
@@ -35,8 +43,8 @@ from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH, push
 from tpuflow.hwmodel.timing.gdma import CommandTable
-from tpuflow.hwmodel.timing.transfers import TransferCosts
-from tpuflow.isa import Engine, Instruction, SysDma, SysTiu
+from tpuflow.hwmodel.timing.transfers import TransferCosts, TransferModel
+from tpuflow.isa import Engine, Instruction, SysDma, SysTiu, TMove
 
 TIU, GDMA, TILE = (e.code for e in Engine)
 SYNC_NAMES = ("tiu_sync_id", "tdma_sync_id", "tile_sync_id")   # by Engine.code
@@ -310,7 +318,7 @@ class GdmaFlowEngine(EngineBase):
             self._moved(now + solo if solo > 0 else now)
             return
         c = self.costs
-        memory.start(solo, lambda: c.occupancy_of(index), c.ddr_bytes[index], self._moved)
+        memory.start(solo, lambda: c.occupancy_of(index), c.ddr_bytes[index], self._moved, owner=self.sim)
 
     def _moved(self, t: int) -> None:
         """The bandwidth phase of the running command ended at `t`."""
@@ -340,17 +348,149 @@ class GdmaFlowEngine(EngineBase):
 class TileEngine(EngineBase):
     code = TILE
 
-    def __init__(self, sim, chip: ChipConfig, instrs, clock):
+    def __init__(self, sim, chip: ChipConfig, instrs, clock, memory=None):
         super().__init__(sim, instrs, clock.period)
         self.chip, self.clock = chip, clock
         self.free = 0
+        self.port = TilePort(sim, chip, instrs, clock, memory, self._move_done)
+        self.finished = [False] * len(instrs)
+        self.completed = 0            # blocks whose completion was signalled (in order)
+        self.parked = -1              # a block waiting for a move in flight that it conflicts with
 
     def earliest(self, index: int) -> int:
         arrival = self.arrival[index]
         return self.free if self.free > arrival else arrival
 
-    def execute(self, index: int, now: int) -> int:
+    def _dispatch(self, _) -> None:
+        index = self.cmds.popleft()
+        now = self.q.now
+        self.col_dispatch[index] = now
+        arrival, earliest = self.arrival[index], self.planned
+        self.col_dependency[index] = now - (arrival if arrival > earliest else earliest)
+        self._taken(index)
+        if isinstance(self.instrs[index], TMove):
+            start = self.clock.align(now)
+            self.free = start + self.period
+            self.port.submit(index, start)
+            self.scheduled = False
+            self.poke()
+            return
+        if self.port.blocks(index):
+            self.parked = index           # stays `scheduled`: nothing behind it dispatches
+            return
+        self._run(index, now)
+
+    def _run(self, index: int, now: int) -> None:
         start = self.clock.align(now)
         end = self.free = start + tile_cycles(self.instrs[index], self.chip) * self.period
         self.col_start[index], self.col_end[index] = start, end
-        return end
+        self.q.schedule(end, COMPLETE, self._block_done, index)
+        self.scheduled = False
+        self.poke()
+
+    def _block_done(self, index: int) -> None:
+        self.finished[index] = True
+        self._signal()
+
+    def _move_done(self, index: int) -> None:
+        self.finished[index] = True
+        self._signal()
+        parked = self.parked
+        if parked >= 0 and not self.port.blocks(parked):
+            self.parked = -1
+            self._run(parked, self.q.now)
+
+    def _signal(self) -> None:
+        """Retire, in queue order, every block done so far: its end is its retirement (as the TIU's
+        in-order retirement), the sync id advances."""
+        now = self.q.now
+        while self.completed < len(self.finished) and self.finished[self.completed]:
+            self.completed += 1
+            if self.col_end[self.completed - 1] < now:
+                self.col_end[self.completed - 1] = now
+            self._complete(self.completed - 1)
+
+
+class TilePort:
+    """The tile buffer's DMA port: TMOVEs one at a time in order, each from its hand-over (see the module
+    docstring); `done(index)` when a move has landed."""
+
+    def __init__(self, sim, chip: ChipConfig, instrs, clock, memory, done):
+        self.sim, self.q, self.clock, self.memory, self.done = sim, sim.queue, clock, memory, done
+        self.col = sim.cols[TILE]
+        moves = [i for i, instr in enumerate(instrs) if isinstance(instr, TMove)]
+        self.acc = {i: sim.program.accesses(Engine.TILE, i) for i in moves}
+        self.tile_acc = sim.program.accesses
+        ddr = [i for i in moves if self.acc[i].ddr_reads or self.acc[i].ddr_writes]
+        self.ddr_row = {i: row for row, i in enumerate(ddr)}
+        self.costs = TransferModel(chip, sim.clocks).costs([instrs[i].desc for i in ddr]) if ddr else None
+        t = chip.tile
+        self.lmem_ps = {i: (t.move_port_latency_cycles + -(-instrs[i].desc.nbytes // max(1, t.move_port_bytes_per_cycle)))
+                        * clock.period for i in moves if i not in self.ddr_row}
+        self.waiting: deque[tuple[int, int]] = deque()
+        self.running = -1
+        self.inflight: list[int] = []
+
+    def submit(self, index: int, start: int) -> None:
+        self.inflight.append(index)
+        self.waiting.append((index, start))
+        if self.running < 0:
+            self._next()
+
+    def blocks(self, index: int) -> bool:
+        """Whether block `index` touches LMEM bytes of a move in flight (RAW, WAR, WAW)."""
+        if not self.inflight:
+            return False
+        acc = self.tile_acc(Engine.TILE, index)
+        return any(_conflict(acc, self.acc[m]) for m in self.inflight)
+
+    def _next(self) -> None:
+        if not self.waiting:
+            return
+        index, start = self.waiting.popleft()
+        self.running = index
+        now = self.q.now
+        self.q.schedule(start if start > now else now, DISPATCH, self._begin, index)
+
+    def _begin(self, index: int) -> None:
+        now = self.q.now
+        self.col["start"][index] = now
+        row = self.ddr_row.get(index)
+        if row is None:
+            self._landed(index, now + self.lmem_ps[index])
+            return
+        c = self.costs
+        if self.memory is None or self.memory.exclusive:
+            self._moved(now + c.solo_ps(row))
+            return
+        self.memory.start(c.solo_ps(row), lambda: c.occupancy_of(row), c.ddr_bytes[row], self._moved, owner=self.sim)
+
+    def _moved(self, t: int) -> None:
+        """The bandwidth phase ended: the port takes the next move now (its requests go out while this
+        one's last data is still on the way), this one lands after its latency."""
+        index = self.running
+        row = self.ddr_row[index]
+        self.running = -1
+        self._landed(index, self.clock.align(t + self.costs.latency[row]))
+        self._next()
+
+    def _landed(self, index: int, end: int) -> None:
+        self.col["end"][index] = end
+        self.q.schedule(end, COMPLETE, self._finish, index)
+
+    def _finish(self, index: int) -> None:
+        self.inflight.remove(index)
+        if self.running == index:
+            self.running = -1
+            self._next()
+        self.done(index)
+
+
+def _overlap(a, b) -> bool:
+    return a.lane < b.lane + b.lanes and b.lane < a.lane + a.lanes and a.lo < b.hi and b.lo < a.hi
+
+
+def _conflict(x, y) -> bool:
+    """Whether two Accesses touch common LMEM bytes with at least one writing."""
+    return (any(_overlap(w, r) for w in x.lmem_writes for r in y.lmem_reads + y.lmem_writes)
+            or any(_overlap(w, r) for w in y.lmem_writes for r in x.lmem_reads))

@@ -8,9 +8,11 @@ ps and takes occupancy o_{f,u} ps of UMC u over it; after the phase, its fixed l
 Rates. Flow f progresses at speed s_f in (0, 1] of its solo speed: its remaining solo time R_f
 falls by s_f per ps. Resources: each UMC u serves at most C = dram.chip_peak_gbps / dram.peak_gbps
 ps of one core's UMC time per ps (a core alone sees a UMC at 1/U of its port rate; all cores together
-reach the chip's total: C = 204.8 / 68.264 = 3 on sg2260), so
+reach the chip's total: C = 204.8 / 68.264 = 3 on sg2260), and the flows of one owner (a core: its
+GDMA and its tile buffer's DMA port, TMOVE) together at most 1 (the core's own DDR port), so
 
-    sum_f s_f * o_{f,u} / D_f <= C   for every UMC u,        s_f <= 1 (the core's own port limits).
+    sum_f s_f * o_{f,u} / D_f <= C   for every UMC u,        s_f <= 1 (the core's own port limits),
+    sum_{f of owner k} s_f * o_{f,u} / D_f <= 1   for every owner k and UMC u.
 
 The speeds are max-min fair in bytes per ps, x_f = s_f * B_f / D_f (progressive filling: every
 unfrozen flow's byte rate rises together; a flow freezes when it reaches its solo rate or a UMC it
@@ -34,9 +36,11 @@ ROUNDING_PS = 1e-6     # float noise of shared speeds: an end within this of a w
 class Flow:
     """One transfer in flight: solo bandwidth-phase ps, remaining solo ps, UMC occupancies, bytes."""
 
-    __slots__ = ("solo", "remaining", "usage", "nbytes", "speed", "version", "done", "started", "_per_byte")
+    __slots__ = ("solo", "remaining", "usage", "nbytes", "speed", "version", "done", "started", "_per_byte", "owner")
 
-    def __init__(self, solo: int, usage: Callable[[], tuple], nbytes: int, done: Callable[[int], None]):
+    def __init__(self, solo: int, usage: Callable[[], tuple], nbytes: int, done: Callable[[int], None],
+                 owner: object = None):
+        self.owner = owner        # flows of one owner share its port (None: a flow of its own)
         self.solo, self.remaining = solo, solo
         self.usage, self.nbytes = usage, max(1, nbytes)     # usage() -> (UMCs, occupancy ps), asked when shared
         self.speed, self.version, self.done, self.started = 1.0, 0, done, 0
@@ -59,14 +63,15 @@ class SharedMemory:
         self.last = 0
         self.recomputes = 0
 
-    def start(self, solo: int, usage: Callable[[], tuple], nbytes: int, done: Callable[[int], None]) -> None:
+    def start(self, solo: int, usage: Callable[[], tuple], nbytes: int, done: Callable[[int], None],
+              owner: object = None) -> None:
         """A transfer starts now; `done(t)` is called at the end of its bandwidth phase; usage() gives its
-        (UMCs, occupancy ps)."""
+        (UMCs, occupancy ps); `owner` (a core) caps its flows together at one port's UMC time."""
         now = self.q.now
         if solo <= 0 or self.exclusive:
             done(now + max(solo, 0))
             return
-        flow = Flow(solo, usage, nbytes, done)
+        flow = Flow(solo, usage, nbytes, done, owner)
         flow.started = now
         if not self.flows:                       # alone: solo speed, exact integer end
             self.last = now
@@ -110,6 +115,17 @@ def max_min_speeds(flows: list[Flow], umcs: int, capacity: float) -> list[float]
     filling over the UMCs and each flow's solo rate)."""
     cap = [f.nbytes / f.solo for f in flows]                                   # solo byte rate
     per_byte = [f.per_byte() for f in flows]                                   # UMC ps per byte
+    owners: dict = {}
+    for f in flows:                                   # owners with several flows: one more resource per UMC
+        if f.owner is not None:
+            owners[id(f.owner)] = owners.get(id(f.owner), 0) + 1
+    shared = [k for k, n in owners.items() if n > 1]
+    limit = [capacity] * umcs + [1.0] * (umcs * len(shared))
+    if shared:
+        slot = {k: umcs * (1 + i) for i, k in enumerate(shared)}
+        per_byte = [pb + ([(slot[id(f.owner)] + u, a) for u, a in pb] if f.owner is not None and id(f.owner) in slot
+                          else []) for f, pb in zip(flows, per_byte)]
+    umcs = len(limit)
     rate = [0.0] * len(flows)
     used = [0.0] * umcs
     active = list(range(len(flows)))
@@ -122,9 +138,9 @@ def max_min_speeds(flows: list[Flow], umcs: int, capacity: float) -> list[float]
         step = min(cap[i] for i in active)
         for u in range(umcs):
             if load[u] > 0:
-                step = min(step, (capacity - used[u]) / load[u])
+                step = min(step, (limit[u] - used[u]) / load[u])
         level = max(level, step)
-        full = {u for u in range(umcs) if load[u] > 0 and used[u] + level * load[u] >= capacity * (1 - 1e-12)}
+        full = {u for u in range(umcs) if load[u] > 0 and used[u] + level * load[u] >= limit[u] * (1 - 1e-12)}
         frozen = [i for i in active if cap[i] <= level * (1 + 1e-12) or any(u in full for u, _ in per_byte[i])]
         for i in frozen:
             rate[i] = min(level, cap[i])

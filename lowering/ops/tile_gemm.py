@@ -11,7 +11,8 @@ import numpy as np
 from tpuflow.isa import AccCvt, Prec, TMatmul, TPush, global_lmem_address, size_code, tile_ref
 from tpuflow.hwmodel.timing.cost import tile_load_cycles
 from tpuflow.lowering.context import LowerCtx
-from tpuflow.lowering.ops.tile_operands import ConstOperand, Operand, RowsOperand, ceil_to, nz_layout, zn_layout
+from tpuflow.lowering.ops.tile_operands import (ConstOperand, Operand, RowsOperand, ceil_to, nz_layout, tile_copy,
+                                                 zn_layout)
 from tpuflow.lowering.tensors import DRegion, make_tile
 from tpuflow.lowering.tiling import steps
 from tpuflow.lowering.weights import to_storage
@@ -241,9 +242,15 @@ class TileGemm:
                 blocks = [self._block(side, *t, k0, kt) for t in tiles for k0, kt in k_steps]
                 load = lambda b, q=queue, o=op: self._load_blocks(q, o, b)  # noqa: E731
                 need = self.stage_need() if self.stage is not None else None
+                fill = push = None
+                if self._prefetch(side):     # the next batch's moves go ahead of this batch's blocks
+                    fill = lambda b, q=queue, o=op: self._fill_blocks(q, o, b)  # noqa: E731
+                    push = lambda b, q=queue: self._push_blocks(q, b)  # noqa: E731
                 if need is not None and need[0] == side:
-                    load = _StagedStream(self, queue, op, blocks, self.stage, need[2]).load
-                out[side] = _Stream(blocks, self._batch(side), load, lambda q=queue: self.cursor.pushes[q])
+                    staged = _StagedStream(self, queue, op, blocks, self.stage, need[2])
+                    load = staged.load
+                    fill = staged.fill if fill is not None else None
+                out[side] = _Stream(blocks, self._batch(side), load, lambda q=queue: self.cursor.pushes[q], fill, push)
         row_stream = self.row_bias is not None and self.dims.resident == "b"     # m changes every output tile
         n_streams = (self.bias is not None) + (self.residual is not None) + row_stream
         n_batch = STREAM_BATCH // 2 if n_streams > 1 else STREAM_BATCH
@@ -275,9 +282,26 @@ class TileGemm:
             i = j
 
     def _load_blocks(self, queue: int, op: Operand, blocks) -> None:
+        self._fill_blocks(queue, op, blocks)
+        self._push_blocks(queue, blocks)
+
+    def _fill_blocks(self, queue: int, op: Operand, blocks) -> None:
+        """Fill the next len(blocks) slots of `queue` (not pushed yet)."""
         op.load_slots([self.cursor.next_slot_addr(queue, j) for j in range(len(blocks))], blocks)
+
+    def _push_blocks(self, queue: int, blocks) -> None:
         e = self.ctx.prec.bytes
         self._push_all(queue, [r * c * e for _, r, _, c in blocks])
+
+    def _prefetch(self, side: str) -> bool:
+        """Whether a streaming operand's next batch is filled while this one is read (its moves emitted
+        before this batch's blocks, its TPUSH after them): with a tile-buffer DMA port the fills are TILE
+        blocks, which would otherwise start only when the queue reaches them. Its queue (T for A, U for
+        B) takes no other pushes meanwhile, and a batch is at most half the queue, so the filled slots are
+        those of the batch before, already released."""
+        if not self.ctx.chip.tile.move_port_bytes_per_cycle or self._aligned_passes():
+            return False
+        return 2 * self._batch(side) <= self.ctx.chip.tile.queue_slots
 
     def _batch(self, side: str) -> int:
         """Tiles of a streaming operand loaded and pushed together (half a queue, so the next batch
@@ -310,8 +334,8 @@ class TileGemm:
                                 acc_size=acc_size, bias_src=bias_src))
             first = False
         for i, (k0, kt) in enumerate(k_steps):
+            bias_index = streams["bias"].take() if first and "bias" in streams else None   # before A / B prefetch
             index = {side: self.panel_base + i if side == res else streams[side].take() for side in ("a", "b")}
-            bias_index = streams["bias"].take() if first and "bias" in streams else None
             fn = gemv + (".BIAS" if bias_index is not None else "" if first else ".ACC")
             first = False
             em.tile(TMatmul(fn=fn, dt=self.dt, m=mt, n=nt, k=kt,
@@ -333,7 +357,8 @@ class TileGemm:
                 op.load(self.cursor.next_slot_addr(queue), *block)
             else:                      # LMEM -> tile buffer: no DDR latency per reload
                 elems = op.padded(block[1], block[3])[0] * op.padded(block[1], block[3])[1]
-                self.ctx.em.region_copy(
+                tile_copy(
+                    self.ctx,
                     DRegion(global_lmem_address(self.cursor.next_slot_addr(queue), self.ctx.chip), (1, 1, 1, elems),
                             (elems, elems, elems, 1), self.ctx.prec),
                     DRegion(global_lmem_address(staged, self.ctx.chip), (1, 1, 1, elems), (elems, elems, elems, 1),
@@ -439,6 +464,11 @@ class _StagedStream:
         return lane_start + self.offset + row * self.stride
 
     def load(self, chunk: list) -> None:
+        self.fill(chunk)
+        self.gemm._push_blocks(self.queue, chunk)
+
+    def fill(self, chunk: list) -> None:
+        """The moves of `chunk` into its slots (staging its rows first), not pushed."""
         ctx, slots = self.gemm.ctx, self.gemm.ctx.chip.tile.queue_slots
         if self.base is None:
             self.base = self.gemm.cursor.pushes[self.queue] % slots
@@ -449,11 +479,14 @@ class _StagedStream:
             self._stage(r)
         elems = self.stride // ctx.prec.bytes
         shape = (1, len(chunk), 1, elems)
-        ctx.em.ar("copy", make_tile(ctx.chip, ctx.chip.tile_slot_address(self.queue, first), shape, ctx.prec),
-                  make_tile(ctx.chip, self._address(first, row), shape, ctx.prec))
+        dst = make_tile(ctx.chip, ctx.chip.tile_slot_address(self.queue, first), shape, ctx.prec)
+        src = make_tile(ctx.chip, self._address(first, row), shape, ctx.prec)
+        if ctx.chip.tile.move_port_bytes_per_cycle:      # the tile buffer's DMA port: lane to same lane
+            tile_copy(ctx, DRegion(global_lmem_address(dst.addr, ctx.chip), shape, dst.strides, ctx.prec),
+                      DRegion(global_lmem_address(src.addr, ctx.chip), shape, src.strides, ctx.prec))
+        else:
+            ctx.em.ar("copy", dst, src)
         self.position += len(chunk)
-        e = ctx.prec.bytes
-        self.gemm._push_all(self.queue, [r * c * e for _, r, _, c in chunk])
 
     def _span(self, row: int) -> tuple[int, int]:
         """Stream positions [lo, hi) of staging row `row`."""
@@ -496,18 +529,37 @@ class _Stream:
     (`queue_pushes()`), so with a batch dividing the queue depth a batch never wraps from the last
     slot (lane) to the first: one DMA each."""
 
-    def __init__(self, blocks: list, batch: int, load: Callable[[list], None], queue_pushes: Callable[[], int]):
+    def __init__(self, blocks: list, batch: int, load: Callable[[list], None], queue_pushes: Callable[[], int],
+                 fill: Callable[[list], None] | None = None, push: Callable[[list], None] | None = None):
         self.blocks, self.batch, self.load, self.queue_pushes = blocks, batch, load, queue_pushes
+        self.fill, self.push = fill, push      # prefetch: fill the next batch when this one is pushed
         self.index: list[int] = []         # queue push index of every loaded tile
         self.used = 0
+        self.next = 0                      # blocks handed out to loads or fills so far
+        self.filled: list | None = None    # the batch filled ahead, not pushed yet
+
+    def _chunk(self, pushes: int) -> list:
+        size = self.batch - pushes % self.batch
+        chunk = self.blocks[self.next:self.next + size]
+        self.next += len(chunk)
+        return chunk
 
     def take(self) -> int:
         """Queue push index of the next tile."""
         if self.used == len(self.index):
-            size = self.batch - self.queue_pushes() % self.batch
-            chunk = self.blocks[len(self.index):len(self.index) + size]
             base = self.queue_pushes()
-            self.load(chunk)
+            if self.fill is None:
+                chunk = self._chunk(base)
+                self.load(chunk)
+            else:
+                chunk, self.filled = self.filled, None
+                if chunk is None:
+                    chunk = self._chunk(base)
+                    self.fill(chunk)
+                self.push(chunk)
+                if self.next < len(self.blocks):
+                    self.filled = self._chunk(base + len(chunk))
+                    self.fill(self.filled)
             self.index += range(base, base + len(chunk))
         self.used += 1
         return self.index[self.used - 1]

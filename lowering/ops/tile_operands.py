@@ -6,9 +6,39 @@ from __future__ import annotations
 
 import numpy as np
 
-from tpuflow.isa import global_lmem_address
+import math
+
+from tpuflow.isa import TensorDma, TMove, global_lmem_address, is_lmem
 from tpuflow.lowering.context import LowerCtx
+from tpuflow.lowering.emitter import MAX_DMA_DIM, _sizes, _split_big_dims
 from tpuflow.lowering.tensors import DRegion
+
+
+def tile_copy(ctx: LowerCtx, dst: DRegion, src: DRegion) -> None:
+    """A copy between LMEM and the tile window: one TMOVE per descriptor on the tile buffer's DMA port
+    (the TILE queue) when the chip has one (tile.move_port_bytes_per_cycle > 0), else GDMA commands.
+    A side in DDR always goes on the GDMA: the lowering keeps DDR traffic on one queue (so DDR hazards
+    need no waits), and the GDMA, a queue of its own, runs ahead of the TILE blocks where a move would
+    wait for the TILE queue to reach it (measured: weights DDR -> slots on the port were slower)."""
+    chip = ctx.chip
+    window = any(is_lmem(a, chip) and (a - chip.core.gdma_lmem_base_address) % chip.lmem_bytes_per_lane
+                 >= chip.tile_window_offset for a in (src.addr, dst.addr))
+    if not chip.tile.move_port_bytes_per_cycle or not window or not (is_lmem(src.addr, chip) and is_lmem(dst.addr, chip)):
+        ctx.em.region_copy(dst, src)
+        return
+    pieces = (list(_split_big_dims(src, dst)) if src.shape == dst.shape
+              else [(src.addr, src.shape, src.strides, dst.addr, dst.shape, dst.strides)])
+    for piece in pieces:
+        if len(piece) == 5:
+            s_addr, d_addr, shape, s_st, d_st = piece
+            s_shape = d_shape = shape
+        else:
+            s_addr, s_shape, s_st, d_addr, d_shape, d_st = piece
+        if math.prod(s_shape) != math.prod(d_shape) or max(s_shape + d_shape) > MAX_DMA_DIM:
+            ctx.em.region_copy(dst, src)          # the GDMA path reports the error
+            return
+        ctx.em.tile(TMove(desc=TensorDma(src_start_addr=s_addr, dst_start_addr=d_addr, **_sizes("src", s_shape, s_st),
+                                         **_sizes("dst", d_shape, d_st), src_data_format=int(src.prec))))
 
 
 def ceil_to(x: int, m: int) -> int:
@@ -74,7 +104,9 @@ class ConstOperand(Operand):
             block = self.matrix[r0:r0 + r, c0:c0 + c]
             flat = nz_layout(block, rp, cp, self.k0) if self.layout == "nz" else zn_layout(block, rp, cp, self.k0)
             addr = self.ctx.weights.add(key, flat, self.prec)
-        self.ctx.em.general_copy(global_lmem_address(slot_addr, self.ctx.chip), addr, rp * cp, self.prec)
+        n = rp * cp
+        tile_copy(self.ctx, DRegion(global_lmem_address(slot_addr, self.ctx.chip), (1, 1, 1, n), (n, n, n, 1), self.prec),
+                  DRegion(addr, (1, 1, 1, n), (n, n, n, 1), self.prec))
 
     def load_slots(self, slot_addrs, blocks) -> None:
         """Runs of equal-sized tiles bound for neighbouring lanes' slots come from one contiguous
@@ -101,9 +133,9 @@ class ConstOperand(Operand):
             flat = np.concatenate([layout(self.matrix[r0:r0 + r, c0:c0 + c], rp, cp, self.k0) for r0, r, c0, c in blocks])
             addr = self.ctx.weights.add(key, flat, self.prec)
         elems, count = rp * cp, len(blocks)
-        self.ctx.em.region_copy(
-            DRegion(global_lmem_address(slot_addr, self.ctx.chip), (1, count, 1, elems), (count * elems, elems, elems, 1), self.prec),
-            DRegion(addr, (1, count, 1, elems), (count * elems, elems, elems, 1), self.prec))
+        tile_copy(self.ctx,
+                  DRegion(global_lmem_address(slot_addr, self.ctx.chip), (1, count, 1, elems), (count * elems, elems, elems, 1), self.prec),
+                  DRegion(addr, (1, count, 1, elems), (count * elems, elems, elems, 1), self.prec))
 
 
 class RowsOperand(Operand):
@@ -253,11 +285,11 @@ class LmemRowsOperand(Operand):
             ctx.em.fill(DRegion(dst, (1, count, 1, rp * cp), (count * slot_elems, slot_elems, rp * cp, 1), self.prec), 0.0)
         full, rest = divmod(c, k0)
         if full:        # n = row, c = tile, h = chunk, w = element: row i of every tile is lane i's run
-            ctx.em.region_copy(DRegion(dst, (r, count, full, k0), (k0, slot_elems, rp * k0, 1), self.prec),
-                               self._source(r0, r, c0, count * c if count > 1 else full * k0))
+            tile_copy(ctx, DRegion(dst, (r, count, full, k0), (k0, slot_elems, rp * k0, 1), self.prec),
+                      self._source(r0, r, c0, count * c if count > 1 else full * k0))
         if rest:        # the ragged last chunk of a single tile
-            ctx.em.region_copy(DRegion(dst + full * rp * k0 * self.prec.bytes, (r, 1, 1, rest), (k0, 0, k0, 1), self.prec),
-                               self._source(r0, r, c0 + full * k0, rest))
+            tile_copy(ctx, DRegion(dst + full * rp * k0 * self.prec.bytes, (r, 1, 1, rest), (k0, 0, k0, 1), self.prec),
+                      self._source(r0, r, c0 + full * k0, rest))
 
 
 class PhaseImages:
@@ -369,12 +401,12 @@ class WindowOperand(Operand):
         dst = DRegion(global_lmem_address(slot_addr, ctx.chip), (c, count, r // k0, k0), (k0, slot_elems, cp * k0, 1), self.prec)
         step = self._tap_step(blocks[0], blocks[-1], count - 1) if count > 1 else 0
         if not step:        # channel blocks of one tap: one in-lane run of count * r channels
-            ctx.em.region_copy(dst, self._source(r0, count * r, c0, c))
+            tile_copy(ctx, dst, self._source(r0, count * r, c0, c))
             return
         src = self._source(r0, r, c0, c)     # whole taps `step` rows apart: h walks the taps
         e = self.prec.bytes
-        ctx.em.region_copy(dst, DRegion(src.addr, (src.shape[0], src.shape[1], count, r),
-                                        (src.strides[0], src.strides[1], step * self.images.row_bytes // e, 1), self.prec))
+        tile_copy(ctx, dst, DRegion(src.addr, (src.shape[0], src.shape[1], count, r),
+                                    (src.strides[0], src.strides[1], step * self.images.row_bytes // e, 1), self.prec))
 
 
 class StagedConstOperand(ConstOperand):
@@ -470,10 +502,10 @@ class StagedConstOperand(ConstOperand):
             rp, cp = self.padded(*blocks[i][1::2])
             elems, count = rp * cp, j - i
             shape = (1, count, 1, elems)
-            self.ctx.em.region_copy(
-                DRegion(global_lmem_address(slot_addrs[i], self.ctx.chip), shape, (count * elems, elems, elems, 1), self.prec),
-                DRegion(global_lmem_address(self._staged_address(index[i]), self.ctx.chip), shape,
-                        (count * elems, self.stride // self.prec.bytes, elems, 1), self.prec))
+            tile_copy(self.ctx,
+                      DRegion(global_lmem_address(slot_addrs[i], self.ctx.chip), shape, (count * elems, elems, elems, 1), self.prec),
+                      DRegion(global_lmem_address(self._staged_address(index[i]), self.ctx.chip), shape,
+                              (count * elems, self.stride // self.prec.bytes, elems, 1), self.prec))
             i = j
 
 

@@ -43,7 +43,7 @@ from tpuflow.lowering.ops.matmul import matmul_geometry
 from tpuflow.lowering.ops.movement import copy_nd
 from tpuflow.lowering.ops.tile_gemm import OUTPUT_SPAN, TILE_SIDES, StickyCache, TileDims, TileGemm
 from tpuflow.lowering.ops.tile_operands import (ConstOperand, LaneRowsOperand, LmemRowsOperand, Operand, PhaseImages,
-                                                 RowsOperand, StagedConstOperand, WindowOperand, ceil_to)
+                                                 RowsOperand, StagedConstOperand, WindowOperand, ceil_to, tile_copy)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
 
@@ -115,6 +115,8 @@ class _TileOutput:
         p, lane_bytes = self.pending, self.ctx.chip.lmem_bytes_per_lane
         if p is not None:
             joins = p["mt"] == mt and p["nt"] == nt and len(p["slots"]) < self.group and slot == p["slots"][-1] + lane_bytes
+            if isinstance(self.y_resident, _SplitResult):     # a span stays inside one part
+                joins = joins and self.y_resident.part_of(col0) == self.y_resident.part_of(p["col0"])
             along = self._along(p, row0, col0)
             if not joins or along is None or (p["along"] and along != p["along"]):
                 self.flush()
@@ -161,15 +163,15 @@ class _TileOutput:
             rows_view = DRegion(slot_view.addr, (mt, count, 1, nt), (nt, slot_elems, nt, 1), src_prec)
             if self.y_resident is not None:     # into the LMEM rows: lane i takes row i of every tile
                 view = self.y_resident.rows_view(chip, row0, mt, col0, width)
-                em.region_copy(DRegion(global_lmem_address(view.addr, chip), view.shape, view.strides, src_prec), rows_view)
+                tile_copy(self.ctx, DRegion(global_lmem_address(view.addr, chip), view.shape, view.strides, src_prec), rows_view)
                 return
             em.region_copy(DRegion(dst.addr, (mt, count, 1, nt), (dst.strides[1], nt, nt, 1), dst.prec), rows_view)
             return
         offs = self.sets[self.count % len(self.sets)]
         self.count += 1
         value = make_tile(chip, offs[0], (1, mt, 1, width), src_prec)
-        em.region_copy(DRegion(global_lmem_address(value.addr, chip), (count, mt, 1, nt),
-                               (nt, value.strides[1], nt, 1), src_prec), slot_view)
+        tile_copy(self.ctx, DRegion(global_lmem_address(value.addr, chip), (count, mt, 1, nt),
+                                    (nt, value.strides[1], nt, 1), src_prec), slot_view)
         if self.epi.full:
             self.epi.load_tile(offs[1:], value.shape, full_region)
         if self.row_bias is not None:
@@ -200,6 +202,30 @@ class _TileOutput:
         row_stride = dst.strides[1]
         em.region_copy(DRegion(dst.addr, (1, count, mt, nt), (0, mt * row_stride, row_stride, 1), dst.prec),
                        DRegion(global_lmem_address(slots[0], chip), (1, count, mt, nt), (0, slot_elems, nt, 1), prec))
+
+
+class _SplitResult:
+    """A result whose columns a Split cuts into parts, each kept in LMEM as its own buffer (layer
+    groups): views of column ranges inside one part. Output tiles never straddle parts (n_tile)."""
+
+    def __init__(self, ctx: LowerCtx, parts):
+        self.parts = [(ctx.resident(name), c0, width) for name, c0, width in parts]
+        if any(res is None for res, _, _ in self.parts):
+            raise ValueError("a Split part of a TILE result is not resident")
+
+    def part_of(self, col: int) -> int:
+        return next(i for i, (_, c0, width) in enumerate(self.parts) if c0 <= col < c0 + width)
+
+    def n_tile(self, n: int) -> int:
+        """The widest TILE N side dividing every part's start and width."""
+        unit = math.gcd(*[c0 for _, c0, _ in self.parts], *[w for _, _, w in self.parts])
+        return next((side for side in TILE_SIDES if unit % side == 0), 16)
+
+    def rows_view(self, chip, r0: int, rows: int, col0: int, cols: int):
+        res, c0, width = self.parts[self.part_of(col0)]
+        if col0 + cols > c0 + width:
+            raise ValueError(f"columns {col0}..{col0 + cols} straddle a Split part")
+        return res.rows_view(chip, r0, rows, col0 - c0, cols)
 
 
 @dataclass(frozen=True)
@@ -258,6 +284,9 @@ class TileMatmulEmitter:
         self.epi = Epilogue(ctx, anchor_out, epilogue, out_shape, group.split)
         self.a_res = ctx.resident(self.node.inputs[0]) if self.geom.batch_count == 1 else None
         self.y_res = ctx.resident(self.epi.output)
+        parts = ctx.residency.splits.get(self.epi.output)
+        if parts:                            # a Split of the result's columns: each part its own LMEM buffer
+            self.y_res = _SplitResult(ctx, parts)
 
     def _batched(self) -> bool:
         """Whether all batches run as one TileGemm (runtime operands: a batch is a shift of the
@@ -280,8 +309,9 @@ class TileMatmulEmitter:
             residual = LmemRowsOperand(self.ctx, "nz", self.ctx.resident(self.residual), geo.m, geo.n)
         elif self.residual is not None:
             residual = RowsOperand(self.ctx, "nz", self.ctx.ddr_addr(self.residual), geo.m, geo.n, geo.n)
+        n_tile = self.y_res.n_tile(geo.n) if isinstance(self.y_res, _SplitResult) else None
         return TileGemm(self.ctx, a, bop, geo.m, geo.n, geo.k, Prec.FP32 if out.needs_tiu else self.ctx.prec,
-                        self.bias, self.node.name, residual, rel)
+                        self.bias, self.node.name, residual, rel, n_tile=n_tile)
 
     def plan(self, region: str) -> TilePlan | None:
         """The LMEM buffers of the TIU epilogue (the tile sides are the TILE tiling's, chosen
@@ -774,4 +804,33 @@ def tile_conv_emitter(ctx: LowerCtx, group: Group):
 
 tile_conv_emitter.scratch_bytes = TileConvEmitter.scratch_bytes
 
-TILE_EMITTERS = {"matmul": TileMatmulEmitter, "conv": tile_conv_emitter}
+def _on_tiu(graph, group: Group) -> bool:
+    """Whether a MatMul of a tile-path model runs on the TIU: a batched product of two activations read
+    through folded head transposes (the attention core, per-head Q.K^T and P.V). Its heads are tiny (S x D x S), both operands are head-major
+    views that the TIU path keeps in LMEM with the scale and softmax between them, and on the cube each
+    would need transposing LMEM -> tile fills; so the whole core stays in LMEM and only the projections
+    (constant weights) use the cube."""
+    node = group.anchor
+    a, b = (graph.tensor(t) for t in node.inputs[:2])
+    heads = node.attr("a_perm") is not None or node.attr("b_perm") is not None
+    return a.const is None and b.const is None and math.prod(a.shape[:-2]) > 1 and heads
+
+
+def tile_matmul_emitter(ctx: LowerCtx, group: Group):
+    """A MatMul group on the TILE engine, or on the TIU for the attention core (_on_tiu)."""
+    if _on_tiu(ctx.graph, group):
+        from tpuflow.lowering.compiler import tiu_matmul_emitter
+        return tiu_matmul_emitter(ctx, group)
+    return TileMatmulEmitter(ctx, group)
+
+
+def _tile_matmul_ports(graph, group: Group, chip):
+    if _on_tiu(graph, group):
+        from tpuflow.lowering.compiler import tiu_matmul_emitter
+        return tiu_matmul_emitter.resident_ports(graph, group, chip)
+    return TileMatmulEmitter.resident_ports(graph, group, chip)
+
+
+tile_matmul_emitter.resident_ports = _tile_matmul_ports
+
+TILE_EMITTERS = {"matmul": tile_matmul_emitter, "conv": tile_conv_emitter}

@@ -104,26 +104,39 @@ def test_a_residual_add_accumulates_in_the_cube(bias, dtype):
     assert result["ok"], result["outputs"]
 
 
-def test_a_streaming_weight_is_staged_in_lmem_and_copied_into_its_slots():
+@pytest.mark.parametrize("port", [True, False])
+def test_a_streaming_weight_is_staged_in_lmem_and_copied_into_its_slots(port):
     """x (64 x 512) . w (512 x 512) fp16: w's 64 tiles of 8 KiB stream once each, so they are staged
     in LMEM by rows of 16 (one DMA per row or two, each tile in its future slot's lane) and moved
-    into the slots by TIU copies (one per batch of 8), never by a DDR -> slot DMA; numerics."""
-    from tpuflow.isa import ArTiu
+    into the slots one batch of 8 at a time, never by a DDR -> slot DMA: by TMOVEs on the tile
+    buffer's DMA port (LMEM -> window), or by TIU copies on a chip without the port; numerics."""
+    from tpuflow.isa import ArTiu, TMove
     b = ModelBuilder()
     b.output(b.node("MatMul", [b.node("Neg", [b.input("x", [64, 512])], "nx"), b.weight("w", [512, 512])], "y"))
     model = b.model()
-    _, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile"))
-    chip = program.chip
+    chip = load_chip("sg2260")
+    chip = chip if port else replace_param(chip, "tile.move_port_bytes_per_cycle", 0)
+    _, program = compile_model(model, chip, CompileOptions(dtype="fp16", matmul="tile"))
     window = chip.tile_window_offset
-    copies = [i for i in program.tiu if isinstance(i, ArTiu) and i.op == "copy"
-              and any(r.lo >= window for r in i.accesses(chip).lmem_writes)]
+
+    def into_window(instr):
+        return any(r.lo >= window for r in instr.accesses(chip).lmem_writes)
+    copies = [i for i in program.tiu if isinstance(i, ArTiu) and i.op == "copy" and into_window(i)]
+    moves = [i for i in program.tile if isinstance(i, TMove) and into_window(i)       # lane to same lane (w's tiles)
+             and max(r.lanes for r in i.accesses(chip).lmem_reads) <= chip.tile.queue_slots]
     staging = [i for i in program.gdma if i.accesses(chip).lmem_writes
                and max(r.lanes for r in i.accesses(chip).lmem_writes) == chip.tile.queue_slots
                and all(r.lo < window for r in i.accesses(chip).lmem_writes)]
     staged_bytes = sum(i.dst_nsize * i.dst_csize * i.dst_hsize * i.dst_wsize * 2 for i in staging)
-    assert len(copies) == 64 // 8 and sum(c.res0_c for c in copies) == 64
+    assert not [i for i in program.gdma if into_window(i) and i.accesses(chip).ddr_reads]
+    if port:
+        assert not copies and len(moves) == 64 // 8 and sum(m.desc.nbytes for m in moves) == 64 * 8192
+        assert all(not m.accesses(chip).ddr_reads for m in moves)
+    else:
+        assert not moves and len(copies) == 64 // 8 and sum(c.res0_c for c in copies) == 64
     assert staged_bytes == 64 * 8192 and len(staging) <= 64 // 16        # rows of 16 tiles, up to STAGE_ROWS per DMA
-    check(model, "fp16")
+    result = verify(model, chip, CompileOptions(dtype="fp16", matmul="tile"), race_check=True)
+    assert result["ok"], result["outputs"]
 
 
 def test_batches_of_a_runtime_matmul_share_fills_and_stores():
@@ -152,10 +165,12 @@ def test_layer_groups_keep_tile_matmul_operands_and_results_in_lmem(dtype):
     b.output(b.node("MatMul", [y, b.weight("w2", [96, 80])], "mm2"))
     model = b.model()
 
-    def lmem_to_window(options):
+    def lmem_to_window(options):      # GDMA commands or TMOVEs (the tile buffer's DMA port)
+        from tpuflow.isa import TMove
         _, program = compile_model(model, None, options)
         chip, window = program.chip, program.chip.tile_window_offset
-        return [i for i in program.gdma if any(r.lo >= window for r in i.accesses(chip).lmem_writes)
+        return [i for i in program.gdma + [m for m in program.tile if isinstance(m, TMove)]
+                if any(r.lo >= window for r in i.accesses(chip).lmem_writes)
                 and any(r.hi <= window for r in i.accesses(chip).lmem_reads)]
 
     for groups, expect in (("on", True), ("off", False)):

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx_build import ModelBuilder
 
-from tpuflow.isa import AccCvt, CwBcTiu, TMatmul
+from tpuflow.isa import AccCvt, CwBcTiu, TMatmul, TMove
 from tpuflow.hwmodel.timing.segments import transfer_sides
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, verify
@@ -75,13 +75,15 @@ def test_implicit_gemm_conv_matches_onnxruntime(stride, pad, dilation, kernel, g
 
 
 def test_window_dmas_read_lmem_and_fill_slots():
-    """A 3x3 pad-1 conv on 64 channels: every B tile arrives by an LMEM -> tile-buffer DMA whose
+    """A 3x3 pad-1 conv on 64 channels: every B tile arrives by an LMEM -> tile-buffer move (a GDMA
+    command or a TMOVE on the tile buffer's port) whose
     source is a run of output rows (lanes) x channels (in-lane), one per tap and pixel tile."""
     model = _conv_model(64, 64, (8, 8), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
     _, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile"))
     chip = program.chip
     window = []
-    for instr in program.gdma:
+    moves = [m.desc for m in program.tile if isinstance(m, TMove)]     # the tile buffer's DMA port
+    for instr in program.gdma + moves:
         try:
             src, dst = transfer_sides(instr, chip)
         except TypeError:
