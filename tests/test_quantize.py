@@ -198,8 +198,9 @@ def test_the_ops_left_float_are_named_with_the_reason():
     result = quantize(_attention_like())
     reasons = {(f["op"], f["node"]): f["reason"] for f in result.float_ops}
     assert reasons == {("Softmax", "softmax_1"): NO_INT8_FORM, ("MatMul", "matmul_3"): PRODUCT_OF_ACTIVATIONS,
-                       ("Tanh", "tanh_5"): NO_INT8_FORM}
-    assert result.int8_ops == 3      # the weight MatMul and the two Adds
+                       ("Tanh", "tanh_5"): NO_INT8_FORM, ("Add", "add_4"): "reads a float op's output (MatMul matmul_3)",
+                       ("Add", "add_6"): "reads a float op's output (Tanh tanh_5)"}
+    assert result.int8_ops == 1      # the weight MatMul
 
 
 def test_the_quantized_model_is_deterministic():
@@ -279,3 +280,31 @@ def test_long_float_op_lists_are_cut_in_text_and_counted_by_kind():
     assert lines[-1].endswith(f"... 5 more ({first} {kinds.count(first)}, {other} {kinds.count(other)}; "
                               "--json lists all)")
     assert f"{len(ops)} stayed float" in lines[0]
+
+
+def _gain_after_a_float_op():
+    """x -> Sigmoid -> Mul(gain) -> MatMul -> Add(bias): the gain reads the float Sigmoid, the bias Add a
+    quantized MatMul."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=5)
+    s = b.node("Sigmoid", [b.input("x", (4, 32))], "s")
+    g = b.node("Mul", [s, b.weight("gain", (32,))], "g")
+    m = b.node("MatMul", [g, b.weight("w", (32, 16))], "m")
+    b.output(b.node("Add", [m, b.weight("bias", (16,))], "y"))
+    return b.model()
+
+
+def test_an_elementwise_op_reading_a_float_result_stays_float():
+    """In int8 the gain would need a QuantizeLinear of the Sigmoid's output and buy nothing (the float
+    neighbour stays float): it is left float, named with its float input; the bias Add after the
+    quantized MatMul stays int8 (the quantizer fuses the two into one Gemm), and the model verifies."""
+    result = quantize(_gain_after_a_float_op())
+    floats = {f["op"]: f for f in result.float_ops}
+    assert set(floats) == {"Sigmoid", "Mul"}
+    assert floats["Mul"]["reason"].startswith("reads a float op's output (Sigmoid")
+    assert result.int8_ops == 1 and "Gemm" in [n.op_type for n in result.model.graph.node]
+    checked = verify(_gain_after_a_float_op(), None, CompileOptions(dtype="int8"))
+    assert checked["ok"], checked["outputs"]

@@ -3,8 +3,8 @@ model (per-channel symmetric int8 weights, per-tensor int8 activations calibrate
 inputs or the user's npz files), which the int8 lowering then compiles; the rest of the program runs
 in fp16. Also owns the record of that step: the calibration used and which ops stayed float, and why.
 
-Only the op kinds the int8 lowering computes are quantized (INT8_OPS); everything else stays float
-between DequantizeLinear and QuantizeLinear. onnxruntime's pre-processing (shape inference and its
+Only the op kinds the int8 lowering computes are quantized (INT8_OPS), and of the elementwise ones only
+those after quantized producers; everything else stays float between DequantizeLinear and QuantizeLinear. onnxruntime's pre-processing (shape inference and its
 graph optimizer: BatchNormalization folded into Conv) runs first."""
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ def _check_float_model(proto) -> None:
 
 def _quantize_static(proto, label: str, feeds: list[dict]):
     """(QDQ ModelProto, names of the nodes kept float as products of activations) by onnxruntime's
-    quantize_static on the float ModelProto `proto`, calibrated on `feeds`."""
+    quantize_static on the float ModelProto `proto`, calibrated on `feeds`. Also kept float: the
+    elementwise ops that read a float op's result (_elementwise_beside_float)."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -160,7 +161,8 @@ def _quantize_static(proto, label: str, feeds: list[dict]):
         try:
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
             _batchnorms_as_scale_shift(pre)
-            excluded = _products_of_activations(pre)
+            products = _products_of_activations(pre)
+            excluded = products + [n for n in _elementwise_beside_float(pre, set(products)) if n not in products]
             quantize_static(str(pre), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                             op_types_to_quantize=list(INT8_OPS), nodes_to_exclude=excluded)
@@ -171,7 +173,36 @@ def _quantize_static(proto, label: str, feeds: list[dict]):
     # an old model (IR < 4) requires initializers to be graph inputs; the quantizer adds some and
     # raises the opset (QuantizeLinear): the IR version of that opset
     quantized.ir_version = max(quantized.ir_version, MIN_IR_VERSION)
-    return quantized, excluded
+    return quantized, products
+
+
+ELEMENTWISE_INT8 = ("Add", "Mul", "Relu", "Clip")
+
+
+def _elementwise_beside_float(path: Path, kept_float: set) -> list[str]:
+    """Names of the elementwise nodes (ELEMENTWISE_INT8) that read a float op's result (an op the int8
+    lowering does not compute, or one of `kept_float`; through moves): in int8 each would cost a
+    QuantizeLinear of that result and a DequantizeLinear for its float neighbours, round trips an fp16
+    elementwise op does not make (a norm's gain, an activation's pieces). Elementwise ops after
+    quantized producers stay int8."""
+    import onnx
+    model = onnx.load(str(path))
+    producers = {t: n for n in model.graph.node for t in n.output}
+
+    def source(tensor: str):
+        node = producers.get(tensor)
+        while node is not None and node.op_type in MOVES and node.input:
+            node = producers.get(node.input[0])
+        return node
+
+    out = []
+    for n in model.graph.node:
+        if n.op_type not in ELEMENTWISE_INT8:
+            continue
+        sources = [source(t) for t in n.input if t]
+        if any(s is not None and (s.op_type not in INT8_OPS or s.name in kept_float) for s in sources):
+            out.append(n.name)
+    return out
 
 
 def float_ops_of(qdq, products_of_activations=()) -> tuple[int, tuple[dict, ...]]:
