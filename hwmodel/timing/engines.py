@@ -18,7 +18,7 @@ TIU DPC pipes (CUBE for CONV/MM2, VECTOR otherwise; T = TIU period; d_* = the pi
 Vector ARB has no fixed delay (d_arb = 0; its cost is the bubbles). The per-bus GEN address FIFOs
 (vector_gen_fifo_depth) are not modelled one by one: GEN's run-ahead is bounded by lookahead.
 TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period. A TMOVE
-goes to the tile buffer's DMA port (TilePort) and the engine takes the next block one tile cycle later;
+goes to the tile buffer's DMA port (TilePort) and the engine takes the next block block_overhead cycles later;
 the port runs its moves in order (LMEM / tile only: move_port_latency + bytes / move_port_bytes_per_cycle
 tile cycles; with a DDR side: the GDMA's cost of its descriptor, as a flow of the shared memory owned by
 the core, so it shares the core's DDR port with the GDMA). A block that touches LMEM bytes of a move in
@@ -370,7 +370,7 @@ class TileEngine(EngineBase):
         self._taken(index)
         if isinstance(self.instrs[index], TMove):
             start = self.clock.align(now)
-            self.free = start + self.period
+            self.free = start + tile_cycles(self.instrs[index], self.chip) * self.period     # the hand-over
             self.port.submit(index, start)
             self.scheduled = False
             self.poke()
