@@ -11,7 +11,7 @@ import numpy as np
 from tpuflow.isa import AccCvt, Prec, TMatmul, TPush, global_lmem_address, size_code, tile_ref
 from tpuflow.hwmodel.timing.cost import tile_load_cycles
 from tpuflow.lowering.context import LowerCtx
-from tpuflow.lowering.ops.tile_operands import (ConstOperand, Operand, RowsOperand, ceil_to, nz_layout, tile_copy,
+from tpuflow.lowering.ops.tile_operands import (ConstOperand, IdentityOperand, Operand, RowsOperand, ceil_to, nz_layout, tile_copy,
                                                  zn_layout)
 from tpuflow.lowering.tensors import DRegion, make_tile
 from tpuflow.lowering.tiling import steps
@@ -371,7 +371,7 @@ class TileGemm:
     def _identity(self, size: int, layout: str = "zn") -> tuple[int, int]:
         """The size x size identity: the B tile (Zn) of the R . I step, or the A tile (Nz) of I . R."""
         key = f"tile:identity:{size}" if layout == "zn" else f"tile:identity:{layout}:{size}"
-        eye = ConstOperand(self.ctx, layout, np.eye(size, dtype=np.float32), key, 0, 0)
+        eye = IdentityOperand(self.ctx, layout, size, key)
         return self._sticky("identity", eye, (0, size, 0, size))
 
     def _row_bias_operand(self) -> ConstOperand:
@@ -445,15 +445,19 @@ class StickyCache:
 
 class _StagedStream:
     """A constant operand streamed through LMEM: its tiles (each padded to `stride` bytes) arrive
-    a row of queue_slots at a time, one DMA per row (128 KiB of 8 KiB tiles, issued a row ahead),
-    each tile in the lane of the slot it will be pushed to; then one TIU copy per batch moves them
-    into their slots (the vector unit's port into the tile buffer: lane to same lane). Fewer, larger
-    DMAs than filling slots from DDR in half-queue batches."""
+    a row of queue_slots at a time, one DMA per row (128 KiB of 8 KiB tiles, issued a row ahead);
+    then one move per batch (two where the batch crosses a staging row) puts them into their slots:
+    a TMOVE on the tile buffer's DMA port (staging rows whole from the stream's first tile, any lane
+    to any lane), or without the port a TIU copy (lane to same lane: each tile staged in the lane of
+    the slot it will be pushed to). Fewer, larger DMAs than filling slots from DDR in half-queue
+    batches."""
 
     def __init__(self, gemm: TileGemm, queue: int, op: ConstOperand, blocks: list, offset: int, stride: int):
         self.gemm, self.queue, self.op, self.blocks = gemm, queue, op, blocks
         self.offset, self.stride = offset, stride
         self.base: int | None = None       # slot of the stream's first tile
+        self.stage_base = 0                # staging position of the first tile: 0 with a tile-buffer DMA port
+                                           # (its moves may change lanes, so staging rows are whole), else base
         self.position = 0
         self.staged: set[int] = set()
 
@@ -470,28 +474,35 @@ class _StagedStream:
     def fill(self, chunk: list) -> None:
         """The moves of `chunk` into its slots (staging its rows first), not pushed."""
         ctx, slots = self.gemm.ctx, self.gemm.ctx.chip.tile.queue_slots
+        port = bool(ctx.chip.tile.move_port_bytes_per_cycle)
         if self.base is None:
             self.base = self.gemm.cursor.pushes[self.queue] % slots
+            self.stage_base = 0 if port else self.base
         row, first = divmod(self.base + self.position, slots)
         if first + len(chunk) > slots:
             raise AssertionError("a staged batch wraps the queue")      # _Stream aligns batches
-        for r in (row, row + 1):
+        srow, sfirst = divmod(self.stage_base + self.position, slots)
+        for r in (srow, srow + 1):
             self._stage(r)
         elems = self.stride // ctx.prec.bytes
-        shape = (1, len(chunk), 1, elems)
-        dst = make_tile(ctx.chip, ctx.chip.tile_slot_address(self.queue, first), shape, ctx.prec)
-        src = make_tile(ctx.chip, self._address(first, row), shape, ctx.prec)
-        if ctx.chip.tile.move_port_bytes_per_cycle:      # the tile buffer's DMA port: lane to same lane
-            tile_copy(ctx, DRegion(global_lmem_address(dst.addr, ctx.chip), shape, dst.strides, ctx.prec),
-                      DRegion(global_lmem_address(src.addr, ctx.chip), shape, src.strides, ctx.prec))
-        else:
-            ctx.em.ar("copy", dst, src)
+        done = 0
+        while done < len(chunk):        # runs of the chunk inside one staging row
+            count = min(len(chunk) - done, slots - sfirst)
+            shape = (1, count, 1, elems)
+            dst = make_tile(ctx.chip, ctx.chip.tile_slot_address(self.queue, first + done), shape, ctx.prec)
+            src = make_tile(ctx.chip, self._address(sfirst, srow), shape, ctx.prec)
+            if port:                    # the tile buffer's DMA port (any lane to any lane)
+                tile_copy(ctx, DRegion(global_lmem_address(dst.addr, ctx.chip), shape, dst.strides, ctx.prec),
+                          DRegion(global_lmem_address(src.addr, ctx.chip), shape, src.strides, ctx.prec))
+            else:                       # a TIU copy: lane to same lane (stage_base = base)
+                ctx.em.ar("copy", dst, src)
+            done, srow, sfirst = done + count, srow + 1, 0
         self.position += len(chunk)
 
     def _span(self, row: int) -> tuple[int, int]:
         """Stream positions [lo, hi) of staging row `row`."""
         slots = self.gemm.ctx.chip.tile.queue_slots
-        return max(0, row * slots - self.base), min(len(self.blocks), (row + 1) * slots - self.base)
+        return max(0, row * slots - self.stage_base), min(len(self.blocks), (row + 1) * slots - self.stage_base)
 
     def _stage(self, row: int) -> None:
         """One DMA: the stream's tiles of staging row `row` into their lanes, with the next rows
@@ -516,7 +527,7 @@ class _StagedStream:
                 flat = layout(op.matrix[r0:r0 + r, c0:c0 + c], *op.padded(r, c), op.k0)
                 image[i, :flat.size] = flat
             addr = ctx.weights.add(key, image.reshape(-1), ctx.prec)
-        count, first = (hi - lo) // len(rows), (self.base + lo) % slots
+        count, first = (hi - lo) // len(rows), (self.stage_base + lo) % slots
         dst = make_tile(ctx.chip, self._address(first, row), (len(rows), count, 1, elems), ctx.prec)
         assert len(rows) == 1 or dst.strides[0] == elems, "staging rows are `stride` bytes apart"
         ctx.em.load(dst, DRegion(addr, dst.shape, (count * elems, elems, elems, 1), ctx.prec))

@@ -409,6 +409,33 @@ class WindowOperand(Operand):
                                     (src.strides[0], src.strides[1], step * self.images.row_bytes // e, 1), self.prec))
 
 
+class IdentityOperand(ConstOperand):
+    """The size x size identity tile of the residual step (Zn B of R . I, or Nz A of I . R). With a
+    tile-buffer DMA port it is written in its slot by two constant fills on the port (zeros, then ones
+    on the diagonal: element (a * k0 + b) of it sits at a * (P * k0 + k0 * k0) + b * (k0 + 1), P the
+    padded other side), no DDR read; else loaded from the weight image like any constant."""
+
+    def __init__(self, ctx, layout: str, size: int, key: str):
+        super().__init__(ctx, layout, np.eye(size, dtype=np.float32), key, 0, 0)
+        self.size = size
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        ctx, k0 = self.ctx, self.k0
+        if not ctx.chip.tile.move_port_bytes_per_cycle or (r0, r, c0, c) != (0, self.size, 0, self.size) \
+                or self.size % k0:
+            super().load(slot_addr, r0, r, c0, c)
+            return
+        from tpuflow.lowering.emitter import const_bits
+        rp, cp = self.padded(r, c)
+        other = cp if self.layout == "zn" else rp
+        dst = global_lmem_address(slot_addr, ctx.chip)
+        for value, shape, strides in ((0.0, (1, 1, 1, rp * cp), (rp * cp, rp * cp, rp * cp, 1)),
+                                      (1.0, (1, 1, self.size // k0, k0), (0, 0, other * k0 + k0 * k0, k0 + 1))):
+            ctx.em.tile(TMove(desc=TensorDma(src_start_addr=0, dst_start_addr=dst, **_sizes("src", shape, strides),
+                                             **_sizes("dst", shape, strides), src_data_format=int(self.prec),
+                                             fill_constant_en=1, constant_value=const_bits(value, self.prec))))
+
+
 class StagedConstOperand(ConstOperand):
     """A constant matrix tiled on a fixed (tile_rows x tile_cols) grid whose tiles are staged in LMEM by
     large DMAs and moved into their slots by LMEM -> tile-buffer copies (no DDR latency per fill).
