@@ -402,7 +402,8 @@ def _lower_planned(source: Graph, graph: Graph, groups: list[Group], chip: ChipC
                       layer_groups=[lg.as_dict() for lg in residency.layer_groups(groups)],
                       compulsory_ddr_bytes=stats.compulsory_bytes,
                       options={k: str(v) for k, v in options.as_dict().items()},
-                      model_name=graph.name, issue_order=first.issue_order)
+                      model_name=graph.name, issue_order=first.issue_order,
+                      held_tensors=dict(ctxs[0].held_tensors) if len(ctxs) == 1 else {})
     return Program.from_cores(program, streams, split) if len(streams) > 1 else program
 
 

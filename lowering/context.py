@@ -85,6 +85,8 @@ class LowerCtx:
     held: dict[int, HeldConstants] = field(default_factory=dict)   # sliced runs: group -> its held constants
     held_floor: int | None = None                # sliced runs: the held constants lie above it
     work_floor: int = 0                          # several cores: weight blocks lie below it (lowering.weight_prefetch)
+    # tensors int8 chains hold whole in LMEM: {tensor: (LocalTensor, the layers that write it)} (Program.held_tensors)
+    held_tensors: dict[str, tuple] = field(default_factory=dict)
 
     def rows_to_emit(self, height: int) -> tuple[int, int]:
         """The output rows [lo, hi) of the group being emitted (all of them unless sliced)."""

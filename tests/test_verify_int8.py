@@ -342,7 +342,7 @@ SEPARATE = CompileOptions(dtype="fp32")
 @pytest.fixture(scope="module")
 def qdq_cnn():
     """quant_models' CNN (two Conv + pool stages, a Gemm) as a QDQ int8 model: 4 of its 8 quantized tensors
-    are stored in DDR (the others stay in local memory between fused layers)."""
+    are stored in DDR, 3 are held in LMEM by an int8 chain."""
     from quant_models import quantized as quantized_model
     return quantized_model("cnn", "QDQ", True, "QInt8")
 
@@ -350,20 +350,24 @@ def qdq_cnn():
 def _stages(model, options=SEPARATE):
     from tpuflow.compare import random_inputs
     from tpuflow.pipeline import _quantized_produced, compile_model
-    from tpuflow.stagewise import snapshot_points
+    from tpuflow.stagewise import as_onnx_tensor, snapshot_points
     graph, program = compile_model(model, "sg2260", options)
     inputs = random_inputs(graph, 0)
     points = snapshot_points(graph, program, _quantized_produced(graph))
-    return graph, inputs, points, functional.run(program, inputs, snapshots=points)
+    ran = functional.run(program, inputs, snapshots=points)
+    return graph, inputs, points, {k: as_onnx_tensor(graph, k, v) if k in points else v for k, v in ran.items()}
 
 
 def test_snapshots_are_the_stored_quantized_tensors(qdq_cnn):
-    """Each snapshot is the tensor the program stored (this program is exact on the CNN: onnxruntime's
-    integers, 0 steps), taken when its producer finished, whether or not a later tensor reuses its DDR."""
+    """Each snapshot is the tensor the program stored in DDR or its int8 chain holds in LMEM (this
+    program is exact on the CNN: onnxruntime's integers, 0 steps), taken when its producer finished,
+    whether or not a later tensor reuses the memory."""
     from tpuflow.compare import with_outputs
     from tpuflow.pipeline import _ddr_readable, _in_program_floats, _quantized_produced, compile_model
     graph, inputs, points, ours = _stages(qdq_cnn)
-    assert len(points) == 4 and set(points) <= set(_quantized_produced(graph))
+    from tpuflow.isa import LocalTensor
+    assert len(points) == 7 and set(points) <= set(_quantized_produced(graph))
+    assert sum(isinstance(target, LocalTensor) for _, target in points.values()) == 3      # held by a chain
     _, program = compile_model(qdq_cnn, "sg2260", SEPARATE)
     assert set(points) - _ddr_readable(graph, program, set(points))     # one is overwritten by the end
     ref = run_onnxruntime(with_outputs(qdq_cnn, list(points)), _in_program_floats(inputs, "fp32"), optimize=True)

@@ -288,7 +288,7 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
     from tpuflow.estimate import typed_options
     from tpuflow.frontend.inputs import tolerance_dtype
     from tpuflow.hwmodel.functional import run
-    from tpuflow.stagewise import snapshot_points
+    from tpuflow.stagewise import as_onnx_tensor, snapshot_points
     options = CompileOptions(**{k: v for k, v in typed_options(program.options).items()
                                 if k in CompileOptions.__dataclass_fields__})
     with tempfile.TemporaryDirectory(prefix="tpuflow-verify-") as tmp:
@@ -298,11 +298,13 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
     quantized = _is_quantized(graph)
     tails = _float_tails(graph) if quantized else {}
     readable = _ddr_readable(graph, decoded, {t for b in tails.values() for t in b})
+    decoded.held_tensors = program.held_tensors          # the lowering's record (not in the binaries)
     points = snapshot_points(graph, decoded, _quantized_produced(graph)) if quantized else {}
     with step("functional model" + (" with the race detector" if race_check else "")):
         ours = run(_with_outputs(decoded, readable), inputs, race_check=race_check,
                    snapshots={STAGE_PREFIX + k: v for k, v in points.items()})
-    stages = {k[len(STAGE_PREFIX):]: ours.pop(k) for k in list(ours) if k.startswith(STAGE_PREFIX)}
+    stages = {k[len(STAGE_PREFIX):]: as_onnx_tensor(graph, k[len(STAGE_PREFIX):], ours.pop(k))
+              for k in list(ours) if k.startswith(STAGE_PREFIX)}
     bound = tolerance_dtype(graph, options.dtype)        # an fp16 model's reference is itself fp16
     tol = TOLERANCES[bound]
     if quantized:

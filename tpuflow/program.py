@@ -122,6 +122,9 @@ class Program:
     # --dtype int8 on a float model: how tpuflow quantized it (tpuflow.quantize.Quantization.record:
     # the calibration, the ops that stayed float and why); empty otherwise.
     quantization: dict = field(default_factory=dict)
+    # Tensors int8 chains hold whole in LMEM (single core): {tensor: (isa LocalTensor, the layers that
+    # write it)}; verify snapshots them (tpuflow.stagewise). Kept in memory only, not in the binaries.
+    held_tensors: dict = field(default_factory=dict)
     # Global issue order: one letter per instruction ('B' TIU, 'D' GDMA, 'T' TILE); the k-th
     # 'B' is tiu[k-1]. It is the order the IFE receives instructions in, which the chunk-bitmap
     # dependency rule depends on (see lowering.deps and the timing model's check stage).
@@ -238,5 +241,5 @@ class Program:
                        memory=self.memory, layers=self.layers, fused_groups=self.fused_groups,
                        layer_groups=self.layer_groups, compulsory_ddr_bytes=self.compulsory_ddr_bytes,
                        options=dict(self.options), model_name=self.model_name, issue_order=issue_order,
-                       quantization=self.quantization,
+                       quantization=self.quantization, held_tensors=self.held_tensors,
                        extra_cores=list(self.extra_cores), core_split=list(self.core_split), core_id=self.core_id)

@@ -8,12 +8,25 @@ import numpy as np
 
 
 def snapshot_points(graph, program, names) -> dict[str, tuple]:
-    """{tensor: (GDMA index, DdrTensor)} for the tensors of `names` that the program stores whole in
-    DDR: single core, no TIU / TILE write into its range, and its producer's GDMA writes cover every
-    byte of it; the index is the producer's last such write (the tensor is complete right after it,
-    and nothing may overwrite it before its readers have run)."""
+    """{tensor: ({engine: instruction index}, DdrTensor | LocalTensor)} for the tensors of `names`
+    the program holds whole somewhere after their producer ran: stored in DDR (single core, no TIU /
+    TILE write into its range, its producer's GDMA writes cover every byte; the index is the last
+    such write), else held whole in LMEM by an int8 chain (Program.held_tensors; the indices are the
+    last TIU and GDMA instructions of its producer writing into its tile). Each is complete right
+    after those instructions, and nothing may overwrite it before its readers have run."""
     if program.core_count != 1 or len(program.gdma_layers) != len(program.gdma):
         return {}
+    points = _ddr_points(graph, program, names)
+    for name in names:
+        if name not in points and name in program.held_tensors:
+            needs = _lmem_writers(program, *program.held_tensors[name])
+            if needs:
+                points[name] = (needs, program.held_tensors[name][0])
+    return points
+
+
+def _ddr_points(graph, program, names) -> dict[str, tuple]:
+    from tpuflow.isa import Engine
     from tpuflow.pipeline import _layers_computing
     by_layer: dict[str, list[int]] = {}
     for index, layer in enumerate(program.gdma_layers):
@@ -36,8 +49,38 @@ def snapshot_points(graph, program, names) -> dict[str, tuple]:
                 if a < b:
                     covered[a:b], last = True, index
         if last is not None and covered.all():
-            points[name] = (last, tensor)
+            points[name] = ({Engine.GDMA: last}, tensor)
     return points
+
+
+def _lmem_writers(program, tile, layers) -> dict:
+    """{engine: index of the last instruction of `layers` writing into `tile`'s LMEM range}."""
+    from tpuflow.isa import Engine, LmemRange
+    chip = program.chip
+    lanes = min(tile.shape[1], chip.lanes)
+    offset = tile.offset(chip)
+    span = tile.prec.bytes * (1 + sum((d - 1) * s for d, s in zip(
+        (tile.shape[0], -(-(tile.start_lane(chip) + tile.shape[1]) // chip.lanes), tile.shape[2], tile.shape[3]),
+        tile.strides)))
+    extent = LmemRange(tile.start_lane(chip), lanes, offset, offset + span)
+    wanted, needs = set(layers), {}
+    for engine in (Engine.TIU, Engine.GDMA):
+        queue, names = program.queue(engine), program.layer_names(engine)
+        for index in range(len(queue) - 1, -1, -1):
+            if names[index] in wanted and any(r.overlaps(extent) for r in queue[index].accesses(chip).lmem_writes):
+                needs[engine] = index
+                break
+    return needs
+
+
+def as_onnx_tensor(graph, name: str, value: np.ndarray) -> np.ndarray:
+    """A snapshot as the ONNX tensor: its shape, uint8 when its Quant stores uint8 (an LMEM tile holds
+    it as int8 storage, rows on lanes or NCHW)."""
+    info = graph.tensor(name)
+    value = np.asarray(value)
+    if info.quant is not None and info.quant.storage == "uint8" and value.dtype == np.int8:
+        value = value.view(np.uint8)
+    return value.reshape(tuple(info.shape))
 
 
 def teacher_forced(model, feeds: dict, stored: dict[str, np.ndarray], outputs: list[str],

@@ -104,8 +104,9 @@ def run(program: Program, inputs: dict[str, np.ndarray], *, race_check: bool = T
     """Execute `program` on fresh cores (one shared DDR, private LMEM each) and return every role
     'output' tensor by name (storage dtype: fp32/fp16 as numpy, bf16 as uint16 bit patterns, DDR dtype
     uint8 / uint16 as unsigned numpy arrays).
-    `snapshots` {name: (GDMA instruction index, DdrTensor)} (single core): each tensor read from DDR
-    right after that GDMA instruction executes, returned by name with the outputs.
+    `snapshots` {name: ({engine: instruction index}, DdrTensor | isa LocalTensor)} (single core): each
+    tensor read (from DDR, or LMEM) right after the last of those instructions executes, returned by
+    name with the outputs (DDR ones as read_outputs reads them, LMEM ones as (N, C, H, W) storage values).
     A single-core program without messages runs on the one-core executor as it always did."""
     machine = Machine(program.chip, program.memory.ddr_bytes_used)
     load_inputs(machine, program, inputs)
@@ -122,16 +123,24 @@ def run(program: Program, inputs: dict[str, np.ndarray], *, race_check: bool = T
 
 
 def _snapshotter(machine: Machine, snapshots: dict, taken: dict):
-    """observe() for execute_program: copy each snapshot tensor out of DDR after its GDMA instruction."""
-    from tpuflow.isa.base import Engine
-    due: dict[int, list] = {}
-    for name, (index, tensor) in snapshots.items():
-        due.setdefault(index, []).append((name, tensor))
+    """observe() for execute_program: copy each snapshot tensor out of memory once every instruction
+    it waits for has executed (each engine runs its queue in order: its progress is its last index)."""
+    due: dict[tuple, list] = {}
+    for name, (needs, target) in snapshots.items():
+        for engine, index in needs.items():
+            due.setdefault((engine, index), []).append((name, needs, target))
+    progress: dict = {}
 
     def observe(engine, index):
-        if engine == Engine.GDMA:
-            for name, tensor in due.get(index, ()):
-                dtype = storage_dtype(tensor)
-                raw = machine.read_ddr(tensor.addr, tensor.nbytes)
-                taken[name] = raw.view(dtype).reshape(tuple(tensor.shape)).copy()
+        progress[engine] = index
+        for name, needs, target in due.get((engine, index), ()):
+            if all(progress.get(e, -1) >= i for e, i in needs.items()):
+                taken[name] = _read(machine, target)
     return observe
+
+
+def _read(machine: Machine, target) -> np.ndarray:
+    if isinstance(target, DdrTensor):
+        dtype = storage_dtype(target)
+        return machine.read_ddr(target.addr, target.nbytes).view(dtype).reshape(tuple(target.shape)).copy()
+    return np.array(machine.lmem.read(target))

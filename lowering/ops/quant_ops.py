@@ -43,6 +43,7 @@ import numpy as np
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.quant import dequantize, quantize, storage_range
 from tpuflow.isa import ConvTiu, Mm2Tiu, PordTiu, Prec, StrideMode
+from tpuflow.isa.base import LocalTensor
 from tpuflow.isa.tiu import RQ_ROUND_MODES, RqDqTiu, dq0_scalars, rq0_channel_words, rq0_scalars, rq1_scalars
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
@@ -1345,6 +1346,15 @@ class ChainQuant:
         for member, member_plan in zip(self.members, plan.members):
             self._hand_over(member, dict(plan.held), plan.top)
             member.emit(member_plan)
+            self._record_held(member)
+
+    def _record_held(self, member) -> None:
+        """Note where the tensors a member makes and the chain holds lie (Program.held_tensors)."""
+        made = {t for n in member.group.nodes for t in n.outputs}
+        layers = tuple(n.name for n in member.group.nodes)
+        for t, tile in member.lmem.items():
+            if t in made and t not in self.views:
+                self.ctx.held_tensors[t] = (LocalTensor(tile.addr, tile.shape, tile.strides, tile.prec), layers)
 
 
 class QuantMove(MoveEmitter):
