@@ -308,3 +308,16 @@ def test_an_elementwise_op_reading_a_float_result_stays_float():
     assert result.int8_ops == 1 and "Gemm" in [n.op_type for n in result.model.graph.node]
     checked = verify(_gain_after_a_float_op(), None, CompileOptions(dtype="int8"))
     assert checked["ok"], checked["outputs"]
+
+
+def test_the_tile_path_says_which_int8_products_ran_on_the_tiu(capsys):
+    """--matmul tile --dtype int8: the quantized products run on the TIU; estimate says so, in JSON and text."""
+    from tpuflow import cli
+    from tpuflow.estimate import matmul_path
+    _, program = compile_model("small_cnn", "sg2260", CompileOptions(dtype="int8", matmul="tile"))
+    path = matmul_path(program)
+    assert path["int8_on_tiu"] == ["block1/conv", "block2/conv", "block3/conv", "fc"] and path["on_tile"] == []
+    assert not program.tile
+    assert matmul_path(compile_model("small_cnn", "sg2260", CompileOptions(dtype="fp16", matmul="tile"))[1]) == {}
+    assert cli.main(["estimate", "small_cnn", "--dtype", "int8", "--matmul", "tile"]) == 0
+    assert "matmul path    tile requested: 4 int8 product layers ran on the TIU, 0 on the TILE engine" in capsys.readouterr().out

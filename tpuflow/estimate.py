@@ -174,7 +174,23 @@ def estimate_report(program: Program, sim) -> dict:
         "layers": [r.as_dict() for r in layers], "top_layers": [r.name for r in top],
         **({"cores": core_rows(sim)} if getattr(sim, "cores", None) else {}),
         **({"quantization": program.quantization} if program.quantization else {}),
+        **({"matmul_path": tile_path} if (tile_path := matmul_path(program)) else {}),
     }
+
+
+def matmul_path(program: Program) -> dict:
+    """Under --matmul tile, which products the TILE engine took and which ran on the TIU: int8 ones
+    (CONV / MM2 with int32 accumulation) stay on the TIU, as the TILE lowering takes float products
+    only. Empty for --matmul tiu or when no product stayed on the TIU."""
+    from tpuflow.scheduler.bounds import int8_product_layers
+    if program.options.get("matmul") != "tile":
+        return {}
+    on_tiu = sorted(int8_product_layers(program))
+    if not on_tiu:
+        return {}
+    on_tile = sorted({program.layer_of(Engine.TILE, i) for i in range(len(program.tile))} & set(program.layers))
+    return {"requested": "tile", "on_tile": on_tile, "int8_on_tiu": on_tiu,
+            "why": "the TILE lowering takes float MatMul / Conv only; int8 products are TIU CONV / MM2 with int32 sums"}
 
 
 from tpuflow.options import typed_options  # noqa: E402  (re-exported: estimate --json uses it)
@@ -236,6 +252,9 @@ def render_text(report: dict, top: int = 10) -> str:
         f"dram           read {d['bytes_read'] / 1e6:.2f} MB, written {d['bytes_written'] / 1e6:.2f} MB, "
         f"{d['achieved_gbps']:.1f} GB/s achieved of {d['peak_gbps']:g}, page hit rate {100 * d['page_hit_rate']:.1f}%",
         *(float_op_lines(quant) if quant else []),
+        *([f"matmul path    tile requested: {len(report['matmul_path']['int8_on_tiu'])} int8 product layers ran on "
+           f"the TIU, {len(report['matmul_path']['on_tile'])} on the TILE engine ({report['matmul_path']['why']})"]
+          if report.get("matmul_path") else []),
         "",
         f"top {top} layers by time (busy time of the layer's busiest engine; span = first start to last end):",
     ]
