@@ -273,8 +273,8 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
        boundary the program keeps out of DDR cannot be read: the row says the tail was checked
        against the reference boundary only, which is the direct check.
     4. An output that fails rules 2-3 end to end passes stage-wise (tpuflow.stagewise) when every
-       quantized tensor the program stores in DDR (snapshotted right after its producer's last
-       write), recomputed by onnxruntime from the program's own values of the stored tensors it
+       quantized tensor the program stores in DDR or an int8 chain holds in LMEM (snapshotted right
+       after its producer's last write), recomputed by onnxruntime from the program's own values of the stored tensors it
        reads (teacher forcing, in either execution), is within QUANT_STEPS_ALLOWED codes, and the
        output recomputed from the program's stored tensors meets rule 2 or 3. One-step rounding
        differences (fp32 float arithmetic against integer kernels, fp16 float ops between int8
