@@ -17,7 +17,9 @@ TIU DPC pipes (CUBE for CONV/MM2, VECTOR otherwise; T = TIU period; d_* = the pi
   end      = max(body_end + compute_latency*T, end_prev)                    (in-order retirement)
 Vector ARB has no fixed delay (d_arb = 0; its cost is the bubbles). The per-bus GEN address FIFOs
 (vector_gen_fifo_depth) are not modelled one by one: GEN's run-ahead is bounded by lookahead.
-TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period. A TMOVE
+TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period; consecutive
+TMATMUL / TGEMV blocks stream through the cube as the TIU's cube pipe does: the next one starts when the
+previous one's body ends (its fill_latency overlaps), any other block starts after the previous end. A TMOVE
 goes to the tile buffer's DMA port (TilePort) and the engine takes the next block block_overhead cycles later;
 the port runs its moves in order (LMEM / tile only: move_port_latency + bytes / move_port_bytes_per_cycle
 tile cycles; with a DDR side: the GDMA's cost of its descriptor, as a flow of the shared memory owned by
@@ -44,7 +46,7 @@ from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH, push
 from tpuflow.hwmodel.timing.gdma import CommandTable
 from tpuflow.hwmodel.timing.transfers import TransferCosts, TransferModel
-from tpuflow.isa import Engine, Instruction, SysDma, SysTiu, TMove
+from tpuflow.isa import Engine, Instruction, SysDma, SysTiu, TMatmul, TMove
 
 TIU, GDMA, TILE = (e.code for e in Engine)
 SYNC_NAMES = ("tiu_sync_id", "tdma_sync_id", "tile_sync_id")   # by Engine.code
@@ -356,6 +358,8 @@ class TileEngine(EngineBase):
         self.finished = [False] * len(instrs)
         self.completed = 0            # blocks whose completion was signalled (in order)
         self.parked = -1              # a block waiting for a move in flight that it conflicts with
+        self.last_matmul = False      # the previous block run was a TMATMUL / TGEMV (the cube pipeline)
+        self.last_end = 0             # the latest end of a block run so far
 
     def earliest(self, index: int) -> int:
         arrival = self.arrival[index]
@@ -369,7 +373,8 @@ class TileEngine(EngineBase):
         self.col_dependency[index] = now - (arrival if arrival > earliest else earliest)
         self._taken(index)
         if isinstance(self.instrs[index], TMove):
-            start = self.clock.align(now)
+            start = max(self.clock.align(now), self.last_end)
+            self.last_matmul = False
             self.free = start + tile_cycles(self.instrs[index], self.chip) * self.period     # the hand-over
             self.port.submit(index, start)
             self.scheduled = False
@@ -381,8 +386,15 @@ class TileEngine(EngineBase):
         self._run(index, now)
 
     def _run(self, index: int, now: int) -> None:
+        instr, period = self.instrs[index], self.period
         start = self.clock.align(now)
-        end = self.free = start + tile_cycles(self.instrs[index], self.chip) * self.period
+        streams = isinstance(instr, TMatmul) and self.last_matmul
+        if not streams and self.last_end > start:
+            start = self.last_end            # another block waits for the cube's results
+        end = start + tile_cycles(instr, self.chip) * period
+        self.last_matmul = isinstance(instr, TMatmul)
+        self.free = end - self.chip.tile.fill_latency_cycles * period if self.last_matmul else end
+        self.last_end = max(self.last_end, end)
         self.col_start[index], self.col_end[index] = start, end
         self.q.schedule(end, COMPLETE, self._block_done, index)
         self.scheduled = False

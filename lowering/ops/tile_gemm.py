@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,6 +50,8 @@ TILE_SIDES = (64, 32, 16)      # M and N tile sizes tried (multiples of the 16 x
 OUTPUT_SPAN = 12               # result tiles delivered together at most (M slots: fewer than a queue, so none
                                # is overwritten by the next ACCCVT or identity push before it leaves)
 STAGE_ROWS = 2                 # staging rows (queue_slots tiles each) one DMA brings into LMEM at most
+STAGE_DMA_BYTES = 1024 * 1024  # a staging DMA's bytes at most with a tile-buffer DMA port (stage_rows)
+STAGE_TAIL_TILES = 16          # with the port: the last staging row of a stream (stage_rows)
 STREAM_BATCH = 8               # constant K tiles loaded per DMA (half a queue: the next run loads while this one is read)
 # Operand tile loads are priced by hwmodel.timing.cost.tile_load_cycles (the scheduler's per-instruction cost):
 # through the tile buffer a runtime operand costs its DDR rows, without it its K0-element (32 B) or
@@ -231,7 +234,10 @@ class TileGemm:
         if need is None or not self.ctx.chip.tile.buffer_chunk_bytes:
             return 0
         _, count, stride = need
-        return -(-(count + self.ctx.chip.tile.queue_slots - 1) // self.ctx.chip.tile.queue_slots) * stride
+        chip = self.ctx.chip
+        if chip.tile.move_port_bytes_per_cycle:        # _StagedStream._address: lanes wide, count // lanes deep
+            return -(-count // chip.lanes) * stride
+        return max(len(stage_rows(chip, count, stride, base)) - 1 for base in range(chip.tile.queue_slots)) * stride
 
     def _streams(self, tiles, k_steps) -> dict[str, "_Stream"]:
         """The streaming operands' tiles (and the bias rows) in the order the blocks read them,
@@ -443,27 +449,52 @@ class StickyCache:
         return self.held[key]
 
 
+def stage_rows(chip, count: int, stride: int, base: int = 0) -> list[int]:
+    """Stream positions where the staging rows of a stream of `count` tiles of `stride` bytes start,
+    and `count` (one lane per tile of a row; a row is one DMA, or a few consecutive full rows).
+    Without a tile-buffer DMA port rows are the queue's slots from slot `base` (a TIU copy keeps each
+    tile in the lane of its slot). With the port (its moves change lanes) the last STAGE_TAIL_TILES tiles
+    are a row of their own (the blocks after the last DMA are few) and the rest is cut into equal rows
+    of at most STAGE_DMA_BYTES and `lanes` tiles (few, large DMAs)."""
+    if not chip.tile.move_port_bytes_per_cycle:
+        slots = chip.tile.queue_slots
+        return [0] + list(range(slots - base, count, slots)) + [count]
+    tail = min(count, STAGE_TAIL_TILES) if count > 2 * STAGE_TAIL_TILES else count
+    head = count - tail
+    rows = -(-head * stride // STAGE_DMA_BYTES) if head else 0
+    rows = max(rows, -(-head // chip.lanes))
+    cuts = [head * i // rows for i in range(rows)] if rows else []
+    return cuts + ([head] if tail else []) + [count]
+
+
 class _StagedStream:
-    """A constant operand streamed through LMEM: its tiles (each padded to `stride` bytes) arrive
-    a row of queue_slots at a time, one DMA per row (128 KiB of 8 KiB tiles, issued a row ahead);
-    then one move per batch (two where the batch crosses a staging row) puts them into their slots:
-    a TMOVE on the tile buffer's DMA port (staging rows whole from the stream's first tile, any lane
-    to any lane), or without the port a TIU copy (lane to same lane: each tile staged in the lane of
-    the slot it will be pushed to). Fewer, larger DMAs than filling slots from DDR in half-queue
-    batches."""
+    """A constant operand streamed through LMEM: its tiles (each padded to `stride` bytes) arrive a
+    staging row at a time (stage_rows: one DMA per row, issued a row ahead); then one move per batch
+    (two where the batch crosses a staging row) puts them into their slots: a TMOVE on the tile
+    buffer's DMA port (any lane to any lane), or without the port a TIU copy (lane to same lane: each
+    tile staged in the lane of the slot it will be pushed to). Fewer, larger DMAs than filling slots
+    from DDR in half-queue batches."""
 
     def __init__(self, gemm: TileGemm, queue: int, op: ConstOperand, blocks: list, offset: int, stride: int):
         self.gemm, self.queue, self.op, self.blocks = gemm, queue, op, blocks
         self.offset, self.stride = offset, stride
+        self.port = bool(gemm.ctx.chip.tile.move_port_bytes_per_cycle)
         self.base: int | None = None       # slot of the stream's first tile
-        self.stage_base = 0                # staging position of the first tile: 0 with a tile-buffer DMA port
-                                           # (its moves may change lanes, so staging rows are whole), else base
+        self.bounds: list[int] = []        # stage_rows (set with base)
         self.position = 0
         self.staged: set[int] = set()
 
-    def _address(self, slot: int, row: int) -> int:
-        """Flat LMEM address of staging row `row` in the lane of `slot`."""
+    def _address(self, position: int, row: int) -> int:
+        """Flat LMEM address where stream position `position` (in staging row `row`) is staged. With a
+        tile-buffer DMA port: lane position % lanes, position // lanes tiles deep (a run of tiles is one
+        LMEM tensor whose channels wrap the lanes, so staging rows and DMAs need no lane alignment and
+        a DMA and the moves reading the rows before it touch different lanes). Without: the lane of the
+        tile's queue slot, row `row` deep."""
         chip = self.gemm.ctx.chip
+        if self.port:
+            level, lane = divmod(position, chip.lanes)
+            return lane * chip.lmem_bytes_per_lane + self.offset + level * self.stride
+        slot = (self.base + position) % chip.tile.queue_slots
         lane_start = chip.tile_slot_address(self.queue, slot) // chip.lmem_bytes_per_lane * chip.lmem_bytes_per_lane
         return lane_start + self.offset + row * self.stride
 
@@ -471,48 +502,53 @@ class _StagedStream:
         self.fill(chunk)
         self.gemm._push_blocks(self.queue, chunk)
 
+    def _row_of(self, position: int) -> int:
+        return bisect_right(self.bounds, position) - 1
+
     def fill(self, chunk: list) -> None:
         """The moves of `chunk` into its slots (staging its rows first), not pushed."""
         ctx, slots = self.gemm.ctx, self.gemm.ctx.chip.tile.queue_slots
-        port = bool(ctx.chip.tile.move_port_bytes_per_cycle)
         if self.base is None:
             self.base = self.gemm.cursor.pushes[self.queue] % slots
-            self.stage_base = 0 if port else self.base
-        row, first = divmod(self.base + self.position, slots)
+            self.bounds = stage_rows(ctx.chip, len(self.blocks), self.stride, self.base)
+        first = (self.base + self.position) % slots
         if first + len(chunk) > slots:
             raise AssertionError("a staged batch wraps the queue")      # _Stream aligns batches
-        srow, sfirst = divmod(self.stage_base + self.position, slots)
+        srow = self._row_of(self.position)
         for r in (srow, srow + 1):
             self._stage(r)
         elems = self.stride // ctx.prec.bytes
         done = 0
         while done < len(chunk):        # runs of the chunk inside one staging row
-            count = min(len(chunk) - done, slots - sfirst)
+            position = self.position + done
+            srow = self._row_of(position)
+            count = len(chunk) - done if self.port else min(len(chunk) - done, self.bounds[srow + 1] - position)
             shape = (1, count, 1, elems)
             dst = make_tile(ctx.chip, ctx.chip.tile_slot_address(self.queue, first + done), shape, ctx.prec)
-            src = make_tile(ctx.chip, self._address(sfirst, srow), shape, ctx.prec)
-            if port:                    # the tile buffer's DMA port (any lane to any lane)
+            src = make_tile(ctx.chip, self._address(position, srow), shape, ctx.prec)
+            if self.port:               # the tile buffer's DMA port (any lane to any lane)
                 tile_copy(ctx, DRegion(global_lmem_address(dst.addr, ctx.chip), shape, dst.strides, ctx.prec),
                           DRegion(global_lmem_address(src.addr, ctx.chip), shape, src.strides, ctx.prec))
-            else:                       # a TIU copy: lane to same lane (stage_base = base)
+            else:                       # a TIU copy: lane to same lane
                 ctx.em.ar("copy", dst, src)
-            done, srow, sfirst = done + count, srow + 1, 0
+            done += count
         self.position += len(chunk)
 
     def _span(self, row: int) -> tuple[int, int]:
         """Stream positions [lo, hi) of staging row `row`."""
-        slots = self.gemm.ctx.chip.tile.queue_slots
-        return max(0, row * slots - self.stage_base), min(len(self.blocks), (row + 1) * slots - self.stage_base)
+        if row >= len(self.bounds) - 1:
+            return len(self.blocks), len(self.blocks)
+        return self.bounds[row], self.bounds[row + 1]
 
     def _stage(self, row: int) -> None:
-        """One DMA: the stream's tiles of staging row `row` into their lanes, with the next rows
-        too (up to STAGE_ROWS) while they are full rows not staged yet."""
+        """One DMA: the stream's tiles of staging row `row` into their lanes, with the next rows too
+        (up to STAGE_ROWS without the port) while they are full rows not staged yet."""
         lo, hi = self._span(row)
         if row in self.staged or lo >= hi:
             return
         slots = self.gemm.ctx.chip.tile.queue_slots
         rows = [row]
-        while (hi - lo == slots and len(rows) < STAGE_ROWS and rows[-1] + 1 not in self.staged
+        while (not self.port and hi - lo == slots and len(rows) < STAGE_ROWS and rows[-1] + 1 not in self.staged
                and self._span(rows[-1] + 1)[1] - self._span(rows[-1] + 1)[0] == slots):
             rows.append(rows[-1] + 1)
         self.staged.update(rows)
@@ -527,8 +563,8 @@ class _StagedStream:
                 flat = layout(op.matrix[r0:r0 + r, c0:c0 + c], *op.padded(r, c), op.k0)
                 image[i, :flat.size] = flat
             addr = ctx.weights.add(key, image.reshape(-1), ctx.prec)
-        count, first = (hi - lo) // len(rows), (self.stage_base + lo) % slots
-        dst = make_tile(ctx.chip, self._address(first, row), (len(rows), count, 1, elems), ctx.prec)
+        count = (hi - lo) // len(rows)
+        dst = make_tile(ctx.chip, self._address(lo, row), (len(rows), count, 1, elems), ctx.prec)
         assert len(rows) == 1 or dst.strides[0] == elems, "staging rows are `stride` bytes apart"
         ctx.em.load(dst, DRegion(addr, dst.shape, (count * elems, elems, elems, 1), ctx.prec))
 

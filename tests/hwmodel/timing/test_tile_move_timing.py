@@ -1,7 +1,8 @@
-"""The tile buffer's DMA port (TMOVE, issue 16) in the simulator: an exact timeline (the engine hands a
-move over in block_overhead cycles and goes on, a block that does not touch the move's bytes runs
-while it is in flight, a TPUSH of the moved slot waits for it to land, blocks retire in order), the
-port's cost model, and a DDR-side move sharing the core's DDR port with a GDMA load."""
+"""The TILE engine in the simulator (issue 16): the tile buffer's DMA port (TMOVE) in an exact
+timeline (the engine hands a move over in block_overhead cycles and goes on, a block that does not
+touch the move's bytes runs while it is in flight, a TPUSH of the moved slot waits for it to land,
+blocks retire in order), the port's cost model, a DDR-side move sharing the core's DDR port with a
+GDMA load, and consecutive TMATMULs streaming through the cube."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tpuflow.hwmodel.timing import simulate
 from tpuflow.hwmodel.timing.compute import tile_cycles
 from tpuflow.hwmodel.timing.cost import instruction_cycles
 from tpuflow.hwmodel.timing.synthetic import ProgramBuilder
-from tpuflow.isa import Prec, TensorDma, TMatmul, TMove, TPush, global_lmem_address, size_code, tile_ref
+from tpuflow.isa import AccCvt, Prec, TensorDma, TMatmul, TMove, TPush, global_lmem_address, size_code, tile_ref
 
 CHIP = load_chip("sg2260")
 
@@ -87,3 +88,22 @@ def test_a_ddr_move_shares_the_core_ddr_port_with_the_gdma():
     assert both["move"] >= alone["move"] and both["load"] >= alone["load"]
     assert max(both.values()) >= 2 * 65536 * 1000 / CHIP.dram.peak_gbps
     assert max(both.values()) < alone["move"] + alone["load"]           # they do overlap
+
+
+def test_consecutive_tmatmuls_stream_through_the_cube():
+    """TPUSH T, then TMATMUL 64 x 64 x 32 twice (the second .ACC) and ACCCVT 64 x 64: each TMATMUL is
+    block_overhead 2 + fill_latency 32 + 16 fractal-step cycles (50 ns at 1 GHz); the second starts when
+    the first one's body (2 + 16 cycles) ends, overlapping its fill latency, as the TIU's cube pipe does;
+    the ACCCVT (2 + 64 * 64 * 4 / 256 = 66 cycles) waits for the second one's end (the ACC is complete)."""
+    b = ProgramBuilder(CHIP)
+    b.add(TPush(dst_queue=0, dst_size=size_code(4096), dt="FP16"))
+    for fn in ("TMATMUL", "TMATMUL.ACC"):
+        b.add(TMatmul(fn=fn, dt="FP16", m=64, n=64, k=32, src0=tile_ref("T", 1), src1=tile_ref("T", 1), reuse0=1,
+                      reuse1=1, acc_size=size_code(64 * 64 * 4)))
+    b.add(AccCvt(layout="NZ2ND", row=64, col=64, dst_queue=2, dst_size=size_code(64 * 64 * 2), dst_dt="FP16"))
+    r = simulate(b.build())
+    first, second, cvt = (r.index("tile", k) for k in (2, 3, 4))
+    t0 = int(r.times["start"][first])
+    assert int(r.times["end"][first]) == t0 + 50_000
+    assert (int(r.times["start"][second]), int(r.times["end"][second])) == (t0 + 18_000, t0 + 68_000)
+    assert (int(r.times["start"][cvt]), int(r.times["end"][cvt])) == (t0 + 68_000, t0 + 134_000)
