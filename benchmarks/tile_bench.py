@@ -6,8 +6,8 @@ For each model: latency, instructions per engine, engine busy time, the estimate
 the CPU seconds (time.process_time: the machine may be shared) of the compile (frontend, lowering,
 list schedule) and of the whole estimate (compile + timing simulation + report) on both --matmul
 paths (issue 16 target: TILE-path ResNet-50 estimated in under 10 s), the TILE / TIU latency
-ratio, and where the TILE path's GDMA time goes (per kind of transfer: DDR -> tile buffer,
-DDR -> LMEM, LMEM -> DDR, ...). Writes benchmarks/results/tile_<dtype>.json and prints a table.
+ratio, where the TILE path's GDMA time goes (per kind of transfer: DDR -> tile buffer,
+DDR -> LMEM, LMEM -> DDR, ...) and what the tile buffer's own DMA port (TMOVE) carries. Writes benchmarks/results/tile_<dtype>.json and prints a table.
 """
 
 from __future__ import annotations
@@ -55,6 +55,20 @@ def gdma_by_kind(program, sim) -> dict[str, dict[str, float]]:
     return {k: {"commands": v["commands"], "us": round(v["us"], 3)} for k, v in sorted(out.items())}
 
 
+def port_by_kind(program, sim) -> dict[str, dict[str, float]]:
+    """TMOVEs on the tile buffer's DMA port per transfer kind: moves and the us they were in flight
+    (start to landing; moves overlap the TILE engine's other blocks)."""
+    from tpuflow.isa import TMove
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"moves": 0, "us": 0.0})
+    for row in np.flatnonzero(sim.engine == 2):
+        instr = program.tile[int(sim.cmd_id[row]) - 1]
+        if isinstance(instr, TMove):
+            kind = transfer_kind(instr.desc, program.chip)
+            out[kind]["moves"] += 1
+            out[kind]["us"] += float(sim.times["end"][row] - sim.times["start"][row]) / 1e6
+    return {k: {"moves": v["moves"], "us": round(v["us"], 3)} for k, v in sorted(out.items())}
+
+
 def run(model: str, chip: str, dtype: str, matmul: str) -> dict:
     """What pipeline.estimate does, with the compile's and the whole estimate's CPU time."""
     from tpuflow.estimate import estimate_report
@@ -69,7 +83,8 @@ def run(model: str, chip: str, dtype: str, matmul: str) -> dict:
     return {"model": model, "matmul": matmul, "dtype": dtype, "latency_us": report["latency_us"],
             "instructions": {k: v["instructions"] for k, v in engines.items()},
             "busy_us": {k: round(v["busy_us"], 3) for k, v in engines.items()},
-            "gdma_by_kind": gdma_by_kind(program, sim), "wall_s": round(wall, 2),
+            "gdma_by_kind": gdma_by_kind(program, sim), "tile_port_by_kind": port_by_kind(program, sim),
+            "wall_s": round(wall, 2),
             "compile_cpu_s": round(compile_cpu, 2), "estimate_cpu_s": round(estimate_cpu, 2)}
 
 
