@@ -421,8 +421,9 @@ class IdentityOperand(ConstOperand):
 
     def load(self, slot_addr, r0, r, c0, c) -> None:
         ctx, k0 = self.ctx, self.k0
+        in_window = slot_addr % ctx.chip.lmem_bytes_per_lane >= ctx.chip.tile_window_offset
         if not ctx.chip.tile.move_port_bytes_per_cycle or (r0, r, c0, c) != (0, self.size, 0, self.size) \
-                or self.size % k0:
+                or self.size % k0 or not in_window:      # (a StickyCache copy in LMEM: loaded as a constant)
             super().load(slot_addr, r0, r, c0, c)
             return
         from tpuflow.lowering.emitter import const_bits
