@@ -67,14 +67,19 @@ def main() -> int:
 def _int8_columns(result: dict) -> dict:
     """--dtype int8 on a float model (verify compares with onnxruntime on tpuflow's QDQ model): the
     worst error in quantization steps where the output is quantized, the worst error against the
-    float model, and how many ops stayed float."""
+    float model, how many ops stayed float, and which of verify's rules passed each output (checks;
+    stage-wise ones with their worst stage)."""
     quant = result.get("quantization")
     if not quant:
         return {}
     outputs = result["outputs"]
     steps = [o.get("steps", o["max_abs_err"] / o["quant_step"]) for o in outputs if o.get("quant_step")]
     tails = [o["tail_check"] for o in outputs if "tail_check" in o]
+    stages = [o["stage_check"] for o in outputs if "stage_check" in o]
     return {"max_quant_steps": max(steps) if steps else None,
+            "checks": sorted({o["check"].split(";")[0] for o in outputs}),
+            **({"worst_stage_steps": max(s["worst_stage"]["steps"] for s in stages),
+                "stages_checked": max(s["stages"] for s in stages)} if stages else {}),
             **({"tail_checks": [{"boundary_values": t["boundary_values"], "ok": t["ok"]} for t in tails]} if tails else {}),
             "references": sorted({o["reference"] for o in outputs}),
             "vs_other_execution_steps": max((o["vs_other_execution"].get("steps", 0.0) for o in outputs), default=None),
