@@ -47,6 +47,9 @@ from tpuflow.lowering.ops.tile_operands import (ConstOperand, LaneRowsOperand, L
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
 
+MATMUL_OUTPUT_SPAN = 1         # a MatMul's result tiles leave one by one as they are converted (each move or
+                               # store overlaps the next tiles' blocks; measured on the transformer blocks);
+                               # a conv's leave in spans of up to OUTPUT_SPAN (many small tiles: fewer commands)
 NHWC_BLOCK = 256               # channels and pixels per block of the NHWC staging transpose
 TIU_STRIDE_MAX = (1 << 15) - 1     # largest TIU operand stride (16-bit signed descriptor fields)
 
@@ -57,7 +60,7 @@ class _TileOutput:
     them leave together (one store, or one copy to lanes and one epilogue pass over the row span)."""
 
     def __init__(self, ctx: LowerCtx, epi: Epilogue, extra_row_bias: np.ndarray | None, label: str,
-                 y_resident=None, value_prec: Prec = Prec.FP32):
+                 y_resident=None, value_prec: Prec = Prec.FP32, span: int = OUTPUT_SPAN):
         self.ctx, self.epi, self.label = ctx, epi, label
         self.value_prec = value_prec      # of the result tiles a TIU epilogue works on (fp32 unless exact)
         self.row_bias = extra_row_bias
@@ -68,7 +71,8 @@ class _TileOutput:
                         and not epi.resident and all(n.op_type == "Relu" for n in epi.nodes))
         if self.in_slot:
             self.needs_tiu = False
-        self.group = OUTPUT_SPAN
+        self.span = span                  # result tiles delivered together at most
+        self.group = span
         self.pending: list | None = None
         self.y_resident = y_resident      # the result kept in LMEM by a layer group (MATRIX), or None
 
@@ -87,11 +91,11 @@ class _TileOutput:
         OUTPUT_SPAN) when no TIU epilogue runs, None when they do not fit. The span is the widest
         of OUTPUT_SPAN, 8, 4, 2, 1 tiles (at most a row of them) whose buffers fit."""
         if not self.needs_tiu:
-            return (), (), OUTPUT_SPAN
+            return (), (), self.span
         names = (self.epi.resident_names() + (["row_bias"] if self.row_bias is not None else []),
                  ["value"] + self.epi.set_names() + ["stored"])
         row_tiles = -(-cols_total // nt)
-        for group in (g for g in (OUTPUT_SPAN, 8, 4, 2, 1) if g <= OUTPUT_SPAN and (g == 1 or g <= row_tiles)):
+        for group in (g for g in (OUTPUT_SPAN, 8, 4, 2, 1) if g <= self.span and (g == 1 or g <= row_tiles)):
             res, per = self._sizes(mt, min(group * nt, cols_total) if group > 1 else nt, rows_total, cols_total)
             if arena.fits(res + per):
                 res_offs, sets = arena.alloc_plan(res, per, self.label, names=names)
@@ -317,7 +321,7 @@ class TileMatmulEmitter:
         """The LMEM buffers of the TIU epilogue (the tile sides are the TILE tiling's, chosen
         by its own estimate), or None when they do not fit `region`."""
         geo, arena = self.geom, self.ctx.planning_arena(region)
-        out = _TileOutput(self.ctx, self.epi, None, self.node.name)
+        out = _TileOutput(self.ctx, self.epi, None, self.node.name, span=MATMUL_OUTPUT_SPAN)
         dims = self._gemm(out, [0]).dims
         planned = out.plan(arena, dims.mt, dims.nt, geo.batch_count * geo.m, geo.n)
         if planned is None:
@@ -332,7 +336,7 @@ class TileMatmulEmitter:
     def emit(self, plan: TilePlan) -> None:
         ctx, geo = self.ctx, self.geom
         ctx.em.layer = self.node.name
-        out = _TileOutput(ctx, self.epi, None, self.node.name, self.y_res)
+        out = _TileOutput(ctx, self.epi, None, self.node.name, self.y_res, span=MATMUL_OUTPUT_SPAN)
         result_addr = ctx.ddr_addr(self.epi.output) if self.y_res is None else 0
         prec = ctx.prec
         runs = [list(range(geo.batch_count))] if self._batched() else [[b] for b in range(geo.batch_count)]
