@@ -75,6 +75,7 @@ class TileGemm:
         self.cursor = QueueCursor(ctx)
         self.dt = TILE_DT[ctx.prec]
         self.stage: int | None = None   # per-lane LMEM offset where a constant stream is staged (stage_need)
+        self.stage_tail = True          # the staged stream's last STAGE_TAIL_TILES tiles in a DMA of their own
         self.panel_base = 0          # queue push index of the resident panel's first tile
         self.sticky: dict[str, tuple[int, tuple]] = {}   # name -> (M push index, (operand key, block))
         self.row_bias: np.ndarray | None = None         # per-row (M) bias added in the ACC (_row_bias_step)
@@ -449,17 +450,20 @@ class StickyCache:
         return self.held[key]
 
 
-def stage_rows(chip, count: int, stride: int, base: int = 0) -> list[int]:
+def stage_rows(chip, count: int, stride: int, base: int = 0, tail: bool = True) -> list[int]:
     """Stream positions where the staging rows of a stream of `count` tiles of `stride` bytes start,
     and `count` (one lane per tile of a row; a row is one DMA, or a few consecutive full rows).
     Without a tile-buffer DMA port rows are the queue's slots from slot `base` (a TIU copy keeps each
     tile in the lane of its slot). With the port (its moves change lanes) the last STAGE_TAIL_TILES tiles
     are a row of their own (the blocks after the last DMA are few) and the rest is cut into equal rows
-    of at most STAGE_DMA_BYTES and `lanes` tiles (few, large DMAs)."""
+    of at most STAGE_DMA_BYTES and `lanes` tiles (few, large DMAs). `tail` False (the product is not
+    the model's last one with weights: the next product's weight DMA overlaps its last blocks) drops
+    the tail row unless the stream fills a whole row of lanes (a DMA long enough to show; measured on
+    the transformer blocks)."""
     if not chip.tile.move_port_bytes_per_cycle:
         slots = chip.tile.queue_slots
         return [0] + list(range(slots - base, count, slots)) + [count]
-    tail = min(count, STAGE_TAIL_TILES) if count > 2 * STAGE_TAIL_TILES else count
+    tail = (min(count, STAGE_TAIL_TILES) if count > 2 * STAGE_TAIL_TILES else count) if tail or count >= chip.lanes else 0
     head = count - tail
     rows = -(-head * stride // STAGE_DMA_BYTES) if head else 0
     rows = max(rows, -(-head // chip.lanes))
@@ -510,7 +514,7 @@ class _StagedStream:
         ctx, slots = self.gemm.ctx, self.gemm.ctx.chip.tile.queue_slots
         if self.base is None:
             self.base = self.gemm.cursor.pushes[self.queue] % slots
-            self.bounds = stage_rows(ctx.chip, len(self.blocks), self.stride, self.base)
+            self.bounds = stage_rows(ctx.chip, len(self.blocks), self.stride, self.base, self.gemm.stage_tail)
         first = (self.base + self.position) % slots
         if first + len(chunk) > slots:
             raise AssertionError("a staged batch wraps the queue")      # _Stream aligns batches

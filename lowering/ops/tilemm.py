@@ -344,6 +344,7 @@ class TileMatmulEmitter:
         for batches in runs:
             gemm = self._gemm(out, batches)
             gemm.stage = plan.stage
+            gemm.stage_tail = self.node.name == _last_weight_product(ctx.graph)
             if batches[0] == 0 and out.needs_tiu:
                 out.load(plan.residents, plan.sets, geo.batch_count * geo.m, geo.n, plan.out_group)
 
@@ -380,6 +381,17 @@ class TileMatmulEmitter:
             return ConstOperand(self.ctx, layout, np.ascontiguousarray(full.T if view.transposed else full), key, 0, 0)
         addr = self.ctx.ddr_addr(tensor) + offset * self.ctx.prec.bytes
         return RowsOperand(self.ctx, layout, addr, rows, cols, view.row_stride, col_major=view.transposed)
+
+
+def _last_weight_product(graph) -> str | None:
+    """The last MatMul / Conv with a constant second input in the model's (topological) order: the
+    only product whose staged weight stream ends in a DMA of its own (TileGemm.stage_tail); every
+    earlier one's last blocks overlap the next product's weight DMA anyway."""
+    last = None
+    for node in graph.nodes():
+        if node.op_type in ("MatMul", "Conv") and len(node.inputs) > 1 and graph.tensor(node.inputs[1]).const is not None:
+            last = node.name
+    return last
 
 
 def _is_residual(ctx: LowerCtx, node, value: str) -> bool:
