@@ -215,17 +215,21 @@ class TileGemm:
         return [self._block(side, *t[:5], k0, kt) for t in self._order() for k0, kt in k_steps]
 
     def stage_need(self) -> tuple[str, int, int] | None:
-        """(side, tiles, stride bytes) of the constant operand that streams with every tile read once
-        (so each can be staged in the lane of the slot it will occupy), None when there is none."""
+        """(side, distinct tiles, stride bytes) of the streaming constant operand staged in LMEM, None
+        when there is none. Without a tile-buffer DMA port only a stream reading every tile once (each
+        is staged in the lane of the slot it will occupy); with it also one reading tiles again (a
+        weight read once per row of output tiles is loaded from DDR once, moved into slots each time)."""
+        port = self.ctx.chip.tile.move_port_bytes_per_cycle > 0
         for side, op in (("a", self.a), ("b", self.b)):
             if side == self.dims.resident or not isinstance(op, ConstOperand):
                 continue
             blocks = self._stream_blocks(side)
-            if len(set(blocks)) != len(blocks) or len(blocks) < 2 * STREAM_BATCH:
+            distinct = len(set(blocks))
+            if (distinct != len(blocks) and not port) or len(blocks) < 2 * STREAM_BATCH:
                 continue
             stride = max(ceil_to(op.padded(r, c)[0] * op.padded(r, c)[1] * self.ctx.prec.bytes, 64)
                          for _, r, _, c in blocks)
-            return side, len(blocks), stride
+            return side, distinct, stride
         return None
 
     def stage_bytes(self) -> int:
@@ -481,6 +485,9 @@ class _StagedStream:
 
     def __init__(self, gemm: TileGemm, queue: int, op: ConstOperand, blocks: list, offset: int, stride: int):
         self.gemm, self.queue, self.op, self.blocks = gemm, queue, op, blocks
+        self.tiles = list(dict.fromkeys(blocks))       # distinct tiles, staged once each, in first-read order
+        index = {block: i for i, block in enumerate(self.tiles)}
+        self.order = [index[b] for b in blocks]         # staged tile of every stream position
         self.offset, self.stride = offset, stride
         self.port = bool(gemm.ctx.chip.tile.move_port_bytes_per_cycle)
         self.base: int | None = None       # slot of the stream's first tile
@@ -514,19 +521,22 @@ class _StagedStream:
         ctx, slots = self.gemm.ctx, self.gemm.ctx.chip.tile.queue_slots
         if self.base is None:
             self.base = self.gemm.cursor.pushes[self.queue] % slots
-            self.bounds = stage_rows(ctx.chip, len(self.blocks), self.stride, self.base, self.gemm.stage_tail)
+            self.bounds = stage_rows(ctx.chip, len(self.tiles), self.stride, self.base, self.gemm.stage_tail)
         first = (self.base + self.position) % slots
         if first + len(chunk) > slots:
             raise AssertionError("a staged batch wraps the queue")      # _Stream aligns batches
-        srow = self._row_of(self.position)
-        for r in (srow, srow + 1):
+        tiles = self.order[self.position:self.position + len(chunk)]
+        for r in sorted({self._row_of(t) for t in tiles} | {self._row_of(max(tiles)) + 1}):
             self._stage(r)
         elems = self.stride // ctx.prec.bytes
         done = 0
-        while done < len(chunk):        # runs of the chunk inside one staging row
-            position = self.position + done
+        while done < len(chunk):        # runs of consecutive staged tiles (inside one staging row without the port)
+            position = tiles[done]
             srow = self._row_of(position)
-            count = len(chunk) - done if self.port else min(len(chunk) - done, self.bounds[srow + 1] - position)
+            count = 1
+            while done + count < len(chunk) and tiles[done + count] == position + count and (
+                    self.port or position + count < self.bounds[srow + 1]):
+                count += 1
             shape = (1, count, 1, elems)
             dst = make_tile(ctx.chip, ctx.chip.tile_slot_address(self.queue, first + done), shape, ctx.prec)
             src = make_tile(ctx.chip, self._address(position, srow), shape, ctx.prec)
@@ -539,9 +549,9 @@ class _StagedStream:
         self.position += len(chunk)
 
     def _span(self, row: int) -> tuple[int, int]:
-        """Stream positions [lo, hi) of staging row `row`."""
+        """Staged tiles [lo, hi) of staging row `row`."""
         if row >= len(self.bounds) - 1:
-            return len(self.blocks), len(self.blocks)
+            return len(self.tiles), len(self.tiles)
         return self.bounds[row], self.bounds[row + 1]
 
     def _stage(self, row: int) -> None:
@@ -558,12 +568,12 @@ class _StagedStream:
         self.staged.update(rows)
         hi = self._span(rows[-1])[1]
         ctx, op, elems = self.gemm.ctx, self.op, self.stride // self.gemm.ctx.prec.bytes
-        key = (f"{op.key}:{op.layout}:stage:{self.stride}:" + ";".join(f"{b}" for b in self.blocks[lo:hi]),)
+        key = (f"{op.key}:{op.layout}:stage:{self.stride}:" + ";".join(f"{b}" for b in self.tiles[lo:hi]),)
         addr = ctx.weights.lookup(key, ctx.prec)
         if addr is None:
             image = np.zeros((hi - lo, elems), np.float32)
             layout = nz_layout if op.layout == "nz" else zn_layout
-            for i, (r0, r, c0, c) in enumerate(self.blocks[lo:hi]):
+            for i, (r0, r, c0, c) in enumerate(self.tiles[lo:hi]):
                 flat = layout(op.matrix[r0:r0 + r, c0:c0 + c], *op.padded(r, c), op.k0)
                 image[i, :flat.size] = flat
             addr = ctx.weights.add(key, image.reshape(-1), ctx.prec)

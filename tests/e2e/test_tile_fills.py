@@ -183,3 +183,26 @@ def test_layer_groups_keep_tile_matmul_operands_and_results_in_lmem(dtype):
         assert bool(lmem_to_window(options)) == expect
         result = verify(model, None, options, race_check=True)
         assert result["ok"], result["outputs"]
+
+
+def test_a_weight_read_by_every_row_of_output_tiles_is_staged_once():
+    """x (192 x 512) . w (512 x 256) fp16 with the tile buffer's DMA port: each row of output tiles reads
+    all of w's tiles again, so the GDMA loads them into LMEM once (w's bytes, tile-padded) and TMOVEs put
+    them into their slots once per row (at least twice w's bytes through the port); numerics."""
+    from tpuflow.isa import TMove
+    b = ModelBuilder()
+    b.output(b.node("MatMul", [b.node("Neg", [b.input("x", [192, 512])], "nx"), b.weight("w", [512, 256])], "y"))
+    model = b.model()
+    chip = load_chip("sg2260")
+    _, program = compile_model(model, chip, CompileOptions(dtype="fp16", matmul="tile"))
+    window = chip.tile_window_offset
+    from_ddr_into_window = [i for i in program.gdma if i.accesses(chip).ddr_reads
+                            and any(r.lo >= window for r in i.accesses(chip).lmem_writes)]
+    staging = [i for i in program.gdma if i.accesses(chip).ddr_reads and getattr(i, "dst_wsize", 0) == 8192 // 2]
+    moved = sum(m.desc.nbytes for m in program.tile if isinstance(m, TMove)
+                and max(r.lanes for r in m.accesses(chip).lmem_reads) <= chip.tile.queue_slots)
+    assert not from_ddr_into_window
+    assert sum(i.dst_csize * i.dst_wsize * 2 for i in staging) == 512 * 256 * 2
+    assert moved >= 2 * 512 * 256 * 2
+    result = verify(model, chip, CompileOptions(dtype="fp16", matmul="tile"), race_check=True)
+    assert result["ok"], result["outputs"]
