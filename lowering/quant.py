@@ -117,8 +117,6 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
         return "moves only of 8-bit tensors sharing one per-tensor Quant"
     if op == "Concat":
         tensors = ins + outs
-        if any(len(t.shape) != 4 for t in tensors) or node.attr("axis") % 4 != 1:
-            return "only channel Concat of NCHW tensors"
         if any(t.quant is None or t.quant.per_channel or t.quant.storage == "int32" or t.is_const for t in tensors):
             return "Concat only of per-tensor 8-bit quantized activations"
         return ""
@@ -308,6 +306,8 @@ def _chainable(graph: Graph, group: Group) -> bool:
         return False                  # grouped (not depthwise): each group's input loads from DDR at lane 0
     runtime = [graph.tensor(t).shape for n in group.nodes for t in (*n.inputs, *n.outputs)
                if t and not graph.tensor(t).is_const]
+    if node.op_type == "Concat" and node.attr("axis") % 4 != 1:
+        return False                  # along another axis than channels: in DDR (ConcatQuant's view)
     if node.op_type in ("Conv", "Concat") + POOLS:
         return all(len(shape) == 4 for shape in runtime)
     return all(len(shape) >= 1 for shape in runtime)

@@ -321,3 +321,53 @@ def test_the_tile_path_says_which_int8_products_ran_on_the_tiu(capsys):
     assert matmul_path(compile_model("small_cnn", "sg2260", CompileOptions(dtype="fp16", matmul="tile"))[1]) == {}
     assert cli.main(["estimate", "small_cnn", "--dtype", "int8", "--matmul", "tile"]) == 0
     assert "matmul path    tile requested: 4 int8 product layers ran on the TIU, 0 on the TILE engine" in capsys.readouterr().out
+
+
+def _rows_concat():
+    """x (1, 4, 16) -> two MatMuls -> Concat along the last axis -> MatMul."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=9)
+    x = b.input("x", (1, 4, 16))
+    a = b.node("MatMul", [x, b.weight("wa", (16, 8))], "a")
+    c = b.node("MatMul", [x, b.weight("wc", (16, 8))], "c")
+    j = b.node("Concat", [a, c], "j", axis=2)
+    b.output(b.node("MatMul", [j, b.weight("wy", (16, 10))], "y"))
+    return b.model()
+
+
+def test_a_concat_along_the_last_axis_runs_in_int8_and_verifies():
+    """Its inputs have their own scales: requantised and placed along the axis (the tensors viewed as
+    (rows, length, 1, 1): a channel Concat of the same bytes); was refused ('only channel Concat')."""
+    result = quantize(_rows_concat())
+    assert result.float_ops == () and result.int8_ops == 4
+    checked = verify(_rows_concat(), None, CompileOptions(dtype="int8"))
+    assert checked["ok"], checked["outputs"]
+
+
+def _broadcast_add_before_a_float_op():
+    """x -> Conv -> (its GlobalAveragePool broadcast back) Add -> Sigmoid: an int8 Add the lowering cannot
+    emit (broadcasting), whose result only a float op reads."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=11)
+    c = b.node("Conv", [b.input("x", (1, 4, 6, 6)), b.weight("w", (8, 4, 3, 3))], "c", kernel_shape=[3, 3])
+    g = b.node("GlobalAveragePool", [c], "g")
+    b.output(b.node("Sigmoid", [b.node("Add", [c, g], "s")], "y"))
+    return b.model()
+
+
+def test_a_node_the_int8_lowering_refuses_is_quantized_again_as_float():
+    """The quantizer quantizes the broadcasting Add; tpuflow quantizes again with it excluded, reports it
+    with the lowering's reason, and the model compiles and verifies with its Conv and pool in int8."""
+    from tpuflow.quantize import NOT_EMITTABLE
+    result = quantize(_broadcast_add_before_a_float_op())
+    (add,) = [f for f in result.float_ops if f["op"] == "Add"]
+    assert add["reason"] == f"{NOT_EMITTABLE} (broadcasting elementwise int8 ops are not supported yet)"
+    assert result.int8_ops == 2
+    checked = verify(_broadcast_add_before_a_float_op(), None, CompileOptions(dtype="int8"))
+    assert checked["ok"], checked["outputs"]

@@ -42,6 +42,8 @@ NO_INT8_FORM = "no int8 form"
 PRODUCT_OF_ACTIVATIONS = "product of two activations"
 FLOAT_INPUT = "reads a float op's output"
 FLOAT_NEIGHBOURS = "its inputs or outputs stay float"
+NOT_EMITTABLE = "the int8 lowering cannot emit it"
+REQUANTIZE_ROUNDS = 2        # quantize again without the nodes the int8 lowering refused, at most this often
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,34 @@ def quantize(model, input_shapes=None, samples: int = CALIBRATION_SAMPLES, data_
     else:
         feeds = _calibration_feeds(graph, samples, seed)
         calibration = {"source": "random", "samples": samples, "seed": seed}
-    qdq, excluded = _quantize_static(proto, graph.name, feeds)
-    int8_ops, float_ops = float_ops_of(qdq, excluded)
+    shapes = {name: graph.tensor(name).shape for name in graph.inputs}
+    qdq, excluded, refused = _quantize_emittable(proto, graph.name, feeds, shapes)
+    int8_ops, float_ops = float_ops_of(qdq, excluded, refused)
     return Quantization(qdq, calibration, int8_ops, float_ops)
+
+
+def _quantize_emittable(proto, label: str, feeds: list[dict], shapes: dict):
+    """(QDQ model, products of activations kept float, {node kept float: why}): quantize_static, then
+    again without the nodes the int8 lowering refuses in the result (a Concat along another axis than
+    channels, say), until it refuses none (at most REQUANTIZE_ROUNDS more rounds)."""
+    refused: dict[str, str] = {}
+    for _ in range(REQUANTIZE_ROUNDS + 1):
+        qdq, products = _quantize_static(proto, label, feeds, sorted(refused))
+        new = {name: why for name, why in _refused_nodes(qdq, shapes).items() if name not in refused}
+        if not new:
+            break
+        refused.update(new)
+    return qdq, products, refused
+
+
+def _refused_nodes(qdq, shapes: dict) -> dict[str, str]:
+    """{name: why} of the quantized nodes of a QDQ model (its inputs of `shapes`) that the int8
+    lowering cannot emit."""
+    from tpuflow.frontend import load
+    from tpuflow.lowering.quant import is_quantized, unsupported_reason
+    graph = load(qdq, {k: v for k, v in shapes.items() if k in {i.name for i in qdq.graph.input}})
+    return {node.name: why for node in graph.nodes()
+            if is_quantized(graph, node) and (why := unsupported_reason(graph, node))}
 
 
 def write_qdq(model, path: str | os.PathLike) -> Path:
@@ -144,7 +171,7 @@ def _check_float_model(proto) -> None:
                           "int8 at any --dtype: give --dtype fp16, bf16 or fp32 for the float rest")
 
 
-def _quantize_static(proto, label: str, feeds: list[dict]):
+def _quantize_static(proto, label: str, feeds: list[dict], refused=()):
     """(QDQ ModelProto, names of the nodes kept float as products of activations) by onnxruntime's
     quantize_static on the float ModelProto `proto`, calibrated on `feeds`. Also kept float: the
     elementwise ops that read a float op's result (_elementwise_beside_float)."""
@@ -162,7 +189,9 @@ def _quantize_static(proto, label: str, feeds: list[dict]):
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
             _batchnorms_as_scale_shift(pre)
             products = _products_of_activations(pre)
-            excluded = products + [n for n in _elementwise_beside_float(pre, set(products)) if n not in products]
+            kept_float = set(products) | set(refused)
+            excluded = products + [n for n in _elementwise_beside_float(pre, kept_float) if n not in products]
+            excluded += [n for n in refused if n not in excluded]
             quantize_static(str(pre), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                             op_types_to_quantize=list(INT8_OPS), nodes_to_exclude=excluded)
@@ -205,7 +234,7 @@ def _elementwise_beside_float(path: Path, kept_float: set) -> list[str]:
     return out
 
 
-def float_ops_of(qdq, products_of_activations=()) -> tuple[int, tuple[dict, ...]]:
+def float_ops_of(qdq, products_of_activations=(), refused=None) -> tuple[int, tuple[dict, ...]]:
     """(int8 compute nodes, the compute nodes left float with the reason) of a QDQ model. A node is
     int8 when it is of a kind the int8 lowering computes (INT8_OPS: the frontend absorbs those into
     quantized ops), every runtime input is a DequantizeLinear output and every output feeds only
@@ -231,6 +260,7 @@ def float_ops_of(qdq, products_of_activations=()) -> tuple[int, tuple[dict, ...]
             int8_ops += 1
             continue
         reason = (PRODUCT_OF_ACTIVATIONS if n.name in products_of_activations else
+                  f"{NOT_EMITTABLE} ({refused[n.name]})" if refused and n.name in refused else
                   NO_INT8_FORM if n.op_type not in INT8_OPS else _float_neighbour(n, producers, dequantized, constants))
         float_ops.append({"node": n.name or n.output[0], "op": n.op_type, "reason": reason})
     return int8_ops, tuple(float_ops)

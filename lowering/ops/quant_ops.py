@@ -453,7 +453,8 @@ class PoolQuant(Planned):
 
 
 class ConcatQuant(Planned):
-    """Channel Concat of quantized NCHW tensors. In DDR: an input the DDR plan placed inside the output
+    """Concat of quantized tensors: channels of NCHW tensors, or any axis of tensors viewed as
+    (before the axis, along it, 1, after it), which is a channel Concat of the same bytes. In DDR: an input the DDR plan placed inside the output
     (ddrplan's Concat members: its producer wrote it there) with the output's Quant costs nothing,
     another with that Quant is one DDR -> DDR copy. Otherwise in row steps: the input (held by a
     chain, or loaded), requantised when its Quant is not the output's (dq0 to the exact fp32
@@ -464,11 +465,14 @@ class ConcatQuant(Planned):
         super().__init__(ctx, group)
         g = ctx.graph
         self.out = self.node.outputs[0]
-        self.shape = g.tensor(self.out).shape
+        shape = tuple(g.tensor(self.out).shape)
+        axis = self.node.attr("axis") % len(shape)
+        self.shape = shape if (len(shape), axis) == (4, 1) else \
+            (math.prod(shape[:axis]), shape[axis], 1, math.prod(shape[axis + 1:]))
         self.parts, c0 = [], 0
         for x in self.node.inputs:
-            self.parts.append((x, c0, g.tensor(x).shape[1]))
-            c0 += g.tensor(x).shape[1]
+            self.parts.append((x, c0, g.tensor(x).shape[axis]))
+            c0 += g.tensor(x).shape[axis]
         quant = g.tensor(self.out).quant
         self.requantised = [p for p in self.parts if g.tensor(p[0]).quant != quant]
         self.placed: set[str] = set()        # inputs a chain's producer wrote into the held output already
@@ -1175,9 +1179,13 @@ class DepthwiseQuant(ProductQuant):
     exact fp32 integers q - zp_x (dq0, scale 1; the zero padding of pord.depthwise is then the zero
     point's padding), the int8 weights and the int32 bias are fp32 integers, and pord.depthwise sums
     the products in fp32: exact while every partial sum stays below 2**24 (checked), so the result is
-    the int32 accumulator; CONV's relu is pord's, and the per-channel rq0 reads the fp32 sums."""
+    the int32 accumulator; CONV's relu is pord's, and the per-channel rq0 reads the fp32 sums.
+    A bias past that (a trained channel of tiny weight scale) is split: pord adds its low byte (the
+    sums stay exact), then one fp32 add of the rest (a multiple of 256, exact in fp32) rounds the
+    whole sum once, as onnxruntime rounds its int32 accumulator to fp32 (the relu then follows it)."""
 
     EXACT = 1 << 24                       # fp32 integers are exact below this
+    BIAS_LOW = 256                        # the bias part pord adds when the bias is split
 
     def __init__(self, ctx: LowerCtx, group: Group):
         Planned.__init__(self, ctx, group)
@@ -1189,7 +1197,12 @@ class DepthwiseQuant(ProductQuant):
         bias = self._const_bias(node.inputs[2] if len(node.inputs) > 2 else None)
         s_x, self.zp_x = per_tensor(ctx, self.x)
         lo, hi = storage_range(g.tensor(self.x).quant.storage)
-        reach = np.abs(weights).sum(axis=1) * max(abs(lo - self.zp_x), abs(hi - self.zp_x)) + np.abs(bias)
+        reach = np.abs(weights).sum(axis=1) * max(abs(lo - self.zp_x), abs(hi - self.zp_x))
+        self.bias_high = None             # the part of a split bias added after pord (fp32, exact)
+        if (reach + np.abs(bias)).max(initial=0) >= self.EXACT:
+            high = np.floor_divide(bias, self.BIAS_LOW) * self.BIAS_LOW
+            bias, self.bias_high = bias - high, high.astype(np.float32)
+            reach = reach + self.BIAS_LOW
         if reach.max(initial=0) >= self.EXACT:
             raise LoweringError(f"node {node.name}: depthwise sums may reach {int(reach.max())}, past fp32's exact "
                                 f"integers (2**24)")
@@ -1197,7 +1210,8 @@ class DepthwiseQuant(ProductQuant):
         self.requant = self._requant(w_info.quant, s_x)
 
     def _const_parts(self) -> list[tuple[np.ndarray, Prec]]:
-        return [(self.weights, Prec.FP32), (self.bias.reshape(-1, 1), Prec.FP32), (self.requant.words, Prec.INT32)]
+        parts = [(self.weights, Prec.FP32), (self.bias.reshape(-1, 1), Prec.FP32), (self.requant.words, Prec.INT32)]
+        return parts + ([(self.bias_high.reshape(-1, 1), Prec.FP32)] if self.bias_high is not None else [])
 
     def sizes(self, choice):
         ct, rt = choice
@@ -1217,7 +1231,8 @@ class DepthwiseQuant(ProductQuant):
 
     def _tile(self, offs, consts, n: int, c0: int, c: int, h0: int, h: int) -> None:
         ctx, geo, chip = self.ctx, self.geom, self.chip
-        wt, bt, qt = consts
+        wt, bt, qt = consts[:3]
+        relu_in_pord = self.requant.relu and self.bias_high is None
         r0, rows, up, dn = geo.input_rows(h0, h)
         acc = make_tile(chip, offs["acc"], (1, c, h, geo.wo), Prec.FP32)
         x_f = make_tile(chip, offs["x_f"], (1, c, rows, geo.w), Prec.FP32)
@@ -1232,9 +1247,13 @@ class DepthwiseQuant(ProductQuant):
         fields.update(x_f.fields("opd0"))
         ctx.em.tiu(PordTiu(op="depthwise", **fields, opd0_h=rows, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=geo.kh,
                            opd1_w=geo.kw, opt_opd1_const=0, opt_opd1_prec=int(Prec.FP32), opd2_addr=bt.addr,
-                           opt_opd2_const=0, opt_opd2_prec=int(Prec.FP32), opt_relu=int(self.requant.relu),
+                           opt_opd2_const=0, opt_opd2_prec=int(Prec.FP32), opt_relu=int(relu_in_pord),
                            opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
                            res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1))
+        if self.bias_high is not None:
+            ctx.em.ar("add", acc, acc, consts[3].broadcast(acc.shape, n=True, h=True, w=True))
+            if self.requant.relu:
+                ctx.em.ar("max", acc, acc, 0.0)
         self._requantise(acc, out, qt)
         if self.out not in self.lmem or self.out in self.keep:
             ctx.em.store(out, self._y_region(n, c0, c, h0, h))

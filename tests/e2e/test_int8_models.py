@@ -959,3 +959,40 @@ def test_a_bias_row_on_held_rows_reads_its_row_once(monkeypatch):
     assert result["ok"] and result["outputs"][0]["max_abs_err"] <= result["outputs"][0]["quant_step"]
     monkeypatch.setattr(quant, "CHAIN_RESIDENT_SHARE", 0)
     assert np.array_equal(chained, run_on_chip(q, x, dtype="fp32")["y"])
+
+
+def _depthwise_with_a_dead_channel():
+    """A float depthwise Conv (8 channels, 3x3) whose channel 0 has weights of 1e-7 and a bias of 0.5:
+    quantized per channel, that channel's int32 bias is about 0.5 / (s_x * s_w), far past 2**24."""
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=4)
+    w = b.weight("w", (8, 1, 3, 3))
+    b.inits[-1] = onnx_numpy_scaled(b.inits[-1], 0, 1e-7)
+    bias = b.const("bias", np.array([0.5] + [0.1] * 7, np.float32))
+    b.output(b.node("Conv", [b.input("x", (1, 8, 10, 10)), w, bias], "y", group=8, kernel_shape=[3, 3],
+                    pads=[1, 1, 1, 1]))
+    return b.model()
+
+
+def onnx_numpy_scaled(init, channel: int, factor: float):
+    from onnx import numpy_helper
+    values = numpy_helper.to_array(init).copy()
+    values[channel] *= factor
+    return numpy_helper.from_array(values, init.name)
+
+
+def test_a_depthwise_bias_past_fp32s_integers_is_split_and_exact():
+    """pord adds the bias's low byte, one fp32 add the rest: the program verifies (was refused: 'depthwise
+    sums may reach ..., past fp32's exact integers') and the big channel gets its own add."""
+    from tpuflow.isa import ArTiu, Engine
+    from tpuflow.lowering.ops.quant_ops import DepthwiseQuant
+    model = _depthwise_with_a_dead_channel()
+    graph, program = compile_model(model, "sg2260", CompileOptions(dtype="int8"))
+    conv = next(n for n in graph.nodes() if n.op_type == "Conv")
+    q = graph.tensor(conv.inputs[2]).const
+    assert np.abs(q).max() >= DepthwiseQuant.EXACT
+    adds = [i for i, layer in zip(program.tiu, program.layer_names(Engine.TIU))
+            if layer == conv.name and isinstance(i, ArTiu) and i.op == "add"]
+    assert adds
+    result = verify(model, "sg2260", CompileOptions(dtype="int8"))
+    assert result["ok"], result["outputs"]
