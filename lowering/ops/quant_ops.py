@@ -49,6 +49,7 @@ from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.emitter import MAX_DMA_DIM, pool_scale_fields
 from tpuflow.lowering.groups import Group
+from tpuflow.lowering.layergroup import NCHW
 from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
 from tpuflow.lowering.ops.movement import MoveEmitter
@@ -213,6 +214,12 @@ class ElementwiseQuant(Planned):
             self.held_row = np.tile(pattern, self.shape[3] // pattern.size).astype(np.float32) \
                 if self.shape[3] % pattern.size == 0 else None      # one held row's (lowering.quant._chainable)
             self.constant = None
+        if self.direct:                  # a float side a layer group keeps in LMEM (_boundary_ports)
+            for t in (*self.inputs, self.out):
+                resident = ctx.resident(t)
+                if resident is not None and g.tensor(t).quant is None:
+                    self.lmem[t] = resident.tile(self.chip)
+            self.keep = {self.out} & set(self.lmem) & set(g.outputs)
 
     def _channel_constant(self, g, const: str) -> bool:
         """(C, 1, 1) / (1, C, 1, 1) on an NCHW result: loaded once per channel (the NCHW view)."""
@@ -1410,3 +1417,20 @@ def single_emitter(ctx: LowerCtx, group: Group):
 def quant_emitter(ctx: LowerCtx, group: Group):
     """The emitter of a "quant" group (lowering/quant.py): a chain, or one group by its first node's kind."""
     return ChainQuant(ctx, group) if isinstance(group, QuantChain) else single_emitter(ctx, group)
+
+
+def _boundary_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
+    """Layer groups (lowering/residency.py): a lone DequantizeLinear of a 4-D tensor may write its float
+    result into LMEM, a lone QuantizeLinear may read its float input there (NCHW, the program's float
+    type), so an int8 <-> float boundary costs one int8 DMA instead of a float round trip as well."""
+    node = group.anchor
+    if isinstance(group, QuantChain) or len(group.nodes) != 1 or \
+            node.op_type not in ("QuantizeLinear", "DequantizeLinear") or \
+            any(len(graph.tensor(t).shape) != 4 for t in (node.inputs[0], node.outputs[0])):
+        return {}, {}
+    if node.op_type == "QuantizeLinear":
+        return {node.inputs[0]: NCHW}, {}
+    return {}, {node.outputs[0]: NCHW}
+
+
+quant_emitter.resident_ports = _boundary_ports

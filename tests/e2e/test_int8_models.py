@@ -996,3 +996,34 @@ def test_a_depthwise_bias_past_fp32s_integers_is_split_and_exact():
     assert adds
     result = verify(model, "sg2260", CompileOptions(dtype="int8"))
     assert result["ok"], result["outputs"]
+
+
+def _float_activation_between_convs():
+    """x -> Conv -> HardSigmoid (no int8 form) -> Conv -> y: the quantizer puts a DequantizeLinear before the
+    float op and a QuantizeLinear after it."""
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=6)
+    c = b.node("Conv", [b.input("x", (1, 8, 12, 12)), b.weight("w1", (16, 8, 3, 3))], "c", kernel_shape=[3, 3],
+               pads=[1, 1, 1, 1])
+    s = b.node("HardSigmoid", [c], "s")
+    b.output(b.node("Conv", [s, b.weight("w2", (8, 16, 3, 3))], "y", kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+    return b.model()
+
+
+def test_a_float_op_between_int8_layers_keeps_its_float_tensors_in_lmem():
+    """The DequantizeLinear writes its fp16 result into LMEM and the QuantizeLinear reads its input there
+    (layer groups): each moves only its int8 side over DDR (16 x 12 x 12 bytes), the float op none; with
+    layer groups off each float side round-trips DDR at 2 bytes an element. Both verify."""
+    model = _float_activation_between_convs()
+    graph, program = compile_model(model, "sg2260", CompileOptions(dtype="int8"))
+    assert [n.name for n in graph.nodes() if n.op_type in ("DequantizeLinear", "HardSigmoid", "QuantizeLinear")] == [
+        "x_QuantizeLinear", "c_DequantizeLinear", "hardsigmoid_1", "s_QuantizeLinear", "y_DequantizeLinear"]
+    moved = layer_ddr_bytes(program)
+    dq, q = "c_DequantizeLinear", "s_QuantizeLinear"
+    assert moved[dq] == [16 * 144, 0] and moved[q] == [0, 16 * 144]
+    assert "hardsigmoid_1" not in moved
+    _, separate = compile_model(model, "sg2260", CompileOptions(dtype="int8", layer_group="off"))
+    assert layer_ddr_bytes(separate)[dq] == [16 * 144, 2 * 16 * 144]
+    for options in (CompileOptions(dtype="int8"), CompileOptions(dtype="int8", layer_group="off")):
+        result = verify(model, "sg2260", options)
+        assert result["ok"], result["outputs"]
