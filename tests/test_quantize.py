@@ -371,3 +371,32 @@ def test_a_node_the_int8_lowering_refuses_is_quantized_again_as_float():
     assert result.int8_ops == 2
     checked = verify(_broadcast_add_before_a_float_op(), None, CompileOptions(dtype="int8"))
     assert checked["ok"], checked["outputs"]
+
+
+def _division_between_convs(named: bool = True):
+    """x -> Conv -> Div by 6 -> Conv (the tail of a hard-swish); `named` False: the nodes have no names."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=12)
+    c = b.node("Conv", [b.input("x", (1, 4, 8, 8)), b.weight("w1", (8, 4, 3, 3))], "c", kernel_shape=[3, 3])
+    d = b.node("Div", [c, b.const("six", np.array(6.0, np.float32))], "d")
+    b.output(b.node("Conv", [d, b.weight("w2", (4, 8, 3, 3))], "y", kernel_shape=[3, 3]))
+    model = b.model()
+    if not named:
+        for n in model.graph.node:
+            n.name = ""
+    return model
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_division_by_a_constant_runs_in_int8_as_a_product(named):
+    """Div has no int8 form; by a constant it is a Mul by the reciprocal, which has: the model runs
+    wholly in int8 (no float op, no Div left) and verifies; unnamed nodes are named after their output."""
+    result = quantize(_division_between_convs(named))
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "Div" not in ops and ops.count("Mul") == 1 and result.float_ops == () and result.int8_ops == 3
+    assert all(n.name for n in result.model.graph.node)
+    checked = verify(_division_between_convs(named), None, CompileOptions(dtype="int8"))
+    assert checked["ok"], checked["outputs"]

@@ -188,6 +188,7 @@ def _quantize_static(proto, label: str, feeds: list[dict], refused=()):
         try:
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
             _batchnorms_as_scale_shift(pre)
+            _reciprocal_products(pre)
             products = _products_of_activations(pre)
             kept_float = set(products) | set(refused)
             excluded = products + [n for n in _elementwise_beside_float(pre, kept_float) if n not in products]
@@ -281,6 +282,47 @@ def _float_neighbour(node, producers: dict, dequantized: set, constants: set) ->
         if t and t not in constants and t not in dequantized and producer is not None:
             return f"{FLOAT_INPUT} ({producer.op_type} {producer.name or producer.output[0]})"
     return FLOAT_NEIGHBOURS
+
+
+def _reciprocal_products(path: Path) -> None:
+    """Rewrite (in the file) ops that have an int8 form once written as ops the int8 lowering
+    computes (every node named first: _name_nodes): a Div by a constant as a Mul by its reciprocal (a
+    hard-swish's x * relu6(x + 3) / 6 between int8 convolutions in MobileNetV3-like models then stays
+    in int8 instead of round-tripping DDR as a float op)."""
+    import onnx
+    from onnx import helper, numpy_helper
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    nodes, added = [], []
+    named = _name_nodes(model)
+    for n in model.graph.node:
+        name = n.name
+        if n.op_type == "Div" and n.input[1] in inits:
+            divisor = numpy_helper.to_array(inits[n.input[1]])
+            if divisor.dtype.kind == "f" and np.all(divisor != 0):
+                added.append(numpy_helper.from_array((1 / divisor).astype(divisor.dtype), f"{name}/reciprocal"))
+                nodes.append(helper.make_node("Mul", [n.input[0], f"{name}/reciprocal"], list(n.output), name=name))
+                continue
+        nodes.append(n)
+    if not added and not named:
+        return
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(added)
+    onnx.save(model, str(path))
+
+
+def _name_nodes(model) -> int:
+    """Name every unnamed node after its first output (unique in a valid model), so that the quantizer's
+    exclusions and the int8 lowering's refusals name the same nodes; how many were named."""
+    taken = {n.name for n in model.graph.node if n.name}
+    count = 0
+    for n in model.graph.node:
+        if not n.name and n.output and n.output[0] not in taken:
+            n.name = n.output[0]
+            taken.add(n.name)
+            count += 1
+    return count
 
 
 def _batchnorms_as_scale_shift(path: Path) -> None:
