@@ -98,9 +98,10 @@ class EngineBase:
         if msg is not None and msg.kind == "wait":
             self.sim.board.consume(msg)
 
-    # --- to implement
+    # --- to implement (the default: when it has arrived and the engine is free)
     def earliest(self, index: int) -> int:
-        raise NotImplementedError
+        arrival = self.arrival[index]
+        return self.free if self.free > arrival else arrival
 
     def execute(self, index: int, now: int) -> int:
         """Time the instruction; record it; return its end time."""
@@ -262,9 +263,6 @@ class GdmaEngine(EngineBase):
         self.dram_first = -1
         self.dram_last = 0
 
-    def earliest(self, index: int) -> int:
-        arrival = self.arrival[index]
-        return self.free if self.free > arrival else arrival
 
     def execute(self, index: int, now: int) -> int:
         end = self.free = now + self.span[index]
@@ -302,9 +300,6 @@ class GdmaFlowEngine(EngineBase):
         self.dram_first = -1
         self.dram_last = 0
 
-    def earliest(self, index: int) -> int:
-        arrival = self.arrival[index]
-        return self.free if self.free > arrival else arrival
 
     def _dispatch(self, _) -> None:
         index = self.cmds.popleft()
@@ -361,9 +356,6 @@ class TileEngine(EngineBase):
         self.last_matmul = False      # the previous block run was a TMATMUL / TGEMV (the cube pipeline)
         self.last_end = 0             # the latest end of a block run so far
 
-    def earliest(self, index: int) -> int:
-        arrival = self.arrival[index]
-        return self.free if self.free > arrival else arrival
 
     def _dispatch(self, _) -> None:
         index = self.cmds.popleft()
