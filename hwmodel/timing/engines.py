@@ -108,6 +108,17 @@ class EngineBase:
         raise NotImplementedError
 
     # --- shared
+    def _dispatched(self, since: int) -> tuple[int, int]:
+        """Take the next command now: (its index, now), its dispatch time and its dependency wait (from
+        the later of its arrival and `since`, when the engine could have taken it) recorded."""
+        index = self.cmds.popleft()
+        now = self.q.now
+        self.col_dispatch[index] = now
+        arrival = self.arrival[index]
+        self.col_dependency[index] = now - (arrival if arrival > since else since)
+        self._taken(index)
+        return index, now
+
     def arrive(self, index: int, at: int) -> None:
         """The IFE hands `index` over now; it is in the command list at `at` (earliest() honours it)."""
         self.arrival[index] = at
@@ -300,14 +311,8 @@ class GdmaFlowEngine(EngineBase):
         self.dram_first = -1
         self.dram_last = 0
 
-
     def _dispatch(self, _) -> None:
-        index = self.cmds.popleft()
-        now = self.q.now
-        self.col_dispatch[index] = now
-        arrival, free = self.arrival[index], self.free
-        self.col_dependency[index] = now - (arrival if arrival > free else free)
-        self._taken(index)
+        index, now = self._dispatched(self.free)
         self.running = index
         self.col_start[index] = now
         solo, memory = self.solo[index], self.memory
@@ -356,14 +361,8 @@ class TileEngine(EngineBase):
         self.last_matmul = False      # the previous block run was a TMATMUL / TGEMV (the cube pipeline)
         self.last_end = 0             # the latest end of a block run so far
 
-
     def _dispatch(self, _) -> None:
-        index = self.cmds.popleft()
-        now = self.q.now
-        self.col_dispatch[index] = now
-        arrival, earliest = self.arrival[index], self.planned
-        self.col_dependency[index] = now - (arrival if arrival > earliest else earliest)
-        self._taken(index)
+        index, now = self._dispatched(self.planned)
         if isinstance(self.instrs[index], TMove):
             start = max(self.clock.align(now), self.last_end)
             self.last_matmul = False
