@@ -151,12 +151,7 @@ class EngineBase:
 
     def _dispatch(self, _) -> None:
         self.scheduled = False
-        index = self.cmds.popleft()
-        now = self.q.now
-        self.col_dispatch[index] = now
-        arrival, earliest = self.arrival[index], self.planned
-        self.col_dependency[index] = now - (arrival if arrival > earliest else earliest)
-        self._taken(index)
+        index, now = self._dispatched(self.planned)
         end = self.execute(index, now)
         self.q.schedule(end, COMPLETE, self._complete, index)
         self.poke()
