@@ -400,3 +400,24 @@ def test_a_division_by_a_constant_runs_in_int8_as_a_product(named):
     assert all(n.name for n in result.model.graph.node)
     checked = verify(_division_between_convs(named), None, CompileOptions(dtype="int8"))
     assert checked["ok"], checked["outputs"]
+
+
+def _dense_with_a_row_bias():
+    """x (4, 16) -> MatMul -> Add of a (1, 8) bias: a dense layer as tf2onnx writes it."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=3)
+    m = b.node("MatMul", [b.input("x", (4, 16)), b.weight("w", (16, 8))], "m")
+    b.output(b.node("Add", [m, b.const("bias", np.random.RandomState(0).randn(1, 8).astype(np.float32))], "y"))
+    return b.model()
+
+
+def test_a_dense_layers_row_bias_quantizes():
+    """onnxruntime's quantizer fails on the (1, N) bias of the Gemm it fuses ('truth value of an array ...
+    is ambiguous'); tpuflow hands it the bias as (N,), the same broadcast: int8, verifies."""
+    result = quantize(_dense_with_a_row_bias())
+    assert result.int8_ops == 1 and result.float_ops == ()
+    checked = verify(_dense_with_a_row_bias(), None, CompileOptions(dtype="int8"))
+    assert checked["ok"], checked["outputs"]

@@ -188,7 +188,7 @@ def _quantize_static(proto, label: str, feeds: list[dict], refused=()):
         try:
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
             _batchnorms_as_scale_shift(pre)
-            _reciprocal_products(pre)
+            _quantizable_forms(pre)
             products = _products_of_activations(pre)
             kept_float = set(products) | set(refused)
             excluded = products + [n for n in _elementwise_beside_float(pre, kept_float) if n not in products]
@@ -284,19 +284,28 @@ def _float_neighbour(node, producers: dict, dequantized: set, constants: set) ->
     return FLOAT_NEIGHBOURS
 
 
-def _reciprocal_products(path: Path) -> None:
-    """Rewrite (in the file) ops that have an int8 form once written as ops the int8 lowering
-    computes (every node named first: _name_nodes): a Div by a constant as a Mul by its reciprocal (a
-    hard-swish's x * relu6(x + 3) / 6 between int8 convolutions in MobileNetV3-like models then stays
-    in int8 instead of round-tripping DDR as a float op)."""
+def _quantizable_forms(path: Path) -> None:
+    """Rewrite (in the file) ops into forms the quantizer and the int8 lowering take (every node
+    named first: _name_nodes): a Div by a constant as a Mul by its reciprocal (a hard-swish's
+    x * relu6(x + 3) / 6 between int8 convolutions in MobileNetV3-like models then stays in int8
+    instead of round-tripping DDR as a float op), and a Gemm's or MatMul's bias of shape (1, ..., 1, N)
+    as (N,) (the same broadcast on a rank-2-or-more result; onnxruntime's quantizer fails on the 2-D
+    form: 'truth value of an array ... is ambiguous', onnxruntime 1.32, tf2onnx dense layers)."""
     import onnx
     from onnx import helper, numpy_helper
     model = onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in list(model.graph.value_info) + list(model.graph.input)}
+    producers = {t: n for n in model.graph.node for t in n.output}
     nodes, added = [], []
     named = _name_nodes(model)
     for n in model.graph.node:
         name = n.name
+        row = _bias_row(n, inits, ranks, producers)
+        if row is not None:
+            index, values = row
+            added.append(numpy_helper.from_array(values, f"{name}/bias_row"))
+            n.input[index] = f"{name}/bias_row"
         if n.op_type == "Div" and n.input[1] in inits:
             divisor = numpy_helper.to_array(inits[n.input[1]])
             if divisor.dtype.kind == "f" and np.all(divisor != 0):
@@ -306,10 +315,31 @@ def _reciprocal_products(path: Path) -> None:
         nodes.append(n)
     if not added and not named:
         return
-    del model.graph.node[:]
+    used = {t for n in nodes for t in n.input} | {o.name for o in model.graph.output}
+    kept = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.node[:], model.graph.initializer[:]
     model.graph.node.extend(nodes)
-    model.graph.initializer.extend(added)
+    model.graph.initializer.extend(kept + added)
     onnx.save(model, str(path))
+
+
+def _bias_row(node, inits: dict, ranks: dict, producers: dict):
+    """(input index, the values as (N,)) of a Gemm's constant C of shape (1, N), or of an Add's constant
+    (1, ..., 1, N) operand added to a MatMul's result of at least its rank; None otherwise."""
+    from onnx import numpy_helper
+    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] in inits:
+        values = numpy_helper.to_array(inits[node.input[2]])
+        return (2, values.reshape(-1)) if values.ndim == 2 and values.shape[0] == 1 else None
+    if node.op_type != "Add" or len(node.input) != 2:
+        return None
+    for index in (0, 1):
+        const, other = node.input[index], node.input[1 - index]
+        producer = producers.get(other)
+        if const in inits and producer is not None and producer.op_type == "MatMul":
+            values = numpy_helper.to_array(inits[const])
+            if values.ndim >= 2 and all(d == 1 for d in values.shape[:-1]) and ranks.get(other, 0) >= values.ndim:
+                return index, values.reshape(-1)
+    return None
 
 
 def _name_nodes(model) -> int:
