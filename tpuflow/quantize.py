@@ -315,6 +315,13 @@ def _quantizable_forms(path: Path) -> None:
         nodes.append(n)
     if not added and not named:
         return
+    _save_rewritten(model, nodes, added, path)
+
+
+def _save_rewritten(model, nodes: list, added: list, path: Path) -> None:
+    """Write `model` to `path` with `nodes` as its graph and `added` among its initializers (those no
+    node reads any more dropped)."""
+    import onnx
     used = {t for n in nodes for t in n.input} | {o.name for o in model.graph.output}
     kept = [i for i in model.graph.initializer if i.name in used]
     del model.graph.node[:], model.graph.initializer[:]
@@ -383,12 +390,7 @@ def _batchnorms_as_scale_shift(path: Path) -> None:
                   helper.make_node("Add", [f"{name}/scaled", f"{name}/bn_shift"], list(n.output), name=f"{name}/shift")]
     if not added:
         return
-    used = {t for n in nodes for t in n.input} | {o.name for o in model.graph.output}
-    kept = [i for i in model.graph.initializer if i.name in used]
-    del model.graph.node[:], model.graph.initializer[:]
-    model.graph.node.extend(nodes)
-    model.graph.initializer.extend(kept + added)
-    onnx.save(model, str(path))
+    _save_rewritten(model, nodes, added, path)
 
 
 def _initializers_not_inputs(model):

@@ -55,19 +55,15 @@ def _ddr_points(graph, program, names) -> dict[str, tuple]:
 
 def _lmem_writers(program, tile, layers) -> dict:
     """{engine: index of the last instruction of `layers` writing into `tile`'s LMEM range}."""
-    from tpuflow.isa import Engine, LmemRange
+    from tpuflow.isa import Engine, lmem_ranges
     chip = program.chip
-    lanes = min(tile.shape[1], chip.lanes)
-    offset = tile.offset(chip)
-    span = tile.prec.bytes * (1 + sum((d - 1) * s for d, s in zip(
-        (tile.shape[0], -(-(tile.start_lane(chip) + tile.shape[1]) // chip.lanes), tile.shape[2], tile.shape[3]),
-        tile.strides)))
-    extent = LmemRange(tile.start_lane(chip), lanes, offset, offset + span)
+    extent = lmem_ranges(tile.addr, tile.shape, tile.strides, tile.prec.bytes, chip)
     wanted, needs = set(layers), {}
     for engine in (Engine.TIU, Engine.GDMA):
         queue, names = program.queue(engine), program.layer_names(engine)
         for index in range(len(queue) - 1, -1, -1):
-            if names[index] in wanted and any(r.overlaps(extent) for r in queue[index].accesses(chip).lmem_writes):
+            if names[index] in wanted and any(r.overlaps(e) for r in queue[index].accesses(chip).lmem_writes
+                                              for e in extent):
                 needs[engine] = index
                 break
     return needs
