@@ -274,8 +274,9 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
        against the reference boundary only, which is the direct check.
     4. An output that fails rules 2-3 end to end passes stage-wise (tpuflow.stagewise) when every
        quantized tensor the program stores in DDR or an int8 chain holds in LMEM (snapshotted right
-       after its producer's last write), recomputed by onnxruntime from the program's own values of the stored tensors it
-       reads (teacher forcing, in either execution), is within QUANT_STEPS_ALLOWED codes, and the
+       after its producer's last write), recomputed by onnxruntime from the program's own values of
+       the stored tensors it reads (teacher forcing, in either execution), is within
+       QUANT_STEPS_ALLOWED codes, and the
        output recomputed from the program's stored tensors meets rule 2 or 3. One-step rounding
        differences (fp32 float arithmetic against integer kernels, fp16 float ops between int8
        layers, onnxruntime's QLinearAdd formula) compound with depth; rule 4 checks each stage
@@ -298,8 +299,8 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
     quantized = _is_quantized(graph)
     tails = _float_tails(graph) if quantized else {}
     readable = _ddr_readable(graph, decoded, {t for b in tails.values() for t in b})
-    decoded.held_tensors = program.held_tensors          # the lowering's record (not in the binaries)
-    points = snapshot_points(graph, decoded, _quantized_produced(graph)) if quantized else {}
+    # the binaries hold no record of what int8 chains keep in LMEM: the lowering's (same instruction order)
+    points = snapshot_points(graph, decoded, _quantized_produced(graph), program.held_tensors) if quantized else {}
     with step("functional model" + (" with the race detector" if race_check else "")):
         ours = run(_with_outputs(decoded, readable), inputs, race_check=race_check,
                    snapshots={STAGE_PREFIX + k: v for k, v in points.items()})

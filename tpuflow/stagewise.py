@@ -7,21 +7,22 @@ from __future__ import annotations
 import numpy as np
 
 
-def snapshot_points(graph, program, names) -> dict[str, tuple]:
+def snapshot_points(graph, program, names, held: dict | None = None) -> dict[str, tuple]:
     """{tensor: ({engine: instruction index}, DdrTensor | LocalTensor)} for the tensors of `names`
     the program holds whole somewhere after their producer ran: stored in DDR (single core, no TIU /
     TILE write into its range, its producer's GDMA writes cover every byte; the index is the last
-    such write), else held whole in LMEM by an int8 chain (Program.held_tensors; the indices are the
-    last TIU and GDMA instructions of its producer writing into its tile). Each is complete right
+    such write), else held whole in LMEM by an int8 chain (`held`, default program.held_tensors: the
+    indices are the last TIU and GDMA instructions of its producer writing into its tile). Each is complete right
     after those instructions, and nothing may overwrite it before its readers have run."""
     if program.core_count != 1 or len(program.gdma_layers) != len(program.gdma):
         return {}
+    held = program.held_tensors if held is None else held
     points = _ddr_points(graph, program, names)
     for name in names:
-        if name not in points and name in program.held_tensors:
-            needs = _lmem_writers(program, *program.held_tensors[name])
+        if name not in points and name in held:
+            needs = _lmem_writers(program, *held[name])
             if needs:
-                points[name] = (needs, program.held_tensors[name][0])
+                points[name] = (needs, held[name][0])
     return points
 
 
