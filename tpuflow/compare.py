@@ -182,10 +182,11 @@ def signed_activations(model):
     shifted = {n.output[0] for n in graph.node if n.op_type == "QuantizeLinear" and len(n.input) > 2
                and n.input[2] in u8}
     readers = [n for n in graph.node if set(n.input) & shifted]
-    if not shifted or any(n.op_type != "DequantizeLinear" or n.input[0] not in shifted or n.input[2] not in u8
-                   for n in readers) \
-            or any(n.op_type == "DequantizeLinear" and n.input[0] in u8 for n in graph.node) \
-            or any(i.type.tensor_type.elem_type == onnx.TensorProto.UINT8 for i in graph.input):
+    only_dequantized = all(n.op_type == "DequantizeLinear" and n.input[0] in shifted and n.input[2] in u8
+                           for n in readers)
+    uint8_weights = any(n.op_type == "DequantizeLinear" and n.input[0] in u8 for n in graph.node)
+    uint8_inputs = any(i.type.tensor_type.elem_type == onnx.TensorProto.UINT8 for i in graph.input)
+    if not shifted or not only_dequantized or uint8_weights or uint8_inputs:
         return model, set()
     model = _copy(model)
     zero_points = {n.input[2] for n in model.graph.node if n.op_type in qdq and len(n.input) > 2 and

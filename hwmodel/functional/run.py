@@ -116,7 +116,7 @@ def run(program: Program, inputs: dict[str, np.ndarray], *, race_check: bool = T
         execute_program(machine, program, race_check=race_check, interleave=interleave, seed=seed, observe=observe)
     else:
         if snapshots:
-            raise ExecutionError("DDR snapshots are taken on single-core programs only")
+            raise ExecutionError("snapshots are taken on single-core programs only")
         machines = [machine] + [Machine(program.chip, 0, ddr=machine.ddr) for _ in range(1, program.core_count)]
         execute_cores(machines, program, race_check=race_check, interleave=interleave, seed=seed)
     return {**read_outputs(machine, program), **taken}

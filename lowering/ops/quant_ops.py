@@ -461,7 +461,8 @@ class PoolQuant(Planned):
 
 class ConcatQuant(Planned):
     """Concat of quantized tensors: channels of NCHW tensors, or any axis of tensors viewed as
-    (before the axis, along it, 1, after it), which is a channel Concat of the same bytes. In DDR: an input the DDR plan placed inside the output
+    (before the axis, along it, 1, after it), which is a channel Concat of the same bytes.
+    In DDR: an input the DDR plan placed inside the output
     (ddrplan's Concat members: its producer wrote it there) with the output's Quant costs nothing,
     another with that Quant is one DDR -> DDR copy. Otherwise in row steps: the input (held by a
     chain, or loaded), requantised when its Quant is not the output's (dq0 to the exact fp32
