@@ -464,20 +464,36 @@ class TileConvEmitter:
         self.residual = None
         add = epilogue[0] if epilogue and _is_residual(ctx, epilogue[0], out) else None
         other = next(t for t in add.inputs if t != out) if add is not None else None
-        if add is not None and ctx.resident(other) is not None:
+        if add is not None and ctx.resident(other) is not None and not self._lmem_residual_ok():
             add = None
         tail = epilogue[1:] if add is not None else epilogue
         self.bias_in_acc = all(n.op_type == "Relu" for n in tail)     # everything but Relu in the ACC
         if self.bias_in_acc and add is not None:
             self.residual, out, epilogue = other, add.outputs[0], tail
         self.epi = Epilogue(ctx, out, epilogue, ctx.graph.tensor(out).shape, 2)
+        # layer groups: the input, the residual and the result kept in LMEM (NCHW, channels on lanes)
+        self.in_res = ctx.resident(self.node.inputs[0])
+        self.residual_res = ctx.resident(self.residual) if self.residual is not None else None
+        self.out_res = ctx.resident(self.epi.output)
+
+    def _lmem_residual_ok(self) -> bool:
+        """Whether a residual kept in LMEM can enter the ACC (I . R from its pixel-major image, built
+        by TIU transposes from the resident channels): an implicit GEMM of one image and one group."""
+        geo = self.geom
+        return geo.n == 1 and geo.groups == 1 and self._images() is not None and self._residual_layout(True) == "zn"
+
+    def reads_lmem(self) -> bool:
+        """Whether an operand or the result lives in LMEM (a layer group): then only the implicit GEMM
+        of one image and group serves (TileConvChoice hands anything else to the TIU conv)."""
+        return (self.in_res is not None or self.residual_res is not None or self.out_res is not None
+                or self.epi.full_resident())
 
     def _output(self) -> "_TileOutput":
         """Result tiles in the model's dtype when only Relu is left for the TIU, else fp32 (and the
-        bias added on the TIU)."""
+        bias added on the TIU); written into the result's LMEM buffer when a layer group keeps it."""
         if self.bias_in_acc:
-            return _TileOutput(self.ctx, self.epi, None, self.node.name, value_prec=self.ctx.prec)
-        return _TileOutput(self.ctx, self.epi, self.bias, self.node.name)
+            return _TileOutput(self.ctx, self.epi, None, self.node.name, self.out_res, value_prec=self.ctx.prec)
+        return _TileOutput(self.ctx, self.epi, self.bias, self.node.name, self.out_res)
 
     @staticmethod
     def scratch_bytes(graph, group: Group, options) -> int:
@@ -501,12 +517,12 @@ class TileConvEmitter:
         else:
             bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
         residual = None
-        if self.residual is not None:
+        if self.residual is not None and (residual_images is not None or self.residual_res is not None):
+            residual = WindowOperand(ctx, self._residual_images(), residual_images or 0, geo.wo)
+        elif self.residual is not None:
             r_addr = ctx.ddr_addr(self.residual) + (n * geo.cout + oc0) * pix * ctx.prec.bytes
             layout = self._residual_layout(window is not None)
             residual = RowsOperand(ctx, layout, r_addr, cout_g, pix, pix)     # zn: I . R, channel rows whole fractals
-            if residual_images is not None:
-                residual = WindowOperand(ctx, self._residual_images(), residual_images, geo.wo)
         gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, out.value_prec if out.needs_tiu else ctx.prec,
                         bias_key=f"{self.node.name}:{gi}", residual=residual,
                         n_tile=window[1] if window else None, k_unit=cin_g if window else None)
@@ -528,7 +544,7 @@ class TileConvEmitter:
         group still needs the epilogue's residents), or None when they do not fit `region`."""
         geo, ctx, chip = self.geom, self.ctx, self.ctx.chip
         implicit = self._plan_implicit(region)
-        if implicit is not None:
+        if implicit is not None or self.reads_lmem():
             return implicit
         arena = ctx.planning_arena(region)
         out = self._output()
@@ -580,13 +596,19 @@ class TileConvEmitter:
                     self._phase_images(n, ic0, cin_g, plan, zero=n == 0 and gi == 0)
                 else:
                     self._im2col(n, ic0, cin_g, plan)
-                if plan.residual_images is not None:
+                if plan.residual_images is not None and self.residual_res is not None:
+                    source = self.residual_res.view(ctx.chip, n, oc0, cout_g, 0, geo.ho)
+                    self._build_images(self._residual_images(), None, plan.window_stage, plan.residual_images, False,
+                                       source)
+                elif plan.residual_images is not None:
                     pix_bytes = geo.ho * geo.wo * ctx.prec.bytes
                     self._build_images(self._residual_images(), ctx.ddr_addr(self.residual) + (n * geo.cout + oc0) * pix_bytes,
                                        plan.window_stage, plan.residual_images, False)
 
                 def deliver(slot, _batch, m0, mt, n0, nt, n=n, oc0=oc0):
                     def regions(p0, width, c=oc0 + m0):
+                        if self.out_res is not None:        # written into the LMEM buffer (rows_view)
+                            return None, lambda addr: self._y_region(addr, n, c, mt, p0, width)
                         return (self._y_region(ctx.ddr_addr(self.epi.output), n, c, mt, p0, width),
                                 lambda addr: self._y_region(addr, n, c, mt, p0, width))
                     out.deliver(slot, oc0 + m0, mt, n0, nt, regions)
@@ -632,9 +654,13 @@ class TileConvEmitter:
         if planned is None:
             return None
         output_buffers = len(arena.names)
-        stage = tile_bytes_per_lane(chip, (1, images.channels, geo.h, geo.w), ctx.prec)
+        if self.reads_lmem() and (geo.n > 1 or geo.groups > 1):
+            return None
+        stage = chip.core.lmem_align_bytes      # DDR images pass through it (none when the sources are resident)
+        if self.in_res is None:
+            stage = tile_bytes_per_lane(chip, (1, images.channels, geo.h, geo.w), ctx.prec)
         res_images = self._residual_images()
-        if res_images is not None:      # the residual passes through the same staging buffer
+        if res_images is not None and self.residual_res is None:   # the residual passes through it too
             stage = max(stage, tile_bytes_per_lane(chip, (1, res_images.channels, geo.ho, geo.wo), ctx.prec))
         if not arena.fits([stage, images.bytes_per_lane]):
             return None
@@ -652,6 +678,8 @@ class TileConvEmitter:
                 if ring:
                     sizes, names = sizes + [ring * stride], names + ["weight_stage"]
         residual = res_images is not None and arena.fits(sizes + [res_images.bytes_per_lane])
+        if self.residual_res is not None and not residual:
+            return None
         if residual:
             sizes, names = sizes + [res_images.bytes_per_lane], names + ["residual_images"]
         sticky = arena.fits(sizes + [chip.tile.slot_bytes])
@@ -671,9 +699,13 @@ class TileConvEmitter:
     def _phase_images(self, n: int, ic0: int, cin_g: int, plan: TileConvPlan, zero: bool) -> None:
         """Image n's channels [ic0, ic0 + cin_g) into the phase images (_build_images)."""
         geo, e = self.geom, self.ctx.prec.bytes
+        zero = zero and any((geo.pt, geo.pl, geo.pb, geo.pr))
+        if self.in_res is not None:
+            source = self.in_res.view(self.ctx.chip, n, ic0, cin_g, 0, geo.h)
+            self._build_images(self._images(), None, plan.window_stage, plan.window_images, zero, source)
+            return
         x_addr = self.ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * geo.h * geo.w * e
-        self._build_images(self._images(), x_addr, plan.window_stage, plan.window_images,
-                           zero and any((geo.pt, geo.pl, geo.pb, geo.pr)))
+        self._build_images(self._images(), x_addr, plan.window_stage, plan.window_images, zero)
 
     def _residual_layout(self, implicit: bool) -> str:
         """Zn (I . R, R's channel rows whole K fractals) for an implicit GEMM whose output channels per
@@ -692,15 +724,19 @@ class TileConvEmitter:
                               kh=1, kw=1)
         return PhaseImages(out, geo.cout // geo.groups, self.ctx.prec.bytes)
 
-    def _build_images(self, images: PhaseImages, x_addr: int, stage_offset: int, images_offset: int, zero: bool) -> None:
+    def _build_images(self, images: PhaseImages, x_addr: int | None, stage_offset: int, images_offset: int, zero: bool,
+                      source: LTile | None = None) -> None:
         """An NCHW image at x_addr (images.channels channels, images.geo.h x w) into `images`: one load
-        (channels on lanes), a zero fill when the conv pads (once: only the border stays zero), then one
-        TIU C<->W transpose per phase (pixels onto lanes, the stride taken by the source's steps)."""
+        (channels on lanes; none when `source`, the image kept in LMEM by a layer group, is given), a zero
+        fill when the conv pads (once: only the border stays zero), then one TIU C<->W transpose per phase
+        (pixels onto lanes, the stride taken by the source's steps)."""
         ctx, chip, prec = self.ctx, self.ctx.chip, self.ctx.prec
         geo, channels, e, lane_bytes = images.geo, images.channels, prec.bytes, chip.lmem_bytes_per_lane
-        stage = make_tile(chip, stage_offset, (1, channels, geo.h, geo.w), prec)
-        pix_in = geo.h * geo.w
-        ctx.em.load(stage, DRegion(x_addr, stage.shape, (channels * pix_in, pix_in, geo.w, 1), prec))
+        stage = source
+        if stage is None:
+            stage = make_tile(chip, stage_offset, (1, channels, geo.h, geo.w), prec)
+            pix_in = geo.h * geo.w
+            ctx.em.load(stage, DRegion(x_addr, stage.shape, (channels * pix_in, pix_in, geo.w, 1), prec))
         row = images.row_bytes // e
         if zero:       # every phase's rows, one lane per column
             rows = images.bytes_per_lane // images.row_bytes
@@ -711,8 +747,8 @@ class TileConvEmitter:
             if scatter is None:
                 continue
             ih0, rows, iw0, cols, u0, v0 = scatter
-            src = LTile(stage.addr + (ih0 * geo.w + iw0) * e, (1, channels, rows, cols), prec,
-                        (0, stage.strides[1], geo.sy * geo.w, geo.sx), StrideMode.FREE)
+            src = LTile(stage.addr + (ih0 * stage.strides[2] + iw0 * stage.strides[3]) * e, (1, channels, rows, cols), prec,
+                        (0, stage.strides[1], geo.sy * stage.strides[2], geo.sx * stage.strides[3]), StrideMode.FREE)
             dst = LTile(v0 * lane_bytes + images_offset + images.base[phase] + u0 * images.row_bytes,
                         (1, cols, rows, channels), prec, (0, 0, row, 1), StrideMode.FREE)    # columns never wrap the lanes
             f = dst.fields("res0", with_shape=True)
@@ -806,18 +842,62 @@ def _valid(out: int, stride: int, offset: int, size: int) -> tuple[int, int]:
     return lo, max(lo, hi)
 
 
+class TileConvChoice:
+    """A conv group of a tile-path model that the TILE engine can take: its TILE plan, or, when a layer
+    group keeps an operand or the result in LMEM and only the TIU conv can serve it there (no implicit
+    GEMM of one image, or its buffers do not fit beside the resident tensors), the TIU conv's plan in
+    the widest region; emit() follows the plan chosen. Conv results thus stay in LMEM (NCHW, channels
+    on lanes, what the next conv's phase images are transposed from) between consecutive convs."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        from tpuflow.lowering.ops.conv import ConvEmitter
+        self.tile = TileConvEmitter(ctx, group)
+        self.make_tiu = lambda: ConvEmitter(ctx, group)     # noqa: E731
+
+    def plan(self, region: str):
+        from tpuflow.lowering.emitplan import REGIONS
+        plan = self.tile.plan(region)
+        if plan is not None or not self.tile.reads_lmem() or region != REGIONS[-1]:
+            return plan
+        return self.make_tiu().plan(region)
+
+    def wants_wider(self, plan) -> bool:
+        return not isinstance(plan, TileConvPlan) and self.make_tiu().wants_wider(plan)
+
+    def prefers(self, plan, other) -> bool:
+        both_tiu = not isinstance(plan, TileConvPlan) and not isinstance(other, TileConvPlan)
+        return both_tiu and self.make_tiu().prefers(plan, other)
+
+    def misfit(self) -> str:
+        return self.make_tiu().misfit()
+
+    def emit(self, plan) -> None:
+        (self.tile if isinstance(plan, TileConvPlan) else self.make_tiu()).emit(plan)
+
+
 def tile_conv_emitter(ctx: LowerCtx, group: Group):
-    """A conv group with the TILE engine. On the TIU instead: a depthwise conv (not a matmul), and a
-    conv with fewer input channels per group than one K fractal row (K0 elements, e.g. an RGB stem):
-    its im2col would move runs of a few bytes and its K fractals would be mostly padding."""
+    """A conv group with the TILE engine (TileConvChoice). On the TIU instead: a depthwise conv (not a
+    matmul), a conv with fewer input channels per group than one K fractal row (K0 elements, e.g. an
+    RGB stem: its im2col would move runs of a few bytes and its K fractals would be mostly padding),
+    and a part of a conv (a slice of a sliced layer group, or one core's channels): the TILE conv
+    computes whole images."""
+    from tpuflow.lowering.context import WHOLE
+    from tpuflow.lowering.ops.conv import ConvEmitter
     geo = conv_geometry(ctx, group.anchor)
     k0 = ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes
-    if (geo.groups == geo.cin == geo.cout and geo.groups > 1) or geo.cin // geo.groups < k0:
-        from tpuflow.lowering.ops.conv import ConvEmitter
+    if (geo.groups == geo.cin == geo.cout and geo.groups > 1) or geo.cin // geo.groups < k0 or ctx.part != WHOLE:
         return ConvEmitter(ctx, group)
-    return TileConvEmitter(ctx, group)
+    return TileConvChoice(ctx, group)
 
 
+def _tile_conv_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
+    """The TIU conv's LMEM ports (NCHW input, full epilogue operands and result): a TILE conv reads and
+    writes the same layout, and TileConvChoice hands the TIU whatever the TILE conv cannot take."""
+    from tpuflow.lowering.ops.conv import ConvEmitter
+    return ConvEmitter.resident_ports(graph, group, chip)
+
+
+tile_conv_emitter.resident_ports = _tile_conv_ports
 tile_conv_emitter.scratch_bytes = TileConvEmitter.scratch_bytes
 
 def _on_tiu(graph, group: Group) -> bool:
