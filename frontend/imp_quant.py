@@ -7,7 +7,9 @@ of a quantized tensor (a DequantizeLinear's output, or a constant that was dequa
 output's only use is one QuantizeLinear takes the quantized tensors directly and produces the
 QuantizeLinear's output; an op of ON_GRID (exact on quantized values) whose result is used in float
 instead runs on the quantized tensor, keeps its input's Quant, and is followed by the DequantizeLinear
-(so QOperator's DQ -> Relu -> MaxPool -> Q becomes Relu -> MaxPool on integers). Conv takes per-tensor
+(so QOperator's DQ -> Relu -> MaxPool -> Q becomes Relu -> MaxPool on integers; a Transpose that only a
+float MatMul reads stays float, the lowering folds it into the MatMul; an Add / Mul broadcasting one runtime
+input against another stays float). Conv takes per-tensor
 activations and per-tensor or axis-0 weights, its bias becomes int32 (frontend/quant.py); MatMul takes
 per-tensor activations and per-tensor or last-axis weights, and a MatMul -> Add(constant bias) -> Q
 chain (Gemm) becomes MatMul -> int32 accumulator -> Add(int32 bias). A Conv / MatMul whose inputs all
@@ -191,7 +193,7 @@ class _Absorber:
             return self.product(n)
         ins = [self.real_of(t) for t in n.inputs]
         q = self.quantize_of(n.outputs[0])
-        if None in ins:
+        if None in ins or self.broadcasts(n):
             return None
         if q is None:
             return self.on_grid(n, ins) if n.op_type in ON_GRID else None
@@ -203,7 +205,7 @@ class _Absorber:
         on the quantized tensor (its output keeps the Quant) and a DequantizeLinear after it gives the
         float result (DequantizeLinear moved below exact ops)."""
         quants = {self.quant(t) for t in ins}
-        if len(quants) != 1 or any(self.d.tensors[t].is_const for t in ins):
+        if len(quants) != 1 or any(self.d.tensors[t].is_const for t in ins) or self.folds_into_matmul(n):
             return None
         try:
             carried = _carried(self.d, replace(n, inputs=tuple(ins)), quants.pop(), n.name)
@@ -215,6 +217,26 @@ class _Absorber:
         dequantize = make_node(self.d.node_name(f"{n.name}/dequantize"), K.DEQUANTIZE, (quantized,), (out.name,))
         self.producer[out.name] = dequantize
         return [replace(n, inputs=tuple(ins), outputs=(quantized,)), dequantize]
+
+    def broadcasts(self, n: OpNode) -> bool:
+        """An Add / Mul broadcasting one runtime input against another (an SE block's x + pooled x): it
+        stays float between its DequantizeLinears and QuantizeLinear (no integer form of it yet)."""
+        runtime = [t for t in n.inputs if t and not self.d.tensors[t].is_const]
+        out = self.d.tensors[n.outputs[0]].shape
+        return n.op_type in (K.ADD, K.MUL) and len(runtime) > 1 and any(self.d.tensors[t].shape != out for t in runtime)
+
+    def folds_into_matmul(self, n: OpNode) -> bool:
+        """A Transpose whose float result only a float MatMul reads (its result, or its bias Add's, is not
+        quantized): it stays float after the DequantizeLinear,
+        so the lowering reads the MatMul's operand through the permutation (lowering.prepare.
+        fold_matmul_transposes) instead of moving the integers in DDR first."""
+        users = self.users.get(n.outputs[0], [])
+        if n.op_type != K.TRANSPOSE or n.outputs[0] in self.d.outputs or len(users) != 1 \
+                or users[0].op_type != K.MATMUL:
+            return False
+        result = users[0].outputs[0]
+        bias = self.sole_user(result, K.ADD)
+        return self.quantize_of(result) is None and (bias is None or self.quantize_of(bias.outputs[0]) is None)
 
     def product(self, n: OpNode) -> list[OpNode] | None:
         x, w = self.real_of(n.inputs[0]), self.real_of(n.inputs[1])

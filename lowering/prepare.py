@@ -1,10 +1,13 @@
-"""Graph preparation before fusion: elementwise operands whose broadcast fits no rows x cols view
-are materialised at full shape (constants expanded at compile time, runtime tensors by an Expand
-node that the movement emitter lowers to a stride-0 DMA)."""
+"""Graph preparation before fusion: duplicate nodes merged, Transposes folded into MatMuls, and
+elementwise operands whose broadcast fits no rows x cols view materialised at full shape (constants
+expanded at compile time, runtime tensors by an Expand node that the movement emitter lowers to a
+stride-0 DMA)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from dataclasses import replace
 
 from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
 from tpuflow.lowering.ewise import ELEMENTWISE, Kind, classify
@@ -17,6 +20,53 @@ def _fits_some_view(graph: Graph, node: OpNode) -> bool:
         if all(k is not None for k in kinds):
             return True
     return False
+
+
+def merge_duplicates(graph: Graph) -> Graph:
+    """The graph with every node that computes what an earlier node computes (same kind, same runtime
+    inputs, constants of equal value, equal attributes, outputs of equal shape, dtype and Quant)
+    removed and its readers reading the earlier node's outputs (a quantizer's one QuantizeLinear per
+    reader of a tensor, each after its own Reshape: one load and one requantisation instead of
+    several). A node making a graph output stays."""
+    rename: dict[str, str] = {}
+    seen: dict[tuple, OpNode] = {}
+    nodes: list[OpNode] = []
+    for node in graph.nodes():
+        node = replace(node, inputs=tuple(rename.get(t, t) for t in node.inputs))
+        key = _computation(graph, node)
+        first = seen.get(key)
+        if first is not None and not set(node.outputs) & set(graph.outputs):
+            rename.update((t, u) for t, u in zip(node.outputs, first.outputs) if t)
+            continue
+        seen.setdefault(key, node)
+        nodes.append(node)
+    if not rename:
+        return graph
+    tensors = {name: info for name, info in graph.tensors.items() if name not in rename}
+    return Graph(graph.name, nodes, tensors, graph.inputs, graph.outputs, graph.model, graph.opset)
+
+
+def _computation(graph: Graph, node: OpNode) -> tuple:
+    """What a node computes, as a hashable key (constants by value)."""
+    def operand(t: str):
+        info = graph.tensor(t) if t else None
+        if info is None or not info.is_const:
+            return ("runtime", t)
+        return ("const", info.shape, info.dtype, np.ascontiguousarray(info.const).tobytes(), info.quant)
+    outputs = tuple((info.shape, info.dtype, info.quant) for info in (graph.tensor(t) for t in node.outputs if t))
+    return (node.op_type, tuple(operand(t) for t in node.inputs), _frozen(node.attrs), outputs,
+            tuple(bool(t) for t in node.outputs))
+
+
+def _frozen(value):
+    """An attribute value (dicts, sequences, arrays, scalars) as a hashable equal-by-value key."""
+    if hasattr(value, "items"):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, value.dtype.str, value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 def fold_matmul_transposes(graph: Graph) -> Graph:

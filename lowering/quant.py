@@ -56,6 +56,9 @@ SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS + MOVES + ("Concat",)
 CHAINABLE = ("Conv", "Concat") + tuple(k for k in ELEMENTWISE if k != "DequantizeLinear") + POOLS
 
 
+BROADCASTING = "broadcasting elementwise int8 ops are not supported yet"
+
+
 def requantising_view(graph: Graph, node: OpNode) -> bool:
     """A Reshape whose output has another Quant than its input (onnxruntime's quantizer gives a
     Flatten before a classifier its own scale): not a view but a requantisation of the flat
@@ -98,7 +101,7 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
         if consts and not (_channel_constant(consts[0], outs[0], op) or row_pattern(graph, node) is not None):
             return "constant operands of elementwise int8 ops only as real values or per-tensor quantized"
         if any(t.shape != outs[0].shape for t in runtime):
-            return "broadcasting elementwise int8 ops are not supported yet"
+            return BROADCASTING
         if any(t.quant is not None and t.quant.per_channel for t in runtime + outs):
             return "per-channel quantized activations are not supported yet"
         if op not in ("QuantizeLinear", "DequantizeLinear") and outs[0].quant is None:

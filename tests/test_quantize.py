@@ -348,8 +348,8 @@ def test_a_concat_along_the_last_axis_runs_in_int8_and_verifies():
 
 
 def _broadcast_add_before_a_float_op():
-    """x -> Conv -> (its GlobalAveragePool broadcast back) Add -> Sigmoid: an int8 Add the lowering cannot
-    emit (broadcasting), whose result only a float op reads."""
+    """x -> Conv -> (its GlobalAveragePool broadcast back) Add -> Conv -> Sigmoid: an int8 Add (between
+    int8 producers and an int8 reader) the lowering cannot emit (broadcasting)."""
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parent / "e2e"))
@@ -357,18 +357,20 @@ def _broadcast_add_before_a_float_op():
     b = ModelBuilder(seed=11)
     c = b.node("Conv", [b.input("x", (1, 4, 6, 6)), b.weight("w", (8, 4, 3, 3))], "c", kernel_shape=[3, 3])
     g = b.node("GlobalAveragePool", [c], "g")
-    b.output(b.node("Sigmoid", [b.node("Add", [c, g], "s")], "y"))
+    s = b.node("Add", [c, g], "s")
+    b.output(b.node("Sigmoid", [b.node("Conv", [s, b.weight("w2", (4, 8, 1, 1))], "c2")], "y"))
     return b.model()
 
 
 def test_a_node_the_int8_lowering_refuses_is_quantized_again_as_float():
-    """The quantizer quantizes the broadcasting Add; tpuflow quantizes again with it excluded, reports it
-    with the lowering's reason, and the model compiles and verifies with its Conv and pool in int8."""
+    """The broadcasting Add the int8 lowering refuses stays float (excluded from onnxruntime's quantizer, and
+    the frontend does not absorb it between its quantized neighbours), reported with the lowering's reason;
+    the model compiles and verifies with its Convs and pool in int8."""
     from tpuflow.quantize import NOT_EMITTABLE
     result = quantize(_broadcast_add_before_a_float_op())
     (add,) = [f for f in result.float_ops if f["op"] == "Add"]
     assert add["reason"] == f"{NOT_EMITTABLE} (broadcasting elementwise int8 ops are not supported yet)"
-    assert result.int8_ops == 2
+    assert result.int8_ops == 3
     checked = verify(_broadcast_add_before_a_float_op(), None, CompileOptions(dtype="int8"))
     assert checked["ok"], checked["outputs"]
 
@@ -420,4 +422,32 @@ def test_a_dense_layers_row_bias_quantizes():
     result = quantize(_dense_with_a_row_bias())
     assert result.int8_ops == 1 and result.float_ops == ()
     checked = verify(_dense_with_a_row_bias(), None, CompileOptions(dtype="int8"))
+    assert checked["ok"], checked["outputs"]
+
+
+def _elementwise_between():
+    """x -> Conv -> Mul(0.5) -> Erf -> Conv(a) and Conv -> Add(1) -> Relu -> Conv(b): the Mul's only reader
+    is a float op (Erf), the Add and Relu sit between int8 Convs."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=4)
+    c = b.node("Conv", [b.input("x", (1, 4, 6, 6)), b.weight("w", (8, 4, 1, 1))], "c")
+    e = b.node("Erf", [b.node("Mul", [c, b.const("half", np.float32(0.5))], "m")], "e")
+    b.output(b.node("Conv", [e, b.weight("wa", (4, 8, 1, 1))], "ya"))
+    r = b.node("Relu", [b.node("Add", [c, b.const("one", np.float32(1.0))], "a")], "r")
+    b.output(b.node("Conv", [r, b.weight("wb", (4, 8, 1, 1))], "yb"))
+    return b.model()
+
+
+def test_elementwise_ops_beside_float_ops_stay_float_and_between_int8_ops_stay_int8():
+    """An elementwise op whose only reader is a float op would cost a QuantizeLinear / DequantizeLinear
+    pair around it: it stays float; the Add between int8 Convs stays int8 (onnxruntime's quantizer folds
+    the Relu after it into its output's quantization)."""
+    result = quantize(_elementwise_between())
+    floats = {f["op"]: f["reason"] for f in result.float_ops}
+    assert floats == {"Erf": NO_INT8_FORM, "Mul": "its inputs or outputs stay float"}, floats
+    assert result.int8_ops == 4         # three Convs and the Add
+    checked = verify(_elementwise_between(), None, CompileOptions(dtype="int8"))
     assert checked["ok"], checked["outputs"]

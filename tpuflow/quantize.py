@@ -4,7 +4,7 @@ inputs or the user's npz files), which the int8 lowering then compiles; the rest
 in fp16. Also owns the record of that step: the calibration used and which ops stayed float, and why.
 
 Only the op kinds the int8 lowering computes are quantized (INT8_OPS), and of the elementwise ones only
-those after quantized producers; everything else stays float between DequantizeLinear and QuantizeLinear. onnxruntime's pre-processing (shape inference and its
+those between quantized producers and quantized readers; everything else stays float between DequantizeLinear and QuantizeLinear. onnxruntime's pre-processing (shape inference and its
 graph optimizer: BatchNormalization folded into Conv) runs first."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from tpuflow.errors import InputFileError, ModelError
+from tpuflow.lowering.quant import BROADCASTING
 from tpuflow.options import CALIBRATION_DEFAULT
 
 INT8_OPS = ("Conv", "MatMul", "Gemm", "Add", "Mul", "Relu", "Clip", "MaxPool", "AveragePool", "GlobalAveragePool",
@@ -105,7 +106,8 @@ def _quantize_emittable(proto, label: str, feeds: list[dict], shapes: dict):
     channels, say), until it refuses none (at most REQUANTIZE_ROUNDS more rounds)."""
     refused: dict[str, str] = {}
     for _ in range(REQUANTIZE_ROUNDS + 1):
-        qdq, products = _quantize_static(proto, label, feeds, sorted(refused))
+        qdq, products, broadcasting = _quantize_static(proto, label, feeds, sorted(refused))
+        refused.update((name, BROADCASTING) for name in broadcasting)
         new = {name: why for name, why in _refused_nodes(qdq, shapes).items() if name not in refused}
         if not new:
             break
@@ -172,9 +174,10 @@ def _check_float_model(proto) -> None:
 
 
 def _quantize_static(proto, label: str, feeds: list[dict], refused=()):
-    """(QDQ ModelProto, names of the nodes kept float as products of activations) by onnxruntime's
-    quantize_static on the float ModelProto `proto`, calibrated on `feeds`. Also kept float: the
-    elementwise ops that read a float op's result (_elementwise_beside_float)."""
+    """(QDQ ModelProto, names of the nodes kept float as products of activations, names of the
+    broadcasting elementwise nodes kept float) by onnxruntime's quantize_static on the float ModelProto
+    `proto`, calibrated on `feeds`. Also kept float: the elementwise ops beside float ops
+    (_elementwise_beside_float)."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -190,8 +193,10 @@ def _quantize_static(proto, label: str, feeds: list[dict], refused=()):
             _batchnorms_as_scale_shift(pre)
             _quantizable_forms(pre)
             products = _products_of_activations(pre)
-            kept_float = set(products) | set(refused)
+            broadcasting = _broadcasting_elementwise(pre)
+            kept_float = set(products) | set(refused) | set(broadcasting)
             excluded = products + [n for n in _elementwise_beside_float(pre, kept_float) if n not in products]
+            excluded += [n for n in broadcasting if n not in excluded]
             excluded += [n for n in refused if n not in excluded]
             quantize_static(str(pre), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
@@ -203,21 +208,50 @@ def _quantize_static(proto, label: str, feeds: list[dict], refused=()):
     # an old model (IR < 4) requires initializers to be graph inputs; the quantizer adds some and
     # raises the opset (QuantizeLinear): the IR version of that opset
     quantized.ir_version = max(quantized.ir_version, MIN_IR_VERSION)
-    return quantized, products
+    return quantized, products, broadcasting
+
+
+def _broadcasting_elementwise(path: Path) -> list[str]:
+    """Names of the elementwise nodes (ELEMENTWISE_INT8) of the shape-inferred model at `path` that
+    broadcast one runtime input against another (an SE block's x + pooled(x)): the int8 lowering has
+    no such op (lowering.quant.BROADCASTING), and between quantized neighbours the frontend would
+    not absorb it anyway (frontend.imp_quant), so they stay float."""
+    import onnx
+    model = onnx.load(str(path))
+    constants = {i.name for i in model.graph.initializer}
+    shapes = {v.name: tuple(d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim)
+              for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    out = []
+    for n in model.graph.node:
+        runtime = [t for t in n.input if t and t not in constants]
+        if n.op_type in ELEMENTWISE_INT8 and len(runtime) > 1 and n.output[0] in shapes and \
+                any(shapes.get(t) != shapes[n.output[0]] for t in runtime):
+            out.append(n.name)
+    return out
 
 
 ELEMENTWISE_INT8 = ("Add", "Mul", "Relu", "Clip")
 
 
 def _elementwise_beside_float(path: Path, kept_float: set) -> list[str]:
-    """Names of the elementwise nodes (ELEMENTWISE_INT8) that read a float op's result (an op the int8
-    lowering does not compute, or one of `kept_float`; through moves): in int8 each would cost a
-    QuantizeLinear of that result and a DequantizeLinear for its float neighbours, round trips an fp16
-    elementwise op does not make (a norm's gain, an activation's pieces). Elementwise ops after
-    quantized producers stay int8."""
+    """Names of the elementwise nodes (ELEMENTWISE_INT8) beside float ops: one that reads a float op's
+    result (an op the int8 lowering does not compute, one of `kept_float`, or an elementwise node
+    already kept float; through moves), or whose every reader is such a float op (or a graph output
+    only). In int8 each would cost a QuantizeLinear and a DequantizeLinear between float neighbours,
+    round trips an fp16 elementwise op does not make (a norm's gain, an activation's pieces, a
+    residual Add before a layer norm). Repeated until no node changes side; elementwise ops between
+    quantized producers and quantized readers stay int8."""
     import onnx
     model = onnx.load(str(path))
     producers = {t: n for n in model.graph.node for t in n.output}
+    readers: dict[str, list] = {}
+    for n in model.graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    floating = set(kept_float)
+
+    def is_float(node) -> bool:
+        return node.op_type not in INT8_OPS or node.name in floating
 
     def source(tensor: str):
         node = producers.get(tensor)
@@ -225,14 +259,24 @@ def _elementwise_beside_float(path: Path, kept_float: set) -> list[str]:
             node = producers.get(node.input[0])
         return node
 
-    out = []
-    for n in model.graph.node:
-        if n.op_type not in ELEMENTWISE_INT8:
-            continue
-        sources = [source(t) for t in n.input if t]
-        if any(s is not None and (s.op_type not in INT8_OPS or s.name in kept_float) for s in sources):
-            out.append(n.name)
-    return out
+    def compute_readers(tensor: str) -> list:
+        out = []
+        for r in readers.get(tensor, ()):
+            out.extend(compute_readers(r.output[0]) if r.op_type in MOVES and r.output else [r])
+        return out
+
+    changed = True
+    while changed:
+        changed = False
+        for n in model.graph.node:
+            if n.op_type not in ELEMENTWISE_INT8 or n.name in floating:
+                continue
+            sources = [source(t) for t in n.input if t]
+            after = [r for t in n.output for r in compute_readers(t)]
+            if any(s is not None and is_float(s) for s in sources) or all(is_float(r) for r in after):
+                floating.add(n.name)
+                changed = True
+    return [n.name for n in model.graph.node if n.name in floating and n.op_type in ELEMENTWISE_INT8]
 
 
 def float_ops_of(qdq, products_of_activations=(), refused=None) -> tuple[int, tuple[dict, ...]]:
@@ -257,7 +301,7 @@ def float_ops_of(qdq, products_of_activations=(), refused=None) -> tuple[int, tu
         inputs_int8 = all(t in dequantized for t in n.input if t and t not in constants)
         outputs_int8 = all(t not in outputs and consumers.get(t, set()) <= {"QuantizeLinear"} and t in consumers
                            for t in n.output)
-        if inputs_int8 and outputs_int8 and n.op_type in INT8_OPS:
+        if inputs_int8 and outputs_int8 and n.op_type in INT8_OPS and not (refused and n.name in refused):
             int8_ops += 1
             continue
         reason = (PRODUCT_OF_ACTIVATIONS if n.name in products_of_activations else

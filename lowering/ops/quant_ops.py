@@ -49,7 +49,7 @@ from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.emitter import MAX_DMA_DIM, pool_scale_fields
 from tpuflow.lowering.groups import Group
-from tpuflow.lowering.layergroup import NCHW
+from tpuflow.lowering.layergroup import MATRIX, NCHW
 from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
 from tpuflow.lowering.ops.movement import MoveEmitter
@@ -123,6 +123,7 @@ class Planned:
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group, self.node, self.chip = ctx, group, group.anchor, ctx.chip
         self.lmem: dict[str, LTile] = {}     # tensors a chain (ChainQuant) holds whole in LMEM
+        self.sides: dict[str, LTile] = {}    # float sides a layer group keeps in LMEM (_boundary_ports)
         self.keep: set[str] = set()          # of those, the ones also stored to DDR (read outside)
         self.top: int | None = None          # a chain's resident tensors lie above: buffers stay below
 
@@ -218,8 +219,8 @@ class ElementwiseQuant(Planned):
             for t in (*self.inputs, self.out):
                 resident = ctx.resident(t)
                 if resident is not None and g.tensor(t).quant is None:
-                    self.lmem[t] = resident.tile(self.chip)
-            self.keep = {self.out} & set(self.lmem) & set(g.outputs)
+                    self.sides[t] = resident.tile(self.chip)
+            self.lmem = dict(self.sides)
 
     def _channel_constant(self, g, const: str) -> bool:
         """(C, 1, 1) / (1, C, 1, 1) on an NCHW result: loaded once per channel (the NCHW view)."""
@@ -264,7 +265,7 @@ class ElementwiseQuant(Planned):
                    for i, t in enumerate(self.inputs) if t not in self.lmem]
         if not self.direct:
             per_set += [(f"work{i}", self.bytes(shape, Prec.FP32, compact)) for i in range(len(self.inputs))]
-        elif self.node.op_type == "QuantizeLinear" and self.ctx.tensor_prec(self.inputs[0]) != Prec.FP32:
+        elif self.node.op_type == "QuantizeLinear" and not self._requantised_in_place():
             per_set.append(("work0", self.bytes(shape, Prec.FP32, compact)))      # the input widened to fp32
         if self.out not in self.lmem:
             per_set.append(("out", self.bytes(shape, self.ctx.tensor_prec(self.out), compact)))
@@ -312,6 +313,11 @@ class ElementwiseQuant(Planned):
                 ctx.em.store(out, self._region(self.out, n, at, count))
         self.note(plan)
 
+    def _requantised_in_place(self) -> bool:
+        """A QuantizeLinear rounds its fp32 input in its own load buffer; a held or resident input
+        (other groups read it later) and an fp16 / bf16 one are widened into a work buffer first."""
+        return self.ctx.tensor_prec(self.inputs[0]) == Prec.FP32 and self.inputs[0] not in self.lmem
+
     def _row_operand(self, at: int, shape, row_addr: int) -> LTile:
         """The constant's row on held rows: broadcast once into the first lane group, read by every
         channel group and row at the same per-lane offset (strides 0)."""
@@ -332,7 +338,7 @@ class ElementwiseQuant(Planned):
         ctx, op = self.ctx, self.node.op_type
         s_out, zp_out = per_tensor(ctx, self.out) if op != "DequantizeLinear" else (1.0, 0)
         if op == "QuantizeLinear":
-            if tiles[0].prec == Prec.FP32:
+            if self._requantised_in_place():
                 wide = tiles[0]                            # rewritten in place
             else:
                 wide = work[0]
@@ -1363,7 +1369,7 @@ class ChainQuant:
         mine = {t for n in member.group.nodes for t in (*n.inputs, *n.outputs)
                 if t and view_source(self.views, t) in held}
         member.lmem = {t: make_tile(self.chip, held[view_source(self.views, t)], held_view(g.tensor(t).shape),
-                                    Prec.INT8) for t in mine}
+                                    Prec.INT8) for t in mine} | member.sides
         member.keep = {t for t in mine if view_source(self.views, t) in self.keep}
         member.top = top
         if isinstance(member, ConcatQuant):
@@ -1421,17 +1427,33 @@ def quant_emitter(ctx: LowerCtx, group: Group):
 
 
 def _boundary_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
-    """Layer groups (lowering/residency.py): a lone DequantizeLinear of a 4-D tensor may write its float
-    result into LMEM, a lone QuantizeLinear may read its float input there (NCHW, the program's float
-    type), so an int8 <-> float boundary costs one int8 DMA instead of a float round trip as well."""
+    """Layer groups (lowering/residency.py): a DequantizeLinear (alone or in a chain) may write its
+    float result into LMEM, a QuantizeLinear may read its float input there (a 4-D tensor NCHW, any
+    other as a matrix: the chain's held_view, in the program's float type), so an int8 <-> float
+    boundary costs one int8 DMA instead of a float round trip as well. A chain offers its members'
+    ports on the tensors it shares with other groups."""
+    if not isinstance(group, QuantChain):
+        return _side_ports(graph, group)
+    inside = {n.name for n in group.nodes}
+    readable, writable = {}, {}
+    for member in group.members:
+        r, w = _side_ports(graph, member)
+        readable.update((t, v) for t, v in r.items() if graph.producer(t) is None or graph.producer(t).name not in inside)
+        writable.update(w)
+    return readable, writable
+
+
+def _side_ports(graph, group: Group) -> tuple[dict[str, str], dict[str, str]]:
+    """The float side of a lone QuantizeLinear / DequantizeLinear, in its held layout."""
     node = group.anchor
-    if isinstance(group, QuantChain) or len(group.nodes) != 1 or \
-            node.op_type not in ("QuantizeLinear", "DequantizeLinear") or \
-            any(len(graph.tensor(t).shape) != 4 for t in (node.inputs[0], node.outputs[0])):
+    if len(group.nodes) != 1 or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
         return {}, {}
-    if node.op_type == "QuantizeLinear":
-        return {node.inputs[0]: NCHW}, {}
-    return {}, {node.outputs[0]: NCHW}
+    side = node.inputs[0] if node.op_type == "QuantizeLinear" else node.outputs[0]
+    shape = graph.tensor(side).shape
+    if len(shape) < 2:
+        return {}, {}
+    port = {side: NCHW if len(shape) == 4 else MATRIX}
+    return (port, {}) if node.op_type == "QuantizeLinear" else ({}, port)
 
 
 quant_emitter.resident_ports = _boundary_ports

@@ -62,8 +62,36 @@ def test_quantized_tensors_are_one_byte_in_ddr_and_float_ones_keep_dtype():
     assert q and all(t.dtype == "uint8" and t.nbytes == int(np.prod(t.shape)) for t in q)
 
 
+def concat_with_constant():
+    """A QDQ Concat of an int8 activation and an int8 constant (both dequantized, the result quantized):
+    an int8 Concat the lowering refuses (it concatenates activations only)."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    n = helper.make_node
+    inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.int8(0), "z"),
+             numpy_helper.from_array(np.arange(8, dtype=np.int8).reshape(1, 2, 2, 2), "c")]
+    nodes = [n("QuantizeLinear", ["x", "s", "z"], ["xq"]), n("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             n("DequantizeLinear", ["c", "s", "z"], ["cd"]),
+             n("Concat", ["xd", "cd"], ["j"], name="const_concat", axis=1),
+             n("QuantizeLinear", ["j", "s", "z"], ["jq"]), n("DequantizeLinear", ["jq", "s", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "const_concat", [helper.make_tensor_value_info("x", T.FLOAT, [1, 2, 2, 2])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, 4, 2, 2])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_unsupported_quantized_op_is_one_line_naming_the_node(tmp_path, capsys):
+    import onnx
+    path = tmp_path / "const_concat_qdq.onnx"
+    onnx.save(concat_with_constant(), path)
+    for argv in (["compile", str(path), "-o", str(tmp_path / "out")], ["estimate", str(path)]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert "node 'const_concat' (Concat) on quantized tensors" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def broadcast_add():
-    """Add of a (1, 4, 8) and a (1, 1, 8) activation, then Relu: a broadcasting int8 Add."""
+    """Add of a (1, 4, 8) and a (1, 1, 8) activation, then Relu: a broadcasting Add between quantized tensors."""
     from onnx import TensorProto as T, helper
     n = helper.make_node
     graph = helper.make_graph([n("Add", ["x", "z"], ["a"], name="broadcast_add"), n("Relu", ["a"], ["y"], name="relu")],
@@ -73,16 +101,14 @@ def broadcast_add():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_unsupported_quantized_op_is_one_line_naming_the_node(tmp_path, capsys):
-    import onnx
-    path = tmp_path / "broadcast_qdq.onnx"
-    onnx.save(quantize_ops(broadcast_add(), ["Add", "Relu"]), path)
-    for argv in (["compile", str(path), "-o", str(tmp_path / "out")], ["estimate", str(path)]):
-        assert cli.main(argv) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "Traceback" not in err, err
-        assert "node 'broadcast_add' (Add) on quantized tensors" in err, err
-    assert not (tmp_path / "out").exists()
+def test_broadcasting_add_between_quantized_tensors_stays_float_and_verifies():
+    """The frontend leaves a broadcasting Add float between its DequantizeLinears and QuantizeLinear (the int8
+    lowering has no broadcasting form): the model compiles and verifies instead of being refused."""
+    model = quantize_ops(broadcast_add(), ["Add", "Relu"])
+    add = next(n for n in load_graph_of(model).nodes() if n.op_type == "Add")
+    assert load_graph_of(model).tensor(add.outputs[0]).quant is None
+    result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"], result["outputs"]
 
 
 def test_requantised_maxpool_keeps_the_inputs_integers(monkeypatch):
@@ -1026,4 +1052,61 @@ def test_a_float_op_between_int8_layers_keeps_its_float_tensors_in_lmem():
     assert layer_ddr_bytes(separate)[dq] == [16 * 144, 2 * 16 * 144]
     for options in (CompileOptions(dtype="int8"), CompileOptions(dtype="int8", layer_group="off")):
         result = verify(model, "sg2260", options)
+        assert result["ok"], result["outputs"]
+
+
+# ---------------------------------------------------------------- int8 <-> float boundaries in layer groups
+
+
+def test_int8_float_boundaries_of_a_transformer_stay_in_lmem():
+    """bert_layer at --dtype int8: every DequantizeLinear (alone or in a chain) writes its float result into
+    LMEM for the float layer group that reads it (no DDR bytes written), every QuantizeLinear reads its
+    float input there unless that is the graph input, and the quantizer's three QuantizeLinears of the
+    input (one per projection, each after its own Reshape) run as one; the program verifies."""
+    from tpuflow import models
+    from tpuflow.quantize import quantize
+    qdq = quantize(models.build_model("bert_layer")).model
+    graph, program = compile_model(qdq, "sg2260", CompileOptions(dtype="fp16"))
+    moved = layer_ddr_bytes(program)
+    boundaries = [n for n in graph.nodes() if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    of_input = [n.name for n in boundaries if n.op_type == "QuantizeLinear" and
+                graph.producer(n.inputs[0]) is not None and graph.producer(n.inputs[0]).inputs[0] in graph.inputs]
+    assert len(of_input) == 3 and sum(name in moved for name in of_input) == 1
+    for node in boundaries:
+        read, written = moved.get(node.name, [0, 0])
+        assert written == 0 or node.op_type == "QuantizeLinear", (node.name, moved[node.name])
+        assert read == 0 or node.name in of_input or node.op_type == "DequantizeLinear", (node.name, moved[node.name])
+    result = verify(qdq, "sg2260", CompileOptions(dtype="fp16"))
+    assert result["ok"], result["outputs"]
+
+
+def heads_of_a_quantized_projection():
+    """x (1, 8, 32) -> Q/DQ -> Reshape (1, 8, 2, 16) -> Transpose (0, 2, 1, 3) -> MatMul by a float
+    (1, 2, 16, 8) activation -> output: the Transpose of a dequantized tensor only a float MatMul reads."""
+    from onnx import TensorProto as T, helper, numpy_helper
+    n = helper.make_node
+    inits = [numpy_helper.from_array(np.float32(0.02), "s"), numpy_helper.from_array(np.int8(3), "z"),
+             numpy_helper.from_array(np.asarray([1, 8, 2, 16], np.int64), "shape")]
+    nodes = [n("QuantizeLinear", ["x", "s", "z"], ["xq"]), n("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             n("Reshape", ["xd", "shape"], ["heads"]), n("Transpose", ["heads"], ["ht"], perm=[0, 2, 1, 3]),
+             n("MatMul", ["ht", "b"], ["y"], name="scores")]
+    graph = helper.make_graph(nodes, "heads", [helper.make_tensor_value_info("x", T.FLOAT, [1, 8, 32]),
+                                               helper.make_tensor_value_info("b", T.FLOAT, [1, 2, 16, 8])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, 2, 8, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_transpose_only_a_float_matmul_reads_stays_float_and_folds_into_it():
+    """The DequantizeLinear is not moved below that Transpose (the Reshape still runs on the integers): the
+    lowering reads the MatMul's operand through the permutation instead of moving integers in DDR first."""
+    from tpuflow.lowering.prepare import fold_matmul_transposes
+    model = heads_of_a_quantized_projection()
+    graph = load_graph_of(model)
+    transpose = next(n for n in graph.nodes() if n.op_type == "Transpose")
+    reshape = next(n for n in graph.nodes() if n.op_type == "Reshape")
+    assert graph.tensor(transpose.outputs[0]).quant is None and graph.tensor(reshape.outputs[0]).quant is not None
+    folded = next(n for n in fold_matmul_transposes(graph).nodes() if n.op_type == "MatMul")
+    assert folded.attr("a_perm") == (0, 2, 1, 3)
+    for dtype in ("fp32", "fp16"):
+        result = verify(model, "sg2260", CompileOptions(dtype=dtype))
         assert result["ok"], result["outputs"]
