@@ -19,7 +19,9 @@ Vector ARB has no fixed delay (d_arb = 0; its cost is the bubbles). The per-bus 
 (vector_gen_fifo_depth) are not modelled one by one: GEN's run-ahead is bounded by lookahead.
 TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period; consecutive
 TMATMUL / TGEMV blocks stream through the cube as the TIU's cube pipe does: the next one starts when the
-previous one's body ends (its fill_latency overlaps), any other block starts after the previous end. A TMOVE
+previous one's body ends (its fill_latency overlaps), an ACCCVT starts after the previous end (it reads the
+ACC). TPUSH and TMOVE do not use the cube: they wait only for the last tile write (ACCCVT) and leave the
+stream as it was (a TMATMUL after TMATMUL, TMOVE still streams; issue 16). A TMOVE
 goes to the tile buffer's DMA port (TilePort) and the engine takes the next block block_overhead cycles later;
 the port runs its moves in order (LMEM / tile only: move_port_latency + bytes / move_port_bytes_per_cycle
 tile cycles; with a DDR side: the GDMA's cost of its descriptor, as a flow of the shared memory owned by
@@ -46,7 +48,7 @@ from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH, push
 from tpuflow.hwmodel.timing.gdma import CommandTable
 from tpuflow.hwmodel.timing.transfers import TransferCosts, TransferModel
-from tpuflow.isa import Engine, Instruction, SysDma, SysTiu, TMatmul, TMove
+from tpuflow.isa import Engine, Instruction, SysDma, SysTiu, TMatmul, TMove, TPush
 
 TIU, GDMA, TILE = (e.code for e in Engine)
 SYNC_NAMES = ("tiu_sync_id", "tdma_sync_id", "tile_sync_id")   # by Engine.code
@@ -353,14 +355,14 @@ class TileEngine(EngineBase):
         self.finished = [False] * len(instrs)
         self.completed = 0            # blocks whose completion was signalled (in order)
         self.parked = -1              # a block waiting for a move in flight that it conflicts with
-        self.last_matmul = False      # the previous block run was a TMATMUL / TGEMV (the cube pipeline)
+        self.last_matmul = False      # the previous cube block run was a TMATMUL / TGEMV (the cube pipeline)
         self.last_end = 0             # the latest end of a block run so far
+        self.tiles_written = 0        # the latest end of a block that wrote a tile register (ACCCVT)
 
     def _dispatch(self, _) -> None:
         index, now = self._dispatched(self.planned)
-        if isinstance(self.instrs[index], TMove):
-            start = max(self.clock.align(now), self.last_end)
-            self.last_matmul = False
+        if isinstance(self.instrs[index], TMove):     # neither reads nor drains the cube: waits for tile writes only
+            start = max(self.clock.align(now), self.tiles_written)
             self.free = start + tile_cycles(self.instrs[index], self.chip) * self.period     # the hand-over
             self.port.submit(index, start)
             self.scheduled = False
@@ -374,12 +376,19 @@ class TileEngine(EngineBase):
     def _run(self, index: int, now: int) -> None:
         instr, period = self.instrs[index], self.period
         start = self.clock.align(now)
-        streams = isinstance(instr, TMatmul) and self.last_matmul
-        if not streams and self.last_end > start:
-            start = self.last_end            # another block waits for the cube's results
-        end = start + tile_cycles(instr, self.chip) * period
-        self.last_matmul = isinstance(instr, TMatmul)
-        self.free = end - self.chip.tile.fill_latency_cycles * period if self.last_matmul else end
+        if isinstance(instr, TPush):         # queue bookkeeping: off the cube, after the tiles written so far
+            start = max(start, self.tiles_written)
+            end = start + tile_cycles(instr, self.chip) * period
+            self.free = end
+        else:
+            streams = isinstance(instr, TMatmul) and self.last_matmul
+            if not streams and self.last_end > start:
+                start = self.last_end            # another block waits for the cube's results
+            end = start + tile_cycles(instr, self.chip) * period
+            self.last_matmul = isinstance(instr, TMatmul)
+            self.free = end - self.chip.tile.fill_latency_cycles * period if self.last_matmul else end
+            if not self.last_matmul:
+                self.tiles_written = max(self.tiles_written, end)
         self.last_end = max(self.last_end, end)
         self.col_start[index], self.col_end[index] = start, end
         self.q.schedule(end, COMPLETE, self._block_done, index)

@@ -149,7 +149,26 @@ class TileGemm:
         dma_ns += tm * tn * store * 1e3 / chip.clocks.gdma_clock_mhz
         macs = chip.compute.tile_macs_per_cycle[self.ctx.options.dtype]
         block = chip.tile.block_overhead_cycles + chip.tile.fill_latency_cycles + d.mt * d.nt * d.kt / macs
-        return max(dma_ns, tm * tn * tk * block * 1e3 / chip.clocks.tile_clock_mhz)
+        port_ns = self._port_cycles(d, a_loads, b_loads, tk) * 1e3 / chip.clocks.tile_clock_mhz
+        return max(dma_ns, port_ns, tm * tn * tk * block * 1e3 / chip.clocks.tile_clock_mhz)
+
+    def _port_cycles(self, d: TileDims, a_loads: int, b_loads: int, tk: int) -> float:
+        """Tile cycles the tile buffer's DMA port spends on the operand tiles it moves from LMEM (a
+        constant staged in LMEM, a window or rows kept there): one TMOVE per run of K tiles (a resident
+        panel, or up to STREAM_BATCH), each move_port_latency_cycles plus its bytes at the port's rate
+        (tpuflow.hwmodel.timing.engines.TilePort); 0 without a port. Without this term the tiling
+        re-read the weights once per pixel tile (ResNet-50 fp16: 160 MB through the port)."""
+        tile, e = self.ctx.chip.tile, self.ctx.prec.bytes
+        if not tile.move_port_bytes_per_cycle:
+            return 0.0
+        total = 0.0
+        for op, loads, rows, resident in ((self.a, a_loads, d.mt, d.resident == "a"),
+                                          (self.b, b_loads, d.nt, d.resident == "b")):
+            if isinstance(op, RowsOperand):          # from DDR: on the GDMA
+                continue
+            run = min(tk, tile.queue_slots if resident else STREAM_BATCH)
+            total += loads / run * tile.move_port_latency_cycles + loads * rows * d.kt * e / tile.move_port_bytes_per_cycle
+        return total
 
     def run(self, deliver: Callable[[int, int, int, int, int, int], None]) -> None:
         """deliver(slot, batch, m0, mt, n0, nt) for every result tile."""

@@ -28,7 +28,8 @@ The operands live in tile_operands.py, the GEMM (tiling, queues, streams, blocks
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -843,36 +844,74 @@ def _valid(out: int, stride: int, offset: int, size: int) -> tuple[int, int]:
 
 
 class TileConvChoice:
-    """A conv group of a tile-path model that the TILE engine can take: its TILE plan, or, when a layer
-    group keeps an operand or the result in LMEM and only the TIU conv can serve it there (no implicit
-    GEMM of one image, or its buffers do not fit beside the resident tensors), the TIU conv's plan in
-    the widest region; emit() follows the plan chosen. Conv results thus stay in LMEM (NCHW, channels
-    on lanes, what the next conv's phase images are transposed from) between consecutive convs."""
+    """A conv group of a tile-path model that the TILE engine can take, planned both ways in each
+    region: the TILE conv's plan and the TIU conv's, and the one whose instructions run faster alone on
+    the timing model (the cost the layer-group search uses: lowering.compiler._records_ps) is taken;
+    the TIU plan also when a layer group keeps an operand or the result in LMEM in a way only the TIU
+    conv serves (no implicit GEMM of one image, or its buffers do not fit beside the resident
+    tensors). emit() follows the plan chosen. Conv results stay in LMEM (NCHW, channels on lanes,
+    what the next conv's phase images are transposed from) between consecutive convs either way."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
         from tpuflow.lowering.ops.conv import ConvEmitter
+        self.ctx, self.group = ctx, group
         self.tile = TileConvEmitter(ctx, group)
         self.make_tiu = lambda: ConvEmitter(ctx, group)     # noqa: E731
+        self.tile_missed: set[str] = set()                   # regions the TILE plan does not fit
 
     def plan(self, region: str):
-        from tpuflow.lowering.emitplan import REGIONS
-        plan = self.tile.plan(region)
-        if plan is not None or not self.tile.reads_lmem() or region != REGIONS[-1]:
-            return plan
-        return self.make_tiu().plan(region)
+        tile = self.tile.plan(region)
+        if tile is None:
+            self.tile_missed.add(region)
+            return self.make_tiu().plan(region) if self.tile.reads_lmem() or CONV_ENGINE == "cost" else None
+        if CONV_ENGINE != "cost":
+            return tile
+        tiu = self.make_tiu().plan(region)
+        return tile if tiu is None or self._cost(tile) <= self._cost(tiu) else tiu
+
+    def _cost(self, plan) -> int:
+        """Picoseconds of the plan's instructions alone on the timing model (cached per compile: the
+        layer-group search plans a group many times under the same residency)."""
+        from tpuflow.lowering.compiler import _records_ps
+        from tpuflow.lowering.weights import WeightImage
+        ctx = self.ctx
+        residents = tuple((t, r.addr, r.size) for t in sorted({t for n in self.group.nodes for t in n.inputs if t} | self.group.produced())
+                          if t and (r := ctx.resident(t)) is not None)
+        key = (ctx.options, self.group.anchor.name, plan, residents, tuple(ctx.tile_pushes))
+        cache = _PLAN_COSTS.setdefault(ctx.graph, {})
+        if key not in cache:
+            probe = replace(ctx.trial(plan.region), weights=WeightImage(ctx.weights.base))
+            (TileConvEmitter(probe, self.group) if isinstance(plan, TileConvPlan) else
+             _tiu_conv(probe, self.group)).emit(plan)
+            cache[key] = _records_ps(probe.em.records, ctx.chip, ctx.options)
+        return cache[key]
 
     def wants_wider(self, plan) -> bool:
-        return not isinstance(plan, TileConvPlan) and self.make_tiu().wants_wider(plan)
+        if isinstance(plan, TileConvPlan):
+            return False
+        return plan.region in self.tile_missed or self.make_tiu().wants_wider(plan)
 
     def prefers(self, plan, other) -> bool:
-        both_tiu = not isinstance(plan, TileConvPlan) and not isinstance(other, TileConvPlan)
-        return both_tiu and self.make_tiu().prefers(plan, other)
+        if isinstance(plan, TileConvPlan) != isinstance(other, TileConvPlan):
+            return isinstance(plan, TileConvPlan) if CONV_ENGINE != "cost" else self._cost(plan) < self._cost(other)
+        return not isinstance(plan, TileConvPlan) and self.make_tiu().prefers(plan, other)
 
     def misfit(self) -> str:
         return self.make_tiu().misfit()
 
     def emit(self, plan) -> None:
         (self.tile if isinstance(plan, TileConvPlan) else self.make_tiu()).emit(plan)
+
+
+def _tiu_conv(ctx: LowerCtx, group: Group):
+    from tpuflow.lowering.ops.conv import ConvEmitter
+    return ConvEmitter(ctx, group)
+
+
+_PLAN_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> {plan key: ps}
+CONV_ENGINE = "cost"    # "cost": each conv the cube can take on the TILE or the TIU, whichever the timing model
+                        # says runs faster alone (TileConvChoice); "tile": on the TILE whenever it fits (tests
+                        # of the TILE conv itself set it)
 
 
 def tile_conv_emitter(ctx: LowerCtx, group: Group):

@@ -11,6 +11,16 @@ from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, verify
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _convs_on_the_cube():
+    """These tests exercise the TILE conv itself: every conv the cube can take runs there (not the
+    per-conv TILE / TIU choice by the timing model)."""
+    from tpuflow.lowering.ops import tilemm
+    saved, tilemm.CONV_ENGINE = tilemm.CONV_ENGINE, "tile"
+    yield
+    tilemm.CONV_ENGINE = saved
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_a_conv_with_fewer_input_channels_than_k0_runs_on_the_tiu(dtype):
     """An RGB stem (Cin = 3 < K0 = 8 fp32 / 16 fp16) then a 16 -> 32 conv: the stem is a TIU
@@ -75,3 +85,73 @@ def test_a_conv_residual_and_relu_leave_the_acc_in_the_model_dtype(dtype):
     assert bias_steps and len(residual_steps) == len(bias_steps)
     result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile"), race_check=True)
     assert result["ok"], result["outputs"]
+
+
+def _block_model(cin: int = 32):
+    """Neg, a 3x3 conv + Relu, then a 1x1 conv + bias + Add(the first conv's result) + Relu: two convs
+    whose activations a layer group keeps in LMEM."""
+    b = ModelBuilder(seed=cin)
+    x = b.node("Neg", [b.input("x", [1, cin, 12, 12])], "nx")
+    y1 = b.node("Relu", [b.node("Conv", [x, b.weight("w1", [32, cin, 3, 3]), b.weight("b1", [32], 0.2)], "c1",
+                                pads=[1, 1, 1, 1])], "r1")
+    y2 = b.node("Conv", [y1, b.weight("w2", [32, 32, 1, 1]), b.weight("b2", [32], 0.2)], "c2")
+    b.output(b.node("Relu", [b.node("Add", [y2, y1], "add")], "r2"))
+    return b.model()
+
+
+def _ddr_stores(program) -> list[str]:
+    """The layer of every GDMA data command from LMEM to DDR."""
+    from tpuflow.hwmodel.timing.segments import transfer_sides
+    out = []
+    for instr, layer in zip(program.gdma, program.layer_names(Engine.GDMA)):
+        try:
+            src, dst = transfer_sides(instr, program.chip)
+        except TypeError:
+            continue
+        if src is not None and src.lmem and not dst.lmem:
+            out.append(layer)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_consecutive_tile_convs_keep_their_activations_in_lmem(dtype):
+    """Both convs on the CUBE inside one layer group: the first reads the Neg result from LMEM and writes
+    its result there, the second reads it as its input and as its residual (I . R from LMEM); the only
+    stores to DDR are the output's (no activation round trip), and the numbers match onnxruntime."""
+    model = _block_model()
+    options = CompileOptions(dtype=dtype, matmul="tile")
+    _, program = compile_model(model, None, options)
+    tile_layers = set(program.layer_names(Engine.TILE)[:len(program.tile)])
+    assert {"conv_1", "conv_3"} <= tile_layers
+    assert not any(isinstance(i, ConvTiu) for i in program.tiu)
+    stores = _ddr_stores(program)
+    assert stores and set(stores) == {"relu_5"}          # the output only
+    result = verify(model, None, options, race_check=True)
+    assert result["ok"], result["outputs"]
+
+
+def test_a_conv_the_cube_cannot_read_from_lmem_runs_on_the_tiu():
+    """fp16, 24 input channels (1.5 K fractals: no implicit GEMM) whose input a layer group keeps in LMEM:
+    the TILE conv's im2col needs it in DDR, so the TIU conv takes it (no round trip); exact."""
+    model = _block_model(24)
+    options = CompileOptions(dtype="fp16", matmul="tile")
+    _, program = compile_model(model, None, options)
+    convs = {layer for layer, instr in zip(program.layer_names(Engine.TIU), program.tiu) if isinstance(instr, ConvTiu)}
+    assert convs == {"conv_1"}
+    assert "conv_3" in set(program.layer_names(Engine.TILE)[:len(program.tile)])
+    assert verify(model, None, options, race_check=True)["ok"]
+
+
+@pytest.mark.parametrize("cheaper", ["tile", "tiu"])
+def test_the_cost_choice_takes_the_engine_the_timing_model_prefers(cheaper, monkeypatch):
+    """CONV_ENGINE "cost": every conv the cube can take runs where TileConvChoice._cost (its plan's
+    instructions alone on the timing model) is lower; here the costs are forced one way, then the other."""
+    from tpuflow.lowering.ops import tilemm
+    monkeypatch.setattr(tilemm, "CONV_ENGINE", "cost")
+    monkeypatch.setattr(tilemm.TileConvChoice, "_cost",
+                        lambda self, plan: int(isinstance(plan, tilemm.TileConvPlan) == (cheaper == "tiu")))
+    model = _block_model()
+    _, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile"))
+    on_tiu = {layer for layer, instr in zip(program.layer_names(Engine.TIU), program.tiu) if isinstance(instr, ConvTiu)}
+    on_tile = {layer for layer, instr in zip(program.layer_names(Engine.TILE), program.tile) if isinstance(instr, TMatmul)}
+    assert (on_tiu, on_tile) == ((set(), {"conv_1", "conv_3"}) if cheaper == "tile" else ({"conv_1", "conv_3"}, set()))

@@ -15,6 +15,16 @@ from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, verify
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _convs_on_the_cube():
+    """These tests exercise the TILE conv itself: every conv the cube can take runs there (not the
+    per-conv TILE / TIU choice by the timing model)."""
+    from tpuflow.lowering.ops import tilemm
+    saved, tilemm.CONV_ENGINE = tilemm.CONV_ENGINE, "tile"
+    yield
+    tilemm.CONV_ENGINE = saved
+
+
 def _conv_model(cin, cout, hw, k, stride, pad, dilation, groups, tail):
     b = ModelBuilder(seed=cin * 7 + k[0] * 3 + k[1])
     x = b.node("Neg", [b.input("x", [1, cin, hw[0], hw[1]])], "nx")
@@ -102,9 +112,11 @@ def test_window_dmas_read_lmem_and_fill_slots():
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_a_conv_whose_channels_are_not_whole_fractals_keeps_im2col(dtype):
-    """24 input channels (not a multiple of K0 in fp16): the DDR im2col path, still exact."""
+    """24 input channels (not a multiple of K0 in fp16): the DDR im2col path, still exact (without layer
+    groups: one that keeps the input in LMEM hands such a conv to the TIU, test_a_conv_the_cube_cannot_
+    read_from_lmem_runs_on_the_tiu)."""
     model = _conv_model(24, 16, (6, 6), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "none")
-    options = CompileOptions(dtype=dtype, matmul="tile")
+    options = CompileOptions(dtype=dtype, matmul="tile", layer_group="off")
     _, program = compile_model(model, None, options)
     assert (_ddr_to_ddr_copies(program) == 0) == (dtype == "fp32")   # 24 = 3 fractals of 8 in fp32, 1.5 of 16 in fp16
     assert verify(model, None, options, race_check=True)["ok"]

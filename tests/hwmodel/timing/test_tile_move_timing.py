@@ -107,3 +107,22 @@ def test_consecutive_tmatmuls_stream_through_the_cube():
     assert int(r.times["end"][first]) == t0 + 50_000
     assert (int(r.times["start"][second]), int(r.times["end"][second])) == (t0 + 18_000, t0 + 68_000)
     assert (int(r.times["start"][cvt]), int(r.times["end"][cvt])) == (t0 + 68_000, t0 + 134_000)
+
+
+def test_a_tpush_between_tmatmuls_keeps_them_streaming():
+    """TPUSH T, TMATMUL 64 x 64 x 32, TPUSH U, TMATMUL.ACC: the TPUSH does not use the cube, so it starts
+    when the first TMATMUL's body (2 + 16 cycles) ends, takes block_overhead 2 cycles, and the second
+    TMATMUL still streams (starts 20 ns after the first, ends 50 ns after that), instead of both waiting
+    for the first one's fill latency (which would start the second at 52 ns)."""
+    b = ProgramBuilder(CHIP)
+    b.add(TPush(dst_queue=0, dst_size=size_code(4096), dt="FP16"))
+    for fn, queue in (("TMATMUL", None), ("TMATMUL.ACC", 1)):
+        if queue is not None:
+            b.add(TPush(dst_queue=queue, dst_size=size_code(4096), dt="FP16"))
+        b.add(TMatmul(fn=fn, dt="FP16", m=64, n=64, k=32, src0=tile_ref("T", 1), src1=tile_ref("T", 1), reuse0=1,
+                      reuse1=1, acc_size=size_code(64 * 64 * 4)))
+    r = simulate(b.build())
+    first, push, second = (r.index("tile", k) for k in (2, 3, 4))
+    t0 = int(r.times["start"][first])
+    assert (int(r.times["start"][push]), int(r.times["start"][second])) == (t0 + 18_000, t0 + 20_000)
+    assert int(r.times["end"][second]) == t0 + 70_000
