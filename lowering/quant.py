@@ -20,12 +20,12 @@ node in a group of kind "quant":
 - Transpose / Slice / Split of an 8-bit tensor whose outputs have its per-tensor Quant: the float
   movement emitter's DMAs (or its LMEM paths) on the stored bytes (exact).
 
-Runs of consecutive chainable quant groups (_chainable: CHAINABLE kinds on NCHW tensors; the Gemm
+Runs of consecutive chainable quant groups (takes_held: CHAINABLE kinds on NCHW tensors; the Gemm
 form, elementwise ops and DequantizeLinear on tensors of other ranks, held as rows: held_view) form a
-QuantChain whose inner tensors stay whole in LMEM (the float layer groups' residency plan never holds
-a quantized tensor: the quant emitters declare no LMEM ports); a Reshape keeping the held layout does
-not end a run. Everything else on quantized tensors is refused before
-lowering by `check_supported`, one line naming the node.
+QuantChain whose inner tensors stay whole in LMEM; a Reshape keeping the held layout does not end a run.
+Between groups and chains the layer groups' residency plan keeps tensors in LMEM (8-bit ones at one
+byte an element) where the quant emitters declare LMEM ports (quant_ops._boundary_ports). Everything
+else on quantized tensors is refused before lowering by `check_supported`, one line naming the node.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ SUPPORTED = PRODUCTS + ELEMENTWISE + POOLS + VIEWS + MOVES + ("Concat",)
 # Emitters that read and write held tensors. DequantizeLinear is left out on NCHW tensors: a chain
 # ending in one gave wrong results at fp16 on AlexNet QDQ (its float output feeding LRN; correct at
 # fp32 and unchained), not understood yet; unchained, its input is stored by its producer and it runs
-# on the flat view. On tensors held as rows (held_view: a transformer's) it joins chains (_chainable).
+# on the flat view. On tensors held as rows (held_view: a transformer's) it joins chains (takes_held).
 CHAINABLE = ("Conv", "Concat") + tuple(k for k in ELEMENTWISE if k != "DequantizeLinear") + POOLS
 
 
@@ -284,7 +284,7 @@ def quantized_groups(graph: Graph, groups: list[Group], chip=None) -> list[Group
     return _chains(graph, out, chip) if chip is not None else out
 
 
-def _chainable(graph: Graph, group: Group) -> bool:
+def takes_held(graph: Graph, group: Group) -> bool:
     """A quant group whose emitter takes held tensors: CHAINABLE kinds on 4-D tensors, and the Gemm
     form (a MatMul by constant int8 weights, its operand and result not 4-D) with elementwise members
     on tensors of any other rank (held as rows: held_view)."""
@@ -350,7 +350,7 @@ def _chains(graph: Graph, groups: list[Group], chip) -> list[Group]:
         if run and _chain_view(graph, group, made):
             views.append(group)
             continue
-        if not _chainable(graph, group):
+        if not takes_held(graph, group):
             flush()
             out.append(group)
             continue

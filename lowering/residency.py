@@ -17,7 +17,7 @@ from tpuflow.lowering.groupsearch import SpanOption, best_selection
 from tpuflow.lowering.lmem import align_up
 from tpuflow.lowering.opspec import spec
 from tpuflow.lowering.slicing import SlicedRegion, candidate_runs, slice_counts, slice_region
-from tpuflow.lowering.tensors import make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tensors import make_tile, storage_prec, tile_bytes_per_lane
 
 # Ports: (group) -> ({tensor: layout it can read from LMEM}, {tensor: layout it can write there})
 Ports = Callable[[Group], tuple[dict[str, str], dict[str, str]]]
@@ -57,6 +57,9 @@ class _Inputs:
 
     def shape_of(self, name: str) -> tuple[int, int, int, int]:
         return resident_shape(self.graph.tensor(name).shape, self.layouts.get(name))
+
+    def prec_of(self, name: str) -> Prec:
+        return storage_prec(self.graph.tensors.get(name), self.prec)
 
 
 # Span cost: (plan, members) -> estimated time (ps) of emitting `members` under `plan`
@@ -103,7 +106,7 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
         layout = writable[producer[name]].get(name) if name in producer else None
         shape = resident_shape(graph.tensor(name).shape, layout) if layout else None
         return (bool(users) and name not in graph.outputs and shape is not None
-                and ResidentTensor(name, shape, prec, 0, 0, 0, 0).strides_fit(chip)
+                and ResidentTensor(name, shape, storage_prec(graph.tensor(name), prec), 0, 0, 0, 0).strides_fit(chip)
                 and all(readable[j].get(name) == layout for j in users))
 
     verdicts: dict[str, bool] = {}
@@ -311,7 +314,7 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
     """First-fit placement of every resident unit; None when a slice buffer does not fit.
     Tensors a sliced region touches live through the whole region (it runs its members again
     for every slice)."""
-    graph, chip, prec, top = inputs.graph, inputs.chip, inputs.prec, inputs.top
+    graph, chip, top = inputs.graph, inputs.chip, inputs.top
     held = {t: r for r in regions for t in r.buffers}
 
     written_by = {part: inputs.producer[t] for t, parts in inputs.splits.items() for part, _, _ in parts}
@@ -355,6 +358,8 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
     plan = ResidencyPlan(region_top=top, regions=list(regions))
     placed: list[tuple[int, int, _Unit]] = []
     for unit in units:
+        owner = unit.members[0][0]
+        prec = inputs.prec_of(owner)          # an int8 tensor one byte per element, a float one the program's type
         size = _resident_bytes(chip, unit.shape, prec)
         offset = _first_fit(placed, size, unit.first, unit.last)
         if offset + size > inputs.budget:
@@ -363,7 +368,6 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
             continue
         placed.append((offset, offset + size, unit))
         base = make_tile(chip, top - offset - size, unit.shape, prec)
-        owner = unit.members[0][0]
         for name, c0, first, last in unit.members:
             container = unit.containers.get(name, None if name == owner else owner)
             shape = unit.shape if unit.sliced else inputs.shape_of(name)
@@ -402,7 +406,7 @@ def _settle_splits(inputs: _Inputs, plan: ResidencyPlan) -> None:
         if inputs.eligible(source) and all(n in plan.tensors for n in names):
             first, last = inputs.producer[source], max(inputs.consumers[source])
             addr = min(plan.tensors[n].addr for n in names)
-            plan.tensors[source] = ResidentTensor(source, inputs.shape_of(source), inputs.prec, addr, 0, first, last,
+            plan.tensors[source] = ResidentTensor(source, inputs.shape_of(source), inputs.prec_of(source), addr, 0, first, last,
                                                   layout=MATRIX)
             plan.consumers[source] = inputs.consumers[source]
             plan.splits[source] = parts
@@ -431,7 +435,8 @@ def _preloads(graph: Graph, chip: ChipConfig, prec: Prec, consumers, readable: l
             continue
         layout = layouts.pop()
         shape = resident_shape(graph.tensor(name).shape, layout)
-        if shape is not None and ResidentTensor(name, shape, prec, 0, 0, 0, 0).strides_fit(chip):
+        if shape is not None and ResidentTensor(name, shape, storage_prec(graph.tensor(name), prec), 0, 0, 0,
+                                                0).strides_fit(chip):
             out[name] = layout
     return out
 

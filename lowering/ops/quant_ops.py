@@ -54,7 +54,7 @@ from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
 from tpuflow.lowering.ops.movement import MoveEmitter
 from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, folds_kernel_rows, held_bytes, held_layout,
-                                    held_tensors, held_view, row_pattern, tail_boundary, view_source)
+                                    held_tensors, held_view, row_pattern, tail_boundary, takes_held, view_source)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
 from tpuflow.lowering.weights import pack_conv_weights, to_storage
@@ -122,8 +122,9 @@ class Planned:
 
     def __init__(self, ctx: LowerCtx, group: Group):
         self.ctx, self.group, self.node, self.chip = ctx, group, group.anchor, ctx.chip
-        self.lmem: dict[str, LTile] = {}     # tensors a chain (ChainQuant) holds whole in LMEM
-        self.sides: dict[str, LTile] = {}    # float sides a layer group keeps in LMEM (_boundary_ports)
+        self.sides = {t: r.tile(self.chip) for n in group.nodes for t in (*n.inputs, *n.outputs)
+                      if (r := ctx.resident(t)) is not None}   # what layer groups keep in LMEM (_boundary_ports)
+        self.lmem: dict[str, LTile] = dict(self.sides)      # and the tensors a chain (ChainQuant) holds
         self.keep: set[str] = set()          # of those, the ones also stored to DDR (read outside)
         self.top: int | None = None          # a chain's resident tensors lie above: buffers stay below
 
@@ -170,6 +171,16 @@ class Planned:
     def note(self, plan: QuantPlan, macs: int = 0) -> None:
         for node in self.group.nodes:
             self.ctx.note_layer(node.name, node.op_type, macs if node is self.node else 0, plan.peak, self.group.name)
+        self._record_held()
+
+    def _record_held(self) -> None:
+        """Note where the quantized tensors the group makes and keeps in LMEM (a chain's, a layer
+        group's) lie (Program.held_tensors: verify's stage-wise snapshots)."""
+        layers = tuple(n.name for n in self.group.nodes)
+        for t in (t for n in self.group.nodes for t in n.outputs if t in self.lmem):
+            tile = self.lmem[t]
+            if self.ctx.graph.tensor(t).quant is not None:
+                self.ctx.held_tensors[t] = (LocalTensor(tile.addr, tile.shape, tile.strides, tile.prec), layers)
 
 
 # ---------------------------------------------------------------- elementwise
@@ -213,14 +224,8 @@ class ElementwiseQuant(Planned):
             self.cols = self.count // self.rows
             self.row = np.tile(pattern, self.cols // pattern.size).astype(np.float32)
             self.held_row = np.tile(pattern, self.shape[3] // pattern.size).astype(np.float32) \
-                if self.shape[3] % pattern.size == 0 else None      # one held row's (lowering.quant._chainable)
+                if self.shape[3] % pattern.size == 0 else None      # one held row's (lowering.quant.takes_held)
             self.constant = None
-        if self.direct:                  # a float side a layer group keeps in LMEM (_boundary_ports)
-            for t in (*self.inputs, self.out):
-                resident = ctx.resident(t)
-                if resident is not None and g.tensor(t).quant is None:
-                    self.sides[t] = resident.tile(self.chip)
-            self.lmem = dict(self.sides)
 
     def _channel_constant(self, g, const: str) -> bool:
         """(C, 1, 1) / (1, C, 1, 1) on an NCHW result: loaded once per channel (the NCHW view)."""
@@ -1379,15 +1384,6 @@ class ChainQuant:
         for member, member_plan in zip(self.members, plan.members):
             self._hand_over(member, dict(plan.held), plan.top)
             member.emit(member_plan)
-            self._record_held(member)
-
-    def _record_held(self, member) -> None:
-        """Note where the tensors a member makes and the chain holds lie (Program.held_tensors)."""
-        made = {t for n in member.group.nodes for t in n.outputs}
-        layers = tuple(n.name for n in member.group.nodes)
-        for t, tile in member.lmem.items():
-            if t in made and t not in self.views:
-                self.ctx.held_tensors[t] = (LocalTensor(tile.addr, tile.shape, tile.strides, tile.prec), layers)
 
 
 class QuantMove(MoveEmitter):
@@ -1427,33 +1423,55 @@ def quant_emitter(ctx: LowerCtx, group: Group):
 
 
 def _boundary_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
-    """Layer groups (lowering/residency.py): a DequantizeLinear (alone or in a chain) may write its
-    float result into LMEM, a QuantizeLinear may read its float input there (a 4-D tensor NCHW, any
-    other as a matrix: the chain's held_view, in the program's float type), so an int8 <-> float
-    boundary costs one int8 DMA instead of a float round trip as well. A chain offers its members'
-    ports on the tensors it shares with other groups."""
+    """Layer groups (lowering/residency.py) keep a quant group's tensors in LMEM where its emitter takes
+    them there (a 4-D tensor NCHW, any other as a matrix: the chain's held_view): the float side of a
+    QuantizeLinear / DequantizeLinear (in the program's float type), so an int8 <-> float boundary
+    costs no float round trip, and the 8-bit inputs and results of the emitters that take held
+    tensors (lowering.quant.takes_held), so int8 groups and chains pass them on in LMEM. A chain offers
+    its members' ports on the tensors it shares with other groups (not those it holds itself)."""
     if not isinstance(group, QuantChain):
-        return _side_ports(graph, group)
+        return _member_ports(graph, group, tail_boundary(graph))
     inside = {n.name for n in group.nodes}
+    held = set(held_tensors(graph, group.members, group.views))
+    boundary = tail_boundary(graph)
     readable, writable = {}, {}
     for member in group.members:
-        r, w = _side_ports(graph, member)
+        r, w = _member_ports(graph, member, boundary)
         readable.update((t, v) for t, v in r.items() if graph.producer(t) is None or graph.producer(t).name not in inside)
-        writable.update(w)
+        writable.update((t, v) for t, v in w.items() if t not in held)
     return readable, writable
 
 
-def _side_ports(graph, group: Group) -> tuple[dict[str, str], dict[str, str]]:
-    """The float side of a lone QuantizeLinear / DequantizeLinear, in its held layout."""
+def _member_ports(graph, group: Group, boundary: set[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The float side of a lone QuantizeLinear / DequantizeLinear; the 8-bit runtime inputs (but a
+    folded Conv's, read from DDR) and results of a group that takes held tensors, but those a float
+    output's tail reads (stored for verify: lowering.quant.tail_boundary)."""
     node = group.anchor
-    if len(group.nodes) != 1 or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-        return {}, {}
-    side = node.inputs[0] if node.op_type == "QuantizeLinear" else node.outputs[0]
-    shape = graph.tensor(side).shape
-    if len(shape) < 2:
-        return {}, {}
-    port = {side: NCHW if len(shape) == 4 else MATRIX}
-    return (port, {}) if node.op_type == "QuantizeLinear" else ({}, port)
+    readable, writable = {}, {}
+    boundary_node = len(group.nodes) == 1 and node.op_type in ("QuantizeLinear", "DequantizeLinear")
+    if boundary_node:
+        side = node.inputs[0] if node.op_type == "QuantizeLinear" else node.outputs[0]
+        (readable if node.op_type == "QuantizeLinear" else writable).update(_held_port(graph, side))
+    if not (boundary_node or takes_held(graph, group)):
+        return readable, writable
+    for t in (t for n in group.nodes for t in n.inputs if t):
+        if _eight_bit(graph, t) and not folds_kernel_rows(graph, node):
+            readable.update(_held_port(graph, t))
+    for t in (t for n in group.nodes for t in n.outputs if t):
+        if _eight_bit(graph, t) and t not in boundary:
+            writable.update(_held_port(graph, t))
+    return readable, writable
+
+
+def _eight_bit(graph, tensor: str) -> bool:
+    info = graph.tensor(tensor)
+    return not info.is_const and info.quant is not None and info.quant.storage != "int32"
+
+
+def _held_port(graph, tensor: str) -> dict[str, str]:
+    """{tensor: the layout of its held_view} (none for a tensor of rank < 2)."""
+    shape = graph.tensor(tensor).shape
+    return {tensor: NCHW if len(shape) == 4 else MATRIX} if len(shape) >= 2 else {}
 
 
 quant_emitter.resident_ports = _boundary_ports

@@ -119,8 +119,8 @@ def test_requantised_maxpool_keeps_the_inputs_integers(monkeypatch):
     import tpuflow.lowering.quant as quant
     model = quantized("cnn", "QDQ", False, "QInt8")
     monkeypatch.setattr(ddrplan.FirstFit, "release", lambda *a: None)   # keep every intermediate in DDR
-    monkeypatch.setattr(quant, "CHAIN_RESIDENT_SHARE", 0)               # and write it there (no chains)
-    graph, program = compile_model(model, "sg2260", CompileOptions(dtype="fp32"))
+    monkeypatch.setattr(quant, "CHAIN_RESIDENT_SHARE", 0)               # and write it there (no chains,
+    graph, program = compile_model(model, "sg2260", CompileOptions(dtype="fp32", layer_group="off"))   # no layer groups)
     machine = Machine(program.chip, program.memory.ddr_bytes_used)
     load_inputs(machine, program, {"x": np.random.default_rng(3).standard_normal((1, 3, 12, 12)).astype(np.float32)})
     execute_program(machine, program)
@@ -884,8 +884,9 @@ def test_int8_mlp_chain_moves_one_byte_per_weight_and_nothing_between_layers():
 @pytest.mark.parametrize("name", ["llama_mlp", "bert_layer"])
 def test_transformer_chains_give_the_unchained_integers(name, monkeypatch):
     """The bundled transformer blocks quantized whole: chained (operands and results held as rows, views
-    inside chains, a norm's gain on held rows) and unchained (every quant group through DDR) programs
-    give the same outputs bit for bit at fp32, and the chained one moves fewer DDR bytes."""
+    inside chains, a norm's gain on held rows) and unchained programs give the same outputs bit for bit at
+    fp32 (unchained, layer groups keep what they can in LMEM), and without layer groups the chained one
+    moves fewer DDR bytes than the unchained one (every quant group through DDR)."""
     import tpuflow.lowering.quant as quant
     from tpuflow import models
     from tpuflow.frontend import load
@@ -894,10 +895,10 @@ def test_transformer_chains_give_the_unchained_integers(name, monkeypatch):
     graph = load(model)
     inputs = {t: rng.standard_normal(graph.tensor(t).shape).astype(np.float32) for t in graph.inputs}
     chained = run_on_chip(model, inputs, dtype="fp32")
-    _, program = compile_model(model, "sg2260", CompileOptions(dtype="fp32"))
+    _, program = compile_model(model, "sg2260", CompileOptions(dtype="fp32", layer_group="off"))
     monkeypatch.setattr(quant, "CHAIN_RESIDENT_SHARE", 0)
     unchained = run_on_chip(model, inputs, dtype="fp32")
-    _, flat = compile_model(model, "sg2260", CompileOptions(dtype="fp32"))
+    _, flat = compile_model(model, "sg2260", CompileOptions(dtype="fp32", layer_group="off"))
     assert chained.keys() == unchained.keys()
     assert all(np.array_equal(chained[k], unchained[k]) for k in chained)
     total = lambda p: sum(sum(v) for v in layer_ddr_bytes(p).values())  # noqa: E731
@@ -1037,16 +1038,18 @@ def _float_activation_between_convs():
 
 
 def test_a_float_op_between_int8_layers_keeps_its_float_tensors_in_lmem():
-    """The DequantizeLinear writes its fp16 result into LMEM and the QuantizeLinear reads its input there
-    (layer groups): each moves only its int8 side over DDR (16 x 12 x 12 bytes), the float op none; with
-    layer groups off each float side round-trips DDR at 2 bytes an element. Both verify."""
+    """The DequantizeLinear reads the Conv's int8 result and writes its fp16 result in LMEM, the QuantizeLinear
+    reads its input there (layer groups): the first Conv and the DequantizeLinear move nothing over DDR, the
+    QuantizeLinear only its int8 result (16 x 12 x 12 bytes: the second Conv folds its kernel rows, reading
+    its input from DDR), the float op nothing; with layer groups off each float side round-trips DDR at 2
+    bytes an element. Both verify."""
     model = _float_activation_between_convs()
     graph, program = compile_model(model, "sg2260", CompileOptions(dtype="int8"))
     assert [n.name for n in graph.nodes() if n.op_type in ("DequantizeLinear", "HardSigmoid", "QuantizeLinear")] == [
         "x_QuantizeLinear", "c_DequantizeLinear", "hardsigmoid_1", "s_QuantizeLinear", "y_DequantizeLinear"]
     moved = layer_ddr_bytes(program)
     dq, q = "c_DequantizeLinear", "s_QuantizeLinear"
-    assert moved[dq] == [16 * 144, 0] and moved[q] == [0, 16 * 144]
+    assert dq not in moved and moved[q] == [0, 16 * 144] and moved["conv_0"][1] == 0
     assert "hardsigmoid_1" not in moved
     _, separate = compile_model(model, "sg2260", CompileOptions(dtype="int8", layer_group="off"))
     assert layer_ddr_bytes(separate)[dq] == [16 * 144, 2 * 16 * 144]
@@ -1062,7 +1065,8 @@ def test_int8_float_boundaries_of_a_transformer_stay_in_lmem():
     """bert_layer at --dtype int8: every DequantizeLinear (alone or in a chain) writes its float result into
     LMEM for the float layer group that reads it (no DDR bytes written), every QuantizeLinear reads its
     float input there unless that is the graph input, and the quantizer's three QuantizeLinears of the
-    input (one per projection, each after its own Reshape) run as one; the program verifies."""
+    input (one per projection, each after its own Reshape) run as one; the projections' int8 results stay
+    in LMEM (one byte an element) for the DequantizeLinears; the program verifies."""
     from tpuflow import models
     from tpuflow.quantize import quantize
     qdq = quantize(models.build_model("bert_layer")).model
@@ -1076,6 +1080,12 @@ def test_int8_float_boundaries_of_a_transformer_stay_in_lmem():
         read, written = moved.get(node.name, [0, 0])
         assert written == 0 or node.op_type == "QuantizeLinear", (node.name, moved[node.name])
         assert read == 0 or node.name in of_input or node.op_type == "DequantizeLinear", (node.name, moved[node.name])
+    projections = [n for n in graph.nodes() if n.op_type == "MatMul" and any(
+        f"/{p}/" in n.name for p in ("query", "key", "value"))]
+    assert len(projections) == 3 and all(moved[n.name][1] == 0 for n in projections)
+    (group,) = program.layer_groups
+    results = {graph.consumers(n.outputs[0])[0].outputs[0] for n in projections}      # after the bias Add
+    assert results <= set(group["resident"]) and all(graph.tensor(t).quant.storage == "int8" for t in results)
     result = verify(qdq, "sg2260", CompileOptions(dtype="fp16"))
     assert result["ok"], result["outputs"]
 
