@@ -1434,12 +1434,14 @@ def _boundary_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str
     inside = {n.name for n in group.nodes}
     held = set(held_tensors(graph, group.members, group.views))
     boundary = tail_boundary(graph)
-    readable, writable = {}, {}
+    readable, writable, refused = {}, {}, set()
     for member in group.members:
         r, w = _member_ports(graph, member, boundary)
+        reads = {t for n in member.nodes for t in n.inputs if t}
+        refused |= reads - set(r)            # a member reading it from DDR (a folded Conv): it stays there
         readable.update((t, v) for t, v in r.items() if graph.producer(t) is None or graph.producer(t).name not in inside)
         writable.update((t, v) for t, v in w.items() if t not in held)
-    return readable, writable
+    return {t: v for t, v in readable.items() if t not in refused}, writable
 
 
 def _member_ports(graph, group: Group, boundary: set[str]) -> tuple[dict[str, str], dict[str, str]]:

@@ -1120,3 +1120,44 @@ def test_a_transpose_only_a_float_matmul_reads_stays_float_and_folds_into_it():
     for dtype in ("fp32", "fp16"):
         result = verify(model, "sg2260", CompileOptions(dtype=dtype))
         assert result["ok"], result["outputs"]
+
+
+def squeeze_then_folded_expand():
+    """x -> 3x3 Conv -> squeeze 1x1 (16 channels) -> expand 3x3 (16 x 3 rows fold into one int8 weight block:
+    it reads its input from DDR) and expand 1x1 -> channel Concat: the squeeze's result is read by a chain
+    member that takes it from LMEM and one that reads it from DDR."""
+    from onnx import TensorProto as T, helper
+    rng = np.random.default_rng(23)
+    w = _weight_maker(rng)
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w0", "b0"], ["c0"], name="stem", pads=[1, 1, 1, 1]), n("Relu", ["c0"], ["c0r"]),
+             n("Conv", ["c0r", "ws", "bs"], ["s"], name="squeeze"), n("Relu", ["s"], ["sr"], name="squeeze_relu"),
+             n("Conv", ["sr", "we3", "be3"], ["e3"], name="expand3x3", pads=[1, 1, 1, 1]),
+             n("Conv", ["sr", "we1", "be1"], ["e1"], name="expand1x1"),
+             n("Concat", ["e3", "e1"], ["y"], name="concat", axis=1)]
+    inits = [w("w0", (32, 32, 3, 3), 0.1), w("b0", (32,), 0.1), w("ws", (16, 32, 1, 1)), w("bs", (16,), 0.1),
+             w("we3", (32, 16, 3, 3), 0.1), w("be3", (32,), 0.1), w("we1", (32, 16, 1, 1)), w("be1", (32,), 0.1)]
+    graph = helper.make_graph(nodes, "squeeze_fold", [helper.make_tensor_value_info("x", T.FLOAT, [1, 32, 12, 12])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, 64, 12, 12])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_tensor_a_chain_member_reads_from_ddr_is_stored_not_kept_in_lmem():
+    """The folded 3x3 expand reads the squeeze's result from DDR: the chain it starts offers no LMEM port for
+    that tensor (though the 1x1 expand could take it there), so it stays stored; the integers are exact."""
+    from tpuflow.lowering.quant import folds_kernel_rows
+    model = quantize_float(squeeze_then_folded_expand())
+    graph = load_graph_of(model)
+    expand = next(n for n in graph.nodes() if n.name == "expand3x3")
+    assert folds_kernel_rows(graph, expand)
+    from tpuflow.chip import load_chip
+    from tpuflow.lowering.groups import form_groups
+    from tpuflow.lowering.ops.quant_ops import quant_emitter
+    from tpuflow.lowering.quant import QuantChain, quantized_groups
+    chip = load_chip("sg2260")
+    (chain,) = [g for g in quantized_groups(graph, form_groups(graph), chip)
+                if isinstance(g, QuantChain) and g.anchor.name == "expand3x3"]
+    readable, _ = quant_emitter.resident_ports(graph, chain, chip)
+    assert expand.inputs[0] not in readable
+    result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
