@@ -380,14 +380,15 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
 
 
 def _column_splits(graph: Graph, groups: list[Group], writable: list[dict], producer: dict[str, int]) -> dict:
-    """Column Splits of a MatMul result written as a matrix: {result: ((output, column, columns), ...)}."""
+    """Column Splits of a MatMul's or a DequantizeLinear's result written as a matrix: {result: ((output,
+    column, columns), ...)} (the producer writes each part's columns into the part's buffer)."""
     out = {}
     for group in groups:
         if not is_column_split(graph, group):
             continue
         source = group.anchor.inputs[0]
         p = producer.get(source)
-        if p is None or groups[p].kind != "matmul" or writable[p].get(source) != MATRIX:
+        if p is None or not _writes_parts(graph, groups[p], source) or writable[p].get(source) != MATRIX:
             continue
         parts, col = [], 0
         for name in group.anchor.outputs:
@@ -396,6 +397,12 @@ def _column_splits(graph: Graph, groups: list[Group], writable: list[dict], prod
             col += width
         out[source] = tuple(parts)
     return out
+
+
+def _writes_parts(graph: Graph, group: Group, result: str) -> bool:
+    """Whether the group's emitter can write `result` in column parts: a MatMul's, a DequantizeLinear's
+    (alone or in a chain)."""
+    return group.kind == "matmul" or (group.kind == "quant" and graph.producer(result).op_type == "DequantizeLinear")
 
 
 def _settle_splits(inputs: _Inputs, plan: ResidencyPlan) -> None:

@@ -283,6 +283,10 @@ class ElementwiseQuant(Planned):
     def emit(self, plan: QuantPlan) -> None:
         ctx = self.ctx
         ctx.em.layer = self.node.name
+        parts = ctx.residency.splits.get(self.out)
+        if parts:
+            self._emit_parts(plan, parts)
+            return
         self.operand = None if self.constant is None else float(self.constant[0])
         if self.per_channel_constant:
             c = self.shape[1]
@@ -316,6 +320,24 @@ class ElementwiseQuant(Planned):
             self._compute(out, tiles, work)
             if self.out not in self.lmem or self.out in self.keep:
                 ctx.em.store(out, self._region(self.out, n, at, count))
+        self.note(plan)
+
+    def _emit_parts(self, plan: QuantPlan, parts) -> None:
+        """A DequantizeLinear whose float result a column Split takes apart in LMEM (layer groups:
+        lowering.residency._column_splits): each part's columns dequantised straight into the part's
+        buffer, from the held int8 matrix or its columns loaded from DDR."""
+        ctx, x, rows, cols = self.ctx, self.inputs[0], self.shape[1], self.shape[3]
+        held = self.lmem.get(x)
+        s, zp = per_tensor(ctx, x)
+        for index, (name, c0, width) in enumerate(parts):
+            out = ctx.resident(name).rows_view(self.chip, 0, rows, 0, width)
+            if held is not None:          # the held matrix's columns c0.. (the same lanes and row strides)
+                src = LTile(held.addr + c0 * held.prec.bytes, (1, rows, 1, width), held.prec, held.strides,
+                            StrideMode.FREE)
+            else:
+                src = make_tile(self.chip, plan.sets[index % len(plan.sets)]["in0"], (1, rows, 1, width), Prec.INT8)
+                ctx.em.load(src, ctx.region(x, src.shape, c0, (rows * cols, cols, width, 1)))
+            emit_rq(ctx, "dq0", out, src, dq0_scalars(zp, s), in_signed=signed(ctx, x))
         self.note(plan)
 
     def _requantised_in_place(self) -> bool:
@@ -1431,7 +1453,7 @@ def _boundary_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str
     its members' ports on the tensors it shares with other groups (not those it holds itself)."""
     if not isinstance(group, QuantChain):
         return _member_ports(graph, group, tail_boundary(graph))
-    inside = {n.name for n in group.nodes}
+    made = {t for n in group.nodes for t in n.outputs}
     held = set(held_tensors(graph, group.members, group.views))
     boundary = tail_boundary(graph)
     readable, writable, refused = {}, {}, set()
@@ -1439,7 +1461,7 @@ def _boundary_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str
         r, w = _member_ports(graph, member, boundary)
         reads = {t for n in member.nodes for t in n.inputs if t}
         refused |= reads - set(r)            # a member reading it from DDR (a folded Conv): it stays there
-        readable.update((t, v) for t, v in r.items() if graph.producer(t) is None or graph.producer(t).name not in inside)
+        readable.update((t, v) for t, v in r.items() if view_source(group.views, t) not in made)
         writable.update((t, v) for t, v in w.items() if t not in held)
     return {t: v for t, v in readable.items() if t not in refused}, writable
 

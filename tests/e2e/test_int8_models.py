@@ -1161,3 +1161,21 @@ def test_a_tensor_a_chain_member_reads_from_ddr_is_stored_not_kept_in_lmem():
     assert expand.inputs[0] not in readable
     result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
     assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
+
+
+def test_a_dequantized_matrix_a_column_split_takes_apart_is_written_in_parts():
+    """gpt_block at --dtype int8: the fused QKV projection's DequantizeLinear writes each column part of its
+    float result straight into the Split output's LMEM buffer (lowering.residency._column_splits), so the
+    Split moves nothing; the program verifies."""
+    from tpuflow import models
+    from tpuflow.quantize import quantize
+    qdq = quantize(models.build_model("gpt_block")).model
+    graph, program = compile_model(qdq, "sg2260", CompileOptions(dtype="fp16"))
+    split = next(n for n in graph.nodes() if n.op_type == "Split")
+    assert graph.producer(split.inputs[0]).op_type == "DequantizeLinear"
+    moved = layer_ddr_bytes(program)
+    assert split.name not in moved and graph.producer(split.inputs[0]).name not in moved
+    (group,) = program.layer_groups
+    assert set(split.outputs) <= set(group["resident"])
+    result = verify(qdq, "sg2260", CompileOptions(dtype="fp16"))
+    assert result["ok"], result["outputs"]
