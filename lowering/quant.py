@@ -354,8 +354,6 @@ def _chains(graph: Graph, groups: list[Group], chip) -> list[Group]:
             flush()
             out.append(group)
             continue
-        if folds_kernel_rows(graph, group.anchor):
-            flush()                   # it reads its input from DDR: it can only start a chain
         aliases = {v.anchor.outputs[0]: v.anchor.inputs[0] for v in views}
         if run and held_peak(graph, run + [group], chip.lanes, aliases) > budget:
             flush()

@@ -367,7 +367,7 @@ def test_snapshots_are_the_stored_quantized_tensors(qdq_cnn):
     graph, inputs, points, ours = _stages(qdq_cnn)
     from tpuflow.isa import LocalTensor
     assert len(points) == 7 and set(points) <= set(_quantized_produced(graph))
-    assert sum(isinstance(target, LocalTensor) for _, target in points.values()) == 3      # held by a chain
+    assert sum(isinstance(target, LocalTensor) for _, target in points.values()) == 5      # held by the chain
     _, program = compile_model(qdq_cnn, "sg2260", SEPARATE)
     assert set(points) - _ddr_readable(graph, program, set(points))     # one is overwritten by the end
     ref = run_onnxruntime(with_outputs(qdq_cnn, list(points)), _in_program_floats(inputs, "fp32"), optimize=True)

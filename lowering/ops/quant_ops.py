@@ -817,8 +817,8 @@ class FoldedConvQuant(ProductQuant):
     """A Conv with few input channels (lowering.quant.folds_kernel_rows): its input rows for each
     kernel row ky (rows oh * sy + ky * dy - pt) stacked as channels ky * C + c, so the cube runs a
     1 x kw kernel over kh * C channels instead of kh x kw over C; rows above or below the input are
-    filled with the zero point (the padding value). Its input comes from DDR, one strided DMA per
-    kernel row."""
+    filled with the zero point (the padding value). One strided DMA per kernel row brings them: from
+    DDR, or from the input held in LMEM (a chain's, a layer group's)."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
         super().__init__(ctx, group)
@@ -867,7 +867,12 @@ class FoldedConvQuant(ProductQuant):
             return LTile(dst.addr + a * dst.strides[2], (1, geo.cin, count, geo.w), Prec.INT8, dst.strides,
                          StrideMode.FREE)
 
-        if hi > lo:
+        held = self.held(self.x, n, 0, geo.cin, first[lo], hi - lo) if hi > lo else None
+        if held is not None:              # rows of the input held in LMEM, every sy-th: an LMEM -> LMEM copy
+            s0, s1, s2, s3 = held.strides
+            em.lmem_copy(rows(lo, hi - lo), LTile(held.addr, held.shape, Prec.INT8, (s0, s1, s2 * geo.sy, s3),
+                                                  StrideMode.FREE))
+        elif hi > lo:
             em.load(rows(lo, hi - lo), self.ctx.region(
                 self.x, (1, geo.cin, hi - lo, geo.w), (n * geo.cin * geo.h + first[lo]) * geo.w,
                 (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.sy * geo.w, 1)))
@@ -1467,9 +1472,9 @@ def _boundary_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str
 
 
 def _member_ports(graph, group: Group, boundary: set[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The float side of a lone QuantizeLinear / DequantizeLinear; the 8-bit runtime inputs (but a
-    folded Conv's, read from DDR) and results of a group that takes held tensors, but those a float
-    output's tail reads (stored for verify: lowering.quant.tail_boundary)."""
+    """The float side of a lone QuantizeLinear / DequantizeLinear; the 8-bit runtime inputs and results
+    of a group that takes held tensors, but those a float output's tail reads (stored for verify:
+    lowering.quant.tail_boundary)."""
     node = group.anchor
     readable, writable = {}, {}
     boundary_node = len(group.nodes) == 1 and node.op_type in ("QuantizeLinear", "DequantizeLinear")
@@ -1479,7 +1484,7 @@ def _member_ports(graph, group: Group, boundary: set[str]) -> tuple[dict[str, st
     if not (boundary_node or takes_held(graph, group)):
         return readable, writable
     for t in (t for n in group.nodes for t in n.inputs if t):
-        if _eight_bit(graph, t) and not folds_kernel_rows(graph, node):
+        if _eight_bit(graph, t):
             readable.update(_held_port(graph, t))
     for t in (t for n in group.nodes for t in n.outputs if t):
         if _eight_bit(graph, t) and t not in boundary:
