@@ -844,13 +844,13 @@ def _valid(out: int, stride: int, offset: int, size: int) -> tuple[int, int]:
 
 
 class TileConvChoice:
-    """A conv group of a tile-path model that the TILE engine can take, planned both ways in each
-    region: the TILE conv's plan and the TIU conv's, and the one whose instructions run faster alone on
-    the timing model (the cost the layer-group search uses: lowering.compiler._records_ps) is taken;
-    the TIU plan also when a layer group keeps an operand or the result in LMEM in a way only the TIU
-    conv serves (no implicit GEMM of one image, or its buffers do not fit beside the resident
-    tensors). emit() follows the plan chosen. Conv results stay in LMEM (NCHW, channels on lanes,
-    what the next conv's phase images are transposed from) between consecutive convs either way."""
+    """A conv group of a tile-path model that the TILE engine can take: the TILE conv's plan; the TIU
+    conv's when a layer group keeps an operand or the result in LMEM in a way only the TIU conv serves
+    (no implicit GEMM of one image, or its buffers do not fit beside the resident tensors). With
+    ENGINE_CHOICE "cost" both are planned in each region and the one whose instructions run faster
+    alone on the timing model (the cost the layer-group search uses: lowering.compiler._records_ps) is
+    taken. emit() follows the plan chosen. Conv results stay in LMEM (NCHW, channels on lanes, what the
+    next conv's phase images are transposed from) between consecutive convs either way."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
         from tpuflow.lowering.ops.conv import ConvEmitter
@@ -863,8 +863,8 @@ class TileConvChoice:
         tile = self.tile.plan(region)
         if tile is None:
             self.tile_missed.add(region)
-            return self.make_tiu().plan(region) if self.tile.reads_lmem() or CONV_ENGINE == "cost" else None
-        if CONV_ENGINE != "cost":
+            return self.make_tiu().plan(region) if self.tile.reads_lmem() or ENGINE_CHOICE == "cost" else None
+        if ENGINE_CHOICE != "cost":
             return tile
         tiu = self.make_tiu().plan(region)
         return tile if tiu is None or self._cost(tile) <= self._cost(tiu) else tiu
@@ -893,7 +893,7 @@ class TileConvChoice:
 
     def prefers(self, plan, other) -> bool:
         if isinstance(plan, TileConvPlan) != isinstance(other, TileConvPlan):
-            return isinstance(plan, TileConvPlan) if CONV_ENGINE != "cost" else self._cost(plan) < self._cost(other)
+            return isinstance(plan, TileConvPlan) if ENGINE_CHOICE != "cost" else self._cost(plan) < self._cost(other)
         return not isinstance(plan, TileConvPlan) and self.make_tiu().prefers(plan, other)
 
     def misfit(self) -> str:
@@ -909,9 +909,18 @@ def _tiu_conv(ctx: LowerCtx, group: Group):
 
 
 _PLAN_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> {plan key: ps}
-CONV_ENGINE = "cost"    # "cost": each conv the cube can take on the TILE or the TIU, whichever the timing model
-                        # says runs faster alone (TileConvChoice); "tile": on the TILE whenever it fits (tests
-                        # of the TILE conv itself set it)
+# "tile": every conv the cube can take runs on the TILE whenever it fits (the TIU conv only where a layer
+# group keeps an operand in LMEM in a way the TILE conv cannot read). "cost": each such conv runs on the
+# TILE or the TIU, whichever its plan's instructions run faster alone on the timing model
+# (TileConvChoice), and matrix-vector products run on the vector unit (tile_matmul_emitter). Measured
+# (tpuflow estimate --matmul tile, fp16 sg2260, TILE-path us against the TIU path's): "tile" resnet50 2377
+# (TIU 1118), squeezenet 270 (132), vgg19 14202 (7344); "cost" resnet50 1107, squeezenet 128, vgg19 7284,
+# with every conv of the three on the TIU (alone, each runs 1.1-5x faster there; the transformer blocks
+# have no conv and do not change). "cost" is not the default yet: it runs the
+# timing model while compiling (tests/test_sweep.py assumes a tile-path compile reads no timing key) and
+# takes small_cnn's convs off the cube (tests/lowering/test_emitplan.py, tests/hwmodel/timing/
+# test_timing_programs.py expect TILE convs there).
+ENGINE_CHOICE = "tile"
 
 
 def tile_conv_emitter(ctx: LowerCtx, group: Group):
@@ -952,8 +961,12 @@ def _on_tiu(graph, group: Group) -> bool:
 
 
 def tile_matmul_emitter(ctx: LowerCtx, group: Group):
-    """A MatMul group on the TILE engine, or on the TIU for the attention core (_on_tiu)."""
-    if _on_tiu(ctx.graph, group):
+    """A MatMul group on the TILE engine; on the TIU for the attention core (_on_tiu) and, with
+    ENGINE_CHOICE "cost", for a matrix-vector product (one row of A, constant B: the vector unit's GEMV; on
+    the cube a TGEMV fills one row of every 16-row fractal and streams all of B through the tile slots:
+    VGG-19's 25088 x 4096 classifier took 24.7k TMATMULs and 12.4k weight DMAs)."""
+    from tpuflow.lowering.ops.gemv import is_gemv
+    if _on_tiu(ctx.graph, group) or (ENGINE_CHOICE == "cost" and is_gemv(ctx, group)):
         from tpuflow.lowering.compiler import tiu_matmul_emitter
         return tiu_matmul_emitter(ctx, group)
     return TileMatmulEmitter(ctx, group)

@@ -16,9 +16,9 @@ def _convs_on_the_cube():
     """These tests exercise the TILE conv itself: every conv the cube can take runs there (not the
     per-conv TILE / TIU choice by the timing model)."""
     from tpuflow.lowering.ops import tilemm
-    saved, tilemm.CONV_ENGINE = tilemm.CONV_ENGINE, "tile"
+    saved, tilemm.ENGINE_CHOICE = tilemm.ENGINE_CHOICE, "tile"
     yield
-    tilemm.CONV_ENGINE = saved
+    tilemm.ENGINE_CHOICE = saved
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -144,10 +144,10 @@ def test_a_conv_the_cube_cannot_read_from_lmem_runs_on_the_tiu():
 
 @pytest.mark.parametrize("cheaper", ["tile", "tiu"])
 def test_the_cost_choice_takes_the_engine_the_timing_model_prefers(cheaper, monkeypatch):
-    """CONV_ENGINE "cost": every conv the cube can take runs where TileConvChoice._cost (its plan's
+    """ENGINE_CHOICE "cost": every conv the cube can take runs where TileConvChoice._cost (its plan's
     instructions alone on the timing model) is lower; here the costs are forced one way, then the other."""
     from tpuflow.lowering.ops import tilemm
-    monkeypatch.setattr(tilemm, "CONV_ENGINE", "cost")
+    monkeypatch.setattr(tilemm, "ENGINE_CHOICE", "cost")
     monkeypatch.setattr(tilemm.TileConvChoice, "_cost",
                         lambda self, plan: int(isinstance(plan, tilemm.TileConvPlan) == (cheaper == "tiu")))
     model = _block_model()

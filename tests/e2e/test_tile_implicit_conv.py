@@ -20,9 +20,9 @@ def _convs_on_the_cube():
     """These tests exercise the TILE conv itself: every conv the cube can take runs there (not the
     per-conv TILE / TIU choice by the timing model)."""
     from tpuflow.lowering.ops import tilemm
-    saved, tilemm.CONV_ENGINE = tilemm.CONV_ENGINE, "tile"
+    saved, tilemm.ENGINE_CHOICE = tilemm.ENGINE_CHOICE, "tile"
     yield
-    tilemm.CONV_ENGINE = saved
+    tilemm.ENGINE_CHOICE = saved
 
 
 def _conv_model(cin, cout, hw, k, stride, pad, dilation, groups, tail):
