@@ -161,7 +161,7 @@ class _TileOutput:
         slot_elems = chip.tile.slot_bytes // src_prec.bytes
         slot_view = DRegion(global_lmem_address(slots[0], chip), (1, count, mt, nt),
                             (count * slot_elems, slot_elems, nt, 1), src_prec)
-        if self.in_slot:
+        if self.in_slot and self.y_resident is None:
             span = LTile(slots[0], (1, count, 1, mt * nt), src_prec, (0, 0, 0, 1), StrideMode.FREE)   # one slot per lane
             self.epi.apply(span, [], row0, col0)
         if not self.needs_tiu:      # tile j -> columns j * nt.. of the same rows, walked row by row
@@ -169,6 +169,8 @@ class _TileOutput:
             if self.y_resident is not None:     # into the LMEM rows: lane i takes row i of every tile
                 view = self.y_resident.rows_view(chip, row0, mt, col0, width)
                 tile_copy(self.ctx, DRegion(global_lmem_address(view.addr, chip), view.shape, view.strides, src_prec), rows_view)
+                if self.in_slot:        # the Relu there, so the TILE queue never waits for the TIU
+                    self.epi.apply(view, [], row0, col0)
                 return
             em.region_copy(DRegion(dst.addr, (mt, count, 1, nt), (dst.strides[1], nt, nt, 1), dst.prec), rows_view)
             return
