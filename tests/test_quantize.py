@@ -443,11 +443,10 @@ def _elementwise_between():
 
 def test_elementwise_ops_beside_float_ops_stay_float_and_between_int8_ops_stay_int8():
     """An elementwise op whose only reader is a float op would cost a QuantizeLinear / DequantizeLinear
-    pair around it: it stays float; the Add between int8 Convs stays int8 (onnxruntime's quantizer folds
-    the Relu after it into its output's quantization)."""
+    pair around it: it stays float; the Add and the Relu between int8 Convs stay int8."""
     result = quantize(_elementwise_between())
     floats = {f["op"]: f["reason"] for f in result.float_ops}
     assert floats == {"Erf": NO_INT8_FORM, "Mul": "its inputs or outputs stay float"}, floats
-    assert result.int8_ops == 4         # three Convs and the Add
+    assert result.int8_ops == 5         # three Convs, the Add and the Relu
     checked = verify(_elementwise_between(), None, CompileOptions(dtype="int8"))
     assert checked["ok"], checked["outputs"]

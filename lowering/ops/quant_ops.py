@@ -96,9 +96,15 @@ def emit_requant(ctx: LowerCtx, out: LTile, src: LTile, scale: dict, zero_point:
     quant.rq1 by 1 adding the zero point and saturating to out's 8 bits. (One rq0 with the zero
     point as its offset rounds x * scale + zp in fp32, which loses x * scale's fraction: 21.4999969
     - 128 is -106.5 in fp32.) `scale`: rq0 fields (rq0_scalars(s, 0), or per-channel words);
-    `clamp`: (lo, hi) bounds of the stored values, applied before the narrowing."""
+    `clamp`: (lo, hi) bounds of the stored values, applied before the narrowing. With zero point 0
+    and no clamp inside the stored range, the one rq0 (offset 0) writes out's 8 bits, saturating: the
+    same integers in one instruction."""
     if src.prec.bytes != 4:
         raise LoweringError(f"internal: requantising a {src.prec.dtype_name} tile in place")
+    low, high = storage_range("int8" if out_signed else "uint8")
+    if zero_point == 0 and (clamp is None or (clamp[0] <= low and clamp[1] >= high)):
+        emit_rq(ctx, "rq0", out, src, scale, in_signed=in_signed, out_signed=out_signed)
+        return
     wide = src.as_prec(Prec.INT32)
     emit_rq(ctx, "rq0", wide, src, scale, in_signed=in_signed)
     if clamp is not None:

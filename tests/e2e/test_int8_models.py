@@ -1182,3 +1182,18 @@ def test_a_dequantized_matrix_a_column_split_takes_apart_is_written_in_parts():
     assert set(split.outputs) <= set(group["resident"])
     result = verify(qdq, "sg2260", CompileOptions(dtype="fp16"))
     assert result["ok"], result["outputs"]
+
+
+def test_symmetric_activations_requantise_in_one_instruction():
+    """Activations quantized symmetrically (zero point 0, as tpu-mlir deploys int8): each requantisation
+    with no clamp inside the stored range is one quant.rq0 writing the saturated 8 bits (no rq1); at fp32
+    the program still gives onnxruntime's integers."""
+    model = quantized("cnn", "QDQ", True, "QInt8", (("ActivationSymmetric", True),))
+    graph = load_graph_of(model)
+    assert all(not np.any(graph.tensor(t).quant.zero_point) for t in graph.tensors
+               if graph.tensor(t).quant is not None and not graph.tensor(t).is_const)
+    _, program = compile_model(model, "sg2260", CompileOptions(dtype="fp32"))
+    ops = [getattr(i, "op", None) for i in program.tiu if type(i).__name__ == "RqDqTiu"]
+    assert ops.count("rq0") > 0 and ops.count("rq1") == 0, ops
+    result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
+    assert result["ok"] and result["outputs"][0]["max_abs_err"] == 0.0, result["outputs"]
