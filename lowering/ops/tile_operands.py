@@ -366,7 +366,9 @@ class WindowOperand(Operand):
 
     def load_slots(self, slot_addrs, blocks) -> None:
         """Runs of K-consecutive tiles of one pixel tile bound for neighbouring lanes' slots in one DMA
-        (channel blocks of one tap, or whole taps a fixed number of rows apart); others one by one."""
+        (channel blocks of one tap, or whole taps a fixed number of rows apart), or runs of the same K
+        tile of consecutive pixel tiles (a stream whose output tiles need one K tile each); others one
+        by one."""
         lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
         while i < len(blocks):
             j = i + 1
@@ -374,8 +376,33 @@ class WindowOperand(Operand):
                    and blocks[j][2] == blocks[i][2] and blocks[j][0] == blocks[j - 1][0] + blocks[i][1]
                    and self._tap_step(blocks[i], blocks[j], j - i) is not None):
                 j += 1
+            if j == i + 1:
+                while (j < len(blocks) and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes
+                       and blocks[j][:2] == blocks[i][:2] and blocks[j][3] == blocks[i][3]
+                       and blocks[j][2] == blocks[j - 1][2] + blocks[i][3]):
+                    j += 1
+                if j > i + 1:
+                    self._copy_pixel_tiles(slot_addrs[i], blocks[i:j])
+                    i = j
+                    continue
             self._copy(slot_addrs[i], blocks[i:j])
             i = j
+
+    def _copy_pixel_tiles(self, slot_addr: int, blocks) -> None:
+        """One K tile of consecutive pixel tiles (whole output rows each) into neighbouring lanes' slots:
+        the source is the run of their output rows, tile j lands in slot j."""
+        ctx, k0 = self.ctx, self.k0
+        r0, r, c0, c = blocks[0]
+        if r % k0:
+            raise ValueError(f"window K tile {r} is not whole fractals of {k0}")
+        _, cp = self.padded(r, c)
+        count, slot_elems, e = len(blocks), ctx.chip.tile.slot_bytes // self.prec.bytes, self.prec.bytes
+        dst = DRegion(global_lmem_address(slot_addr, ctx.chip), (c, count, r // k0, k0), (k0, slot_elems, cp * k0, 1),
+                      self.prec)
+        src = self._source(r0, r, c0, c)        # (rows, out_width, 1, r): tile j is j * rows rows further in-lane
+        rows = src.shape[0]
+        tile_copy(ctx, dst, DRegion(src.addr, (rows, src.shape[1], count, r),
+                                    (src.strides[0], src.strides[1], rows * self.images.row_bytes // e, 1), self.prec))
 
     def _tap_step(self, first, block, distance: int) -> int | None:
         """Rows (in-lane row steps) between the K tiles of a run: 0 within one tap, the taps' row

@@ -199,3 +199,23 @@ def test_row_bias_streams_when_every_output_tile_has_another_row():
     results = sum(isinstance(i, AccCvt) for i in program.tile)
     assert 0 < stores < results
     assert verify(model, None, options, race_check=True)["ok"]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_one_k_tile_of_consecutive_pixel_tiles_moves_in_one_dma(dtype):
+    """A 1x1 conv whose K is one K tile (16 channels) over 32 x 32 pixels: the B stream reads the same K
+    tile of consecutive pixel tiles, so the window moves carry several pixel tiles each (one slot per
+    lane), fewer moves than pixel tiles; numbers against onnxruntime."""
+    model = _conv_model(16, 64, (32, 32), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "relu")
+    options = CompileOptions(dtype=dtype, matmul="tile")
+    _, program = compile_model(model, None, options)
+    e = 4 if dtype == "fp32" else 2
+    matmuls = [i for i in program.tile if isinstance(i, TMatmul) and i.k == 16]
+    pixel_tiles = len(matmuls)
+    chip, tile_bytes = program.chip, 16 * matmuls[0].n * e
+    fills = [i for i in program.tile if isinstance(i, TMove)
+             and chip.in_tile_buffer(transfer_sides(i.desc, chip)[1].addr)
+             and not chip.in_tile_buffer(transfer_sides(i.desc, chip)[0].addr)]
+    window = [i for i in fills if i.desc.nbytes % tile_bytes == 0 and i.desc.nbytes // tile_bytes > 1]
+    assert window and len(fills) < pixel_tiles
+    assert verify(model, None, options, race_check=True)["ok"]
