@@ -153,8 +153,8 @@ class LowerCtx:
         after = max(lo, -(-prev_end // bank) * bank)
         if after + half <= top:
             return after, top
-        if lo + half <= prev_start:
-            return lo, prev_start
+        if lo + half <= min(prev_start, top):        # (the previous buffers may lie above this group's top)
+            return lo, min(prev_start, top)
         mid = lo + half
         return (lo, mid) if prev_start >= mid or prev_end - mid > mid - prev_start else (mid, top)
 
