@@ -1392,14 +1392,25 @@ class ChainQuant:
         return offsets, extent
 
     def _member_plans(self, region: str, offsets: dict[str, int], top: int | None) -> list[QuantPlan] | None:
-        plans = []
-        for member in self.members:
-            self._hand_over(member, {t: top + off for t, off in offsets.items()}, top)
-            plan = member.plan(region)
-            if plan is None:
-                return None
-            plans.append(plan)
-        return plans
+        """Each member's plan in the LMEM ring after the previous member's buffers (as groups follow
+        each other: its constant loads then need not wait for the previous member's compute), else in
+        the whole region; None when a member fits neither."""
+        ctx, saved, plans = self.ctx, self.ctx.previous, []
+        try:
+            for member in self.members:
+                self._hand_over(member, {t: top + off for t, off in offsets.items()}, top)
+                plan = member.plan(region)
+                if plan is None and region == "ring" and ctx.previous != saved:
+                    ctx.previous = saved
+                    plan = member.plan(region)
+                if plan is None:
+                    return None
+                plans.append(plan)
+                if plan.buffers:
+                    ctx.previous = (min(off for _, off, _ in plan.buffers), plan.peak)
+            return plans
+        finally:
+            ctx.previous = saved
 
     def _hand_over(self, member, held: dict[str, int], top: int | None) -> None:
         """Give a member the held tensors it reads or writes (as whole aligned tiles) and its ceiling."""

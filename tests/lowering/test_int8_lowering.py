@@ -174,3 +174,25 @@ def test_held_view_keeps_nchw_and_lays_other_tensors_as_rows(shape):
         assert view == (1, int(np.prod(shape[:-1])), 1, shape[-1])
         if len(shape) != 3:                   # a leading 1 (a Reshape adding a batch dim) holds the same rows
             assert held_view([1, *shape]) == view
+
+
+def test_chain_members_plan_in_the_ring_after_each_other():
+    """A chain's members are planned as groups follow each other in the LMEM ring: where the region
+    has room, consecutive members' buffers do not overlap (a member's constant loads need not wait for
+    the previous member's compute), and emitting the chain leaves the ring where the group found it."""
+    from tpuflow.lowering.context import LowerCtx
+    from tpuflow.lowering.emitter import Emitter
+    from tpuflow.lowering.ops.quant_ops import ChainQuant
+    from tpuflow.lowering.weights import WeightImage
+    from tpuflow.options import CompileOptions
+    g = prepared(quantized("cnn", "QDQ", True, "QInt8"))
+    groups = quantized_groups(g, form_groups(g), CHIP)
+    chain = next(x for x in groups if isinstance(x, QuantChain) and len(x.members) > 3)
+    ctx = LowerCtx(g, CHIP, CompileOptions(), Emitter(CHIP), plan_ddr(g, groups, CHIP, "fp16", 0), WeightImage(0))
+    before = ctx.previous
+    plan = ChainQuant(ctx, chain).plan("ring")
+    assert ctx.previous == before and len(plan.members) == len(chain.members)
+    spans = [(min(o for _, o, _ in p.buffers), p.peak) for p in plan.members if p.buffers]
+    assert len(spans) > 3
+    apart = [a[1] <= b[0] or b[1] <= a[0] for a, b in zip(spans, spans[1:])]
+    assert sum(apart) >= len(apart) - 1, spans      # the global pool's whole input tile fits only over the region
