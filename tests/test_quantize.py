@@ -450,3 +450,29 @@ def test_elementwise_ops_beside_float_ops_stay_float_and_between_int8_ops_stay_i
     assert result.int8_ops == 5         # three Convs, the Add and the Relu
     checked = verify(_elementwise_between(), None, CompileOptions(dtype="int8"))
     assert checked["ok"], checked["outputs"]
+
+
+def _tanh_gelu_between_products():
+    """x -> MatMul -> tanh-GELU written as elementwise pieces (0.5 x (1 + tanh(c (x + k x**3)))) -> MatMul."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from onnx_build import ModelBuilder
+    b = ModelBuilder(seed=8)
+    h = b.node("MatMul", [b.input("x", (1, 8, 16)), b.weight("w1", (16, 32))], "h")
+    cube = b.node("Mul", [b.node("Mul", [h, h], "sq"), h], "cube")
+    inner = b.node("Add", [h, b.node("Mul", [cube, b.const("k", np.float32(0.044715))], "kc")], "inner")
+    t = b.node("Tanh", [b.node("Mul", [inner, b.const("c", np.float32(0.7978845))], "scaled")], "t")
+    g = b.node("Mul", [b.node("Mul", [h, b.const("half", np.float32(0.5))], "hh"),
+                       b.node("Add", [t, b.const("one", np.float32(1.0))], "t1")], "gelu")
+    b.output(b.node("MatMul", [g, b.weight("w2", (32, 16))], "y"))
+    return b.model()
+
+
+def test_the_reader_rule_does_not_run_back_through_an_activations_pieces():
+    """Only the piece a float op (Tanh) reads leaves int8 by the reader rule, and the pieces after the Tanh
+    by the source rule; the pieces before it stay int8."""
+    result = quantize(_tanh_gelu_between_products())
+    floats = sorted(f["op"] for f in result.float_ops)
+    assert floats == ["Add", "Mul", "Mul", "Tanh"], result.float_ops     # scaled, t1, gelu (and the Tanh)
+    assert result.int8_ops == 7                                        # 2 MatMuls, sq, cube, kc, inner, hh
