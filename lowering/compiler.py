@@ -34,7 +34,7 @@ from tpuflow.lowering.ops.pool import PoolEmitter
 from tpuflow.lowering.ops.resize_lmem import ResizeLmemEmitter, is_lmem_resize, resize_ports
 from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
 from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts, merge_duplicates
-from tpuflow.lowering.quant import quantized_groups
+from tpuflow.lowering.quant import chain_reserve, quantized_groups
 from tpuflow.lowering.ops.quant_ops import quant_emitter
 from tpuflow.lowering.tensors import make_tile
 from tpuflow.lowering.ewise import ROW_REDUCE
@@ -155,10 +155,12 @@ def plan_layer_groups(graph: Graph, groups: list[Group], chip: ChipConfig, optio
             plan.gathered = frozenset(t for t in gathered if t in plan.tensors)
         return plan
 
+    reserve = chain_reserve(graph, groups, chip)
+
     def plan(span_cost) -> ResidencyPlan:
         return plan_residency(graph, groups, chip, Prec.from_name(options.dtype), CONST_REGION_BYTES,
                               lambda g: resident_ports(graph, g, chip, options), span_cost, share,
-                              matrix_slicing=options.matmul == "tiu")
+                              matrix_slicing=options.matmul == "tiu", reserve=reserve)
 
     def cost(residency: ResidencyPlan, members: tuple[int, ...]) -> int:
         return _members_cost(graph, groups, chip, options, residency, members)

@@ -452,6 +452,19 @@ def held_peak(graph: Graph, members: list[Group], lanes: int, views: dict[str, s
                 for i in range(len(members))), default=0)
 
 
+def chain_reserve(graph: Graph, groups: list[Group], chip) -> dict[int, int]:
+    """{index of a QuantChain: the per-lane LMEM extent of the tensors it holds} (held_layout): what the
+    layer groups' residents leave free while it runs, so it can still hold them (else its members run
+    one by one through DDR)."""
+    out = {}
+    for i, group in enumerate(groups):
+        if isinstance(group, QuantChain):
+            lifetimes = held_tensors(graph, group.members, group.views)
+            sizes = {t: held_bytes(graph, t, chip.lanes) for t in lifetimes}
+            out[i] = held_layout(lifetimes, sizes, chip.core.lmem_align_bytes)[1]
+    return out
+
+
 def _fused_after(graph: Graph, node: OpNode) -> list[OpNode]:
     """The bias Add of a MatMul's int32 accumulator, then one Relu / Clip on the 8-bit result (none after a
     Conv's int32 result: ConvInteger's)."""

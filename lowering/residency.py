@@ -54,6 +54,11 @@ class _Inputs:
     aliases: list[tuple[str, str]]            # (Reshape input, output) sharing one LMEM buffer
     preloads: frozenset = frozenset()         # graph inputs loaded into LMEM once for several readers
     splits: dict = field(default_factory=dict)   # MatMul result -> column parts (layergroup.ResidencyPlan.splits)
+    reserve: dict = field(default_factory=dict)  # group index -> bytes per lane kept free for it (an int8 chain's held tensors)
+
+    def budget_over(self, first: int, last: int) -> int:
+        """The per-lane bytes residents may take while groups first..last run."""
+        return self.budget - max((self.reserve.get(i, 0) for i in range(first, last + 1)), default=0)
 
     def shape_of(self, name: str) -> tuple[int, int, int, int]:
         return resident_shape(self.graph.tensor(name).shape, self.layouts.get(name))
@@ -74,7 +79,8 @@ SLICE_COUNT_CHOICES = 2    # slice counts tried per span: the fewest that fit, a
 def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Prec, lo: int,
                    ports: Callable[[Group], tuple[set[str], set[str]]], span_cost: SpanCost | None,
                    share: float = RESIDENT_SHARE, matrix_slicing: bool = False,
-                   gathered: frozenset = frozenset(), regions: list[SlicedRegion] | None = None) -> ResidencyPlan | None:
+                   gathered: frozenset = frozenset(), regions: list[SlicedRegion] | None = None,
+                   reserve: dict[int, int] | None = None) -> ResidencyPlan | None:
     """Choose the activations that stay in LMEM. A tensor qualifies when its producer can write it
     to LMEM and every consumer can read it there (`ports(group)` -> (readable, writable)), it has
     a resident layout, it is neither a graph input nor output, and it fits the resident share of
@@ -88,7 +94,8 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
     `gathered` activations (several cores) are loaded whole before their first reader like graph
     inputs, when several groups read them in one layout. Given `regions` (several cores:
     lowering.cores.band_regions), those spans run sliced instead of searched ones; None when
-    their slice buffers do not fit."""
+    their slice buffers do not fit. `reserve` {group index: bytes per lane}: LMEM the residents
+    leave free while that group runs (an int8 chain holds its own tensors there)."""
     top = chip.tile_window_offset // chip.bank_bytes * chip.bank_bytes
     budget = int((top - lo) * share) // chip.bank_bytes * chip.bank_bytes
     producer, consumers = _producers_and_consumers(graph, groups)
@@ -120,7 +127,7 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
     preloads = _preloads(graph, chip, prec, consumers, readable, gathered)
     layouts.update(preloads)
     inputs = _Inputs(graph, groups, chip, prec, top, budget, producer, consumers, eligible, layouts, aliases,
-                     frozenset(preloads), splits)
+                     frozenset(preloads), splits, dict(reserve or {}))
     base = _place(inputs, [])
     needed = [(u, t) for u, t in in_place if {u, t} - set(base.tensors) and alone_eligible(u) and alone_eligible(t)]
 
@@ -362,7 +369,7 @@ def _place(inputs: _Inputs, regions: list[SlicedRegion]) -> ResidencyPlan | None
         prec = inputs.prec_of(owner)          # an int8 tensor one byte per element, a float one the program's type
         size = _resident_bytes(chip, unit.shape, prec)
         offset = _first_fit(placed, size, unit.first, unit.last)
-        if offset + size > inputs.budget:
+        if offset + size > inputs.budget_over(unit.first, unit.last):
             if unit.sliced:
                 return None
             continue

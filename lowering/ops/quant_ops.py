@@ -1379,6 +1379,13 @@ class ChainQuant:
         return ChainPlan(region, (start, end), buffers + work, tuple((t, top + off) for t, off in offsets.items()),
                          tuple(plans), top)
 
+    def wants_wider(self, plan: ChainPlan) -> bool:
+        """A plan whose members run one by one through DDR: the whole region may hold the tensors."""
+        return bool(self.lifetimes) and not plan.held
+
+    def prefers(self, plan: ChainPlan, other: ChainPlan) -> bool:
+        return bool(plan.held) and not other.held
+
     def _held_offsets(self) -> tuple[dict[str, int], int]:
         """Where the held tensors lie above the chain's base (lowering.quant.held_layout), and their extent."""
         lifetimes = {t: life for t, life in self.lifetimes.items() if t not in self.placed}

@@ -196,3 +196,50 @@ def test_chain_members_plan_in_the_ring_after_each_other():
     assert len(spans) > 3
     apart = [a[1] <= b[0] or b[1] <= a[0] for a, b in zip(spans, spans[1:])]
     assert sum(apart) >= len(apart) - 1, spans      # the global pool's whole input tile fits only over the region
+
+
+def test_residents_leave_a_chain_room_for_the_tensors_it_holds():
+    """The residency planner keeps the LMEM a group's reserve asks for free while it runs (every
+    resident live there fits below the budget less the reserve); lowering.quant.chain_reserve asks a
+    chain's held extent, so it can still hold its tensors instead of running its members through DDR."""
+    from tpuflow.lowering.compiler import plan_layer_groups
+    from tpuflow.lowering.mathops import CONST_REGION_BYTES
+    from tpuflow.lowering.quant import chain_reserve
+    from tpuflow.lowering.residency import plan_residency
+    from tpuflow.options import CompileOptions
+    g = prepared(quantized("cnn", "QDQ", True, "QInt8"))
+    groups = quantized_groups(g, form_groups(g), CHIP)
+    reserve = chain_reserve(g, groups, CHIP)
+    chain = next(i for i, x in enumerate(groups) if isinstance(x, QuantChain) and len(x.members) > 3)
+    assert reserve[chain] >= held_peak(g, groups[chain].members, CHIP.lanes) > 0
+    f = prepared(models.build_model("small_cnn"))
+    float_groups = form_groups(f)
+    ports = lambda grp: __import__("tpuflow.lowering.compiler", fromlist=["x"]).resident_ports(  # noqa: E731
+        f, grp, CHIP, CompileOptions(dtype="fp16"))
+    free = plan_residency(f, float_groups, CHIP, Prec.FP16, CONST_REGION_BYTES, ports, None)
+    busiest = max(range(len(float_groups)), key=lambda i: sum(t.size for t in free.tensors.values() if t.live_at(i)))
+    top = CHIP.tile_window_offset // CHIP.bank_bytes * CHIP.bank_bytes
+    budget = int((top - CONST_REGION_BYTES) * 0.7) // CHIP.bank_bytes * CHIP.bank_bytes
+    extent = max(top - t.addr for t in free.tensors.values() if t.live_at(busiest))
+    held = budget - extent + 1               # leaves one byte less than the unreserved plan used there
+    kept = plan_residency(f, float_groups, CHIP, Prec.FP16, CONST_REGION_BYTES, ports, None, reserve={busiest: held})
+    assert all(top - t.addr <= budget - held for t in kept.tensors.values() if t.live_at(busiest))
+    assert set(kept.tensors) != set(free.tensors) or any(kept.tensors[t].addr != free.tensors[t].addr for t in kept.tensors)
+    assert plan_layer_groups(g, groups, CHIP, CompileOptions(dtype="fp16")) is not None
+
+
+def test_a_chain_plan_holding_nothing_wants_a_wider_region():
+    from tpuflow.lowering.context import LowerCtx
+    from tpuflow.lowering.emitter import Emitter
+    from tpuflow.lowering.ops.quant_ops import ChainPlan, ChainQuant
+    from tpuflow.lowering.weights import WeightImage
+    from tpuflow.options import CompileOptions
+    g = prepared(quantized("cnn", "QDQ", True, "QInt8"))
+    groups = quantized_groups(g, form_groups(g), CHIP)
+    chain = next(x for x in groups if isinstance(x, QuantChain) and len(x.members) > 3)
+    ctx = LowerCtx(g, CHIP, CompileOptions(), Emitter(CHIP), plan_ddr(g, groups, CHIP, "fp16", 0), WeightImage(0))
+    emitter = ChainQuant(ctx, chain)
+    holding = emitter.plan("ring")
+    flat = ChainPlan("ring", holding.window, holding.buffers, (), holding.members, None)
+    assert holding.held and not emitter.wants_wider(holding) and emitter.wants_wider(flat)
+    assert emitter.prefers(holding, flat) and not emitter.prefers(flat, holding)
