@@ -15,14 +15,8 @@ from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, verify
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _convs_on_the_cube():
-    """These tests exercise the TILE conv itself: every conv the cube can take runs there (not the
-    per-conv TILE / TIU choice by the timing model)."""
-    from tpuflow.lowering.ops import tilemm
-    saved, tilemm.ENGINE_CHOICE = tilemm.ENGINE_CHOICE, "tile"
-    yield
-    tilemm.ENGINE_CHOICE = saved
+# these tests exercise the TILE conv itself (conftest.convs_on_the_cube)
+pytestmark = pytest.mark.usefixtures("convs_on_the_cube")
 
 
 def _conv_model(cin, cout, hw, k, stride, pad, dilation, groups, tail):
