@@ -935,13 +935,22 @@ class GemmQuant(Planned):
                           int(quantize(np.float32(hi), quant)) if hi is not None else (1 << 31) - 1)
 
     def choices(self):
-        """Row, column and K steps, largest first; a held operand (a chain's, rows on lanes) is read
-        whole along K and a held result written whole along N (MM2 reads and writes compact rows)."""
+        """Row, column and K steps, the least DDR traffic first (the weights load once per row step,
+        the operand once per column step unless held), then the largest; a held operand (rows on
+        lanes) is read whole along K and a held result written whole along N (MM2 reads and writes
+        compact rows)."""
         lanes = self.chip.lanes
         rows = [self.rows] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < self.rows]
         ks = [self.k] if self.x in self.lmem else halvings(self.k)
         ns = [self.n] if self.out in self.lmem else halvings(self.n)
-        return [(rt, nt, kt) for kt in ks for nt in ns for rt in rows]
+
+        def traffic(choice) -> int:
+            rt, nt, kt = choice
+            operand = 0 if self.x in self.lmem else -(-self.n // nt) * self.rows * self.k
+            weight_loads = 1 if kt >= self.k else -(-self.rows // rt)    # one K step: once per column step
+            return weight_loads * self.k * self.n + operand
+        return sorted(((rt, nt, kt) for kt in ks for nt in ns for rt in rows),
+                      key=lambda c: (traffic(c), -c[2], -c[1], -c[0]))
 
     def usable(self, choice) -> bool:
         """A held operand whole along K, a held result whole along N, and row steps starting on lane 0
@@ -978,7 +987,8 @@ class GemmQuant(Planned):
         zw_addr = (ctx.const_addr(f"{self.node.name}:minus_weight_zero_points", self.minus_zp_w, Prec.INT8)
                    if self.weight_zero_points else None)
         index = 0
-        for c0, nc in steps(self.n, nt):
+        k_steps = steps(self.k, kt)
+        for column, (c0, nc) in enumerate(steps(self.n, nt)):
             if zw_addr is not None:          # -zw of the chunk's columns on every K lane: Zw's rows
                 zw = make_tile(chip, self.zw_at, (1, kt, 1, nc), Prec.INT8)
                 for g0, count in steps(kt, chip.lanes):   # one broadcast (the row read once) per lane group
@@ -991,10 +1001,11 @@ class GemmQuant(Planned):
                 ctx.em.broadcast_load(scale, s_addr + 4 * c0, Prec.FP32)
             for r0, rc in steps(self.rows, rt):
                 acc = make_tile(chip, acc_at, (1, rc, 1, nc), Prec.INT32)
-                k_steps = steps(self.k, kt)
                 for ks, (k0, kc) in enumerate(k_steps):
-                    self._k_step(plan.sets[index % len(plan.sets)], acc, bias, (r0, rc), (c0, nc), (k0, kc),
-                                 ks == 0, ks == len(k_steps) - 1)
+                    offs = plan.sets[index % len(plan.sets)]
+                    if len(k_steps) == 1:       # the column's weights, loaded for its first row step only
+                        offs = dict(offs, w=plan.sets[column % len(plan.sets)]["w"], w_loaded=r0 > 0)
+                    self._k_step(offs, acc, bias, (r0, rc), (c0, nc), (k0, kc), ks == 0, ks == len(k_steps) - 1)
                     index += 1
                 out = self.held(self.out, 0, r0, rc, 0, 1) or make_tile(chip, out_at, (1, rc, 1, nc), Prec.INT8)
                 self._requantise(acc, out, scale, c0)
@@ -1012,7 +1023,9 @@ class GemmQuant(Planned):
             a = make_tile(chip, offs["a"], (1, rc, 1, kc), Prec.INT8)
             ctx.em.load(a, ctx.region(self.x, a.shape, r0 * self.k + k0, (self.rows * self.k, self.k, kc, 1)))
         w = make_tile(chip, offs["w"], (1, kc, 1, nc), Prec.INT8)
-        ctx.em.load(w, DRegion(self.w_addr + k0 * self.n + c0, w.shape, (self.k * self.n, self.n, nc, 1), Prec.INT8))
+        if not offs.get("w_loaded"):
+            ctx.em.load(w, DRegion(self.w_addr + k0 * self.n + c0, w.shape, (self.k * self.n, self.n, nc, 1),
+                                   Prec.INT8))
         ctx.em.tiu(Mm2Tiu(op="nn", res0_addr=acc.addr, res0_c=rc, res0_w=nc, opd0_addr=a.addr, opd0_c=rc,
                           opd0_w=kc, opd1_addr=w.addr, opd1_c=kc, opd1_w=nc,
                           opd2_addr=bias.addr if first else 0, opt_opd2_const=0 if first else 1,
