@@ -1448,6 +1448,18 @@ class ChainQuant:
         for member, member_plan in zip(self.members, plan.members):
             self._hand_over(member, dict(plan.held), plan.top)
             member.emit(member_plan)
+        self._record_placed_writers()
+
+    def _record_placed_writers(self) -> None:
+        """A Concat output's held record names the layers that wrote inputs straight into it as well
+        (Program.held_tensors: verify's snapshot of it waits for their writes too, not only the Concat's
+        own copies, which need not wait for them)."""
+        held = self.ctx.held_tensors
+        for t, (out, _) in self.placed.items():
+            if out in held:
+                writer = next(m for m in self.members if t in {x for n in m.group.nodes for x in n.outputs})
+                tile, layers = held[out]
+                held[out] = (tile, layers + tuple(n.name for n in writer.group.nodes if n.name not in layers))
 
 
 class QuantMove(MoveEmitter):

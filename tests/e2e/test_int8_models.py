@@ -1214,3 +1214,28 @@ def test_a_product_whose_rows_take_several_steps_loads_its_weights_once():
     assert len(products) > len(weights) >= 1          # several row steps per loaded column of weights
     result = verify(model, "sg2260", CompileOptions(dtype="fp32"))
     assert result["ok"], result["outputs"]
+
+
+def test_a_concat_output_held_by_a_chain_is_snapshot_after_its_placed_inputs_writers():
+    """The fire module's 3x3 expand writes its result straight into the held Concat output: the held record
+    (verify's stage-wise snapshot point) names that writer as well as the Concat, whose own copies need not
+    wait for it (chain members overlap in the LMEM ring), so the snapshot holds both parts."""
+    from tpuflow.compare import random_inputs
+    from tpuflow.hwmodel.functional import run
+    from tpuflow.stagewise import snapshot_points
+    model = quantize_float(wide_fire_cnn())
+    graph, program = compile_model(model, "sg2260", CompileOptions(dtype="fp32"))
+    cat = next(n for n in graph.nodes() if n.op_type == "Concat")
+    out = cat.outputs[0]
+    _, layers = program.held_tensors[out]
+    placed = [t for t in cat.inputs if graph.producer(t) is not None and graph.producer(t).name in layers]
+    assert cat.name in layers and placed, layers
+    points = snapshot_points(graph, program, [out, *placed])
+    ours = run(program, random_inputs(graph, 0), race_check=False, snapshots=points)
+    start = 0
+    for t in cat.inputs:
+        width = graph.tensor(t).shape[1]
+        if t in placed:
+            got = np.asarray(ours[out]).reshape(graph.tensor(out).shape)[:, start:start + width]
+            assert np.array_equal(got, np.asarray(ours[t]).reshape(graph.tensor(t).shape)), t
+        start += width
