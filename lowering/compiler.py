@@ -33,7 +33,8 @@ from tpuflow.lowering.ops.movement import MoveEmitter, ViewEmitter
 from tpuflow.lowering.ops.pool import PoolEmitter
 from tpuflow.lowering.ops.resize_lmem import ResizeLmemEmitter, is_lmem_resize, resize_ports
 from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
-from tpuflow.lowering.prepare import fold_matmul_transposes, materialize_broadcasts, merge_duplicates
+from tpuflow.lowering.prepare import (fold_matmul_transposes, fold_reduction_scales, materialize_broadcasts,
+                                      merge_duplicates)
 from tpuflow.lowering.quant import chain_reserve, quantized_groups
 from tpuflow.lowering.ops.quant_ops import quant_emitter
 from tpuflow.lowering.tensors import make_tile
@@ -284,7 +285,7 @@ def _refit_long_rows(source: Graph, err: GroupDoesNotFit, ends: frozenset[str]) 
 
 def _lower_split_once(source: Graph, chip: ChipConfig, options: CompileOptions,
                       ends: frozenset[str] = frozenset()) -> Program:
-    graph = materialize_broadcasts(fold_matmul_transposes(merge_duplicates(source)))
+    graph = materialize_broadcasts(fold_matmul_transposes(fold_reduction_scales(merge_duplicates(source))))
     pins: dict[str, int] = {}
     if options.cores > 1 and options.matmul == "tiu":
         graph, pins = split_mlp_pairs(graph, options.cores, chip.lanes)

@@ -176,7 +176,7 @@ RULES = {"unary": _unary, "ar": _ar, "pow": _pow, "select": _select, "mod": _mod
 
 def apply_row_reduce(em: Emitter, node: OpNode, dst_row: LTile, src: LTile, cols: int) -> None:
     pool, mean = spec(node.op_type).reduce
-    em.row_pool(pool, dst_row, src, 1.0 / cols if mean else 1.0)
+    em.row_pool(pool, dst_row, src, (1.0 / cols if mean else 1.0) * float(node.attr("scale", 1.0)))
 
 
 def apply_softmax(em: Emitter, node: OpNode, dst: LTile, src: LTile, row_tmp: LTile,

@@ -1,7 +1,7 @@
-"""Graph preparation before fusion: duplicate nodes merged, Transposes folded into MatMuls, and
-elementwise operands whose broadcast fits no rows x cols view materialised at full shape (constants
-expanded at compile time, runtime tensors by an Expand node that the movement emitter lowers to a
-stride-0 DMA)."""
+"""Graph preparation before fusion: duplicate nodes merged, scalar scales folded into row reductions,
+Transposes folded into MatMuls, and elementwise operands whose broadcast fits no rows x cols view
+materialised at full shape (constants expanded at compile time, runtime tensors by an Expand node
+that the movement emitter lowers to a stride-0 DMA)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,44 @@ def _frozen(value):
     if isinstance(value, (list, tuple)):
         return tuple(_frozen(v) for v in value)
     return value
+
+
+def fold_reduction_scales(graph: Graph) -> Graph:
+    """A ReduceSum / ReduceMean whose only reader multiplies (or divides) it by a scalar constant takes
+    that scale (attr "scale", lowering.ewise.apply_row_reduce) and writes the reader's output: the
+    row is summed and scaled in fp32 before it is stored at the program's float type, so a layer
+    norm written as a sum of squares over the count (magika's: 1.02e5 before the division) does not
+    overflow fp16 in between."""
+    drop, rewrite = set(), {}
+    for node in graph.nodes():
+        if node.op_type not in ("ReduceSum", "ReduceMean") or node.outputs[0] in graph.outputs:
+            continue
+        readers = graph.consumers(node.outputs[0])
+        scale = _scalar_scale(graph, readers[0], node.outputs[0]) if len(readers) == 1 else None
+        if scale is None or graph.tensor(node.outputs[0]).quant is not None:
+            continue
+        attrs = dict(node.attrs, scale=float(node.attr("scale", 1.0)) * scale)
+        rewrite[node.name] = OpNode(node.name, node.op_type, node.inputs, readers[0].outputs, attrs)
+        drop.add(readers[0].name)
+    if not rewrite:
+        return graph
+    nodes = [rewrite.get(n.name, n) for n in graph.nodes() if n.name not in drop]
+    return Graph(graph.name, nodes, dict(graph.tensors), graph.inputs, graph.outputs, graph.model, graph.opset)
+
+
+def _scalar_scale(graph: Graph, reader: OpNode, value: str) -> float | None:
+    """c when `reader` is value * c, c * value or value / c with c a float scalar constant, else None."""
+    if reader.op_type not in ("Mul", "Div") or len(reader.inputs) != 2 or reader.inputs.count(value) != 1:
+        return None
+    other = reader.inputs[1] if reader.inputs[0] == value else reader.inputs[0]
+    info = graph.tensor(other)
+    if not info.is_const or info.quant is not None or np.size(info.const) != 1 or \
+            graph.tensor(reader.outputs[0]).shape != graph.tensor(value).shape:
+        return None
+    c = float(np.asarray(info.const).reshape(-1)[0])
+    if reader.op_type == "Div":
+        return 1.0 / c if reader.inputs[1] == other and c != 0 else None
+    return c
 
 
 def fold_matmul_transposes(graph: Graph) -> Graph:
