@@ -215,12 +215,17 @@ class ResidencyPlan:
 
 
 
+def default_layout(shape: tuple[int, ...]) -> str:
+    """NCHW for a 4-D tensor, a matrix otherwise."""
+    return NCHW if len(shape) == 4 else MATRIX
+
+
 def resident_shape(shape: tuple[int, ...], layout: str | None = None) -> tuple[int, int, int, int] | None:
     """The 4-D LMEM shape of an activation in `layout`: NCHW as it is (axis 1 on lanes); a
     matrix [..., rows, cols] as (1, rows, 1, cols) with its leading dims folded into the rows
     (rows on lanes, as MatMul and row groups use it). Without a layout: NCHW for 4-D tensors,
     matrix otherwise. None when the tensor has no such layout."""
-    layout = layout or (NCHW if len(shape) == 4 else MATRIX)
+    layout = layout or default_layout(shape)
     if layout == NCHW:
         return tuple(shape) if len(shape) == 4 else None
     if len(shape) >= 2:

@@ -439,6 +439,12 @@ def held_layout(lifetimes: dict[str, tuple[int, int]], sizes: dict[str, int], al
     return offsets, pool.end
 
 
+def held_placement(graph: Graph, lifetimes: dict[str, tuple[int, int]], chip) -> tuple[dict[str, int], int]:
+    """held_layout of held tensors at their held_bytes sizes: (offsets, extent)."""
+    sizes = {t: held_bytes(graph, t, chip.lanes) for t in lifetimes}
+    return held_layout(lifetimes, sizes, chip.core.lmem_align_bytes)
+
+
 def held_bytes(graph: Graph, tensor: str, lanes: int) -> int:
     """Bytes per lane of a held int8 tensor in its held_view (aligned: 64-element rows of each channel plane)."""
     n, c, h, w = held_view(graph.tensor(tensor).shape)
@@ -453,16 +459,11 @@ def held_peak(graph: Graph, members: list[Group], lanes: int, views: dict[str, s
 
 
 def chain_reserve(graph: Graph, groups: list[Group], chip) -> dict[int, int]:
-    """{index of a QuantChain: the per-lane LMEM extent of the tensors it holds} (held_layout): what the
+    """{index of a QuantChain: the per-lane LMEM extent of the tensors it holds} (held_placement): what the
     layer groups' residents leave free while it runs, so it can still hold them (else its members run
     one by one through DDR)."""
-    out = {}
-    for i, group in enumerate(groups):
-        if isinstance(group, QuantChain):
-            lifetimes = held_tensors(graph, group.members, group.views)
-            sizes = {t: held_bytes(graph, t, chip.lanes) for t in lifetimes}
-            out[i] = held_layout(lifetimes, sizes, chip.core.lmem_align_bytes)[1]
-    return out
+    return {i: held_placement(graph, held_tensors(graph, group.members, group.views), chip)[1]
+            for i, group in enumerate(groups) if isinstance(group, QuantChain)}
 
 
 def _fused_after(graph: Graph, node: OpNode) -> list[OpNode]:

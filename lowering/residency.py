@@ -67,6 +67,11 @@ class _Inputs:
         return storage_prec(self.graph.tensors.get(name), self.prec)
 
 
+def _strides_fit(graph: Graph, chip: ChipConfig, name: str, shape, prec: Prec) -> bool:
+    """Whether `name` kept in LMEM in `shape` (at its storage precision) can name its group stride."""
+    return ResidentTensor(name, shape, storage_prec(graph.tensor(name), prec), 0, 0, 0, 0).strides_fit(chip)
+
+
 # Span cost: (plan, members) -> estimated time (ps) of emitting `members` under `plan`
 SpanCost = Callable[[ResidencyPlan, tuple[int, ...]], int]
 
@@ -113,7 +118,7 @@ def plan_residency(graph: Graph, groups: list[Group], chip: ChipConfig, prec: Pr
         layout = writable[producer[name]].get(name) if name in producer else None
         shape = resident_shape(graph.tensor(name).shape, layout) if layout else None
         return (bool(users) and name not in graph.outputs and shape is not None
-                and ResidentTensor(name, shape, storage_prec(graph.tensor(name), prec), 0, 0, 0, 0).strides_fit(chip)
+                and _strides_fit(graph, chip, name, shape, prec)
                 and all(readable[j].get(name) == layout for j in users))
 
     verdicts: dict[str, bool] = {}
@@ -449,8 +454,7 @@ def _preloads(graph: Graph, chip: ChipConfig, prec: Prec, consumers, readable: l
             continue
         layout = layouts.pop()
         shape = resident_shape(graph.tensor(name).shape, layout)
-        if shape is not None and ResidentTensor(name, shape, storage_prec(graph.tensor(name), prec), 0, 0, 0,
-                                                0).strides_fit(chip):
+        if shape is not None and _strides_fit(graph, chip, name, shape, prec):
             out[name] = layout
     return out
 

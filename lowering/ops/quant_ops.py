@@ -49,12 +49,13 @@ from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.emitter import MAX_DMA_DIM, pool_scale_fields
 from tpuflow.lowering.groups import Group
-from tpuflow.lowering.layergroup import MATRIX, NCHW
+from tpuflow.lowering.layergroup import default_layout
 from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
 from tpuflow.lowering.ops.movement import MoveEmitter
-from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, folds_kernel_rows, held_bytes, held_layout,
-                                    held_tensors, held_view, row_pattern, tail_boundary, takes_held, view_source)
+from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, folds_kernel_rows, held_bytes,
+                                    held_placement, held_tensors, held_view, row_pattern, tail_boundary, takes_held,
+                                    view_source)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps
 from tpuflow.lowering.weights import pack_conv_weights, to_storage
@@ -1003,9 +1004,10 @@ class GemmQuant(Planned):
                 acc = make_tile(chip, acc_at, (1, rc, 1, nc), Prec.INT32)
                 for ks, (k0, kc) in enumerate(k_steps):
                     offs = plan.sets[index % len(plan.sets)]
-                    if len(k_steps) == 1:       # the column's weights, loaded for its first row step only
-                        offs = dict(offs, w=plan.sets[column % len(plan.sets)]["w"], w_loaded=r0 > 0)
-                    self._k_step(offs, acc, bias, (r0, rc), (c0, nc), (k0, kc), ks == 0, ks == len(k_steps) - 1)
+                    one_k = len(k_steps) == 1   # the column's weights stay, loaded for its first row step only
+                    w_at = plan.sets[column % len(plan.sets)]["w"] if one_k else offs["w"]
+                    self._k_step(offs, acc, bias, (r0, rc), (c0, nc), (k0, kc), ks == 0, ks == len(k_steps) - 1,
+                                 w_at, load_w=not one_k or r0 == 0)
                     index += 1
                 out = self.held(self.out, 0, r0, rc, 0, 1) or make_tile(chip, out_at, (1, rc, 1, nc), Prec.INT8)
                 self._requantise(acc, out, scale, c0)
@@ -1014,16 +1016,18 @@ class GemmQuant(Planned):
                                                  (self.rows * self.n, self.n, nc, 1)))
         self.note(plan, self.rows * self.n * self.k)
 
-    def _k_step(self, offs: dict, acc: LTile, bias: LTile, rows, cols, ks, first: bool, last: bool) -> None:
-        """One MM2 of rows x K step x columns into acc: the bias row on the first step, relu on the last."""
+    def _k_step(self, offs: dict, acc: LTile, bias: LTile, rows, cols, ks, first: bool, last: bool,
+                w_at: int, load_w: bool) -> None:
+        """One MM2 of rows x K step x columns into acc: the bias row on the first step, relu on the last;
+        the weights at `w_at`, loaded unless an earlier row step of the column did (`load_w`)."""
         ctx, chip = self.ctx, self.chip
         (r0, rc), (c0, nc), (k0, kc) = rows, cols, ks
         a = self.held(self.x, 0, r0, rc, 0, 1)          # a chain's rows: read in place (kc = K)
         if a is None:
             a = make_tile(chip, offs["a"], (1, rc, 1, kc), Prec.INT8)
             ctx.em.load(a, ctx.region(self.x, a.shape, r0 * self.k + k0, (self.rows * self.k, self.k, kc, 1)))
-        w = make_tile(chip, offs["w"], (1, kc, 1, nc), Prec.INT8)
-        if not offs.get("w_loaded"):
+        w = make_tile(chip, w_at, (1, kc, 1, nc), Prec.INT8)
+        if load_w:
             ctx.em.load(w, DRegion(self.w_addr + k0 * self.n + c0, w.shape, (self.k * self.n, self.n, nc, 1),
                                    Prec.INT8))
         ctx.em.tiu(Mm2Tiu(op="nn", res0_addr=acc.addr, res0_c=rc, res0_w=nc, opd0_addr=a.addr, opd0_c=rc,
@@ -1400,12 +1404,11 @@ class ChainQuant:
         return bool(plan.held) and not other.held
 
     def _held_offsets(self) -> tuple[dict[str, int], int]:
-        """Where the held tensors lie above the chain's base (lowering.quant.held_layout), and their extent."""
+        """Where the held tensors lie above the chain's base (lowering.quant.held_placement), and their extent."""
         lifetimes = {t: life for t, life in self.lifetimes.items() if t not in self.placed}
         for t, (out, _) in self.placed.items():          # the output's space is taken from its first input on
             lifetimes[out] = (min(lifetimes[out][0], self.lifetimes[t][0]), lifetimes[out][1])
-        sizes = {t: held_bytes(self.ctx.graph, t, self.chip.lanes) for t in lifetimes}
-        offsets, extent = held_layout(lifetimes, sizes, self.chip.core.lmem_align_bytes)
+        offsets, extent = held_placement(self.ctx.graph, lifetimes, self.chip)
         for t, (out, c0) in self.placed.items():
             group_bytes = make_tile(self.chip, 0, self.ctx.graph.tensor(out).shape, Prec.INT8).strides[1]
             offsets[t] = offsets[out] + c0 // self.chip.lanes * group_bytes
@@ -1514,7 +1517,7 @@ def _boundary_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str
     for member in group.members:
         r, w = _member_ports(graph, member, boundary)
         reads = {t for n in member.nodes for t in n.inputs if t}
-        refused |= reads - set(r)            # a member reading it from DDR (a folded Conv): it stays there
+        refused |= reads - set(r)            # a member reading it from DDR: it stays there
         readable.update((t, v) for t, v in r.items() if view_source(group.views, t) not in made)
         writable.update((t, v) for t, v in w.items() if t not in held)
     return {t: v for t, v in readable.items() if t not in refused}, writable
@@ -1549,7 +1552,7 @@ def _eight_bit(graph, tensor: str) -> bool:
 def _held_port(graph, tensor: str) -> dict[str, str]:
     """{tensor: the layout of its held_view} (none for a tensor of rank < 2)."""
     shape = graph.tensor(tensor).shape
-    return {tensor: NCHW if len(shape) == 4 else MATRIX} if len(shape) >= 2 else {}
+    return {tensor: default_layout(shape)} if len(shape) >= 2 else {}
 
 
 quant_emitter.resident_ports = _boundary_ports
