@@ -5,9 +5,9 @@ that the movement emitter lowers to a stride-0 DMA)."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from dataclasses import replace
+
+import numpy as np
 
 from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
 from tpuflow.lowering.ewise import ELEMENTWISE, Kind, classify
@@ -20,6 +20,12 @@ def _fits_some_view(graph: Graph, node: OpNode) -> bool:
         if all(k is not None for k in kinds):
             return True
     return False
+
+
+def _with_nodes(graph: Graph, nodes: list[OpNode], tensors: dict | None = None) -> Graph:
+    """`graph` rewritten to `nodes` (and `tensors`, else its own), with its inputs and outputs."""
+    tensors = dict(graph.tensors) if tensors is None else tensors
+    return Graph(graph.name, nodes, tensors, graph.inputs, graph.outputs, graph.model, graph.opset)
 
 
 def merge_duplicates(graph: Graph) -> Graph:
@@ -43,7 +49,7 @@ def merge_duplicates(graph: Graph) -> Graph:
     if not rename:
         return graph
     tensors = {name: info for name, info in graph.tensors.items() if name not in rename}
-    return Graph(graph.name, nodes, tensors, graph.inputs, graph.outputs, graph.model, graph.opset)
+    return _with_nodes(graph, nodes, tensors)
 
 
 def _computation(graph: Graph, node: OpNode) -> tuple:
@@ -89,7 +95,7 @@ def fold_reduction_scales(graph: Graph) -> Graph:
     if not rewrite:
         return graph
     nodes = [rewrite.get(n.name, n) for n in graph.nodes() if n.name not in drop]
-    return Graph(graph.name, nodes, dict(graph.tensors), graph.inputs, graph.outputs, graph.model, graph.opset)
+    return _with_nodes(graph, nodes)
 
 
 def _scalar_scale(graph: Graph, reader: OpNode, value: str) -> float | None:
@@ -142,7 +148,7 @@ def fold_matmul_transposes(graph: Graph) -> Graph:
     if not rewrite:
         return graph
     nodes = [rewrite.get(n.name, n) for n in graph.nodes() if n.name not in drop]
-    return Graph(graph.name, nodes, dict(graph.tensors), graph.inputs, graph.outputs, graph.model, graph.opset)
+    return _with_nodes(graph, nodes)
 
 
 def _escapes(graph: Graph, tensor: str) -> bool:
@@ -175,4 +181,4 @@ def materialize_broadcasts(graph: Graph) -> Graph:
         nodes.append(OpNode(node.name, node.op_type, tuple(inputs), node.outputs, node.attrs))
     if not changed:
         return graph
-    return Graph(graph.name, nodes, tensors, graph.inputs, graph.outputs, graph.model, graph.opset)
+    return _with_nodes(graph, nodes, tensors)

@@ -201,9 +201,8 @@ def _quantize_static(proto, label: str, feeds: list[dict], refused=()):
             products = _products_of_activations(pre)
             broadcasting = _broadcasting_elementwise(pre)
             kept_float = set(products) | set(refused) | set(broadcasting)
-            excluded = products + [n for n in _elementwise_beside_float(pre, kept_float) if n not in products]
-            excluded += [n for n in broadcasting if n not in excluded]
-            excluded += [n for n in refused if n not in excluded]
+            beside = _elementwise_beside_float(pre, kept_float)
+            excluded = list(dict.fromkeys([*products, *beside, *broadcasting, *refused]))
             quantize_static(str(pre), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                             op_types_to_quantize=list(INT8_OPS), nodes_to_exclude=excluded,
