@@ -855,10 +855,9 @@ class TileConvChoice:
     next conv's phase images are transposed from) between consecutive convs either way."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
-        from tpuflow.lowering.ops.conv import ConvEmitter
         self.ctx, self.group = ctx, group
         self.tile = TileConvEmitter(ctx, group)
-        self.make_tiu = lambda: ConvEmitter(ctx, group)     # noqa: E731
+        self.make_tiu = lambda: _tiu_conv(ctx, group)       # noqa: E731
         self.tile_missed: set[str] = set()                   # regions the TILE plan does not fit
 
     def plan(self, region: str):
