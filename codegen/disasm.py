@@ -24,8 +24,8 @@ from typing import Iterator
 from tpuflow.chip import ChipConfig, load_chip
 from tpuflow.errors import InputFileError
 from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, Engine, GeneralDma, Instruction, MatrixDma,
-                         PordTiu, Prec, RqDqTiu, SfuTiu, StrideMode, SysTiu, TensorDma, TMatmul, TMove, TPush, is_lmem,
-                         lmem_address, ref_name)
+                         PordTiu, Prec, RqDqTiu, SfuTiu, StrideMode, SysTiu, TensorDma, TImg2Col, TMatmul, TMove, TPush,
+                         is_lmem, lmem_address, ref_name)
 from tpuflow.isa.gdma import ALL_LANES
 from tpuflow.isa.messages import GDMA_COUNT_SHIFT, TIU_COUNT_SHIFT
 from tpuflow.isa.tile import QUEUES, size_text
@@ -273,6 +273,10 @@ def tile_text(instr, chip: ChipConfig | None = None) -> str:
         if instr.round_mode != "RNE":
             text += f" round={instr.round_mode}"
         return text + (" sat" if instr.saturate else "")
+    if isinstance(instr, TImg2Col):
+        return (f"TIMG2COL <{instr.dt}> halo {instr.c1}x{instr.in_w}x{instr.in_h}@{instr.src_addr:#x} "
+                f"k{instr.kh}x{instr.kw} s{instr.sy}x{instr.sx} d{instr.dy}x{instr.dx} out {instr.out_h}x{instr.out_w} "
+                f"K[{instr.k_start}+{instr.k_count}] ->{instr.tiles}@{instr.dst_addr:#x}")
     if isinstance(instr, TPush):
         count = f" x{instr.count}" if instr.count > 1 else ""
         return f"TPUSH <{instr.dt}> ->{QUEUES[instr.dst_queue]}<{size_text(instr.dst_size)}>{count}"

@@ -30,12 +30,18 @@ type), B.DIM LB0 = the byte length L of its dma.tensor descriptor in the SG2260 
 the descriptor bytes in order, three per word (the last one zero padded), then its B.IODs.
 B.DESC is tpuflow's word: opcode 6..0 = 0001011 (RISC-V custom-0, unused by the CUBE formats),
 bit 7 = 0, bits 31..8 = three descriptor bytes, the first in bits 15..8.
+
+TIMG2COL (tpuflow extension, function 29; tpuflow.isa.tile.TImg2Col) is BSTART.CUBE (dt), B.DIM LB0 =
+TImg2Col.PARAM_BYTES, then its parameters (TImg2Col.PARAMS: little-endian, in that order) in B.DESC
+words as TMOVE's descriptor, then its B.IODs.
 """
 
 from __future__ import annotations
 
 from tpuflow.errors import BinaryFormatError, EncodingError
-from tpuflow.isa import AccCvt, Engine, TensorDma, TileInstruction, TMatmul, TMove, TPush
+import struct
+
+from tpuflow.isa import AccCvt, Engine, TensorDma, TileInstruction, TImg2Col, TMatmul, TMove, TPush
 from tpuflow.isa.tile import DT_CODES, LAYOUT_CODES, NO_QUEUE, ROUND_MODES
 
 from tpuflow.codegen.bitfields import ConstantMismatch, FieldRangeError, Layout
@@ -70,7 +76,8 @@ B_IOD = Layout("B.IOD", [
     ("opcode", 7, OPC_BIOX), ("dep_src", 2), ("id_hi", 3), ("func", 3, FN_IOD), ("id_lo", 17)],
     logical={"id": ("id_lo", "id_hi")})
 
-FN_NAMES = {code: name for cls in (TMatmul, AccCvt, TPush, TMove) for name, code in cls.FN.items()}
+FN_NAMES = {code: name for cls in (TMatmul, AccCvt, TPush, TMove, TImg2Col) for name, code in cls.FN.items()}
+IMG2COL_FORMAT = "<" + "".join(code for _, code in TImg2Col.PARAMS)
 DT_NAMES = {code: name for name, code in DT_CODES.items()}
 LAYOUT_NAMES = {code: name for name, code in LAYOUT_CODES.items()}
 ROUND_NAMES = {code: name for name, code in ROUND_MODES.items()}
@@ -129,13 +136,34 @@ def block_words(instr: TileInstruction) -> list[int]:
     if isinstance(instr, TMove):
         return [_word(BSTART_CUBE, kind, fn=instr.FN["TMOVE"], dt=DT_CODES[instr.dt])] + _desc_words(kind, instr.desc) \
             + _waits(kind, instr)
+    if isinstance(instr, TImg2Col):
+        return [_word(BSTART_CUBE, kind, fn=instr.FN["TIMG2COL"], dt=DT_CODES[instr.dt])] + _param_words(kind, instr) \
+            + _waits(kind, instr)
     raise EncodingError(f"{kind} is not a TILE instruction")
 
 
 def _desc_words(kind: str, desc: TensorDma) -> list[int]:
     """B.DIM LB0 = descriptor bytes, then the bytes three per B.DESC word."""
     from tpuflow.codegen.sg2260 import encode_descriptor
-    raw = encode_descriptor(desc)
+    return _bytes_words(kind, encode_descriptor(desc))
+
+
+def _param_words(kind: str, instr: TImg2Col) -> list[int]:
+    """B.DIM LB0 = parameter bytes, then the parameters three bytes per B.DESC word."""
+    try:
+        raw = struct.pack(IMG2COL_FORMAT, *(getattr(instr, name) for name, _ in TImg2Col.PARAMS))
+    except struct.error:
+        bad = next(name for name, code in TImg2Col.PARAMS if not _fits(code, getattr(instr, name)))
+        raise EncodingError(f"{kind}: field {bad} = {getattr(instr, bad)} does not fit its "
+                            f"{struct.calcsize(dict(TImg2Col.PARAMS)[bad]) * 8}-bit parameter") from None
+    return _bytes_words(kind, raw)
+
+
+def _fits(code: str, value: int) -> bool:
+    return 0 <= value < 1 << (8 * struct.calcsize(code))
+
+
+def _bytes_words(kind: str, raw: bytes) -> list[int]:
     padded = raw + bytes(-len(raw) % DESC_BYTES_PER_WORD)
     return _dims(kind, {"descriptor bytes": len(raw)}) + [
         B_DESC.pack_int({"data": int.from_bytes(padded[i:i + DESC_BYTES_PER_WORD], "little")})
@@ -232,10 +260,12 @@ class _Block:
     def _build(self, fn: str, dt: str) -> TileInstruction:
         if self.datr is not None and fn != "ACCCVT":
             raise self.fail(self.offset, f"{fn} block has a B.DATR")
-        if self.desc and fn != "TMOVE":
+        if self.desc and fn not in ("TMOVE", "TIMG2COL"):
             raise self.fail(self.offset, f"{fn} block has B.DESC words")
         if fn == "TMOVE":
             return _tmove_build(self, dt)
+        if fn == "TIMG2COL":
+            return _timg2col_build(self, dt)
         if fn == "TPUSH":
             if set(self.dims) - {0} or self.dims.get(0) == 1:
                 raise self.fail(self.offset, "TPUSH block has B.DIM words other than LB0 = count > 1")
@@ -280,6 +310,17 @@ def _tmove_build(block: "_Block", dt: str) -> TileInstruction:
         raise block.fail(block.offset, f"TMOVE dt {dt} does not match its descriptor's {move.dt}")
     return move
 
+
+
+def _timg2col_build(block: "_Block", dt: str) -> TileInstruction:
+    """A TIMG2COL block: B.DIM LB0 = TImg2Col.PARAM_BYTES, its parameters in B.DESC words."""
+    length = block.dims.get(0)
+    if (set(block.dims) != {0} or block.iots or length != TImg2Col.PARAM_BYTES
+            or -(-length // DESC_BYTES_PER_WORD) * DESC_BYTES_PER_WORD != len(block.desc) or any(block.desc[length:])):
+        raise block.fail(block.offset, f"TIMG2COL block needs B.DIM LB0 = {TImg2Col.PARAM_BYTES}, that many bytes of "
+                                       "B.DESC words (zero padded) and no B.IOT")
+    values = struct.unpack(IMG2COL_FORMAT, bytes(block.desc[:length]))
+    return TImg2Col(dt=dt, **dict(zip((name for name, _ in TImg2Col.PARAMS), values)), **block.wait_kwargs())
 
 
 def decode_blocks(data: bytes, source: str = "<bytes>") -> list[TileInstruction]:

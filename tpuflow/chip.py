@@ -275,6 +275,18 @@ class TileConfig:
         "cycles", "fixed latency of one TMOVE (tile clock) without a DDR side: request, LMEM access and the "
         "chunk pipeline (a DDR side costs what a GDMA command would)", check=_non_negative, default=64,
         source="tpuflow assumption, of the order of gdma.lmem_access_latency plus a chunk pipeline fill")
+    img2col_bytes_per_cycle: int = p(
+        "B/cycle", "TIMG2COL expansion path (tile clock): bytes of window tiles written per cycle from a halo tile "
+        "in the tile buffer; 0: no expansion path (convolutions move their window tiles through the DMA port)",
+        check=_non_negative, default=256,
+        source="tpuflow assumption (issue 16): PTO-ISA's TIMG2COL and Ascend's Load3D (img2colv2_cbuf_to_ca, "
+               "L1 -> L0A/L0B) name no throughput; one 256-byte chunk per cycle, the width of the buffer's ports "
+               "(LinxCore Janus notes), on a path of its own like Ascend's MTE1 next to the MTE2 DMA")
+    img2col_latency_cycles: int = p(
+        "cycles", "fixed latency of one TIMG2COL (tile clock): halo read and window pipeline fill",
+        check=_non_negative, default=32,
+        source="tpuflow assumption: an on-chip buffer-to-buffer pass, half the DMA port's LMEM round trip "
+               "(move_port_latency_cycles)")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """TILE engine: tile-register queues over their LMEM slots, the CUBE's private ACC, and the
-blocks TPUSH, TMATMUL / TGEMV (all six functions), ACCCVT (NORM, NZ2ND, NZ2DN, .canon) and TMOVE
-(the tile buffer's DMA port: its dma.tensor descriptor, executed as the GDMA would).
+blocks TPUSH, TMATMUL / TGEMV (all six functions), ACCCVT (NORM, NZ2ND, NZ2DN, .canon), TMOVE
+(the tile buffer's DMA port: its dma.tensor descriptor, executed as the GDMA would) and TIMG2COL (a halo
+tile expanded into Zn window tiles).
 
 Operands are read with the slot's in-tile layout (tpuflow.isa.tile): A is Nz with M padded to
 fractal_m and K to c0, B is Zn with K padded to r0 and N to fractal_n (c0 = r0 =
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tpuflow.isa.base import Prec
-from tpuflow.isa.tile import AccCvt, TileQueueError, TileQueues, TileSlot, TMatmul, TMove, TPush, size_bytes
+from tpuflow.isa.tile import (AccCvt, TileQueueError, TileQueues, TileSlot, TImg2Col, TMatmul, TMove, TPush,
+                              size_bytes)
 
 from tpuflow.hwmodel.functional.errors import ExecutionError
 from tpuflow.hwmodel.functional.floats import Round, encode, to_f32
@@ -159,4 +161,35 @@ def execute_tmove(m, ins: TMove) -> None:
     execute_tensor(m, ins.desc)
 
 
-HANDLERS = {TMatmul: execute_tmatmul, AccCvt: execute_acccvt, TPush: execute_tpush, TMove: execute_tmove}
+def img2col_window(halo: np.ndarray, ins: TImg2Col) -> np.ndarray:
+    """The window matrix rows [k_start * c0, (k_start + k_count) * c0) (K x out_h * out_w) of a halo
+    (c1, in_w, in_h, c0): TImg2Col's definition."""
+    c1, _, _, c0 = halo.shape
+    xs = np.arange(ins.out_w)[None, :] * ins.sx + np.arange(ins.kw)[:, None] * ins.dx     # (j, q)
+    ys = np.arange(ins.out_h)[None, :] * ins.sy + np.arange(ins.kh)[:, None] * ins.dy     # (i, r)
+    picked = halo[:, xs[:, None, :, None], ys[None, :, None, :], :]                       # (b, j, i, q, r, c)
+    win = picked.transpose(0, 2, 1, 5, 4, 3).reshape(c1 * ins.kh * ins.kw * c0, ins.out_h * ins.out_w)
+    return win[ins.k_start * c0:(ins.k_start + ins.k_count) * c0]
+
+
+def execute_timg2col(m, ins: TImg2Col) -> None:
+    """Read the halo, write each window tile as a Zn B tile into its slot."""
+    chip, prec = m.chip, DT_PREC[ins.dt]
+    c0, per_lane = ins.c0(chip), chip.lmem_bytes_per_lane
+    lane, span = m.lmem.lane_bytes(ins.src_addr, ins.halo_bytes(chip))
+    halo = m.lmem.data[lane, span].view(prec.storage_dtype).reshape(ins.c1, ins.in_w, ins.in_h, c0)
+    window = img2col_window(halo, ins)
+    n = ins.out_h * ins.out_w
+    n_pad, rows = round_up(n, chip.tile.fractal_n), window.shape[0] // ins.tiles
+    size = ins.tile_bytes(chip)
+    if size > chip.tile.slot_bytes:
+        raise ExecutionError(f"TIMG2COL tile of {rows} x {n} needs {size} B, a slot holds {chip.tile.slot_bytes} B")
+    for t in range(ins.tiles):
+        image = np.zeros(size // prec.bytes, prec.storage_dtype)
+        image[zn_offsets(rows, n, n_pad, c0)] = window[t * rows:(t + 1) * rows]
+        lane, span = m.lmem.lane_bytes(ins.dst_addr + t * per_lane, size)
+        m.lmem.data[lane, span] = image.view(np.uint8)
+
+
+HANDLERS = {TMatmul: execute_tmatmul, AccCvt: execute_acccvt, TPush: execute_tpush, TMove: execute_tmove,
+            TImg2Col: execute_timg2col}

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from tpuflow.chip import ChipConfig
 from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, CwBcTiu, Instruction, LinTiu, Mm2Tiu, MmTiu, PordTiu,
-                         Prec, RqDqTiu, SfuTiu, SysTiu, TiuInstruction, TMatmul, TMove, TPush)
+                         Prec, RqDqTiu, SfuTiu, SysTiu, TiuInstruction, TImg2Col, TMatmul, TMove, TPush)
 from tpuflow.isa.tile import DT_BYTES
 
 CUBE, VECTOR = "cube", "vector"
@@ -174,7 +174,7 @@ def tile_cycles(instr: Instruction, chip: ChipConfig) -> int:
                                                                           macs_per_cycle)
     if isinstance(instr, AccCvt):
         return tc.block_overhead_cycles + cdiv(instr.row * instr.col * 4, tc.acccvt_bytes_per_cycle)
-    if isinstance(instr, (TPush, TMove)):      # a TMOVE: the hand-over to the tile buffer's DMA port
+    if isinstance(instr, (TPush, TMove, TImg2Col)):      # TMOVE / TIMG2COL: the hand-over to the port / expansion path
         return tc.block_overhead_cycles
     raise TypeError(f"not a TILE block: {type(instr).__name__}")
 

@@ -28,7 +28,7 @@ from tpuflow.hwmodel.timing.gdma import DDR, LMEM, charged_ddr_bytes, direction_
 from tpuflow.hwmodel.timing.segments import side_bursts, sides_ddr_bytes, transfer_sides
 from tpuflow.hwmodel.timing.wdc import WdcParams
 from tpuflow.isa import (DmaInstruction, Engine, Instruction, Prec, SysDma, TensorDma, TileInstruction,
-                         TiuInstruction, TMove, global_lmem_address)
+                         TiuInstruction, TImg2Col, TMove, global_lmem_address)
 
 
 def tiu_cycles(instr: TiuInstruction, chip: ChipConfig) -> int:
@@ -108,6 +108,9 @@ def instruction_cycles(instr: Instruction, chip: ChipConfig) -> int:
         return tiu_cycles(instr, chip)
     if isinstance(instr, TMove):
         return tmove_cycles(instr, chip)
+    if isinstance(instr, TImg2Col):       # on the tile buffer's expansion path
+        from tpuflow.hwmodel.timing.engines import unit_cycles
+        return unit_cycles(instr, chip)
     if isinstance(instr, TileInstruction):
         return tile_cycles(instr, chip)
     if isinstance(instr, DmaInstruction):

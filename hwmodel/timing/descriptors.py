@@ -10,7 +10,8 @@ carries a GDMA descriptor, 24 bits per word.
 
 from __future__ import annotations
 
-from tpuflow.isa import AccCvt, DmaInstruction, Instruction, SysDma, SysTiu, TiuInstruction, TMatmul, TMove
+from tpuflow.isa import (AccCvt, DmaInstruction, Instruction, SysDma, SysTiu, TImg2Col, TiuInstruction, TMatmul,
+                         TMove)
 
 TIU_LONG_BITS = 1024
 TIU_SYS_BITS = 128
@@ -27,6 +28,8 @@ def tile_block_words(instr: Instruction) -> int:
         return 1 + 2 + 1 + 1 + waits
     if isinstance(instr, TMove):     # BSTART, B.DIM (length), the long GDMA descriptor in B.DESC words
         return 1 + 1 + -(-GDMA_BITS // 24) + waits
+    if isinstance(instr, TImg2Col):  # BSTART, B.DIM (length), its parameter bytes in B.DESC words
+        return 1 + 1 + -(-TImg2Col.PARAM_BYTES // 3) + waits
     return 1 + 1 + waits  # TPUSH: BSTART + a no-input B.IOT
 
 

@@ -30,6 +30,9 @@ flight waits for it; blocks retire in order (end = max(own end, the previous blo
 in-order retirement), and the sync id advances at retirement.
 A move with a DDR side frees the port when its bandwidth phase ends (the next move's requests overlap
 its latency); one without holds the port until it lands.
+A TIMG2COL goes the same way to the tile buffer's expansion path (a second TilePort: img2col_latency_cycles
++ written bytes / img2col_bytes_per_cycle tile cycles, in order); a TMOVE or TIMG2COL whose LMEM bytes meet
+one in flight on the other unit waits for it (parked as a conflicting block is).
 GDMA: one command at a time, the next after the previous one's end. Rate model (default): the command
 is a flow of the shared memory (memory.py) from its dispatch; when its bandwidth phase ends at t_bw,
 end = align_gdma(t_bw + latency) (transfers.py). Per-burst model (memory="burst"): the command's
@@ -48,7 +51,7 @@ from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH, push
 from tpuflow.hwmodel.timing.gdma import CommandTable
 from tpuflow.hwmodel.timing.transfers import TransferCosts, TransferModel
-from tpuflow.isa import Engine, Instruction, SysDma, SysTiu, TMatmul, TMove, TPush
+from tpuflow.isa import Engine, Instruction, SysDma, SysTiu, TImg2Col, TMatmul, TMove, TPush
 
 TIU, GDMA, TILE = (e.code for e in Engine)
 SYNC_NAMES = ("tiu_sync_id", "tdma_sync_id", "tile_sync_id")   # by Engine.code
@@ -352,6 +355,8 @@ class TileEngine(EngineBase):
         self.chip, self.clock = chip, clock
         self.free = 0
         self.port = TilePort(sim, chip, instrs, clock, memory, self._move_done)
+        self.expander = TilePort(sim, chip, instrs, clock, None, self._move_done, TImg2Col)   # TIMG2COL's path
+        self.units = {TMove: (self.port, self.expander), TImg2Col: (self.expander, self.port)}   # (own, other)
         self.finished = [False] * len(instrs)
         self.completed = 0            # blocks whose completion was signalled (in order)
         self.parked = -1              # a block waiting for a move in flight that it conflicts with
@@ -361,17 +366,26 @@ class TileEngine(EngineBase):
 
     def _dispatch(self, _) -> None:
         index, now = self._dispatched(self.planned)
-        if isinstance(self.instrs[index], TMove):     # neither reads nor drains the cube: waits for tile writes only
-            start = max(self.clock.align(now), self.tiles_written)
-            self.free = start + tile_cycles(self.instrs[index], self.chip) * self.period     # the hand-over
-            self.port.submit(index, start)
-            self.scheduled = False
-            self.poke()
-            return
-        if self.port.blocks(index):
+        units = self.units.get(type(self.instrs[index]))
+        if (units[1] if units else self).blocks(index):
             self.parked = index           # stays `scheduled`: nothing behind it dispatches
             return
+        if units:
+            self._hand_over(index, now, units[0])
+            return
         self._run(index, now)
+
+    def blocks(self, index: int) -> bool:
+        """Whether block `index` touches LMEM bytes of a move or expansion in flight."""
+        return self.port.blocks(index) or self.expander.blocks(index)
+
+    def _hand_over(self, index: int, now: int, unit: "TilePort") -> None:
+        """A TMOVE or TIMG2COL: neither reads nor drains the cube, waits for tile writes only."""
+        start = max(self.clock.align(now), self.tiles_written)
+        self.free = start + tile_cycles(self.instrs[index], self.chip) * self.period     # the hand-over
+        unit.submit(index, start)
+        self.scheduled = False
+        self.poke()
 
     def _run(self, index: int, now: int) -> None:
         instr, period = self.instrs[index], self.period
@@ -403,9 +417,15 @@ class TileEngine(EngineBase):
         self.finished[index] = True
         self._signal()
         parked = self.parked
-        if parked >= 0 and not self.port.blocks(parked):
+        if parked < 0:
+            return
+        units = self.units.get(type(self.instrs[parked]))
+        if not (units[1] if units else self).blocks(parked):
             self.parked = -1
-            self._run(parked, self.q.now)
+            if units:
+                self._hand_over(parked, self.q.now, units[0])
+            else:
+                self._run(parked, self.q.now)
 
     def _signal(self) -> None:
         """Retire, in queue order, every block done so far: its end is its retirement (as the TIU's
@@ -422,18 +442,16 @@ class TilePort:
     """The tile buffer's DMA port: TMOVEs one at a time in order, each from its hand-over (see the module
     docstring); `done(index)` when a move has landed."""
 
-    def __init__(self, sim, chip: ChipConfig, instrs, clock, memory, done):
+    def __init__(self, sim, chip: ChipConfig, instrs, clock, memory, done, kind=TMove):
         self.sim, self.q, self.clock, self.memory, self.done = sim, sim.queue, clock, memory, done
         self.col = sim.cols[TILE]
-        moves = [i for i, instr in enumerate(instrs) if isinstance(instr, TMove)]
+        moves = [i for i, instr in enumerate(instrs) if isinstance(instr, kind)]
         self.acc = {i: sim.program.accesses(Engine.TILE, i) for i in moves}
         self.tile_acc = sim.program.accesses
         ddr = [i for i in moves if self.acc[i].ddr_reads or self.acc[i].ddr_writes]
         self.ddr_row = {i: row for row, i in enumerate(ddr)}
         self.costs = TransferModel(chip, sim.clocks).costs([instrs[i].desc for i in ddr]) if ddr else None
-        t = chip.tile
-        self.lmem_ps = {i: (t.move_port_latency_cycles + -(-instrs[i].desc.nbytes // max(1, t.move_port_bytes_per_cycle)))
-                        * clock.period for i in moves if i not in self.ddr_row}
+        self.lmem_ps = {i: unit_cycles(instrs[i], chip) * clock.period for i in moves if i not in self.ddr_row}
         self.waiting: deque[tuple[int, int]] = deque()
         self.running = -1
         self.inflight: list[int] = []
@@ -491,6 +509,14 @@ class TilePort:
             self.running = -1
             self._next()
         self.done(index)
+
+
+def unit_cycles(instr, chip: ChipConfig) -> int:
+    """Tile cycles a TMOVE without a DDR side holds the DMA port, or a TIMG2COL the expansion path."""
+    t = chip.tile
+    if isinstance(instr, TImg2Col):
+        return t.img2col_latency_cycles + -(-instr.tiles * instr.tile_bytes(chip) // max(1, t.img2col_bytes_per_cycle))
+    return t.move_port_latency_cycles + -(-instr.desc.nbytes // max(1, t.move_port_bytes_per_cycle))
 
 
 def _overlap(a, b) -> bool:

@@ -8,7 +8,7 @@ import dataclasses
 from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.deps import ChunkTables
 from tpuflow.isa import (Accesses, ArTiu, ConvTiu, Engine, GeneralDma, Instruction, Mm2Tiu, Prec, TensorDma,
-                         TileQueues, TMove, TPush, aligned_strides, global_lmem_address)
+                         TileQueues, TImg2Col, TMove, TPush, aligned_strides, global_lmem_address)
 from tpuflow.isa.ids import IdFields, clamp
 from tpuflow.isa.tile import TileInstruction, sys_tile_wait
 from tpuflow.program import Program
@@ -97,7 +97,7 @@ class ProgramBuilder:
         self.tile_waited = [0, 0]
 
     def _accesses(self, instr: Instruction) -> Accesses:
-        if isinstance(instr, TMove):          # a tile-buffer port move: its descriptor's bytes
+        if isinstance(instr, (TMove, TImg2Col)):      # addressed tile-buffer blocks: their own bytes
             return instr.accesses(self.chip)
         if isinstance(instr, TileInstruction):
             reads, writes = self.tile_queues.step(instr)

@@ -5,7 +5,8 @@ from tpuflow.isa.base import (TILE_WAIT_TAG, Accesses, DdrRange, Engine, Instruc
 from tpuflow.isa.gdma import (GDMA_KINDS, DmaInstruction, GatherDma, GeneralDma, MatrixDma, SysDma, TensorDma,
                               global_lmem_address, is_lmem, lmem_address)
 from tpuflow.isa.messages import BARRIER_ENGINES, Message, barrier, barrier_id
-from tpuflow.isa.tile import (QUEUES, TILE_KINDS, AccCvt, TileInstruction, TileQueues, TMatmul, TMove, TPush,
+from tpuflow.isa.tile import (QUEUES, TILE_KINDS, AccCvt, TileInstruction, TileQueues, TImg2Col, TMatmul, TMove,
+                              TPush,
                               ref_name, resolve_stream, size_bytes, size_code, tile_ref)
 from tpuflow.isa.tiu import (TIU_KINDS, ArTiu, CmpTiu, ConvTiu, CwBcTiu, LinTiu, Mm2Tiu, MmTiu, PordTiu, RqDqTiu,
                              SfuTiu, SysTiu, TiuInstruction)

@@ -36,6 +36,12 @@ Tile registers (tpuflow's design, documented here once):
   no DDR hazard needs a wait). The port runs its moves in order, asynchronously: the engine goes
   on with the next block, which waits only for moves whose LMEM bytes it touches (in TPUSH's
   case, the slots being pushed). TMOVE neither pushes nor releases a tile.
+* TIMG2COL (BSTART.CUBE function 29, a tpuflow extension after PTO-ISA's TIMG2COL / Ascend's
+  Load3D, issue 16): expands a C0-blocked halo tile held in the tile buffer into the B tiles of a
+  convolution's implicit GEMM on chip, so the input crosses the DMA port once per halo tile instead
+  of once per kernel tap. Like TMOVE it names LMEM addresses in the tile window (src: the halo, dst:
+  the first slot it fills), runs on its own unit (the tile buffer's expansion path) and pushes
+  nothing (a TPUSH makes the filled slots tiles). Semantics in TImg2Col's docstring.
 * Synchronisation: a block waits until tiu_sync_id >= wait_tiu_id and tdma_sync_id >=
   wait_gdma_id (encoded as B.IOD words). TIU and GDMA wait for TILE block k with an explicit
   SYS wait (system.wait_msg / dma.sys.sys_wait tagged TILE_WAIT_TAG, operand k).
@@ -267,7 +273,93 @@ class TMove(TileInstruction):
     move_accesses = accesses
 
 
-TILE_KINDS: tuple[type[TileInstruction], ...] = (TMatmul, AccCvt, TPush, TMove)
+@dataclass(frozen=True)
+class TImg2Col(TileInstruction):
+    """TIMG2COL (tpuflow extension, function 29): the window matrix of a convolution over a halo tile,
+    written as Zn B tiles (tpuflow.isa.tile in-slot layouts) into `tiles` neighbouring slots.
+
+    The halo at flat LMEM address `src_addr` (one lane) holds c1 channel blocks of in_w x in_h pixels
+    of c0 = k_fractal_bytes / element bytes channels, element (b, x, y, c) at offset
+    ((b * in_w + x) * in_h + y) * c0 + c (C0-blocked, pixels column-major: the order a tile-buffer
+    move of a pixel-major LMEM image (columns on lanes) writes in one descriptor). Padding is part of
+    the halo (zeros the image already holds). The window matrix P^T has K rows in
+    (channel block, kernel row, kernel column, c) order (Ascend Load3D's K = C1 * kh * kw * C0) and
+    N = out_h * out_w columns (output pixels row-major):
+        P^T[((b * kh + i) * kw + j) * c0 + c, r * out_w + q] = halo[b, q*sx + j*dx, r*sy + i*dy, c].
+    Rows [k_start * c0, (k_start + k_count) * c0) are cut into `tiles` tiles of k_count / tiles
+    blocks; tile t is written at dst_addr + t * lmem_bytes_per_lane (the next lane: the next slot of a
+    queue) as a Zn B tile of N padded to fractal_n. Pushes nothing."""
+
+    FN: ClassVar[dict] = {"TIMG2COL": 29}
+    # its parameters as encoded (codegen.linx: B.DESC bytes, little-endian), in this order
+    PARAMS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("src_addr", "I"), ("dst_addr", "I"), ("c1", "H"), ("in_h", "H"), ("in_w", "H"), ("out_h", "H"),
+        ("out_w", "H"), ("k_start", "H"), ("k_count", "H"), ("tiles", "B"), ("kh", "B"), ("kw", "B"), ("sy", "B"),
+        ("sx", "B"), ("dy", "B"), ("dx", "B"))
+    PARAM_BYTES: ClassVar[int] = 29
+    dt: str
+    src_addr: int
+    dst_addr: int
+    c1: int
+    in_h: int
+    in_w: int
+    kh: int
+    kw: int
+    out_h: int
+    out_w: int
+    k_start: int
+    k_count: int
+    tiles: int = 1
+    sy: int = 1
+    sx: int = 1
+    dy: int = 1
+    dx: int = 1
+    wait_tiu_id: int = 0
+    wait_gdma_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dt not in DT_CODES:
+            raise ValueError(f"TImg2Col: bad dt {self.dt!r}")
+        if min(self.c1, self.in_h, self.in_w, self.kh, self.kw, self.out_h, self.out_w, self.k_count, self.tiles,
+               self.sy, self.sx, self.dy, self.dx) < 1 or self.k_start < 0:
+            raise ValueError("TImg2Col: sizes, strides and dilations must be >= 1, k_start >= 0")
+        if (self.out_h - 1) * self.sy + (self.kh - 1) * self.dy >= self.in_h or \
+                (self.out_w - 1) * self.sx + (self.kw - 1) * self.dx >= self.in_w:
+            raise ValueError("TImg2Col: the windows reach beyond the halo")
+        if self.k_count % self.tiles or self.k_start + self.k_count > self.c1 * self.kh * self.kw:
+            raise ValueError("TImg2Col: k_count must split into `tiles` equal tiles inside c1 * kh * kw blocks")
+
+    @property
+    def op_name(self) -> str:
+        return "TIMG2COL"
+
+    def c0(self, chip: "ChipConfig") -> int:
+        return chip.tile.k_fractal_bytes // DT_BYTES[self.dt]
+
+    def tile_bytes(self, chip: "ChipConfig") -> int:
+        """Bytes of one written tile (its K blocks x N padded to fractal_n)."""
+        n_pad = -(-self.out_h * self.out_w // chip.tile.fractal_n) * chip.tile.fractal_n
+        return self.k_count // self.tiles * self.c0(chip) * n_pad * DT_BYTES[self.dt]
+
+    def halo_bytes(self, chip: "ChipConfig") -> int:
+        return self.c1 * self.in_h * self.in_w * self.c0(chip) * DT_BYTES[self.dt]
+
+    def accesses(self, chip: "ChipConfig") -> Accesses:
+        per_lane = chip.lmem_bytes_per_lane
+
+        def rng(addr: int, nbytes: int) -> LmemRange:
+            lane, off = divmod(addr, per_lane)
+            if off + nbytes > per_lane:
+                raise ValueError(f"TImg2Col: {nbytes} B at lane offset {off} cross the lane's end")
+            return LmemRange(lane % chip.lanes, 1, off, off + nbytes)
+        size = self.tile_bytes(chip)
+        return Accesses(lmem_reads=(rng(self.src_addr, self.halo_bytes(chip)),),
+                        lmem_writes=tuple(rng(self.dst_addr + t * per_lane, size) for t in range(self.tiles)))
+
+    move_accesses = accesses
+
+
+TILE_KINDS: tuple[type[TileInstruction], ...] = (TMatmul, AccCvt, TPush, TMove, TImg2Col)
 
 
 def sys_tile_wait(engine: Engine, block: int) -> Instruction:
@@ -347,7 +439,7 @@ def resolve_stream(instrs: Iterable[TileInstruction], chip: "ChipConfig") -> lis
 
     out = []
     for instr in instrs:
-        if isinstance(instr, TMove):
+        if isinstance(instr, (TMove, TImg2Col)):     # addressed blocks (no queue operands)
             out.append(instr.move_accesses(chip))
             continue
         reads, writes = queues.step(instr)
