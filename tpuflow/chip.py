@@ -275,6 +275,13 @@ class TileConfig:
         "cycles", "fixed latency of one TMOVE (tile clock) without a DDR side: request, LMEM access and the "
         "chunk pipeline (a DDR side costs what a GDMA command would)", check=_non_negative, default=64,
         source="tpuflow assumption, of the order of gdma.lmem_access_latency plus a chunk pipeline fill")
+    acc_buffers: int = p(
+        "ACCs", "accumulators the cube works in: with 2 an ACCCVT drains one on its own path while the next "
+        "TMATMUL starts a fresh one (the ISA still sees one ACC: TMATMUL without .ACC renames it); 1: ACCCVT "
+        "drains the cube's only ACC and the next TMATMUL waits", default=1,
+        source="Ascend A2 cube: L0C ping-pong, MMAD of the next block overlapping the L0C -> GM transfer of the "
+               "last (catlass MmadAtlasA2Pingpong, ENABLE_UINT_FLAG); LinxCore Janus keeps the cube's ACC "
+               "private (count not published)")
     img2col_bytes_per_cycle: int = p(
         "B/cycle", "TIMG2COL expansion path (tile clock): bytes of window tiles written per cycle from a halo tile "
         "in the tile buffer; 0: no expansion path (convolutions move their window tiles through the DMA port)",

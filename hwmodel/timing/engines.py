@@ -20,19 +20,24 @@ Vector ARB has no fixed delay (d_arb = 0; its cost is the bubbles). The per-bus 
 TILE: one block at a time, start on a tile clock edge, end = start + tile_cycles * period; consecutive
 TMATMUL / TGEMV blocks stream through the cube as the TIU's cube pipe does: the next one starts when the
 previous one's body ends (its fill_latency overlaps), an ACCCVT starts after the previous end (it reads the
-ACC). TPUSH and TMOVE do not use the cube: they wait only for the last tile write (ACCCVT) and leave the
-stream as it was (a TMATMUL after TMATMUL, TMOVE still streams; issue 16). A TMOVE
+ACC). With tile.acc_buffers > 1 an ACCCVT drains its ACC on a path of its own (after the cube's last block,
+one ACCCVT at a time), the engine goes on after block_overhead and the cube keeps streaming: a TMATMUL
+that starts a fresh ACC (no .ACC) waits until the ACCCVT acc_buffers conversions back has drained the
+buffer it takes. TPUSH, TMOVE and TIMG2COL do not use the cube: they wait only for the ACCCVT writes whose
+slots they touch and leave the stream as it was (a TMATMUL after TMATMUL, TMOVE still streams; issue 16). A TMOVE
 goes to the tile buffer's DMA port (TilePort) and the engine takes the next block block_overhead cycles later;
 the port runs its moves in order (LMEM / tile only: move_port_latency + bytes / move_port_bytes_per_cycle
 tile cycles; with a DDR side: the GDMA's cost of its descriptor, as a flow of the shared memory owned by
 the core, so it shares the core's DDR port with the GDMA). A block that touches LMEM bytes of a move in
 flight waits for it; blocks retire in order (end = max(own end, the previous block's end), like the TIU's
 in-order retirement), and the sync id advances at retirement.
-A move with a DDR side frees the port when its bandwidth phase ends (the next move's requests overlap
-its latency); one without holds the port until it lands.
+A move frees the port when its bandwidth phase ends (the next move's requests overlap its latency): with a
+DDR side the GDMA's bandwidth phase, without one its bytes at move_port_bytes_per_cycle (the port pipelines
+its LMEM requests; before issue 16's halo work such a move held the port until it landed).
 A TIMG2COL goes the same way to the tile buffer's expansion path (a second TilePort: img2col_latency_cycles
-+ written bytes / img2col_bytes_per_cycle tile cycles, in order); a TMOVE or TIMG2COL whose LMEM bytes meet
-one in flight on the other unit waits for it (parked as a conflicting block is).
++ written bytes / img2col_bytes_per_cycle tile cycles, in order); a unit does not begin a TMOVE or TIMG2COL
+whose LMEM bytes meet an earlier one still in flight on the other unit until that one has landed (the
+engine goes on meanwhile: the two units keep a scoreboard, the halo's move and its expansion).
 GDMA: one command at a time, the next after the previous one's end. Rate model (default): the command
 is a flow of the shared memory (memory.py) from its dispatch; when its bandwidth phase ends at t_bw,
 end = align_gdma(t_bw + latency) (transfers.py). Per-burst model (memory="burst"): the command's
@@ -51,7 +56,7 @@ from tpuflow.hwmodel.timing.compute import CUBE, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.events import COMPLETE, DISPATCH, push
 from tpuflow.hwmodel.timing.gdma import CommandTable
 from tpuflow.hwmodel.timing.transfers import TransferCosts, TransferModel
-from tpuflow.isa import Engine, Instruction, SysDma, SysTiu, TImg2Col, TMatmul, TMove, TPush
+from tpuflow.isa import AccCvt, Engine, Instruction, SysDma, SysTiu, TImg2Col, TMatmul, TMove, TPush
 
 TIU, GDMA, TILE = (e.code for e in Engine)
 SYNC_NAMES = ("tiu_sync_id", "tdma_sync_id", "tile_sync_id")   # by Engine.code
@@ -356,22 +361,27 @@ class TileEngine(EngineBase):
         self.free = 0
         self.port = TilePort(sim, chip, instrs, clock, memory, self._move_done)
         self.expander = TilePort(sim, chip, instrs, clock, None, self._move_done, TImg2Col)   # TIMG2COL's path
-        self.units = {TMove: (self.port, self.expander), TImg2Col: (self.expander, self.port)}   # (own, other)
+        self.port.other, self.expander.other = self.expander, self.port
+        self.units = {TMove: self.port, TImg2Col: self.expander}
         self.finished = [False] * len(instrs)
         self.completed = 0            # blocks whose completion was signalled (in order)
         self.parked = -1              # a block waiting for a move in flight that it conflicts with
         self.last_matmul = False      # the previous cube block run was a TMATMUL / TGEMV (the cube pipeline)
         self.last_end = 0             # the latest end of a block run so far
-        self.tiles_written = 0        # the latest end of a block that wrote a tile register (ACCCVT)
+        self.cube_end = 0             # the latest end of a TMATMUL / TGEMV (the ACC's results complete)
+        self.tile_writes: list[tuple[int, int]] = []   # (ACCCVT index, end) of conversions maybe still running
+        self.acc_buffers = chip.tile.acc_buffers
+        self.drain_free = 0           # the ACCCVT drain path is free (acc_buffers > 1)
+        self.drained: list[int] = []  # end of every ACCCVT so far (acc_buffers > 1: when its ACC is free again)
 
     def _dispatch(self, _) -> None:
         index, now = self._dispatched(self.planned)
-        units = self.units.get(type(self.instrs[index]))
-        if (units[1] if units else self).blocks(index):
-            self.parked = index           # stays `scheduled`: nothing behind it dispatches
+        unit = self.units.get(type(self.instrs[index]))
+        if unit is not None:
+            self._hand_over(index, now, unit)
             return
-        if units:
-            self._hand_over(index, now, units[0])
+        if self.blocks(index):
+            self.parked = index           # stays `scheduled`: nothing behind it dispatches
             return
         self._run(index, now)
 
@@ -379,9 +389,17 @@ class TileEngine(EngineBase):
         """Whether block `index` touches LMEM bytes of a move or expansion in flight."""
         return self.port.blocks(index) or self.expander.blocks(index)
 
+    def _written(self, index: int, now: int) -> int:
+        """When the ACCCVT tile writes that block `index` touches have landed (0: none pending)."""
+        self.tile_writes = [(i, end) for i, end in self.tile_writes if end > now]
+        if not self.tile_writes:
+            return 0
+        acc = self.port.tile_acc(Engine.TILE, index)
+        return max((end for i, end in self.tile_writes if _conflict(acc, self.port.tile_acc(Engine.TILE, i))), default=0)
+
     def _hand_over(self, index: int, now: int, unit: "TilePort") -> None:
-        """A TMOVE or TIMG2COL: neither reads nor drains the cube, waits for tile writes only."""
-        start = max(self.clock.align(now), self.tiles_written)
+        """A TMOVE or TIMG2COL: neither reads nor drains the cube, waits for the tile writes it touches."""
+        start = max(self.clock.align(now), self._written(index, now))
         self.free = start + tile_cycles(self.instrs[index], self.chip) * self.period     # the hand-over
         unit.submit(index, start)
         self.scheduled = False
@@ -390,19 +408,29 @@ class TileEngine(EngineBase):
     def _run(self, index: int, now: int) -> None:
         instr, period = self.instrs[index], self.period
         start = self.clock.align(now)
-        if isinstance(instr, TPush):         # queue bookkeeping: off the cube, after the tiles written so far
-            start = max(start, self.tiles_written)
+        if isinstance(instr, TPush):         # queue bookkeeping: off the cube, after the tile writes it pushes
+            start = max(start, self._written(index, now))
             end = start + tile_cycles(instr, self.chip) * period
             self.free = end
+        elif isinstance(instr, AccCvt) and self.acc_buffers > 1:     # the drain path: the cube goes on
+            start = max(start, self.cube_end, self.drain_free)
+            end = self.drain_free = start + tile_cycles(instr, self.chip) * period
+            self.drained.append(end)
+            self.tile_writes.append((index, end))
+            self.free = self.clock.align(now) + self.chip.tile.block_overhead_cycles * period
         else:
             streams = isinstance(instr, TMatmul) and self.last_matmul
             if not streams and self.last_end > start:
                 start = self.last_end            # another block waits for the cube's results
+            if isinstance(instr, TMatmul) and not instr.accumulates and len(self.drained) >= self.acc_buffers > 1:
+                start = max(start, self.drained[-self.acc_buffers])      # a fresh ACC: its buffer drained
             end = start + tile_cycles(instr, self.chip) * period
             self.last_matmul = isinstance(instr, TMatmul)
             self.free = end - self.chip.tile.fill_latency_cycles * period if self.last_matmul else end
-            if not self.last_matmul:
-                self.tiles_written = max(self.tiles_written, end)
+            if self.last_matmul:
+                self.cube_end = max(self.cube_end, end)
+            else:
+                self.tile_writes.append((index, end))
         self.last_end = max(self.last_end, end)
         self.col_start[index], self.col_end[index] = start, end
         self.q.schedule(end, COMPLETE, self._block_done, index)
@@ -417,15 +445,9 @@ class TileEngine(EngineBase):
         self.finished[index] = True
         self._signal()
         parked = self.parked
-        if parked < 0:
-            return
-        units = self.units.get(type(self.instrs[parked]))
-        if not (units[1] if units else self).blocks(parked):
+        if parked >= 0 and not self.blocks(parked):
             self.parked = -1
-            if units:
-                self._hand_over(parked, self.q.now, units[0])
-            else:
-                self._run(parked, self.q.now)
+            self._run(parked, self.q.now)
 
     def _signal(self) -> None:
         """Retire, in queue order, every block done so far: its end is its retirement (as the TIU's
@@ -451,10 +473,14 @@ class TilePort:
         ddr = [i for i in moves if self.acc[i].ddr_reads or self.acc[i].ddr_writes]
         self.ddr_row = {i: row for row, i in enumerate(ddr)}
         self.costs = TransferModel(chip, sim.clocks).costs([instrs[i].desc for i in ddr]) if ddr else None
-        self.lmem_ps = {i: unit_cycles(instrs[i], chip) * clock.period for i in moves if i not in self.ddr_row}
+        phases = {i: unit_phases(instrs[i], chip) for i in moves if i not in self.ddr_row}
+        self.lmem_ps = {i: (lat + busy) * clock.period for i, (lat, busy) in phases.items()}
+        self.busy_ps = {i: busy * clock.period for i, (_, busy) in phases.items()}
         self.waiting: deque[tuple[int, int]] = deque()
         self.running = -1
         self.inflight: list[int] = []
+        self.other: TilePort | None = None     # the other unit of the tile buffer (DMA port / expansion path)
+        self.stalled = -1                      # the item waiting for an earlier conflicting one on `other`
 
     def submit(self, index: int, start: int) -> None:
         self.inflight.append(index)
@@ -463,11 +489,11 @@ class TilePort:
             self._next()
 
     def blocks(self, index: int) -> bool:
-        """Whether block `index` touches LMEM bytes of a move in flight (RAW, WAR, WAW)."""
+        """Whether block `index` touches LMEM bytes of an earlier move in flight (RAW, WAR, WAW)."""
         if not self.inflight:
             return False
         acc = self.tile_acc(Engine.TILE, index)
-        return any(_conflict(acc, self.acc[m]) for m in self.inflight)
+        return any(_conflict(acc, self.acc[m]) for m in self.inflight if m < index)
 
     def _next(self) -> None:
         if not self.waiting:
@@ -478,11 +504,15 @@ class TilePort:
         self.q.schedule(start if start > now else now, DISPATCH, self._begin, index)
 
     def _begin(self, index: int) -> None:
+        if self.other is not None and self.other.blocks(index):
+            self.stalled = index           # the unit stays held (running) until the other unit's item lands
+            return
         now = self.q.now
         self.col["start"][index] = now
         row = self.ddr_row.get(index)
         if row is None:
             self._landed(index, now + self.lmem_ps[index])
+            self.q.schedule(now + self.busy_ps[index], COMPLETE, self._transferred, index)
             return
         c = self.costs
         if self.memory is None or self.memory.exclusive:
@@ -499,6 +529,13 @@ class TilePort:
         self._landed(index, self.clock.align(t + self.costs.latency[row]))
         self._next()
 
+    def _transferred(self, index: int) -> None:
+        """An LMEM-side item's bytes went through: the unit takes the next one (pipelined: this one lands
+        after its latency)."""
+        if self.running == index:
+            self.running = -1
+            self._next()
+
     def _landed(self, index: int, end: int) -> None:
         self.col["end"][index] = end
         self.q.schedule(end, COMPLETE, self._finish, index)
@@ -508,15 +545,25 @@ class TilePort:
         if self.running == index:
             self.running = -1
             self._next()
+        other = self.other
+        if other is not None and other.stalled >= 0 and not self.blocks(other.stalled):
+            stalled, other.stalled = other.stalled, -1
+            other._begin(stalled)
         self.done(index)
 
 
-def unit_cycles(instr, chip: ChipConfig) -> int:
-    """Tile cycles a TMOVE without a DDR side holds the DMA port, or a TIMG2COL the expansion path."""
+def unit_phases(instr, chip: ChipConfig) -> tuple[int, int]:
+    """(latency, transfer) tile cycles of a TMOVE without a DDR side on the DMA port, or of a TIMG2COL on
+    the expansion path: its bytes at the unit's width hold the unit, the latency does not (pipelined)."""
     t = chip.tile
     if isinstance(instr, TImg2Col):
-        return t.img2col_latency_cycles + -(-instr.tiles * instr.tile_bytes(chip) // max(1, t.img2col_bytes_per_cycle))
-    return t.move_port_latency_cycles + -(-instr.desc.nbytes // max(1, t.move_port_bytes_per_cycle))
+        return t.img2col_latency_cycles, -(-instr.tiles * instr.tile_bytes(chip) // max(1, t.img2col_bytes_per_cycle))
+    return t.move_port_latency_cycles, -(-instr.desc.nbytes // max(1, t.move_port_bytes_per_cycle))
+
+
+def unit_cycles(instr, chip: ChipConfig) -> int:
+    """Tile cycles from a unit beginning a TMOVE (no DDR side) or TIMG2COL to its landing."""
+    return sum(unit_phases(instr, chip))
 
 
 def _overlap(a, b) -> bool:

@@ -12,8 +12,8 @@ import numpy as np
 from tpuflow.isa import AccCvt, Prec, TMatmul, TPush, global_lmem_address, size_code, tile_ref
 from tpuflow.hwmodel.timing.cost import tile_load_cycles
 from tpuflow.lowering.context import LowerCtx
-from tpuflow.lowering.ops.tile_operands import (ConstOperand, IdentityOperand, Operand, RowsOperand, ceil_to, nz_layout, tile_copy,
-                                                 zn_layout)
+from tpuflow.lowering.ops.tile_operands import (ConstOperand, HaloOperand, IdentityOperand, Operand, RowsOperand, ceil_to,
+                                                 nz_layout, tile_copy, zn_layout)
 from tpuflow.lowering.tensors import DRegion, make_tile
 from tpuflow.lowering.tiling import steps
 from tpuflow.lowering.weights import to_storage
@@ -103,6 +103,8 @@ class TileGemm:
                 for resident in ("", "a", "b"):
                     if resident and -(-self.k // kt) > tile.queue_slots:
                         continue
+                    if resident == "b" and isinstance(self.b, HaloOperand):    # (its row-bias stream would take N)
+                        continue
                     dims = TileDims(mt, nt, kt, resident)
                     key = (self._estimate_ns(dims), -mt * nt, resident)
                     if best is None or key < best[0]:
@@ -150,7 +152,18 @@ class TileGemm:
         macs = chip.compute.tile_macs_per_cycle[self.ctx.options.dtype]
         block = chip.tile.block_overhead_cycles + chip.tile.fill_latency_cycles + d.mt * d.nt * d.kt / macs
         port_ns = self._port_cycles(d, a_loads, b_loads, tk) * 1e3 / chip.clocks.tile_clock_mhz
-        return max(dma_ns, port_ns, tm * tn * tk * block * 1e3 / chip.clocks.tile_clock_mhz)
+        expand_ns = self._expand_cycles(d, b_loads, tk) * 1e3 / chip.clocks.tile_clock_mhz
+        return max(dma_ns, port_ns, expand_ns, tm * tn * tk * block * 1e3 / chip.clocks.tile_clock_mhz)
+
+    def _expand_cycles(self, d: TileDims, b_loads: int, tk: int) -> float:
+        """Tile cycles of the TIMG2COLs that make a HaloOperand's B tiles (one per run of up to STREAM_BATCH
+        tiles of a channel group: engines.unit_cycles), 0 for other operands."""
+        tile = self.ctx.chip.tile
+        if not isinstance(self.b, HaloOperand):
+            return 0.0
+        runs = b_loads / max(1, min(STREAM_BATCH, self.b.k_unit // d.kt, tk))
+        return runs * tile.img2col_latency_cycles + b_loads * ceil_to(d.nt, tile.fractal_n) * d.kt * self.ctx.prec.bytes \
+            / max(1, tile.img2col_bytes_per_cycle)
 
     def _port_cycles(self, d: TileDims, a_loads: int, b_loads: int, tk: int) -> float:
         """Tile cycles the tile buffer's DMA port spends on the operand tiles it moves from LMEM (a
@@ -165,6 +178,10 @@ class TileGemm:
         for op, loads, rows, resident in ((self.a, a_loads, d.mt, d.resident == "a"),
                                           (self.b, b_loads, d.nt, d.resident == "b")):
             if isinstance(op, RowsOperand):          # from DDR: on the GDMA
+                continue
+            if isinstance(op, HaloOperand):          # a halo per pixel tile and channel group, not the windows
+                halos = loads * d.kt / op.k_unit
+                total += halos * (tile.move_port_latency_cycles + op.halo_bytes() / tile.move_port_bytes_per_cycle)
                 continue
             run = min(tk, tile.queue_slots if resident else STREAM_BATCH)
             total += loads / run * tile.move_port_latency_cycles + loads * rows * d.kt * e / tile.move_port_bytes_per_cycle

@@ -8,7 +8,7 @@ import numpy as np
 
 import math
 
-from tpuflow.isa import TensorDma, TMove, global_lmem_address, is_lmem
+from tpuflow.isa import Prec, TensorDma, TImg2Col, TMove, global_lmem_address, is_lmem
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitter import MAX_DMA_DIM, _sizes, _split_big_dims
 from tpuflow.lowering.tensors import DRegion
@@ -434,6 +434,94 @@ class WindowOperand(Operand):
         e = self.prec.bytes
         tile_copy(ctx, dst, DRegion(src.addr, (src.shape[0], src.shape[1], count, r),
                                     (src.strides[0], src.strides[1], step * self.images.row_bytes // e, 1), self.prec))
+
+
+class HaloOperand(Operand):
+    """B = P^T (K x pixels) of a convolution, K in (channel block, kh, kw, c0) order (TIMG2COL's, Ascend
+    Load3D's K = C1 * kh * kw * C0), expanded on chip (issue 16): for each pixel tile (whole output rows)
+    and group of `group` channel blocks, the halo (the padded input rows and columns its windows reach,
+    those channel blocks) crosses the tile buffer's DMA port once, one TMOVE from the padded image in LMEM
+    (`images`: one phase, column v on lane v, channels in-lane; the move writes it C0-blocked, pixels
+    column-major) into a halo slot (a ring over the N queue's slots, which a halo GEMM leaves to it), and
+    TIMG2COLs expand it into the B tiles (runs of K-consecutive tiles bound for neighbouring slots in one
+    block). K tiles divide a group's K (`TileGemm(k_unit=k_unit)`), pixel tiles are whole output rows."""
+
+    def __init__(self, ctx, images: PhaseImages, lmem_offset: int, geo, group: int, rows: int):
+        kdim = images.channels * geo.kh * geo.kw
+        super().__init__(ctx, "zn", kdim, geo.ho * geo.wo)
+        self.images, self.offset, self.geo, self.group, self.out_rows = images, lmem_offset, geo, group, rows
+        self.k_unit = group * geo.kh * geo.kw * self.k0
+        slots = ctx.chip.tile.queue_slots
+        self.ring = [ctx.chip.tile_slot_address(3, i) for i in range(slots)]     # the N queue's slots
+        self.next = 0
+        self.held: tuple[int, int] | None = None      # (pixel tile start, channel group) in the last halo slot
+
+    @staticmethod
+    def halo_shape(geo, rows: int) -> tuple[int, int]:
+        """(rows, columns) of padded input the windows of `rows` whole output rows reach."""
+        return (rows - 1) * geo.sy + (geo.kh - 1) * geo.dy + 1, (geo.wo - 1) * geo.sx + (geo.kw - 1) * geo.dx + 1
+
+    @classmethod
+    def group_for(cls, chip, geo, channels: int, rows: int, esize: int) -> int:
+        """Channel blocks per halo: the most (dividing the channel blocks) whose halo fits a slot, 0: none."""
+        k0 = chip.tile.k_fractal_bytes // esize
+        hh, ww = cls.halo_shape(geo, rows)
+        blocks = channels // k0
+        return max((g for g in range(1, blocks + 1) if blocks % g == 0 and g * hh * ww * k0 * esize <= chip.tile.slot_bytes),
+                   default=0)
+
+    def halo_bytes(self) -> int:
+        hh, ww = self.halo_shape(self.geo, self.out_rows)
+        return self.group * hh * ww * self.k0 * self.prec.bytes
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        self.load_slots([slot_addr], [(r0, r, c0, c)])
+
+    def load_slots(self, slot_addrs, blocks) -> None:
+        """Runs of K-consecutive tiles of one pixel tile and channel group, bound for neighbouring lanes'
+        slots: their halo (moved in unless it is the one held), then one TIMG2COL."""
+        lane_bytes, i = self.ctx.chip.lmem_bytes_per_lane, 0
+        while i < len(blocks):
+            j = i + 1
+            while (j < len(blocks) and slot_addrs[j] == slot_addrs[j - 1] + lane_bytes and blocks[j][1:] == blocks[i][1:]
+                   and blocks[j][0] == blocks[j - 1][0] + blocks[i][1]
+                   and blocks[j][0] // self.k_unit == blocks[i][0] // self.k_unit):
+                j += 1
+            self._expand(slot_addrs[i], blocks[i:j])
+            i = j
+
+    def _expand(self, slot_addr: int, blocks) -> None:
+        k0, kt, p0, pt = blocks[0]
+        geo, wo = self.geo, self.geo.wo
+        if kt % self.k0 or p0 % wo or pt != min(self.out_rows * wo, self.cols - p0) or self.k_unit % kt:
+            raise ValueError(f"halo block {blocks[0]} is not whole K fractals of a group and whole output rows")
+        group, rows = k0 // self.k_unit, pt // wo
+        halo = self._halo(p0 // wo, rows, group)
+        hh, ww = self.halo_shape(geo, rows)
+        self.ctx.em.tile(TImg2Col(dt=_TILE_DT[self.prec], src_addr=halo, dst_addr=slot_addr, c1=self.group, in_h=hh,
+                                  in_w=ww, kh=geo.kh, kw=geo.kw, out_h=rows, out_w=wo,
+                                  k_start=(k0 % self.k_unit) // self.k0, k_count=len(blocks) * kt // self.k0,
+                                  tiles=len(blocks), sy=geo.sy, sx=geo.sx, dy=geo.dy, dx=geo.dx))
+
+    def _halo(self, oh0: int, rows: int, group: int) -> int:
+        """Flat address of the halo slot holding the windows of output rows [oh0, oh0 + rows) over channel
+        group `group` (moved in now unless it is the halo held)."""
+        if self.held == (oh0, group):
+            return self.ring[(self.next - 1) % len(self.ring)]
+        ctx, img, geo, e = self.ctx, self.images, self.geo, self.prec.bytes
+        addr = self.ring[self.next % len(self.ring)]
+        self.next += 1
+        self.held = (oh0, group)
+        hh, ww = self.halo_shape(geo, rows)
+        src = self.offset + img.base[(0, 0)] + oh0 * geo.sy * img.row_bytes + group * self.group * self.k0 * e
+        count = self.group * ww * hh * self.k0
+        tile_copy(ctx, DRegion(global_lmem_address(addr, ctx.chip), (1, 1, 1, count), (count, count, count, 1), self.prec),
+                  DRegion(global_lmem_address(src, ctx.chip), (self.group, ww, hh, self.k0),
+                          (self.k0, img.bytes_per_lane // e, img.row_bytes // e, 1), self.prec))
+        return addr
+
+
+_TILE_DT = {Prec.FP32: "FP32", Prec.FP16: "FP16", Prec.BF16: "BF16"}
 
 
 class IdentityOperand(ConstOperand):

@@ -43,7 +43,8 @@ from tpuflow.lowering.ops.epilogue import Epilogue
 from tpuflow.lowering.ops.matmul import matmul_geometry
 from tpuflow.lowering.ops.movement import copy_nd
 from tpuflow.lowering.ops.tile_gemm import OUTPUT_SPAN, TILE_SIDES, StickyCache, TileDims, TileGemm
-from tpuflow.lowering.ops.tile_operands import (ConstOperand, LaneRowsOperand, LmemRowsOperand, Operand, PhaseImages,
+from tpuflow.lowering.ops.tile_operands import (ConstOperand, HaloOperand, LaneRowsOperand, LmemRowsOperand, Operand,
+                                                 PhaseImages,
                                                  RowsOperand, StagedConstOperand, WindowOperand, ceil_to, tile_copy)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
@@ -466,6 +467,7 @@ class TileConvEmitter:
         # follows: Relu commutes with rounding, so the result leaves the ACC in the model's dtype
         self.residual = None
         add = epilogue[0] if epilogue and _is_residual(ctx, epilogue[0], out) else None
+        self.halo = add is None and self._halo_geometry_ok()     # B tiles by TIMG2COL from halo tiles
         other = next(t for t in add.inputs if t != out) if add is not None else None
         if add is not None and ctx.resident(other) is not None and not self._lmem_residual_ok():
             add = None
@@ -515,7 +517,15 @@ class TileConvEmitter:
         cin_g, cout_g = geo.cin // geo.groups, geo.cout // geo.groups
         kdim, pix, oc0 = cin_g * geo.kh * geo.kw, geo.ho * geo.wo, gi * cout_g
         a = ConstOperand(ctx, "nz", weights[oc0:oc0 + cout_g], f"{self.node.name}:W{gi}", 0, 0)
-        if window is not None:
+        k_unit = cin_g
+        if window is not None and self.halo:
+            rows = window[1] // geo.wo
+            group = HaloOperand.group_for(ctx.chip, geo, cin_g, rows, ctx.prec.bytes)
+            if not group:
+                raise ValueError(f"no halo of {rows} output rows fits a tile slot")
+            bop = HaloOperand(ctx, self._images(), window[0], geo, group, rows)
+            k_unit = bop.k_unit
+        elif window is not None:
             bop = WindowOperand(ctx, self._images(), window[0], geo.wo)
         else:
             bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
@@ -528,19 +538,23 @@ class TileConvEmitter:
             residual = RowsOperand(ctx, layout, r_addr, cout_g, pix, pix)     # zn: I . R, channel rows whole fractals
         gemm = TileGemm(ctx, a, bop, cout_g, pix, kdim, out.value_prec if out.needs_tiu else ctx.prec,
                         bias_key=f"{self.node.name}:{gi}", residual=residual,
-                        n_tile=window[1] if window else None, k_unit=cin_g if window else None)
+                        n_tile=window[1] if window else None, k_unit=k_unit if window else None)
         if self.bias_in_acc and self.bias is not None:
             gemm.row_bias = self.bias[oc0:oc0 + cout_g]
         return gemm
 
     def _weights(self, implicit: bool = False) -> np.ndarray:
         """(Cout x K) with K running (kh, kw, c), so im2col copies runs of channels from the NHWC copy;
-        (kw, kh, c) for an implicit GEMM (PhaseImages.tap: taps of a kernel column share a DMA)."""
+        (kw, kh, c) for an implicit GEMM (PhaseImages.tap: taps of a kernel column share a DMA); (c1, kh, kw,
+        c0) for a halo GEMM (TIMG2COL's order)."""
         geo = self.geom
         cin_g = geo.cin // geo.groups
+        w = np.asarray(self.ctx.const(self.node.inputs[1]), np.float32).reshape(geo.cout, cin_g, geo.kh, geo.kw)
+        if implicit and self.halo:       # (c1, kh, kw, c0): TIMG2COL's K order
+            k0 = self.ctx.chip.tile.k_fractal_bytes // self.ctx.prec.bytes
+            return w.reshape(geo.cout, cin_g // k0, k0, geo.kh, geo.kw).transpose(0, 1, 3, 4, 2).reshape(geo.cout, -1)
         order = (0, 3, 2, 1) if implicit else (0, 2, 3, 1)
-        return np.asarray(self.ctx.const(self.node.inputs[1]), np.float32).reshape(
-            geo.cout, cin_g, geo.kh, geo.kw).transpose(order).reshape(geo.cout, cin_g * geo.kh * geo.kw)
+        return w.transpose(order).reshape(geo.cout, cin_g * geo.kh * geo.kw)
 
     def plan(self, region: str) -> TileConvPlan | None:
         """The TIU epilogue's buffers, then the NHWC staging buffers above them (every image and
@@ -623,15 +637,26 @@ class TileConvEmitter:
         for nd in self.group.epilogue:
             ctx.note_layer(nd.name, nd.op_type, group=self.group.name)
 
+    def _halo_geometry_ok(self) -> bool:
+        """Whether the B tiles can be expanded on chip (HaloOperand): a chip with the expansion path, a
+        kernel of more than one tap (a 1x1 window is its halo: TIMG2COL would only add a step), one group,
+        the padded input no wider than the lanes (one phase: TIMG2COL takes the stride)."""
+        geo, chip = self.geom, self.ctx.chip
+        return (chip.tile.img2col_bytes_per_cycle > 0 and geo.kh * geo.kw > 1 and geo.groups == 1
+                and geo.w + geo.pl + geo.pr <= chip.lanes)
+
     def _images(self) -> PhaseImages | None:
         """The input's phase images of an implicit GEMM, None when this conv cannot use one: channels
-        per group not whole K fractals, output rows wider than a pixel tile, phases wider than the lanes."""
+        per group not whole K fractals, output rows wider than a pixel tile, phases wider than the lanes.
+        A halo GEMM keeps one phase (the padded image: TIMG2COL applies the stride)."""
         geo, chip = self.geom, self.ctx.chip
         cin_g = geo.cin // geo.groups
         if cin_g % (chip.tile.k_fractal_bytes // self.ctx.prec.bytes) or geo.wo > max(TILE_SIDES):
             return None
         if tile_bytes_per_lane(chip, (1, 1, geo.h, geo.w), self.ctx.prec) // self.ctx.prec.bytes > TIU_STRIDE_MAX:
             return None             # the transposes' source channel stride is a 16-bit TIU field
+        if getattr(self, "halo", False):
+            geo = replace(geo, sy=1, sx=1)
         images = PhaseImages(geo, cin_g, self.ctx.prec.bytes)
         return images if images.lanes_used <= chip.lanes else None
 

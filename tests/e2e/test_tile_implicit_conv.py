@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx_build import ModelBuilder
 
-from tpuflow.isa import AccCvt, CwBcTiu, TMatmul, TMove
+from tpuflow.chip import load_chip, replace_param
+from tpuflow.isa import AccCvt, CwBcTiu, TImg2Col, TMatmul, TMove, global_lmem_address
 from tpuflow.hwmodel.timing.segments import transfer_sides
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, verify
@@ -79,11 +80,13 @@ def test_implicit_gemm_conv_matches_onnxruntime(stride, pad, dilation, kernel, g
 
 
 def test_window_dmas_read_lmem_and_fill_slots():
-    """A 3x3 pad-1 conv on 64 channels: every B tile arrives by an LMEM -> tile-buffer move (a GDMA
-    command or a TMOVE on the tile buffer's port) whose
+    """A 3x3 pad-1 conv on 64 channels on a chip without TIMG2COL's expansion path: every B tile arrives
+    by an LMEM -> tile-buffer move (a GDMA command or a TMOVE on the tile buffer's port) whose
     source is a run of output rows (lanes) x channels (in-lane), one per tap and pixel tile."""
     model = _conv_model(64, 64, (8, 8), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
-    _, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile"))
+    chip = replace_param(load_chip("sg2260"), "tile.img2col_bytes_per_cycle", 0)
+    _, program = compile_model(model, chip, CompileOptions(dtype="fp16", matmul="tile"))
+    assert not any(isinstance(i, TImg2Col) for i in program.tile)
     chip = program.chip
     window = []
     moves = [m.desc for m in program.tile if isinstance(m, TMove)]     # the tile buffer's DMA port
@@ -102,6 +105,34 @@ def test_window_dmas_read_lmem_and_fill_slots():
     assert all(src.shape[:2] == (8, 8) and src.shape[3] == 64 and src.shape[2] <= 3 for src in rows)
     assert all(src.strides[2] == src.strides[0] for src in rows if src.shape[2] > 1)     # taps one row apart
     assert all(src.shape[0] == 1 and src.shape[2] == 1 for src, _ in window if src.shape[0] == 1)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_halo_tiles_cross_the_port_once_and_timg2col_makes_the_b_tiles(dtype):
+    """The same conv with the expansion path (issue 16): per pass over the pixel tiles (one per M tile of
+    output channels; 8 x 8 output = one pixel tile) the padded input crosses the tile buffer's DMA port
+    once, as halo tiles of two 32-byte channel blocks (a 10 x 10 halo of one block is 3.2 KiB: two fit an
+    8 KiB slot), one TMOVE each; every B tile is written by a TIMG2COL reading one of them, every K row
+    of P^T (64 channels x 9 taps) once per pass; the window moves cost 9 x these bytes
+    (test_window_dmas_read_lmem_and_fill_slots). The result matches onnxruntime (race detector on)."""
+    model = _conv_model(64, 64, (8, 8), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
+    options = CompileOptions(dtype=dtype, matmul="tile")
+    _, program = compile_model(model, None, options)
+    chip = program.chip
+    e = 4 if dtype == "fp32" else 2
+    k0 = chip.tile.k_fractal_bytes // e
+    passes = -(-64 // max(i.m for i in program.tile if isinstance(i, TMatmul)))
+    expands = [i for i in program.tile if isinstance(i, TImg2Col)]
+    halos = {i.src_addr for i in expands}
+    moves = [m for m in program.tile if isinstance(m, TMove)
+             and any(m.desc.dst_start_addr == global_lmem_address(a, chip) for a in halos)]
+    assert len(moves) == passes * (64 // k0) // 2
+    assert all(m.desc.nbytes == 2 * 10 * 10 * chip.tile.k_fractal_bytes for m in moves)
+    assert all(i.c1 == 2 and (i.in_h, i.in_w, i.kh, i.kw, i.out_h, i.out_w) == (10, 10, 3, 3, 8, 8) for i in expands)
+    assert sum(i.k_count for i in expands) * k0 == passes * 64 * 9
+    assert not any(isinstance(m, TMove) and m.desc.dst_start_addr in
+                   {global_lmem_address(chip.tile_slot_address(1, s), chip) for s in range(16)} for m in program.tile)
+    assert verify(model, None, options, race_check=True)["ok"]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -154,11 +185,13 @@ def options_lanes() -> int:
 def test_weights_streamed_pass_by_pass_fill_slots_by_tiu_copies():
     """256 -> 256 3x3 conv (A streams: 36 K tiles per output tile): each pass starts on a multiple of 16
     T pushes (a TPUSH of the unused slots), K tile j is staged in the lane of T slot j % 16 and copied
-    there by the TIU; no GDMA command writes a T slot; numerics against onnxruntime."""
+    there by the TIU; no GDMA command writes a T slot; numerics against onnxruntime. (On a chip without
+    TIMG2COL: with it the K tiles are 48 deep, 48 per pass, and no pass needs padding.)"""
     from tpuflow.isa import ArTiu, TPush
     model = _conv_model(256, 256, (10, 10), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
     options = CompileOptions(dtype="fp16", matmul="tile")
-    _, program = compile_model(model, None, options)
+    chip = replace_param(load_chip("sg2260"), "tile.img2col_bytes_per_cycle", 0)
+    _, program = compile_model(model, chip, options)
     chip = program.chip
     t_lanes = {chip.tile_slot_address(0, s) // chip.lmem_bytes_per_lane for s in range(chip.tile.queue_slots)}
     window_top = chip.tile_window_offset
@@ -175,7 +208,7 @@ def test_weights_streamed_pass_by_pass_fill_slots_by_tiu_copies():
     copies = [i for i in program.tiu if isinstance(i, ArTiu) and i.op == "copy" and writes_t_slot(i.res0_addr)]
     pads = [i for i in program.tile if isinstance(i, TPush) and i.dst_queue == 0 and i.count == 12]
     assert gdma_t == 0 and copies and pads
-    assert verify(model, None, options, race_check=True)["ok"]
+    assert verify(model, chip, options, race_check=True)["ok"]
 
 
 def test_row_bias_streams_when_every_output_tile_has_another_row():

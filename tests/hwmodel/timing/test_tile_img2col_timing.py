@@ -1,7 +1,7 @@
 """TIMG2COL on the tile buffer's expansion path in an exact timeline (issue 16): the halo's TMOVE on the
-DMA port, the TIMG2COL that reads it waits for it to land (parked, as a block touching a move's bytes
-is), then runs img2col_latency + written bytes / img2col_bytes_per_cycle on its own path while the cube
-goes on; the TPUSH of the expanded slots waits for it; blocks retire in order."""
+DMA port, the TIMG2COL that reads it is handed over at once but its path begins it only when the halo has
+landed (the engine goes on with the cube), then it runs img2col_latency + written bytes /
+img2col_bytes_per_cycle; the TPUSH of the expanded slots waits for it; blocks retire in order."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_the_expansion_waits_for_its_halo_and_runs_beside_the_cube():
     t0 = int(r.times["start"][move])
     assert int(r.times["end"][move]) == t0 + 86_000
     assert (int(r.times["start"][expand]), int(r.times["end"][expand])) == (t0 + 86_000, t0 + 190_000)
-    assert (int(r.times["start"][matmul]), int(r.times["end"][matmul])) == (t0 + 88_000, t0 + 190_000)
+    assert (int(r.times["start"][matmul]), int(r.times["end"][matmul])) == (t0 + 4_000, t0 + 190_000)
     assert (int(r.times["start"][push]), int(r.times["end"][push])) == (t0 + 190_000, t0 + 192_000)
     assert instruction_cycles(EXPAND, CHIP) == 104 and EXPAND.tile_bytes(CHIP) == 6144
 
