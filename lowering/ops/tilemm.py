@@ -698,7 +698,9 @@ class TileConvEmitter:
             tiles = -(-geo.cout // dims.mt) * k_tiles
             stride = StagedConstOperand.chunk_stride(ceil_to(dims.mt, chip.tile.fractal_m) * dims.kt, ctx.prec)
             lane_rows = 2 * LaneRowsOperand.row_bytes(k_tiles, chip.tile.queue_slots, stride)
-            if not dims.resident and arena.fits(sizes + [lane_rows]):       # A streams pass by pass: TIU fills
+            if not chip.tile.move_port_bytes_per_cycle and not dims.resident and arena.fits(sizes + [lane_rows]):
+                # A streams pass by pass and the tile buffer has no DMA port of its own: TIU copies fill the
+                # slots (with the port, staged tiles moved by TMOVEs are faster since its moves pipeline)
                 sizes, names, lanes = sizes + [lane_rows], names + ["weight_stage"], True
             else:
                 chunks = -(-tiles // chip.lanes)          # a ring of one chunk only when there is one

@@ -185,12 +185,14 @@ def options_lanes() -> int:
 def test_weights_streamed_pass_by_pass_fill_slots_by_tiu_copies():
     """256 -> 256 3x3 conv (A streams: 36 K tiles per output tile): each pass starts on a multiple of 16
     T pushes (a TPUSH of the unused slots), K tile j is staged in the lane of T slot j % 16 and copied
-    there by the TIU; no GDMA command writes a T slot; numerics against onnxruntime. (On a chip without
-    TIMG2COL: with it the K tiles are 48 deep, 48 per pass, and no pass needs padding.)"""
+    there by the TIU; no GDMA command writes a T slot; numerics against onnxruntime. (On a chip whose tile
+    buffer has no DMA port of its own, the case for TIU fills, and no TIMG2COL: with it the K tiles are 48
+    deep, 48 per pass, and no pass needs padding.)"""
     from tpuflow.isa import ArTiu, TPush
     model = _conv_model(256, 256, (10, 10), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
     options = CompileOptions(dtype="fp16", matmul="tile")
-    chip = replace_param(load_chip("sg2260"), "tile.img2col_bytes_per_cycle", 0)
+    chip = replace_param(replace_param(load_chip("sg2260"), "tile.img2col_bytes_per_cycle", 0),
+                         "tile.move_port_bytes_per_cycle", 0)
     _, program = compile_model(model, chip, options)
     chip = program.chip
     t_lanes = {chip.tile_slot_address(0, s) // chip.lmem_bytes_per_lane for s in range(chip.tile.queue_slots)}
