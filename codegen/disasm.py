@@ -272,7 +272,7 @@ def tile_text(instr, chip: ChipConfig | None = None) -> str:
                 f"->{QUEUES[instr.dst_queue]}<{size_text(instr.dst_size)}>")
         if instr.round_mode != "RNE":
             text += f" round={instr.round_mode}"
-        return text + (" sat" if instr.saturate else "")
+        return text + (" sat" if instr.saturate else "") + (" relu" if instr.relu else "")
     if isinstance(instr, TImg2Col):
         return (f"TIMG2COL <{instr.dt}> halo {instr.c1}x{instr.in_w}x{instr.in_h}@{instr.src_addr:#x} "
                 f"k{instr.kh}x{instr.kw} s{instr.sy}x{instr.sx} d{instr.dy}x{instr.dx} out {instr.out_h}x{instr.out_w} "

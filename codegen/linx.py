@@ -11,7 +11,8 @@ Word formats (lingxi.md "Encoding"; fields LSB-first, constants are the opcode b
   no-input (ACCCVT and TPUSH: DstQueue = the pushed queue, size = its size code).
   `last` is set on a block's final B.IOT.
 * B.DATR — ACCCVT's layout code, destination type, round mode and saturate. tpuflow puts
-  `canon` in bit 15 (pad[0], spare in v0.56); the other pad bits and the compare mode are 0.
+  `canon` in bit 15 (pad[0], spare in v0.56) and `relu` in bit 16 (pad[1]); the other pad bits and
+  the compare mode are 0.
 * B.IOD — one word per wait, omitted when the wait is 0. The published page lacks B.IOD's
   bits; tpuflow's layout keeps B.IOD's opcode (6..0 = 0010011, function 14..12 = 001) and
   uses: 8..7 = DepSrc engine (1 = TIU: tiu_sync_id >= id, 2 = GDMA: tdma_sync_id >= id),
@@ -69,7 +70,7 @@ B_IOT0 = Layout("B.IOT (no input)", _IOT_HEAD + [
     ("src0_lo", 5, 0), ("func", 3, FN_IOT0), ("src0_hi", 1, 0), ("src1", 6, 0), ("dst_queue", 3),
     ("size", 4), ("last", 1), ("reuse", 2, 0)])
 B_DATR = Layout("B.DATR", [
-    ("opcode", 7, OPC_BDATR), ("layout", 5), ("func", 3, 0b001), ("canon", 1), ("pad", 4, 0), ("dt", 5),
+    ("opcode", 7, OPC_BDATR), ("layout", 5), ("func", 3, 0b001), ("canon", 1), ("relu", 1), ("pad", 3, 0), ("dt", 5),
     ("compare_mode", 3, 0), ("round_mode", 3), ("saturate", 1)])
 B_DESC = Layout("B.DESC", [("opcode", 7, OPC_BDESC), ("zero", 1, 0), ("data", 24)])
 B_IOD = Layout("B.IOD", [
@@ -126,7 +127,8 @@ def block_words(instr: TileInstruction) -> list[int]:
                 + _dims(kind, {"row": instr.row, "col": instr.col})
                 + [_word(B_IOT0, kind, {"size": "dst_size"}, dst_queue=instr.dst_queue, size=instr.dst_size, last=1),
                    _word(B_DATR, kind, layout=LAYOUT_CODES[instr.layout], dt=DT_CODES[instr.dst_dt],
-                         round_mode=ROUND_MODES[instr.round_mode], saturate=instr.saturate, canon=instr.canon)]
+                         round_mode=ROUND_MODES[instr.round_mode], saturate=instr.saturate, canon=instr.canon,
+                         relu=instr.relu)]
                 + _waits(kind, instr))
     if isinstance(instr, TPush):       # count > 1: B.DIM LB0 = count (tpuflow's TPUSH extension)
         return ([_word(BSTART_CUBE, kind, fn=instr.FN["TPUSH"], dt=DT_CODES[instr.dt])]
@@ -282,7 +284,7 @@ class _Block:
             return AccCvt(layout=LAYOUT_NAMES[d["layout"]], row=self.dim(0), col=self.dim(1),
                           dst_queue=iot["dst_queue"], dst_size=iot["size"], src_dt=dt, dst_dt=self.dt(d["dt"]),
                           canon=d["canon"], round_mode=ROUND_NAMES[d["round_mode"]], saturate=d["saturate"],
-                          **self.wait_kwargs())
+                          relu=d["relu"], **self.wait_kwargs())
         bias = fn.endswith(".BIAS")
         iots = self.expect_iots(B_IOT2, B_IOT1) if bias else self.expect_iots(B_IOT2)
         if any(v["dst_queue"] != NO_QUEUE or (i and (v["size"] or v["reuse0"])) for i, v in enumerate(iots)):

@@ -282,6 +282,11 @@ class TileConfig:
         source="Ascend A2 cube: L0C ping-pong, MMAD of the next block overlapping the L0C -> GM transfer of the "
                "last (catlass MmadAtlasA2Pingpong, ENABLE_UINT_FLAG); LinxCore Janus keeps the cube's ACC "
                "private (count not published)")
+    acccvt_relu: bool = p(
+        "flag", "ACCCVT can apply a Relu on the way out of the ACC (its relu field): a Relu-only epilogue costs no "
+        "TIU pass", check=lambda v: isinstance(v, bool), default=True,
+        source="Ascend Fixpipe pre-ReLU on the L0C drain (FixpipePreReluMode NORMAL_RELU, triton-ascend al.fixpipe); "
+               "a tpuflow extension of LinxISA's ACCCVT (B.DATR bit 16)")
     img2col_bytes_per_cycle: int = p(
         "B/cycle", "TIMG2COL expansion path (tile clock): bytes of window tiles written per cycle from a halo tile "
         "in the tile buffer; 0: no expansion path (convolutions move their window tiles through the DMA port)",

@@ -131,7 +131,8 @@ def _acc_values(m, ins: AccCvt) -> np.ndarray:
         raise ExecutionError(f"ACCCVT src_dt {ins.src_dt} but the ACC holds {acc.dtype}")
     if ins.row > acc.shape[0] or ins.col > acc.shape[1]:
         raise ExecutionError(f"ACCCVT {ins.row}x{ins.col} is larger than the {acc.shape[0]}x{acc.shape[1]} ACC")
-    return acc[:ins.row, :ins.col]
+    values = acc[:ins.row, :ins.col]
+    return np.maximum(values, 0) if ins.relu else values
 
 
 def execute_acccvt(m, ins: AccCvt) -> None:

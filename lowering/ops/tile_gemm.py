@@ -80,6 +80,7 @@ class TileGemm:
         self.sticky: dict[str, tuple[int, tuple]] = {}   # name -> (M push index, (operand key, block))
         self.row_bias: np.ndarray | None = None         # per-row (M) bias added in the ACC (_row_bias_step)
         self.sticky_cache: StickyCache | None = None    # LMEM copies of the sticky constant tiles, or None
+        self.relu = False           # ACCCVT applies a Relu on the way out of the ACC (_TileOutput.cvt_relu)
 
     def _dims(self) -> TileDims:
         """The tiling with the least estimated time: tile sides whose A, B and converted result
@@ -390,7 +391,7 @@ class TileGemm:
                             reuse0=int(res == "a" and keep_panel), reuse1=int(res == "b" and keep_panel),
                             acc_size=acc_size, bias_src=-1 if bias_index is None else ref(Q_N, bias_index)))
         em.tile(AccCvt(layout="NZ2ND", row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
-                       dst_dt=TILE_DT[self.out_prec]))
+                       dst_dt=TILE_DT[self.out_prec], relu=int(self.relu)))
         self.cursor.push(Q_M)
 
     def _sticky(self, name: str, op: "ConstOperand", block: tuple[int, int, int, int]) -> tuple[int, int]:

@@ -73,6 +73,10 @@ class _TileOutput:
                         and not epi.resident and all(n.op_type == "Relu" for n in epi.nodes))
         if self.in_slot:
             self.needs_tiu = False
+        # ... and better still in the ACCCVT that drains the ACC (its relu field, Fixpipe-like): no TIU pass
+        self.cvt_relu = self.in_slot and ctx.chip.tile.acccvt_relu
+        if self.cvt_relu:
+            self.in_slot = False
         self.span = span                  # result tiles delivered together at most
         self.group = span
         self.pending: list | None = None
@@ -318,8 +322,10 @@ class TileMatmulEmitter:
         elif self.residual is not None:
             residual = RowsOperand(self.ctx, "nz", self.ctx.ddr_addr(self.residual), geo.m, geo.n, geo.n)
         n_tile = self.y_res.n_tile(geo.n) if isinstance(self.y_res, _SplitResult) else None
-        return TileGemm(self.ctx, a, bop, geo.m, geo.n, geo.k, Prec.FP32 if out.needs_tiu else self.ctx.prec,
+        gemm = TileGemm(self.ctx, a, bop, geo.m, geo.n, geo.k, Prec.FP32 if out.needs_tiu else self.ctx.prec,
                         self.bias, self.node.name, residual, rel, n_tile=n_tile)
+        gemm.relu = out.cvt_relu
+        return gemm
 
     def plan(self, region: str) -> TilePlan | None:
         """The LMEM buffers of the TIU epilogue (the tile sides are the TILE tiling's, chosen
@@ -541,6 +547,7 @@ class TileConvEmitter:
                         n_tile=window[1] if window else None, k_unit=k_unit if window else None)
         if self.bias_in_acc and self.bias is not None:
             gemm.row_bias = self.bias[oc0:oc0 + cout_g]
+        gemm.relu = out.cvt_relu
         return gemm
 
     def _weights(self, implicit: bool = False) -> np.ndarray:

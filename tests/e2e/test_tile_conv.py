@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from onnx_build import ModelBuilder
 
-from tpuflow.isa import ConvTiu, Engine, TMatmul
+from tpuflow.isa import AccCvt, ConvTiu, Engine, TMatmul
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, verify
 
@@ -119,7 +119,9 @@ def test_consecutive_tile_convs_keep_their_activations_in_lmem(dtype):
     assert {"conv_1", "conv_3"} <= tile_layers
     assert not any(isinstance(i, ConvTiu) for i in program.tiu)
     stores = _ddr_stores(program)
-    assert stores and set(stores) == {"relu_5"}          # the output only
+    # the output only: the second conv's group (its Relu is the ACCCVTs', tile.acccvt_relu)
+    assert stores and set(stores) == {"conv_3"}
+    assert any(isinstance(i, AccCvt) and i.relu for i in program.tile)
     result = verify(model, None, options, race_check=True)
     assert result["ok"], result["outputs"]
 

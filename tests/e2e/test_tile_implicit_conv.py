@@ -114,7 +114,8 @@ def test_halo_tiles_cross_the_port_once_and_timg2col_makes_the_b_tiles(dtype):
     once, as halo tiles of two 32-byte channel blocks (a 10 x 10 halo of one block is 3.2 KiB: two fit an
     8 KiB slot), one TMOVE each; every B tile is written by a TIMG2COL reading one of them, every K row
     of P^T (64 channels x 9 taps) once per pass; the window moves cost 9 x these bytes
-    (test_window_dmas_read_lmem_and_fill_slots). The result matches onnxruntime (race detector on)."""
+    (test_window_dmas_read_lmem_and_fill_slots); the Relu is the ACCCVTs'. The result matches onnxruntime
+    (race detector on)."""
     model = _conv_model(64, 64, (8, 8), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
     options = CompileOptions(dtype=dtype, matmul="tile")
     _, program = compile_model(model, None, options)
@@ -132,6 +133,9 @@ def test_halo_tiles_cross_the_port_once_and_timg2col_makes_the_b_tiles(dtype):
     assert sum(i.k_count for i in expands) * k0 == passes * 64 * 9
     assert not any(isinstance(m, TMove) and m.desc.dst_start_addr in
                    {global_lmem_address(chip.tile_slot_address(1, s), chip) for s in range(16)} for m in program.tile)
+    # the Relu leaves with the ACCCVT (tile.acccvt_relu): no TIU pass over the results
+    assert all(i.relu for i in program.tile if isinstance(i, AccCvt))
+    assert not any(getattr(i, "op", "") == "max" for i in program.tiu)
     assert verify(model, None, options, race_check=True)["ok"]
 
 

@@ -179,7 +179,9 @@ class TMatmul(TileInstruction):
 class AccCvt(TileInstruction):
     """ACCCVT <layout>: ACC (Row x Col, fp32) -> a new tile pushed on `dst_queue`, converted to
     `dst_dt` (round to nearest even unless round_mode says otherwise; "none" = nearest even).
-    Releases the ACC. src_dt names the ACC's type: FP32, or S32 after an integer matmul."""
+    Releases the ACC. src_dt names the ACC's type: FP32, or S32 after an integer matmul. `relu`
+    (tpuflow's additive field, issue 16; Ascend's Fixpipe pre-ReLU on the L0C drain): negative values
+    become 0 before the conversion."""
 
     FN: ClassVar[dict] = {"ACCCVT": 8}
     layout: str
@@ -194,6 +196,7 @@ class AccCvt(TileInstruction):
     saturate: int = 0
     wait_tiu_id: int = 0
     wait_gdma_id: int = 0
+    relu: int = 0
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_CODES or self.dst_dt not in DT_CODES or self.src_dt not in DT_CODES:
