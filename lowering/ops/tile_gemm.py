@@ -294,6 +294,8 @@ class TileGemm:
                 if self._prefetch(side):     # the next batch's moves go ahead of this batch's blocks
                     fill = lambda b, q=queue, o=op: self._fill_blocks(q, o, b)  # noqa: E731
                     push = lambda b, q=queue: self._push_blocks(q, b)  # noqa: E731
+                if isinstance(op, HaloOperand):      # it moves the next batch's halos ahead of their TIMG2COLs
+                    op.stream, op.ahead = blocks, self._batch(side)
                 if need is not None and need[0] == side:
                     staged = _StagedStream(self, queue, op, blocks, self.stage, need[2])
                     load = staged.load

@@ -444,7 +444,9 @@ class HaloOperand(Operand):
     (`images`: one phase, column v on lane v, channels in-lane; the move writes it C0-blocked, pixels
     column-major) into a halo slot (a ring over the N queue's slots, which a halo GEMM leaves to it), and
     TIMG2COLs expand it into the B tiles (runs of K-consecutive tiles bound for neighbouring slots in one
-    block). K tiles divide a group's K (`TileGemm(k_unit=k_unit)`), pixel tiles are whole output rows."""
+    block). K tiles divide a group's K (`TileGemm(k_unit=k_unit)`), pixel tiles are whole output rows.
+    Given the stream's block order (`stream`, `ahead`), each fill also moves the halos of the next `ahead`
+    blocks, so a TIMG2COL rarely waits for its halo's move (the ring holds the last queue_slots halos)."""
 
     def __init__(self, ctx, images: PhaseImages, lmem_offset: int, geo, group: int, rows: int):
         kdim = images.channels * geo.kh * geo.kw
@@ -454,7 +456,10 @@ class HaloOperand(Operand):
         slots = ctx.chip.tile.queue_slots
         self.ring = [ctx.chip.tile_slot_address(3, i) for i in range(slots)]     # the N queue's slots
         self.next = 0
-        self.held: tuple[int, int] | None = None      # (pixel tile start, channel group) in the last halo slot
+        self.held: dict[tuple[int, int, int], int] = {}    # (first output row, rows, group) -> halo slot address
+        self.stream: list = []          # the B blocks in the order fills take them (TileGemm._streams), if known
+        self.position = 0               # blocks of `stream` filled so far
+        self.ahead = 0                  # blocks past `position` whose halos are prefetched (set with `stream`)
 
     @staticmethod
     def halo_shape(geo, rows: int) -> tuple[int, int]:
@@ -489,13 +494,20 @@ class HaloOperand(Operand):
                 j += 1
             self._expand(slot_addrs[i], blocks[i:j])
             i = j
+        self.position += len(blocks)
+        for block in self.stream[self.position:self.position + self.ahead]:    # the next fill's halos, moved now
+            self._halo(*self._key(block))
+
+    def _key(self, block) -> tuple[int, int, int]:
+        k0, _, p0, pt = block
+        return p0 // self.geo.wo, pt // self.geo.wo, k0 // self.k_unit
 
     def _expand(self, slot_addr: int, blocks) -> None:
         k0, kt, p0, pt = blocks[0]
         geo, wo = self.geo, self.geo.wo
         if kt % self.k0 or p0 % wo or pt != min(self.out_rows * wo, self.cols - p0) or self.k_unit % kt:
             raise ValueError(f"halo block {blocks[0]} is not whole K fractals of a group and whole output rows")
-        group, rows = k0 // self.k_unit, pt // wo
+        _, rows, group = self._key(blocks[0])
         halo = self._halo(p0 // wo, rows, group)
         hh, ww = self.halo_shape(geo, rows)
         self.ctx.em.tile(TImg2Col(dt=_TILE_DT[self.prec], src_addr=halo, dst_addr=slot_addr, c1=self.group, in_h=hh,
@@ -506,12 +518,14 @@ class HaloOperand(Operand):
     def _halo(self, oh0: int, rows: int, group: int) -> int:
         """Flat address of the halo slot holding the windows of output rows [oh0, oh0 + rows) over channel
         group `group` (moved in now unless it is the halo held)."""
-        if self.held == (oh0, group):
-            return self.ring[(self.next - 1) % len(self.ring)]
+        key = (oh0, rows, group)
+        if key in self.held:
+            return self.held[key]
         ctx, img, geo, e = self.ctx, self.images, self.geo, self.prec.bytes
         addr = self.ring[self.next % len(self.ring)]
         self.next += 1
-        self.held = (oh0, group)
+        self.held = {k: a for k, a in self.held.items() if a != addr}      # the halo this slot held is gone
+        self.held[key] = addr
         hh, ww = self.halo_shape(geo, rows)
         src = self.offset + img.base[(0, 0)] + oh0 * geo.sy * img.row_bytes + group * self.group * self.k0 * e
         count = self.group * ww * hh * self.k0
