@@ -253,12 +253,12 @@ def held_view(shape) -> tuple[int, int, int, int]:
 CHAIN_RESIDENT_SHARE = 0.4
 
 
-def quantized_groups(graph: Graph, groups: list[Group], chip=None) -> list[Group]:
+def quantized_groups(graph: Graph, groups: list[Group], chip=None, slices_first: bool = False) -> list[Group]:
     """`groups` with every group holding a quantized node re-formed as "quant" groups: a Conv /
     MatMul with its bias Add and a following Relu / Clip, every other quantized node alone
     (quantized Reshapes stay "view" groups), then runs of consecutive quant groups on NCHW
-    tensors joined into chains (QuantChain) when `chip` is given. Float groups are returned as
-    they are."""
+    tensors joined into chains (QuantChain) when `chip` is given (with `slices_first`, only the
+    groups a sliced run cannot take: _chains). Float groups are returned as they are."""
     if not any(is_quantized(graph, n) for g in groups for n in g.nodes):
         return groups
     out: list[Group] = []
@@ -281,7 +281,7 @@ def quantized_groups(graph: Graph, groups: list[Group], chip=None) -> list[Group
             claimed.update(n.name for n in made.nodes)
             made.stored = _stored(graph, made)
             out.append(made)
-    return _chains(graph, out, chip) if chip is not None else out
+    return _chains(graph, out, chip, slices_first) if chip is not None else out
 
 
 def takes_held(graph: Graph, group: Group) -> bool:
@@ -316,6 +316,30 @@ def takes_held(graph: Graph, group: Group) -> bool:
     return all(len(shape) >= 1 for shape in runtime)
 
 
+def sliceable_quant(graph: Graph, group: Group) -> bool:
+    """A lone quant group a sliced run (lowering.slicing) can run on bands of output rows of one
+    sample: a Conv (standard or depthwise, an 8-bit result) or a MaxPool / AveragePool (windows of
+    input rows), or an elementwise op whose runtime tensors all have the output's NCHW shape and
+    whose constant is a scalar or per channel (the same rows in as out)."""
+    if isinstance(group, QuantChain) or group.kind != "quant":
+        return False
+    node, out = group.anchor, graph.tensor(group.nodes[-1].outputs[0])
+    runtime = [graph.tensor(t) for n in group.nodes for t in (*n.inputs, *n.outputs) if t and not graph.tensor(t).is_const]
+    if len(out.shape) != 4 or any(len(info.shape) != 4 for info in runtime):
+        return False
+    if node.op_type == "Conv":
+        g, cin = node.attr("group", 1), graph.tensor(node.inputs[0]).shape[1]
+        return out.quant.storage != "int32" and (g == 1 or g == cin == out.shape[1])
+    if node.op_type in ("MaxPool", "AveragePool"):
+        return True
+    if node.op_type not in ELEMENTWISE or len(group.nodes) != 1:
+        return False
+    consts = [graph.tensor(t) for t in node.inputs if t and graph.tensor(t).is_const]
+    direct = node.op_type in ("QuantizeLinear", "DequantizeLinear")
+    return all(tuple(info.shape) == tuple(out.shape) for info in runtime) and \
+        (direct or all(_channel_constant(c, out, node.op_type) for c in consts))
+
+
 def _chain_view(graph: Graph, group: Group, made: set[str]) -> bool:
     """A (non-requantising) Reshape of a tensor made in the open run that keeps its held layout."""
     if group.kind != "view" or group.anchor.inputs[0] not in made:
@@ -324,10 +348,12 @@ def _chain_view(graph: Graph, group: Group, made: set[str]) -> bool:
     return src.quant is not None and held_view(src.shape) == held_view(out.shape)
 
 
-def _chains(graph: Graph, groups: list[Group], chip) -> list[Group]:
+def _chains(graph: Graph, groups: list[Group], chip, slices_first: bool = False) -> list[Group]:
     """Runs of chainable groups joined while the tensors they would hold fit CHAIN_RESIDENT_SHARE;
     the layout-keeping Reshapes of tensors made in a run (_chain_view) do not end it: their view
-    groups are moved after the chain (they emit nothing)."""
+    groups are moved after the chain (they emit nothing). With `slices_first`, groups a sliced run
+    can take (sliceable_quant) stay alone: the layer groups keep their tensors in LMEM, whole or in
+    row slices."""
     out: list[Group] = []
     run: list[Group] = []
     views: list[Group] = []
@@ -350,7 +376,7 @@ def _chains(graph: Graph, groups: list[Group], chip) -> list[Group]:
         if run and _chain_view(graph, group, made):
             views.append(group)
             continue
-        if not takes_held(graph, group):
+        if not takes_held(graph, group) or (slices_first and sliceable_quant(graph, group)):
             flush()
             out.append(group)
             continue

@@ -130,6 +130,9 @@ def is_sliceable(graph: Graph, group: Group) -> bool:
     if group.kind == "move":
         from tpuflow.lowering.ops.resize_lmem import is_lmem_resize
         return is_lmem_resize(graph, group)
+    if group.kind == "quant":
+        from tpuflow.lowering.quant import sliceable_quant
+        return sliceable_quant(graph, group)
     if group.kind == "row":
         return (group.split == 2 and len(group.full_shape) == 4 and tuple(group.full_shape) == tuple(out)
                 and all(spec(n.op_type).slicing == "rows" for n in group.nodes))
@@ -143,25 +146,32 @@ def input_rows(graph: Graph, group: Group, rows: Rows) -> dict[str, Rows]:
     shim = SimpleNamespace(graph=graph)
     lo, hi = rows
     need: dict[str, Rows] = {}
-    if group.kind == "pool":
+    kind = group.kind if group.kind != "quant" else _quant_kind(group)
+    if kind == "pool":
         geom, _ = pool_geometry(shim, group.anchor)
         return {group.anchor.inputs[0]: _window(geom, lo, hi)}
     if group.kind == "move":                      # nearest upsampling (is_sliceable)
         from tpuflow.lowering.ops.resize_lmem import resize_input_rows
         return {group.anchor.inputs[0]: resize_input_rows(group, rows)}
-    if group.kind == "conv":
+    if kind == "conv":
         if group.tail_pool is not None:
             pgeom, _ = pool_geometry(shim, group.tail_pool)
             lo, hi = _window(pgeom, lo, hi)
         geom = conv_geometry(shim, group.anchor)
         need[group.anchor.inputs[0]] = _window(geom, lo, hi)
-    for node in group.nodes[1:] if group.kind == "conv" else group.nodes:
+    for node in group.nodes[1:] if kind == "conv" else group.nodes:
         for t in node.inputs:
             info = graph.tensor(t) if t else None
             if info is not None and not info.is_const and len(info.shape) == 4 and info.shape[2] > 1 \
                     and t not in group.produced():
                 need[t] = _hull(need.get(t), (lo, hi))
     return need
+
+
+def _quant_kind(group: Group) -> str:
+    """What an int8 group computes rows like: a conv, a pool, or elementwise ("row")."""
+    op = group.anchor.op_type
+    return "conv" if op == "Conv" else "pool" if op in ("MaxPool", "AveragePool") else "row"
 
 
 def _window(geom, lo: int, hi: int) -> Rows:
@@ -261,7 +271,7 @@ def candidate_runs(graph: Graph, groups: list[Group], matrix: bool = False) -> l
 def _signature(graph: Graph, group: Group, made: set[str], matrix: bool):
     """What members of one run share: ("nchw", batch) or ("rows", view rows); None when the group
     cannot join (or start) a run."""
-    if group.kind in ("conv", "pool", "move") or _nchw_row_group(graph, group):
+    if group.kind in ("conv", "pool", "move", "quant") or _nchw_row_group(graph, group):
         return ("nchw", samples(graph, group)) if is_sliceable(graph, group) else None
     if not matrix:
         return None

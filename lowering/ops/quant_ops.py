@@ -57,7 +57,7 @@ from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, folds
                                     held_placement, held_tensors, held_view, row_pattern, tail_boundary, takes_held,
                                     view_source)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
-from tpuflow.lowering.tiling import steps
+from tpuflow.lowering.tiling import steps, steps_between
 from tpuflow.lowering.weights import pack_conv_weights, to_storage
 
 HALF_TO_EVEN = RQ_ROUND_MODES["half_to_even"]
@@ -134,6 +134,22 @@ class Planned:
         self.lmem: dict[str, LTile] = dict(self.sides)      # and the tensors a chain (ChainQuant) holds
         self.keep: set[str] = set()          # of those, the ones also stored to DDR (read outside)
         self.top: int | None = None          # a chain's resident tensors lie above: buffers stay below
+        region = next((r for r in ctx.residency.regions if ctx.group_index in r.members), None)
+        self.slice_buffers = set(region.buffers) if region is not None else set()   # sliced run (lowering.slicing)
+
+    @property
+    def sliced(self) -> bool:
+        """Whether this emission computes some samples / rows of the group (a slice of a sliced run)."""
+        return self.ctx.part.rows is not None or self.ctx.part.samples is not None
+
+    def row_steps(self, height: int, step: int) -> list[tuple[int, int]]:
+        """(first output row, rows) of the row steps of the rows this emission computes."""
+        return steps_between(*self.ctx.rows_to_emit(height), step)
+
+    def row_choices(self, height: int) -> list[int]:
+        """Output rows per step tried, most first, for the rows this emission computes."""
+        lo, hi = self.ctx.rows_to_emit(height)
+        return row_options(max(1, hi - lo))
 
     def plan(self, region: str) -> QuantPlan | None:
         for choice in self.choices():
@@ -158,11 +174,14 @@ class Planned:
         return True
 
     def held(self, tensor: str, n: int, c0: int, c: int, r0: int, rows: int) -> LTile | None:
-        """Sample n, channels [c0, c0 + c), rows [r0, r0 + rows) of a tensor the chain holds in
-        LMEM (None when it lives in DDR)."""
+        """Sample n, channels [c0, c0 + c), rows [r0, r0 + rows) of a tensor the chain or a layer
+        group holds in LMEM (None when it lives in DDR); a sliced run's buffer takes the global rows
+        and sample (it holds those of the current slice)."""
         whole = self.lmem.get(tensor)
         if whole is None:
             return None
+        if tensor in self.slice_buffers:
+            return self.ctx.resident(tensor).view(self.chip, n, c0, c, r0, rows)
         if (n, c0, c, r0, rows) == (0, 0, whole.c, 0, whole.h) and whole.n == 1:
             return whole
         view = whole.sub_channels(c0, c, self.chip) if (c0, c) != (0, whole.c) else whole
@@ -184,7 +203,7 @@ class Planned:
         """Note where the quantized tensors the group makes and keeps in LMEM (a chain's, a layer
         group's) lie (Program.held_tensors: verify's stage-wise snapshots)."""
         layers = tuple(n.name for n in self.group.nodes)
-        for t in (t for n in self.group.nodes for t in n.outputs if t in self.lmem):
+        for t in (t for n in self.group.nodes for t in n.outputs if t in self.lmem and t not in self.slice_buffers):
             tile = self.lmem[t]
             if self.ctx.graph.tensor(t).quant is not None:
                 self.ctx.held_tensors[t] = (LocalTensor(tile.addr, tile.shape, tile.strides, tile.prec), layers)
@@ -246,12 +265,13 @@ class ElementwiseQuant(Planned):
     @property
     def nchw(self) -> bool:
         """In a chain, or with a per-channel constant operand: (1, C, rows, W) tiles of the (N, C, H, W)
-        tensors in row steps (held tensors read and written in place); else the flat (lanes, cols) view."""
-        return bool(self.lmem) or self.per_channel_constant
+        tensors in row steps (held tensors read and written in place), as in a slice of a sliced run; else
+        the flat (lanes, cols) view."""
+        return bool(self.lmem) or self.per_channel_constant or self.sliced
 
     def choices(self):
         if self.nchw:
-            return [(rows,) for rows in row_options(self.shape[2])]
+            return [(rows,) for rows in self.row_choices(self.shape[2])]
         width, out = self.cols, []
         while width >= 1:
             out.append((width,))
@@ -268,7 +288,8 @@ class ElementwiseQuant(Planned):
     def _steps(self, step: int) -> list[tuple[int, int, int]]:
         """(sample, first row or column, count) of every step."""
         if self.nchw:
-            return [(n, h0, h) for n in range(self.shape[0]) for h0, h in steps(self.shape[2], step)]
+            return [(n, h0, h) for n in self.ctx.samples_to_emit(self.shape[0])
+                    for h0, h in self.row_steps(self.shape[2], step)]
         return [(0, c0, cw) for c0, cw in steps(self.cols, step)]
 
     def sizes(self, choice):
@@ -408,7 +429,8 @@ class ElementwiseQuant(Planned):
 
 class PoolQuant(Planned):
     """MaxPool / AveragePool / GlobalAveragePool on int8: dq0 to the exact fp32 integers q - zp,
-    the fp32 pool, rq0 by s_in / s_out + zp_out; tiled over samples, channel groups and rows."""
+    the fp32 pool, rq0 by s_in / s_out + zp_out; tiled over samples, channel groups and rows (a
+    GlobalAveragePool over steps of input rows, each step's share of the mean added up)."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
         super().__init__(ctx, group)
@@ -427,16 +449,18 @@ class PoolQuant(Planned):
 
     def choices(self):
         geo, lanes = self.geom, self.chip.lanes
-        channels = [geo.cin] + [lanes * k for k in (8, 4, 2, 1) if lanes * k < geo.cin and not self.lmem]
-        rows = [geo.ho] if self.global_ else row_options(geo.ho)
+        channels = [geo.cin] + [lanes * k for k in (8, 4, 2, 1) if lanes * k < geo.cin]
+        rows = row_options(geo.h) if self.global_ else self.row_choices(geo.ho)   # global: input rows per step
         return [(c, r) for c in channels for r in rows]
 
     def sizes(self, choice):
         c, r = choice
         geo = self.geom
-        in_shape = (1, c, min(geo.h, geo.halo_rows(r)) if not self.global_ else geo.h, geo.w)
-        out_shape = (1, c, r, geo.wo)
+        in_shape = (1, c, min(geo.h, geo.halo_rows(r)) if not self.global_ else r, geo.w)
+        out_shape = (1, c, 1 if self.global_ else r, geo.wo)
         per_set = [("in_f", self.bytes(in_shape, Prec.FP32)), ("out_f", self.bytes(out_shape, Prec.FP32))]
+        if self.global_ and r < geo.h:
+            per_set.append(("part_f", self.bytes(out_shape, Prec.FP32)))   # a step's share of the mean
         if self.x not in self.lmem:
             per_set.append(("in_q", self.bytes(in_shape, Prec.INT8)))
         if self.out not in self.lmem:
@@ -450,50 +474,76 @@ class PoolQuant(Planned):
         ctx.em.layer = self.node.name
         ct, rt = plan.choice
         index = 0
-        for n in range(geo.n):
+        for n in self.ctx.samples_to_emit(geo.n):
             for c0, c in steps(geo.cin, ct):
-                for h0, h in steps(geo.ho, rt):
+                if self.global_:
+                    self._global_tile(plan.sets[index % len(plan.sets)], n, c0, c, rt)
+                    index += 1
+                    continue
+                for h0, h in self.row_steps(geo.ho, rt):
                     self._tile(plan.sets[index % len(plan.sets)], n, c0, c, h0, h)
                     index += 1
         self.note(plan)
 
-    def _tile(self, offs, n: int, c0: int, c: int, h0: int, h: int) -> None:
+    def _global_tile(self, offs, n: int, c0: int, c: int, rows: int) -> None:
+        """The mean of channels [c0, c0 + c) of sample n: each step of `rows` input rows as exact fp32
+        integers, its sum times 1 / (H W) added to the mean (the first step writes it)."""
         ctx, geo, chip = self.ctx, self.geom, self.chip
-        r0, rows, up, dn = (0, geo.h, 0, 0) if self.global_ else geo.input_rows(h0, h)
+        out_f = make_tile(chip, offs["out_f"], (1, c, 1, 1), Prec.FP32)
+        for r0, r in steps(geo.h, rows):
+            share = out_f if r0 == 0 else make_tile(chip, offs["part_f"], (1, c, 1, 1), Prec.FP32)
+            in_f = self._dequantised_rows(offs, n, c0, c, r0, r)
+            ctx.em.row_pool("avgpooling", share, in_f, 1.0 / (geo.h * geo.w))
+            if share is not out_f:
+                ctx.em.ar("add", out_f, out_f, share)
+        self._requantised(offs, out_f, n, c0, c, 0, 1)
+
+    def _dequantised_rows(self, offs, n: int, c0: int, c: int, r0: int, rows: int) -> LTile:
+        """Input rows [r0, r0 + rows) of channels [c0, c0 + c) as the fp32 integers q - zp_in."""
+        ctx, geo, chip = self.ctx, self.geom, self.chip
         in_f = make_tile(chip, offs["in_f"], (1, c, rows, geo.w), Prec.FP32)
-        out_f = make_tile(chip, offs["out_f"], (1, c, h, geo.wo), Prec.FP32)
         in_q = self.held(self.x, n, c0, c, r0, rows)
         if in_q is None:
             in_q = make_tile(chip, offs["in_q"], (1, c, rows, geo.w), Prec.INT8)
             ctx.em.load(in_q, ctx.region(self.x, in_q.shape, ((n * geo.cin + c0) * geo.h + r0) * geo.w,
                                          (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1)))
-        out_q = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out_q"], (1, c, h, geo.wo), Prec.INT8)
-        s_in, zp_in = per_tensor(ctx, self.x)
-        s_out, zp_out = per_tensor(ctx, self.out)
+        _, zp_in = per_tensor(ctx, self.x)
         emit_rq(ctx, "dq0", in_f, in_q, dq0_scalars(zp_in, 1.0), in_signed=signed(ctx, self.x))
-        if self.global_:
-            ctx.em.row_pool("avgpooling", out_f, in_f, 1.0 / (geo.h * geo.w))
-        else:
-            is_max = self.node.op_type == "MaxPool"
-            op = "maxpooling" if is_max else "avgpooling"
-            f = out_f.fields("res0", with_shape=True)
-            f.update(in_f.fields("opd0"))
-            f.update(pool_scale_fields(op, Prec.FP32, 1.0 if self.inv_count is not None else 1.0 / (geo.kh * geo.kw)))
-            ctx.em.tiu(PordTiu(op=op, **f, opd0_h=rows, opd0_w=geo.w, opd1_h=geo.kh, opd1_w=geo.kw,
-                               opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
-                               res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
-                               opd1_y_ins0=geo.dy - 1))
-            if self.inv_count is not None:               # window sums times 1 / their element counts
-                inv = make_tile(chip, offs["inv"], (1, min(c, chip.lanes), h, geo.wo), Prec.FP32)
-                addr = ctx.const_addr(f"{self.node.name}:inverse_counts", self.inv_count, Prec.FP32)
-                ctx.em.load(inv, DRegion(addr + h0 * geo.wo * 4, inv.shape, (0, 0, geo.wo, 1), Prec.FP32))
-                ctx.em.ar("mul", out_f, out_f, LTile(inv.addr, out_f.shape, Prec.FP32, (0, 0, inv.strides[2], 1),
-                                                     StrideMode.FREE))
+        return in_f
+
+    def _requantised(self, offs, out_f: LTile, n: int, c0: int, c: int, h0: int, h: int) -> None:
+        """The fp32 pool results requantised by s_in / s_out into the output's rows (held, or stored)."""
+        ctx, geo, chip = self.ctx, self.geom, self.chip
+        out_q = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out_q"], (1, c, h, geo.wo), Prec.INT8)
+        s_in, _ = per_tensor(ctx, self.x)
+        s_out, zp_out = per_tensor(ctx, self.out)
         emit_requant(ctx, out_q, out_f, rq0_scalars(s_in / s_out, 0.0), zp_out, signed(ctx, self.out))
         if self.out in self.lmem and self.out not in self.keep:
             return
         ctx.em.store(out_q, ctx.region(self.out, out_q.shape, ((n * geo.cin + c0) * geo.ho + h0) * geo.wo,
                                        (geo.cin * geo.ho * geo.wo, geo.ho * geo.wo, geo.wo, 1)))
+
+    def _tile(self, offs, n: int, c0: int, c: int, h0: int, h: int) -> None:
+        ctx, geo, chip = self.ctx, self.geom, self.chip
+        r0, rows, up, dn = geo.input_rows(h0, h)
+        in_f = self._dequantised_rows(offs, n, c0, c, r0, rows)
+        out_f = make_tile(chip, offs["out_f"], (1, c, h, geo.wo), Prec.FP32)
+        is_max = self.node.op_type == "MaxPool"
+        op = "maxpooling" if is_max else "avgpooling"
+        f = out_f.fields("res0", with_shape=True)
+        f.update(in_f.fields("opd0"))
+        f.update(pool_scale_fields(op, Prec.FP32, 1.0 if self.inv_count is not None else 1.0 / (geo.kh * geo.kw)))
+        ctx.em.tiu(PordTiu(op=op, **f, opd0_h=rows, opd0_w=geo.w, opd1_h=geo.kh, opd1_w=geo.kw,
+                           opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
+                           res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1,
+                           opd1_y_ins0=geo.dy - 1))
+        if self.inv_count is not None:               # window sums times 1 / their element counts
+            inv = make_tile(chip, offs["inv"], (1, min(c, chip.lanes), h, geo.wo), Prec.FP32)
+            addr = ctx.const_addr(f"{self.node.name}:inverse_counts", self.inv_count, Prec.FP32)
+            ctx.em.load(inv, DRegion(addr + h0 * geo.wo * 4, inv.shape, (0, 0, geo.wo, 1), Prec.FP32))
+            ctx.em.ar("mul", out_f, out_f, LTile(inv.addr, out_f.shape, Prec.FP32, (0, 0, inv.strides[2], 1),
+                                                 StrideMode.FREE))
+        self._requantised(offs, out_f, n, c0, c, h0, h)
 
 
 # ---------------------------------------------------------------- concat
@@ -679,7 +729,7 @@ class ProductQuant(Planned):
         chunks = [geo.cout] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < geo.cout]
         if 1 < geo.groups and not geo.groups == geo.cin == geo.cout:   # grouped: a chunk never straddles two groups
             chunks = [c for c in [per_group] + chunks if c <= per_group and per_group % c == 0]
-        return [(ct, rt) for ct in chunks for rt in row_options(geo.ho)]
+        return [(ct, rt) for ct in chunks for rt in self.row_choices(geo.ho)]
 
     def sizes(self, choice):
         ct, rt = choice
@@ -708,8 +758,8 @@ class ProductQuant(Planned):
         for chunk, (c0, c) in enumerate(steps(geo.cout, ct)):
             base = plan.resident[chunk % len(plan.resident)]
             consts = self._load_constants(base, c0, c)
-            for n in range(geo.n):
-                for h0, h in steps(geo.ho, rt):
+            for n in self.ctx.samples_to_emit(geo.n):
+                for h0, h in self.row_steps(geo.ho, rt):
                     self._tile(plan.sets[index % len(plan.sets)], consts, n, c0, c, h0, h)
                     index += 1
         self.note(plan, self.macs())
