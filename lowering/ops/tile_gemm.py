@@ -193,6 +193,8 @@ class TileGemm:
         k_steps = steps(self.k, self.dims.kt)
         order = self._order()
         streams = self._streams([t[:5] for t in order], k_steps)
+        if self.row_bias is not None and self.sticky_cache is not None and "row_bias" not in streams:
+            self.sticky_cache.preload(self._row_bias_operand(), [(m0, mt, 0, 2) for m0, mt in steps(self.m, self.dims.mt)])
         for index, (b, m0, mt, n0, nt, last_use) in enumerate(order):
             first_use = index == 0 or order[index - 1][5]
             if self.dims.resident and first_use:         # the resident operand's K tiles for this row / column
@@ -491,6 +493,21 @@ class StickyCache:
             self.held[key] = lane * chip.lmem_bytes_per_lane + self.offset + row * chip.tile.slot_bytes
             op.load(self.held[key], *block)
         return self.held[key]
+
+    def preload(self, op: ConstOperand, blocks: list) -> None:
+        """Stage the new ones of `blocks` now (as many as the cache holds): tiles in neighbouring lanes
+        come in one DMA per run (ConstOperand.load_slots), not one each when first needed (a conv's row
+        bias pairs: ResNet-50 staged 206 of 2 KiB one by one)."""
+        chip = self.ctx.chip
+        fresh = [b for b in dict.fromkeys(blocks) if (op.key, op.layout, b) not in self.held]
+        fresh = fresh[:max(0, self.rows * chip.lanes - len(self.held))]
+        addrs = []
+        for block in fresh:
+            row, lane = divmod(len(self.held), chip.lanes)
+            addrs.append(lane * chip.lmem_bytes_per_lane + self.offset + row * chip.tile.slot_bytes)
+            self.held[(op.key, op.layout, block)] = addrs[-1]
+        if fresh:
+            op.load_slots(addrs, fresh)
 
 
 def stage_rows(chip, count: int, stride: int, base: int = 0, tail: bool = True) -> list[int]:

@@ -252,3 +252,17 @@ def test_one_k_tile_of_consecutive_pixel_tiles_moves_in_one_dma(dtype):
     window = [i for i in fills if i.desc.nbytes % tile_bytes == 0 and i.desc.nbytes // tile_bytes > 1]
     assert window and len(fills) < pixel_tiles
     assert verify(model, None, options, race_check=True)["ok"]
+
+
+def test_row_bias_pairs_of_a_conv_arrive_in_one_dma():
+    """A 64 -> 192 conv (three M tiles of 64 output channels, bias in the ACC): the three 64 x 2 row-bias
+    pairs (Nz, 64 x 16 padded fp16: 2 KiB each) are staged in the sticky cache by one DMA into three
+    neighbouring lanes when the GEMM starts (StickyCache.preload), not one DMA each when first needed;
+    numerics against onnxruntime."""
+    model = _conv_model(64, 192, (8, 8), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu")
+    options = CompileOptions(dtype="fp16", matmul="tile")
+    _, program = compile_model(model, None, options)
+    pairs = [g for g in program.gdma if getattr(g, "nbytes", 0) in (2048, 3 * 2048) and getattr(g, "dst_csize", 0) in (1, 3)
+             and getattr(g, "dst_wsize", 0) == 1024]
+    assert [(g.nbytes, g.dst_csize) for g in pairs if g.dst_csize == 3] == [(6144, 3)]
+    assert verify(model, None, options, race_check=True)["ok"]
