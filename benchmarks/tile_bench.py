@@ -8,8 +8,9 @@ list schedule) and of the whole estimate (compile + timing simulation + report) 
 paths (issue 16 target: TILE-path ResNet-50 estimated in under 10 s), the TILE / TIU latency
 ratio, where the TILE path's GDMA time goes (per kind of transfer: DDR -> tile buffer,
 DDR -> LMEM, LMEM -> DDR, ...) and what the tile buffer's own DMA port (TMOVE) carries. The TILE path
-runs once per --choices value of lowering.ops.tilemm.ENGINE_CHOICE ("tile": every conv the cube can take
-on it; "cost": per conv by the timing model; rows say which). Writes benchmarks/results/tile_<dtype>.json
+runs once per --choices value of lowering.ops.tilemm.ENGINE_CHOICE ("fit", the default: every conv the
+cube can use well on it; "tile": every conv the cube can take; "cost": per conv by the timing model; rows
+say which). Writes benchmarks/results/tile_<dtype>.json
 and prints a table.
 """
 
@@ -72,7 +73,7 @@ def port_by_kind(program, sim) -> dict[str, dict[str, float]]:
     return {k: {"moves": v["moves"], "us": round(v["us"], 3)} for k, v in sorted(out.items())}
 
 
-def run(model: str, chip: str, dtype: str, matmul: str, choice: str = "tile") -> dict:
+def run(model: str, chip: str, dtype: str, matmul: str, choice: str = "fit") -> dict:
     """What pipeline.estimate does, with the compile's and the whole estimate's CPU time."""
     from tpuflow.estimate import estimate_report
     from tpuflow.hwmodel.timing import simulate
@@ -113,7 +114,7 @@ def main() -> int:
     ap.add_argument("--models", default=MODELS)
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--chip", default="sg2260")
-    ap.add_argument("--choices", default="tile,cost", help="ENGINE_CHOICE values the TILE path runs with")
+    ap.add_argument("--choices", default="fit,tile,cost", help="ENGINE_CHOICE values the TILE path runs with")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     out = args.out or RESULTS / f"tile_{args.dtype}.json"

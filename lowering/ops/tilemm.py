@@ -944,6 +944,11 @@ def _tiu_conv(ctx: LowerCtx, group: Group):
 
 
 _PLAN_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> {plan key: ps}
+# "fit" (the default, issue 16): as "tile", but a conv the cube cannot use well because its ACCCVT drain
+# outlasts its MACs (_drain_bound: K < 128 in fp16 on sg2260, ResNet-50's 1x1 convs over 64 channels) runs
+# on the TIU. Measured at this change (fp16 sg2260, TILE-path us, TIU path's in brackets): resnet50 1658.5
+# (1118.4; "tile" 1761.7), squeezenet 158.8 (132.1; "tile" 183.1); the 3x3 convs and every 1x1 conv over
+# 128 channels or more stay on the cube (TIMG2COL halos, two ACCs, ACCCVT relu).
 # "tile": every conv the cube can take runs on the TILE whenever it fits (the TIU conv only where a layer
 # group keeps an operand in LMEM in a way the TILE conv cannot read). "cost": each such conv runs on the
 # TILE or the TIU, whichever its plan's instructions run faster alone on the timing model
@@ -955,7 +960,7 @@ _PLAN_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # gra
 # timing model while compiling (tests/test_sweep.py assumes a tile-path compile reads no timing key) and
 # takes small_cnn's convs off the cube (tests/lowering/test_emitplan.py, tests/hwmodel/timing/
 # test_timing_programs.py expect TILE convs there).
-ENGINE_CHOICE = "tile"
+ENGINE_CHOICE = "fit"
 
 
 def tile_conv_emitter(ctx: LowerCtx, group: Group):
@@ -970,7 +975,20 @@ def tile_conv_emitter(ctx: LowerCtx, group: Group):
     k0 = ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes
     if (geo.groups == geo.cin == geo.cout and geo.groups > 1) or geo.cin // geo.groups < k0 or ctx.part != WHOLE:
         return ConvEmitter(ctx, group)
+    if ENGINE_CHOICE == "fit" and _drain_bound(ctx, geo):
+        return ConvEmitter(ctx, group)
     return TileConvChoice(ctx, group)
+
+
+def _drain_bound(ctx: LowerCtx, geo) -> bool:
+    """Whether the cube cannot use a conv well because draining its result takes longer than computing it:
+    per output element the ACCCVT moves 4 bytes of fp32 ACC at tile.acccvt_bytes_per_cycle, the cube does
+    K MACs at tile_macs_per_cycle, so a K below 4 x macs / drain bandwidth (128 in fp16 on sg2260: the 1x1
+    convs over 64 channels of ResNet-50) leaves the cube idle behind its drain (issue 16, deliverable 3)."""
+    chip = ctx.chip
+    macs = chip.compute.tile_macs_per_cycle[ctx.options.dtype]
+    k = geo.cin // geo.groups * geo.kh * geo.kw
+    return k * chip.tile.acccvt_bytes_per_cycle < 4 * macs
 
 
 def _tile_conv_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:

@@ -1,6 +1,7 @@
 """Which engine a tile-path model's products run on (lowering.ops.tilemm.ENGINE_CHOICE): with "cost",
 a matrix-vector product runs on the vector unit's GEMV (not a TGEMV filling one row of every fractal),
-and the whole model still matches onnxruntime; with "tile" it stays on the cube."""
+and the whole model still matches onnxruntime; with "tile" it stays on the cube; with "fit" (the
+default) a drain-bound conv runs on the TIU."""
 
 from __future__ import annotations
 
@@ -33,3 +34,28 @@ def test_a_matrix_vector_product_runs_on_the_tiu_only_by_cost(choice, monkeypatc
     on_tile = {layer for layer, i in zip(program.layer_names(Engine.TILE), program.tile) if isinstance(i, TMatmul)}
     assert ("matmul_4" in on_tile) == (choice == "tile"), on_tile       # the classifier
     assert verify(model, None, options, race_check=True)["ok"]
+
+
+def _pointwise(cin: int):
+    """Neg, a 1x1 conv (cin -> 128) + Relu over 14 x 14."""
+    b = ModelBuilder(seed=cin)
+    x = b.node("Neg", [b.input("x", [1, cin, 14, 14])], "nx")
+    b.output(b.node("Relu", [b.node("Conv", [x, b.weight("w", [128, cin, 1, 1]), b.weight("b", [128], 0.2)], "c")], "r"))
+    return b.model()
+
+
+@pytest.mark.parametrize("dtype, cin, on_cube", [("fp16", 64, False), ("fp16", 128, True), ("fp32", 64, True)])
+def test_a_drain_bound_conv_runs_on_the_tiu_by_fit(dtype, cin, on_cube, monkeypatch):
+    """ENGINE_CHOICE "fit" (the default): a conv whose ACCCVT drain outlasts its MACs (K * acccvt_bytes_per_cycle
+    < 4 * tile_macs_per_cycle: K < 128 in fp16, K < 16 in fp32 on sg2260) runs on the TIU, any other on the
+    cube; "tile" keeps it on the cube; the model matches onnxruntime either way."""
+    from tpuflow.isa import ConvTiu
+    from tpuflow.lowering.ops import tilemm
+    model = _pointwise(cin)
+    options = CompileOptions(dtype=dtype, matmul="tile")
+    for choice, expect in (("fit", on_cube), ("tile", True)):
+        monkeypatch.setattr(tilemm, "ENGINE_CHOICE", choice)
+        _, program = compile_model(model, None, options)
+        assert any(isinstance(i, TMatmul) for i in program.tile) == expect
+        assert any(isinstance(i, ConvTiu) for i in program.tiu) == (not expect)
+        assert verify(model, None, options, race_check=True)["ok"]
