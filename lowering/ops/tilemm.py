@@ -7,11 +7,16 @@ the input is loaded into LMEM once and turned into pixel-major phase images by T
 LMEM -> tile-buffer DMA of whole output rows x channels (WindowOperand; taps of a kernel column
 share one), so no im2col matrix exists; the weights are pre-arranged in the weight image (K runs
 (kw, kh, c)) and staged in LMEM (StagedConstOperand, or LaneRowsOperand: TIU copies into the T
-slots); the residual of a bias + Add + Relu tail enters the ACC as I . R from a pixel-major image
-too; a Relu-only epilogue runs in place on the result slots. Otherwise (channels per group not whole
+slots when the tile buffer has no DMA port). A conv of more than one tap (one group, no residual in the
+ACC) keeps one padded pixel-major image instead and its B tiles are expanded on chip (HaloOperand): per
+pixel tile and group of channel blocks one halo crosses the DMA port and TIMG2COLs write the window
+tiles (K in (c1, kh, kw, c0) order), so the input crosses the port once per halo, not once per tap;
+the residual of a bias + Add + Relu tail enters the ACC as I . R from a pixel-major image
+too; a Relu-only epilogue leaves with the ACCCVT (its relu field; in place on the result slots on a
+chip without it). Otherwise (channels per group not whole
 K fractals, output rows wider than a tile, buffers that do not fit) P^T is built by im2col DMAs in
-DDR (or is the input's NHWC copy for 1x1 stride-1 convolutions). Depthwise convs and convs with
-fewer input channels per group than K0 stay on the TIU.
+DDR (or is the input's NHWC copy for 1x1 stride-1 convolutions). Depthwise convs, convs with
+fewer input channels per group than K0 and (ENGINE_CHOICE "fit") drain-bound convs stay on the TIU.
 
 How the slots are fed (the tile window is a tile buffer, tpuflow.isa.tile; issue 16):
 * runtime operands from DDR: one DMA per K panel (or run of equally spaced tiles) into neighbouring
