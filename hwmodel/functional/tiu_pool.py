@@ -46,8 +46,25 @@ def _extreme(xp: np.ndarray, win: Window, reduce) -> np.ndarray:
     return out
 
 
+def _integer_depthwise(m, ins: PordTiu, win: Window) -> np.ndarray:
+    """The integer form: int8 inputs and weights, the int32 bias, exact sums (int64 here)."""
+    c = ins.res0_c
+    x = operands.value(m, ins, "opd0", (ins.res0_n, c, ins.opd0_h, ins.opd0_w), as_float=False)
+    xp = pad(x, win, 0)
+    weight = operands.value(m, ins, "opd1", (1, c, 1, win.kh * win.kw), as_float=False)
+    weight = np.broadcast_to(weight, (1, c, 1, win.kh * win.kw)).reshape(c, win.kh * win.kw)
+    acc = np.zeros((ins.res0_n, c, win.oh, win.ow), np.int64)
+    for k, (i, j) in enumerate(_taps(win)):
+        acc += tap(xp, win, i, j) * weight[:, k].reshape(1, c, 1, 1)
+    return acc + operands.value(m, ins, "opd2", (1, c, 1, 1), as_float=False)
+
+
 def execute_pord(m, ins: PordTiu) -> None:
     win = Window.of(ins)
+    if ins.op == "depthwise" and not Prec(ins.opt_opd0_prec).is_float:
+        y = _integer_depthwise(m, ins, win)
+        operands.write(m, ins, "res0", ins.res0_shape, np.maximum(y, 0) if ins.opt_relu else y)
+        return
     x = operands.value(m, ins, "opd0", (ins.res0_n, ins.res0_c, ins.opd0_h, ins.opd0_w), as_float=True)
     xp = pad(x, win, PAD_VALUE[ins.op])
     if ins.op == "depthwise":

@@ -114,10 +114,18 @@ def _passes(instr: TiuInstruction) -> int:
     return 1
 
 
-def _vector_steps(instr: TiuInstruction, chip: ChipConfig) -> int:
+def _vector_steps(instr: TiuInstruction, chip: ChipConfig, dtype: str | None = None) -> int:
     n, c, h, w = instr.res0_shape
-    eu = chip.eu_count(vector_dtype(instr))
+    eu = chip.eu_count(dtype or vector_dtype(instr))
     return n * cdiv(c, chip.lanes) * cdiv(h * w, eu)
+
+
+def _pord_dtype(instr: PordTiu) -> str:
+    """The EU type of a PorD instruction: an integer input's own (int8 depthwise into int32 sums: tpu-mlir's
+    cycle model of the PorD unit, pord_op.alg_cycle, divides by EU_NUM of operand 0's dtype), else the
+    widest of input and result, as every vector instruction (float estimates unchanged)."""
+    prec = Prec(instr.opt_opd0_prec)
+    return "int8" if not prec.is_float and prec.bytes == 1 else vector_dtype(instr)
 
 
 RQDQ_STARTUP_KEY = "ar"      # RQ/DQ pays AR's start-up (module docstring: no public RQ/DQ figure)
@@ -140,7 +148,7 @@ def tiu_work(instr: TiuInstruction, chip: ChipConfig) -> TiuWork:
     if isinstance(instr, SysTiu):
         return TiuWork(VECTOR, startup, 0, 1, latency)
     if isinstance(instr, PordTiu):
-        steps = _vector_steps(instr, chip)
+        steps = _vector_steps(instr, chip, _pord_dtype(instr))
         return TiuWork(VECTOR, startup, steps, instr.opd1_h * instr.opd1_w, latency)
     return TiuWork(VECTOR, startup, _vector_steps(instr, chip), _passes(instr), latency)
 

@@ -1294,7 +1294,10 @@ def halvings(total: int) -> list[int]:
 
 
 class DepthwiseQuant(ProductQuant):
-    """Depthwise Conv (group = channels) on int8: PordTiu has no integer rule, so the input becomes the
+    """Depthwise Conv (group = channels) on int8. A signed input of zero point 0 with int8 weights (symmetric
+    quantization) runs PordTiu's integer form: the int8 input and weights, the int32 bias, exact int32
+    sums (zero padding is the zero point's), pord's relu, then the per-channel rq0. Otherwise the
+    input becomes the
     exact fp32 integers q - zp_x (dq0, scale 1; the zero padding of pord.depthwise is then the zero
     point's padding), the int8 weights and the int32 bias are fp32 integers, and pord.depthwise sums
     the products in fp32: exact while every partial sum stays below 2**24 (checked), so the result is
@@ -1315,6 +1318,14 @@ class DepthwiseQuant(ProductQuant):
         weights = centred_weights(w_info).reshape(self.geom.cout, -1)
         bias = self._const_bias(node.inputs[2] if len(node.inputs) > 2 else None)
         s_x, self.zp_x = per_tensor(ctx, self.x)
+        # the PorD unit's int8 depthwise (PordTiu's integer form) pads with zeros: exact for a signed input
+        # of zero point 0 with int8 weights (symmetric quantization, as tpu-mlir deploys); else fp32 below
+        self.integer = (self.zp_x == 0 and signed(ctx, self.x) == 1 and np.abs(weights).max(initial=0) <= 127
+                        and -128 not in weights and np.abs(bias).max(initial=0) < 1 << 31)
+        if self.integer:
+            self.weights, self.bias, self.bias_high = weights.astype(np.int8), bias.astype(np.int32), None
+            self.requant = self._requant(w_info.quant, s_x)
+            return
         lo, hi = storage_range(g.tensor(self.x).quant.storage)
         reach = np.abs(weights).sum(axis=1) * max(abs(lo - self.zp_x), abs(hi - self.zp_x))
         self.bias_high = None             # the part of a split bias added after pord (fp32, exact)
@@ -1329,6 +1340,8 @@ class DepthwiseQuant(ProductQuant):
         self.requant = self._requant(w_info.quant, s_x)
 
     def _const_parts(self) -> list[tuple[np.ndarray, Prec]]:
+        if self.integer:
+            return [(self.weights, Prec.INT8), (self.bias.reshape(-1, 1), Prec.INT32), (self.requant.words, Prec.INT32)]
         parts = [(self.weights, Prec.FP32), (self.bias.reshape(-1, 1), Prec.FP32), (self.requant.words, Prec.INT32)]
         return parts + ([(self.bias_high.reshape(-1, 1), Prec.FP32)] if self.bias_high is not None else [])
 
@@ -1337,7 +1350,9 @@ class DepthwiseQuant(ProductQuant):
         geo = self.geom
         resident = [self._const_layout(ct)[1]] * (2 if ct < geo.cout else 1)
         in_shape, out_shape = (1, ct, min(geo.h, geo.halo_rows(rt)), geo.w), (1, ct, rt, geo.wo)
-        per_set = [("acc", self.bytes(out_shape, Prec.FP32)), ("x_f", self.bytes(in_shape, Prec.FP32))]
+        per_set = [("acc", self.bytes(out_shape, Prec.FP32))]
+        if not self.integer:
+            per_set.append(("x_f", self.bytes(in_shape, Prec.FP32)))
         if self.x not in self.lmem:
             per_set.append(("x", self.bytes(in_shape, Prec.INT8)))
         if self.out not in self.lmem:
@@ -1353,20 +1368,23 @@ class DepthwiseQuant(ProductQuant):
         wt, bt, qt = consts[:3]
         relu_in_pord = self.requant.relu and self.bias_high is None
         r0, rows, up, dn = geo.input_rows(h0, h)
-        acc = make_tile(chip, offs["acc"], (1, c, h, geo.wo), Prec.FP32)
-        x_f = make_tile(chip, offs["x_f"], (1, c, rows, geo.w), Prec.FP32)
+        acc = make_tile(chip, offs["acc"], (1, c, h, geo.wo), Prec.INT32 if self.integer else Prec.FP32)
         xt = self.held(self.x, n, c0, c, r0, rows)
         if xt is None:
             xt = make_tile(chip, offs["x"], (1, c, rows, geo.w), Prec.INT8)
             ctx.em.load(xt, self.ctx.region(self.x, xt.shape, ((n * geo.cin + c0) * geo.h + r0) * geo.w,
                                             (geo.cin * geo.h * geo.w, geo.h * geo.w, geo.w, 1)))
         out = self.held(self.out, n, c0, c, h0, h) or make_tile(chip, offs["out"], (1, c, h, geo.wo), Prec.INT8)
-        emit_rq(ctx, "dq0", x_f, xt, dq0_scalars(self.zp_x, 1.0), in_signed=signed(ctx, self.x))
+        x_f = xt                          # the integer form reads the int8 input as it is
+        if not self.integer:
+            x_f = make_tile(chip, offs["x_f"], (1, c, rows, geo.w), Prec.FP32)
+            emit_rq(ctx, "dq0", x_f, xt, dq0_scalars(self.zp_x, 1.0), in_signed=signed(ctx, self.x))
+        const_prec = (Prec.INT8, Prec.INT32) if self.integer else (Prec.FP32, Prec.FP32)
         fields = acc.fields("res0", with_shape=True)
         fields.update(x_f.fields("opd0"))
         ctx.em.tiu(PordTiu(op="depthwise", **fields, opd0_h=rows, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=geo.kh,
-                           opd1_w=geo.kw, opt_opd1_const=0, opt_opd1_prec=int(Prec.FP32), opd2_addr=bt.addr,
-                           opt_opd2_const=0, opt_opd2_prec=int(Prec.FP32), opt_relu=int(relu_in_pord),
+                           opd1_w=geo.kw, opt_opd1_const=0, opt_opd1_prec=int(const_prec[0]), opd2_addr=bt.addr,
+                           opt_opd2_const=0, opt_opd2_prec=int(const_prec[1]), opt_relu=int(relu_in_pord),
                            opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=geo.pl, opd0_rt_pad=geo.pr,
                            res_op_x_str=geo.sx, res_op_y_str=geo.sy, opd1_x_ins0=geo.dx - 1, opd1_y_ins0=geo.dy - 1))
         if self.bias_high is not None:

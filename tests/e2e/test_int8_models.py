@@ -1008,11 +1008,14 @@ def onnx_numpy_scaled(init, channel: int, factor: float):
     return numpy_helper.from_array(values, init.name)
 
 
-def test_a_depthwise_bias_past_fp32s_integers_is_split_and_exact():
-    """pord adds the bias's low byte, one fp32 add the rest: the program verifies (was refused: 'depthwise
-    sums may reach ..., past fp32's exact integers') and the big channel gets its own add."""
+def test_a_depthwise_bias_past_fp32s_integers_is_split_and_exact(monkeypatch):
+    """With an asymmetric input (the fp32 form) pord adds the bias's low byte, one fp32 add the rest: the
+    program verifies (was refused: 'depthwise sums may reach ..., past fp32's exact integers') and the big
+    channel gets its own add."""
+    import tpuflow.quantize
     from tpuflow.isa import ArTiu, Engine
     from tpuflow.lowering.ops.quant_ops import DepthwiseQuant
+    monkeypatch.setattr(tpuflow.quantize, "ACTIVATION_SYMMETRIC", False)
     model = _depthwise_with_a_dead_channel()
     graph, program = compile_model(model, "sg2260", CompileOptions(dtype="int8"))
     conv = next(n for n in graph.nodes() if n.op_type == "Conv")
@@ -1023,6 +1026,25 @@ def test_a_depthwise_bias_past_fp32s_integers_is_split_and_exact():
     assert adds
     result = verify(model, "sg2260", CompileOptions(dtype="int8"))
     assert result["ok"], result["outputs"]
+
+
+def test_a_symmetric_int8_depthwise_runs_pords_integer_form_and_is_exact():
+    """Zero point 0 and int8 weights (--dtype int8 quantizes symmetrically): one pord.depthwise reads the
+    int8 input and weights and the int32 bias (the bias past 2**24 needs no split) into int32 sums, no
+    dequantisation to fp32; the program gives onnxruntime's integers."""
+    from tpuflow.isa import ArTiu, Engine, PordTiu, Prec, RqDqTiu
+    model = _depthwise_with_a_dead_channel()
+    graph, program = compile_model(model, "sg2260", CompileOptions(dtype="int8"))
+    conv = next(n for n in graph.nodes() if n.op_type == "Conv")
+    mine = [i for i, layer in zip(program.tiu, program.layer_names(Engine.TIU)) if layer == conv.name]
+    pords = [i for i in mine if isinstance(i, PordTiu)]
+    assert pords and all((i.opt_opd0_prec, i.opt_opd1_prec, i.opt_opd2_prec, i.opt_res0_prec) ==
+                         (Prec.INT8, Prec.INT8, Prec.INT32, Prec.INT32) for i in pords)
+    assert not any(isinstance(i, ArTiu) and i.op == "add" for i in mine)
+    assert not any(isinstance(i, RqDqTiu) and i.op == "dq0" for i in mine)
+    result = verify(model, "sg2260", CompileOptions(dtype="int8"))
+    (out,) = result["outputs"]
+    assert result["ok"] and out["steps"] == 0, out
 
 
 def _float_activation_between_convs():

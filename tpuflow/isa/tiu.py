@@ -430,7 +430,9 @@ class PordTiu(TiuInstruction):
     opd1_y/x_ins0 + 1, pads opd0_*_pad.
 
     depthwise: res0[n,c,oh,ow] = bias[c] + sum in[n,c,...] * w[c,kh,kw], zero padding; opd1 is the
-    weight tensor (1, C, 1, kh*kw) compact, opd2 the bias (1, C, 1, 1) compact (or scalar).
+    weight tensor (1, C, 1, kh*kw) compact, opd2 the bias (1, C, 1, 1) compact (or scalar). Integer
+    form: opd0 and opd1 INT8 (signed), opd2 and res0 INT32: the exact integer sum (the PorD unit's
+    int8 depthwise, tpu-kernel's tpu_bdc_int8_depthwise2d with an INT32 output and no shift).
     avgpooling: res0 = sum of the window (padding counts as 0) times the scalar opd1
     (opt_opd1_const = 1) in opt_opd1_prec: an fp16 value in the field's low 16 bits, otherwise fp32
     bits (a bf16 scale: the fp32 bits of a bf16 value); the short sPorD implies opt_opd1_prec = opt_opd0_prec. max/minpooling: extreme of the window, padding ignored (a window

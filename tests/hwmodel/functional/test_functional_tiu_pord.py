@@ -1,5 +1,6 @@
 """pord.depthwise / avgpooling / maxpooling / minpooling against float64 window references:
-kernels, strides, dilations, pads (zero for sums, ignored for extremes), start lanes, fp16/bf16."""
+kernels, strides, dilations, pads (zero for sums, ignored for extremes), start lanes, fp16/bf16; the
+integer depthwise (int8 in, int32 sums) against exact int64 sums."""
 
 from __future__ import annotations
 
@@ -121,3 +122,39 @@ def test_avgpooling_reads_its_scale_in_opd1s_precision(prec, scale_bits, scale):
                       opt_opd0_prec=prec, opt_opd1_prec=prec, opt_res0_prec=Prec.FP32))
     got = m.read_local(r).reshape(-1)
     assert got.tolist() == [np.float32(10 * np.float32(scale)), np.float32(26 * np.float32(scale))]
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 70), h=st.integers(1, 8), w=st.integers(1, 8), k=st.integers(1, 3),
+       s=st.integers(1, 2), d=st.integers(1, 2), pads=st.tuples(*[st.integers(0, 1)] * 4), relu=st.booleans(),
+       lanes=st.tuples(*[st.integers(0, LANES - 1)] * 2))
+def test_integer_depthwise_is_the_exact_int32_sum(n, c, h, w, k, s, d, pads, relu, lanes):
+    """pord.depthwise's integer form: int8 input and weights, the int32 bias, exact int32 sums with zero
+    padding (a 3x3 window of -128 x -128 products plus a bias near 2**30 stays exact)."""
+    up, dn, lf, rt = pads
+    oh, ow = _out(h, up, dn, k, d, s), _out(w, lf, rt, k, d, s)
+    assume(oh >= 1 and ow >= 1)
+    m = Machine(CHIP, 64)
+    rng = np.random.default_rng(c * 7 + h)
+    x = local(flat(lanes[0], 0), (n, c, h, w), Prec.INT8)
+    wt = local(flat(lanes[1], 0x10000), (1, c, 1, k * k), Prec.INT8, "compact")
+    bt = local(flat(lanes[1], 0x18000), (1, c, 1, 1), Prec.INT32, "compact")
+    r = local(flat(lanes[1], 0x20000), (n, c, oh, ow), Prec.INT32)
+    xs, ws = random_values(rng, x.shape, Prec.INT8), random_values(rng, wt.shape, Prec.INT8)
+    bs = rng.integers(-(1 << 30), 1 << 30, bt.shape).astype(np.int32)
+    for t, v in ((x, xs), (wt, ws), (bt, bs)):
+        m.write_local(t, v)
+    m.execute(PordTiu(op="depthwise", res0_addr=r.addr, res0_n=n, res0_c=c, res0_h=oh, res0_w=ow, opd0_addr=x.addr,
+                      opd0_h=h, opd0_w=w, opd1_h=k, opd1_w=k, opd1_addr=wt.addr, opt_opd1_const=0, opd2_addr=bt.addr,
+                      opt_opd2_const=0, opt_res0_prec=Prec.INT32, opt_opd0_prec=Prec.INT8, opt_opd1_prec=Prec.INT8,
+                      opt_opd2_prec=Prec.INT32, opd0_up_pad=up, opd0_dn_pad=dn, opd0_lf_pad=lf, opd0_rt_pad=rt,
+                      res_op_y_str=s, res_op_x_str=s, opd1_y_ins0=d - 1, opd1_x_ins0=d - 1, opt_relu=int(relu)))
+    xp = np.zeros((n, c, h + up + dn + d * k, w + lf + rt + d * k), np.int64)
+    xp[:, :, up:up + h, lf:lf + w] = xs
+    ref = np.zeros((n, c, oh, ow), np.int64) + bs.astype(np.int64).reshape(1, c, 1, 1)
+    for i in range(k):
+        for j in range(k):
+            ref += xp[:, :, i * d:i * d + (oh - 1) * s + 1:s, j * d:j * d + (ow - 1) * s + 1:s] \
+                * ws.astype(np.int64).reshape(c, k * k)[:, i * k + j].reshape(1, c, 1, 1)
+    ref = np.maximum(ref, 0) if relu else ref
+    assert np.array_equal(m.read_local(r).astype(np.int64), ref)

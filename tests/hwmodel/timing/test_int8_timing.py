@@ -92,3 +92,22 @@ def test_int8_loads_move_one_byte_per_element():
         return simulate(b.build()).total_ps
     assert instruction_cycles(int8, CHIP) < instruction_cycles(fp16, CHIP)
     assert alone(int8) < alone(fp16)
+
+
+def test_int8_depthwise_counts_the_eus_of_its_int8_input():
+    """pord.depthwise 3x3 over (1, 64, 16, 16), int8 input and weights, int32 bias and sums: TPUPerf's PorD
+    cycles count the EUs of operand 0's type, 64 int8 a lane (eu_bytes_per_lane 64) -> steps = ceil(256 / 64)
+    = 4 of kh * kw = 9 cycles; the same instruction in fp32 (16 a lane) takes 16 steps. The pooling of an
+    fp16 input into an fp32 result keeps the widest type (8 steps at 32 a lane would be 16 at fp32's 16)."""
+    from tpuflow.isa import PordTiu
+    dw = PordTiu(op="depthwise", res0_addr=0x8000, res0_n=1, res0_c=64, res0_h=16, res0_w=16, opd0_addr=0x0,
+                 opd0_h=16, opd0_w=16, opd1_h=3, opd1_w=3, opd0_up_pad=1, opd0_dn_pad=1, opd0_lf_pad=1, opd0_rt_pad=1,
+                 opd1_addr=0x4000, opt_opd1_const=0, opd2_addr=0x4100, opt_opd2_const=0, opt_opd0_prec=INT8,
+                 opt_opd1_prec=INT8, opt_opd2_prec=INT32, opt_res0_prec=INT32)
+    assert (tiu_work(dw, CHIP).steps, tiu_work(dw, CHIP).cycles_per_step) == (4, 9)
+    fp32 = dataclasses.replace(dw, opt_opd0_prec=int(Prec.FP32), opt_opd1_prec=int(Prec.FP32),
+                               opt_opd2_prec=int(Prec.FP32), opt_res0_prec=int(Prec.FP32))
+    assert tiu_work(fp32, CHIP).steps == 16
+    mixed = dataclasses.replace(fp32, op="avgpooling", opt_opd0_prec=FP16, opt_opd1_const=1, opd1_addr=0)
+    assert tiu_work(mixed, CHIP).steps == 16
+    assert instruction_cycles(dw, CHIP) < instruction_cycles(fp32, CHIP)
