@@ -240,6 +240,7 @@ class ElementwiseQuant(Planned):
         self.rows = lane_rows(self.count, self.chip.lanes)
         self.cols = self.count // self.rows
         self.direct = self.node.op_type in ("QuantizeLinear", "DequantizeLinear")
+        self.code_bounds = self._code_bounds()
         self.shape = held_view(g.tensor(self.out).shape)     # the NCHW view of a chain (lowering.quant.held_view)
         consts = [t for t in self.node.inputs if t and g.tensor(t).is_const] if not self.direct else []
         self.constant = real_values(g.tensor(consts[0])).reshape(-1) if consts else None   # scalar or per channel
@@ -252,6 +253,21 @@ class ElementwiseQuant(Planned):
             self.held_row = np.tile(pattern, self.shape[3] // pattern.size).astype(np.float32) \
                 if self.shape[3] % pattern.size == 0 else None      # one held row's (lowering.quant.takes_held)
             self.constant = None
+
+    def _code_bounds(self) -> tuple[int | None, int | None] | None:
+        """A Relu / Clip of a signed 8-bit tensor whose output has its input's Quant: (lowest, highest)
+        stored code (None: unbounded) that clamping the codes themselves keeps. quantize is monotonic and
+        gives back every in-range code of its own grid, so quantize(clip(real(q))) = clamp(q, quantize(min),
+        quantize(max)): two integer instructions at the int8 rate instead of the fp32 round trip (None:
+        another op, or another Quant)."""
+        g, op = self.ctx.graph, self.node.op_type
+        if op not in ("Relu", "Clip") or len(self.inputs) != 1:
+            return None
+        quant = g.tensor(self.out).quant
+        if quant != g.tensor(self.inputs[0]).quant or quant.per_channel or quant.storage != "int8":
+            return None
+        lo, hi = (0.0, None) if op == "Relu" else (self.node.attr("min"), self.node.attr("max"))
+        return tuple(None if v is None else int(quantize(np.float32(v), quant)) for v in (lo, hi))
 
     def _channel_constant(self, g, const: str) -> bool:
         """(C, 1, 1) / (1, C, 1, 1) on an NCHW result: loaded once per channel (the NCHW view)."""
@@ -296,7 +312,7 @@ class ElementwiseQuant(Planned):
         shape, compact = self._tile_shape(choice[0])
         per_set = [(f"in{i}", self.bytes(shape, self.ctx.tensor_prec(t), compact))
                    for i, t in enumerate(self.inputs) if t not in self.lmem]
-        if not self.direct:
+        if not self.direct and self.code_bounds is None:
             per_set += [(f"work{i}", self.bytes(shape, Prec.FP32, compact)) for i in range(len(self.inputs))]
         elif self.node.op_type == "QuantizeLinear" and not self._requantised_in_place():
             per_set.append(("work0", self.bytes(shape, Prec.FP32, compact)))      # the input widened to fp32
@@ -368,6 +384,17 @@ class ElementwiseQuant(Planned):
             emit_rq(ctx, "dq0", out, src, dq0_scalars(zp, s), in_signed=signed(ctx, x))
         self.note(plan)
 
+    def _clamp_codes(self, out: LTile, src: LTile) -> None:
+        """The stored codes clamped to code_bounds (a copy when the Clip bounds nothing)."""
+        lo, hi = self.code_bounds
+        if lo is None and hi is None:
+            self.ctx.em.ar("copy", out, src)
+        if lo is not None:
+            self.ctx.em.ar("max", out, src, lo)
+            src = out
+        if hi is not None:
+            self.ctx.em.ar("min", out, src, hi)
+
     def _requantised_in_place(self) -> bool:
         """A QuantizeLinear rounds its fp32 input in its own load buffer; a held or resident input
         (other groups read it later) and an fp16 / bf16 one are widened into a work buffer first."""
@@ -391,6 +418,9 @@ class ElementwiseQuant(Planned):
 
     def _compute(self, out: LTile, tiles: list[LTile], work: list[LTile]) -> None:
         ctx, op = self.ctx, self.node.op_type
+        if self.code_bounds is not None:
+            self._clamp_codes(out, tiles[0])
+            return
         s_out, zp_out = per_tensor(ctx, self.out) if op != "DequantizeLinear" else (1.0, 0)
         if op == "QuantizeLinear":
             if self._requantised_in_place():

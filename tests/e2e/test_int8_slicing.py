@@ -199,3 +199,35 @@ def test_sliced_int8_convs_give_the_whole_programs_integers(monkeypatch, tmp_pat
         assert runs and any({"a", "b"} & set(r["members"]) for r in runs)
         assert verify(model, chip, CompileOptions(dtype="fp32"), race_check=False)["ok"]
     assert all(np.array_equal(whole[name], sliced[name]) for name in whole)
+
+
+def test_a_clip_keeping_its_inputs_quant_clamps_the_codes():
+    """The hard-swish's Clip(0, 6) has its input's Quant (onnxruntime's quantizer shares it): two int8
+    instructions clamp the stored codes to quantize(0) / quantize(6), no dequantisation; the program verifies."""
+    from tpuflow.isa import Engine, Prec, RqDqTiu
+    model = hard_swish_net(32, 16)
+    graph, program = compile_model(model, "sg2260", INT8)
+    clip = next(n for n in graph.nodes() if n.op_type == "Clip")
+    assert graph.tensor(clip.inputs[0]).quant == graph.tensor(clip.outputs[0]).quant
+    mine = [i for i, layer in zip(program.tiu, program.layer_names(Engine.TIU)) if layer == clip.name]
+    assert mine and not any(isinstance(i, RqDqTiu) for i in mine)
+    assert sorted(i.op for i in mine) == ["max", "min"] and all(i.opt_res0_prec == Prec.INT8 for i in mine)
+    assert verify(model, "sg2260", INT8)["ok"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(scale=st.floats(2 ** -13, 10.0, width=32), zero_point=st.integers(-128, 127),
+       lo=st.one_of(st.none(), st.floats(-50, 50, width=32)), width=st.floats(0, 100, width=32))
+def test_clamping_codes_is_quantize_of_the_clipped_reals(scale, zero_point, lo, width):
+    """For every int8 code: quantize(clip(dequantize(q))) with one Quant in and out equals q clamped to
+    quantize(min) / quantize(max), onnxruntime's DequantizeLinear -> Clip -> QuantizeLinear in fp32."""
+    from tpuflow.frontend.quant import Quant, dequantize, quantize
+    quant = Quant(np.float32(scale), np.int8(zero_point), None, "int8")
+    hi = None if lo is None else np.float32(lo + width)
+    codes = np.arange(-128, 128, dtype=np.int8)
+    real = dequantize(codes, quant)
+    clipped = np.clip(real, -np.inf if lo is None else np.float32(lo), np.inf if hi is None else hi)
+    ort = np.clip(np.rint(clipped / np.float32(scale)) + zero_point, -128, 127)       # fp32 division, as ORT
+    bound = [None if v is None else int(quantize(np.float32(v), quant)) for v in (lo, hi)]
+    ours = np.clip(codes.astype(np.int64), -128 if bound[0] is None else bound[0], 127 if bound[1] is None else bound[1])
+    assert np.array_equal(ort.astype(np.int64), ours)
