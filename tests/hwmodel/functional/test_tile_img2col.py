@@ -36,7 +36,6 @@ def numpy_im2col(image: np.ndarray, kh: int, kw: int, sy: int, sx: int, dy: int,
 @st.composite
 def cases(draw):
     dt = draw(st.sampled_from(["FP32", "FP16", "BF16"]))
-    c0 = CHIP.tile.k_fractal_bytes // DT_PREC[dt].bytes
     kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     sy, sx, dy, dx = (draw(st.integers(1, 2)) for _ in range(4))
     oh, ow = draw(st.integers(1, 3)), draw(st.integers(1, 6))
