@@ -264,11 +264,14 @@ def tile_text(instr, chip: ChipConfig | None = None) -> str:
             srcs.append(ref_name(instr.bias_src))
         if instr.accumulates:
             srcs.append("ACC")
+        acc = f"ACC{instr.acc}" if instr.acc else "ACC"
+        srcs = [acc if s == "ACC" else s for s in srcs]
         return (f"{instr.fn} <M:{instr.m}, N:{instr.n}, K:{instr.k}, {instr.dt}> {', '.join(srcs)}, "
-                f"->ACC<{size_text(instr.acc_size)}>")
+                f"->{acc}<{size_text(instr.acc_size)}>")
     if isinstance(instr, AccCvt):
         name = "ACCCVT.canon" if instr.canon else "ACCCVT"
-        text = (f"{name} {instr.layout} <Row:{instr.row}, Col:{instr.col}, {instr.src_dt}, {instr.dst_dt}> ACC, "
+        text = (f"{name} {instr.layout} <Row:{instr.row}, Col:{instr.col}, {instr.src_dt}, {instr.dst_dt}> "
+                f"{f'ACC{instr.acc}' if instr.acc else 'ACC'}, "
                 f"->{QUEUES[instr.dst_queue]}<{size_text(instr.dst_size)}>")
         if instr.round_mode != "RNE":
             text += f" round={instr.round_mode}"

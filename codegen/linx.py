@@ -2,7 +2,9 @@
 
 Word formats (lingxi.md "Encoding"; fields LSB-first, constants are the opcode bits):
 
-* BSTART.CUBE Fn, DT — starts a block; a block ends where the next BSTART starts.
+* BSTART.CUBE Fn, DT — starts a block; a block ends where the next BSTART starts. tpuflow puts
+  TMATMUL's / TGEMV's / ACCCVT's `acc` (which accumulator, tpuflow.isa.tile.TMatmul.acc) in bits 26..25
+  (zero in v0.56); other blocks keep them 0.
 * B.DIM 0, uimm, ->LBn — one per dimension: TMATMUL/TGEMV LB0=M, LB1=N, LB2=K; ACCCVT LB0=Row,
   LB1=Col; a missing LB is 1. RegSrc is always x0 (tpuflow dims are immediates) and
   uimm[16] is 0 because LBn keeps 16 bits, so a dimension above 65535 is an EncodingError.
@@ -55,7 +57,7 @@ DEP_TIU, DEP_GDMA = 1, 2
 
 BSTART_CUBE = Layout("BSTART.CUBE", [
     ("opcode", 7, OPC_BSTART), ("block_kind", 5, 0b00011), ("func", 3, 0b001), ("cube", 5, 0b00110),
-    ("fn", 5), ("zero", 2, 0), ("dt", 5)])
+    ("fn", 5), ("acc", 2), ("dt", 5)])
 B_DIM = Layout("B.DIM", [
     ("opcode", 7, OPC_BDIM), ("uimm_hi", 4), ("uimm16", 1, 0), ("lb", 3), ("reg_src", 5, 0), ("uimm_lo", 12)],
     logical={"uimm": ("uimm_lo", "uimm_hi")})
@@ -114,7 +116,7 @@ def block_words(instr: TileInstruction) -> list[int]:
     """The 32-bit words of one CUBE block."""
     kind = type(instr).__name__
     if isinstance(instr, TMatmul):
-        head = [_word(BSTART_CUBE, kind, fn=instr.FN[instr.fn], dt=DT_CODES[instr.dt])] + _dims(
+        head = [_word(BSTART_CUBE, kind, fn=instr.FN[instr.fn], dt=DT_CODES[instr.dt], acc=instr.acc)] + _dims(
             kind, {"m": instr.m, "n": instr.n, "k": instr.k})
         bias = instr.bias_src >= 0
         iots = [_word(B_IOT2, kind, {"size": "acc_size"}, src0=instr.src0, src1=instr.src1, dst_queue=NO_QUEUE, size=instr.acc_size,
@@ -123,7 +125,7 @@ def block_words(instr: TileInstruction) -> list[int]:
             iots.append(_word(B_IOT1, kind, {"src0": "bias_src"}, src0=instr.bias_src, dst_queue=NO_QUEUE, last=1))
         return head + iots + _waits(kind, instr)
     if isinstance(instr, AccCvt):
-        return ([_word(BSTART_CUBE, kind, fn=instr.FN["ACCCVT"], dt=DT_CODES[instr.src_dt])]
+        return ([_word(BSTART_CUBE, kind, fn=instr.FN["ACCCVT"], dt=DT_CODES[instr.src_dt], acc=instr.acc)]
                 + _dims(kind, {"row": instr.row, "col": instr.col})
                 + [_word(B_IOT0, kind, {"size": "dst_size"}, dst_queue=instr.dst_queue, size=instr.dst_size, last=1),
                    _word(B_DATR, kind, layout=LAYOUT_CODES[instr.layout], dt=DT_CODES[instr.dst_dt],
@@ -131,15 +133,15 @@ def block_words(instr: TileInstruction) -> list[int]:
                          relu=instr.relu)]
                 + _waits(kind, instr))
     if isinstance(instr, TPush):       # count > 1: B.DIM LB0 = count (tpuflow's TPUSH extension)
-        return ([_word(BSTART_CUBE, kind, fn=instr.FN["TPUSH"], dt=DT_CODES[instr.dt])]
+        return ([_word(BSTART_CUBE, kind, fn=instr.FN["TPUSH"], dt=DT_CODES[instr.dt], acc=0)]
                 + (_dims(kind, {"count": instr.count}) if instr.count > 1 else [])
                 + [_word(B_IOT0, kind, {"size": "dst_size"}, dst_queue=instr.dst_queue, size=instr.dst_size, last=1)]
                 + _waits(kind, instr))
     if isinstance(instr, TMove):
-        return [_word(BSTART_CUBE, kind, fn=instr.FN["TMOVE"], dt=DT_CODES[instr.dt])] + _desc_words(kind, instr.desc) \
+        return [_word(BSTART_CUBE, kind, fn=instr.FN["TMOVE"], dt=DT_CODES[instr.dt], acc=0)] + _desc_words(kind, instr.desc) \
             + _waits(kind, instr)
     if isinstance(instr, TImg2Col):
-        return [_word(BSTART_CUBE, kind, fn=instr.FN["TIMG2COL"], dt=DT_CODES[instr.dt])] + _param_words(kind, instr) \
+        return [_word(BSTART_CUBE, kind, fn=instr.FN["TIMG2COL"], dt=DT_CODES[instr.dt], acc=0)] + _param_words(kind, instr) \
             + _waits(kind, instr)
     raise EncodingError(f"{kind} is not a TILE instruction")
 
@@ -254,6 +256,8 @@ class _Block:
         if fn is None:
             raise self.fail(self.offset, f"BSTART.CUBE function {self.start['fn']} is not one tpuflow models")
         dt = self.dt(self.start["dt"])
+        if self.start["acc"] and fn in ("TPUSH", "TMOVE", "TIMG2COL"):
+            raise self.fail(self.offset, f"{fn} block has a nonzero BSTART.CUBE acc")
         try:
             return self._build(fn, dt)
         except ValueError as exc:
@@ -284,7 +288,7 @@ class _Block:
             return AccCvt(layout=LAYOUT_NAMES[d["layout"]], row=self.dim(0), col=self.dim(1),
                           dst_queue=iot["dst_queue"], dst_size=iot["size"], src_dt=dt, dst_dt=self.dt(d["dt"]),
                           canon=d["canon"], round_mode=ROUND_NAMES[d["round_mode"]], saturate=d["saturate"],
-                          relu=d["relu"], **self.wait_kwargs())
+                          relu=d["relu"], acc=self.start["acc"], **self.wait_kwargs())
         bias = fn.endswith(".BIAS")
         iots = self.expect_iots(B_IOT2, B_IOT1) if bias else self.expect_iots(B_IOT2)
         if any(v["dst_queue"] != NO_QUEUE or (i and (v["size"] or v["reuse0"])) for i, v in enumerate(iots)):
@@ -292,7 +296,7 @@ class _Block:
         a = iots[0]
         return TMatmul(fn=fn, dt=dt, m=self.dim(0), n=self.dim(1), k=self.dim(2), src0=a["src0"], src1=a["src1"],
                        acc_size=a["size"], bias_src=iots[1]["src0"] if bias else -1, reuse0=a["reuse0"],
-                       reuse1=a["reuse1"], **self.wait_kwargs())
+                       reuse1=a["reuse1"], acc=self.start["acc"], **self.wait_kwargs())
 
 
 def _tmove_build(block: "_Block", dt: str) -> TileInstruction:

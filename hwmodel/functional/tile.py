@@ -36,6 +36,7 @@ class TileState:
 
     queues: TileQueues
     acc: np.ndarray | None = field(default=None)
+    other_accs: dict = field(default_factory=dict)    # TMatmul.acc / AccCvt.acc > 0 -> its ACC (None: released)
 
     @classmethod
     def for_chip(cls, chip) -> "TileState":
@@ -84,8 +85,22 @@ def _check_acc_size(m, ins: TMatmul, rows: int) -> None:
         raise ExecutionError(f"{ins.fn}: a {rows}x{ins.n} ACC needs {need} B, acc_size gives {size_bytes(ins.acc_size)} B")
 
 
+def _get_acc(m, ins) -> np.ndarray | None:
+    """The accumulator `ins.acc` names (0: v0.56's implicit ACC)."""
+    if ins.acc >= m.chip.tile.acc_buffers:
+        raise ExecutionError(f"{type(ins).__name__} names ACC {ins.acc}, the chip has {m.chip.tile.acc_buffers}")
+    return m.tile.acc if ins.acc == 0 else m.tile.other_accs.get(ins.acc)
+
+
+def _set_acc(m, ins, value: np.ndarray | None) -> None:
+    if ins.acc == 0:
+        m.tile.acc = value
+    else:
+        m.tile.other_accs[ins.acc] = value
+
+
 def _accumulate(m, ins: TMatmul, product: np.ndarray) -> np.ndarray:
-    acc = m.tile.acc
+    acc = _get_acc(m, ins)
     if acc is None:
         raise ExecutionError(f"{ins.fn} accumulates into an ACC that holds nothing (released by ACCCVT?)")
     if acc.shape != product.shape or acc.dtype != product.dtype:
@@ -106,7 +121,8 @@ def execute_tmatmul(m, ins: TMatmul) -> None:
     if ins.accumulates:
         product = _accumulate(m, ins, product)
     _check_acc_size(m, ins, product.shape[0])
-    m.tile.acc = product
+    _get_acc(m, ins)
+    _set_acc(m, ins, product)
 
 
 def _cvt_layout(m, ins: AccCvt, elem_bytes: int) -> tuple[np.ndarray, int]:
@@ -124,7 +140,7 @@ def _cvt_layout(m, ins: AccCvt, elem_bytes: int) -> tuple[np.ndarray, int]:
 
 
 def _acc_values(m, ins: AccCvt) -> np.ndarray:
-    acc = m.tile.acc
+    acc = _get_acc(m, ins)
     if acc is None:
         raise ExecutionError("ACCCVT reads an ACC that holds nothing (already released?)")
     if (acc.dtype == np.int32) != (ins.src_dt in ("S32", "S8")):
@@ -148,7 +164,7 @@ def execute_acccvt(m, ins: AccCvt) -> None:
     _, writes = _step(m, ins)
     lane, span = _slot_view(m, writes[0])
     m.lmem.data[lane, span.start:span.start + image.nbytes] = image.view(np.uint8)
-    m.tile.acc = None
+    _set_acc(m, ins, None)
 
 
 def execute_tpush(m, ins: TPush) -> None:

@@ -22,8 +22,9 @@ TMATMUL / TGEMV blocks stream through the cube as the TIU's cube pipe does: the 
 previous one's body ends (its fill_latency overlaps), an ACCCVT starts after the previous end (it reads the
 ACC). With tile.acc_buffers > 1 an ACCCVT drains its ACC on a path of its own (after the cube's last block,
 one ACCCVT at a time), the engine goes on after block_overhead and the cube keeps streaming: a TMATMUL
-that starts a fresh ACC (no .ACC) waits until the ACCCVT acc_buffers conversions back has drained the
-buffer it takes. TPUSH, TMOVE and TIMG2COL do not use the cube: they wait only for the ACCCVT writes whose
+that starts a fresh ACC (no .ACC) waits until the buffer it takes has drained: the n-th fresh start waits
+for the end of the ACCCVT number n - acc_buffers (ACCs are taken and drained in the same order: one tile
+after another, or two interleaved tiles in ACCs 0 and 1 drained in that order). TPUSH, TMOVE and TIMG2COL do not use the cube: they wait only for the ACCCVT writes whose
 slots they touch and leave the stream as it was (a TMATMUL after TMATMUL, TMOVE still streams; issue 16). A TMOVE
 goes to the tile buffer's DMA port (TilePort) and the engine takes the next block block_overhead cycles later;
 the port runs its moves in order (LMEM / tile only: move_port_latency + bytes / move_port_bytes_per_cycle
@@ -373,6 +374,7 @@ class TileEngine(EngineBase):
         self.acc_buffers = chip.tile.acc_buffers
         self.drain_free = 0           # the ACCCVT drain path is free (acc_buffers > 1)
         self.drained: list[int] = []  # end of every ACCCVT so far (acc_buffers > 1: when its ACC is free again)
+        self.fresh = 0                # TMATMULs that started a fresh ACC so far (the n-th takes the buffer drain n - acc_buffers freed)
 
     def _dispatch(self, _) -> None:
         index, now = self._dispatched(self.planned)
@@ -422,8 +424,11 @@ class TileEngine(EngineBase):
             streams = isinstance(instr, TMatmul) and self.last_matmul
             if not streams and self.last_end > start:
                 start = self.last_end            # another block waits for the cube's results
-            if isinstance(instr, TMatmul) and not instr.accumulates and len(self.drained) >= self.acc_buffers > 1:
-                start = max(start, self.drained[-self.acc_buffers])      # a fresh ACC: its buffer drained
+            if isinstance(instr, TMatmul) and not instr.accumulates and self.acc_buffers > 1:
+                back = self.fresh - self.acc_buffers     # a fresh ACC: the drain that freed its buffer
+                if 0 <= back < len(self.drained):
+                    start = max(start, self.drained[back])
+                self.fresh += 1
             end = start + tile_cycles(instr, self.chip) * period
             self.last_matmul = isinstance(instr, TMatmul)
             self.free = end - self.chip.tile.fill_latency_cycles * period if self.last_matmul else end

@@ -131,7 +131,7 @@ class TileGemm:
         """max(GDMA time of the operand loads, TILE time of the blocks), roughly."""
         chip, e = self.ctx.chip, self.ctx.prec.bytes
         tm, tn, tk = -(-self.m // d.mt), -(-self.n // d.nt), -(-self.k // d.kt)
-        a_loads = tm * tk * (1 if d.resident == "a" else tn)
+        a_loads = tm * tk * (1 if d.resident == "a" else -(-tn // 2) if self._pairable() and not d.resident else tn)
         b_loads = tn * tk * (1 if d.resident == "b" else tm)
         buffered = chip.tile.buffer_chunk_bytes > 0
 
@@ -192,6 +192,9 @@ class TileGemm:
         """deliver(slot, batch, m0, mt, n0, nt) for every result tile."""
         k_steps = steps(self.k, self.dims.kt)
         order = self._order()
+        if self._paired():
+            self._run_pairs(order, k_steps, deliver)
+            return
         streams = self._streams([t[:5] for t in order], k_steps)
         if self.row_bias is not None and self.sticky_cache is not None and "row_bias" not in streams:
             self.sticky_cache.preload(self._row_bias_operand(), [(m0, mt, 0, 2) for m0, mt in steps(self.m, self.dims.mt)])
@@ -207,6 +210,87 @@ class TileGemm:
             self._tile(mt, nt, k_steps, streams, keep_panel=not last_use, m0=m0)
             deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) %
                                                        self.ctx.chip.tile.queue_slots), b, m0, mt, n0, nt)
+
+    def _pairable(self) -> bool:
+        """Whether output tiles can go in pairs sharing their A tiles (_run_pairs): two ACCs, a constant
+        A (the weights) streamed against a halo B (an implicit-GEMM conv, whose large-K weight panel
+        cannot stay resident in a queue)."""
+        return (self.ctx.chip.tile.acc_buffers >= 2 and isinstance(self.a, ConstOperand)
+                and isinstance(self.b, HaloOperand))
+
+    def _paired(self) -> bool:
+        return self._pairable() and not self.dims.resident and not self._aligned_passes()
+
+    def _pair_groups(self, order) -> list[list[tuple]]:
+        """Neighbouring output tiles of one batch and row of A (same m0) two by two (the last one alone
+        when a row has an odd count)."""
+        groups: list[list[tuple]] = []
+        for t in order:
+            if groups and len(groups[-1]) == 1 and groups[-1][0][:3] == t[:3]:
+                groups[-1].append(t)
+            else:
+                groups.append([t])
+        return groups
+
+    def _pair_chunks(self, groups, k_steps, t_pushes: int) -> list[list[list]]:
+        """Per group, its K steps cut where A's batches end (A's tiles get T push indices from
+        `t_pushes` on, batches end on multiples of _batch("a")), so a chunk's A tiles are live together:
+        the first tile of the pair reads them with .reuse, the second releases them before the next
+        batch is filled into their slots."""
+        batch, pos, out = self._batch("a"), t_pushes, []
+        for _ in groups:
+            chunks, cur = [], []
+            for ks in k_steps:
+                cur.append(ks)
+                pos += 1
+                if pos % batch == 0:
+                    chunks.append(cur)
+                    cur = []
+            out.append(chunks + ([cur] if cur else []))
+        return out
+
+    def _pair_blocks(self, side: str, groups, chunks) -> list:
+        """A's tiles once per group; B's chunk by chunk, the first tile's then the second's."""
+        if side == "a":
+            return [self._block("a", *g[0][:5], k0, kt) for g, cs in zip(groups, chunks) for c in cs for k0, kt in c]
+        return [self._block("b", *t[:5], k0, kt) for g, cs in zip(groups, chunks) for c in cs for t in g for k0, kt in c]
+
+    def _run_pairs(self, order, k_steps, deliver) -> None:
+        """Output tiles two by two in ACCs 0 and 1, K chunk by K chunk: each A tile (a weight tile) is
+        moved into its slot once for both (half the weight traffic on the tile buffer's DMA port)."""
+        groups = self._pair_groups(order)
+        chunks = self._pair_chunks(groups, k_steps, self.cursor.pushes[Q_T])
+        streams = self._streams([t[:5] for t in order], k_steps,
+                                {side: self._pair_blocks(side, groups, chunks) for side in ("a", "b")})
+        if self.row_bias is not None and self.sticky_cache is not None:
+            self.sticky_cache.preload(self._row_bias_operand(), [(m0, mt, 0, 2) for m0, mt in steps(self.m, self.dims.mt)])
+        for group, group_chunks in zip(groups, chunks):
+            self._pair(group, group_chunks, streams, deliver)
+
+    def _pair(self, group, chunks, streams, deliver) -> None:
+        em, last = self.ctx.em, len(group) - 1
+        ref = (lambda queue, index: tile_ref(QUEUE_NAMES[queue], self.cursor.pushes[queue] - index))  # noqa: E731
+        sizes = [size_code(ceil_to(t[2], 16) * ceil_to(t[4], 16) * 4) for t in group]
+        gemv = "TGEMV" if group[0][2] == 1 else "TMATMUL"
+        fresh = [True] * len(group)
+        if self.row_bias is not None:
+            for j, (_, m0, mt, _, nt, _) in enumerate(group):
+                self._row_bias_step(m0, mt, nt, gemv, sizes[j], streams, acc=j)
+                fresh[j] = False
+        for chunk in chunks:
+            a_index = [streams["a"].take() for _ in chunk]
+            for j, (_, _, mt, _, nt, _) in enumerate(group):
+                for (_, kt), ai in zip(chunk, a_index):
+                    em.tile(TMatmul(fn=gemv + ("" if fresh[j] else ".ACC"), dt=self.dt, m=mt, n=nt, k=kt,
+                                    src0=ref(Q_T, ai), src1=ref(Q_U, streams["b"].take()), reuse0=int(j < last),
+                                    acc_size=sizes[j], acc=j))
+                    fresh[j] = False
+        for j, (b, m0, mt, n0, nt, _) in enumerate(group):
+            em.tile(AccCvt(layout="NZ2ND", row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
+                           dst_dt=TILE_DT[self.out_prec], relu=int(self.relu), acc=j))
+            self.cursor.push(Q_M)
+            deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) % self.ctx.chip.tile.queue_slots),
+                    b, m0, mt, n0, nt)
 
     def _aligned_passes(self) -> bool:
         """Whether A streams pass by pass from a lane-staged operand (LaneRowsOperand): every output
@@ -251,6 +335,9 @@ class TileGemm:
 
     def _stream_blocks(self, side: str) -> list:
         k_steps = steps(self.k, self.dims.kt)
+        if self._paired():
+            groups = self._pair_groups(self._order())
+            return self._pair_blocks(side, groups, self._pair_chunks(groups, k_steps, 0))
         return [self._block(side, *t[:5], k0, kt) for t in self._order() for k0, kt in k_steps]
 
     def stage_need(self) -> tuple[str, int, int] | None:
@@ -283,13 +370,14 @@ class TileGemm:
             return -(-count // chip.lanes) * stride
         return max(len(stage_rows(chip, count, stride, base)) - 1 for base in range(chip.tile.queue_slots)) * stride
 
-    def _streams(self, tiles, k_steps) -> dict[str, "_Stream"]:
+    def _streams(self, tiles, k_steps, given: dict | None = None) -> dict[str, "_Stream"]:
         """The streaming operands' tiles (and the bias rows) in the order the blocks read them,
-        across output tiles: each loads a batch of upcoming tiles when it runs dry."""
+        across output tiles (`given`: A's and B's orders when not one output tile after another):
+        each loads a batch of upcoming tiles when it runs dry."""
         out = {}
         for side, queue, op in (("a", Q_T, self.a), ("b", Q_U, self.b)):
             if side != self.dims.resident:
-                blocks = [self._block(side, *t, k0, kt) for t in tiles for k0, kt in k_steps]
+                blocks = (given or {}).get(side) or [self._block(side, *t, k0, kt) for t in tiles for k0, kt in k_steps]
                 load = lambda b, q=queue, o=op: self._load_blocks(q, o, b)  # noqa: E731
                 need = self.stage_need() if self.stage is not None else None
                 fill = push = None
@@ -432,7 +520,7 @@ class TileGemm:
         pair = np.stack([hi, _round_to(self.row_bias - hi, self.ctx.prec)], axis=1)
         return ConstOperand(self.ctx, "nz", pair, f"{self.bias_key}:rowbias2", 0, 0)
 
-    def _row_bias_step(self, m0: int, mt: int, nt: int, gemv: str, acc_size: int, streams: dict) -> None:
+    def _row_bias_step(self, m0: int, mt: int, nt: int, gemv: str, acc_size: int, streams: dict, acc: int = 0) -> None:
         """ACC = [bias_hi | bias_lo] (mt x 2) . ones (2 x nt): a per-row bias as two terms in the
         model's dtype whose fp32 sum is the fp32 bias to ~2 x the dtype's precision (exact for
         fp32), so only rounding-exact ops (Relu) are left for the TIU. The bias tile is sticky (read
@@ -446,7 +534,7 @@ class TileGemm:
             a, reuse0 = self._sticky("row_bias", self._row_bias_operand(), (m0, mt, 0, 2)), 1
         b = self._sticky("ones", ones, (0, 2, 0, nt))
         self.ctx.em.tile(TMatmul(fn=gemv, dt=self.dt, m=mt, n=nt, k=2, src0=ref(*a), src1=ref(*b), reuse0=reuse0, reuse1=1,
-                                 acc_size=acc_size))
+                                 acc_size=acc_size, acc=acc))
 
     def _load_bias(self, blocks) -> None:
         """Bias rows (1 x N fp32, N padded to 16) for `blocks` ((n0, nt) each) into the next N slots:

@@ -129,7 +129,10 @@ class TileInstruction(Instruction):
 class TMatmul(TileInstruction):
     """TMATMUL[.BIAS|.ACC] and TGEMV[.BIAS|.ACC]: ACC (=|+=) A(M x K) . B(K x N) (+ bias 1 x N).
     TGEMV uses only A's first row (M = 1). Inputs are converted to fp32 (int32 for integers) and
-    accumulated in increasing k. `acc_size` is the B.IOT size code of the ACC result."""
+    accumulated in increasing k. `acc_size` is the B.IOT size code of the ACC result. `acc` (tpuflow's
+    additive field, issue 16; Ascend A2's L0C ping-pong) names which of the chip's tile.acc_buffers
+    accumulators the block works in: 0 is v0.56's implicit ACC, so two output tiles can accumulate
+    interleaved and share each A tile (read with .reuse by the first, released by the second)."""
 
     FN: ClassVar[dict] = {"TMATMUL": 0, "TMATMUL.BIAS": 1, "TMATMUL.ACC": 2,
                           "TGEMV": 16, "TGEMV.BIAS": 17, "TGEMV.ACC": 18}
@@ -146,6 +149,7 @@ class TMatmul(TileInstruction):
     reuse1: int = 0
     wait_tiu_id: int = 0
     wait_gdma_id: int = 0
+    acc: int = 0
 
     def __post_init__(self) -> None:
         if self.fn not in self.FN or self.dt not in DT_CODES:
@@ -181,7 +185,7 @@ class AccCvt(TileInstruction):
     `dst_dt` (round to nearest even unless round_mode says otherwise; "none" = nearest even).
     Releases the ACC. src_dt names the ACC's type: FP32, or S32 after an integer matmul. `relu`
     (tpuflow's additive field, issue 16; Ascend's Fixpipe pre-ReLU on the L0C drain): negative values
-    become 0 before the conversion."""
+    become 0 before the conversion. `acc`: which accumulator it drains and releases (see TMatmul.acc)."""
 
     FN: ClassVar[dict] = {"ACCCVT": 8}
     layout: str
@@ -197,6 +201,7 @@ class AccCvt(TileInstruction):
     wait_tiu_id: int = 0
     wait_gdma_id: int = 0
     relu: int = 0
+    acc: int = 0
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_CODES or self.dst_dt not in DT_CODES or self.src_dt not in DT_CODES:
