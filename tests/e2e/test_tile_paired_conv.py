@@ -1,0 +1,56 @@
+"""Paired output tiles in the TILE conv (issue 16): an implicit-GEMM conv whose weight panel cannot stay
+resident (K tiles > queue_slots) runs its pixel tiles two by two in ACCs 0 and 1, so each weight tile
+crosses the tile buffer's DMA port once per pair, not once per pixel tile; numerics against onnxruntime."""
+
+from __future__ import annotations
+
+import pytest
+from onnx_build import ModelBuilder
+
+from tpuflow.hwmodel.timing.segments import transfer_sides
+from tpuflow.isa import AccCvt, TMatmul, TMove, global_lmem_address
+from tpuflow.lowering.ops.tile_gemm import TileGemm
+from tpuflow.options import CompileOptions
+from tpuflow.pipeline import compile_model, verify
+
+pytestmark = pytest.mark.usefixtures("convs_on_the_cube")
+
+
+def _conv(cin: int, cout: int, hw: int):
+    b = ModelBuilder(seed=cin + hw)
+    x = b.node("Neg", [b.input("x", [1, cin, hw, hw])], "nx")
+    y = b.node("Conv", [x, b.weight("w", [cout, cin, 3, 3]), b.weight("b", [cout], 0.5)], "c", pads=[1, 1, 1, 1])
+    b.output(b.node("Relu", [y], "r"))
+    return b.model()
+
+
+def _weight_bytes_moved(program) -> int:
+    """Bytes the tile buffer's DMA port writes into the T queue's slots (the conv's weight tiles)."""
+    chip = program.chip
+    t_slots = {global_lmem_address(chip.tile_slot_address(0, i), chip) for i in range(chip.tile.queue_slots)}
+    return sum(transfer_sides(i.desc, chip)[1].nbytes for i in program.tile
+               if isinstance(i, TMove) and i.desc.dst_start_addr in t_slots)
+
+
+def test_pairs_halve_the_weight_tiles_moved(monkeypatch):
+    """256 -> 64 3x3 on 16 x 16 (K = 2304: 48 K tiles, four pixel tiles of four output rows): the paired
+    program moves half the weight bytes of one that takes the pixel tiles one by one, and its second
+    tile of each pair works in ACC 1."""
+    model = _conv(256, 64, 16)
+    _, paired = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile"))
+    monkeypatch.setattr(TileGemm, "_pairable", lambda self: False)
+    _, single = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile"))
+    assert _weight_bytes_moved(paired) * 2 == _weight_bytes_moved(single) > 0
+    assert {i.acc for i in paired.tile if isinstance(i, (TMatmul, AccCvt))} == {0, 1}
+    assert {i.acc for i in single.tile if isinstance(i, (TMatmul, AccCvt))} == {0}
+    assert sum(isinstance(i, AccCvt) for i in paired.tile) == sum(isinstance(i, AccCvt) for i in single.tile)
+
+
+@pytest.mark.parametrize("dtype,hw", [("fp16", 14), ("fp32", 12), ("bf16", 16)])
+def test_paired_conv_matches_onnxruntime(dtype, hw):
+    """Even and odd pixel tile counts (a lone last tile in ACC 0), race detector on."""
+    model = _conv(256, 48, hw)
+    _, program = compile_model(model, None, CompileOptions(dtype=dtype, matmul="tile"))
+    assert any(isinstance(i, TMatmul) and i.acc == 1 for i in program.tile)
+    result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile"), race_check=True)
+    assert result["ok"], result["outputs"]
