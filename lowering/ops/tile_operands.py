@@ -574,10 +574,15 @@ class StagedConstOperand(ConstOperand):
     to `lanes` tiles, `stride` bytes each, one per lane: the weight image holds them in that order);
     chunk c lives in ring slot c % ring_chunks at `lmem_offset` + slot * stride per lane. A chunk is
     loaded when a fill first needs it, with the next one ahead; a chunk evicted from the ring is
-    loaded again when needed (GDMA runs in order, so no fill reads a ring slot being reloaded)."""
+    loaded again when needed (GDMA runs in order, so no fill reads a ring slot being reloaded).
+    `level_bytes` (0: stride) spaces the ring slots: one dependency chunk (chip.chunk_bytes_per_lane)
+    from the first chunk boundary at or after `lmem_offset` (spread_bytes) puts every ring slot in a
+    chunk of its own, so the moves out of one staged chunk do not wait for the DMA of the next one,
+    loaded ahead (LMEM dependencies are tracked per lane and chunk: two 8 KiB slots in one 16 KiB
+    chunk made a conv's first moves wait for two staging DMAs)."""
 
     def __init__(self, ctx, layout, matrix: np.ndarray, key: str, tile_rows: int, tile_cols: int,
-                 lmem_offset: int, ring_chunks: int):
+                 lmem_offset: int, ring_chunks: int, level_bytes: int = 0):
         super().__init__(ctx, layout, matrix, key, tile_rows, tile_cols)
         self.grid = (-(-self.rows // tile_rows), -(-self.cols // tile_cols))
         self.tiles = self.grid[0] * self.grid[1]
@@ -585,8 +590,16 @@ class StagedConstOperand(ConstOperand):
         self.stride = self.chunk_stride(rp * cp, self.prec)
         self.chunk_tiles = ctx.chip.lanes
         self.lmem_offset, self.ring_chunks = lmem_offset, ring_chunks
+        self.level_bytes = level_bytes or self.stride
+        self.level_base = ceil_to(lmem_offset, level_bytes) if level_bytes else lmem_offset
         self.ring: dict[int, int] = {}          # ring slot -> chunk held
         self.image: int | None = None           # DDR address of the staged image
+
+    @staticmethod
+    def spread_bytes(chunks: int, stride: int, level_bytes: int) -> int:
+        """Per-lane bytes of a ring of `chunks` slots `level_bytes` apart from the first multiple of
+        level_bytes at or after its (any 64-byte aligned) offset."""
+        return (chunks - 1) * level_bytes + stride + level_bytes - 64
 
     @staticmethod
     def chunk_stride(padded_elems: int, prec) -> int:
@@ -626,14 +639,14 @@ class StagedConstOperand(ConstOperand):
             return
         self.ring[slot] = chunk
         count, elems = min(self.chunk_tiles, self.tiles - t0), self.stride // self.prec.bytes
-        dst = self.lmem_offset + slot * self.stride
+        dst = self.level_base + slot * self.level_bytes
         shape = (1, count, 1, elems)
         self.ctx.em.region_copy(DRegion(global_lmem_address(dst, self.ctx.chip), shape, (count * elems, elems, elems, 1), self.prec),
                                 DRegion(self._image() + t0 * self.stride, shape, (count * elems, elems, elems, 1), self.prec))
 
     def _staged_address(self, t: int) -> int:
         chunk, lane = divmod(t, self.chunk_tiles)
-        return lane * self.ctx.chip.lmem_bytes_per_lane + self.lmem_offset + (chunk % self.ring_chunks) * self.stride
+        return lane * self.ctx.chip.lmem_bytes_per_lane + self.level_base + (chunk % self.ring_chunks) * self.level_bytes
 
     def load(self, slot_addr, r0, r, c0, c) -> None:
         self.load_slots([slot_addr], [(r0, r, c0, c)])

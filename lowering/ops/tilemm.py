@@ -450,6 +450,7 @@ class TileConvPlan(FrozenPlan):
     n_tile: int = 0                     # ... and the pixel tile (whole output rows)
     weight_stage: int | None = None     # per-lane offset of the weights' staging ring (StagedConstOperand), or None
     weight_ring: int = 0                # ... its chunks (0 with weight_lanes)
+    weight_level: int = 0               # ... the bytes its slots are apart (0: the tile stride; StagedConstOperand)
     weight_lanes: bool = False          # weight_stage holds two grid rows staged in the T slots' lanes (LaneRowsOperand)
     residual_images: int | None = None  # per-lane offset of the residual's pixel-major image (I . R from LMEM), or None
     sticky_stage: int | None = None     # per-lane offset of one slot's bytes for sticky constant tiles (StickyCache)
@@ -613,7 +614,7 @@ class TileConvEmitter:
                                                  plan.weight_stage)
                     elif staged is None:
                         staged = StagedConstOperand(ctx, "nz", gemm.a.matrix, gemm.a.key, gemm.dims.mt, gemm.dims.kt,
-                                                    plan.weight_stage, plan.weight_ring)
+                                                    plan.weight_stage, plan.weight_ring, plan.weight_level)
                     gemm.a = staged
                 if plan.sticky_stage is not None:
                     if sticky is None:
@@ -704,7 +705,7 @@ class TileConvEmitter:
             stage = max(stage, tile_bytes_per_lane(chip, (1, res_images.channels, geo.ho, geo.wo), ctx.prec))
         if not arena.fits([stage, images.bytes_per_lane]):
             return None
-        sizes, names, ring, lanes = [stage, images.bytes_per_lane], ["window_stage", "window_images"], 0, False
+        sizes, names, ring, lanes, level = [stage, images.bytes_per_lane], ["window_stage", "window_images"], 0, False, 0
         if geo.groups == 1:         # the weights staged in LMEM: as many chunks as fit, all of them at most
             k_tiles = -(-images.channels * geo.kh * geo.kw // dims.kt)
             tiles = -(-geo.cout // dims.mt) * k_tiles
@@ -716,9 +717,15 @@ class TileConvEmitter:
                 sizes, names, lanes = sizes + [lane_rows], names + ["weight_stage"], True
             else:
                 chunks = -(-tiles // chip.lanes)          # a ring of one chunk only when there is one
-                ring = next((r for r in range(chunks, 1 if chunks > 1 else 0, -1) if arena.fits(sizes + [r * stride])), 0)
-                if ring:
-                    sizes, names = sizes + [ring * stride], names + ["weight_stage"]
+                bank = chip.chunk_bytes_per_lane          # the whole ring, each slot in a dependency chunk of its own
+                spread = StagedConstOperand.spread_bytes(chunks, stride, bank)
+                if chunks > 1 and stride <= bank and arena.fits(sizes + [spread]):
+                    ring, level = chunks, bank
+                    sizes, names = sizes + [spread], names + ["weight_stage"]
+                else:
+                    ring = next((r for r in range(chunks, 1 if chunks > 1 else 0, -1) if arena.fits(sizes + [r * stride])), 0)
+                    if ring:
+                        sizes, names = sizes + [ring * stride], names + ["weight_stage"]
         residual = res_images is not None and arena.fits(sizes + [res_images.bytes_per_lane])
         if self.residual_res is not None and not residual:
             return None
@@ -736,6 +743,7 @@ class TileConvEmitter:
         return TileConvPlan(region, ctx.window(region), tuple(arena.names), dims, *planned[:2], 0, 0, (), output_buffers,
                             out_group=planned[2], window_stage=offs[0], window_images=offs[1], n_tile=dims.nt,
                             weight_stage=offs[2] if staged else None, weight_ring=ring, weight_lanes=lanes,
+                            weight_level=level,
                             residual_images=offs[-1] if residual else None, sticky_stage=sticky)
 
     def _phase_images(self, n: int, ic0: int, cin_g: int, plan: TileConvPlan, zero: bool) -> None:

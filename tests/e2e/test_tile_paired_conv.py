@@ -88,3 +88,26 @@ def test_streamed_row_bias_pairs_come_from_the_lmem_copies(monkeypatch):
     monkeypatch.setattr(TileGemm, "_load_cached", lambda self, queue, op, blocks: self._load_blocks(queue, op, blocks))
     _, from_ddr = compile_model(model, None, options)
     assert _ddr_to_tile_dmas(from_ddr) > 0
+
+
+def test_staged_weight_chunks_sit_in_dependency_chunks_of_their_own():
+    """128 x 2304 weights (two staging DMAs of 64 lanes): each lands in an LMEM dependency chunk of its
+    own, so the first move out of the first one waits for it alone, not for the one loaded ahead."""
+    model = _conv(256, 128, 14)
+    _, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile"))
+    chip = program.chip
+    stages = []
+    for index, instr in enumerate(program.gdma):
+        try:
+            src, dst = transfer_sides(instr, chip)
+        except TypeError:
+            continue
+        if src is not None and not src.lmem and dst.lmem and not chip.in_tile_buffer(dst.addr) \
+                and dst.shape[0] == dst.shape[2] == 1 and dst.shape[3] > 1024:     # tiles of 64 x 48
+            stages.append((index + 1, dst.addr % chip.lmem_bytes_per_lane))
+    assert len(stages) == 2
+    chunks = [offset // chip.chunk_bytes_per_lane for _, offset in stages]
+    assert chunks[0] != chunks[1]
+    first_move = next(i for i in program.tile if isinstance(i, TMove) and not chip.in_tile_buffer(i.desc.src_start_addr)
+                      and i.desc.src_start_addr % chip.lmem_bytes_per_lane // chip.chunk_bytes_per_lane == chunks[0])
+    assert stages[0][0] <= first_move.wait_gdma_id < stages[1][0]
