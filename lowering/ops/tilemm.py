@@ -717,11 +717,12 @@ class TileConvEmitter:
                 sizes, names, lanes = sizes + [lane_rows], names + ["weight_stage"], True
             else:
                 chunks = -(-tiles // chip.lanes)          # a ring of one chunk only when there is one
-                bank = chip.chunk_bytes_per_lane          # the whole ring, each slot in a dependency chunk of its own
-                spread = StagedConstOperand.spread_bytes(chunks, stride, bank)
-                if chunks > 1 and stride <= bank and arena.fits(sizes + [spread]):
-                    ring, level = chunks, bank
-                    sizes, names = sizes + [spread], names + ["weight_stage"]
+                bank = chip.chunk_bytes_per_lane          # each ring slot in a dependency chunk of its own
+                spread = next((r for r in range(chunks, 1, -1) if stride <= bank
+                               and arena.fits(sizes + [StagedConstOperand.spread_bytes(r, stride, bank)])), 0)
+                if spread:
+                    ring, level = spread, bank
+                    sizes, names = sizes + [StagedConstOperand.spread_bytes(ring, stride, bank)], names + ["weight_stage"]
                 else:
                     ring = next((r for r in range(chunks, 1 if chunks > 1 else 0, -1) if arena.fits(sizes + [r * stride])), 0)
                     if ring:
