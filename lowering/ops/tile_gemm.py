@@ -62,7 +62,8 @@ class TileGemm:
     """Y (M x N) = A (M x K) . B (K x N) [+ bias row] [+ R] on the TILE engine, tile by tile;
     `deliver` gets the slot holding each row-major result tile. A residual R (M x N, runtime)
     enters the ACC first, as R . I (an extra K step whose B is the identity, exact in the fp32 ACC;
-    with .BIAS when there is a bias), so no TIU pass is needed for it."""
+    with .BIAS when there is a bias), so no TIU pass is needed for it. With two ACCs, a streamed constant
+    A and a halo B (an implicit-GEMM conv), output tiles go in pairs that share each A tile (_run_pairs)."""
 
     def __init__(self, ctx: LowerCtx, a: Operand, b: Operand, m: int, n: int, k: int, out_prec: Prec,
                  bias: np.ndarray | None = None, bias_key: str = "", residual: Operand | None = None,
