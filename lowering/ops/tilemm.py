@@ -16,7 +16,8 @@ too; a Relu-only epilogue leaves with the ACCCVT (its relu field; in place on th
 chip without it). Otherwise (channels per group not whole
 K fractals, output rows wider than a tile, buffers that do not fit) P^T is built by im2col DMAs in
 DDR (or is the input's NHWC copy for 1x1 stride-1 convolutions). Depthwise convs, convs with
-fewer input channels per group than K0 and (ENGINE_CHOICE "fit") drain-bound convs stay on the TIU.
+fewer input channels per group than K0 and (ENGINE_CHOICE "fit") drain-bound convs and convs whose
+windows are not expanded on chip (1x1, grouped, wider than the lanes) stay on the TIU.
 
 How the slots are fed (the tile window is a tile buffer, tpuflow.isa.tile; issue 16):
 * runtime operands from DDR: one DMA per K panel (or run of equally spaced tiles) into neighbouring
@@ -651,12 +652,8 @@ class TileConvEmitter:
             ctx.note_layer(nd.name, nd.op_type, group=self.group.name)
 
     def _halo_geometry_ok(self) -> bool:
-        """Whether the B tiles can be expanded on chip (HaloOperand): a chip with the expansion path, a
-        kernel of more than one tap (a 1x1 window is its halo: TIMG2COL would only add a step), one group,
-        the padded input no wider than the lanes (one phase: TIMG2COL takes the stride)."""
-        geo, chip = self.geom, self.ctx.chip
-        return (chip.tile.img2col_bytes_per_cycle > 0 and geo.kh * geo.kw > 1 and geo.groups == 1
-                and geo.w + geo.pl + geo.pr <= chip.lanes)
+        """Whether the B tiles can be expanded on chip (HaloOperand; _expands_on_chip)."""
+        return _expands_on_chip(self.ctx.chip, self.geom)
 
     def _images(self) -> PhaseImages | None:
         """The input's phase images of an implicit GEMM, None when this conv cannot use one: channels
@@ -989,9 +986,26 @@ def tile_conv_emitter(ctx: LowerCtx, group: Group):
     k0 = ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes
     if (geo.groups == geo.cin == geo.cout and geo.groups > 1) or geo.cin // geo.groups < k0 or ctx.part != WHOLE:
         return ConvEmitter(ctx, group)
-    if ENGINE_CHOICE == "fit" and _drain_bound(ctx, geo):
+    if ENGINE_CHOICE == "fit" and (_drain_bound(ctx, geo) or _without_expansion(ctx.chip, geo)):
         return ConvEmitter(ctx, group)
     return TileConvChoice(ctx, group)
+
+
+def _expands_on_chip(chip, geo) -> bool:
+    """Whether a conv's B tiles can be expanded on chip from halo tiles (HaloOperand): a chip with the
+    expansion path, a kernel of more than one tap (a 1x1 window is its halo: TIMG2COL would only add a
+    step), one group, the padded input no wider than the lanes (one phase: TIMG2COL takes the stride)."""
+    return (chip.tile.img2col_bytes_per_cycle > 0 and geo.kh * geo.kw > 1 and geo.groups == 1
+            and geo.w + geo.pl + geo.pr <= chip.lanes)
+
+
+def _without_expansion(chip, geo) -> bool:
+    """Whether, on a chip with the expansion path, a conv would not use it (_expands_on_chip): its B tiles
+    would come from a pixel-major copy of its input that TIU transposes build for it alone (or from im2col
+    in DDR), the layout conversion per layer issue 16 warns about, while the TIU reads the channels-on-lanes
+    input as it is. ENGINE_CHOICE "fit" leaves such convs on the TIU (fp16 sg2260, every 1x1 conv: TILE
+    path resnet50 1573.7 -> 1201.0 us, squeezenet 157.3 -> 148.5; TILE instructions 43.1k -> 24.5k)."""
+    return chip.tile.img2col_bytes_per_cycle > 0 and not _expands_on_chip(chip, geo)
 
 
 def _drain_bound(ctx: LowerCtx, geo) -> bool:
