@@ -16,8 +16,9 @@ too; a Relu-only epilogue leaves with the ACCCVT (its relu field; in place on th
 chip without it). Otherwise (channels per group not whole
 K fractals, output rows wider than a tile, buffers that do not fit) P^T is built by im2col DMAs in
 DDR (or is the input's NHWC copy for 1x1 stride-1 convolutions). Depthwise convs, convs with
-fewer input channels per group than K0 and (ENGINE_CHOICE "fit") drain-bound convs and convs whose
-windows are not expanded on chip (1x1, grouped, wider than the lanes) stay on the TIU.
+fewer input channels per group than K0 and (ENGINE_CHOICE "fit") drain-bound convs, convs whose
+windows are not expanded on chip (1x1, grouped, wider than the lanes) and convs whose halos hold one
+channel block of several stay on the TIU.
 
 How the slots are fed (the tile window is a tile buffer, tpuflow.isa.tile; issue 16):
 * runtime operands from DDR: one DMA per K panel (or run of equally spaced tiles) into neighbouring
@@ -986,7 +987,7 @@ def tile_conv_emitter(ctx: LowerCtx, group: Group):
     k0 = ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes
     if (geo.groups == geo.cin == geo.cout and geo.groups > 1) or geo.cin // geo.groups < k0 or ctx.part != WHOLE:
         return ConvEmitter(ctx, group)
-    if ENGINE_CHOICE == "fit" and (_drain_bound(ctx, geo) or _without_expansion(ctx.chip, geo)):
+    if ENGINE_CHOICE == "fit" and (_drain_bound(ctx, geo) or _without_expansion(ctx.chip, geo) or _one_block_halos(ctx, geo)):
         return ConvEmitter(ctx, group)
     return TileConvChoice(ctx, group)
 
@@ -1006,6 +1007,22 @@ def _without_expansion(chip, geo) -> bool:
     input as it is. ENGINE_CHOICE "fit" leaves such convs on the TIU (fp16 sg2260, every 1x1 conv: TILE
     path resnet50 1573.7 -> 1201.0 us, squeezenet 157.3 -> 148.5; TILE instructions 43.1k -> 24.5k)."""
     return chip.tile.img2col_bytes_per_cycle > 0 and not _expands_on_chip(chip, geo)
+
+
+def _one_block_halos(ctx: LowerCtx, geo) -> bool:
+    """Whether an expanded conv's halo tile (the pixel tile of the most whole output rows a tile side takes)
+    holds only one channel block (K0 channels) of the several it has: every block then crosses the DMA
+    port as a halo of its own per pixel tile, and its TIMG2COL runs are kh * kw * K0 elements of K (three
+    48-deep tiles for 3x3 fp16), so the expansion path outlasts the MACs. ENGINE_CHOICE "fit" leaves such
+    convs on the TIU (fp16 sg2260: ResNet-50's stride-2 3x3 convs and 3x3 convs over 56 x 56, whose halos
+    of 56-wide padded rows fill a slot per block: TILE path resnet50 1201.0 -> 1124.0 us, squeezenet
+    148.5 -> 141.3)."""
+    if not _expands_on_chip(ctx.chip, geo):
+        return False
+    k0 = ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes
+    blocks = geo.cin // geo.groups // k0
+    rows = max(1, min(geo.ho, max(TILE_SIDES) // geo.wo))
+    return blocks > 1 and HaloOperand.group_for(ctx.chip, geo, geo.cin // geo.groups, rows, ctx.prec.bytes) <= 1
 
 
 def _drain_bound(ctx: LowerCtx, geo) -> bool:

@@ -36,27 +36,30 @@ def test_a_matrix_vector_product_runs_on_the_tiu_only_by_cost(choice, monkeypatc
     assert verify(model, None, options, race_check=True)["ok"]
 
 
-def _conv(cin: int, kernel: tuple[int, int]):
-    """Neg, a conv (cin -> 128, `kernel`, same padding along the taps) + Relu over 14 x 14."""
+def _conv(cin: int, kernel: tuple[int, int], hw: tuple[int, int] = (14, 14)):
+    """Neg, a conv (cin -> 128, `kernel`, same padding along the taps) + Relu over `hw`."""
     b = ModelBuilder(seed=cin + kernel[1])
-    x = b.node("Neg", [b.input("x", [1, cin, 14, 14])], "nx")
+    x = b.node("Neg", [b.input("x", [1, cin, *hw])], "nx")
     pads = [(kernel[0] - 1) // 2, (kernel[1] - 1) // 2, kernel[0] // 2, kernel[1] // 2]
     conv = b.node("Conv", [x, b.weight("w", [128, cin, *kernel]), b.weight("b", [128], 0.2)], "c", pads=pads)
     b.output(b.node("Relu", [conv], "r"))
     return b.model()
 
 
-@pytest.mark.parametrize("dtype, cin, kernel, on_cube", [("fp16", 16, (1, 2), False), ("fp16", 128, (1, 1), False),
-                                                      ("fp16", 16, (3, 3), True), ("fp32", 8, (1, 2), True)])
-def test_fit_keeps_on_the_cube_the_convs_it_expands_on_chip(dtype, cin, kernel, on_cube, monkeypatch):
+@pytest.mark.parametrize("dtype, cin, kernel, hw, on_cube", [
+    ("fp16", 16, (1, 2), (14, 14), False), ("fp16", 128, (1, 1), (14, 14), False), ("fp16", 32, (3, 3), (6, 60), False),
+    ("fp16", 16, (3, 3), (14, 14), True), ("fp16", 32, (3, 3), (14, 14), True), ("fp32", 8, (1, 2), (14, 14), True)])
+def test_fit_keeps_on_the_cube_the_convs_it_expands_on_chip(dtype, cin, kernel, hw, on_cube, monkeypatch):
     """ENGINE_CHOICE "fit" (the default) runs on the TIU a conv whose ACCCVT drain outlasts its MACs
     (K * acccvt_bytes_per_cycle < 4 * tile_macs_per_cycle: K < 128 in fp16, K < 16 in fp32 on sg2260: a
-    16-channel 1x2 conv in fp16) and a conv whose windows are not expanded on chip (a 1x1 conv), any other
-    on the cube (3x3 over 16 channels: K = 144; 1x2 over 8 channels in fp32: K = 16); "tile" keeps every
-    one on the cube; the model matches onnxruntime either way."""
+    16-channel 1x2 conv in fp16), a conv whose windows are not expanded on chip (a 1x1 conv) and one whose
+    halo holds one of its channel blocks (32 channels, 60 wide: a one-row halo of 62-wide padded rows is
+    5.8 KiB per 16-channel block, two do not fit a slot), any other on the cube (3x3 over 16 channels:
+    K = 144, one block; 3x3 over 32 channels 14 wide: both blocks in one halo; 1x2 over 8 channels in
+    fp32: K = 16); "tile" keeps every one on the cube; the model matches onnxruntime either way."""
     from tpuflow.isa import ConvTiu
     from tpuflow.lowering.ops import tilemm
-    model = _conv(cin, kernel)
+    model = _conv(cin, kernel, hw)
     options = CompileOptions(dtype=dtype, matmul="tile")
     for choice, expect in (("fit", on_cube), ("tile", True)):
         monkeypatch.setattr(tilemm, "ENGINE_CHOICE", choice)
