@@ -108,20 +108,11 @@ def test_a_large_int8_global_average_pool_sums_steps_of_rows(tmp_path):
     assert result["ok"], result["outputs"]
 
 
-def test_the_faster_of_chains_and_slices_is_kept(monkeypatch, tmp_path):
-    import tpuflow.lowering.compiler as compiler
+def test_the_faster_of_chains_and_slices_is_kept(variant_times, tmp_path):
     chip = small_lmem_chip(tmp_path)
-    seen = {}
-    fastest = compiler._fastest
-
-    def record(variants):
-        seen.update({name: simulate(p).total_ps for name, p in variants.items()})
-        return fastest(variants)
-
-    monkeypatch.setattr(compiler, "_fastest", record)
     _, program = compile_model(hard_swish_net(), chip, replace(INT8, schedule="program"))   # as lowered
-    assert set(seen) == {"chains", "slices_first"}
-    assert simulate(program).total_ps == min(seen.values())
+    assert set(variant_times) == {"chains", "slices_first"}
+    assert simulate(program).total_ps == min(variant_times.values())
 
 
 @pytest.mark.parametrize("model", ["mlp"])
