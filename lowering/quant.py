@@ -164,17 +164,28 @@ def row_pattern(graph: Graph, node: OpNode) -> np.ndarray | None:
 
 
 def _channel_constant(const, out, op: str) -> bool:
-    """An Add / Mul constant the int8 lowering takes: a scalar, or one value per channel of an NCHW
-    result ((C, 1, 1) or (1, C, 1, 1)), quantized per tensor or not at all."""
+    """An Add / Mul constant the int8 lowering takes: a scalar, or one value per channel of the result's
+    held view (channel_view_constant), quantized per tensor or not at all."""
     if op not in ("Add", "Mul") or (const.quant is not None and (const.quant.per_channel
                                                                     or const.quant.storage == "int32")):
         return False
     size = 1
     for d in const.shape:
         size *= d
-    if size == 1:
-        return True
-    return len(out.shape) == 4 and tuple(const.shape) in ((out.shape[1], 1, 1), (1, out.shape[1], 1, 1))
+    return size == 1 or channel_view_constant(const.shape, out.shape)
+
+
+def channel_view_constant(const_shape, out_shape) -> bool:
+    """A constant holding one value per channel of the result's held_view: (C, 1, 1) or (1, C, 1, 1) on an
+    NCHW result, or on another rank one value per row of (leading dims, last axis), e.g. a (1, C, 1)
+    bias on a (1, C, W) 1-D conv result (the flat view would put it all on one lane)."""
+    const_shape, out_shape = tuple(const_shape), tuple(out_shape)
+    if len(out_shape) == 4:
+        return const_shape in ((out_shape[1], 1, 1), (1, out_shape[1], 1, 1))
+    if len(out_shape) < 2 or len(const_shape) > len(out_shape):
+        return False
+    aligned = (1,) * (len(out_shape) - len(const_shape)) + const_shape
+    return aligned == out_shape[:-1] + (1,) and any(d > 1 for d in aligned)
 
 
 def product_of_activations(graph: Graph, node: OpNode) -> bool:

@@ -53,9 +53,9 @@ from tpuflow.lowering.layergroup import default_layout
 from tpuflow.lowering.ops.conv import ConvGeom, conv_geometry, row_options
 from tpuflow.lowering.ops.pool import count_map, pool_geometry
 from tpuflow.lowering.ops.movement import MoveEmitter
-from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, folds_kernel_rows, held_bytes,
-                                    held_placement, held_tensors, held_view, row_pattern, tail_boundary, takes_held,
-                                    view_source)
+from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, channel_view_constant, folds_kernel_rows,
+                                    held_bytes, held_placement, held_tensors, held_view, row_pattern, tail_boundary,
+                                    takes_held, view_source)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import steps, steps_between
 from tpuflow.lowering.weights import pack_conv_weights, to_storage
@@ -270,9 +270,9 @@ class ElementwiseQuant(Planned):
         return tuple(None if v is None else int(quantize(np.float32(v), quant)) for v in (lo, hi))
 
     def _channel_constant(self, g, const: str) -> bool:
-        """(C, 1, 1) / (1, C, 1, 1) on an NCHW result: loaded once per channel (the NCHW view)."""
-        shape, out = tuple(g.tensor(const).shape), g.tensor(self.out).shape
-        return len(out) == 4 and shape in ((out[1], 1, 1), (1, out[1], 1, 1))
+        """One value per channel of the held view (lowering.quant.channel_view_constant): loaded once
+        per channel (the NCHW view)."""
+        return channel_view_constant(g.tensor(const).shape, g.tensor(self.out).shape)
 
     @property
     def per_channel_constant(self) -> bool:

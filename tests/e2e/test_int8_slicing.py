@@ -222,3 +222,22 @@ def test_clamping_codes_is_quantize_of_the_clipped_reals(scale, zero_point, lo, 
     bound = [None if v is None else int(quantize(np.float32(v), quant)) for v in (lo, hi)]
     ours = np.clip(codes.astype(np.int64), -128 if bound[0] is None else bound[0], 127 if bound[1] is None else bound[1])
     assert np.array_equal(ort.astype(np.int64), ours)
+
+
+def test_a_per_row_constant_on_a_1d_signal_is_a_per_channel_operand():
+    """A (1, C, 1) bias added to a (1, C, W) signal (a 1-D conv's, as jax2tf writes it) is one value per row of
+    the held view: loaded once per channel and applied across the C lanes, not a C x W pattern on one lane."""
+    from tpuflow.isa import ArTiu, Engine
+    from tpuflow.lowering.quant import channel_view_constant
+    assert channel_view_constant((1, 64, 1), (1, 64, 256)) and channel_view_constant((64, 1), (1, 64, 256))
+    assert not channel_view_constant((1, 1, 256), (1, 64, 256)) and not channel_view_constant((1, 1, 1), (1, 64, 256))
+    b = ModelBuilder(seed=9)
+    x = b.node("Relu", [b.input("x", (1, 64, 256))], "r")
+    b.output(b.node("Add", [x, b.const("bias", np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64, 1))], "y"))
+    model = b.model()
+    graph, program = compile_model(model, "sg2260", INT8)
+    add = next(n for n in graph.nodes() if n.op_type == "Add")
+    adds = [i for i, layer in zip(program.tiu, program.layer_names(Engine.TIU)) if layer == add.name
+            and isinstance(i, ArTiu) and i.op == "add"]
+    assert adds and all(i.res0_c == 64 for i in adds)
+    assert verify(model, "sg2260", INT8)["ok"]
