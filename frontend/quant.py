@@ -135,12 +135,9 @@ def quantize(real: np.ndarray, quant: Quant) -> np.ndarray:
     zero point, saturate to the storage range. 8-bit storages divide in fp32, as QuantizeLinear on an
     fp32 input does (onnxruntime: 0.7f / 0.2f is 3.5f, quantized to 4; the exact quotient rounds to 3);
     an int32 accumulator's values (a bias folded into integer sums) divide in fp64."""
-    if quant.storage in ("int8", "uint8"):
-        real = np.asarray(real, np.float32)
-        scaled = np.rint((real / quant.broadcast(quant.scale.astype(np.float32), real.ndim)).astype(np.float64))
-    else:
-        real = np.asarray(real, np.float64)
-        scaled = np.rint(real / quant.broadcast(quant.scale.astype(np.float64), real.ndim))
+    divide_in = np.float32 if quant.storage in ("int8", "uint8") else np.float64
+    real = np.asarray(real, divide_in)
+    scaled = np.rint((real / quant.broadcast(quant.scale.astype(divide_in), real.ndim)).astype(np.float64))
     q = scaled + quant.broadcast(quant.zero_point.astype(np.float64), real.ndim)
     low, high = storage_range(quant.storage)
     return np.clip(q, low, high).astype(quant.storage)

@@ -169,9 +169,13 @@ class ResidencyPlan:
     def region_at(self, index: int) -> SlicedRegion | None:
         return next((r for r in self.regions if r.first == index), None)
 
+    def region_of(self, index: int) -> SlicedRegion | None:
+        """The sliced region group `index` is a member of, or None."""
+        return next((r for r in self.regions if index in r.members), None)
+
     def in_region(self, index: int) -> bool:
         """Whether group `index` is a member of a sliced region."""
-        return any(index in r.members for r in self.regions)
+        return self.region_of(index) is not None
 
     def enter_slice(self, region: SlicedRegion, s: int) -> None:
         """Point the slice buffers of `region` at the sample and rows of slice `s`."""

@@ -134,7 +134,7 @@ class Planned:
         self.lmem: dict[str, LTile] = dict(self.sides)      # and the tensors a chain (ChainQuant) holds
         self.keep: set[str] = set()          # of those, the ones also stored to DDR (read outside)
         self.top: int | None = None          # a chain's resident tensors lie above: buffers stay below
-        region = next((r for r in ctx.residency.regions if ctx.group_index in r.members), None)
+        region = ctx.residency.region_of(ctx.group_index)
         self.slice_buffers = set(region.buffers) if region is not None else set()   # sliced run (lowering.slicing)
 
     @property
@@ -1069,6 +1069,7 @@ class GemmQuant(Planned):
                    if self.weight_zero_points else None)
         index = 0
         k_steps = steps(self.k, kt)
+        one_k = len(k_steps) == 1          # the column's weights stay, loaded for its first row step only
         for column, (c0, nc) in enumerate(steps(self.n, nt)):
             if zw_addr is not None:          # -zw of the chunk's columns on every K lane: Zw's rows
                 zw = make_tile(chip, self.zw_at, (1, kt, 1, nc), Prec.INT8)
@@ -1084,7 +1085,6 @@ class GemmQuant(Planned):
                 acc = make_tile(chip, acc_at, (1, rc, 1, nc), Prec.INT32)
                 for ks, (k0, kc) in enumerate(k_steps):
                     offs = plan.sets[index % len(plan.sets)]
-                    one_k = len(k_steps) == 1   # the column's weights stay, loaded for its first row step only
                     w_at = plan.sets[column % len(plan.sets)]["w"] if one_k else offs["w"]
                     self._k_step(offs, acc, bias, (r0, rc), (c0, nc), (k0, kc), ks == 0, ks == len(k_steps) - 1,
                                  w_at, load_w=not one_k or r0 == 0)
@@ -1326,9 +1326,8 @@ def halvings(total: int) -> list[int]:
 class DepthwiseQuant(ProductQuant):
     """Depthwise Conv (group = channels) on int8. A signed input of zero point 0 with int8 weights (symmetric
     quantization) runs PordTiu's integer form: the int8 input and weights, the int32 bias, exact int32
-    sums (zero padding is the zero point's), pord's relu, then the per-channel rq0. Otherwise the
-    input becomes the
-    exact fp32 integers q - zp_x (dq0, scale 1; the zero padding of pord.depthwise is then the zero
+    sums (zero padding is the zero point's), pord's relu, then the per-channel rq0. Otherwise the input
+    becomes the exact fp32 integers q - zp_x (dq0, scale 1; the zero padding of pord.depthwise is then the zero
     point's padding), the int8 weights and the int32 bias are fp32 integers, and pord.depthwise sums
     the products in fp32: exact while every partial sum stays below 2**24 (checked), so the result is
     the int32 accumulator; CONV's relu is pord's, and the per-channel rq0 reads the fp32 sums.
@@ -1351,7 +1350,7 @@ class DepthwiseQuant(ProductQuant):
         # the PorD unit's int8 depthwise (PordTiu's integer form) pads with zeros: exact for a signed input
         # of zero point 0 with int8 weights (symmetric quantization, as tpu-mlir deploys); else fp32 below
         self.integer = (self.zp_x == 0 and signed(ctx, self.x) == 1 and np.abs(weights).max(initial=0) <= 127
-                        and -128 not in weights and np.abs(bias).max(initial=0) < 1 << 31)
+                        and np.abs(bias).max(initial=0) < 1 << 31)
         if self.integer:
             self.weights, self.bias, self.bias_high = weights.astype(np.int8), bias.astype(np.int32), None
             self.requant = self._requant(w_info.quant, s_x)
@@ -1370,10 +1369,13 @@ class DepthwiseQuant(ProductQuant):
         self.requant = self._requant(w_info.quant, s_x)
 
     def _const_parts(self) -> list[tuple[np.ndarray, Prec]]:
-        if self.integer:
-            return [(self.weights, Prec.INT8), (self.bias.reshape(-1, 1), Prec.INT32), (self.requant.words, Prec.INT32)]
-        parts = [(self.weights, Prec.FP32), (self.bias.reshape(-1, 1), Prec.FP32), (self.requant.words, Prec.INT32)]
+        weight_prec, bias_prec = self._const_precs()
+        parts = [(self.weights, weight_prec), (self.bias.reshape(-1, 1), bias_prec), (self.requant.words, Prec.INT32)]
         return parts + ([(self.bias_high.reshape(-1, 1), Prec.FP32)] if self.bias_high is not None else [])
+
+    def _const_precs(self) -> tuple[Prec, Prec]:
+        """The weights' and the bias's precision in LMEM: the integer form's int8 / int32, else fp32."""
+        return (Prec.INT8, Prec.INT32) if self.integer else (Prec.FP32, Prec.FP32)
 
     def sizes(self, choice):
         ct, rt = choice
@@ -1409,7 +1411,7 @@ class DepthwiseQuant(ProductQuant):
         if not self.integer:
             x_f = make_tile(chip, offs["x_f"], (1, c, rows, geo.w), Prec.FP32)
             emit_rq(ctx, "dq0", x_f, xt, dq0_scalars(self.zp_x, 1.0), in_signed=signed(ctx, self.x))
-        const_prec = (Prec.INT8, Prec.INT32) if self.integer else (Prec.FP32, Prec.FP32)
+        const_prec = self._const_precs()
         fields = acc.fields("res0", with_shape=True)
         fields.update(x_f.fields("opd0"))
         ctx.em.tiu(PordTiu(op="depthwise", **fields, opd0_h=rows, opd0_w=geo.w, opd1_addr=wt.addr, opd1_h=geo.kh,

@@ -481,7 +481,7 @@ class TileConvEmitter:
         # follows: Relu commutes with rounding, so the result leaves the ACC in the model's dtype
         self.residual = None
         add = epilogue[0] if epilogue and _is_residual(ctx, epilogue[0], out) else None
-        self.halo = add is None and self._halo_geometry_ok()     # B tiles by TIMG2COL from halo tiles
+        self.halo = add is None and _expands_on_chip(ctx.chip, self.geom)    # B tiles by TIMG2COL from halo tiles
         other = next(t for t in add.inputs if t != out) if add is not None else None
         if add is not None and ctx.resident(other) is not None and not self._lmem_residual_ok():
             add = None
@@ -652,10 +652,6 @@ class TileConvEmitter:
         for nd in self.group.epilogue:
             ctx.note_layer(nd.name, nd.op_type, group=self.group.name)
 
-    def _halo_geometry_ok(self) -> bool:
-        """Whether the B tiles can be expanded on chip (HaloOperand; _expands_on_chip)."""
-        return _expands_on_chip(self.ctx.chip, self.geom)
-
     def _images(self) -> PhaseImages | None:
         """The input's phase images of an implicit GEMM, None when this conv cannot use one: channels
         per group not whole K fractals, output rows wider than a pixel tile, phases wider than the lanes.
@@ -666,7 +662,7 @@ class TileConvEmitter:
             return None
         if tile_bytes_per_lane(chip, (1, 1, geo.h, geo.w), self.ctx.prec) // self.ctx.prec.bytes > TIU_STRIDE_MAX:
             return None             # the transposes' source channel stride is a 16-bit TIU field
-        if getattr(self, "halo", False):
+        if self.halo:
             geo = replace(geo, sy=1, sx=1)
         images = PhaseImages(geo, cin_g, self.ctx.prec.bytes)
         return images if images.lanes_used <= chip.lanes else None
