@@ -69,7 +69,7 @@ from typing import Callable, Mapping
 
 from tpuflow.errors import BinaryFormatError, EncodingError
 from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GatherDma, GeneralDma, Instruction, LinTiu, MatrixDma,
-                         Mm2Tiu, PordTiu, Prec, RqDqTiu, SfuTiu, SysDma, SysTiu, TensorDma)
+                         Mm2Tiu, PordTiu, Prec, RqDqTiu, SfuTiu, SgTiu, SysDma, SysTiu, TensorDma)
 
 from tpuflow.codegen.bitfields import FieldRangeError, Layout, LogicalField
 
@@ -126,6 +126,7 @@ KIND_REGISTERS: dict[type, tuple[tuple[str, Mapping[str, Callable]], ...]] = {
     CwBcTiu: (("sCW&sBC", {}), ("CW&BC", {})),
     SysTiu: (("SYS", {}),),
     RqDqTiu: (("sRQ&sDQ", {}), ("RQ&DQ", {})),   # every field by name, signs included (no derived fields)
+    SgTiu: (("sSG", {}), ("SG", {})),            # every field by name; the signs stay 0 (U8 / U16 index)
     TensorDma: (("DMA_tensor（0x000）", {}), ("DMA_cw_transpose", {})),
     MatrixDma: (("DMA_matrix", {}),),
     GeneralDma: (("DMA_general", {}),),

@@ -8,13 +8,14 @@ import numpy as np
 from tpuflow.chip import ChipConfig
 from tpuflow.isa.base import Instruction, LocalTensor
 
-from tpuflow.hwmodel.functional import gdma, tile, tiu_arith, tiu_matmul, tiu_move, tiu_pool, tiu_quant, tiu_vector
+from tpuflow.hwmodel.functional import (gdma, tile, tiu_arith, tiu_matmul, tiu_move, tiu_pool, tiu_quant, tiu_sg,
+                                        tiu_vector)
 from tpuflow.hwmodel.functional.errors import ExecutionError
 from tpuflow.hwmodel.functional.floats import encode
 from tpuflow.hwmodel.functional.memory import DdrMemory, LocalMemory
 
 HANDLERS = {**tiu_matmul.HANDLERS, **tiu_pool.HANDLERS, **tiu_arith.HANDLERS, **tiu_vector.HANDLERS,
-            **tiu_move.HANDLERS, **tiu_quant.HANDLERS, **gdma.HANDLERS, **tile.HANDLERS}
+            **tiu_move.HANDLERS, **tiu_quant.HANDLERS, **tiu_sg.HANDLERS, **gdma.HANDLERS, **tile.HANDLERS}
 
 
 def describe(instr: Instruction, cmd_id: int | None = None, layer: str = "") -> str:

@@ -9,6 +9,6 @@ from tpuflow.isa.tile import (QUEUES, TILE_KINDS, AccCvt, TileInstruction, TileQ
                               TPush,
                               ref_name, resolve_stream, size_bytes, size_code, tile_ref)
 from tpuflow.isa.tiu import (TIU_KINDS, ArTiu, CmpTiu, ConvTiu, CwBcTiu, LinTiu, Mm2Tiu, MmTiu, PordTiu, RqDqTiu,
-                             SfuTiu, SysTiu, TiuInstruction)
+                             SfuTiu, SgTiu, SysTiu, TiuInstruction)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -31,6 +31,7 @@ its BM1684X-family ConvLowering::LoweringINT8 (the non-BM1684X branch).
 * Quantized tensors use 1-byte elements everywhere: LMEM layouts (64 int8 per EU vector, 64-channel
   cube weight blocks, ConvTiu.ALIGNED_IC_BLOCK) and DMAs (src_data_format INT8).
 * RQ / DQ (tsk_typ 4): RqDqTiu below.
+* SG per-element gather (tsk_typ 6, a 256-entry int8 lookup table): SgTiu below.
 """
 
 from __future__ import annotations
@@ -945,5 +946,107 @@ def dq0_channel_words(zero_points, scales) -> np.ndarray:
     return np.stack([np.array(zps, np.int32), bits], axis=1)
 
 
+# ---------------------------------------------------------------- SG: per-element gather (tsk_typ 6)
+
+SG_TABLE_PER_LANE = 4      # short_opd0_str: the table's channel stride is 0 (one copy per lane, tpu-mlir "A_cstride_is0")
+SG_MAX_DIM = (1 << 16) - 1 # res0_n / res0_c / res0_w / opd0_w are 16-bit fields (cmodel asserts < 2**16)
+
+
+@dataclass(frozen=True)
+class SgTiu(TiuInstruction):
+    """sg.pe_s_gather_d1coor / sg.pe_s_gather_hzd (tsk_typ 6, registers sSG / SG): a gather of one table
+    entry per element, within each lane:
+
+        res0[n, c, 0, w] = opd0[0, c, 0, opd1[n, c, 0, w]]
+
+    opd0 is the table A (1, res0_c, 1, opd0_w), in res0's precision (opt_opd0_prec = opt_res0_prec; the
+    bits are copied, no arithmetic); opd1 the index B (res0_n, res0_c, 1, res0_w), unsigned U8
+    (opt_opd1_prec INT8) or U16 (INT16); res0 R (res0_n, res0_c, 1, res0_w). R and B are aligned (EU
+    layout), A aligned or, with short_opd0_str = SG_TABLE_PER_LANE, of channel stride 0: every channel
+    reads the one table at A's per-lane offset in its own lane, so a 256-entry lookup table broadcast
+    to all lanes (one DMA) serves every channel. opd1_c / opd1_w hold B's C and W (= res0_c, res0_w).
+    A, B and R start on the same lane. An index >= opd0_w is an error, unless opt_opd3_const (limit
+    enable) and opt_opd2_const (fill) are both set: then res0 takes opd2_addr's value (tpuflow never
+    sets them). pe_s_gather_d1coor needs A, B and R in three different LMEM banks (the cmodel's
+    assert_diff_bank); pe_s_gather_hzd ("hazard") has no such rule: `banks_disjoint` tells which to use.
+
+    Sources (tpu-mlir, public): the SG register layout and op codes of python/debugger/target_1690
+    (regdef / opdef: 5 sg.pe_s_gather_d1coor, 13 sg.pe_s_gather_hzd); the TPU1686 atomic generator
+    atomic_pes_sg_d1hzd_gen_cmd and its checker (third_party/ppl/runtime checker atomic_sg.c): "PE_S_gather:
+    A=[1,C,1,A_w], B=[N,C,1,R_w], R=[N,C,1,R_w]; A is aligned in local memory, if A_cstride is 0 ...
+    cstride=0; B is aligned in local memory, support U8 and U16; R is aligned; all start_npu is same;
+    PE_S_gather_d1coor: do not support bank conflict, PE_S_gather_hzd: support bank conflict"; the
+    descriptor fields it writes (opd0_h = 1, opd0_w = A_w, opd1_c = R_c, opd1_w = R_w, short_opd0_str = 4
+    for cstride 0, opt_opd2_const = fill, opt_opd3_const = limit_enable, opd2_addr = the fill value) and
+    ppl's pe_sg_d1_check, which picks hzd exactly when the three operands' bank ranges overlap.
+    sg.pl_gather_d1coor (op 0) is not this: it gathers with ONE index vector B = [1, Wr, 1, 1] on lane 0
+    shared by every lane (atomic_pl_sgd1_gen_cmd "PL_gather_d1coor: A=[N,C,1,Wa], B=[1,Wr,1,1]"), so it
+    cannot look up per-element codes.
+    """
+
+    TSK_TYP: ClassVar[int] = 6
+    PREFIX: ClassVar[str] = "sg"
+    OPS: ClassVar[dict] = {"pe_s_gather_d1coor": 5, "pe_s_gather_hzd": 13}
+    op: str
+    res0_addr: int
+    res0_n: int
+    res0_c: int
+    res0_w: int
+    opd0_addr: int
+    opd0_w: int
+    opd1_addr: int
+    res0_h: int = 1
+    opd0_h: int = 1
+    opd1_c: int = 0            # 0: res0_c (normalised)
+    opd1_w: int = 0            # 0: res0_w (normalised)
+    short_opd0_str: int = SG_TABLE_PER_LANE
+    opd2_addr: int = 0
+    opt_opd2_const: int = 0
+    opt_opd3_const: int = 0
+    cmd_id_dep: int = 0
+    opt_res0_prec: int = INT8
+    opt_opd0_prec: int = INT8
+    opt_opd1_prec: int = INT8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "opd1_c", self.opd1_c or self.res0_c)
+        object.__setattr__(self, "opd1_w", self.opd1_w or self.res0_w)
+        if (self.res0_h, self.opd0_h, self.opd1_c, self.opd1_w) != (1, 1, self.res0_c, self.res0_w):
+            raise ValueError(f"sg.{self.op}: res0_h = opd0_h = 1 and the index (opd1_c, opd1_w) = (res0_c, res0_w) "
+                             f"= ({self.res0_c}, {self.res0_w}), got res0_h {self.res0_h}, opd0_h {self.opd0_h}, "
+                             f"({self.opd1_c}, {self.opd1_w})")
+        if self.opt_opd0_prec != self.opt_res0_prec or self.opt_opd1_prec not in (INT8, int(Prec.INT16)):
+            raise ValueError(f"sg.{self.op}: the table has res0's precision and the index is U8 / U16 (INT8 / INT16)")
+        if self.short_opd0_str not in (StrideMode.ALIGNED, SG_TABLE_PER_LANE):
+            raise ValueError(f"sg.{self.op}: short_opd0_str is 0 (aligned) or {SG_TABLE_PER_LANE} (channel stride 0)")
+        for name in ("res0_n", "res0_c", "res0_w", "opd0_w"):
+            _check_range(f"sg.{self.op} {name}", getattr(self, name), 1, SG_MAX_DIM)
+
+    def local(self, prefix: str, shape, chip: "ChipConfig") -> LocalTensor:
+        if prefix == "opd0" and self.short_opd0_str == SG_TABLE_PER_LANE:
+            return LocalTensor(self.opd0_addr, tuple(shape), (0, 0, self.opd0_w, 1), Prec(self.opt_opd0_prec))
+        return super().local(prefix, shape, chip)
+
+    def table_shape(self) -> tuple[int, int, int, int]:
+        return (1, self.res0_c, 1, self.opd0_w)
+
+    def read_operands(self, chip):
+        return [("opd0", self.table_shape()), ("opd1", self.res0_shape)]
+
+    def write_operands(self, chip):
+        return [("res0", self.res0_shape)]
+
+    def banks_disjoint(self, chip: "ChipConfig") -> bool:
+        """Whether table, index and result lie in three different sets of LMEM banks (per-lane byte
+        ranges): the condition of pe_s_gather_d1coor."""
+        spans = []
+        for prefix, shape in self.read_operands(chip) + self.write_operands(chip):
+            ranges = self.local(prefix, shape, chip).ranges(chip)
+            spans.append(set().union(*(range(r.lo // chip.bank_bytes, (r.hi - 1) // chip.bank_bytes + 1)
+                                       for r in ranges)))
+        return all(not (spans[i] & spans[j]) for i in range(3) for j in range(i + 1, 3))
+
+
 TIU_KINDS: tuple[type[TiuInstruction], ...] = (ConvTiu, Mm2Tiu, ArTiu, PordTiu, SfuTiu, LinTiu, CmpTiu,
-                                               CwBcTiu, SysTiu, RqDqTiu)
+                                               CwBcTiu, SysTiu, RqDqTiu, SgTiu)
