@@ -165,6 +165,9 @@ class TiuConfig:
     mm_startup_cycles: int = p("cycles", "fixed overhead of mm.normal (MM v1, tpu-mlir's sMM; tpuflow only reads it)",
                                check=_non_negative, default=19,
                                source="hardware.md, TPUPerf MM v1: 19 + ceil(N/lanes)*ceil(W/eu)*K*M + 13")
+    sg_startup_cycles: int = p("cycles", "fixed overhead of an SG gather (sg.pe_s_gather_*, SgTiu)", check=_non_negative,
+                               default=11, source="tpu-mlir python/debugger/target_1688/opdef.py sg_op.initial_cycle "
+                                                  "(11; its body: one element per lane and cycle)")
 
     def compute_latency(self, tsk_typ: int, eu_typ: int) -> int:
         table = self.compute_latency_cycles

@@ -16,6 +16,9 @@ The rule (what the exact-timeline tests check):
 * Cube pipe (CONV, MM2): opa = opd0, opb = opd1, w0 = res0; extra(step) = number of pairs among
   them that share a bank (bank_cflt_num: pairwise conflicts, 0..3).
 * bubbles = sum over steps of extra(step) * tiu.bank_conflict_bubble_cycles. They stretch the body.
+* SG gathers (SgTiu) take none: tpu-mlir's cycle model gives sg ops bank_conflict_cycle 0 (python/debugger/
+  target_1688/opdef.py), pe_s_gather_d1coor keeps its operands in different banks and _hzd handles the
+  conflicts itself inside its one-element-per-cycle body.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 
 from tpuflow.chip import ChipConfig
 from tpuflow.hwmodel.timing.compute import vector_dtype, cdiv, chip_dtype
-from tpuflow.isa import ConvTiu, CwBcTiu, LocalTensor, Mm2Tiu, SfuTiu, TiuInstruction
+from tpuflow.isa import ConvTiu, CwBcTiu, LocalTensor, Mm2Tiu, SfuTiu, SgTiu, TiuInstruction
 
 
 def _bank_range(t: LocalTensor, chip: ChipConfig) -> tuple[int, int]:
@@ -210,7 +213,7 @@ def bank_bubbles(instr: TiuInstruction, chip: ChipConfig, acc=None) -> int:
     """Bubble cycles the bank arbiter inserts into `instr`'s body (rule in the module docstring).
     `acc` (instr's accesses, if at hand) gives a fast path when every operand stays in one bank."""
     per = chip.tiu.bank_conflict_bubble_cycles
-    if per == 0 or not hasattr(instr, "res0_n") and not isinstance(instr, Mm2Tiu):
+    if per == 0 or not hasattr(instr, "res0_n") and not isinstance(instr, Mm2Tiu) or isinstance(instr, SgTiu):
         return 0
     if acc is not None:
         banks = _operand_banks(instr, acc, chip)

@@ -14,6 +14,10 @@ chip.compute.cube_ic_per_cycle / cube_ohow_per_cycle of the dtype, `L` = lanes):
   AR, LIN, CMP, SFU, CW/BC, RQ/DQ   body = N * ceil(C/L) * ceil(H*W/eu) * passes  (of res0's shape)
         passes: SFU taylor = opd1_n terms, taylor_4x = ceil(opd1_n/4), otherwise 1
   PorD  body = N * ceil(C/L) * ceil(Ho*Wo/eu) * kh*kw
+  SG    body = N * ceil(C/L) * H * ceil(W/eu) * eu: one element per lane and cycle, W rounded up to the EU
+        width of the table's precision; startup tiu.sg_startup_cycles (tpu-mlir python/debugger/target_1688/
+        opdef.py sg_op: ops = n * align(c, NPU_NUM) * h * align(w, EU_NUM), alg_cycle = ops / NPU_NUM,
+        initial_cycle 11; bank_conflict_cycle 0, so pe_s_gather_d1coor and _hzd cost the same)
   SYS   body = 0
 
 cycles = startup (tiu.startup_cycles of the class) + body + bank-conflict bubbles (see banks.py).
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 
 from tpuflow.chip import ChipConfig
 from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, CwBcTiu, Instruction, LinTiu, Mm2Tiu, MmTiu, PordTiu,
-                         Prec, RqDqTiu, SfuTiu, SysTiu, TiuInstruction, TImg2Col, TMatmul, TMove, TPush)
+                         Prec, RqDqTiu, SfuTiu, SgTiu, SysTiu, TiuInstruction, TImg2Col, TMatmul, TMove, TPush)
 from tpuflow.isa.tile import DT_BYTES
 
 CUBE, VECTOR = "cube", "vector"
@@ -144,6 +148,10 @@ def tiu_work(instr: TiuInstruction, chip: ChipConfig) -> TiuWork:
         return TiuWork(CUBE, t.startup_cycles[f"mm2_{instr.op}"], steps, per, latency)
     if isinstance(instr, MmTiu):
         return TiuWork(CUBE, t.mm_startup_cycles, *_mm_normal(instr, chip), latency)
+    if isinstance(instr, SgTiu):
+        eu = chip.eu_count(chip_dtype(instr.opt_opd0_prec))
+        return TiuWork(VECTOR, t.sg_startup_cycles, _vector_steps(instr, chip, chip_dtype(instr.opt_opd0_prec)), eu,
+                       latency)
     startup = t.startup_cycles[_STARTUP_KEY[type(instr)]]
     if isinstance(instr, SysTiu):
         return TiuWork(VECTOR, startup, 0, 1, latency)
