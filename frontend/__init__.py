@@ -32,7 +32,8 @@ def load(model: Any, input_shapes: Mapping[str, Any] | None = None, name: str | 
     is a ModelError naming the input. `input_values` pins inputs to constants (InputValue or
     array-likes; InputValue entries of `input_shapes` count too): the Graph's model then has them
     as initializers. Unsupported operators are rejected up front, all in one UnsupportedOpError.
-    Pre-quantized models (QDQ, QOperator) give the canonical quantized graph of frontend/quant.py."""
+    Pre-quantized models (QDQ, QOperator) give the canonical quantized graph of frontend/quant.py, with
+    elementwise functions of one 8-bit tensor collapsed into LookupTable nodes (frontend/lookup.py)."""
     from tpuflow.frontend import canonical, ceil_mode, control, folding, importing, legality, pinning, quirks, reader
     from tpuflow.frontend import imp_quant, qoperator
     from tpuflow.frontend.onnx_view import infer_types
@@ -68,4 +69,9 @@ def load(model: Any, input_shapes: Mapping[str, Any] | None = None, name: str | 
     lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "views moved below elementwise ops")
     if canonical.fold_affine_into_conv(draft):
         lint(draft.nodes, draft.tensors, draft.inputs, draft.outputs, "BatchNormalization folding")
-    return draft.to_graph(proto, view.opset)
+    graph = draft.to_graph(proto, view.opset)
+    if imp_quant.is_quantized(draft):
+        from tpuflow.frontend.lookup import collapse_lookup_tables
+        graph = collapse_lookup_tables(graph)
+        lint(graph.nodes(), graph.tensors, graph.inputs, graph.outputs, "lookup tables")
+    return graph

@@ -91,8 +91,22 @@ class _Exporter:
         return True
 
     def node(self, n: OpNode) -> None:
-        if not self.quantized(n):
+        if n.op_type == K.LOOKUP_TABLE:
+            self.lookup_table(n)
+        elif not self.quantized(n):
             self.float_node(n)
+
+    def lookup_table(self, n: OpNode) -> None:
+        """y = table[x's stored byte] as a Gather on the codes: the table reordered by code, indexed by
+        int32(x) - the storage's lowest code."""
+        x, table = self.graph.tensor(n.inputs[0]), self.graph.tensor(n.inputs[1])
+        low = int(np.iinfo(np.dtype(x.dtype)).min)
+        by_code = table.const[np.arange(low, low + table.const.size).astype(x.dtype).view(np.uint8)]
+        wide, index = f"{n.name}/export_codes", f"{n.name}/export_index"
+        self.nodes.append(helper.make_node("Cast", [x.name], [wide], name=wide, to=onnx.TensorProto.INT32))
+        self.nodes.append(helper.make_node("Sub", [wide, self.const(n, "low", np.asarray(low, np.int32))], [index],
+                                           name=index))
+        self.add("Gather", n, [self.const(n, "table", by_code), index], axis=0)
 
     def float_node(self, n: OpNode) -> None:
         k, a = OpKind(n.op_type), n.attrs

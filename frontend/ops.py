@@ -49,6 +49,9 @@ conventions of the canonical form (what the lowering receives):
   (frontend/quant.py holds the whole quantized-graph contract: any op above may read and write
   quantized tensors, meaning dequantize -> op -> quantize). Their group is a placeholder: the
   pipeline stops quantized graphs before the lowering until the int8 lowering exists.
+- LookupTable (x, table): y = table[x.view(uint8)], x and y 8-bit quantized per tensor, table a constant of
+  256 of y's codes (input 1, with y's Quant): a function of x's codes that frontend/lookup.py collapsed
+  from elementwise ops (no ONNX op of its own; exported as a Gather on the codes).
 """
 
 from __future__ import annotations
@@ -132,6 +135,7 @@ class OpKind(str, Enum):
     RESAMPLE = "Resample"
     QUANTIZE = "QuantizeLinear"
     DEQUANTIZE = "DequantizeLinear"
+    LOOKUP_TABLE = "LookupTable"
 
     def __str__(self) -> str:
         return self.value
@@ -285,6 +289,9 @@ SPECS: dict[OpKind, OpSpec] = {
     K.RESAMPLE: _move(shapes.resample, ("axis", "taps"), "remap"),
     K.QUANTIZE: _move(shapes.same, (), "convert"),
     K.DEQUANTIZE: _move(shapes.same, (), "convert"),
+    # (x, table): y = table[x's stored byte], x and y 8-bit per tensor (frontend/lookup.py makes it); always
+    # quantized, so the int8 lowering emits it (never the float row emitters, whose rule it names)
+    K.LOOKUP_TABLE: _unary("lookup_table", const_inputs=(1,)),
 }
 
 

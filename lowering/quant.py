@@ -10,8 +10,8 @@ node in a group of kind "quant":
   or uint8 weights (any zero points but -128 / 0; the Gemm form, with the int32 bias Add that follows its int32
   accumulator), each with a following Relu / Clip on its 8-bit output fused; MatMul of two
   per-tensor 8-bit activations (attention; both zero points exact: quant_ops.ActMatMulQuant);
-- QuantizeLinear, DequantizeLinear (per tensor), and Add / Mul / Relu / Clip of same-shaped
-  quantized tensors or of one such tensor and a broadcast constant (scalar, per channel, or any
+- QuantizeLinear, DequantizeLinear (per tensor), LookupTable (frontend/lookup.py, 8-bit per tensor in
+  and out), and Add / Mul / Relu / Clip of same-shaped quantized tensors or of one such tensor and a broadcast constant (scalar, per channel, or any
   other pattern: row_pattern);
 - MaxPool, AveragePool, GlobalAveragePool;
 - channel Concat (requantising the inputs whose Quant is not the output's);
@@ -42,7 +42,8 @@ from tpuflow.lowering.groups import Group
 
 PRODUCTS = ("Conv", "MatMul")
 ACTIVATIONS = ("Relu", "Clip")
-ELEMENTWISE = ("QuantizeLinear", "DequantizeLinear", "Add", "Mul", "Relu", "Clip")
+LOOKUP = "LookupTable"      # frontend/lookup.py: y = table[x], ElementwiseQuant's SG gathers
+ELEMENTWISE = ("QuantizeLinear", "DequantizeLinear", "Add", "Mul", "Relu", "Clip", LOOKUP)
 POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool")
 VIEWS = ("Reshape",)
 # Data movement that is exact on the stored bytes when every moved tensor has one per-tensor Quant:
@@ -95,6 +96,8 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
         if producer is None or producer.op_type != "MatMul":
             return "an int32 Add only as the bias of a MatMul's accumulator"
         return ""
+    if op == LOOKUP:
+        return _lookup_reason(graph, node)
     if op in ELEMENTWISE:
         runtime = [t for t in ins if not t.is_const]
         consts = [t for t in ins if t.is_const] if op not in ("QuantizeLinear", "DequantizeLinear") else []
@@ -128,6 +131,16 @@ def unsupported_reason(graph: Graph, node: OpNode) -> str:
             return "only 2-D pooling of NCHW tensors"
         if node.attr("ceil_mode", 0):
             return "ceil_mode pooling is not supported yet"
+    return ""
+
+
+def _lookup_reason(graph: Graph, node: OpNode) -> str:
+    """Why the int8 lowering cannot emit a LookupTable ('' when it can)."""
+    x, table, y = (graph.tensor(t) for t in (*node.inputs[:2], node.outputs[0]))
+    eight_bit = [t.quant is not None and not t.quant.per_channel and t.quant.storage in ("int8", "uint8")
+                 for t in (x, y)]
+    if not all(eight_bit) or x.is_const or not table.is_const or table.size != 256 or x.shape != y.shape:
+        return "a lookup table only from a per-tensor 8-bit tensor to one of its shape, by 256 constant codes"
     return ""
 
 
@@ -346,7 +359,7 @@ def sliceable_quant(graph: Graph, group: Group) -> bool:
     if node.op_type not in ELEMENTWISE or len(group.nodes) != 1:
         return False
     consts = [graph.tensor(t) for t in node.inputs if t and graph.tensor(t).is_const]
-    direct = node.op_type in ("QuantizeLinear", "DequantizeLinear")
+    direct = node.op_type in ("QuantizeLinear", "DequantizeLinear", LOOKUP)     # no constant operand
     return all(tuple(info.shape) == tuple(out.shape) for info in runtime) and \
         (direct or all(_channel_constant(c, out, node.op_type) for c in consts))
 

@@ -23,6 +23,10 @@ How each kind computes (the canonical meaning out = quantize(op(real(inputs)), o
 - Add / Mul / Relu / Clip of quantized tensors: each input dequantised to fp32 (dq0), the op in
   fp32 on the vector unit, then requantised: the QDQ meaning with fp32 arithmetic (one rounding
   of the real result, as onnxruntime's QLinearAdd computes in float).
+- LookupTable (frontend/lookup.py: an elementwise function of one 8-bit tensor, its 256 output codes):
+  the table (256 bytes) broadcast once into every lane, then one SG gather (sg.pe_s_gather_d1coor, or
+  _hzd when the operands share LMEM banks) per run of each channel group's contiguous bytes
+  (emit_lookup): exact by construction, one element per lane and cycle.
 - MaxPool / AveragePool / GlobalAveragePool: PordTiu has no integer rule, so the input becomes the
   exact fp32 integers q - zp_in (dq0 with scale 1), the pool runs in fp32 (exact for max; the mean
   of integers rounds once in fp32), and the result is requantised by s_in / s_out. A MaxPool whose
@@ -44,7 +48,8 @@ from tpuflow.errors import LoweringError
 from tpuflow.frontend.quant import dequantize, quantize, storage_range
 from tpuflow.isa import ConvTiu, Mm2Tiu, PordTiu, Prec, StrideMode
 from tpuflow.isa.base import LocalTensor
-from tpuflow.isa.tiu import RQ_ROUND_MODES, RqDqTiu, dq0_scalars, rq0_channel_words, rq0_scalars, rq1_scalars
+from tpuflow.isa.tiu import (RQ_ROUND_MODES, SG_MAX_DIM, RqDqTiu, SgTiu, dq0_scalars, rq0_channel_words, rq0_scalars,
+                             rq1_scalars)
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.emitter import MAX_DMA_DIM, pool_scale_fields
@@ -223,6 +228,67 @@ def lane_rows(count: int, lanes: int) -> int:
     return max(d for d in range(1, min(count, lanes) + 1) if count % d == 0)
 
 
+LOOKUP_TABLE_ENTRIES = 256
+# the longest gather run: a multiple of the int8 EU width within the 16-bit res0_w field
+LOOKUP_RUN = SG_MAX_DIM // 64 * 64
+
+
+def _lookup_runs(tile: LTile, chip) -> tuple[int, int, int]:
+    """(elements per contiguous run in a lane, runs per channel plane, element stride between runs) of a tile
+    whose w stride is 1: the whole h x w plane when its rows follow each other, else one row at a time."""
+    n, c, h, w = tile.shape
+    if tile.strides[3] != 1 and w > 1:
+        raise LoweringError(f"internal: a lookup over a tile with w stride {tile.strides[3]}")
+    if h == 1 or tile.strides[2] == w:
+        return h * w, 1, 0
+    return w, h, tile.strides[2]
+
+
+def emit_lookup(ctx: LowerCtx, out: LTile, src: LTile, table_offset: int) -> None:
+    """out = table[src's stored bytes] (same shapes), the 256-byte table at per-lane offset `table_offset` on
+    every lane: one SG gather (SgTiu) per sample, channel group, run of contiguous bytes (the whole plane, or
+    each row of a row window) and LOOKUP_RUN chunk; pe_s_gather_d1coor when table, index and result lie in
+    different banks, else pe_s_gather_hzd (tpu-mlir's choice)."""
+    chip, lanes, lb = ctx.chip, ctx.chip.lanes, ctx.chip.lmem_bytes_per_lane
+    run_o, rows_o, step_o = _lookup_runs(out, chip)
+    run_s, rows_s, step_s = _lookup_runs(src, chip)
+    if (run_o, rows_o) != (run_s, rows_s):         # one of them has row gaps: go row by row on both
+        run_o = run_s = out.w
+        rows_o = rows_s = out.h
+        step_o, step_s = out.strides[2], src.strides[2]
+    n, c, _, _ = out.shape
+    for k in range(n):
+        for c0, count in _lane_groups(out, src, c, lanes, lb):
+            o, s = out.sub_channels(c0, count, chip), src.sub_channels(c0, count, chip)
+            for r in range(rows_o):
+                for w0 in range(0, run_o, LOOKUP_RUN):
+                    width = min(LOOKUP_RUN, run_o - w0)
+                    res = o.addr + (k * out.strides[0] + r * step_o + w0) * out.prec.bytes
+                    idx = s.addr + (k * src.strides[0] + r * step_s + w0) * src.prec.bytes
+                    lane = (res // lb) % lanes
+                    fields = dict(res0_addr=res, res0_n=1, res0_c=count, res0_w=width, opd1_addr=idx,
+                                  opd0_addr=lane * lb + table_offset, opd0_w=LOOKUP_TABLE_ENTRIES,
+                                  cmd_id_dep=0)
+                    gather = SgTiu(op="pe_s_gather_d1coor", **fields)
+                    if not gather.banks_disjoint(chip):
+                        gather = SgTiu(op="pe_s_gather_hzd", **fields)
+                    ctx.em.tiu(gather)
+
+
+def _lane_groups(out: LTile, src: LTile, c: int, lanes: int, lb: int) -> list[tuple[int, int]]:
+    """(first channel, channels) of the runs of channels that stay in one lane group of both tiles (the
+    gather's channels must not wrap past the last lane: its own channel stride is not the tiles')."""
+    starts = [(t.addr // lb) % lanes for t in (out, src)]
+    if starts[0] != starts[1]:
+        raise LoweringError("internal: a lookup's index and result start on different lanes")
+    pieces, c0 = [], 0
+    while c0 < c:
+        count = min(c - c0, lanes - (starts[0] + c0) % lanes)
+        pieces.append((c0, count))
+        c0 += count
+    return pieces
+
+
 class ElementwiseQuant(Planned):
     """QuantizeLinear, DequantizeLinear, Add / Mul / Relu / Clip of same-shaped quantized tensors,
     and a Reshape between two quantizations (lowering.quant.requantising_view: dq0, then the
@@ -240,9 +306,12 @@ class ElementwiseQuant(Planned):
         self.rows = lane_rows(self.count, self.chip.lanes)
         self.cols = self.count // self.rows
         self.direct = self.node.op_type in ("QuantizeLinear", "DequantizeLinear")
+        self.lookup = self.node.op_type == "LookupTable"
+        self.table = g.tensor(self.node.inputs[1]).const if self.lookup else None   # 256 output codes
         self.code_bounds = self._code_bounds()
         self.shape = held_view(g.tensor(self.out).shape)     # the NCHW view of a chain (lowering.quant.held_view)
-        consts = [t for t in self.node.inputs if t and g.tensor(t).is_const] if not self.direct else []
+        consts = [t for t in self.node.inputs if t and g.tensor(t).is_const] if not (self.direct or self.lookup) \
+            else []
         self.constant = real_values(g.tensor(consts[0])).reshape(-1) if consts else None   # scalar or per channel
         self.row = None              # any other constant: one row of the flat view, the same on every lane
         if self.constant is not None and self.constant.size > 1 and not self._channel_constant(g, consts[0]):
@@ -312,7 +381,7 @@ class ElementwiseQuant(Planned):
         shape, compact = self._tile_shape(choice[0])
         per_set = [(f"in{i}", self.bytes(shape, self.ctx.tensor_prec(t), compact))
                    for i, t in enumerate(self.inputs) if t not in self.lmem]
-        if not self.direct and self.code_bounds is None:
+        if not self.direct and self.code_bounds is None and not self.lookup:
             per_set += [(f"work{i}", self.bytes(shape, Prec.FP32, compact)) for i in range(len(self.inputs))]
         elif self.node.op_type == "QuantizeLinear" and not self._requantised_in_place():
             per_set.append(("work0", self.bytes(shape, Prec.FP32, compact)))      # the input widened to fp32
@@ -322,6 +391,8 @@ class ElementwiseQuant(Planned):
             row_shape = (1, min(shape[1], self.chip.lanes), 1, shape[3]) if self.nchw else shape
             per_set.append(("row", self.bytes(row_shape, Prec.FP32, compact)))
         resident = [self.bytes((1, self.shape[1], 1, 1), Prec.FP32, True)] if self.per_channel_constant else []
+        if self.lookup:                                  # the table, on every lane
+            resident.append(self.bytes((1, self.chip.lanes, 1, LOOKUP_TABLE_ENTRIES), Prec.INT8))
         return resident, per_set
 
     def emit(self, plan: QuantPlan) -> None:
@@ -337,6 +408,12 @@ class ElementwiseQuant(Planned):
             tile = make_tile(self.chip, plan.resident[0], (1, c, 1, 1), Prec.FP32, compact=True)
             ctx.load_const_channels(tile, f"{self.node.name}:constant", self.constant.reshape(c, 1), Prec.FP32)
             self.operand = tile
+        if self.lookup:
+            self.table_tile = make_tile(self.chip, plan.resident[-1], (1, self.chip.lanes, 1, LOOKUP_TABLE_ENTRIES),
+                                        Prec.INT8)
+            codes = np.asarray(self.table).view(np.int8)        # the stored bytes
+            ctx.em.broadcast_load(self.table_tile, ctx.const_addr(f"{self.node.name}:table", codes, Prec.INT8),
+                                  Prec.INT8)
         row_addr = None
         if self.row is not None and self.nchw:           # held rows: the constant's one row, on every lane
             row_addr = ctx.const_addr(f"{self.node.name}:constant_held_row", self.held_row, Prec.FP32)
@@ -420,6 +497,9 @@ class ElementwiseQuant(Planned):
         ctx, op = self.ctx, self.node.op_type
         if self.code_bounds is not None:
             self._clamp_codes(out, tiles[0])
+            return
+        if self.lookup:
+            emit_lookup(ctx, out, tiles[0], self.table_tile.addr % self.chip.lmem_bytes_per_lane)
             return
         s_out, zp_out = per_tensor(ctx, self.out) if op != "DequantizeLinear" else (1.0, 0)
         if op == "QuantizeLinear":

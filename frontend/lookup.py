@@ -1,0 +1,213 @@
+"""Elementwise functions of one 8-bit tensor collapsed into 256-entry lookup tables (OpKind LOOKUP_TABLE).
+
+The graph rule. A *lookup set* is a connected set of elementwise nodes (LOOKUP_KINDS: single-input
+activations, Add / Sub / Mul / Div / Pow / Max / Min by scalar constants, QuantizeLinear /
+DequantizeLinear, earlier LookupTables) such that
+
+- its only runtime source is ONE tensor x, quantized per tensor in int8 or uint8 (every other input of
+  its nodes is made inside the set or is a constant of one element, per tensor quantized or float);
+- every tensor it makes has x's shape, and all but one, y, are read only by nodes of the set (none is
+  a graph output); y is quantized per tensor in int8 or uint8.
+
+Then y is a function of x's 256 codes: the set is replaced by one LookupTable node y = table[x] whose
+constant input 1 is the 256 output codes indexed by x's stored byte (x.view(uint8): an int8 code -128
+is entry 128), and whose input and output keep their Quants. The table is computed by running the
+ORIGINAL nodes on all 256 codes with onnxruntime on their canonical-graph export (frontend/export.py,
+graph optimizations off: each quantized op DequantizeLinear -> float32 op -> QuantizeLinear, float ops
+in float32), the reference every int8 check of tpuflow uses; no second copy of any op's semantics.
+
+Of the valid sets of a source the largest is taken (sources in graph order, nodes taken once). A set
+of one Relu / Clip whose output keeps its input's Quant is left alone: the int8 lowering clamps its
+codes with two integer instructions, cheaper than a gather. A hard-swish x * clip(x + 3, 0, 6) / 6 of
+--dtype int8 (Add, Clip, Mul each with its own scale, then DequantizeLinear -> float Div ->
+QuantizeLinear) becomes one node; so does DequantizeLinear -> Sigmoid -> QuantizeLinear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from tpuflow.frontend.graph import Graph, OpNode, TensorInfo
+from tpuflow.frontend.ops import CONVERT, OpKind, SPECS
+
+K = OpKind
+EIGHT_BIT = ("int8", "uint8")
+TABLE_SIZE = 256
+# single-input elementwise kinds and binary ones by a scalar constant whose value is a function of
+# their runtime input alone (compares, logic and Cast left out: bool / integer results)
+LOOKUP_KINDS = frozenset(k for k, s in SPECS.items() if s.category in ("unary", "binary") and not s.compare
+                         and not s.logic and k not in (K.CAST, K.NOT)) | CONVERT
+
+
+def eight_bit_per_tensor(info: TensorInfo) -> bool:
+    return info.quant is not None and not info.quant.per_channel and info.quant.storage in EIGHT_BIT
+
+
+def table_codes(storage: str) -> np.ndarray:
+    """The 256 codes of an 8-bit storage in table order: entry u holds the code whose stored byte is u."""
+    return np.arange(TABLE_SIZE, dtype=np.uint8).view(np.dtype(storage))
+
+
+class _Sets:
+    """The lookup sets of one graph (see the module docstring)."""
+
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.taken: set[str] = set()
+
+    def member(self, node: OpNode, source_shape, made: set[str]) -> bool:
+        """Whether `node` can join a set that has made the tensors `made` (x among them)."""
+        if node.name in self.taken or node.op_type not in LOOKUP_KINDS or len(node.outputs) != 1:
+            return False
+        runtime = [t for t in node.inputs if t and not self.g.tensor(t).is_const]
+        consts = [self.g.tensor(t) for t in node.inputs if t and self.g.tensor(t).is_const]
+        if node.op_type == K.LOOKUP_TABLE:
+            consts = consts[1:]
+        if not runtime or any(t not in made for t in runtime):
+            return False
+        if any(c.size != 1 or (c.quant is not None and c.quant.storage == "int32") for c in consts):
+            return False
+        out = self.g.tensor(node.outputs[0])
+        return tuple(out.shape) == tuple(source_shape) and (out.quant is None or not out.quant.per_channel)
+
+    def closure(self, x: str) -> list[OpNode]:
+        """Every node reachable from x through set members, in graph order."""
+        made, nodes = {x}, []
+        shape = self.g.tensor(x).shape
+        for node in self.g.nodes():
+            if self.member(node, shape, made):
+                nodes.append(node)
+                made.add(node.outputs[0])
+        return nodes
+
+    def valid(self, x: str, nodes: list[OpNode], y: str) -> list[OpNode] | None:
+        """The nodes of `nodes` y depends on, when they form a lookup set with exit y (else None)."""
+        need, chosen = {y}, []
+        for node in reversed(nodes):
+            if node.outputs[0] in need:
+                chosen.append(node)
+                need.update(t for t in node.inputs if t and not self.g.tensor(t).is_const and t != x)
+        chosen.reverse()
+        inside = {n.name for n in chosen}
+        for node in chosen:
+            t = node.outputs[0]
+            if t != y and (t in self.g.outputs or any(c.name not in inside for c in self.g.consumers(t))):
+                return None
+        return chosen if self.worth(chosen, x, y) else None
+
+    def worth(self, nodes: list[OpNode], x: str, y: str) -> bool:
+        """Not a lone code clamp (a Relu / Clip keeping its input's Quant: two integer instructions)."""
+        if len(nodes) != 1 or nodes[0].op_type not in (K.RELU, K.CLIP):
+            return True
+        return self.g.tensor(x).quant != self.g.tensor(y).quant
+
+    def best(self, x: str) -> list[OpNode] | None:
+        """The largest lookup set from source x (the latest exit on ties), or None."""
+        nodes = self.closure(x)
+        best = None
+        for node in nodes:
+            y = node.outputs[0]
+            if not eight_bit_per_tensor(self.g.tensor(y)):
+                continue
+            chosen = self.valid(x, nodes, y)
+            if chosen is not None and (best is None or len(chosen) >= len(best)):
+                best = chosen
+        return best
+
+    def all(self) -> list[tuple[str, list[OpNode]]]:
+        """(source, nodes) of every lookup set, sources in graph order."""
+        sources = [t for t in self.g.inputs] + [t for n in self.g.nodes() for t in n.outputs if t]
+        found = []
+        for x in sources:
+            info = self.g.tensor(x)
+            if info.is_const or not eight_bit_per_tensor(info):
+                continue
+            chosen = self.best(x)
+            if chosen is not None:
+                self.taken.update(n.name for n in chosen)
+                found.append((x, chosen))
+        return found
+
+
+def lookup_sets(graph: Graph) -> list[tuple[str, list[OpNode]]]:
+    """(source x, nodes) of the lookup sets the graph rule finds (module docstring), in graph order."""
+    return _Sets(graph).all()
+
+
+def evaluate_tables(graph: Graph, sets: list[tuple[str, list[OpNode]]]) -> list[np.ndarray]:
+    """The 256-entry table of each set: its nodes run by onnxruntime on every code of x (table order), all
+    sets in one model (set i reads its own copy of the codes, so one set's exit may be another's source)."""
+    from tpuflow.frontend.export import graph_to_onnx
+    if not sets:
+        return []
+    nodes, tensors, inputs, outputs, feeds = [], {}, [], [], {}
+    for i, (x, members) in enumerate(sets):
+        codes = f"{x}/lookup_codes_{i}"
+        tensors[codes] = replace(_flat(graph.tensor(x)), name=codes)
+        inputs.append(codes)
+        feeds[codes] = table_codes(graph.tensor(x).dtype)
+        for node in members:
+            for t in (*node.inputs, *node.outputs):
+                if t and t != x and t not in tensors:
+                    tensors[t] = _flat(graph.tensor(t))
+            nodes.append(replace(node, inputs=tuple(codes if t == x else t for t in node.inputs)))
+        outputs.append(members[-1].outputs[0])
+    model = graph_to_onnx(Graph("lookup_tables", nodes, tensors, inputs, outputs))
+    return [np.asarray(v) for v in _run(model, feeds)]
+
+
+def _flat(info: TensorInfo) -> TensorInfo:
+    """A set's tensor as the 256 codes' version: runtime tensors (256,), constants scalars."""
+    if info.is_const:
+        const = np.asarray(info.const).reshape(())
+        return replace(info, shape=(), const=const)
+    return replace(info, shape=(TABLE_SIZE,))
+
+
+def _run(model, feeds: dict) -> list:
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def collapse_lookup_tables(graph: Graph) -> Graph:
+    """`graph` with every lookup set replaced by one LookupTable node (or `graph` itself when none)."""
+    sets = lookup_sets(graph)
+    if not sets:
+        return graph
+    tables = evaluate_tables(graph, sets)
+    tensors = dict(graph.tensors)
+    first: dict[str, OpNode] = {}
+    dropped, names, read = set(), set(), set()
+    for (x, members), table in zip(sets, tables):
+        y = members[-1].outputs[0]
+        out = graph.tensor(y)
+        name = _fresh(tensors, f"{y}__lookup_table")
+        tensors[name] = TensorInfo(name, (TABLE_SIZE,), out.dtype, np.asarray(table, out.dtype).reshape(TABLE_SIZE),
+                                   out.quant)
+        node = _fresh(names | set(graph.nx.nodes), f"{members[-1].name}/lookup_table")
+        names.add(node)
+        first[members[0].name] = OpNode(node, K.LOOKUP_TABLE.value, (x, name), (y,), {})
+        dropped.update(n.name for n in members)
+        read.update(t for n in members for t in n.inputs if t)
+        for member in members:
+            tensors.pop(member.outputs[0], None) if member.outputs[0] != y else None
+    nodes = [first.get(n.name, n) for n in graph.nodes() if n.name in first or n.name not in dropped]
+    used = {t for n in nodes for t in n.inputs if t} | set(graph.outputs)
+    for t in read - used:
+        if t in tensors and tensors[t].is_const:
+            del tensors[t]
+    return Graph(graph.name, nodes, tensors, graph.inputs, graph.outputs, graph.model, graph.opset)
+
+
+def _fresh(taken, base: str) -> str:
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    return name
