@@ -24,9 +24,10 @@ from typing import Iterator
 from tpuflow.chip import ChipConfig, load_chip
 from tpuflow.errors import InputFileError
 from tpuflow.isa import (AccCvt, ArTiu, CmpTiu, ConvTiu, Engine, GeneralDma, Instruction, MatrixDma,
-                         PordTiu, Prec, RqDqTiu, SfuTiu, StrideMode, SysTiu, TensorDma, TImg2Col, TMatmul, TMove, TPush,
+                         PordTiu, Prec, RqDqTiu, SfuTiu, SgTiu, StrideMode, SysTiu, TensorDma, TImg2Col, TMatmul, TMove, TPush,
                          is_lmem, lmem_address, ref_name)
 from tpuflow.isa.gdma import ALL_LANES
+from tpuflow.isa.tiu import SG_TABLE_PER_LANE
 from tpuflow.isa.messages import GDMA_COUNT_SHIFT, TIU_COUNT_SHIFT
 from tpuflow.isa.tile import QUEUES, size_text
 from tpuflow.isa.tiu import RQ_ROUND_MODES
@@ -122,6 +123,8 @@ def _operand(line: _Line, prefix: str, shape, chip: ChipConfig, like: str | None
         text += ":compact"
     elif mode == StrideMode.FREE:
         text += ":str" + _tuple(getattr(instr, f"{like}_{d}_str", 0) for d in "nchw")
+    elif isinstance(instr, SgTiu) and prefix == "opd0" and mode == SG_TABLE_PER_LANE:
+        text += ":per_lane"                     # the table's channel stride is 0: one table in every lane
     elif mode != StrideMode.ALIGNED:
         text += f":mode{mode}"
     line.parts.append(text)
@@ -151,6 +154,10 @@ def _tiu_extras(line: _Line, chip: ChipConfig) -> None:
         line.add(f"round={rounding}", "opd2_addr", "opt_opd2_const")
     if isinstance(i, RqDqTiu):
         _rq_dq(line)
+    if isinstance(i, SgTiu):
+        line.covered.update({"opd0_w", "opd1_c", "opd1_w", "res0_h", "opd0_h"})     # shown in the operand shapes
+        if i.opt_opd2_const and i.opt_opd3_const:
+            line.add(f"fill={i.opd2_addr}", "opd2_addr", "opt_opd2_const", "opt_opd3_const")
     if isinstance(i, SfuTiu) and i.op in ("taylor", "taylor_4x"):
         line.add(f"coef[{i.opd1_n}]=L*:0x{i.opd1_addr % chip.lmem_bytes_per_lane:04x}", "opd1_addr", "opd1_n")
     if isinstance(i, SfuTiu) and i.op == "normalize":

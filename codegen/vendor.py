@@ -6,7 +6,7 @@ every register of the table (tpu-mlir 1.30.2's layouts), reads each record's fie
 builds the tpuflow instruction that does the same work on the same operands, so that the timing
 model can simulate the vendor's program as it is:
 
-* sCONV / sPorD / sAR / sMM2 / sCMP / sSFU / LIN / sCW&sBC / sRQ&sDQ / DMA_tensor / DMA_matrix /
+* sCONV / sPorD / sAR / sMM2 / sCMP / sSFU / LIN / sCW&sBC / sRQ&sDQ / sSG / DMA_tensor / DMA_matrix /
   DMA_general / DMA_gather / sDMA_sys / SYS (and the long forms): the dataclass of the same kind,
   its fields copied by name. Ops outside the
   dataclass's op set become the op of equal cost: saturating add/sub/mul -> add/sub/mul, other
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from tpuflow.errors import BinaryFormatError
 from tpuflow.isa import (ArTiu, CmpTiu, ConvTiu, CwBcTiu, Engine, GatherDma, GeneralDma, Instruction, LinTiu,
-                         MatrixDma, Mm2Tiu, MmTiu, PordTiu, Prec, RqDqTiu, SfuTiu, SysDma, SysTiu, TensorDma)
+                         MatrixDma, Mm2Tiu, MmTiu, PordTiu, Prec, RqDqTiu, SfuTiu, SgTiu, SysDma, SysTiu, TensorDma)
 
 from tpuflow.codegen.sg2260 import HEAD_BYTES, INTEGER_PRECS, REGISTER_OPS, address_tags, head_table, register_layout
 
@@ -118,6 +118,18 @@ def _conv(v: dict) -> Instruction:
 def _rq_dq(v: dict) -> Instruction:
     """RQ&DQ: RqDqTiu by name; dq1 (integer dequant, not modelled) is read as rq1, the op of equal cost."""
     return _tiu(RqDqTiu, v, _op(RqDqTiu, v["tsk_eu_typ"], "rq1"))
+
+
+def _sg(v: dict) -> Instruction:
+    """sSG / SG: SgTiu by name; every other scatter / gather op is read as pe_s_gather_hzd over res0's shape
+    (tpu-mlir's cycle model costs every SG op alike: one element per lane and cycle), its index taken as
+    res0-shaped (opd1_c / opd1_w = res0's) and its table length kept."""
+    op = _op(SgTiu, v["tsk_eu_typ"], "pe_s_gather_hzd")
+    short = v.get("short_opd0_str", 0)
+    return _tiu(SgTiu, v, op, res0_h=1, opd0_h=1, opd1_c=v["res0_c"], opd1_w=v["res0_w"],
+                short_opd0_str=short if short in (0, 4) else 0, opt_res0_prec=_prec(v.get("opt_res0_prec", 0)),
+                opt_opd0_prec=_prec(v.get("opt_res0_prec", 0)), opd0_w=max(1, v.get("opd0_w", 1)),
+                opt_opd1_prec=v.get("opt_opd1_prec", 0) if v.get("opt_opd1_prec", 0) in (0, 3) else 0)
 
 
 def _pord(v: dict) -> Instruction:
@@ -231,7 +243,7 @@ def _sys_dma(v: dict, where: str) -> Instruction:
 TIU_RULES = {"sCONV": _conv, "CONV": _conv, "sPorD": _pord, "PorD": _pord, "sAR": _arith, "AR": _arith,
              "sMM": _mm, "MM": _mm, "sMM2": _mm2, "MM2": _mm2, "sCMP": _cmp, "CMP": _cmp, "sSFU": _sfu,
              "SFU": _sfu, "LIN": _lin, "sLIN": _lin, "sCW&sBC": _cwbc, "CW&BC": _cwbc, "SYS": _sys,
-             "SYS_TR_ACC": _tr_acc, "sRQ&sDQ": _rq_dq, "RQ&DQ": _rq_dq}
+             "SYS_TR_ACC": _tr_acc, "sRQ&sDQ": _rq_dq, "RQ&DQ": _rq_dq, "sSG": _sg, "SG": _sg}
 DMA_RULES = {"DMA_tensor（0x000）": _tensor_dma, "DMA_cw_transpose": _cw_transpose_dma, "DMA_matrix": _matrix_dma, "DMA_general": _general_dma,
              "DMA_gather": _gather_dma, "sDMA_sys": _sys_dma}
 END_OPS = {Engine.TIU: ("SYS", 31), Engine.GDMA: ("sDMA_sys", 0)}

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tpuflow.codegen import linx
 from tpuflow.codegen.sg2260 import ADDRESS_FIELDS, INT32_CONST_RANGE, KIND_REGISTERS, codec_for
-from tpuflow.isa import GDMA_KINDS, TIU_KINDS, AccCvt, ConvTiu, Engine, Mm2Tiu, Prec, TMatmul, TPush
+from tpuflow.isa import GDMA_KINDS, TIU_KINDS, AccCvt, ConvTiu, Engine, Mm2Tiu, Prec, SgTiu, TMatmul, TPush
 from tpuflow.isa.tile import DT_CODES, LAYOUT_CODES, ROUND_MODES
 
 DESCRIPTOR_KINDS = tuple(k for k in KIND_REGISTERS if k.ENGINE is Engine.TIU) + tuple(k for k in KIND_REGISTERS if k.ENGINE is Engine.GDMA)
@@ -32,6 +32,8 @@ def value_strategy(lo: int, hi: int, default=None):
 @st.composite
 def descriptor_instruction(draw, cls):
     """A random legal instruction of a TIU / GDMA kind: every field anywhere in its long-form range."""
+    if cls is SgTiu:
+        return draw(sg_instruction())
     codec = codec_for(cls)
     use_defaults = draw(st.booleans())
     values = {}
@@ -66,6 +68,21 @@ def descriptor_instruction(draw, cls):
         from tpuflow.codegen.sg2260 import _mm2_opd0
         values["opd0_c"], values["opd0_w"] = _mm2_opd0(values)
     return cls(**values)
+
+
+@st.composite
+def sg_instruction(draw):
+    """A random legal SgTiu: shapes in the 16-bit fields, LMEM addresses, the table in res0's precision, a U8 /
+    U16 index, either table layout, the fill / limit flags and value anywhere."""
+    dim = value_strategy(1, (1 << 16) - 1)
+    addr = value_strategy(0, (1 << 29) - 1)
+    prec = draw(st.sampled_from(PRECS))
+    return SgTiu(op=draw(st.sampled_from(sorted(SgTiu.OPS))), res0_addr=draw(addr), res0_n=draw(dim),
+                 res0_c=draw(dim), res0_w=draw(dim), opd0_addr=draw(addr), opd0_w=draw(dim), opd1_addr=draw(addr),
+                 short_opd0_str=draw(st.sampled_from([0, 4])), opd2_addr=draw(value_strategy(0, (1 << 32) - 1, 0)),
+                 opt_opd2_const=draw(st.integers(0, 1)), opt_opd3_const=draw(st.integers(0, 1)),
+                 cmd_id_dep=draw(value_strategy(0, (1 << 23) - 1, 0)), opt_res0_prec=prec, opt_opd0_prec=prec,
+                 opt_opd1_prec=draw(st.sampled_from([int(Prec.INT8), int(Prec.INT16)])))
 
 
 def any_descriptor_instruction():

@@ -41,7 +41,7 @@ POOL_PAD = {4: {2: 0xFF800000, 1: 0xFC00, 5: 0xFF80, 0: 0xFFFFFF80, 3: 0xFFFF800
 REGISTERS = {  # kind (class name) -> its registers (long, short)
     "ConvTiu": {"CONV", "sCONV"}, "Mm2Tiu": {"MM2", "sMM2"}, "ArTiu": {"AR", "sAR"}, "PordTiu": {"PorD", "sPorD"},
     "SfuTiu": {"SFU", "sSFU"}, "LinTiu": {"LIN"}, "CmpTiu": {"CMP", "sCMP"}, "CwBcTiu": {"CW&BC", "sCW&sBC"},
-    "SysTiu": {"SYS"}, "RqDqTiu": {"RQ&DQ", "sRQ&sDQ"}, "TensorDma": {"DMA_tensor（0x000）", "DMA_cw_transpose"}, "MatrixDma": {"DMA_matrix"},
+    "SysTiu": {"SYS"}, "RqDqTiu": {"RQ&DQ", "sRQ&sDQ"}, "SgTiu": {"SG", "sSG"}, "TensorDma": {"DMA_tensor（0x000）", "DMA_cw_transpose"}, "MatrixDma": {"DMA_matrix"},
     "GeneralDma": {"DMA_general"}, "GatherDma": {"DMA_gather"}, "SysDma": {"sDMA_sys"},
 }
 # ops held by a register of their own (tpu-mlir 1.30.2 opdef.py / opparam.py): a C<->W transpose is
