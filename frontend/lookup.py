@@ -7,7 +7,8 @@ DequantizeLinear, earlier LookupTables) such that
 - its only runtime source is ONE tensor x, quantized per tensor in int8 or uint8 (every other input of
   its nodes is made inside the set or is a constant of one element, per tensor quantized or float);
 - every tensor it makes has x's shape, and all but one, y, are read only by nodes of the set (none is
-  a graph output); y is quantized per tensor in int8 or uint8.
+  a graph output), but the float result of a DequantizeLinear of x itself, which others may read too (that
+  node then stays for them); y is quantized per tensor in int8 or uint8.
 
 Then y is a function of x's 256 codes: the set is replaced by one LookupTable node y = table[x] whose
 constant input 1 is the 256 output codes indexed by x's stored byte (x.view(uint8): an int8 code -128
@@ -16,7 +17,8 @@ ORIGINAL nodes on all 256 codes with onnxruntime on their canonical-graph export
 graph optimizations off: each quantized op DequantizeLinear -> float32 op -> QuantizeLinear, float ops
 in float32), the reference every int8 check of tpuflow uses; no second copy of any op's semantics.
 
-Of the valid sets of a source the largest is taken (sources in graph order, nodes taken once). A set
+Of the valid sets of a source the largest is taken, then the largest of the rest, ... (sources in graph
+order, nodes taken once but a shared DequantizeLinear of the source). A set
 of one Relu / Clip whose output keeps its input's Quant is left alone: the int8 lowering clamps its
 codes with two integer instructions, cheaper than a gather. A hard-swish x * clip(x + 3, 0, 6) / 6 of
 --dtype int8 (Add, Clip, Mul each with its own scale, then DequantizeLinear -> float Div ->
@@ -93,7 +95,7 @@ class _Sets:
         inside = {n.name for n in chosen}
         for node in chosen:
             t = node.outputs[0]
-            if t != y and (t in self.g.outputs or any(c.name not in inside for c in self.g.consumers(t))):
+            if t != y and escapes(self.g, t, inside) and not shared_dequantize(node, x):
                 return None
         return chosen if self.worth(chosen, x, y) else None
 
@@ -125,10 +127,22 @@ class _Sets:
             if info.is_const or not eight_bit_per_tensor(info):
                 continue
             chosen = self.best(x)
-            if chosen is not None:
-                self.taken.update(n.name for n in chosen)
+            while chosen is not None:     # a DequantizeLinear of x may serve the next set of x too
+                self.taken.update(n.name for n in chosen if not shared_dequantize(n, x))
                 found.append((x, chosen))
+                chosen = self.best(x)
         return found
+
+
+def escapes(graph: Graph, tensor: str, inside: set[str]) -> bool:
+    """Whether `tensor` is a graph output or read by a node outside `inside` (names)."""
+    return tensor in graph.outputs or any(c.name not in inside for c in graph.consumers(tensor))
+
+
+def shared_dequantize(node: OpNode, x: str) -> bool:
+    """A DequantizeLinear of the source itself: a set may read its float result while other nodes do too
+    (the node then stays for them: an SE block's one DequantizeLinear feeding Sigmoid and the product)."""
+    return node.op_type == K.DEQUANTIZE and node.inputs[0] == x
 
 
 def lookup_sets(graph: Graph) -> list[tuple[str, list[OpNode]]]:
@@ -143,17 +157,18 @@ def evaluate_tables(graph: Graph, sets: list[tuple[str, list[OpNode]]]) -> list[
     if not sets:
         return []
     nodes, tensors, inputs, outputs, feeds = [], {}, [], [], {}
-    for i, (x, members) in enumerate(sets):
-        codes = f"{x}/lookup_codes_{i}"
-        tensors[codes] = replace(_flat(graph.tensor(x)), name=codes)
-        inputs.append(codes)
-        feeds[codes] = table_codes(graph.tensor(x).dtype)
+    for i, (x, members) in enumerate(sets):       # set i's runtime tensors and nodes renamed .../lookup{i}
+        own = {t: f"{t}/lookup{i}" for n in members for t in n.outputs} | {x: f"{x}/lookup{i}"}
+        tensors[own[x]] = replace(_flat(graph.tensor(x)), name=own[x])
+        inputs.append(own[x])
+        feeds[own[x]] = table_codes(graph.tensor(x).dtype)
         for node in members:
             for t in (*node.inputs, *node.outputs):
-                if t and t != x and t not in tensors:
-                    tensors[t] = _flat(graph.tensor(t))
-            nodes.append(replace(node, inputs=tuple(codes if t == x else t for t in node.inputs)))
-        outputs.append(members[-1].outputs[0])
+                if t and t != x and own.get(t, t) not in tensors:
+                    tensors[own.get(t, t)] = replace(_flat(graph.tensor(t)), name=own.get(t, t))
+            nodes.append(replace(node, name=f"{node.name}/lookup{i}", inputs=tuple(own.get(t, t) for t in node.inputs),
+                                 outputs=tuple(own[t] for t in node.outputs)))
+        outputs.append(own[members[-1].outputs[0]])
     model = graph_to_onnx(Graph("lookup_tables", nodes, tensors, inputs, outputs))
     return [np.asarray(v) for v in _run(model, feeds)]
 
@@ -193,13 +208,21 @@ def collapse_lookup_tables(graph: Graph) -> Graph:
                                    out.quant)
         node = _fresh(names | set(graph.nx.nodes), f"{members[-1].name}/lookup_table")
         names.add(node)
-        first[members[0].name] = OpNode(node, K.LOOKUP_TABLE.value, (x, name), (y,), {})
-        dropped.update(n.name for n in members)
-        read.update(t for n in members for t in n.inputs if t)
+        inside = {n.name for n in members}
+        kept = {n.name for n in members if shared_dequantize(n, x) and escapes(graph, n.outputs[0], inside)}
+        first[next(n.name for n in members if n.name not in kept)] = OpNode(node, K.LOOKUP_TABLE.value, (x, name),
+                                                                            (y,), {})
+        dropped.update(n.name for n in members if n.name not in kept)
+        read.update(t for n in members if n.name not in kept for t in n.inputs if t)
         for member in members:
-            tensors.pop(member.outputs[0], None) if member.outputs[0] != y else None
+            if member.outputs[0] != y and member.name not in kept:
+                tensors.pop(member.outputs[0], None)
     nodes = [first.get(n.name, n) for n in graph.nodes() if n.name in first or n.name not in dropped]
     used = {t for n in nodes for t in n.inputs if t} | set(graph.outputs)
+    unread = [n for n in nodes if n.op_type == K.DEQUANTIZE and n.outputs[0] not in used]   # kept for a later set
+    nodes = [n for n in nodes if n not in unread]
+    for n in unread:
+        tensors.pop(n.outputs[0], None)
     for t in read - used:
         if t in tensors and tensors[t].is_const:
             del tensors[t]

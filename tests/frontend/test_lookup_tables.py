@@ -1,0 +1,135 @@
+"""The lookup-table graph rule (frontend/lookup.py): which elementwise subgraphs of one 8-bit tensor collapse
+into one LookupTable and which do not (a second runtime source, a per-channel constant, an intermediate read
+outside the set, a per-channel quantized source, a lone code clamp), and that the collapsed graph computes
+exactly what the model computes on every one of the 256 codes (onnxruntime on the model against onnxruntime
+on the canonical graph's export; hypothesis over scales, zero points and constants)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tpuflow.frontend.lookup as lookup
+from frontend_util import run_ort
+from lookup_models import SHAPE, Chain, float_sigmoid, hard_swish
+from tpuflow.frontend import load
+from tpuflow.frontend.export import graph_to_onnx
+
+
+def every_code(storage: str) -> dict:
+    return {"xq": np.arange(256, dtype=np.uint8).view(storage).reshape(SHAPE)}
+
+
+def kinds(graph) -> list[str]:
+    return [n.op_type for n in graph.nodes()]
+
+
+def assert_same_on_every_code(model, storage="int8"):
+    graph = load(model)
+    feeds = every_code(storage)
+    for want, got in zip(run_ort(model, feeds), run_ort(graph_to_onnx(graph), feeds)):
+        np.testing.assert_array_equal(got, want)
+    return graph
+
+
+def test_hard_swish_of_four_quantized_ops_is_one_table():
+    graph = assert_same_on_every_code(hard_swish())
+    assert kinds(graph) == ["LookupTable", "DequantizeLinear"]
+    (lut,) = [n for n in graph.nodes() if n.op_type == "LookupTable"]
+    table = graph.tensor(lut.inputs[1])
+    assert table.shape == (256,) and table.quant == graph.tensor(lut.outputs[0]).quant
+    assert set(graph.tensors) == {"xq", lut.inputs[1], lut.outputs[0], "y0"}     # inner tensors and constants gone
+
+
+@pytest.mark.parametrize("storage", ["int8", "uint8"])
+def test_a_float_op_between_dequantize_and_quantize_is_a_table(storage):
+    graph = assert_same_on_every_code(float_sigmoid(storage), storage)
+    assert kinds(graph) == ["LookupTable", "DequantizeLinear"]
+
+
+@settings(max_examples=12, deadline=None)
+@given(scales=st.lists(st.floats(0.002, 0.2), min_size=4, max_size=4),
+       zps=st.lists(st.integers(-20, 20), min_size=4, max_size=4), three=st.floats(-4, 4), six=st.floats(0.5, 8),
+       x_scale=st.floats(0.005, 0.3), x_zp=st.integers(-30, 30), unsigned=st.booleans())
+def test_tables_are_exact_for_any_scales_zero_points_and_constants(scales, zps, three, six, x_scale, x_zp, unsigned):
+    storage = "uint8" if unsigned else "int8"
+    shift = 128 if unsigned else 0
+    graph = assert_same_on_every_code(hard_swish([np.float32(s) for s in scales], [z + shift for z in zps],
+                                                 three, six, storage, np.float32(x_scale), x_zp + shift), storage)
+    assert kinds(graph)[0] == "LookupTable"
+
+
+def test_a_second_runtime_source_stays():
+    c = Chain()
+    z = c.runtime_input("z")
+    y = c.quantize(c.op("Add", ["x", z], "a"), 0.05, 0)
+    graph = load(c.model(y))
+    assert "LookupTable" not in kinds(graph) and "Add" in kinds(graph)
+
+
+def test_a_per_channel_constant_ends_the_set():
+    """Add 3 (scalar, its own scale) is a table; the Mul by one value per channel after it is not in it."""
+    c = Chain()
+    a = c.quantize(c.op("Add", ["x", c.const(3.0)], "a"), 0.04, 0)
+    y = c.quantize(c.op("Mul", [a, c.const(np.arange(1, 5, dtype=np.float32).reshape(1, 4, 1, 1))], "m"), 0.1, 0)
+    graph = assert_same_on_every_code(c.model(y))
+    assert kinds(graph) == ["LookupTable", "DequantizeLinear", "Mul", "QuantizeLinear", "DequantizeLinear"]
+
+
+def test_an_intermediate_read_outside_ends_the_set_before_it():
+    """hard-swish whose x + 3 is also an output: x + 3 stays a tensor (its own table), clip(.) is a table of it,
+    x * clip(.) reads two runtime tensors and stays a Mul, / 6 is a table again."""
+    c = Chain()
+    a = c.quantize(c.op("Add", ["x", c.const(3.0)], "a"), 0.04, 0)
+    k = c.quantize(c.op("Clip", [a, c.const(0.0), c.const(6.0)], "k"), 0.03, 0)
+    m = c.quantize(c.op("Mul", ["x", k], "m"), 0.05, 0)
+    y = c.quantize(c.op("Mul", [m, c.const(1 / 6)], "h"), 0.02, 0)
+    graph = assert_same_on_every_code(c.model(y, a))
+    assert kinds(graph) == ["LookupTable", "DequantizeLinear", "LookupTable", "Mul", "LookupTable",
+                            "DequantizeLinear"]
+    assert [n.inputs[0] for n in graph.nodes() if n.op_type == "LookupTable"] == ["xq", "a_q", "m_q"]
+
+
+def test_a_per_channel_quantized_source_is_not_a_table_source():
+    c = Chain(x_axis_scales=np.asarray([0.01, 0.02, 0.03, 0.04], np.float32))
+    y = c.quantize(c.op("Add", ["x", c.const(1.0)], "a"), 0.05, 0)
+    graph = load(c.model(y))
+    assert not any(n.op_type == "LookupTable" and n.inputs[0] == "xq" for n in graph.nodes())
+
+
+@pytest.mark.parametrize("same_quant", [True, False])
+def test_a_lone_relu_is_a_table_only_when_it_requantises(same_quant):
+    """A Relu keeping its input's Quant is a clamp of the codes (two integer instructions): no table."""
+    c = Chain(scale=0.05)
+    y = c.quantize(c.op("Relu", ["x"], "r"), 0.05 if same_quant else 0.03, 0)
+    graph = assert_same_on_every_code(c.model(y))
+    assert ("LookupTable" in kinds(graph)) != same_quant
+
+
+def test_a_shared_dequantize_serves_two_tables():
+    """DequantizeLinear(x) read by a Sigmoid and a Tanh, each quantized: two tables of x, the float result gone."""
+    c = Chain()
+    a = c.quantize(c.op("Sigmoid", ["x"], "s"), 1 / 255, 0)
+    b = c.quantize(c.op("Tanh", ["x"], "t"), 1 / 127, 0)
+    graph = load(c.model(a, b))
+    luts = [n for n in graph.nodes() if n.op_type == "LookupTable"]
+    assert [n.inputs[0] for n in luts] == ["xq", "xq"] and len({n.inputs[1] for n in luts}) == 2
+    assert kinds(graph) == ["LookupTable", "LookupTable", "DequantizeLinear", "DequantizeLinear"]
+    assert_same_on_every_code(c.model(a, b))
+
+
+def test_a_shared_dequantize_stays_for_its_other_readers():
+    """x * sigmoid(x) with the product in float (SE-like): the table of sigmoid reads x's codes, the
+    DequantizeLinear stays for the Mul."""
+    c = Chain()
+    s = c.quantize(c.op("Sigmoid", ["x"], "s"), 1 / 255, 0)
+    graph = assert_same_on_every_code(c.model(c.op("Mul", ["x", s], "m")))
+    assert kinds(graph)[:2] == ["DequantizeLinear", "LookupTable"] and "x" in graph.tensors
+
+
+def test_graphs_without_quantized_tensors_are_left_alone():
+    c = Chain()
+    graph = load(c.model(c.quantize(c.op("Relu", ["x"], "r"), 0.05, 0)))
+    assert lookup.collapse_lookup_tables(graph) is graph
