@@ -64,7 +64,8 @@ OP_CASES = {
                          dict(elem=T.INT8, out_elem=T.FLOAT)),
 }
 LARGE = ("alexnet", "vgg19", "zfnet512", "bert_base")   # hundreds of MB of weights, no kind the others lack
-SOURCES = [f"model:{n}" for n in models.names() if n not in LARGE] + [f"op:{n}" for n in OP_CASES]
+SOURCES = [f"model:{n}" for n in models.names() if n not in LARGE] + [f"op:{n}" for n in OP_CASES] + \
+    ["qdq:hard_swish"]        # a QDQ chain the frontend collapses into a LookupTable (frontend/lookup.py)
 
 
 def op_model(name: str) -> onnx.ModelProto:
@@ -104,7 +105,11 @@ def onnx_inferred(graph: Graph) -> dict[str, tuple[int, ...]] | None:
 def checked_kinds(source: str) -> frozenset[str]:
     """Load `source`, check every node's shapes against its spec and ONNX inference; its kinds."""
     kind, name = source.split(":")
-    graph = load(models.build_model(name) if kind == "model" else op_model(name))
+    if kind == "qdq":
+        import lookup_models
+        graph = load(getattr(lookup_models, name)())
+    else:
+        graph = load(models.build_model(name) if kind == "model" else op_model(name))
     inferred = onnx_inferred(graph)
     for node in graph.nodes():
         ins = [graph.tensor(t).shape for t in node.inputs]
