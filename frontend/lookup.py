@@ -19,8 +19,9 @@ in float32), the reference every int8 check of tpuflow uses; no second copy of a
 
 Of the valid sets of a source the largest is taken, then the largest of the rest, ... (sources in graph
 order, nodes taken once but a shared DequantizeLinear of the source). A set
-of one Relu / Clip whose output keeps its input's Quant is left alone: the int8 lowering clamps its
-codes with two integer instructions, cheaper than a gather. A hard-swish x * clip(x + 3, 0, 6) / 6 of
+of one Relu / Clip is left alone when it keeps its input's Quant (the int8 lowering clamps the codes with
+two integer instructions) or is the only reader of a Conv / MatMul result (fused into its requantisation):
+both cheaper than a gather. A hard-swish x * clip(x + 3, 0, 6) / 6 of
 --dtype int8 (Add, Clip, Mul each with its own scale, then DequantizeLinear -> float Div ->
 QuantizeLinear) becomes one node; so does DequantizeLinear -> Sigmoid -> QuantizeLinear.
 """
@@ -100,10 +101,15 @@ class _Sets:
         return chosen if self.worth(chosen, x, y) else None
 
     def worth(self, nodes: list[OpNode], x: str, y: str) -> bool:
-        """Not a lone code clamp (a Relu / Clip keeping its input's Quant: two integer instructions)."""
+        """Not a lone Relu / Clip that is cheaper as it is: one keeping its input's Quant (a clamp of the
+        codes, two integer instructions), or the only reader of a Conv / MatMul result (the int8 lowering
+        fuses it into the product's requantisation)."""
         if len(nodes) != 1 or nodes[0].op_type not in (K.RELU, K.CLIP):
             return True
-        return self.g.tensor(x).quant != self.g.tensor(y).quant
+        producer = self.g.producer(x)
+        fused = producer is not None and producer.op_type in (K.CONV, K.MATMUL) and x not in self.g.outputs \
+            and len(self.g.consumers(x)) == 1
+        return self.g.tensor(x).quant != self.g.tensor(y).quant and not fused
 
     def best(self, x: str) -> list[OpNode] | None:
         """The largest lookup set from source x (the latest exit on ties), or None."""

@@ -133,3 +133,19 @@ def test_graphs_without_quantized_tensors_are_left_alone():
     c = Chain()
     graph = load(c.model(c.quantize(c.op("Relu", ["x"], "r"), 0.05, 0)))
     assert lookup.collapse_lookup_tables(graph) is graph
+
+
+def test_a_relu_the_product_fuses_is_left_alone():
+    """Conv -> Relu with its own scale, the Relu the Conv's only reader: the int8 lowering fuses it into the
+    Conv's requantisation, so it stays; read by a second node too, it becomes a table."""
+    from onnx import helper, numpy_helper
+    for shared in (False, True):
+        c = Chain()
+        weights = np.random.default_rng(0).integers(-3, 4, (4, 4, 3, 3)).astype(np.int8)
+        c.inits += [numpy_helper.from_array(weights, "wq"), numpy_helper.from_array(np.int8(0), "zw")]
+        c.nodes.append(helper.make_node("DequantizeLinear", ["wq", c.const(0.05), "zw"], ["w"], name="w_dq"))
+        conv = c.quantize(c.op("Conv", ["x", "w"], "conv", pads=[1, 1, 1, 1]), 0.05, 0)
+        relu = c.quantize(c.op("Relu", [conv], "r"), 0.03, 0)
+        outs = (relu, conv) if shared else (relu,)
+        graph = assert_same_on_every_code(c.model(*outs))
+        assert "Conv" in kinds(graph) and ("LookupTable" in kinds(graph)) == shared, kinds(graph)
