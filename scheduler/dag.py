@@ -20,7 +20,7 @@ core.message_latency_ns (it reaches the waits on other cores that much later).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -100,10 +100,9 @@ class _Builder:
     """Collects the nodes of build_dag in issue order."""
 
     def __init__(self, program: Program, columns: list[list] | None = None, preds: list[list[int]] | None = None,
-                 unit_base: int = 0, accesses: list | None = None):
+                 unit_base: int = 0, accesses: list | None = None, chunked: bool = False):
         self.program, self.chip = program, program.chip
-        self.finder = HazardFinder(self.chip.lanes, LMEM_LANE_BLOCK, self.chip.chunk_bytes_per_lane,
-                                   exact_ddr=program.core_count > 1)
+        self.finder = hazard_finder(self.chip, program.core_count > 1, chunked)
         self.same = [same_as_earlier(program.queue(e)) for e in Engine]
         self.known: list[dict] = [{}, {}, {}]    # per engine: first equal instruction -> (timing, accesses or None)
         self.shared = _shared_facts(self.chip)
@@ -172,11 +171,20 @@ class _Builder:
                    self.accesses)
 
 
-def build_dag(program: Program) -> Dag:
-    """The DAG of `program` (see the module docstring)."""
+def hazard_finder(chip, exact_ddr: bool, chunked: bool = False) -> HazardFinder:
+    """The DAG's hazard index: precise LMEM ranges, or (chunked) ranges widened to the dependency
+    chunks (chip.deps: lanes x chunk_bytes_per_lane), the granularity at which the rebuilt program's
+    waits are computed (lowering.deps)."""
+    chunk = (chip.deps.chunk_lanes, chip.chunk_bytes_per_lane) if chunked else None
+    return HazardFinder(chip.lanes, LMEM_LANE_BLOCK, chip.chunk_bytes_per_lane, exact_ddr=exact_ddr, chunk=chunk)
+
+
+def build_dag(program: Program, chunked: bool = False) -> Dag:
+    """The DAG of `program` (see the module docstring); `chunked`: LMEM hazards at dependency-chunk
+    granularity (hazard_finder)."""
     if program.core_count > 1:
-        return build_chip_dag(program)
-    builder = _Builder(program)
+        return build_chip_dag(program, chunked)
+    builder = _Builder(program, chunked=chunked)
     trailer: list[tuple[int, int]] = []
     last_ends = {e: len(program.queue(e)) - 1 for e in Engine
                  if program.queue(e) and is_stream_end(program.queue(e)[-1])}
@@ -189,7 +197,7 @@ def build_dag(program: Program) -> Dag:
     return builder.dag(trailer)
 
 
-def build_chip_dag(program: Program) -> Dag:
+def build_chip_dag(program: Program, chunked: bool = False) -> Dag:
     """The DAG of a multi-core program: each core's nodes and hazard edges as for one core (LMEM is
     private; a core's DDR hazards against its own accesses), built in a run order of all cores
     (scheduler.cores), plus an edge from every send to each wait that consumed it. Cross-core DDR
@@ -200,7 +208,7 @@ def build_chip_dag(program: Program) -> Dag:
     columns: list[list] = [[], [], [], [], []]
     preds: list[list[int]] = []
     accesses: list = []
-    builders = [_Builder(view, columns, preds, len(Engine) * k, accesses) for k, view in enumerate(views)]
+    builders = [_Builder(view, columns, preds, len(Engine) * k, accesses, chunked) for k, view in enumerate(views)]
     ends = [{e.code: len(view.queue(e)) - 1 for e in Engine if view.queue(e) and is_stream_end(view.queue(e)[-1])}
             for view in views]
     trailer: list[tuple[int, int]] = []
@@ -216,3 +224,21 @@ def build_chip_dag(program: Program) -> Dag:
         node = node_of[wait]
         preds[node] = sorted(set(preds[node]) | {node_of[s] for s in sends})
     return builders[0].dag(trailer, len(Engine) * len(views))
+
+
+def in_chunk_order(dag: Dag, order, chip) -> Dag:
+    """`dag` with the LMEM hazards that the dependency chunks give `order` (a topological order of
+    `dag`) added: walking the nodes in that order, an edge from every earlier node touching a common
+    chunk (lowering.deps: chunk conflicts become waits in whichever order the two are issued, so two
+    accesses of one chunk are ordered even where their bytes are disjoint). Every edge then points
+    forward in `order`, and retiming `order` on the result times the waits the rebuilt program has."""
+    cores = dag.units // len(Engine)
+    finders = [hazard_finder(chip, cores > 1, chunked=True) for _ in range(cores)]
+    preds = [set(dag.preds(b).tolist()) for b in range(dag.size)]
+    unit = dag.engine.tolist()
+    for b in (order.tolist() if hasattr(order, "tolist") else order):
+        preds[b] |= finders[unit[b] // len(Engine)].add(b, dag.accesses[b])
+    ptr = np.zeros(dag.size + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(p) for p in preds])
+    idx = np.fromiter((a for p in preds for a in sorted(p)), dtype=np.int64, count=int(ptr[-1]))
+    return replace(dag, pred_ptr=ptr, pred_idx=idx)

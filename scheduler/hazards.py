@@ -139,7 +139,8 @@ def _cut_reads(reads: dict, r_lo: int, r_hi: int, lo: int, hi: int) -> None:
 
 
 class HazardFinder:
-    """Precise-range predecessors of each instruction, fed in original issue order."""
+    """Precise-range predecessors of each instruction, fed in original issue order; with `chunk`
+    (lanes, bytes per lane) the LMEM ranges are first widened to whole chunks of that size."""
 
     def _ddr_boxes(self, ranges) -> list[tuple[int, int, int, int]]:
         ranges = [r for r in ranges if r.hi > r.lo]
@@ -148,8 +149,9 @@ class HazardFinder:
         return [(0, 1, r.lo, r.hi) for r in ranges]
 
     def __init__(self, lanes: int, lane_block: int, lmem_block: int, ddr_block: int = 1 << 16,
-                 exact_ddr: bool = False):
+                 exact_ddr: bool = False, chunk: tuple[int, int] | None = None):
         self.lmem = AccessIndex(min(lane_block, lanes), lmem_block)
+        self.chunk = chunk
         self.ddr = AccessIndex(1, ddr_block)
         # One core orders its DMAs in its queue: each instruction's DDR pieces are taken as their
         # hull (a strided DMA can have thousands of pieces). Several cores need the exact pieces:
@@ -182,11 +184,23 @@ class HazardFinder:
         if hit is None:
             lmem, ddr = self.lmem, self.ddr
             hit = self._parts_cache[key] = (
-                (lmem, lmem.pieces(_lmem_boxes(acc.lmem_reads)), lmem.pieces(_lmem_boxes(acc.lmem_writes))),
+                (lmem, lmem.pieces(_lmem_boxes(acc.lmem_reads, self.chunk)),
+                 lmem.pieces(_lmem_boxes(acc.lmem_writes, self.chunk))),
                 (ddr, ddr.pieces(self._ddr_boxes(acc.ddr_reads)), ddr.pieces(self._ddr_boxes(acc.ddr_writes))),
             )
         return hit
 
 
-def _lmem_boxes(ranges) -> list[tuple[int, int, int, int]]:
-    return [(r.lane, r.lanes, r.lo, r.hi) for r in ranges if r.hi > r.lo and r.lanes > 0]
+def _lmem_boxes(ranges, chunk: tuple[int, int] | None = None) -> list[tuple[int, int, int, int]]:
+    """(lane, lanes, lo, hi) boxes of LMEM ranges, widened to whole (lanes x bytes) chunks if `chunk`."""
+    boxes = [(r.lane, r.lanes, r.lo, r.hi) for r in ranges if r.hi > r.lo and r.lanes > 0]
+    if chunk is None:
+        return boxes
+    lanes, size = chunk
+    out = []
+    for lane, n, lo, hi in boxes:
+        first = lane // lanes * lanes
+        box = (first, -(-(lane + n) // lanes) * lanes - first, lo // size * size, -(-hi // size) * size)
+        if box not in out:
+            out.append(box)
+    return out
