@@ -18,10 +18,12 @@ graph optimizations off: each quantized op DequantizeLinear -> float32 op -> Qua
 in float32), the reference every int8 check of tpuflow uses; no second copy of any op's semantics.
 
 Of the valid sets of a source the largest is taken, then the largest of the rest, ... (sources in graph
-order, nodes taken once but a shared DequantizeLinear of the source). A set
-of one Relu / Clip is left alone when it keeps its input's Quant (the int8 lowering clamps the codes with
-two integer instructions) or is the only reader of a Conv / MatMul result (fused into its requantisation):
-both cheaper than a gather. A hard-swish x * clip(x + 3, 0, 6) / 6 of
+order, nodes taken once but a shared DequantizeLinear of the source). The gather costs one element per
+lane and cycle (hwmodel/timing/compute.py, tpu-mlir's SG model), more than one requantising op on the
+vector unit (dequantise, op, requantise: three or four fp32 vectors), so a set must hold two or more
+computing nodes, or one computing in float between DequantizeLinear and QuantizeLinear (worth); a Relu /
+Clip that is the only reader of a Conv / MatMul result joins no set (the int8 lowering fuses it into the
+product's requantisation for free). A hard-swish x * clip(x + 3, 0, 6) / 6 of
 --dtype int8 (Add, Clip, Mul each with its own scale, then DequantizeLinear -> float Div ->
 QuantizeLinear) becomes one node; so does DequantizeLinear -> Sigmoid -> QuantizeLinear.
 """
@@ -62,7 +64,8 @@ class _Sets:
 
     def member(self, node: OpNode, source_shape, made: set[str]) -> bool:
         """Whether `node` can join a set that has made the tensors `made` (x among them)."""
-        if node.name in self.taken or node.op_type not in LOOKUP_KINDS or len(node.outputs) != 1:
+        if node.name in self.taken or node.op_type not in LOOKUP_KINDS or len(node.outputs) != 1 or \
+                self.fused_activation(node):
             return False
         runtime = [t for t in node.inputs if t and not self.g.tensor(t).is_const]
         consts = [self.g.tensor(t) for t in node.inputs if t and self.g.tensor(t).is_const]
@@ -101,15 +104,22 @@ class _Sets:
         return chosen if self.worth(chosen, x, y) else None
 
     def worth(self, nodes: list[OpNode], x: str, y: str) -> bool:
-        """Not a lone Relu / Clip that is cheaper as it is: one keeping its input's Quant (a clamp of the
-        codes, two integer instructions), or the only reader of a Conv / MatMul result (the int8 lowering
-        fuses it into the product's requantisation)."""
-        if len(nodes) != 1 or nodes[0].op_type not in (K.RELU, K.CLIP):
-            return True
+        """A set a gather (one element per lane and cycle) is worth: two or more computing nodes (each its own
+        DDR round trip and requantisation otherwise), or one that computes in float between DequantizeLinear
+        and QuantizeLinear (a Sigmoid: conversions and a function sequence otherwise). One Add / Mul / Relu /
+        Clip on quantized tensors stays: dequantise, the op and requantise, or a clamp of the codes, are
+        cheaper than a gather."""
+        computing = [n for n in nodes if n.op_type not in CONVERT]
+        return len(computing) >= 2 or any(self.g.tensor(n.outputs[0]).quant is None for n in computing)
+
+    def fused_activation(self, node: OpNode) -> bool:
+        """A Relu / Clip that is the only reader of a Conv / MatMul result: the int8 lowering fuses it into the
+        product's requantisation (free), so no set takes it."""
+        x = node.inputs[0]
         producer = self.g.producer(x)
-        fused = producer is not None and producer.op_type in (K.CONV, K.MATMUL) and x not in self.g.outputs \
-            and len(self.g.consumers(x)) == 1
-        return self.g.tensor(x).quant != self.g.tensor(y).quant and not fused
+        return node.op_type in (K.RELU, K.CLIP) and producer is not None and \
+            producer.op_type in (K.CONV, K.MATMUL) and x not in self.g.outputs and len(self.g.consumers(x)) == 1 \
+            and self.g.tensor(node.outputs[0]).quant is not None
 
     def best(self, x: str) -> list[OpNode] | None:
         """The largest lookup set from source x (the latest exit on ties), or None."""

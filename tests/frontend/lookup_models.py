@@ -37,6 +37,17 @@ class Chain:
         self.inits.append(_arr(name, value, np.float32))
         return name
 
+    def qconst(self, value) -> str:
+        """A constant as DequantizeLinear of int8 codes (as quantizers store them): ops reading it are absorbed
+        into ops on quantized tensors (frontend/imp_quant.py)."""
+        self.k += 1
+        value = np.asarray(value, np.float32)
+        scale = np.float32(max(float(np.max(np.abs(value))), 1e-3) / 127)
+        codes = np.clip(np.rint(value / scale), -127, 127).astype(np.int8)
+        names = [f"q{self.k}", f"q{self.k}_scale", f"q{self.k}_zp"]
+        self.inits += [_arr(names[0], codes, np.int8), _arr(names[1], scale, np.float32), _arr(names[2], 0, np.int8)]
+        return self.op("DequantizeLinear", names, f"q{self.k}_real")
+
     def op(self, op: str, inputs, out: str, **attrs) -> str:
         self.nodes.append(helper.make_node(op, list(inputs), [out], name=out, **attrs))
         return out
@@ -64,13 +75,15 @@ class Chain:
 
 
 def hard_swish(scales=(0.04, 0.03, 0.05, 0.02), zps=(0, 0, 0, 0), three=3.0, six=6.0, storage="int8",
-               x_scale=0.05, x_zp=0) -> onnx.ModelProto:
-    """x * clip(x + 3, 0, 6) / 6 with every op quantized on its own scale (--dtype int8's form)."""
+               x_scale=0.05, x_zp=0, quantized_constants=True) -> onnx.ModelProto:
+    """x * clip(x + 3, 0, 6) / 6 with every op quantized on its own scale (--dtype int8's form: the constants
+    quantized too, so the frontend absorbs Add / Clip / Mul into ops on quantized tensors)."""
     c = Chain(storage, x_scale, x_zp)
-    a = c.quantize(c.op("Add", ["x", c.const(three)], "a"), scales[0], zps[0])
+    const = c.qconst if quantized_constants else c.const
+    a = c.quantize(c.op("Add", ["x", const(three)], "a"), scales[0], zps[0])
     k = c.quantize(c.op("Clip", [a, c.const(0.0), c.const(six)], "k"), scales[1], zps[1])
     m = c.quantize(c.op("Mul", ["x", k], "m"), scales[2], zps[2])
-    y = c.quantize(c.op("Mul", [m, c.const(1.0 / six)], "h"), scales[3], zps[3])
+    y = c.quantize(c.op("Mul", [m, const(1.0 / six)], "h"), scales[3], zps[3])
     return c.model(y)
 
 

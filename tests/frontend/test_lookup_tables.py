@@ -52,12 +52,16 @@ def test_a_float_op_between_dequantize_and_quantize_is_a_table(storage):
 @settings(max_examples=12, deadline=None)
 @given(scales=st.lists(st.floats(0.002, 0.2), min_size=4, max_size=4),
        zps=st.lists(st.integers(-20, 20), min_size=4, max_size=4), three=st.floats(-4, 4), six=st.floats(0.5, 8),
-       x_scale=st.floats(0.005, 0.3), x_zp=st.integers(-30, 30), unsigned=st.booleans())
-def test_tables_are_exact_for_any_scales_zero_points_and_constants(scales, zps, three, six, x_scale, x_zp, unsigned):
+       x_scale=st.floats(0.005, 0.3), x_zp=st.integers(-30, 30), unsigned=st.booleans(), absorbed=st.booleans())
+def test_tables_are_exact_for_any_scales_zero_points_and_constants(scales, zps, three, six, x_scale, x_zp, unsigned,
+                                                                   absorbed):
+    """The hard-swish as ops on quantized tensors (quantized constants) or as float ops between
+    DequantizeLinear and QuantizeLinear (float constants)."""
     storage = "uint8" if unsigned else "int8"
     shift = 128 if unsigned else 0
     graph = assert_same_on_every_code(hard_swish([np.float32(s) for s in scales], [z + shift for z in zps],
-                                                 three, six, storage, np.float32(x_scale), x_zp + shift), storage)
+                                                 three, six, storage, np.float32(x_scale), x_zp + shift, absorbed),
+                                      storage)
     assert kinds(graph)[0] == "LookupTable"
 
 
@@ -70,26 +74,28 @@ def test_a_second_runtime_source_stays():
 
 
 def test_a_per_channel_constant_ends_the_set():
-    """Add 3 (scalar, its own scale) is a table; the Mul by one value per channel after it is not in it."""
+    """(x + 3) * 2 (scalars, each its own scale) is a table; the Mul by one value per channel after it is not in it."""
     c = Chain()
-    a = c.quantize(c.op("Add", ["x", c.const(3.0)], "a"), 0.04, 0)
-    y = c.quantize(c.op("Mul", [a, c.const(np.arange(1, 5, dtype=np.float32).reshape(1, 4, 1, 1))], "m"), 0.1, 0)
+    a = c.quantize(c.op("Add", ["x", c.qconst(3.0)], "a"), 0.04, 0)
+    b = c.quantize(c.op("Mul", [a, c.qconst(2.0)], "b"), 0.08, 0)
+    y = c.quantize(c.op("Mul", [b, c.const(np.arange(1, 5, dtype=np.float32).reshape(1, 4, 1, 1))], "m"), 0.1, 0)
     graph = assert_same_on_every_code(c.model(y))
     assert kinds(graph) == ["LookupTable", "DequantizeLinear", "Mul", "QuantizeLinear", "DequantizeLinear"]
+    assert graph.tensor(graph.node("b/lookup_table").inputs[0]).name == "xq"
 
 
 def test_an_intermediate_read_outside_ends_the_set_before_it():
-    """hard-swish whose x + 3 is also an output: x + 3 stays a tensor (its own table), clip(.) is a table of it,
-    x * clip(.) reads two runtime tensors and stays a Mul, / 6 is a table again."""
+    """hard-swish (quantized ops) whose clip(x + 3) is also an output: x + 3 and the clip are one table (the
+    clip's result, read outside, is its exit), x * clip(.) reads two runtime tensors, / 6 alone is one
+    requantising Mul: both stay."""
     c = Chain()
-    a = c.quantize(c.op("Add", ["x", c.const(3.0)], "a"), 0.04, 0)
+    a = c.quantize(c.op("Add", ["x", c.qconst(3.0)], "a"), 0.04, 0)
     k = c.quantize(c.op("Clip", [a, c.const(0.0), c.const(6.0)], "k"), 0.03, 0)
     m = c.quantize(c.op("Mul", ["x", k], "m"), 0.05, 0)
-    y = c.quantize(c.op("Mul", [m, c.const(1 / 6)], "h"), 0.02, 0)
-    graph = assert_same_on_every_code(c.model(y, a))
-    assert kinds(graph) == ["LookupTable", "DequantizeLinear", "LookupTable", "Mul", "LookupTable",
-                            "DequantizeLinear"]
-    assert [n.inputs[0] for n in graph.nodes() if n.op_type == "LookupTable"] == ["xq", "a_q", "m_q"]
+    y = c.quantize(c.op("Mul", [m, c.qconst(1 / 6)], "h"), 0.02, 0)
+    graph = assert_same_on_every_code(c.model(y, k))
+    assert kinds(graph) == ["LookupTable", "DequantizeLinear", "Mul", "Mul", "DequantizeLinear"]
+    assert [n.outputs[0] for n in graph.nodes() if n.op_type == "LookupTable"] == ["k_q"]
 
 
 def test_a_per_channel_quantized_source_is_not_a_table_source():
@@ -99,13 +105,15 @@ def test_a_per_channel_quantized_source_is_not_a_table_source():
     assert not any(n.op_type == "LookupTable" and n.inputs[0] == "xq" for n in graph.nodes())
 
 
-@pytest.mark.parametrize("same_quant", [True, False])
-def test_a_lone_relu_is_a_table_only_when_it_requantises(same_quant):
-    """A Relu keeping its input's Quant is a clamp of the codes (two integer instructions): no table."""
+@pytest.mark.parametrize("op", ["Relu", "Add", "Sigmoid"])
+def test_one_op_is_a_table_only_when_it_computes_in_float(op):
+    """One requantising Relu / Add on quantized tensors (dequantise, op, requantise on the vector unit) is
+    cheaper than a gather and stays; one float op between DequantizeLinear and QuantizeLinear becomes a table."""
     c = Chain(scale=0.05)
-    y = c.quantize(c.op("Relu", ["x"], "r"), 0.05 if same_quant else 0.03, 0)
+    inputs = ["x", c.qconst(1.0)] if op == "Add" else ["x"]
+    y = c.quantize(c.op(op, inputs, "r"), 0.03, 0)
     graph = assert_same_on_every_code(c.model(y))
-    assert ("LookupTable" in kinds(graph)) != same_quant
+    assert ("LookupTable" in kinds(graph)) == (op == "Sigmoid"), kinds(graph)
 
 
 def test_a_shared_dequantize_serves_two_tables():
@@ -135,9 +143,10 @@ def test_graphs_without_quantized_tensors_are_left_alone():
     assert lookup.collapse_lookup_tables(graph) is graph
 
 
-def test_a_relu_the_product_fuses_is_left_alone():
-    """Conv -> Relu with its own scale, the Relu the Conv's only reader: the int8 lowering fuses it into the
-    Conv's requantisation, so it stays; read by a second node too, it becomes a table."""
+def test_a_relu_the_product_fuses_joins_no_set():
+    """Conv -> Relu -> + 1 -> * 2, each with its own scale: the Relu, the Conv's only reader, is fused into the
+    Conv's requantisation, so the table starts after it; with the Conv's result read elsewhere too, the Relu is
+    not fused and joins the table."""
     from onnx import helper, numpy_helper
     for shared in (False, True):
         c = Chain()
@@ -146,6 +155,9 @@ def test_a_relu_the_product_fuses_is_left_alone():
         c.nodes.append(helper.make_node("DequantizeLinear", ["wq", c.const(0.05), "zw"], ["w"], name="w_dq"))
         conv = c.quantize(c.op("Conv", ["x", "w"], "conv", pads=[1, 1, 1, 1]), 0.05, 0)
         relu = c.quantize(c.op("Relu", [conv], "r"), 0.03, 0)
-        outs = (relu, conv) if shared else (relu,)
-        graph = assert_same_on_every_code(c.model(*outs))
-        assert "Conv" in kinds(graph) and ("LookupTable" in kinds(graph)) == shared, kinds(graph)
+        a = c.quantize(c.op("Add", [relu, c.qconst(1.0)], "a"), 0.04, 0)
+        y = c.quantize(c.op("Mul", [a, c.qconst(2.0)], "m"), 0.08, 0)
+        graph = assert_same_on_every_code(c.model(*((y, conv) if shared else (y,))))
+        luts = [n for n in graph.nodes() if n.op_type == "LookupTable"]
+        assert len(luts) == 1 and ("Relu" in kinds(graph)) != shared, kinds(graph)
+        assert luts[0].inputs[0] == ("conv_q" if shared else "r_q")
