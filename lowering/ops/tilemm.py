@@ -16,9 +16,8 @@ too; a Relu-only epilogue leaves with the ACCCVT (its relu field; in place on th
 chip without it). Otherwise (channels per group not whole
 K fractals, output rows wider than a tile, buffers that do not fit) P^T is built by im2col DMAs in
 DDR (or is the input's NHWC copy for 1x1 stride-1 convolutions). Depthwise convs, convs with
-fewer input channels per group than K0 and (ENGINE_CHOICE "fit") drain-bound convs, convs whose
-windows are not expanded on chip (1x1, grouped, wider than the lanes) and convs whose halos hold one
-channel block of several stay on the TIU.
+fewer input channels per group than K0 and (ENGINE_CHOICE "fit") convs whose TIU plan the shared cost
+model times faster (TileConvChoice._faster) stay on the TIU.
 
 How the slots are fed (the tile window is a tile buffer, tpuflow.isa.tile; issue 16):
 * runtime operands from DDR: one DMA per K panel (or run of equally spaced tiles) into neighbouring
@@ -891,9 +890,10 @@ class TileConvChoice:
     """A conv group of a tile-path model that the TILE engine can take: the TILE conv's plan; the TIU
     conv's when a layer group keeps an operand or the result in LMEM in a way only the TIU conv serves
     (no implicit GEMM of one image, or its buffers do not fit beside the resident tensors). With
-    ENGINE_CHOICE "cost" both are planned in each region and the one whose instructions run faster
-    alone on the timing model (the cost the layer-group search uses: lowering.compiler._records_ps) is
-    taken. emit() follows the plan chosen. Conv results stay in LMEM (NCHW, channels on lanes, what the
+    ENGINE_CHOICE "fit" or "cost" both are planned in each region and the faster one is taken: "fit" by
+    the busiest unit of its instructions on the shared cost model (_unit_bound_ps), "cost" by its
+    instructions run alone on the timing model (the cost the layer-group search uses:
+    lowering.compiler._records_ps). emit() follows the plan chosen. Conv results stay in LMEM (NCHW, channels on lanes, what the
     next conv's phase images are transposed from) between consecutive convs either way."""
 
     def __init__(self, ctx: LowerCtx, group: Group):
@@ -907,26 +907,42 @@ class TileConvChoice:
         if tile is None:
             self.tile_missed.add(region)
             return self.make_tiu().plan(region) if self.tile.reads_lmem() or ENGINE_CHOICE == "cost" else None
-        if ENGINE_CHOICE != "cost":
+        if ENGINE_CHOICE == "tile":
             return tile
         tiu = self.make_tiu().plan(region)
-        return tile if tiu is None or self._cost(tile) <= self._cost(tiu) else tiu
+        return tile if tiu is None or self._faster(tile, tiu) else tiu
+
+    def _faster(self, tile, tiu) -> bool:
+        """Whether the TILE plan beats the TIU plan: on the timing model alone ("cost"), or ("fit") on
+        the shared per-instruction cost model's busiest unit (_unit_bound_ps), the TIU on a tie."""
+        if ENGINE_CHOICE == "cost":
+            return self._cost(tile) <= self._cost(tiu)
+        return self._bound(tile) < self._bound(tiu)
+
+    def _bound(self, plan) -> int:
+        """_unit_bound_ps of the plan's instructions (cached like _cost)."""
+        return self._probe(plan, "bound", lambda records: _unit_bound_ps(records, self.ctx.chip))
 
     def _cost(self, plan) -> int:
         """Picoseconds of the plan's instructions alone on the timing model (cached per compile: the
         layer-group search plans a group many times under the same residency)."""
         from tpuflow.lowering.compiler import _records_ps
+        return self._probe(plan, "cost", lambda records: _records_ps(records, self.ctx.chip, self.ctx.options))
+
+    def _probe(self, plan, kind: str, measure) -> int:
+        """`measure` of the records the plan emits into a probe context (cached per compile under
+        `kind`: the layer-group search plans a group many times under the same residency)."""
         from tpuflow.lowering.weights import WeightImage
         ctx = self.ctx
         residents = tuple((t, r.addr, r.size) for t in sorted({t for n in self.group.nodes for t in n.inputs if t} | self.group.produced())
                           if t and (r := ctx.resident(t)) is not None)
-        key = (ctx.options, self.group.anchor.name, plan, residents, tuple(ctx.tile_pushes))
+        key = (kind, ctx.options, self.group.anchor.name, plan, residents, tuple(ctx.tile_pushes))
         cache = _PLAN_COSTS.setdefault(ctx.graph, {})
         if key not in cache:
             probe = replace(ctx.trial(plan.region), weights=WeightImage(ctx.weights.base))
             (TileConvEmitter(probe, self.group) if isinstance(plan, TileConvPlan) else
              _tiu_conv(probe, self.group)).emit(plan)
-            cache[key] = _records_ps(probe.em.records, ctx.chip, ctx.options)
+            cache[key] = measure(probe.em.records)
         return cache[key]
 
     def wants_wider(self, plan) -> bool:
@@ -936,7 +952,12 @@ class TileConvChoice:
 
     def prefers(self, plan, other) -> bool:
         if isinstance(plan, TileConvPlan) != isinstance(other, TileConvPlan):
-            return isinstance(plan, TileConvPlan) if ENGINE_CHOICE != "cost" else self._cost(plan) < self._cost(other)
+            if ENGINE_CHOICE == "tile":
+                return isinstance(plan, TileConvPlan)
+            if ENGINE_CHOICE == "cost":
+                return self._cost(plan) < self._cost(other)
+            tile, tiu = (plan, other) if isinstance(plan, TileConvPlan) else (other, plan)
+            return self._faster(tile, tiu) == isinstance(plan, TileConvPlan)
         return not isinstance(plan, TileConvPlan) and self.make_tiu().prefers(plan, other)
 
     def misfit(self) -> str:
@@ -946,28 +967,50 @@ class TileConvChoice:
         (self.tile if isinstance(plan, TileConvPlan) else self.make_tiu()).emit(plan)
 
 
+def _unit_bound_ps(records, chip) -> int:
+    """The busiest unit's ps over emitted records on the shared cost model (hwmodel.timing.cost): per
+    unit the sum of its instructions' times, the units being the TIU, the GDMA and, of the TILE engine,
+    the cube (TMATMUL, TGEMV, TPUSH), the ACCCVT drain, the tile buffer's DMA port (a TMOVE holds it for
+    its bytes at the port width: its latency is pipelined) and the expansion path (TIMG2COL). A bound
+    where every unit overlaps the others perfectly: what a conv costs wherever it is not waited for."""
+    from tpuflow.hwmodel.timing.cost import engine_period_ps, instruction_ps
+    from tpuflow.hwmodel.timing.engines import unit_phases
+    from tpuflow.isa import AccCvt, Engine, TImg2Col, TMove
+    busy: dict[str, int] = {}
+    for rec in records:
+        instr, unit = rec.instr, rec.engine.name
+        if rec.engine is Engine.TILE:
+            unit = "port" if isinstance(instr, TMove) else "expand" if isinstance(instr, TImg2Col) else \
+                "drain" if isinstance(instr, AccCvt) else "cube"
+        acc = instr.accesses(chip) if isinstance(instr, TMove) else None
+        if acc is not None and not (acc.ddr_reads or acc.ddr_writes):
+            ps = unit_phases(instr, chip)[1] * engine_period_ps(instr, chip)
+        else:
+            ps = instruction_ps(instr, chip)
+        busy[unit] = busy.get(unit, 0) + ps
+    return max(busy.values(), default=0)
+
+
 def _tiu_conv(ctx: LowerCtx, group: Group):
     from tpuflow.lowering.ops.conv import ConvEmitter
     return ConvEmitter(ctx, group)
 
 
 _PLAN_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> {plan key: ps}
-# "fit" (the default, issue 16): as "tile", but a conv the cube cannot use well because its ACCCVT drain
-# outlasts its MACs (_drain_bound: K < 128 in fp16 on sg2260, ResNet-50's 1x1 convs over 64 channels) runs
-# on the TIU. Measured at this change (fp16 sg2260, TILE-path us, TIU path's in brackets): resnet50 1658.5
-# (1118.4; "tile" 1761.7), squeezenet 158.8 (132.1; "tile" 183.1); the 3x3 convs and every 1x1 conv over
-# 128 channels or more stay on the cube (TIMG2COL halos, two ACCs, ACCCVT relu).
+# "fit" (the default, issue 16): each conv the cube can take runs where the shared per-instruction cost model
+# (hwmodel.timing.cost) times its plan's busiest unit less busy (TileConvChoice._faster, _unit_bound_ps; the
+# TIU on a tie): no simulation while compiling. On sg2260 the cube and the TIU have the same fp16 peak (8192
+# MACs per cycle), so the cube wins only where the TIU's lanes are poorly used (fewer output channels than
+# lanes, e.g. a 3x3 conv 64 -> 16 in fp32); ResNet-50's and SqueezeNet's convs all stay on the TIU (their
+# TILE plans' cube blocks, drains or staged weight DMAs outlast the TIU conv). Measured at this change (fp16
+# sg2260, TILE-path us, TIU path's in brackets): resnet50 1086.9 (1098.3), squeezenet 127.4 (127.0); the
+# earlier rules (drain-bound, not expanded on chip, one-block halos: resnet50 1121.5, squeezenet 136.2 at
+# the same commit) kept convs on the cube that run faster on the TIU, and one 60-wide conv off the cube.
 # "tile": every conv the cube can take runs on the TILE whenever it fits (the TIU conv only where a layer
 # group keeps an operand in LMEM in a way the TILE conv cannot read). "cost": each such conv runs on the
 # TILE or the TIU, whichever its plan's instructions run faster alone on the timing model
-# (TileConvChoice), and matrix-vector products run on the vector unit (tile_matmul_emitter). Measured
-# (tpuflow estimate --matmul tile, fp16 sg2260, TILE-path us against the TIU path's): "tile" resnet50 2377
-# (TIU 1118), squeezenet 270 (132), vgg19 14202 (7344); "cost" resnet50 1107, squeezenet 128, vgg19 7284,
-# with every conv of the three on the TIU (alone, each runs 1.1-5x faster there; the transformer blocks
-# have no conv and do not change). "cost" is not the default yet: it runs the
-# timing model while compiling (tests/test_sweep.py assumes a tile-path compile reads no timing key) and
-# takes small_cnn's convs off the cube (tests/lowering/test_emitplan.py, tests/hwmodel/timing/
-# test_timing_programs.py expect TILE convs there).
+# (TileConvChoice), and matrix-vector products run on the vector unit (tile_matmul_emitter). "cost" runs
+# the timing model while compiling (tests/test_sweep.py assumes a tile-path compile reads no timing key).
 ENGINE_CHOICE = "fit"
 
 
@@ -983,8 +1026,6 @@ def tile_conv_emitter(ctx: LowerCtx, group: Group):
     k0 = ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes
     if (geo.groups == geo.cin == geo.cout and geo.groups > 1) or geo.cin // geo.groups < k0 or ctx.part != WHOLE:
         return ConvEmitter(ctx, group)
-    if ENGINE_CHOICE == "fit" and (_drain_bound(ctx, geo) or _without_expansion(ctx.chip, geo) or _one_block_halos(ctx, geo)):
-        return ConvEmitter(ctx, group)
     return TileConvChoice(ctx, group)
 
 
@@ -994,42 +1035,6 @@ def _expands_on_chip(chip, geo) -> bool:
     step), one group, the padded input no wider than the lanes (one phase: TIMG2COL takes the stride)."""
     return (chip.tile.img2col_bytes_per_cycle > 0 and geo.kh * geo.kw > 1 and geo.groups == 1
             and geo.w + geo.pl + geo.pr <= chip.lanes)
-
-
-def _without_expansion(chip, geo) -> bool:
-    """Whether, on a chip with the expansion path, a conv would not use it (_expands_on_chip): its B tiles
-    would come from a pixel-major copy of its input that TIU transposes build for it alone (or from im2col
-    in DDR), the layout conversion per layer issue 16 warns about, while the TIU reads the channels-on-lanes
-    input as it is. ENGINE_CHOICE "fit" leaves such convs on the TIU (fp16 sg2260, every 1x1 conv: TILE
-    path resnet50 1573.7 -> 1201.0 us, squeezenet 157.3 -> 148.5; TILE instructions 43.1k -> 24.5k)."""
-    return chip.tile.img2col_bytes_per_cycle > 0 and not _expands_on_chip(chip, geo)
-
-
-def _one_block_halos(ctx: LowerCtx, geo) -> bool:
-    """Whether an expanded conv's halo tile (the pixel tile of the most whole output rows a tile side takes)
-    holds only one channel block (K0 channels) of the several it has: every block then crosses the DMA
-    port as a halo of its own per pixel tile, and its TIMG2COL runs are kh * kw * K0 elements of K (three
-    48-deep tiles for 3x3 fp16), so the expansion path outlasts the MACs. ENGINE_CHOICE "fit" leaves such
-    convs on the TIU (fp16 sg2260: ResNet-50's stride-2 3x3 convs and 3x3 convs over 56 x 56, whose halos
-    of 56-wide padded rows fill a slot per block: TILE path resnet50 1201.0 -> 1124.0 us, squeezenet
-    148.5 -> 141.3)."""
-    if not _expands_on_chip(ctx.chip, geo):
-        return False
-    k0 = ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes
-    blocks = geo.cin // geo.groups // k0
-    rows = max(1, min(geo.ho, max(TILE_SIDES) // geo.wo))
-    return blocks > 1 and HaloOperand.group_for(ctx.chip, geo, geo.cin // geo.groups, rows, ctx.prec.bytes) <= 1
-
-
-def _drain_bound(ctx: LowerCtx, geo) -> bool:
-    """Whether the cube cannot use a conv well because draining its result takes longer than computing it:
-    per output element the ACCCVT moves 4 bytes of fp32 ACC at tile.acccvt_bytes_per_cycle, the cube does
-    K MACs at tile_macs_per_cycle, so a K below 4 x macs / drain bandwidth (128 in fp16 on sg2260: the 1x1
-    convs over 64 channels of ResNet-50) leaves the cube idle behind its drain (issue 16, deliverable 3)."""
-    chip = ctx.chip
-    macs = chip.compute.tile_macs_per_cycle[ctx.options.dtype]
-    k = geo.cin // geo.groups * geo.kh * geo.kw
-    return k * chip.tile.acccvt_bytes_per_cycle < 4 * macs
 
 
 def _tile_conv_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:

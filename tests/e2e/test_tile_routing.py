@@ -1,7 +1,7 @@
 """Which engine a tile-path model's products run on (lowering.ops.tilemm.ENGINE_CHOICE): with "cost",
 a matrix-vector product runs on the vector unit's GEMV (not a TGEMV filling one row of every fractal),
 and the whole model still matches onnxruntime; with "tile" it stays on the cube; with "fit" (the
-default) a drain-bound conv runs on the TIU."""
+default) a conv runs where the shared cost model times its plan faster."""
 
 from __future__ import annotations
 
@@ -36,34 +36,40 @@ def test_a_matrix_vector_product_runs_on_the_tiu_only_by_cost(choice, monkeypatc
     assert verify(model, None, options, race_check=True)["ok"]
 
 
-def _conv(cin: int, kernel: tuple[int, int], hw: tuple[int, int] = (14, 14)):
-    """Neg, a conv (cin -> 128, `kernel`, same padding along the taps) + Relu over `hw`."""
+def _conv(cin: int, kernel: tuple[int, int], hw: tuple[int, int] = (14, 14), cout: int = 128):
+    """Neg, a conv (cin -> cout, `kernel`, same padding along the taps) + Relu over `hw`."""
     b = ModelBuilder(seed=cin + kernel[1])
     x = b.node("Neg", [b.input("x", [1, cin, *hw])], "nx")
     pads = [(kernel[0] - 1) // 2, (kernel[1] - 1) // 2, kernel[0] // 2, kernel[1] // 2]
-    conv = b.node("Conv", [x, b.weight("w", [128, cin, *kernel]), b.weight("b", [128], 0.2)], "c", pads=pads)
+    conv = b.node("Conv", [x, b.weight("w", [cout, cin, *kernel]), b.weight("b", [cout], 0.2)], "c", pads=pads)
     b.output(b.node("Relu", [conv], "r"))
     return b.model()
 
 
-@pytest.mark.parametrize("dtype, cin, kernel, hw, on_cube", [
-    ("fp16", 16, (1, 2), (14, 14), False), ("fp16", 128, (1, 1), (14, 14), False), ("fp16", 32, (3, 3), (6, 60), False),
-    ("fp16", 16, (3, 3), (14, 14), True), ("fp16", 32, (3, 3), (14, 14), True), ("fp32", 8, (1, 2), (14, 14), True)])
-def test_fit_keeps_on_the_cube_the_convs_it_expands_on_chip(dtype, cin, kernel, hw, on_cube, monkeypatch):
-    """ENGINE_CHOICE "fit" (the default) runs on the TIU a conv whose ACCCVT drain outlasts its MACs
-    (K * acccvt_bytes_per_cycle < 4 * tile_macs_per_cycle: K < 128 in fp16, K < 16 in fp32 on sg2260: a
-    16-channel 1x2 conv in fp16), a conv whose windows are not expanded on chip (a 1x1 conv) and one whose
-    halo holds one of its channel blocks (32 channels, 60 wide: a one-row halo of 62-wide padded rows is
-    5.8 KiB per 16-channel block, two do not fit a slot), any other on the cube (3x3 over 16 channels:
-    K = 144, one block; 3x3 over 32 channels 14 wide: both blocks in one halo; 1x2 over 8 channels in
-    fp32: K = 16); "tile" keeps every one on the cube; the model matches onnxruntime either way."""
+@pytest.mark.parametrize("dtype, cin, kernel, hw, cout, on_cube, judged_right", [
+    ("fp16", 16, (1, 2), (14, 14), 128, False, True), ("fp16", 128, (1, 1), (14, 14), 128, False, True),
+    ("fp16", 32, (3, 3), (6, 60), 128, False, False), ("fp16", 16, (3, 3), (14, 14), 128, False, True),
+    ("fp16", 256, (3, 3), (14, 14), 16, False, True), ("fp32", 64, (3, 3), (14, 14), 16, True, True)])
+def test_fit_runs_a_conv_where_the_cost_model_times_it_faster(dtype, cin, kernel, hw, cout, on_cube, judged_right,
+                                                              monkeypatch):
+    """ENGINE_CHOICE "fit" (the default) runs a conv where the busiest unit of its plan's instructions on the
+    shared cost model is less busy (TileConvChoice._faster): a drain-bound 1x2 conv over 16 channels, a 1x1
+    conv, 3x3 convs 16 -> 128 and 256 -> 16 in fp16 stay on the TIU (equal fp16 peaks; its lanes hold the
+    output channels, the cube pays block overheads, drains and staged weights), a 3x3 conv 64 -> 16 in fp32
+    runs on the cube (16 of the TIU's 64 lanes busy). "tile" keeps every one on the cube; the simulated
+    latency of "fit" is not above "tile"'s where the cost model judges right (judged_right): for 32 channels
+    60 wide it misjudges (fit 9.57 us on the TIU, tile 9.36 us); the model matches onnxruntime either way."""
+    from tpuflow.hwmodel.timing import simulate
     from tpuflow.isa import ConvTiu
     from tpuflow.lowering.ops import tilemm
-    model = _conv(cin, kernel, hw)
+    model = _conv(cin, kernel, hw, cout)
     options = CompileOptions(dtype=dtype, matmul="tile")
+    latency = {}
     for choice, expect in (("fit", on_cube), ("tile", True)):
         monkeypatch.setattr(tilemm, "ENGINE_CHOICE", choice)
         _, program = compile_model(model, None, options)
         assert any(isinstance(i, TMatmul) for i in program.tile) == expect
         assert any(isinstance(i, ConvTiu) for i in program.tiu) == (not expect)
         assert verify(model, None, options, race_check=True)["ok"]
+        latency[choice] = simulate(program).total_ps
+    assert (latency["fit"] <= latency["tile"]) == judged_right
