@@ -43,7 +43,7 @@ TABLE_SIZE = 256
 # single-input elementwise kinds and binary ones by a scalar constant whose value is a function of
 # their runtime input alone (compares, logic and Cast left out: bool / integer results)
 LOOKUP_KINDS = frozenset(k for k, s in SPECS.items() if s.category in ("unary", "binary") and not s.compare
-                         and not s.logic and k not in (K.CAST, K.NOT)) | CONVERT
+                         and not s.logic and k not in (K.CAST, K.NOT)) | CONVERT | {K.LOOKUP_TABLE}
 
 
 def eight_bit_per_tensor(info: TensorInfo) -> bool:

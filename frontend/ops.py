@@ -289,9 +289,9 @@ SPECS: dict[OpKind, OpSpec] = {
     K.RESAMPLE: _move(shapes.resample, ("axis", "taps"), "remap"),
     K.QUANTIZE: _move(shapes.same, (), "convert"),
     K.DEQUANTIZE: _move(shapes.same, (), "convert"),
-    # (x, table): y = table[x's stored byte], x and y 8-bit per tensor (frontend/lookup.py makes it); always
-    # quantized, so the int8 lowering emits it (never the float row emitters, whose rule it names)
-    K.LOOKUP_TABLE: _unary("lookup_table", const_inputs=(1,)),
+    # (x, table): y = table[x's stored byte], x and y 8-bit per tensor (frontend/lookup.py makes it): outputs
+    # gathered from positions the input computes (remap); always quantized, so the int8 lowering emits it
+    K.LOOKUP_TABLE: _move(shapes.same, (), "remap", const_inputs=(1,)),
 }
 
 

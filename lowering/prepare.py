@@ -156,11 +156,10 @@ def _escapes(graph: Graph, tensor: str) -> bool:
 
 
 def materialize_broadcasts(graph: Graph) -> Graph:
-    """The graph with every elementwise node row-wise representable (or the graph itself); a LookupTable's
-    table is an index space, not a broadcast operand, and stays as it is."""
+    """The graph with every elementwise node row-wise representable (or the graph itself)."""
     nodes, tensors, changed = [], dict(graph.tensors), False
     for node in graph.nodes():
-        if node.op_type not in ELEMENTWISE or node.op_type == "LookupTable" or _fits_some_view(graph, node):
+        if node.op_type not in ELEMENTWISE or _fits_some_view(graph, node):
             nodes.append(node)
             continue
         changed = True

@@ -22,11 +22,8 @@ from tpuflow.errors import InputFileError, ModelError
 from tpuflow.lowering.quant import BROADCASTING
 from tpuflow.options import CALIBRATION_DEFAULT
 
-# single-input activations the int8 lowering computes as 256-entry lookup tables (frontend/lookup.py: the
-# frontend collapses DequantizeLinear -> op -> QuantizeLinear into one LookupTable, an SG gather)
-LOOKUP_OPS = ("Sigmoid", "Tanh", "HardSigmoid", "HardSwish")
 INT8_OPS = ("Conv", "MatMul", "Gemm", "Add", "Mul", "Relu", "Clip", "MaxPool", "AveragePool", "GlobalAveragePool",
-            "Concat") + LOOKUP_OPS
+            "Concat")
 FLOAT_REST = "fp16"          # the precision of what stays float in an --dtype int8 program
 CALIBRATION_SAMPLES = CALIBRATION_DEFAULT   # seeded random calibration inputs (the default, 8)
 CALIBRATION_SEED = 0         # seed of the random calibration inputs
@@ -239,7 +236,7 @@ def _broadcasting_elementwise(path: Path) -> list[str]:
     return out
 
 
-ELEMENTWISE_INT8 = ("Add", "Mul", "Relu", "Clip") + LOOKUP_OPS
+ELEMENTWISE_INT8 = ("Add", "Mul", "Relu", "Clip")
 
 
 def _elementwise_beside_float(path: Path, kept_float: set) -> list[str]:

@@ -1067,11 +1067,7 @@ def test_a_float_op_between_int8_layers_keeps_its_float_tensors_in_lmem(monkeypa
     the DequantizeLinear reads 16 x 12 x 12 int8 bytes). Both verify. (The HardSigmoid, kept float and not
     collapsed into a lookup table here, stands for any float op between int8 layers.)"""
     import tpuflow.frontend.lookup as lookup
-    import tpuflow.quantize as quantizer
     monkeypatch.setattr(lookup, "collapse_lookup_tables", lambda graph: graph)
-    monkeypatch.setattr(quantizer, "INT8_OPS", tuple(k for k in quantizer.INT8_OPS if k not in quantizer.LOOKUP_OPS))
-    monkeypatch.setattr(quantizer, "ELEMENTWISE_INT8", tuple(k for k in quantizer.ELEMENTWISE_INT8
-                                                             if k not in quantizer.LOOKUP_OPS))
     model = _float_activation_between_convs()
     graph, program = compile_model(model, "sg2260", CompileOptions(dtype="int8"))
     assert [n.name for n in graph.nodes() if n.op_type in ("DequantizeLinear", "HardSigmoid", "QuantizeLinear")] == [
