@@ -906,8 +906,8 @@ class TileConvChoice:
         tile = self.tile.plan(region)
         if tile is None:
             self.tile_missed.add(region)
-            return self.make_tiu().plan(region) if self.tile.reads_lmem() or ENGINE_CHOICE == "cost" else None
-        if ENGINE_CHOICE == "tile":
+            return self.make_tiu().plan(region) if self.tile.reads_lmem() or _choice(self.ctx.options) == "cost" else None
+        if _choice(self.ctx.options) == "tile":
             return tile
         tiu = self.make_tiu().plan(region)
         return tile if tiu is None or self._faster(tile, tiu) else tiu
@@ -915,7 +915,7 @@ class TileConvChoice:
     def _faster(self, tile, tiu) -> bool:
         """Whether the TILE plan beats the TIU plan: on the timing model alone ("cost"), or ("fit") on
         the shared per-instruction cost model's busiest unit (_unit_bound_ps), the TIU on a tie."""
-        if ENGINE_CHOICE == "cost":
+        if _choice(self.ctx.options) == "cost":
             return self._cost(tile) <= self._cost(tiu)
         return self._bound(tile) < self._bound(tiu)
 
@@ -952,9 +952,9 @@ class TileConvChoice:
 
     def prefers(self, plan, other) -> bool:
         if isinstance(plan, TileConvPlan) != isinstance(other, TileConvPlan):
-            if ENGINE_CHOICE == "tile":
+            if _choice(self.ctx.options) == "tile":
                 return isinstance(plan, TileConvPlan)
-            if ENGINE_CHOICE == "cost":
+            if _choice(self.ctx.options) == "cost":
                 return self._cost(plan) < self._cost(other)
             tile, tiu = (plan, other) if isinstance(plan, TileConvPlan) else (other, plan)
             return self._faster(tile, tiu) == isinstance(plan, TileConvPlan)
@@ -1011,7 +1011,15 @@ _PLAN_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # gra
 # TILE or the TIU, whichever its plan's instructions run faster alone on the timing model
 # (TileConvChoice), and matrix-vector products run on the vector unit (tile_matmul_emitter). "cost" runs
 # the timing model while compiling (tests/test_sweep.py assumes a tile-path compile reads no timing key).
-ENGINE_CHOICE = "fit"
+# The choice is CompileOptions.tile_convs (`--tile-convs fit|all|cost`, "all" being "tile" here);
+# ENGINE_CHOICE, when set ("fit", "tile" or "cost"), overrides it (tests and older benchmark scripts).
+ENGINE_CHOICE: str | None = None
+TILE_CONVS_CHOICE = {"fit": "fit", "all": "tile", "cost": "cost"}
+
+
+def _choice(options) -> str:
+    """The engine choice in force: ENGINE_CHOICE when set, else the options' tile_convs."""
+    return ENGINE_CHOICE or TILE_CONVS_CHOICE[getattr(options, "tile_convs", "fit")]
 
 
 def tile_conv_emitter(ctx: LowerCtx, group: Group):
@@ -1065,7 +1073,7 @@ def tile_matmul_emitter(ctx: LowerCtx, group: Group):
     the cube a TGEMV fills one row of every 16-row fractal and streams all of B through the tile slots:
     VGG-19's 25088 x 4096 classifier took 24.7k TMATMULs and 12.4k weight DMAs)."""
     from tpuflow.lowering.ops.gemv import is_gemv
-    if _on_tiu(ctx.graph, group) or (ENGINE_CHOICE == "cost" and is_gemv(ctx, group)):
+    if _on_tiu(ctx.graph, group) or (_choice(ctx.options) == "cost" and is_gemv(ctx, group)):
         from tpuflow.lowering.compiler import tiu_matmul_emitter
         return tiu_matmul_emitter(ctx, group)
     return TileMatmulEmitter(ctx, group)
