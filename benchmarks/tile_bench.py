@@ -8,16 +8,20 @@ list schedule) and of the whole estimate (compile + timing simulation + report) 
 paths (issue 16 target: TILE-path ResNet-50 estimated in under 10 s), the TILE / TIU latency
 ratio, where the TILE path's GDMA time goes (per kind of transfer: DDR -> tile buffer,
 DDR -> LMEM, LMEM -> DDR, ...) and what the tile buffer's own DMA port (TMOVE) carries. The TILE path
-runs once per --choices value of lowering.ops.tilemm.ENGINE_CHOICE ("fit", the default: every conv the
-cube can use well on it; "tile": every conv the cube can take; "cost": per conv by the timing model; rows
-say which). Writes benchmarks/results/tile_<dtype>.json
-and prints a table.
+runs once per --choices value of `--tile-convs` (CompileOptions.tile_convs: "fit", the default: a conv
+runs on the cube where the shared cost model times it faster there; "all": every conv the cube can take;
+"cost": per conv by the timing model; rows say which). With --cube-scales (default 2,4) the
+--cube-models (default resnet50,squeezenet) also run on chip variants whose cube has that many times
+sg2260's fp16 / bf16 / int8 MACs per cycle (compute.tile_macs_per_cycle; a chip TOML written from the base
+chip's, `base = ...`), TIU path and TILE path side by side: does a bigger cube pay off?
+Writes benchmarks/results/tile_<dtype>.json and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -73,20 +77,30 @@ def port_by_kind(program, sim) -> dict[str, dict[str, float]]:
     return {k: {"moves": v["moves"], "us": round(v["us"], 3)} for k, v in sorted(out.items())}
 
 
+def cube_variant(base: str, scale: int, folder: Path) -> Path:
+    """A chip TOML: `base` with `scale` times its cube's 16-bit and int8 MACs per cycle (fp32 as it is)."""
+    from tpuflow.chip import load_chip
+    macs = dict(load_chip(base).compute.tile_macs_per_cycle)
+    scaled = {k: v * scale if k != "fp32" else v for k, v in macs.items()}
+    path = folder / f"{base}_cube{scale}x.toml"
+    path.write_text(f'base = "{base}"\n\n[core]\nname = "{base}_cube{scale}x"\n\n[compute]\n'
+                    f'tile_macs_per_cycle = {{ {", ".join(f"{k} = {v}" for k, v in scaled.items())} }}\n')
+    return path
+
+
 def run(model: str, chip: str, dtype: str, matmul: str, choice: str = "fit") -> dict:
     """What pipeline.estimate does, with the compile's and the whole estimate's CPU time."""
     from tpuflow.estimate import estimate_report
     from tpuflow.hwmodel.timing import simulate
-    from tpuflow.lowering.ops import tilemm
-    tilemm.ENGINE_CHOICE = choice
     t0, cpu0 = time.perf_counter(), time.process_time()
-    _, program = compile_model(model, chip, CompileOptions(dtype=dtype, matmul=matmul))
+    options = CompileOptions(dtype=dtype, matmul=matmul, **({"tile_convs": choice} if matmul == "tile" else {}))
+    _, program = compile_model(model, chip, options)
     compile_cpu = time.process_time() - cpu0
     sim = simulate(program)
     report = estimate_report(program, sim)
     wall, estimate_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     engines = report["engines"]
-    return {"model": model, "matmul": matmul, **({"engine_choice": choice} if matmul == "tile" else {}),
+    return {"model": model, "chip": program.chip.name, "matmul": matmul, **({"engine_choice": choice} if matmul == "tile" else {}),
             "dtype": dtype, "latency_us": report["latency_us"],
             "instructions": {k: v["instructions"] for k, v in engines.items()},
             "busy_us": {k: round(v["busy_us"], 3) for k, v in engines.items()},
@@ -114,25 +128,41 @@ def main() -> int:
     ap.add_argument("--models", default=MODELS)
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--chip", default="sg2260")
-    ap.add_argument("--choices", default="fit,tile,cost", help="ENGINE_CHOICE values the TILE path runs with")
+    ap.add_argument("--choices", default="fit,all,cost", help="--tile-convs values the TILE path runs with")
+    ap.add_argument("--cube-scales", default="2,4", help="cube MAC multipliers of the chip variants ('' for none)")
+    ap.add_argument("--cube-models", default="resnet50,squeezenet", help="models run on the chip variants")
+    ap.add_argument("--cube-choices", default="fit,all", help="--tile-convs values run on the chip variants")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     out = args.out or RESULTS / f"tile_{args.dtype}.json"
-    rows = []
-    print(f"{'model':12} {'choice':6} {'TIU us':>9} {'TILE us':>9} {'ratio':>6} {'TIU instr':>10} {'TILE instr':>10} "
-          f"{'TIU cpu s':>9} {'TILE cpu s':>10} {'TILE compile cpu s':>18}")
-    for model in args.models.split(","):
-        tiu = run(model, args.chip, args.dtype, "tiu")
-        rows.append(tiu)
-        for choice in args.choices.split(","):
-            tile = run(model, args.chip, args.dtype, "tile", choice)
-            tile["over_tiu"] = round(tile["latency_us"] / tiu["latency_us"], 3)
-            rows.append(tile)
-            print(f"{model:12} {choice:6} {tiu['latency_us']:9.1f} {tile['latency_us']:9.1f} {tile['over_tiu']:6.2f} "
-                  f"{sum(tiu['instructions'].values()):10d} {sum(tile['instructions'].values()):10d} "
-                  f"{tiu['estimate_cpu_s']:9.1f} {tile['estimate_cpu_s']:10.1f} {tile['compile_cpu_s']:18.1f}")
+    rows: list[dict] = []
+    print(f"{'model':12} {'chip':18} {'choice':6} {'TIU us':>9} {'TILE us':>9} {'ratio':>6} {'TIU instr':>10} "
+          f"{'TILE instr':>10} {'TIU cpu s':>9} {'TILE cpu s':>10} {'TILE compile cpu s':>18}")
+
+    def write() -> None:
         out.write_text(json.dumps({"chip": args.chip, "dtype": args.dtype, "runs": rows, "commit": _commit(),
                                    "command": "python benchmarks/tile_bench.py"}, indent=1) + "\n")
+
+    def compare(model: str, chip: str, choices: list[str]) -> None:
+        tiu = run(model, chip, args.dtype, "tiu")
+        rows.append(tiu)
+        for choice in choices:
+            tile = run(model, chip, args.dtype, "tile", choice)
+            tile["over_tiu"] = round(tile["latency_us"] / tiu["latency_us"], 3)
+            rows.append(tile)
+            print(f"{model:12} {tile['chip']:18} {choice:6} {tiu['latency_us']:9.1f} {tile['latency_us']:9.1f} "
+                  f"{tile['over_tiu']:6.2f} {sum(tiu['instructions'].values()):10d} "
+                  f"{sum(tile['instructions'].values()):10d} {tiu['estimate_cpu_s']:9.1f} "
+                  f"{tile['estimate_cpu_s']:10.1f} {tile['compile_cpu_s']:18.1f}")
+        write()
+
+    for model in args.models.split(","):
+        compare(model, args.chip, args.choices.split(","))
+    with tempfile.TemporaryDirectory() as folder:
+        for scale in [int(x) for x in args.cube_scales.split(",") if x]:
+            variant = cube_variant(args.chip, scale, Path(folder))
+            for model in args.cube_models.split(","):
+                compare(model, str(variant), args.cube_choices.split(","))
     return 0
 
 
