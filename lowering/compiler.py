@@ -33,6 +33,7 @@ from tpuflow.lowering.ops.movement import MoveEmitter, ViewEmitter
 from tpuflow.lowering.ops.pool import PoolEmitter
 from tpuflow.lowering.ops.resize_lmem import ResizeLmemEmitter, is_lmem_resize, resize_ports
 from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
+from tpuflow.lowering.ops.tilemm import tile_pool_fusion
 from tpuflow.lowering.prepare import (fold_matmul_transposes, fold_reduction_scales, materialize_broadcasts,
                                       merge_duplicates)
 from tpuflow.lowering.quant import chain_reserve, quantized_groups
@@ -289,7 +290,7 @@ def _lower_split_once(source: Graph, chip: ChipConfig, options: CompileOptions,
     pins: dict[str, int] = {}
     if options.cores > 1 and options.matmul == "tiu":
         graph, pins = split_mlp_pairs(graph, options.cores, chip.lanes)
-    formed = form_groups(graph, fuse_pool=options.matmul == "tiu", lanes=chip.lanes, ends=ends)
+    formed = form_groups(graph, fuse_pool=tile_pool_fusion(graph, chip, options, ends), lanes=chip.lanes, ends=ends)
     groups = quantized_groups(graph, formed, chip)
     crossing, gathered = _crossing_tensors(graph, groups, chip, options, pins) if options.cores > 1 else ((), ())
     program = _lower_shares(source, graph, groups, chip, options, pins, crossing, gathered)

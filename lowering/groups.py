@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from tpuflow.frontend.graph import Graph, OpNode
 from tpuflow.frontend.ops import OpKind
@@ -168,10 +169,11 @@ def _fusable_pool(graph: Graph, conv: OpNode, value: str, taken: set[str]) -> Op
     return nxt
 
 
-def form_groups(graph: Graph, fuse_pool: bool = True, lanes: int | None = None,
+def form_groups(graph: Graph, fuse_pool: bool | Callable[[Group], bool] = True, lanes: int | None = None,
                 ends: frozenset[str] = frozenset()) -> list[Group]:
     """Groups in topological order; every node is in exactly one group. `fuse_pool` lets a
-    pooling join the Conv group before it (TIU path); `lanes` (the chip's) steers row groups
+    pooling join the Conv group before it (TIU path), or, a function of the conv group, those
+    groups it is true for (the tile path: lowering.ops.tilemm.tile_pool_fusion); `lanes` (the chip's) steers row groups
     away from views that leave most lanes idle; a row group ends at a node named in `ends`."""
     order = list(graph.nodes())
     taken: set[str] = set()
@@ -180,7 +182,7 @@ def form_groups(graph: Graph, fuse_pool: bool = True, lanes: int | None = None,
         if node.name in taken:
             continue
         group = _group_at(graph, node, order, pos, taken, lanes, ends)
-        if fuse_pool and group.kind == "conv":
+        if group.kind == "conv" and (fuse_pool(group) if callable(fuse_pool) else fuse_pool):
             pool = _fusable_pool(graph, node, group.nodes[-1].outputs[0], taken | {n.name for n in group.nodes})
             if pool is not None:
                 group.nodes.append(pool)

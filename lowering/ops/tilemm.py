@@ -577,6 +577,8 @@ class TileConvEmitter:
         implicit = self._plan_implicit(region)
         if implicit is not None or self.reads_lmem():
             return implicit
+        if ctx.ddr.scratch_bytes < self.scratch_bytes(ctx.graph, self.group, ctx.options):
+            return None             # no im2col scratch planned: this conv runs on the TIU (_tile_conv_scratch)
         arena = ctx.planning_arena(region)
         out = self._output()
         dims = self._gemm(out, self._weights(), 0).dims
@@ -906,7 +908,7 @@ class TileConvChoice:
         tile = self.tile.plan(region)
         if tile is None:
             self.tile_missed.add(region)
-            return self.make_tiu().plan(region) if self.tile.reads_lmem() or _choice(self.ctx.options) == "cost" else None
+            return self.make_tiu().plan(region) if self.tile.reads_lmem() or _choice(self.ctx.options) != "tile" else None
         if _choice(self.ctx.options) == "tile":
             return tile
         tiu = self.make_tiu().plan(region)
@@ -1030,11 +1032,67 @@ def tile_conv_emitter(ctx: LowerCtx, group: Group):
     computes whole images."""
     from tpuflow.lowering.context import WHOLE
     from tpuflow.lowering.ops.conv import ConvEmitter
+    if not cube_can_take(ctx, group) or group.tail_pool is not None or ctx.part != WHOLE:
+        return ConvEmitter(ctx, group)     # a fused pool: the group was formed as a TIU conv (tile_pool_fusion)
+    return TileConvChoice(ctx, group)
+
+
+def cube_can_take(ctx: LowerCtx, group: Group) -> bool:
+    """Whether the cube can take a conv at all: not depthwise, at least K0 input channels per group."""
     geo = conv_geometry(ctx, group.anchor)
     k0 = ctx.chip.tile.k_fractal_bytes // ctx.prec.bytes
-    if (geo.groups == geo.cin == geo.cout and geo.groups > 1) or geo.cin // geo.groups < k0 or ctx.part != WHOLE:
-        return ConvEmitter(ctx, group)
-    return TileConvChoice(ctx, group)
+    return not (geo.groups == geo.cin == geo.cout and geo.groups > 1) and geo.cin // geo.groups >= k0
+
+
+def standalone_engines(graph, groups: list[Group], chip, options) -> dict[str, str]:
+    """{conv: "tile" | "tile-im2col" | "tiu"}: the engine each conv group of `groups` (formed without pool
+    fusion) runs on when it is emitted alone, its operands in DDR (no layer group): the choice TileConvChoice
+    makes (`--tile-convs`: "all" takes the cube for every conv it can take, "fit" / "cost" compare the
+    plans); "tile-im2col": on the cube from an im2col matrix in DDR (the only plan that needs scratch)."""
+    from tpuflow.errors import LoweringError
+    from tpuflow.lowering.compiler import scratch_bytes
+    from tpuflow.lowering.ddrplan import plan_ddr
+    from tpuflow.lowering.emitplan import choose_plan, emission_for
+    from tpuflow.lowering.emitter import Emitter
+    from tpuflow.lowering.weights import WeightImage
+    ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options))
+    ctx = LowerCtx(graph, chip, options, Emitter(chip), ddr, WeightImage(ddr.weight_base))
+    engines: dict[str, str] = {}
+    for index, group in enumerate(groups):
+        if group.kind != "conv":
+            continue
+        ctx.group_index = index
+        engine = "tiu"
+        if cube_can_take(ctx, group):
+            try:
+                plan = choose_plan(emission_for(tile_conv_emitter, ctx, group), ctx, group)
+                if isinstance(plan, TileConvPlan):
+                    engine = "tile" if plan.window_images is not None else "tile-im2col"
+            except LoweringError:
+                pass
+        engines[group.anchor.name] = engine
+    return engines
+
+
+def tile_pool_fusion(graph, chip, options, ends: frozenset = frozenset()):
+    """form_groups' `fuse_pool` on the tile path: a pooling joins the conv group before it (one TIU conv
+    + pool group, as on the TIU path: the pool runs on the conv's output tile, no DDR round trip) when that
+    conv runs on the TIU anyway (standalone_engines); a conv that runs on the cube is left unfused (the cube
+    cannot pool its result tiles) and the pool is a group of its own."""
+    from tpuflow.lowering.groups import form_groups
+    if options.matmul != "tile":
+        return True
+    engines = standalone_engines(graph, form_groups(graph, fuse_pool=False, lanes=chip.lanes, ends=ends), chip, options)
+    _TILE_ENGINES[graph] = engines
+    return lambda group: engines.get(group.anchor.name, "tiu") == "tiu"
+
+
+def tile_engine(graph, conv: str) -> str:
+    """standalone_engines' engine of `conv` in the tile path being compiled ("" when not planned)."""
+    return _TILE_ENGINES.get(graph, {}).get(conv, "")
+
+
+_TILE_ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> standalone_engines
 
 
 def _expands_on_chip(chip, geo) -> bool:
@@ -1053,7 +1111,17 @@ def _tile_conv_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[st
 
 
 tile_conv_emitter.resident_ports = _tile_conv_ports
-tile_conv_emitter.scratch_bytes = TileConvEmitter.scratch_bytes
+def _tile_conv_scratch(graph, group: Group, options) -> int:
+    """The im2col scratch of a conv the tile path may run on the cube from an im2col matrix (none for a
+    conv group with a fused pool, or that standalone_engines put on the TIU or on the cube by an implicit
+    GEMM: a TILE im2col plan of such a conv then does not fit, TileConvEmitter.plan, and a model whose convs
+    all run on the TIU gets the TIU path's DDR plan)."""
+    if group.tail_pool is not None or tile_engine(graph, group.anchor.name) in ("tiu", "tile"):
+        return 0
+    return TileConvEmitter.scratch_bytes(graph, group, options)
+
+
+tile_conv_emitter.scratch_bytes = _tile_conv_scratch
 
 def _on_tiu(graph, group: Group) -> bool:
     """Whether a MatMul of a tile-path model runs on the TIU: a batched product of two activations read
