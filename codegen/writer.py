@@ -86,6 +86,15 @@ def _file_entry(data: bytes, file_name: str) -> dict:
     return {"name": file_name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+def _tensor_entry(t: DdrTensor) -> dict:
+    """A DDR tensor as the manifest lists it; its layout only when not row-major ("NC1HWC0": a tile-path
+    activation kept C0-blocked, DdrTensor.layout)."""
+    entry = dict(dataclasses.asdict(t), shape=list(t.shape))
+    if not entry["layout"]:
+        del entry["layout"]
+    return entry
+
+
 def manifest_dict(program: Program, files: dict[str, dict], per_core_files: list[dict] = ()) -> dict:
     """The manifest of `program`: `files` are core 0's streams and the weights, `per_core_files` the
     stream entries of cores 1.. (one dict by engine each)."""
@@ -102,7 +111,7 @@ def manifest_dict(program: Program, files: dict[str, dict], per_core_files: list
         "files": files,
         "memory": {"weight_base": mem.weight_base, "weight_bytes": len(mem.weight_image),
                    "ddr_bytes_used": mem.ddr_bytes_used,
-                   "tensors": [dict(dataclasses.asdict(t), shape=list(t.shape)) for t in mem.tensors.values()]},
+                   "tensors": [_tensor_entry(t) for t in mem.tensors.values()]},
         "layer_map": {e.value: run_length(program.layer_names(e)) for e in ENGINES},
         "layers": [[key, dataclasses.asdict(info)] for key, info in program.layers.items()],
         "fused_groups": [list(g) for g in program.fused_groups],

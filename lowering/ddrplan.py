@@ -1,10 +1,11 @@
 """DDR placement: graph inputs and outputs, activations with reuse of dead space (first fit over
-lifetimes), views aliasing their source, Concat inputs placed inside their Concat's output, one
-scratch area, then the weight image."""
+lifetimes; a tile-path activation chosen C0-blocked in the NC1HWC0 layout), views aliasing their source,
+Concat inputs placed inside their Concat's output, one scratch area, then the weight image."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 from tpuflow.chip import ChipConfig
 from tpuflow.errors import LoweringError
@@ -21,9 +22,22 @@ class DdrPlan:
     scratch_bytes: int
     weight_base: int
     concat_members: dict[str, tuple[str, int]]   # tensor -> (Concat output it lives in, byte offset)
+    layouts: dict[str, str] = field(default_factory=dict)   # tensor with a DDR buffer -> "NC1HWC0" (tile path)
 
     def alias_root(self, name: str) -> tuple[str, int]:
         return alias_root(self.concat_members, name)
+
+
+C0_BLOCKED = "NC1HWC0"
+# Layouts of activations other than row-major, per graph being compiled (the tile path's choice,
+# lowering.ops.tilemm.plan_c0_layouts): every DDR plan of that graph places them so.
+TENSOR_LAYOUTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def c0_blocked_bytes(shape, esize: int, c0: int) -> int:
+    """Bytes of an N x C x H x W tensor in NC1HWC0 (C rounded up to whole C0 blocks)."""
+    n, c, h, w = shape
+    return n * -(-c // c0) * c0 * h * w * esize
 
 
 def alias_root(members: dict[str, tuple[str, int]], name: str) -> tuple[str, int]:
@@ -97,12 +111,18 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
             if first <= when <= last:
                 last_use[name] = last
 
+    layouts = {t: lay for t, lay in TENSOR_LAYOUTS.get(graph, {}).items() if t not in members and t not in tensors}
+
     def place(name: str) -> None:
         root, offset = alias_root(members, name)
         if root not in tensors:
             shape, stored = graph.tensor(root).shape, stored_dtype(graph, root, dtype)
             nbytes = _count(shape) * ELEMENT_BYTES[stored]
-            tensors[root] = DdrTensor(root, pool.alloc(nbytes), shape, stored, "activation", nbytes)
+            if root in layouts:
+                esize = ELEMENT_BYTES[stored]
+                nbytes = c0_blocked_bytes(shape, esize, chip.tile.k_fractal_bytes // esize)
+            tensors[root] = DdrTensor(root, pool.alloc(nbytes), shape, stored, "activation", nbytes,
+                                      layouts.get(root, ""))
         if name != root:
             shape, stored = graph.tensor(name).shape, stored_dtype(graph, name, dtype)
             tensors[name] = DdrTensor(name, tensors[root].addr + offset, shape, stored, "alias",
@@ -123,7 +143,8 @@ def plan_ddr(graph: Graph, groups: list[Group], chip: ChipConfig, dtype: str, sc
     weight_base = align_up(scratch_base + scratch_bytes, 4096)
     if weight_base > chip.core.ddr_bytes:
         raise LoweringError(f"activations need {weight_base} B of DDR, the chip has {chip.core.ddr_bytes} B")
-    return DdrPlan(tensors, scratch_base, scratch_bytes, weight_base, members)
+    return DdrPlan(tensors, scratch_base, scratch_bytes, weight_base, members,
+                   {t: tensors[t].layout for t in layouts if t in tensors and tensors[t].layout})
 
 
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int32": 4, "int8": 1, "uint8": 1}

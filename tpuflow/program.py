@@ -49,6 +49,10 @@ class DdrTensor:
     dtype: str          # "fp32", "fp16", "bf16", "int32", ...
     role: str           # "input", "output", "weight", "activation", "scratch"
     nbytes: int
+    # "" (row-major as above) or "NC1HWC0" (tpuflow's additive field, issue 16: a tile-path activation kept
+    # C0-blocked between TILE convs: element (n, c, h, w) at ((n * C1 + c // C0) * H * W + h * W + w) * C0
+    # + c % C0, C0 = tile.k_fractal_bytes / element bytes, C1 = ceil(C / C0), the last block zero padded)
+    layout: str = ""
 
 
 @dataclass

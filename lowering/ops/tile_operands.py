@@ -1,6 +1,7 @@
 """Where the operand tiles of a TILE matmul come from, and how they reach their slots: the Nz / Zn
 layouts, constant operands pre-arranged in the weight image, runtime operands in DDR (converted in
-flight by the tile buffer) or kept in LMEM by a layer group."""
+flight by the tile buffer, or C0-blocked already: NC1HWC0) or kept in LMEM by a layer group; and the
+NCHW <-> NC1HWC0 layout conversions in DDR."""
 
 from __future__ import annotations
 
@@ -290,6 +291,71 @@ class LmemRowsOperand(Operand):
         if rest:        # the ragged last chunk of a single tile
             tile_copy(ctx, DRegion(dst + full * rp * k0 * self.prec.bytes, (r, 1, 1, rest), (k0, 0, k0, 1), self.prec),
                       self._source(r0, r, c0 + full * k0, rest))
+
+
+def c0_elems(chip, prec) -> int:
+    """C0: the channels of one 32-byte block of the NC1HWC0 layout (tile.k_fractal_bytes of elements)."""
+    return chip.tile.k_fractal_bytes // prec.bytes
+
+
+def nchw_to_c0(ctx: LowerCtx, src_addr: int, dst_addr: int, shape, prec) -> None:
+    """Layout conversion in DDR (GDMA): the NCHW tensor at src_addr into NC1HWC0 at dst_addr (C1 = ceil(C /
+    C0) blocks of H x W x C0, the last one's missing channels zero). One DMA for the whole blocks (runs of C0
+    elements written, each element read from its channel's plane), one zero fill and one DMA for a part block."""
+    n, c, h, w = shape
+    c0, hw = c0_elems(ctx.chip, prec), h * w
+    c1, full, rest = -(-c // c0), c // c0, c % c0
+    e = prec.bytes
+    if full:
+        ctx.em.region_copy(DRegion(dst_addr, (n, full, hw, c0), (c1 * hw * c0, hw * c0, c0, 1), prec),
+                           DRegion(src_addr, (n, full, hw, c0), (c * hw, c0 * hw, 1, hw), prec))
+    if rest:
+        last = dst_addr + full * hw * c0 * e
+        for i in range(n):       # the part block's padding zero (a fill per sample: DMA sizes are 16-bit)
+            for p0, pixels in _spans(hw, MAX_DMA_DIM):
+                ctx.em.fill(DRegion(last + (i * c1 * hw + p0) * c0 * e, (1, 1, pixels, c0), (0, 0, c0, 1), prec), 0.0)
+        ctx.em.region_copy(DRegion(last, (n, 1, hw, rest), (c1 * hw * c0, 0, c0, 1), prec),
+                           DRegion(src_addr + full * c0 * hw * e, (n, 1, hw, rest), (c * hw, 0, 1, hw), prec))
+
+
+def c0_to_nchw(ctx: LowerCtx, src_addr: int, dst_addr: int, shape, prec) -> None:
+    """Layout conversion in DDR (GDMA): the NC1HWC0 tensor at src_addr into NCHW at dst_addr (a part last
+    block's padding is not copied). One DMA per whole-blocks run and one for a part block."""
+    n, c, h, w = shape
+    c0, hw = c0_elems(ctx.chip, prec), h * w
+    c1, full, rest = -(-c // c0), c // c0, c % c0
+    e = prec.bytes
+    if full:
+        ctx.em.region_copy(DRegion(dst_addr, (n, full, hw, c0), (c * hw, c0 * hw, 1, hw), prec),
+                           DRegion(src_addr, (n, full, hw, c0), (c1 * hw * c0, hw * c0, c0, 1), prec))
+    if rest:
+        ctx.em.region_copy(DRegion(dst_addr + full * c0 * hw * e, (n, 1, hw, rest), (c * hw, 0, 1, hw), prec),
+                           DRegion(src_addr + full * hw * c0 * e, (n, 1, hw, rest), (c1 * hw * c0, 0, c0, 1), prec))
+
+
+def _spans(total: int, most: int) -> list[tuple[int, int]]:
+    return [(i, min(most, total - i)) for i in range(0, total, most)]
+
+
+class C0RowsOperand(Operand):
+    """A Zn B operand whose K rows are channels and N columns pixels of one image of an NC1HWC0 tensor in
+    DDR (the residual R of an I . R step): a Zn tile's K fractal rows are C0 blocks, each of its columns
+    one pixel's C0 channels, so tile (k0, kt, p0, pt) is kt / C0 contiguous runs of pt * C0 elements: one
+    DMA, converted to nothing in flight (the slot side is the same runs)."""
+
+    def __init__(self, ctx, addr: int, rows: int, cols: int, pixels: int):
+        super().__init__(ctx, "zn", rows, cols)
+        self.addr, self.pixels = addr, pixels        # the image's first channel block; its H * W
+
+    def load(self, slot_addr, r0, r, c0, c) -> None:
+        k0, e = self.k0, self.prec.bytes
+        if r0 % k0 or r % k0:
+            raise ValueError(f"C0-blocked rows {r0}..{r0 + r} are not whole blocks of {k0}")
+        _, cp = self.padded(r, c)
+        src = DRegion(self.addr + ((r0 // k0) * self.pixels + c0) * k0 * e, (r // k0, 1, c, k0),
+                      (self.pixels * k0, 0, k0, 1), self.prec)      # blocks on n: an LMEM side's c walks lanes
+        tile_copy(self.ctx, DRegion(global_lmem_address(slot_addr, self.ctx.chip), src.shape, (cp * k0, 0, k0, 1),
+                                    self.prec), src)
 
 
 class PhaseImages:
