@@ -34,7 +34,8 @@ def float_cnn(hard_swish_op: bool = False) -> onnx.ModelProto:
     """conv -> hard-swish (x * clip(x + 3, 0, 6) / 6, or the HardSwish op) -> conv -> sigmoid -> conv."""
     rng = np.random.default_rng(3)
     n = helper.make_node
-    w = lambda name, shape, s=0.3: numpy_helper.from_array((rng.standard_normal(shape) * s).astype(np.float32), name)  # noqa: E731
+    w = lambda name, shape, s=0.3: numpy_helper.from_array(  # noqa: E731
+        (rng.standard_normal(shape) * s).astype(np.float32), name)
     k = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32), name)  # noqa: E731
     swish = [n("HardSwish", ["c1"], ["h1"], name="hs")] if hard_swish_op else [
         n("Add", ["c1", "three"], ["a1"], name="hs_add"), n("Clip", ["a1", "zero", "six"], ["k1"], name="hs_clip"),

@@ -948,7 +948,7 @@ def dq0_channel_words(zero_points, scales) -> np.ndarray:
 
 # ---------------------------------------------------------------- SG: per-element gather (tsk_typ 6)
 
-SG_TABLE_PER_LANE = 4      # short_opd0_str: the table's channel stride is 0 (one copy per lane, tpu-mlir "A_cstride_is0")
+SG_TABLE_PER_LANE = 4      # short_opd0_str: the table's channel stride 0, one copy per lane (tpu-mlir "A_cstride_is0")
 SG_MAX_DIM = (1 << 16) - 1 # res0_n / res0_c / res0_w / opd0_w are 16-bit fields (cmodel asserts < 2**16)
 
 
