@@ -159,3 +159,34 @@ def dram_bandwidth_gbps(program: Program, sim, bins: Bins, nbytes: np.ndarray | 
     rows = np.flatnonzero((sim.engine == 1) & (nbytes > 0))
     volume = spread(sim.times["start"][rows], sim.times["end"][rows], nbytes[rows], bins)
     return volume / bins.width_ps * 1e3     # bytes/ps = 1e3 GB/s
+
+
+def activation_layouts(program: Program) -> dict:
+    """Under --matmul tile, the DDR layout of the activations (issue 16) for the estimate report and the
+    manifest: those C0-blocked ("NC1HWC0", DdrTensor.layout; every other tensor row-major NCHW), the
+    conversions the compiler emitted between layouts (layers of op LayoutConversion: GDMA NC1HWC0 <-> NCHW
+    copies in DDR) and the TILE convs' per-image layout changes in LMEM (TIU C<->W transposes of an NCHW
+    input or residual into pixel-major phase images). Empty for --matmul tiu."""
+    from tpuflow.isa import CwBcTiu, Engine
+    if program.options.get("matmul") != "tile":
+        return {}
+    tile_layers = {program.layer_of(Engine.TILE, i) for i in range(len(program.tile))}
+    transposes: dict[str, int] = {}
+    for i, instr in enumerate(program.tiu):
+        layer = program.layer_of(Engine.TIU, i)
+        if isinstance(instr, CwBcTiu) and instr.op == "cw_ts" and layer in tile_layers:
+            transposes[layer] = transposes.get(layer, 0) + 1
+    return {"c0_blocked": sorted(t.name for t in program.memory.tensors.values() if t.layout == "NC1HWC0"),
+            "conversions": sorted(name for name, info in program.layers.items() if info.op_type == "LayoutConversion"),
+            "lmem_transposes": dict(sorted(transposes.items())), "other_tensors": "NCHW (row-major)"}
+
+
+def layout_line(layouts: dict) -> list[str]:
+    """The estimate text's line for activation_layouts (none when empty)."""
+    if not layouts:
+        return []
+    convs = layouts["conversions"]
+    return [f"layouts        {len(layouts['c0_blocked'])} activations NC1HWC0 in DDR, the rest NCHW; "
+            f"{len(convs)} layout conversions in DDR{' (' + ', '.join(convs[:4]) + (' ...' if len(convs) > 4 else '') + ')' if convs else ''}; "
+            f"{sum(layouts['lmem_transposes'].values())} TIU transposes into pixel-major images in "
+            f"{len(layouts['lmem_transposes'])} TILE conv layers"]

@@ -36,6 +36,7 @@ from tpuflow.options import typed_options
 from tpuflow.program import ENGINES, CoreStreams, DdrTensor, LayerInfo, MemoryPlan, Program
 
 from tpuflow.codegen.linx import decode_blocks, encode_blocks
+from tpuflow.codegen.report_data import activation_layouts
 from tpuflow.codegen.sg2260 import decode_descriptors, encode_descriptors
 
 FORMAT_VERSION = 2
@@ -120,6 +121,7 @@ def manifest_dict(program: Program, files: dict[str, dict], per_core_files: list
         "cores": program.core_count,
         "core_split": program.core_split,
         **({"quantization": program.quantization} if program.quantization else {}),
+        **({"layouts": layouts} if (layouts := activation_layouts(program)) else {}),
         **({"per_core": [_core_entry(program.core(k), per_core_files[k - 1]) for k in range(1, program.core_count)]}
            if program.core_count > 1 else {}),
     }

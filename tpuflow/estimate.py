@@ -175,7 +175,13 @@ def estimate_report(program: Program, sim) -> dict:
         **({"cores": core_rows(sim)} if getattr(sim, "cores", None) else {}),
         **({"quantization": program.quantization} if program.quantization else {}),
         **({"matmul_path": tile_path} if (tile_path := matmul_path(program)) else {}),
+        **({"layouts": layouts} if (layouts := _activation_layouts(program)) else {}),
     }
+
+
+def _activation_layouts(program: Program) -> dict:
+    from tpuflow.codegen.report_data import activation_layouts
+    return activation_layouts(program)
 
 
 def matmul_path(program: Program) -> dict:
@@ -232,6 +238,11 @@ def _bound_lines(report: dict) -> list[str]:
     return lines
 
 
+def _layout_lines(report: dict) -> list[str]:
+    from tpuflow.codegen.report_data import layout_line
+    return layout_line(report.get("layouts", {}))
+
+
 def render_text(report: dict, top: int = 10) -> str:
     from tpuflow.quantize import float_op_lines
     e, d, opts = report["engines"], report["dram"], report["options"]
@@ -255,6 +266,7 @@ def render_text(report: dict, top: int = 10) -> str:
         *([f"matmul path    tile requested: {len(report['matmul_path']['int8_on_tiu'])} int8 product layers ran on "
            f"the TIU, {len(report['matmul_path']['on_tile'])} on the TILE engine ({report['matmul_path']['why']})"]
           if report.get("matmul_path") else []),
+        *_layout_lines(report),
         "",
         f"top {top} layers by time (busy time of the layer's busiest engine; span = first start to last end):",
     ]

@@ -82,6 +82,7 @@ class TileGemm:
         self.row_bias: np.ndarray | None = None         # per-row (M) bias added in the ACC (_row_bias_step)
         self.sticky_cache: StickyCache | None = None    # LMEM copies of the sticky constant tiles, or None
         self.relu = False           # ACCCVT applies a Relu on the way out of the ACC (_TileOutput.cvt_relu)
+        self.acc_layout = "NZ2ND"   # ACCCVT's layout: NZ2DN (column-major) for a result stored C0-blocked
 
     def _dims(self) -> TileDims:
         """The tiling with the least estimated time: tile sides whose A, B and converted result
@@ -287,7 +288,7 @@ class TileGemm:
                                     acc_size=sizes[j], acc=j))
                     fresh[j] = False
         for j, (b, m0, mt, n0, nt, _) in enumerate(group):
-            em.tile(AccCvt(layout="NZ2ND", row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
+            em.tile(AccCvt(layout=self.acc_layout, row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
                            dst_dt=TILE_DT[self.out_prec], relu=int(self.relu), acc=j))
             self.cursor.push(Q_M)
             deliver(self.cursor.chip.tile_slot_address(Q_M, (self.cursor.pushes[Q_M] - 1) % self.ctx.chip.tile.queue_slots),
@@ -510,7 +511,7 @@ class TileGemm:
                             src0=ref(Q_T, index["a"]), src1=ref(Q_U, index["b"]),
                             reuse0=int(res == "a" and keep_panel), reuse1=int(res == "b" and keep_panel),
                             acc_size=acc_size, bias_src=-1 if bias_index is None else ref(Q_N, bias_index)))
-        em.tile(AccCvt(layout="NZ2ND", row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
+        em.tile(AccCvt(layout=self.acc_layout, row=mt, col=nt, dst_queue=Q_M, dst_size=size_code(mt * nt * self.out_prec.bytes),
                        dst_dt=TILE_DT[self.out_prec], relu=int(self.relu)))
         self.cursor.push(Q_M)
 

@@ -49,9 +49,10 @@ from tpuflow.lowering.ops.epilogue import Epilogue
 from tpuflow.lowering.ops.matmul import matmul_geometry
 from tpuflow.lowering.ops.movement import copy_nd
 from tpuflow.lowering.ops.tile_gemm import OUTPUT_SPAN, TILE_SIDES, StickyCache, TileDims, TileGemm
-from tpuflow.lowering.ops.tile_operands import (ConstOperand, HaloOperand, LaneRowsOperand, LmemRowsOperand, Operand,
-                                                 PhaseImages,
-                                                 RowsOperand, StagedConstOperand, WindowOperand, ceil_to, tile_copy)
+from tpuflow.lowering.ddrplan import C0_BLOCKED, TENSOR_LAYOUTS
+from tpuflow.lowering.ops.tile_operands import (C0RowsOperand, ConstOperand, HaloOperand, LaneRowsOperand, LmemRowsOperand,
+                                                 Operand, PhaseImages, RowsOperand, StagedConstOperand, WindowOperand,
+                                                 c0_elems, c0_to_nchw, ceil_to, nchw_to_c0, tile_copy)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import pipelined, steps
 
@@ -87,6 +88,7 @@ class _TileOutput:
         self.group = span
         self.pending: list | None = None
         self.y_resident = y_resident      # the result kept in LMEM by a layer group (MATRIX), or None
+        self.c0_store = None              # stores a span of NZ2DN result tiles C0-blocked (TileConvEmitter), or None
 
     def _sizes(self, mt: int, nt: int, rows_total: int, cols_total: int) -> tuple[list[int], list[int]]:
         """(resident buffers, per-span buffers) in bytes per lane for the TIU epilogue."""
@@ -159,6 +161,9 @@ class _TileOutput:
         """Deliver the pending span of result tiles."""
         p, self.pending = self.pending, None
         if p is None:
+            return
+        if self.c0_store is not None:
+            self.c0_store(p)
             return
         em, chip = self.ctx.em, self.ctx.chip
         row0, mt, col0, nt, slots = p["row0"], p["mt"], p["col0"], p["nt"], p["slots"]
@@ -493,6 +498,28 @@ class TileConvEmitter:
         self.in_res = ctx.resident(self.node.inputs[0])
         self.residual_res = ctx.resident(self.residual) if self.residual is not None else None
         self.out_res = ctx.resident(self.epi.output)
+        # NC1HWC0 tensors in DDR (plan_c0_layouts): the input and the residual read C0-blocked, the result
+        # written so (ACCCVT NZ2DN, runs of whole C0 blocks)
+        layouts = ctx.ddr.layouts
+        self.in_c0 = self.in_res is None and layouts.get(self.node.inputs[0]) == C0_BLOCKED
+        self.res_c0 = self.residual is not None and self.residual_res is None and layouts.get(self.residual) == C0_BLOCKED
+        self.out_c0 = self.out_res is None and layouts.get(self.epi.output) == C0_BLOCKED
+
+    def c0_unserved(self) -> bool:
+        """Whether the group reads or writes an NC1HWC0 tensor in DDR in a way this conv does not serve: an
+        epilogue operand, a result a TIU epilogue finishes, or channels not whole C0 blocks (the TIU conv
+        with its layout conversions then runs it: _ConvertedTiu)."""
+        layouts, geo = self.ctx.ddr.layouts, self.geom
+        touched = {t for n in self.group.nodes for t in n.inputs if t and layouts.get(t) == C0_BLOCKED}
+        touched |= {t for t in self.group.produced() if layouts.get(t) == C0_BLOCKED}
+        served = {t for t, ok in ((self.node.inputs[0], self.in_c0), (self.residual, self.res_c0),
+                                  (self.epi.output, self.out_c0)) if ok}
+        c0 = c0_elems(self.ctx.chip, self.ctx.prec)
+        out = self._output()
+        whole = geo.cin % c0 == 0 and geo.cout % c0 == 0 and (geo.cin // geo.groups) % c0 == 0 \
+            and (geo.cout // geo.groups) % c0 == 0
+        return bool(touched - served) or (bool(served) and not whole) or \
+            (self.out_c0 and (out.needs_tiu or out.in_slot))
 
     def _lmem_residual_ok(self) -> bool:
         """Whether a residual kept in LMEM can enter the ACC (I . R from its pixel-major image, built
@@ -543,7 +570,11 @@ class TileConvEmitter:
         else:
             bop = RowsOperand(ctx, "zn", self._p_address(cin_g), kdim, pix, kdim, col_major=True)
         residual = None
-        if self.residual is not None and (residual_images is not None or self.residual_res is not None):
+        if self.res_c0:     # Zn tiles of R straight from its NC1HWC0 image (I . R)
+            c0 = c0_elems(ctx.chip, ctx.prec)
+            r_addr = ctx.ddr_addr(self.residual) + (n * -(-geo.cout // c0) + oc0 // c0) * pix * c0 * ctx.prec.bytes
+            residual = C0RowsOperand(ctx, r_addr, cout_g, pix, pix)
+        elif self.residual is not None and (residual_images is not None or self.residual_res is not None):
             residual = WindowOperand(ctx, self._residual_images(), residual_images or 0, geo.wo)
         elif self.residual is not None:
             r_addr = ctx.ddr_addr(self.residual) + (n * geo.cout + oc0) * pix * ctx.prec.bytes
@@ -574,9 +605,11 @@ class TileConvEmitter:
         """The TIU epilogue's buffers, then the NHWC staging buffers above them (every image and
         group still needs the epilogue's residents), or None when they do not fit `region`."""
         geo, ctx, chip = self.geom, self.ctx, self.ctx.chip
+        if self.c0_unserved():
+            return None
         implicit = self._plan_implicit(region)
-        if implicit is not None or self.reads_lmem():
-            return implicit
+        if implicit is not None or self.reads_lmem() or self.in_c0 or self.res_c0:
+            return implicit         # a C0-blocked input or residual is read by the implicit GEMM only
         if ctx.ddr.scratch_bytes < self.scratch_bytes(ctx.graph, self.group, ctx.options):
             return None             # no im2col scratch planned: this conv runs on the TIU (_tile_conv_scratch)
         arena = ctx.planning_arena(region)
@@ -607,10 +640,14 @@ class TileConvEmitter:
         out = self._output()
         staged = sticky = None
         for n in range(geo.n):
+            if self.out_c0:
+                out.c0_store = lambda p, n=n: self._store_c0(n, p)      # noqa: E731
             for gi in range(geo.groups):
                 ic0, oc0 = gi * cin_g, gi * cout_g
                 window = (plan.window_images, plan.n_tile) if plan.window_images is not None else None
                 gemm = self._gemm(out, weights, gi, n, window, plan.residual_images)
+                if self.out_c0:
+                    gemm.acc_layout = "NZ2DN"
                 if plan.weight_stage is not None:       # one staging ring per conv, kept across images
                     if staged is None and plan.weight_lanes:
                         staged = LaneRowsOperand(ctx, "nz", gemm.a.matrix, gemm.a.key, gemm.dims.mt, gemm.dims.kt,
@@ -693,7 +730,7 @@ class TileConvEmitter:
         if self.reads_lmem() and (geo.n > 1 or geo.groups > 1):
             return None
         stage = chip.core.lmem_align_bytes      # DDR images pass through it (none when the sources are resident)
-        if self.in_res is None:
+        if self.in_res is None and not self.in_c0:      # an NC1HWC0 input goes straight into its images
             stage = tile_bytes_per_lane(chip, (1, images.channels, geo.h, geo.w), ctx.prec)
         res_images = self._residual_images()
         if res_images is not None and self.residual_res is None:   # the residual passes through it too
@@ -750,6 +787,11 @@ class TileConvEmitter:
             source = self.in_res.view(self.ctx.chip, n, ic0, cin_g, 0, geo.h)
             self._build_images(self._images(), None, plan.window_stage, plan.window_images, zero, source)
             return
+        if self.in_c0:
+            c0 = c0_elems(self.ctx.chip, self.ctx.prec)
+            x_addr = self.ctx.ddr_addr(self.node.inputs[0]) + (n * -(-geo.cin // c0) + ic0 // c0) * geo.h * geo.w * c0 * e
+            self._build_images_c0(self._images(), x_addr, plan.window_images, zero)
+            return
         x_addr = self.ctx.ddr_addr(self.node.inputs[0]) + (n * geo.cin + ic0) * geo.h * geo.w * e
         self._build_images(self._images(), x_addr, plan.window_stage, plan.window_images, zero)
 
@@ -764,7 +806,7 @@ class TileConvEmitter:
         output), so its Zn tiles arrive by LMEM -> tile-buffer DMAs of output rows x channels; None
         when there is no such residual."""
         geo = self.geom
-        if self.residual is None or self._residual_layout(True) != "zn":
+        if self.residual is None or self.res_c0 or self._residual_layout(True) != "zn":
             return None
         out = SimpleNamespace(h=geo.ho, w=geo.wo, ho=geo.ho, wo=geo.wo, pt=0, pb=0, pl=0, pr=0, sy=1, sx=1, dy=1, dx=1,
                               kh=1, kw=1)
@@ -800,6 +842,47 @@ class TileConvEmitter:
             f = dst.fields("res0", with_shape=True)
             f.update(src.fields("opd0"))
             ctx.em.tiu(CwBcTiu(op="cw_ts", opd0_c=channels, opd0_w=cols, **{k: v for k, v in f.items() if k != "opt_opd0_prec"}))
+
+    def _build_images_c0(self, images: PhaseImages, x_addr: int, images_offset: int, zero: bool) -> None:
+        """An NC1HWC0 image at x_addr (images.channels channels in whole C0 blocks) into `images`: a zero
+        fill when the conv pads (once), then per phase one DMA, no TIU transpose: the phase's columns onto
+        lanes, its rows in-lane, each pixel's channels one in-lane run of C0-element (32-byte) blocks read
+        as contiguous runs of C0 from DDR (the layout conversion the NCHW input needs is gone)."""
+        ctx, chip, prec = self.ctx, self.ctx.chip, self.ctx.prec
+        geo, e, lane_bytes = images.geo, prec.bytes, chip.lmem_bytes_per_lane
+        c0 = c0_elems(chip, prec)
+        blocks, pix = images.channels // c0, geo.h * geo.w
+        if zero:
+            row = images.row_bytes // e
+            rows = images.bytes_per_lane // images.row_bytes
+            ctx.em.ar("copy", LTile(images_offset, (1, images.lanes_used, rows, row), prec, (0, 0, row, 1),
+                                    StrideMode.FREE), 0.0)
+        for phase in images.base:
+            scatter = images.scatter(phase)
+            if scatter is None:
+                continue
+            ih0, rows, iw0, cols, u0, v0 = scatter
+            shape = (blocks, cols, rows, c0)        # c walks the lanes (phase columns)
+            src = DRegion(x_addr + (ih0 * geo.w + iw0) * c0 * e, shape, (pix * c0, geo.sx * c0, geo.sy * geo.w * c0, 1),
+                          prec)
+            dst = global_lmem_address(v0 * lane_bytes + images_offset + images.base[phase] + u0 * images.row_bytes, chip)
+            ctx.em.region_copy(DRegion(dst, shape, (c0, images.bytes_per_lane // e, images.row_bytes // e, 1), prec), src)
+
+    def _store_c0(self, n: int, p: dict) -> None:
+        """A span of NZ2DN result tiles (pixel-major: pixel j's mt channels at j * mt) of image n into the
+        NC1HWC0 result: one DMA whose DDR side is, per C0 block of each tile, one contiguous run of nt
+        pixels x C0 channels."""
+        ctx, chip, prec, geo = self.ctx, self.ctx.chip, self.ctx.prec, self.geom
+        c0 = c0_elems(chip, prec)
+        row0, mt, col0, nt, slots = p["row0"], p["mt"], p["col0"], p["nt"], p["slots"]
+        if row0 % c0 or mt % c0:
+            raise ValueError(f"result rows {row0}..{row0 + mt} are not whole C0 blocks of {c0}")
+        pix, count = geo.ho * geo.wo, len(slots)
+        shape = (mt // c0, count, nt, c0)          # c walks the slots' lanes
+        step = mt * pix if p["along"] == "rows" else nt * c0
+        base = ctx.ddr_addr(self.epi.output) + ((n * -(-geo.cout // c0) + row0 // c0) * pix + col0) * c0 * prec.bytes
+        src = DRegion(global_lmem_address(slots[0], chip), shape, (c0, chip.tile.slot_bytes // prec.bytes, mt, 1), prec)
+        ctx.em.region_copy(DRegion(base, shape, (pix * c0, step, c0, 1), prec), src)
 
     def _y_region(self, addr: int, n: int, c0: int, ct: int, p0: int, pt: int) -> DRegion:
         geo, prec = self.geom, self.ctx.prec
@@ -908,7 +991,7 @@ class TileConvChoice:
         tile = self.tile.plan(region)
         if tile is None:
             self.tile_missed.add(region)
-            return self.make_tiu().plan(region) if self.tile.reads_lmem() or _choice(self.ctx.options) != "tile" else None
+            return self.make_tiu().plan(region)     # a wider region's TILE plan is still preferred (wants_wider)
         if _choice(self.ctx.options) == "tile":
             return tile
         tiu = self.make_tiu().plan(region)
@@ -975,6 +1058,11 @@ def _unit_bound_ps(records, chip) -> int:
     the cube (TMATMUL, TGEMV, TPUSH), the ACCCVT drain, the tile buffer's DMA port (a TMOVE holds it for
     its bytes at the port width: its latency is pipelined) and the expansion path (TIMG2COL). A bound
     where every unit overlaps the others perfectly: what a conv costs wherever it is not waited for."""
+    return max(_unit_busy(records, chip).values(), default=0)
+
+
+def _unit_busy(records, chip) -> dict[str, int]:
+    """_unit_bound_ps' ps per unit."""
     from tpuflow.hwmodel.timing.cost import engine_period_ps, instruction_ps
     from tpuflow.hwmodel.timing.engines import unit_phases
     from tpuflow.isa import AccCvt, Engine, TImg2Col, TMove
@@ -990,12 +1078,75 @@ def _unit_bound_ps(records, chip) -> int:
         else:
             ps = instruction_ps(instr, chip)
         busy[unit] = busy.get(unit, 0) + ps
-    return max(busy.values(), default=0)
+    return busy
 
 
 def _tiu_conv(ctx: LowerCtx, group: Group):
+    """The TIU conv of a group, with layout conversions when it touches NC1HWC0 tensors in DDR."""
     from tpuflow.lowering.ops.conv import ConvEmitter
-    return ConvEmitter(ctx, group)
+    reads, writes = _c0_tensors_of(ctx.graph, group, ctx.ddr.layouts)
+    return _ConvertedTiu(ctx, group) if reads or writes else ConvEmitter(ctx, group)
+
+
+def _c0_tensors_of(graph, group: Group, layouts: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(NC1HWC0 tensors the group reads, those it writes) among `layouts`."""
+    reads = sorted({t for n in group.nodes for t in n.inputs if t and layouts.get(t) == C0_BLOCKED} - group.produced())
+    return reads, sorted(t for t in group.produced() if layouts.get(t) == C0_BLOCKED)
+
+
+def _nchw_bytes(graph, tensor: str, options) -> int:
+    return math.prod(graph.tensor(tensor).shape) * {"fp32": 4, "fp16": 2, "bf16": 2}.get(options.dtype, 4)
+
+
+class _ConvertedTiu:
+    """The TIU conv of a tile-path conv group that reads or writes NC1HWC0 tensors in DDR (a conv the cube
+    cannot serve in some region or sliced run: the layout plan expected it on the cube): each such input is
+    converted to NCHW in the scratch area before it (c0_to_nchw), each such result written there and
+    converted after it (nchw_to_c0). The conversions are layers of their own ("<conv>:<tensor>>NCHW",
+    "<conv>:<tensor>>NC1HWC0", op LayoutConversion) in the estimate report and the manifest."""
+
+    def __init__(self, ctx: LowerCtx, group: Group):
+        from tpuflow.lowering.ops.conv import ConvEmitter
+        self.ctx, self.group = ctx, group
+        self.inner = ConvEmitter(ctx, group)
+
+    def plan(self, region: str):
+        return self.inner.plan(region)
+
+    def prefers(self, plan, other) -> bool:
+        return self.inner.prefers(plan, other)
+
+    def wants_wider(self, plan) -> bool:
+        return self.inner.wants_wider(plan)
+
+    def misfit(self) -> str:
+        return self.inner.misfit()
+
+    def emit(self, plan) -> None:
+        from tpuflow.errors import LoweringError
+        from tpuflow.lowering.ops.conv import ConvEmitter
+        ctx, prec = self.ctx, self.ctx.prec
+        reads, writes = _c0_tensors_of(ctx.graph, self.group, ctx.ddr.layouts)
+        tensors, offset, placed = dict(ctx.ddr.tensors), 0, {}
+        for t in reads + writes:
+            nbytes = _nchw_bytes(ctx.graph, t, ctx.options)
+            placed[t] = ctx.ddr.scratch_base + offset
+            tensors[t] = replace(tensors[t], addr=placed[t], nbytes=nbytes, layout="")
+            offset = ceil_to(offset + nbytes, 4096)
+        if offset > ctx.ddr.scratch_bytes:
+            raise LoweringError(f"internal: layout conversions of {self.group.anchor.name} need {offset} B of scratch")
+        for t in reads:
+            self._convert(t, ">NCHW", lambda t=t: c0_to_nchw(ctx, ctx.ddr_addr(t), placed[t], ctx.graph.tensor(t).shape, prec))
+        ConvEmitter(replace(ctx, ddr=replace(ctx.ddr, tensors=tensors, layouts={})), self.group).emit(plan)
+        for t in writes:
+            self._convert(t, ">NC1HWC0", lambda t=t: nchw_to_c0(ctx, placed[t], ctx.ddr_addr(t), ctx.graph.tensor(t).shape, prec))
+
+    def _convert(self, tensor: str, suffix: str, emit) -> None:
+        em, layer = self.ctx.em, self.ctx.em.layer
+        em.layer = f"{self.group.anchor.name}:{tensor}{suffix}"
+        emit()
+        self.ctx.note_layer(em.layer, "LayoutConversion", group=self.group.name)
+        em.layer = layer
 
 
 _PLAN_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> {plan key: ps}
@@ -1031,9 +1182,8 @@ def tile_conv_emitter(ctx: LowerCtx, group: Group):
     and a part of a conv (a slice of a sliced layer group, or one core's channels): the TILE conv
     computes whole images."""
     from tpuflow.lowering.context import WHOLE
-    from tpuflow.lowering.ops.conv import ConvEmitter
     if not cube_can_take(ctx, group) or group.tail_pool is not None or ctx.part != WHOLE:
-        return ConvEmitter(ctx, group)     # a fused pool: the group was formed as a TIU conv (tile_pool_fusion)
+        return _tiu_conv(ctx, group)       # a fused pool: the group was formed as a TIU conv (tile_pool_fusion)
     return TileConvChoice(ctx, group)
 
 
@@ -1050,13 +1200,8 @@ def standalone_engines(graph, groups: list[Group], chip, options) -> dict[str, s
     makes (`--tile-convs`: "all" takes the cube for every conv it can take, "fit" / "cost" compare the
     plans); "tile-im2col": on the cube from an im2col matrix in DDR (the only plan that needs scratch)."""
     from tpuflow.errors import LoweringError
-    from tpuflow.lowering.compiler import scratch_bytes
-    from tpuflow.lowering.ddrplan import plan_ddr
     from tpuflow.lowering.emitplan import choose_plan, emission_for
-    from tpuflow.lowering.emitter import Emitter
-    from tpuflow.lowering.weights import WeightImage
-    ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options))
-    ctx = LowerCtx(graph, chip, options, Emitter(chip), ddr, WeightImage(ddr.weight_base))
+    ctx = _standalone_ctx(graph, groups, chip, options)
     engines: dict[str, str] = {}
     for index, group in enumerate(groups):
         if group.kind != "conv":
@@ -1074,16 +1219,141 @@ def standalone_engines(graph, groups: list[Group], chip, options) -> dict[str, s
     return engines
 
 
+def _standalone_ctx(graph, groups: list[Group], chip, options) -> LowerCtx:
+    """A context in which a group is planned and emitted alone: every activation in DDR, row-major."""
+    from tpuflow.lowering.compiler import scratch_bytes
+    from tpuflow.lowering.ddrplan import plan_ddr
+    from tpuflow.lowering.emitter import Emitter
+    from tpuflow.lowering.weights import WeightImage
+    saved = TENSOR_LAYOUTS.pop(graph, None)
+    try:
+        ddr = plan_ddr(graph, groups, chip, options.dtype, scratch_bytes(graph, groups, options))
+    finally:
+        if saved is not None:
+            TENSOR_LAYOUTS[graph] = saved
+    return LowerCtx(graph, chip, options, Emitter(chip), ddr, WeightImage(ddr.weight_base))
+
+
+def plan_c0_layouts(graph, groups: list[Group], engines: dict[str, str], chip, options) -> dict[str, str]:
+    """{activation: "NC1HWC0"}: the tile-path activations kept C0-blocked in DDR (issue 16): the result of a
+    conv on the cube (standalone_engines) that leaves the ACC finished (bias, residual, Relu in the ACC /
+    ACCCVT: no TIU epilogue) and whose every reader is a conv the cube runs as an implicit GEMM reading it
+    as its input (its phase images then come from one DMA per phase, no TIU transposes) or as the residual
+    it accumulates (Zn tiles straight from DDR); not a graph input or output, channels whole C0 blocks,
+    single core. Kept so when the shared cost model (_unit_busy: the busiest unit of the readers' image
+    builds and residual fills and of the result's stores, NCHW against NC1HWC0) says it is not slower."""
+    if options.cores > 1 or options.dtype not in ("fp32", "fp16", "bf16") or C0_LAYOUTS == "never":
+        return {}
+    ctx = _standalone_ctx(graph, groups, chip, options)
+    group_of = {n.name: g for g in groups for n in g.nodes}
+    layouts: dict[str, str] = {}
+    for producer in groups:
+        if producer.kind != "conv" or not tile_engine_of(engines, producer).startswith("tile"):
+            continue
+        emitter = TileConvEmitter(ctx, producer)
+        tensor = emitter.epi.output
+        users = graph.consumers(tensor)
+        if not users or not _c0_result(ctx, emitter, tensor):
+            continue
+        readers = [(group_of[u.name], u) for u in users]
+        if all(_reads_c0(ctx, g, u, tensor, engines) for g, u in readers) and \
+                (C0_LAYOUTS == "always" or _c0_not_slower(ctx, emitter, tensor, [g for g, _ in readers])):
+            layouts[tensor] = C0_BLOCKED
+    return layouts
+
+
+# plan_c0_layouts: "cost" (the shared cost model decides), "always" (every activation that can be C0-blocked
+# is: tests of the layout's instructions and what-if measurements), "never"
+C0_LAYOUTS = "cost"
+
+
+def tile_engine_of(engines: dict[str, str], group: Group) -> str:
+    return engines.get(group.anchor.name, "tiu") if group.kind == "conv" else ""
+
+
+def _c0_result(ctx: LowerCtx, emitter: "TileConvEmitter", tensor: str) -> bool:
+    """Whether a TILE conv can store its result `tensor` C0-blocked: finished in the ACC, whole C0 blocks."""
+    graph = ctx.graph
+    info = graph.tensor(tensor)
+    out = emitter._output()
+    c0 = c0_elems(ctx.chip, ctx.prec)
+    return (tensor not in graph.inputs and tensor not in graph.outputs and info.quant is None and len(info.shape) == 4
+            and tensor in emitter.group.stored and emitter.geom.cout % c0 == 0 and emitter.bias_in_acc
+            and not out.needs_tiu and not out.in_slot)
+
+
+def _reads_c0(ctx: LowerCtx, group: Group, node, tensor: str, engines: dict[str, str]) -> bool:
+    """Whether `node` of `group` reads `tensor` as a conv the cube runs as an implicit GEMM serving an
+    NC1HWC0 input (its phase images) or residual (I . R)."""
+    if group.kind != "conv" or tile_engine_of(engines, group) != "tile" or group.tail_pool is not None:
+        return False
+    emitter = TileConvEmitter(ctx, group)
+    c0 = c0_elems(ctx.chip, ctx.prec)
+    if node is group.anchor:
+        geo = emitter.geom
+        return (node.inputs[0] == tensor and tensor not in node.inputs[1:] and emitter._images() is not None
+                and geo.cin % c0 == 0 and (geo.cin // geo.groups) % c0 == 0)
+    return emitter.residual == tensor and emitter._residual_layout(True) == "zn"
+
+
+def _c0_not_slower(ctx: LowerCtx, producer: "TileConvEmitter", tensor: str, readers: list[Group]) -> bool:
+    """The shared cost model's busiest unit over the instructions the layout changes (one image's or tile's
+    worth, scaled by their count): the readers' phase images (NCHW: load + TIU transposes; NC1HWC0: one DMA
+    per phase) and residual tiles, and the producer's result stores, NCHW against NC1HWC0."""
+    from tpuflow.lowering.emitter import Emitter
+    chip, prec, geo = ctx.chip, ctx.prec, producer.geom
+    c0 = c0_elems(chip, prec)
+    pix = geo.ho * geo.wo
+    mt, nt = min(max(TILE_SIDES), geo.cout), min(max(TILE_SIDES), pix)
+    tiles = geo.n * -(-geo.cout // mt) * -(-pix // nt)
+    slot = chip.tile_slot_address(0, 0)
+    addr = ctx.ddr_addr(tensor)
+    totals = []
+    for blocked in (False, True):
+        busy: dict[str, int] = {}
+
+        def add(emit, times: int) -> None:
+            probe = replace(ctx, em=Emitter(chip))
+            emit(probe)
+            for unit, ps in _unit_busy(probe.em.records, chip).items():
+                busy[unit] = busy.get(unit, 0) + ps * times
+
+        slot_view = DRegion(global_lmem_address(slot, chip), (mt // c0, 1, nt, c0) if blocked else (1, 1, mt, nt),
+                            (c0, 0, mt, 1) if blocked else (0, 0, nt, 1), prec)
+        ddr_view = DRegion(addr, slot_view.shape, (pix * c0, 0, c0, 1) if blocked else (0, 0, pix, 1), prec)
+        add(lambda p: p.em.region_copy(ddr_view, slot_view), tiles)
+        for group in readers:
+            reader = TileConvEmitter(ctx, group)
+            if group.anchor.inputs[0] == tensor:
+                images = reader._images()
+                build = (lambda p, r=reader, i=images: TileConvEmitter(p, r.group)._build_images_c0(i, addr, 0, False)) \
+                    if blocked else \
+                    (lambda p, r=reader, i=images: TileConvEmitter(p, r.group)._build_images(i, addr, 0, 0, False))
+                add(build, reader.geom.n)
+            else:
+                operand = (lambda p: C0RowsOperand(p, addr, mt, pix, pix)) if blocked else \
+                    (lambda p: RowsOperand(p, "zn", addr, mt, pix, pix))
+                add(lambda p, o=operand: o(p).load(slot, 0, mt, 0, nt), tiles)
+        totals.append(max(busy.values(), default=0))
+    return totals[1] <= totals[0]
+
+
 def tile_pool_fusion(graph, chip, options, ends: frozenset = frozenset()):
     """form_groups' `fuse_pool` on the tile path: a pooling joins the conv group before it (one TIU conv
     + pool group, as on the TIU path: the pool runs on the conv's output tile, no DDR round trip) when that
     conv runs on the TIU anyway (standalone_engines); a conv that runs on the cube is left unfused (the cube
-    cannot pool its result tiles) and the pool is a group of its own."""
+    cannot pool its result tiles) and the pool is a group of its own. Also plans the NC1HWC0 activations of
+    the compile (plan_c0_layouts, ddrplan.TENSOR_LAYOUTS: every DDR plan of `graph` places them so)."""
     from tpuflow.lowering.groups import form_groups
     if options.matmul != "tile":
         return True
-    engines = standalone_engines(graph, form_groups(graph, fuse_pool=False, lanes=chip.lanes, ends=ends), chip, options)
+    unfused = form_groups(graph, fuse_pool=False, lanes=chip.lanes, ends=ends)
+    TENSOR_LAYOUTS.pop(graph, None)
+    engines = standalone_engines(graph, unfused, chip, options)
     _TILE_ENGINES[graph] = engines
+    layouts = plan_c0_layouts(graph, unfused, engines, chip, options)
+    if layouts:
+        TENSOR_LAYOUTS[graph] = layouts
     return lambda group: engines.get(group.anchor.name, "tiu") == "tiu"
 
 
@@ -1116,9 +1386,11 @@ def _tile_conv_scratch(graph, group: Group, options) -> int:
     conv group with a fused pool, or that standalone_engines put on the TIU or on the cube by an implicit
     GEMM: a TILE im2col plan of such a conv then does not fit, TileConvEmitter.plan, and a model whose convs
     all run on the TIU gets the TIU path's DDR plan)."""
+    reads, writes = _c0_tensors_of(graph, group, TENSOR_LAYOUTS.get(graph, {}))
+    convert = sum(ceil_to(_nchw_bytes(graph, t, options), 4096) for t in reads + writes)
     if group.tail_pool is not None or tile_engine(graph, group.anchor.name) in ("tiu", "tile"):
-        return 0
-    return TileConvEmitter.scratch_bytes(graph, group, options)
+        return convert
+    return max(convert, TileConvEmitter.scratch_bytes(graph, group, options))
 
 
 tile_conv_emitter.scratch_bytes = _tile_conv_scratch
