@@ -75,10 +75,10 @@ class Chain:
 
 
 def hard_swish(scales=(0.04, 0.03, 0.05, 0.02), zps=(0, 0, 0, 0), three=3.0, six=6.0, storage="int8",
-               x_scale=0.05, x_zp=0, quantized_constants=True) -> onnx.ModelProto:
+               x_scale=0.05, x_zp=0, quantized_constants=True, shape=SHAPE) -> onnx.ModelProto:
     """x * clip(x + 3, 0, 6) / 6 with every op quantized on its own scale (--dtype int8's form: the constants
     quantized too, so the frontend absorbs Add / Clip / Mul into ops on quantized tensors)."""
-    c = Chain(storage, x_scale, x_zp)
+    c = Chain(storage, x_scale, x_zp, shape)
     const = c.qconst if quantized_constants else c.const
     a = c.quantize(c.op("Add", ["x", const(three)], "a"), scales[0], zps[0])
     k = c.quantize(c.op("Clip", [a, c.const(0.0), c.const(six)], "k"), scales[1], zps[1])
