@@ -29,7 +29,17 @@ How the slots are fed (the tile window is a tile buffer, tpuflow.isa.tile; issue
 * streams load ahead across output tiles and batches in half-queue batches; a residual Add (and a
   conv bias followed only by Relu) enters the ACC (no TIU pass); results leave in spans of up to
   OUTPUT_SPAN tiles.
-The operands live in tile_operands.py, the GEMM (tiling, queues, streams, blocks) in tile_gemm.py."""
+The operands live in tile_operands.py, the GEMM (tiling, queues, streams, blocks) in tile_gemm.py.
+
+Layout across layers (issue 16 deliverable 1; plan_c0_layouts, decided once per compile by
+tile_pool_fusion): an activation a cube conv leaves finished in the ACC and only cube implicit-GEMM convs
+read may live NC1HWC0 in DDR (ddrplan.TENSOR_LAYOUTS, DdrTensor.layout): ACCCVT NZ2DN and one store per span
+of whole C0-block runs; the reader's phase images by one DMA per phase (no TIU transposes) or its residual's
+Zn tiles straight from DDR (C0RowsOperand); a TIU conv meeting such a tensor converts it in scratch
+(_ConvertedTiu). Kept only where the shared cost model says it is not slower: on sg2260 never (a pixel-major
+image from NC1HWC0 is one 32-byte GDMA piece per pixel and block, the NCHW one a load of whole rows plus
+cheap TIU transposes), and with layer groups on, the activations between convs are LMEM-resident anyway
+(channels on lanes, the phase images transposed from there)."""
 
 from __future__ import annotations
 
@@ -1156,7 +1166,8 @@ _PLAN_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # gra
 # MACs per cycle), so the cube wins only where the TIU's lanes are poorly used (fewer output channels than
 # lanes, e.g. a 3x3 conv 64 -> 16 in fp32); ResNet-50's and SqueezeNet's convs all stay on the TIU (their
 # TILE plans' cube blocks, drains or staged weight DMAs outlast the TIU conv). Measured at this change (fp16
-# sg2260, TILE-path us, TIU path's in brackets): resnet50 1086.9 (1098.3), squeezenet 127.4 (127.0); the
+# sg2260, TILE-path us, TIU path's in brackets): resnet50 1086.9 (1098.3), squeezenet 127.4 (127.0; 127.0 since
+# a pool joins a TIU conv's group and no im2col scratch moves the weight image: tile_pool_fusion); the
 # earlier rules (drain-bound, not expanded on chip, one-block halos: resnet50 1121.5, squeezenet 136.2 at
 # the same commit) kept convs on the cube that run faster on the TIU, and one 60-wide conv off the cube.
 # "tile": every conv the cube can take runs on the TILE whenever it fits (the TIU conv only where a layer
