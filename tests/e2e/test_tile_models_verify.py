@@ -27,6 +27,22 @@ def test_verify_tile_path(model, dtype, tile_convs):
     assert result["ok"], result["outputs"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["squeezenet", "resnet50"])
+def test_verify_forced_c0_layouts(model, monkeypatch):
+    """Every activation that can be NC1HWC0 made so (tilemm.C0_LAYOUTS "always"; layer groups off, so they
+    live in DDR: squeezenet 8, resnet50 51 of them, residuals and stride-2 readers included), fp16 --tile-convs
+    all: the result still matches onnxruntime (race detector on)."""
+    from tpuflow.lowering.ops import tilemm
+    from tpuflow.pipeline import verify_program
+    monkeypatch.setattr(tilemm, "C0_LAYOUTS", "always")
+    graph, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile", tile_convs="all",
+                                                               layer_group="off"))
+    assert sum(t.layout == "NC1HWC0" for t in program.memory.tensors.values()) == {"squeezenet": 8, "resnet50": 51}[model]
+    result = verify_program(graph, program, race_check=True)
+    assert result["ok"], result["outputs"]
+
+
 def test_tile_fit_squeezenet_is_the_tiu_program():
     """fp16 sg2260: no SqueezeNet conv is faster on the cube (equal fp16 peaks), so --matmul tile (fit) fuses
     the stem's MaxPool into its conv group as the TIU path does and reserves no im2col scratch: the same
