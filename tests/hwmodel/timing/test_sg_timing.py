@@ -8,21 +8,17 @@ from hypothesis import given, settings, strategies as st
 
 from tpuflow.chip import load_chip
 from tpuflow.codegen.sg2260 import descriptor_form
-from tpuflow.hwmodel.timing import instruction_cycles, simulate
+from tpuflow.hwmodel.timing import instruction_cycles
 from tpuflow.hwmodel.timing.banks import bank_bubbles
 from tpuflow.hwmodel.timing.compute import tiu_work
-from tpuflow.hwmodel.timing.synthetic import ProgramBuilder
+from tiu_alone import tiu_alone
 from tpuflow.isa import SgTiu
 
 CHIP = load_chip("sg2260")
 
 
 def run_alone(instr):
-    b = ProgramBuilder(CHIP)
-    b.add(instr)
-    r = simulate(b.build())
-    i = r.index("tiu", 1)
-    return tuple(int(r.times[s][i]) for s in ("dispatch", "start", "end")), int(r.stall_cycles("bank_conflict")[i])
+    return tiu_alone(instr, CHIP)
 
 
 def gather(**over) -> SgTiu:
