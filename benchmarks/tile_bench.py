@@ -88,6 +88,13 @@ def cube_variant(base: str, scale: int, folder: Path) -> Path:
     return path
 
 
+def layout_counts(layouts: dict) -> dict:
+    """The estimate's activation layouts (issue 16) as counts: activations NC1HWC0 in DDR, layout
+    conversions, TIU transposes into pixel-major images and the TILE conv layers that run them."""
+    return {"c0_blocked": len(layouts["c0_blocked"]), "conversions": len(layouts["conversions"]),
+            "lmem_transposes": sum(layouts["lmem_transposes"].values()), "transposing_layers": len(layouts["lmem_transposes"])}
+
+
 def run(model: str, chip: str, dtype: str, matmul: str, choice: str = "fit") -> dict:
     """What pipeline.estimate does, with the compile's and the whole estimate's CPU time."""
     from tpuflow.estimate import estimate_report
@@ -105,6 +112,7 @@ def run(model: str, chip: str, dtype: str, matmul: str, choice: str = "fit") -> 
             "instructions": {k: v["instructions"] for k, v in engines.items()},
             "busy_us": {k: round(v["busy_us"], 3) for k, v in engines.items()},
             "gdma_by_kind": gdma_by_kind(program, sim), "tile_port_by_kind": port_by_kind(program, sim),
+            **({"layouts": layout_counts(report["layouts"])} if report.get("layouts") else {}),
             "wall_s": round(wall, 2),
             "compile_cpu_s": round(compile_cpu, 2), "estimate_cpu_s": round(estimate_cpu, 2)}
 
@@ -131,7 +139,7 @@ def main() -> int:
     ap.add_argument("--choices", default="fit,all,cost", help="--tile-convs values the TILE path runs with")
     ap.add_argument("--cube-scales", default="2,4", help="cube MAC multipliers of the chip variants ('' for none)")
     ap.add_argument("--cube-models", default="resnet50,squeezenet", help="models run on the chip variants")
-    ap.add_argument("--cube-choices", default="fit,all", help="--tile-convs values run on the chip variants")
+    ap.add_argument("--cube-choices", default="fit,all,cost", help="--tile-convs values run on the chip variants")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     out = args.out or RESULTS / f"tile_{args.dtype}.json"
