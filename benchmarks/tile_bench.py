@@ -13,7 +13,9 @@ runs on the cube where the shared cost model times it faster there; "all": every
 "cost": per conv by the timing model; rows say which). With --cube-scales (default 2,4) the
 --cube-models (default resnet50,squeezenet) also run on chip variants whose cube has that many times
 sg2260's fp16 / bf16 / int8 MACs per cycle (compute.tile_macs_per_cycle; a chip TOML written from the base
-chip's, `base = ...`), TIU path and TILE path side by side: does a bigger cube pay off?
+chip's, `base = ...`), TIU path and TILE path side by side: does a bigger cube pay off? --what-if models
+(default resnet50) also run with the 4x cube and its tile buffer's port, expansion path and ACCCVT drain
+4x as wide, then also those units' per-block latencies cut 4x: what it would take.
 Writes benchmarks/results/tile_<dtype>.json and prints a table.
 """
 
@@ -77,14 +79,28 @@ def port_by_kind(program, sim) -> dict[str, dict[str, float]]:
     return {k: {"moves": v["moves"], "us": round(v["us"], 3)} for k, v in sorted(out.items())}
 
 
-def cube_variant(base: str, scale: int, folder: Path) -> Path:
-    """A chip TOML: `base` with `scale` times its cube's 16-bit and int8 MACs per cycle (fp32 as it is)."""
+def cube_variant(base: str, scale: int, folder: Path, buffer: str = "") -> Path:
+    """A chip TOML: `base` with `scale` times its cube's 16-bit and int8 MACs per cycle (fp32 as it is);
+    `buffer` "ports": also the tile buffer's DMA port, expansion path and ACCCVT drain `scale` times as
+    wide; "ports+latency": and their per-block latencies (cube fill, port, expansion) cut by `scale`."""
     from tpuflow.chip import load_chip
-    macs = dict(load_chip(base).compute.tile_macs_per_cycle)
-    scaled = {k: v * scale if k != "fp32" else v for k, v in macs.items()}
-    path = folder / f"{base}_cube{scale}x.toml"
-    path.write_text(f'base = "{base}"\n\n[core]\nname = "{base}_cube{scale}x"\n\n[compute]\n'
-                    f'tile_macs_per_cycle = {{ {", ".join(f"{k} = {v}" for k, v in scaled.items())} }}\n')
+    chip = load_chip(base)
+    scaled = {k: v * scale if k != "fp32" else v for k, v in chip.compute.tile_macs_per_cycle.items()}
+    name = f"{base}_cube{scale}x" + (f"_{buffer.replace('+', '_')}{scale}x" if buffer else "")
+    tile = {}
+    if buffer:
+        t = chip.tile
+        tile = {"move_port_bytes_per_cycle": t.move_port_bytes_per_cycle * scale,
+                "img2col_bytes_per_cycle": t.img2col_bytes_per_cycle * scale,
+                "acccvt_bytes_per_cycle": t.acccvt_bytes_per_cycle * scale}
+    if buffer == "ports+latency":
+        tile.update(fill_latency_cycles=max(1, t.fill_latency_cycles // scale),
+                    move_port_latency_cycles=max(1, t.move_port_latency_cycles // scale),
+                    img2col_latency_cycles=max(1, t.img2col_latency_cycles // scale))
+    path = folder / f"{name}.toml"
+    path.write_text(f'base = "{base}"\n\n[core]\nname = "{name}"\n\n[compute]\n'
+                    f'tile_macs_per_cycle = {{ {", ".join(f"{k} = {v}" for k, v in scaled.items())} }}\n'
+                    + ("\n[tile]\n" + "".join(f"{k} = {v}\n" for k, v in tile.items()) if tile else ""))
     return path
 
 
@@ -140,6 +156,8 @@ def main() -> int:
     ap.add_argument("--cube-scales", default="2,4", help="cube MAC multipliers of the chip variants ('' for none)")
     ap.add_argument("--cube-models", default="resnet50,squeezenet", help="models run on the chip variants")
     ap.add_argument("--cube-choices", default="fit,all,cost", help="--tile-convs values run on the chip variants")
+    ap.add_argument("--what-if", default="resnet50",
+                    help="models also run with a 4x cube whose tile buffer ports (and then latencies) scale too ('' none)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     out = args.out or RESULTS / f"tile_{args.dtype}.json"
@@ -170,6 +188,10 @@ def main() -> int:
         for scale in [int(x) for x in args.cube_scales.split(",") if x]:
             variant = cube_variant(args.chip, scale, Path(folder))
             for model in args.cube_models.split(","):
+                compare(model, str(variant), args.cube_choices.split(","))
+        for buffer in ("ports", "ports+latency") if args.what_if else ():
+            variant = cube_variant(args.chip, 4, Path(folder), buffer)
+            for model in args.what_if.split(","):
                 compare(model, str(variant), args.cube_choices.split(","))
     return 0
 
