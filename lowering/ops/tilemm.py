@@ -836,10 +836,8 @@ class TileConvEmitter:
             pix_in = geo.h * geo.w
             ctx.em.load(stage, DRegion(x_addr, stage.shape, (channels * pix_in, pix_in, geo.w, 1), prec))
         row = images.row_bytes // e
-        if zero:       # every phase's rows, one lane per column
-            rows = images.bytes_per_lane // images.row_bytes
-            ctx.em.ar("copy", LTile(images_offset, (1, images.lanes_used, rows, row), prec, (0, 0, row, 1),
-                                    StrideMode.FREE), 0.0)
+        if zero:
+            self._zero_images(images, images_offset)
         for phase in images.base:
             scatter = images.scatter(phase)
             if scatter is None:
@@ -853,6 +851,14 @@ class TileConvEmitter:
             f.update(src.fields("opd0"))
             ctx.em.tiu(CwBcTiu(op="cw_ts", opd0_c=channels, opd0_w=cols, **{k: v for k, v in f.items() if k != "opt_opd0_prec"}))
 
+    def _zero_images(self, images: PhaseImages, images_offset: int) -> None:
+        """Zero every phase's rows of `images` (one lane per column): the padding a conv reads."""
+        prec = self.ctx.prec
+        row = images.row_bytes // prec.bytes
+        rows = images.bytes_per_lane // images.row_bytes
+        self.ctx.em.ar("copy", LTile(images_offset, (1, images.lanes_used, rows, row), prec, (0, 0, row, 1),
+                                     StrideMode.FREE), 0.0)
+
     def _build_images_c0(self, images: PhaseImages, x_addr: int, images_offset: int, zero: bool) -> None:
         """An NC1HWC0 image at x_addr (images.channels channels in whole C0 blocks) into `images`: a zero
         fill when the conv pads (once), then per phase one DMA, no TIU transpose: the phase's columns onto
@@ -863,10 +869,7 @@ class TileConvEmitter:
         c0 = c0_elems(chip, prec)
         blocks, pix = images.channels // c0, geo.h * geo.w
         if zero:
-            row = images.row_bytes // e
-            rows = images.bytes_per_lane // images.row_bytes
-            ctx.em.ar("copy", LTile(images_offset, (1, images.lanes_used, rows, row), prec, (0, 0, row, 1),
-                                    StrideMode.FREE), 0.0)
+            self._zero_images(images, images_offset)
         for phase in images.base:
             scatter = images.scatter(phase)
             if scatter is None:
