@@ -63,6 +63,18 @@ def classify(shape: tuple[int, ...], out_shape: tuple[int, ...], split: int) -> 
     return None
 
 
+def classify_flat(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Kind | None:
+    """How an operand of `shape` maps onto a flat view of `out_shape` (its elements in any rows x
+    cols): FULL when it is the output's shape (leading 1s aside), SCALAR when it has one element."""
+    rank = len(out_shape)
+    if len(shape) > rank:
+        return None
+    s = (1,) * (rank - len(shape)) + tuple(shape)
+    if s == tuple(out_shape):
+        return Kind.FULL
+    return Kind.SCALAR if math.prod(s) == 1 else None
+
+
 def row_period(shape: tuple[int, ...], out_shape: tuple[int, ...], split: int) -> int | None:
     """For an operand equal to the output on its trailing row axes and of size 1 on the leading
     ones (at least one of which the output repeats): the rows after which its values repeat."""

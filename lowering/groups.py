@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from tpuflow.frontend.graph import Graph, OpNode
 from tpuflow.frontend.ops import OpKind
-from tpuflow.lowering.ewise import Kind, classify, node_fits, node_split_candidates, reads_whole_rows
+from tpuflow.lowering.ewise import Kind, classify, classify_flat, node_fits, node_split_candidates, reads_whole_rows
 from tpuflow.lowering.opspec import spec
 
 CONV_EPILOGUE_SPLIT = 2     # NCHW: rows = (n, c), cols = (h, w)
@@ -22,6 +23,14 @@ class Group:
     stored: list[str] = field(default_factory=list)   # tensors written to DDR (consumed outside)
     splits: dict[str, int] = field(default_factory=dict)  # row groups: each node's own cut point
     full_shape: tuple[int, ...] = ()   # row groups: the reference shape the view is cut from
+    flat_shape: tuple[int, ...] = ()   # flat row groups: the output shape viewed as full_shape (else empty)
+
+    def kind_of(self, shape: tuple[int, ...]) -> Kind | None:
+        """How an operand of `shape` maps onto this row group's view: cut from full_shape at
+        split, or, for a flat view, FULL (the output's shape) or SCALAR (one element) only."""
+        if self.flat_shape:
+            return classify_flat(shape, self.flat_shape)
+        return classify(shape, self.full_shape, self.split)
 
     @property
     def name(self) -> str:
@@ -100,7 +109,8 @@ def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken
     """The longest run of row-wise nodes after `start` that share its (rows, cols) view: every
     operand classifies against the group's reference shape, values are FULL or ROW. Of the cut
     points `start` can take, the one that joins the most nodes (the first on ties), unless its
-    rows starve the chip's `lanes` and another's do not."""
+    rows starve the chip's `lanes` and another's do not. A purely elementwise group then takes
+    the flat view of its tensors when that is better (_flat_pays)."""
     best, best_key = None, None
     for split in node_split_candidates(graph, start):
         if node_fits(graph, start, split):
@@ -108,14 +118,50 @@ def _row_group(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken
             key = (not _starves(group, lanes), len(group.nodes))
             if best is None or key > best_key:
                 best, best_key = group, key
-    return best
+    flat = _flat_group(graph, best, lanes) if best is not None else None
+    return flat if flat is not None and _flat_pays(graph, best, flat, lanes) else best
+
+
+def _flat_group(graph: Graph, group: Group, lanes: int | None) -> Group | None:
+    """`group`'s nodes with the flat view of their output: its elements as rows x cols, rows the
+    largest divisor of the count within the `lanes` (every DMA moves whole rows of cols contiguous
+    elements); None unless every node is elementwise, of the group's output shape, and every
+    operand is FULL or a single element (DDR tensors are contiguous: the view is a reshape)."""
+    from tpuflow.lowering.ops.quant_ops import lane_rows
+    shape = graph.tensor(group.anchor.outputs[0]).shape
+    count = math.prod(shape)
+    if lanes is None or count < 2:
+        return None
+    for node in group.nodes:
+        if spec(node.op_type).row_role != "elementwise" or graph.tensor(node.outputs[0]).shape != shape:
+            return None
+        if any(classify_flat(graph.tensor(t).shape, shape) is None for t in node.inputs if t):
+            return None
+    rows = lane_rows(count, lanes)
+    # (rows, 1, cols) cut after rows: the view is no NCHW map or matrix to slicing and residency
+    return Group("row", list(group.nodes), 1, splits={n.name: 1 for n in group.nodes},
+                 full_shape=(rows, 1, count // rows), flat_shape=tuple(shape))
+
+
+def _flat_pays(graph: Graph, cut: Group, flat: Group, lanes: int | None) -> bool:
+    """The flat view replaces a cut-point view that cannot keep its output in LMEM (no resident
+    layout: nothing to lose to layer groups) when it does not starve the lanes and either the cut
+    view does or the flat view's transfers move fewer DMA pieces (one contiguous run per view row
+    and lane: rows pieces per tensor, the same tensors either way)."""
+    from tpuflow.lowering.ops.rowgroup import rows_layout
+    out = graph.tensor(cut.nodes[-1].outputs[0]).shape
+    if rows_layout(out, cut.full_shape, cut.split) is not None or _starves(flat, lanes):
+        return False
+    return _starves(cut, lanes) or view_rows(flat) < view_rows(cut)
+
+
+def view_rows(group: Group) -> int:
+    """Rows of a row group's view (the product of its reference shape's dims before the cut)."""
+    return math.prod(group.full_shape[:group.split])
 
 
 def _starves(group: Group, lanes: int | None) -> bool:
-    rows = 1
-    for d in group.full_shape[:group.split]:
-        rows *= d
-    return lanes is not None and rows * STARVED_FILL < lanes
+    return lanes is not None and view_rows(group) * STARVED_FILL < lanes
 
 
 def _row_group_at(graph: Graph, start: OpNode, order: list[OpNode], pos: int, taken: set[str], split: int,

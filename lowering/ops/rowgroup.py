@@ -12,7 +12,7 @@ from tpuflow.isa import Prec, StrideMode
 from tpuflow.lowering import ewise, mathops
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
-from tpuflow.lowering.ewise import ROW_NORMALIZE, ROW_REDUCE, SCRATCH_NEED, Kind, classify
+from tpuflow.lowering.ewise import ROW_NORMALIZE, ROW_REDUCE, SCRATCH_NEED, Kind
 from tpuflow.lowering.groups import Group
 from tpuflow.lowering.layergroup import MATRIX, NCHW
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
@@ -57,11 +57,10 @@ class RowPlanner:
     def _classify(self) -> None:
         produced = self.group.produced()
         for node in self.group.nodes:
-            split, ref = self.group.split, self.group.full_shape
             for i, t in enumerate(node.inputs):
                 if not t:
                     continue
-                kind = self.kinds.get(t) if t in produced else classify(self.graph.tensor(t).shape, ref, split)
+                kind = self.kinds.get(t) if t in produced else self.group.kind_of(self.graph.tensor(t).shape)
                 if kind is None:
                     raise LoweringError(f"node {node.name}: operand {t} does not broadcast row-wise")
                 info = self.graph.tensor(t)
@@ -72,7 +71,7 @@ class RowPlanner:
             elif node.op_type in ROW_NORMALIZE:
                 self.kinds[out] = Kind.FULL
             else:
-                self.kinds[out] = classify(self.graph.tensor(out).shape, ref, split)
+                self.kinds[out] = self.group.kind_of(self.graph.tensor(out).shape)
             if self.kinds[out] not in (Kind.FULL, Kind.ROW):
                 raise LoweringError(f"node {node.name}: computes on constants only (fold it first)")
 
@@ -198,7 +197,10 @@ class RowPlan(FrozenPlan):
 class RowGroupEmitter:
     @staticmethod
     def resident_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
-        """Full-size runtime inputs and stored outputs whose resident layout is the group's view."""
+        """Full-size runtime inputs and stored outputs whose resident layout is the group's view
+        (none for a flat view: no resident layout holds a tensor as its rows x cols)."""
+        if group.flat_shape:
+            return {}, {}
         made = group.produced()
         layout = lambda t: rows_layout(graph.tensor(t).shape, group.full_shape, group.split)  # noqa: E731
         readable = {t: layout(t) for n in group.nodes for t in n.inputs
