@@ -261,7 +261,8 @@ class RowGroupEmitter:
         eu = self.chip.eu_count("fp32")
         rt = row_options[0]
         acc = self._accumulator_sizes(rt, chunked)
-        col_options = [eu * k for k in range(1, span // eu + 1)] or [span]
+        # rows shorter than an EU width (a flat view's rows are at most the lanes): any narrower chunk
+        col_options = [eu * k for k in range(1, span // eu + 1)] or list(range(1, span + 1))
         dt = largest_fitting(col_options, lambda d: arena.fits(resident + acc + self._set_sizes(rt, d)))
         return None if dt is None else (rt, dt, chunked)
 
