@@ -120,12 +120,13 @@ def test_the_flat_view_moves_whole_rows_per_lane():
 
 # ------------------------------------------------------------------ exactness against the cut view
 
-def _outputs(model, dtype: str, flat: bool, monkeypatch) -> dict[str, np.ndarray]:
+def _outputs(model, dtype: str, flat: bool, monkeypatch):
+    """(the functional model's outputs, the GDMA stream) of `model` compiled with (or without) flat views."""
     with monkeypatch.context() as m:
         if not flat:
             m.setattr(groups_mod, "_flat_pays", lambda *a: False)
         graph, program = compile_model(model, "sg2260", CompileOptions(dtype=dtype, schedule="program"))
-    return run(program, random_inputs(graph, 7))
+    return run(program, random_inputs(graph, 7)), program.gdma
 
 
 leading = st.lists(st.integers(1, 3), min_size=0, max_size=2).filter(lambda d: math.prod(d) < 8)
@@ -139,8 +140,9 @@ def test_the_flat_view_computes_exactly_what_the_cut_view_does(monkeypatch, lead
     model = _chain(shape, scalar, seed=n)
     _, group = _single_group(model)
     assume(group.flat_shape)                    # the property is about flat groups
-    flat = _outputs(model, dtype, True, monkeypatch)
-    cut = _outputs(model, dtype, False, monkeypatch)
+    flat, flat_dmas = _outputs(model, dtype, True, monkeypatch)
+    cut, cut_dmas = _outputs(model, dtype, False, monkeypatch)
+    assert flat_dmas != cut_dmas                # two different views were compiled
     assert flat.keys() == cut.keys() == {"out"}
     assert flat["out"].shape == cut["out"].shape
     assert np.array_equal(flat["out"].view(np.uint8), cut["out"].view(np.uint8))
