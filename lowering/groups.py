@@ -11,6 +11,7 @@ from tpuflow.frontend.graph import Graph, OpNode
 from tpuflow.frontend.ops import OpKind
 from tpuflow.lowering.ewise import Kind, classify, classify_flat, node_fits, node_split_candidates, reads_whole_rows
 from tpuflow.lowering.opspec import spec
+from tpuflow.lowering.tiling import lane_rows
 
 CONV_EPILOGUE_SPLIT = 2     # NCHW: rows = (n, c), cols = (h, w)
 
@@ -127,7 +128,6 @@ def _flat_group(graph: Graph, group: Group, lanes: int | None) -> Group | None:
     largest divisor of the count within the `lanes` (every DMA moves whole rows of cols contiguous
     elements); None unless every node is elementwise, of the group's output shape, and every
     operand is FULL or a single element (DDR tensors are contiguous: the view is a reshape)."""
-    from tpuflow.lowering.ops.quant_ops import lane_rows
     shape = graph.tensor(group.anchor.outputs[0]).shape
     count = math.prod(shape)
     if lanes is None or count < 2:

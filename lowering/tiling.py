@@ -7,6 +7,11 @@ from typing import Callable, Sequence, TypeVar
 T = TypeVar("T")
 
 
+def lane_rows(count: int, lanes: int) -> int:
+    """The largest divisor of `count` that is at most `lanes` (a flat tensor viewed as rows x cols)."""
+    return max(d for d in range(1, min(count, lanes) + 1) if count % d == 0)
+
+
 def steps(total: int, step: int) -> list[tuple[int, int]]:
     """(start, size) pieces covering [0, total) exactly once."""
     step = max(1, min(step, total))

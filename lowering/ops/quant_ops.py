@@ -62,7 +62,7 @@ from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, chann
                                     held_bytes, held_placement, held_tensors, held_view, row_pattern, tail_boundary,
                                     takes_held, view_source)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
-from tpuflow.lowering.tiling import steps, steps_between
+from tpuflow.lowering.tiling import lane_rows, steps, steps_between
 from tpuflow.lowering.weights import pack_conv_weights, to_storage
 
 HALF_TO_EVEN = RQ_ROUND_MODES["half_to_even"]
@@ -221,11 +221,6 @@ def real_values(info) -> np.ndarray:
     """The real values (fp32) of a constant: dequantised when it is quantized."""
     const = np.asarray(info.const)
     return (dequantize(const, info.quant) if info.quant is not None else const).astype(np.float32)
-
-
-def lane_rows(count: int, lanes: int) -> int:
-    """The largest divisor of `count` that is at most `lanes` (a flat tensor viewed as rows x cols)."""
-    return max(d for d in range(1, min(count, lanes) + 1) if count % d == 0)
 
 
 LOOKUP_TABLE_ENTRIES = 256
