@@ -20,7 +20,7 @@ from tpuflow.isa import TensorDma
 from tpuflow.lowering import groups as groups_mod
 from tpuflow.lowering.ewise import Kind, classify_flat
 from tpuflow.lowering.groups import form_groups
-from tpuflow.lowering.ops.quant_ops import lane_rows
+from tpuflow.lowering.tiling import lane_rows
 from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, load_chip, load_graph, verify
