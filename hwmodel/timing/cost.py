@@ -7,7 +7,8 @@ instruction_cycles(instr, chip) is in cycles of the instruction's engine clock:
   stage, i.e. its share of a back-to-back stream. After a wait it first pays the pipe fill
   (pipe_fill_cycles: DES + GEN + ISSUE [+ ARB]), and its result is visible after the compute latency:
   instruction_latency_cycles is fill + cycles + latency (one instruction alone on an idle TIU).
-* TILE: compute.tile_cycles.
+* TILE: compute.tile_cycles (TMOVE: tmove_cycles, TIMG2COL: the expansion path), of which the block
+  holds the TILE engine tile_engine_cycles.
 * GDMA: cmd setup + max(transfer, direction floor), where transfer = max(GDMA bus cycles, DDR bytes at
   dram.peak_gbps, burst-issue cycles) + the unloaded latency of one burst (DDR page hit or LMEM
   access), and the direction floor is the simulator's: DDR-side bytes, each contiguous run charged at
@@ -27,8 +28,8 @@ from tpuflow.hwmodel.timing.compute import CUBE, cdiv, tile_cycles, tiu_work
 from tpuflow.hwmodel.timing.gdma import DDR, LMEM, charged_ddr_bytes, direction_floor_ps
 from tpuflow.hwmodel.timing.segments import side_bursts, sides_ddr_bytes, transfer_sides
 from tpuflow.hwmodel.timing.wdc import WdcParams
-from tpuflow.isa import (DmaInstruction, Engine, Instruction, Prec, SysDma, TensorDma, TileInstruction,
-                         TiuInstruction, TImg2Col, TMove, global_lmem_address)
+from tpuflow.isa import (AccCvt, DmaInstruction, Engine, Instruction, Prec, SysDma, TensorDma, TileInstruction,
+                         TiuInstruction, TImg2Col, TMatmul, TMove, global_lmem_address)
 
 
 def tiu_cycles(instr: TiuInstruction, chip: ChipConfig) -> int:
@@ -118,6 +119,19 @@ def instruction_cycles(instr: Instruction, chip: ChipConfig) -> int:
     raise TypeError(f"not an instruction: {type(instr).__name__}")
 
 
+def tile_engine_cycles(instr: TileInstruction, chip: ChipConfig) -> int:
+    """Tile cycles a block holds the TILE engine before it takes the next (engines.TileEngine): a TMATMUL /
+    TGEMV its cycles without the cube's fill latency (the next one streams behind it), a TMOVE / TIMG2COL
+    the hand-over to the port / expansion path, an ACCCVT the hand-over when the ACCs drain on a path of
+    their own (tile.acc_buffers > 1); the rest of instruction_cycles is the time until its result lands."""
+    t = chip.tile
+    if isinstance(instr, TMatmul):
+        return tile_cycles(instr, chip) - t.fill_latency_cycles
+    if isinstance(instr, (TMove, TImg2Col)) or (isinstance(instr, AccCvt) and t.acc_buffers > 1):
+        return t.block_overhead_cycles
+    return instruction_cycles(instr, chip)
+
+
 def engine_period_ps(instr: Instruction, chip: ChipConfig) -> int:
     """Clock period (ps) of the engine that runs the instruction."""
     clocks = chip.clocks
@@ -128,9 +142,13 @@ def engine_period_ps(instr: Instruction, chip: ChipConfig) -> int:
 def instruction_timing_ps(instr: Instruction, chip: ChipConfig) -> tuple[int, int, int]:
     """(duration, head, tail) in ps: how long the instruction holds its engine; for a TIU
     instruction also the pipe fill paid after a cross-engine wait (head) and the compute latency
-    before its result counts as done (tail); GDMA and TILE have neither."""
+    before its result counts as done (tail); a TILE block's tail is the rest of its cycles after it
+    lets the engine go (tile_engine_cycles); GDMA has neither."""
     period = engine_period_ps(instr, chip)
     cycles = instruction_cycles(instr, chip)
+    if isinstance(instr, TileInstruction):
+        held = min(cycles, tile_engine_cycles(instr, chip))
+        return max(1, held * period), 0, (cycles - held) * period
     if not isinstance(instr, TiuInstruction):
         return max(1, cycles * period), 0, 0
     fill = pipe_fill_cycles(instr, chip)
