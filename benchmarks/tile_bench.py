@@ -8,7 +8,7 @@ list schedule) and of the whole estimate (compile + timing simulation + report) 
 paths (issue 16 target: TILE-path ResNet-50 estimated in under 10 s), the TILE / TIU latency
 ratio, where the TILE path's GDMA time goes (per kind of transfer: DDR -> tile buffer,
 DDR -> LMEM, LMEM -> DDR, ...) and what the tile buffer's own DMA port (TMOVE) carries. The TILE path
-runs once per --choices value of `--tile-convs` (CompileOptions.tile_convs: "fit", the default: a conv
+runs once per --choices value of `--tile-engine` (CompileOptions.tile_engine: "fit", the default: a conv
 runs on the cube where the shared cost model times it faster there; "all": every conv the cube can take;
 "cost": per conv by the timing model; rows say which). With --cube-scales (default 2,4) the
 --cube-models (default resnet50,squeezenet) also run on chip variants whose cube has that many times
@@ -116,7 +116,7 @@ def run(model: str, chip: str, dtype: str, matmul: str, choice: str = "fit") -> 
     from tpuflow.estimate import estimate_report
     from tpuflow.hwmodel.timing import simulate
     t0, cpu0 = time.perf_counter(), time.process_time()
-    options = CompileOptions(dtype=dtype, matmul=matmul, **({"tile_convs": choice} if matmul == "tile" else {}))
+    options = CompileOptions(dtype=dtype, matmul=matmul, **({"tile_engine": choice} if matmul == "tile" else {}))
     _, program = compile_model(model, chip, options)
     compile_cpu = time.process_time() - cpu0
     sim = simulate(program)
@@ -152,10 +152,10 @@ def main() -> int:
     ap.add_argument("--models", default=MODELS)
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--chip", default="sg2260")
-    ap.add_argument("--choices", default="fit,all,cost", help="--tile-convs values the TILE path runs with")
+    ap.add_argument("--choices", default="fit,all,cost", help="--tile-engine values the TILE path runs with")
     ap.add_argument("--cube-scales", default="2,4", help="cube MAC multipliers of the chip variants ('' for none)")
     ap.add_argument("--cube-models", default="resnet50,squeezenet", help="models run on the chip variants")
-    ap.add_argument("--cube-choices", default="fit,all,cost", help="--tile-convs values run on the chip variants")
+    ap.add_argument("--cube-choices", default="fit,all,cost", help="--tile-engine values run on the chip variants")
     ap.add_argument("--what-if", default="resnet50",
                     help="models also run with a 4x cube whose tile buffer ports (and then latencies) scale too ('' none)")
     ap.add_argument("--out", type=Path)

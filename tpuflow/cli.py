@@ -58,10 +58,10 @@ def _add_chip(p: argparse.ArgumentParser) -> None:
 def _add_compile(p: argparse.ArgumentParser) -> None:
     _add_chip(p)
     p.add_argument("--matmul", default="tiu", help="tiu | tile: engine for MatMul/Gemm")
-    p.add_argument("--tile-convs", default="fit",
-                   help="with --matmul tile, which convs run on the cube: fit (default: where the shared cost "
-                        "model's busiest unit of the conv's instructions is less busy than on the TIU) | all "
-                        "(every conv the cube can take) | cost (the faster on the timing model, per conv)")
+    p.add_argument("--tile-engine", default="fit",
+                   help="with --matmul tile, which convs and MatMuls run on the cube: fit (default: where the "
+                        "shared cost model's busiest unit of their instructions is less busy than on the TIU) | all "
+                        "(every conv / MatMul the cube can take) | cost (the faster on the timing model, per group)")
     p.add_argument("--schedule", default="list", help="program | list (default) | cpsat")
     p.add_argument("--dep-mode", default="bitmap", help="bitmap | auto: how cmd_id_dep is computed")
     p.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT budget in seconds (deterministic)")
@@ -176,7 +176,7 @@ def _options(args):
         raise OptionError("options --calibration and --calibration-data: give one of them")
     return CompileOptions(dtype=args.dtype, matmul=args.matmul, dep_mode=args.dep_mode,
                           schedule=args.schedule, time_limit_s=args.time_limit,
-                          layer_group=args.layer_group, cores=args.cores, tile_convs=args.tile_convs,
+                          layer_group=args.layer_group, cores=args.cores, tile_engine=args.tile_engine,
                           calibration=CALIBRATION_DEFAULT if args.calibration is None else args.calibration,
                           calibration_data=args.calibration_data or "")
 

@@ -13,7 +13,7 @@ MATMUL_PATHS = ("tiu", "tile")
 DEP_MODES = ("bitmap", "auto")
 SCHEDULES = ("program", "list", "cpsat")
 LAYER_GROUP = ("on", "off")
-TILE_CONVS = ("fit", "all", "cost")          # --matmul tile: which convs the cube takes (lowering.ops.tilemm)
+TILE_ENGINES = ("fit", "all", "cost")        # --matmul tile: which convs and MatMuls the cube takes (lowering.ops.tilemm)
 CALIBRATION_DEFAULT = 8      # --dtype int8: seeded random calibration inputs unless told (issue 15's default)
 DTYPE_ALIASES = {"f32": "fp32", "float32": "fp32", "f16": "fp16", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -29,13 +29,13 @@ class CompileOptions:
     cores: int = 1               # cores the program is split over (at most the chip's core.cores, checked by the pipeline)
     calibration: int = CALIBRATION_DEFAULT  # --dtype int8: seeded random calibration inputs (tpuflow.quantize)
     calibration_data: str = ""   # --dtype int8: a folder of .npz calibration samples instead of random inputs
-    tile_convs: str = "fit"      # --matmul tile: fit (cube where the shared cost model's busiest unit is less busy),
-                                 # all (every conv the cube can take), cost (timing model per conv)
+    tile_engine: str = "fit"     # --matmul tile: fit (cube where the shared cost model's busiest unit is less busy),
+                                 # all (every conv / MatMul the cube can take), cost (timing model per group)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
         for name, allowed in (("dtype", DTYPES), ("matmul", MATMUL_PATHS), ("dep_mode", DEP_MODES),
-                              ("schedule", SCHEDULES), ("layer_group", LAYER_GROUP), ("tile_convs", TILE_CONVS)):
+                              ("schedule", SCHEDULES), ("layer_group", LAYER_GROUP), ("tile_engine", TILE_ENGINES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise OptionError(f"option --{name.replace('_', '-')}: '{value}' is not one of {', '.join(allowed)}")
@@ -44,8 +44,8 @@ class CompileOptions:
         if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
             raise OptionError(f"option --cores: must be a positive integer, got {self.cores!r}")
         self._check_calibration()
-        if self.tile_convs != "fit" and self.matmul != "tile":
-            raise OptionError(f"option --tile-convs: only with --matmul tile (got --matmul {self.matmul})")
+        if self.tile_engine != "fit" and self.matmul != "tile":
+            raise OptionError(f"option --tile-engine: only with --matmul tile (got --matmul {self.matmul})")
 
     def _check_calibration(self) -> None:
         """--calibration N / --calibration-data DIR: one of them, and only for --dtype int8."""
@@ -61,11 +61,11 @@ class CompileOptions:
     def as_dict(self) -> dict:
         """The options as recorded in outputs; `cores` only when more than one, so single-core
         programs, manifests and estimates are exactly what they were before the core axis; the
-        calibration only at --dtype int8 (and only the one in use); `tile_convs` only when not "fit"
+        calibration only at --dtype int8 (and only the one in use); `tile_engine` only when not "fit"
         (the default: outputs of earlier compiles stay byte-identical)."""
         out = asdict(self)
-        if self.tile_convs == "fit":
-            del out["tile_convs"]
+        if self.tile_engine == "fit":
+            del out["tile_engine"]
         if self.cores == 1:
             del out["cores"]
         if self.dtype != "int8" or not out["calibration_data"]:

@@ -152,8 +152,8 @@ def compile_model(model, chip: ChipConfig | str | None = None, options: CompileO
         graph = load_graph(model, input_shapes)
     _check_quantized(graph)
     chip.check_cores(options.cores)
-    convs = f", tile-convs={options.tile_convs}" if options.matmul == "tile" else ""
-    with step(f"lower {graph.name} for {chip.name} ({options.dtype}, matmul={options.matmul}{convs})"):
+    engine = f", tile-engine={options.tile_engine}" if options.matmul == "tile" else ""
+    with step(f"lower {graph.name} for {chip.name} ({options.dtype}, matmul={options.matmul}{engine})"):
         program = lower(graph, chip, options)
     _check_core_split(program, options.cores)
     if options.schedule != "program":
@@ -321,7 +321,7 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
         _add_float_errors(rows, ours, ref, float_graph, inputs)
     return {"ok": all(passed), "model": graph.name, "chip": program.chip.name,
             "chip_fingerprint": program.chip.fingerprint(), "dtype": options.dtype, "matmul": options.matmul,
-            **({"tile_convs": options.tile_convs} if options.matmul == "tile" else {}),
+            **({"tile_engine": options.tile_engine} if options.matmul == "tile" else {}),
             "schedule": options.schedule, "seed": seed, "race_check": race_check,
             "rtol": tol["rtol"], "min_cosine": tol["min_cosine"], "atol": REFERENCE_ATOL,
             "instructions": program.counts(),

@@ -17,7 +17,7 @@ chip without it). Otherwise (channels per group not whole
 K fractals, output rows wider than a tile, buffers that do not fit) P^T is built by im2col DMAs in
 DDR (or is the input's NHWC copy for 1x1 stride-1 convolutions). Depthwise convs, convs with
 fewer input channels per group than K0 and (ENGINE_CHOICE "fit") convs whose TIU plan the shared cost
-model times faster (TileConvChoice._faster) stay on the TIU.
+model times faster (TileEngineChoice._faster) stay on the TIU.
 
 How the slots are fed (the tile window is a tile buffer, tpuflow.isa.tile; issue 16):
 * runtime operands from DDR: one DMA per K panel (or run of equally spaced tiles) into neighbouring
@@ -539,7 +539,7 @@ class TileConvEmitter:
 
     def reads_lmem(self) -> bool:
         """Whether an operand or the result lives in LMEM (a layer group): then only the implicit GEMM
-        of one image and group serves (TileConvChoice hands anything else to the TIU conv)."""
+        of one image and group serves (TileEngineChoice hands anything else to the TIU conv)."""
         return (self.in_res is not None or self.residual_res is not None or self.out_res is not None
                 or self.epi.full_resident())
 
@@ -984,28 +984,52 @@ def _valid(out: int, stride: int, offset: int, size: int) -> tuple[int, int]:
     return lo, max(lo, hi)
 
 
-class TileConvChoice:
-    """A conv group of a tile-path model that the TILE engine can take: the TILE conv's plan; the TIU
-    conv's when a layer group keeps an operand or the result in LMEM in a way only the TIU conv serves
-    (no implicit GEMM of one image, or its buffers do not fit beside the resident tensors). With
-    ENGINE_CHOICE "fit" or "cost" both are planned in each region and the faster one is taken: "fit" by
-    the busiest unit of its instructions on the shared cost model (_unit_bound_ps), "cost" by its
+class TileEngineChoice:
+    """A conv or MatMul group of a tile-path model that the TILE engine can take, planned on the engine
+    that runs it faster: the TILE plan, or the TIU's (lowering.ops.conv / lowering.compiler.tiu_matmul_emitter).
+    The TIU's when the TILE plan does not fit a region or (convs) a layer group keeps an operand or the result
+    in LMEM in a way only the TIU conv serves (no implicit GEMM of one image, or its buffers do not fit beside
+    the resident tensors); never the TIU's when (MatMuls, whose declared LMEM ports are the TILE product's,
+    _tile_matmul_ports) the group's LMEM residents are not all in the TIU product's ports (`tiu_serves`).
+    With ENGINE_CHOICE "fit" or "cost" both are planned in each region and the faster one is taken: "fit" by
+    the busiest unit of its instructions on the shared cost model (_unit_bound_ps; MatMuls _shared_bound_ps:
+    their TILE plans are GDMA-bound where the TIU's are about as fast, and then the TIU's time is what the
+    layers around them lose; convs keep _unit_bound_ps, which measured faster on ResNet-50 / SqueezeNet), "cost" by its
     instructions run alone on the timing model (the cost the layer-group search uses:
-    lowering.compiler._records_ps). emit() follows the plan chosen. Conv results stay in LMEM (NCHW, channels on lanes, what the
-    next conv's phase images are transposed from) between consecutive convs either way."""
+    lowering.compiler._records_ps). emit() follows the plan chosen. Conv results stay in LMEM (NCHW, channels
+    on lanes, what the next conv's phase images are transposed from) between consecutive convs either way."""
 
-    def __init__(self, ctx: LowerCtx, group: Group):
+    def __init__(self, ctx: LowerCtx, group: Group, tile_emitter, tiu_emitter, fit_bound, tiu_serves: bool = True):
+        from tpuflow.lowering.weights import WeightImage
         self.ctx, self.group = ctx, group
-        self.tile = TileConvEmitter(ctx, group)
-        self.make_tiu = lambda: _tiu_conv(ctx, group)       # noqa: E731
+        self.tile_emitter, self.tiu_emitter, self.tiu_serves = tile_emitter, tiu_emitter, tiu_serves
+        self.fit_bound = fit_bound           # "fit"'s measure of a plan's records
+        self.tile = tile_emitter(ctx, group)
+        # the TIU plans in a context of its own weight image: a TIU MatMul places its constant operand when it
+        # is constructed (MatmulEmitter._operand_addr), and a plan not taken must not grow the compile's image
+        planning = replace(ctx, weights=WeightImage(ctx.weights.base))
+        self.make_tiu = lambda: tiu_emitter(planning, group)     # noqa: E731  (plans only: emit() uses ctx)
         self.tile_missed: set[str] = set()                   # regions the TILE plan does not fit
+
+    @classmethod
+    def conv(cls, ctx: LowerCtx, group: Group) -> "TileEngineChoice":
+        return cls(ctx, group, TileConvEmitter, _tiu_conv, _unit_bound_ps)
+
+    @classmethod
+    def matmul(cls, ctx: LowerCtx, group: Group) -> "TileEngineChoice":
+        from tpuflow.lowering.compiler import tiu_matmul_emitter
+        return cls(ctx, group, TileMatmulEmitter, tiu_matmul_emitter, _shared_bound_ps, _tiu_matmul_serves(ctx, group))
+
+    @staticmethod
+    def is_tile(plan) -> bool:
+        return isinstance(plan, (TileConvPlan, TilePlan))
 
     def plan(self, region: str):
         tile = self.tile.plan(region)
         if tile is None:
-            self.tile_missed.add(region)
-            return self.make_tiu().plan(region)     # a wider region's TILE plan is still preferred (wants_wider)
-        if _choice(self.ctx.options) == "tile":
+            self.tile_missed.add(region)        # a wider region's TILE plan is still preferred (wants_wider)
+            return self.make_tiu().plan(region) if self.tiu_serves else None
+        if _choice(self.ctx.options) == "tile" or not self.tiu_serves:
             return tile
         tiu = self.make_tiu().plan(region)
         return tile if tiu is None or self._faster(tile, tiu) else tiu
@@ -1018,8 +1042,8 @@ class TileConvChoice:
         return self._bound(tile) < self._bound(tiu)
 
     def _bound(self, plan) -> int:
-        """_unit_bound_ps of the plan's instructions (cached like _cost)."""
-        return self._probe(plan, "bound", lambda records: _unit_bound_ps(records, self.ctx.chip))
+        """fit_bound of the plan's instructions (cached like _cost)."""
+        return self._probe(plan, "bound", lambda records: self.fit_bound(records, self.ctx.chip))
 
     def _cost(self, plan) -> int:
         """Picoseconds of the plan's instructions alone on the timing model (cached per compile: the
@@ -1038,31 +1062,51 @@ class TileConvChoice:
         cache = _PLAN_COSTS.setdefault(ctx.graph, {})
         if key not in cache:
             probe = replace(ctx.trial(plan.region), weights=WeightImage(ctx.weights.base))
-            (TileConvEmitter(probe, self.group) if isinstance(plan, TileConvPlan) else
-             _tiu_conv(probe, self.group)).emit(plan)
+            (self.tile_emitter if self.is_tile(plan) else self.tiu_emitter)(probe, self.group).emit(plan)
             cache[key] = measure(probe.em.records)
         return cache[key]
 
     def wants_wider(self, plan) -> bool:
-        if isinstance(plan, TileConvPlan):
+        if self.is_tile(plan):
             return False
-        return plan.region in self.tile_missed or self.make_tiu().wants_wider(plan)
+        wants = getattr(self.make_tiu(), "wants_wider", None)
+        return plan.region in self.tile_missed or (wants is not None and wants(plan))
 
     def prefers(self, plan, other) -> bool:
-        if isinstance(plan, TileConvPlan) != isinstance(other, TileConvPlan):
+        if self.is_tile(plan) != self.is_tile(other):
             if _choice(self.ctx.options) == "tile":
-                return isinstance(plan, TileConvPlan)
+                return self.is_tile(plan)
             if _choice(self.ctx.options) == "cost":
                 return self._cost(plan) < self._cost(other)
-            tile, tiu = (plan, other) if isinstance(plan, TileConvPlan) else (other, plan)
-            return self._faster(tile, tiu) == isinstance(plan, TileConvPlan)
-        return not isinstance(plan, TileConvPlan) and self.make_tiu().prefers(plan, other)
+            tile, tiu = (plan, other) if self.is_tile(plan) else (other, plan)
+            return self._faster(tile, tiu) == self.is_tile(plan)
+        prefers = getattr(self.make_tiu(), "prefers", None)
+        return not self.is_tile(plan) and prefers is not None and prefers(plan, other)
 
     def misfit(self) -> str:
-        return self.make_tiu().misfit()
+        from tpuflow.lowering.emitplan import NO_FIT
+        misfit = getattr(self.make_tiu(), "misfit", None) if self.tiu_serves else None
+        return misfit() if misfit is not None else NO_FIT
 
     def emit(self, plan) -> None:
-        (self.tile if isinstance(plan, TileConvPlan) else self.make_tiu()).emit(plan)
+        (self.tile if self.is_tile(plan) else self.tiu_emitter(self.ctx, self.group)).emit(plan)
+
+
+def _tiu_matmul_serves(ctx: LowerCtx, group: Group) -> bool:
+    """Whether the TIU product serves a tile-path MatMul group's LMEM residents: each operand kept in LMEM
+    is one it reads there in that layout, each result one it writes there (a column-split result too)."""
+    from tpuflow.lowering.compiler import tiu_matmul_emitter
+    readable, writable = tiu_matmul_emitter.resident_ports(ctx.graph, group, ctx.chip)
+    produced = group.produced()
+    for t in {t for n in group.nodes for t in n.inputs if t} - produced:
+        held = ctx.resident(t)
+        if held is not None and readable.get(t) != held.layout:
+            return False
+    for t in produced:
+        held = ctx.resident(t)
+        if (held is not None and writable.get(t) != held.layout) or (t in ctx.residency.splits and t not in writable):
+            return False
+    return True
 
 
 def _unit_bound_ps(records, chip) -> int:
@@ -1072,6 +1116,14 @@ def _unit_bound_ps(records, chip) -> int:
     its bytes at the port width: its latency is pipelined) and the expansion path (TIMG2COL). A bound
     where every unit overlaps the others perfectly: what a conv costs wherever it is not waited for."""
     return max(_unit_busy(records, chip).values(), default=0)
+
+
+def _shared_bound_ps(records, chip) -> int:
+    """_unit_bound_ps with the TIU and the GDMA counted as one unit: the units every other layer of a model
+    needs too (loads and stores, the elementwise, normalisation and softmax layers around a product), so
+    what a plan takes of them is taken from its neighbours, which the TILE engine's own units are not."""
+    busy = _unit_busy(records, chip)
+    return max(max(busy.values(), default=0), busy.get("TIU", 0) + busy.get("GDMA", 0))
 
 
 def _unit_busy(records, chip) -> dict[str, int]:
@@ -1163,8 +1215,8 @@ class _ConvertedTiu:
 
 
 _PLAN_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> {plan key: ps}
-# "fit" (the default, issue 16): each conv the cube can take runs where the shared per-instruction cost model
-# (hwmodel.timing.cost) times its plan's busiest unit less busy (TileConvChoice._faster, _unit_bound_ps; the
+# "fit" (the default, issue 16): each conv the cube can take, and each MatMul but the attention core, runs where the shared per-instruction cost model
+# (hwmodel.timing.cost) times its plan's busiest unit less busy (TileEngineChoice._faster, _unit_bound_ps; the
 # TIU on a tie): no simulation while compiling. On sg2260 the cube and the TIU have the same fp16 peak (8192
 # MACs per cycle), so the cube wins only where the TIU's lanes are poorly used (fewer output channels than
 # lanes, e.g. a 3x3 conv 64 -> 16 in fp32); ResNet-50's and SqueezeNet's convs all stay on the TIU (their
@@ -1173,24 +1225,24 @@ _PLAN_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # gra
 # a pool joins a TIU conv's group and no im2col scratch moves the weight image: tile_pool_fusion); the
 # earlier rules (drain-bound, not expanded on chip, one-block halos: resnet50 1121.5, squeezenet 136.2 at
 # the same commit) kept convs on the cube that run faster on the TIU, and one 60-wide conv off the cube.
-# "tile": every conv the cube can take runs on the TILE whenever it fits (the TIU conv only where a layer
+# "tile": every conv the cube can take and every MatMul but the attention core runs on the TILE whenever it fits (the TIU conv only where a layer
 # group keeps an operand in LMEM in a way the TILE conv cannot read). "cost": each such conv runs on the
 # TILE or the TIU, whichever its plan's instructions run faster alone on the timing model
-# (TileConvChoice), and matrix-vector products run on the vector unit (tile_matmul_emitter). "cost" runs
+# (TileEngineChoice; MatMuls too), and matrix-vector products run on the vector unit (tile_matmul_emitter). "cost" runs
 # the timing model while compiling (tests/test_sweep.py assumes a tile-path compile reads no timing key).
-# The choice is CompileOptions.tile_convs (`--tile-convs fit|all|cost`, "all" being "tile" here);
+# The choice is CompileOptions.tile_engine (`--tile-engine fit|all|cost`, "all" being "tile" here);
 # ENGINE_CHOICE, when set ("fit", "tile" or "cost"), overrides it (tests and older benchmark scripts).
 ENGINE_CHOICE: str | None = None
-TILE_CONVS_CHOICE = {"fit": "fit", "all": "tile", "cost": "cost"}
+TILE_ENGINE_CHOICE = {"fit": "fit", "all": "tile", "cost": "cost"}
 
 
 def _choice(options) -> str:
-    """The engine choice in force: ENGINE_CHOICE when set, else the options' tile_convs."""
-    return ENGINE_CHOICE or TILE_CONVS_CHOICE[getattr(options, "tile_convs", "fit")]
+    """The engine choice in force: ENGINE_CHOICE when set, else the options' tile_engine."""
+    return ENGINE_CHOICE or TILE_ENGINE_CHOICE[getattr(options, "tile_engine", "fit")]
 
 
 def tile_conv_emitter(ctx: LowerCtx, group: Group):
-    """A conv group with the TILE engine (TileConvChoice). On the TIU instead: a depthwise conv (not a
+    """A conv group with the TILE engine (TileEngineChoice.conv). On the TIU instead: a depthwise conv (not a
     matmul), a conv with fewer input channels per group than one K fractal row (K0 elements, e.g. an
     RGB stem: its im2col would move runs of a few bytes and its K fractals would be mostly padding),
     and a part of a conv (a slice of a sliced layer group, or one core's channels): the TILE conv
@@ -1198,7 +1250,7 @@ def tile_conv_emitter(ctx: LowerCtx, group: Group):
     from tpuflow.lowering.context import WHOLE
     if not cube_can_take(ctx, group) or group.tail_pool is not None or ctx.part != WHOLE:
         return _tiu_conv(ctx, group)       # a fused pool: the group was formed as a TIU conv (tile_pool_fusion)
-    return TileConvChoice(ctx, group)
+    return TileEngineChoice.conv(ctx, group)
 
 
 def cube_can_take(ctx: LowerCtx, group: Group) -> bool:
@@ -1210,8 +1262,8 @@ def cube_can_take(ctx: LowerCtx, group: Group) -> bool:
 
 def standalone_engines(graph, groups: list[Group], chip, options) -> dict[str, str]:
     """{conv: "tile" | "tile-im2col" | "tiu"}: the engine each conv group of `groups` (formed without pool
-    fusion) runs on when it is emitted alone, its operands in DDR (no layer group): the choice TileConvChoice
-    makes (`--tile-convs`: "all" takes the cube for every conv it can take, "fit" / "cost" compare the
+    fusion) runs on when it is emitted alone, its operands in DDR (no layer group): the choice TileEngineChoice
+    makes (`--tile-engine`: "all" takes the cube for every conv it can take, "fit" / "cost" compare the
     plans); "tile-im2col": on the cube from an im2col matrix in DDR (the only plan that needs scratch)."""
     from tpuflow.errors import LoweringError
     from tpuflow.lowering.emitplan import choose_plan, emission_for
@@ -1389,7 +1441,7 @@ def _expands_on_chip(chip, geo) -> bool:
 
 def _tile_conv_ports(graph, group: Group, chip) -> tuple[dict[str, str], dict[str, str]]:
     """The TIU conv's LMEM ports (NCHW input, full epilogue operands and result): a TILE conv reads and
-    writes the same layout, and TileConvChoice hands the TIU whatever the TILE conv cannot take."""
+    writes the same layout, and TileEngineChoice hands the TIU whatever the TILE conv cannot take."""
     from tpuflow.lowering.ops.conv import ConvEmitter
     return ConvEmitter.resident_ports(graph, group, chip)
 
@@ -1422,15 +1474,16 @@ def _on_tiu(graph, group: Group) -> bool:
 
 
 def tile_matmul_emitter(ctx: LowerCtx, group: Group):
-    """A MatMul group on the TILE engine; on the TIU for the attention core (_on_tiu) and, with
+    """A MatMul group of a tile-path model: on the TIU for the attention core (_on_tiu) and, with
     ENGINE_CHOICE "cost", for a matrix-vector product (one row of A, constant B: the vector unit's GEMV; on
     the cube a TGEMV fills one row of every 16-row fractal and streams all of B through the tile slots:
-    VGG-19's 25088 x 4096 classifier took 24.7k TMATMULs and 12.4k weight DMAs)."""
+    VGG-19's 25088 x 4096 classifier took 24.7k TMATMULs and 12.4k weight DMAs); any other on the engine
+    TileEngineChoice picks ("fit" / "cost": the faster plan, "tile": the cube)."""
     from tpuflow.lowering.ops.gemv import is_gemv
     if _on_tiu(ctx.graph, group) or (_choice(ctx.options) == "cost" and is_gemv(ctx, group)):
         from tpuflow.lowering.compiler import tiu_matmul_emitter
         return tiu_matmul_emitter(ctx, group)
-    return TileMatmulEmitter(ctx, group)
+    return TileEngineChoice.matmul(ctx, group)
 
 
 def _tile_matmul_ports(graph, group: Group, chip):

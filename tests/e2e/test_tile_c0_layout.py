@@ -45,7 +45,7 @@ def _chain(n, cin, cmid, hw, kernel, stride, pad, dilation, groups, residual, se
 
 
 def _compile(model, dtype):
-    return compile_model(model, None, CompileOptions(dtype=dtype, matmul="tile", tile_convs="all", layer_group="off"))
+    return compile_model(model, None, CompileOptions(dtype=dtype, matmul="tile", tile_engine="all", layer_group="off"))
 
 
 def _conv(graph, output: str) -> str:
@@ -149,7 +149,7 @@ def test_layouts_in_manifest_and_estimate(c0_always, tmp_path):
 def test_cost_model_keeps_nchw_on_sg2260():
     """Left to the cost model (the default), the same chain keeps NCHW on sg2260: the NC1HWC0 image of a
     reader is one 32-byte GDMA piece per pixel and block, where the NCHW image is one load of whole rows
-    and TIU transposes (cheap on its TIU): measured with layer groups off, squeezenet --tile-convs all
+    and TIU transposes (cheap on its TIU): measured with layer groups off, squeezenet --tile-engine all
     434 us NCHW against 606 us C0-blocked."""
     model = _chain(1, 32, 64, (14, 14), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, False)
     graph, program = _compile(model, "fp16")

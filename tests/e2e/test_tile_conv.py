@@ -108,7 +108,7 @@ def _ddr_stores(program) -> list[str]:
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_consecutive_tile_convs_keep_their_activations_in_lmem(dtype):
+def test_consecutive_tile_engine_keep_their_activations_in_lmem(dtype):
     """Both convs on the CUBE inside one layer group: the first reads the Neg result from LMEM and writes
     its result there, the second reads it as its input and as its residual (I . R from LMEM); the only
     stores to DDR are the output's (no activation round trip), and the numbers match onnxruntime."""
@@ -140,11 +140,11 @@ def test_a_conv_the_cube_cannot_read_from_lmem_runs_on_the_tiu():
 
 @pytest.mark.parametrize("cheaper", ["tile", "tiu"])
 def test_the_cost_choice_takes_the_engine_the_timing_model_prefers(cheaper, monkeypatch):
-    """ENGINE_CHOICE "cost": every conv the cube can take runs where TileConvChoice._cost (its plan's
+    """ENGINE_CHOICE "cost": every conv the cube can take runs where TileEngineChoice._cost (its plan's
     instructions alone on the timing model) is lower; here the costs are forced one way, then the other."""
     from tpuflow.lowering.ops import tilemm
     monkeypatch.setattr(tilemm, "ENGINE_CHOICE", "cost")
-    monkeypatch.setattr(tilemm.TileConvChoice, "_cost",
+    monkeypatch.setattr(tilemm.TileEngineChoice, "_cost",
                         lambda self, plan: int(isinstance(plan, tilemm.TileConvPlan) == (cheaper == "tiu")))
     model = _block_model()
     _, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile"))

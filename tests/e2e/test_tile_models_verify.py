@@ -1,5 +1,5 @@
 """`tpuflow verify --matmul tile` on whole models (issue 16): resnet50, squeezenet and small_cnn in fp32 / fp16
-/ bf16, under --tile-convs fit (the default) and all (every conv the cube can take), race detector on; and
+/ bf16, under --tile-engine fit (the default) and all (every conv the cube can take), race detector on; and
 the tile path's routing pieces that make fit match the TIU path: a pool fused into the conv group before it
 when that conv runs on the TIU, no im2col scratch for convs that do not need it."""
 
@@ -13,17 +13,17 @@ from tpuflow.pipeline import compile_model, verify
 
 @pytest.fixture(autouse=True)
 def choice_from_options(monkeypatch):
-    """The engine choice comes from --tile-convs here (tests/e2e's conftest may have set the override)."""
+    """The engine choice comes from --tile-engine here (tests/e2e's conftest may have set the override)."""
     from tpuflow.lowering.ops import tilemm
     monkeypatch.setattr(tilemm, "ENGINE_CHOICE", None)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tile_convs", ["fit", "all"])
+@pytest.mark.parametrize("tile_engine", ["fit", "all"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("model", ["small_cnn", "squeezenet", "resnet50"])
-def test_verify_tile_path(model, dtype, tile_convs):
-    result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile", tile_convs=tile_convs), race_check=True)
+def test_verify_tile_path(model, dtype, tile_engine):
+    result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile", tile_engine=tile_engine), race_check=True)
     assert result["ok"], result["outputs"]
 
 
@@ -31,12 +31,12 @@ def test_verify_tile_path(model, dtype, tile_convs):
 @pytest.mark.parametrize("model", ["squeezenet", "resnet50"])
 def test_verify_forced_c0_layouts(model, monkeypatch):
     """Every activation that can be NC1HWC0 made so (tilemm.C0_LAYOUTS "always"; layer groups off, so they
-    live in DDR: squeezenet 8, resnet50 51 of them, residuals and stride-2 readers included), fp16 --tile-convs
+    live in DDR: squeezenet 8, resnet50 51 of them, residuals and stride-2 readers included), fp16 --tile-engine
     all: the result still matches onnxruntime (race detector on)."""
     from tpuflow.lowering.ops import tilemm
     from tpuflow.pipeline import verify_program
     monkeypatch.setattr(tilemm, "C0_LAYOUTS", "always")
-    graph, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile", tile_convs="all",
+    graph, program = compile_model(model, None, CompileOptions(dtype="fp16", matmul="tile", tile_engine="all",
                                                                layer_group="off"))
     assert sum(t.layout == "NC1HWC0" for t in program.memory.tensors.values()) == {"squeezenet": 8, "resnet50": 51}[model]
     result = verify_program(graph, program, race_check=True)
@@ -64,12 +64,12 @@ def _conv_pool_model():
     return b.model()
 
 
-@pytest.mark.parametrize("tile_convs, fused", [("fit", True), ("all", False)])
-def test_pool_fused_only_after_a_tiu_conv(tile_convs, fused):
+@pytest.mark.parametrize("tile_engine, fused", [("fit", True), ("all", False)])
+def test_pool_fused_only_after_a_tiu_conv(tile_engine, fused):
     """Conv + Relu + MaxPool: under fit the conv runs on the TIU on sg2260 (equal fp16 peaks) and the pool
     joins its group (one TIU conv + pool group, as on the TIU path); under all the cube takes the conv and
     the pool is a group of its own (the cube cannot pool its result tiles). Both match onnxruntime."""
-    options = CompileOptions(dtype="fp16", matmul="tile", tile_convs=tile_convs)
+    options = CompileOptions(dtype="fp16", matmul="tile", tile_engine=tile_engine)
     graph, program = compile_model(_conv_pool_model(), None, options)
     pool = next(n.name for n in graph.nodes() if n.op_type == "MaxPool")
     assert any(pool in g for g in program.fused_groups) == fused

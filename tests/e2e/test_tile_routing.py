@@ -53,7 +53,7 @@ def _conv(cin: int, kernel: tuple[int, int], hw: tuple[int, int] = (14, 14), cou
 def test_fit_runs_a_conv_where_the_cost_model_times_it_faster(dtype, cin, kernel, hw, cout, on_cube, judged_right,
                                                               monkeypatch):
     """ENGINE_CHOICE "fit" (the default) runs a conv where the busiest unit of its plan's instructions on the
-    shared cost model is less busy (TileConvChoice._faster): a drain-bound 1x2 conv over 16 channels, a 1x1
+    shared cost model is less busy (TileEngineChoice._faster): a drain-bound 1x2 conv over 16 channels, a 1x1
     conv, 3x3 convs 16 -> 128 and 256 -> 16 in fp16 stay on the TIU (equal fp16 peaks; its lanes hold the
     output channels, the cube pays block overheads, drains and staged weights), a 3x3 conv 64 -> 16 in fp32
     runs on the cube (16 of the TIU's 64 lanes busy). "tile" keeps every one on the cube; the simulated
