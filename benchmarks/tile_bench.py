@@ -9,8 +9,8 @@ paths (issue 16 target: TILE-path ResNet-50 estimated in under 10 s), the TILE /
 ratio, where the TILE path's GDMA time goes (per kind of transfer: DDR -> tile buffer,
 DDR -> LMEM, LMEM -> DDR, ...) and what the tile buffer's own DMA port (TMOVE) carries. The TILE path
 runs once per --choices value of `--tile-engine` (CompileOptions.tile_engine: "fit", the default: a conv
-runs on the cube where the shared cost model times it faster there; "all": every conv the cube can take;
-"cost": per conv by the timing model; rows say which). With --cube-scales (default 2,4) the
+or MatMul runs on the cube where the shared cost model times it faster there; "all": every conv and MatMul
+the cube can take; "cost": per group by the timing model; rows say which). With --cube-scales (default 2,4) the
 --cube-models (default resnet50,squeezenet) also run on chip variants whose cube has that many times
 sg2260's fp16 / bf16 / int8 MACs per cycle (compute.tile_macs_per_cycle; a chip TOML written from the base
 chip's, `base = ...`), TIU path and TILE path side by side: does a bigger cube pay off? --what-if models
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -33,7 +35,7 @@ import numpy as np
 from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model
 
-MODELS = "bert_layer,gpt_block,llama_mlp,squeezenet,resnet50"
+MODELS = "bert_layer,gpt_block,llama_mlp,squeezenet,resnet50,bert_base"
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -167,7 +169,7 @@ def main() -> int:
 
     def write() -> None:
         out.write_text(json.dumps({"chip": args.chip, "dtype": args.dtype, "runs": rows, "commit": _commit(),
-                                   "command": "python benchmarks/tile_bench.py"}, indent=1) + "\n")
+                                   "command": shlex.join(["python", "benchmarks/tile_bench.py", *sys.argv[1:]])}, indent=1) + "\n")
 
     def compare(model: str, chip: str, choices: list[str]) -> None:
         tiu = run(model, chip, args.dtype, "tiu")
