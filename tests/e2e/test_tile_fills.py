@@ -15,6 +15,14 @@ from tpuflow.options import CompileOptions
 from tpuflow.pipeline import compile_model, verify
 
 
+@pytest.fixture(autouse=True)
+def products_on_the_cube(monkeypatch):
+    """Every MatMul the cube can take runs on it (ENGINE_CHOICE "tile", not "fit"'s per-group choice, which
+    puts some of these products on the TIU): these are tests of the cube's fills."""
+    from tpuflow.lowering.ops import tilemm
+    monkeypatch.setattr(tilemm, "ENGINE_CHOICE", "tile")
+
+
 def check(model, dtype="fp32"):
     result = verify(model, None, CompileOptions(dtype=dtype, matmul="tile"), race_check=True)
     assert result["ok"], result["outputs"]
