@@ -17,7 +17,9 @@ chip without it). Otherwise (channels per group not whole
 K fractals, output rows wider than a tile, buffers that do not fit) P^T is built by im2col DMAs in
 DDR (or is the input's NHWC copy for 1x1 stride-1 convolutions). Depthwise convs, convs with
 fewer input channels per group than K0 and (ENGINE_CHOICE "fit") convs whose TIU plan the shared cost
-model times faster (TileEngineChoice._faster) stay on the TIU.
+model times faster (TileEngineChoice._faster) stay on the TIU; so do MatMuls whose TIU plan it times faster
+(TileEngineChoice.matmul: e.g. BERT-base's 128-row projections, where the cube's blocks outlast MM2) and
+the attention core (_on_tiu).
 
 How the slots are fed (the tile window is a tile buffer, tpuflow.isa.tile; issue 16):
 * runtime operands from DDR: one DMA per K panel (or run of equally spaced tiles) into neighbouring
