@@ -111,10 +111,11 @@ def test_matmul(shapes, matmul):
 
 def _tile_pushes(model):
     """(TPUSHes on T, TPUSHes on U, TMATMULs reading with .reuse, GDMA instructions writing tile
-    slots, those of them writing several slots) of the compiled TILE-path program."""
+    slots, those of them writing several slots) of the compiled TILE-path program, every MatMul on the cube
+    (--tile-engine all: fit may put a product on the TIU)."""
     from tpuflow.isa import TMatmul, TPush
     from tpuflow.pipeline import compile_model
-    _, program = compile_model(model, None, CompileOptions(matmul="tile"))
+    _, program = compile_model(model, None, CompileOptions(matmul="tile", tile_engine="all"))
     pushes = [i.dst_queue for i in program.tile if isinstance(i, TPush) for _ in range(i.count)]
     reused = [i for i in program.tile if isinstance(i, TMatmul) and (i.reuse0 or i.reuse1)]
     chip = program.chip
