@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tpuflow.chip import load_chip
 from tpuflow.codegen import encode_descriptors, write_program
-from tpuflow.isa import Engine
+from tpuflow.isa import ArTiu, CmpTiu, ConvTiu, Engine, PordTiu, Prec
 from tpuflow.program import Program
 
 TABLE = json.loads((Path(__file__).resolve().parents[2] / "codegen" / "tables" / "sg2260_regs.json")
