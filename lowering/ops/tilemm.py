@@ -1476,13 +1476,15 @@ def _on_tiu(graph, group: Group) -> bool:
 
 
 def tile_matmul_emitter(ctx: LowerCtx, group: Group):
-    """A MatMul group of a tile-path model: on the TIU for the attention core (_on_tiu) and, with
-    ENGINE_CHOICE "cost", for a matrix-vector product (one row of A, constant B: the vector unit's GEMV; on
-    the cube a TGEMV fills one row of every 16-row fractal and streams all of B through the tile slots:
-    VGG-19's 25088 x 4096 classifier took 24.7k TMATMULs and 12.4k weight DMAs); any other on the engine
-    TileEngineChoice picks ("fit" / "cost": the faster plan, "tile": the cube)."""
+    """A MatMul group of a tile-path model: on the TIU for the attention core (_on_tiu) and, unless every
+    product goes to the cube ("tile"), for a matrix-vector product (one row of A, constant B: the vector
+    unit's GEMV; on the cube a TGEMV fills one row of every 16-row fractal and streams all of B through the
+    tile slots: VGG-19's 25088 x 4096 classifier took 24.7k TMATMULs and 12.4k weight DMAs, and fit's
+    busiest-unit measure does not see that: fp16 sg2260 VGG-19 10258 us with its classifier on the cube
+    against 6692 on the TIU, AlexNet 3770 / 2275, ZFNet-512 5795 / 3294, ResNet-50 1094.3 / 1098.3); any
+    other on the engine TileEngineChoice picks ("fit" / "cost": the faster plan, "tile": the cube)."""
     from tpuflow.lowering.ops.gemv import is_gemv
-    if _on_tiu(ctx.graph, group) or (_choice(ctx.options) == "cost" and is_gemv(ctx, group)):
+    if _on_tiu(ctx.graph, group) or (_choice(ctx.options) != "tile" and is_gemv(ctx, group)):
         from tpuflow.lowering.compiler import tiu_matmul_emitter
         return tiu_matmul_emitter(ctx, group)
     return TileEngineChoice.matmul(ctx, group)

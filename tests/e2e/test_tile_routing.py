@@ -1,4 +1,4 @@
-"""Which engine a tile-path model's products run on (lowering.ops.tilemm.ENGINE_CHOICE): with "cost",
+"""Which engine a tile-path model's products run on (lowering.ops.tilemm.ENGINE_CHOICE): with "cost" or "fit",
 a matrix-vector product runs on the vector unit's GEMV (not a TGEMV filling one row of every fractal),
 and the whole model still matches onnxruntime; with "tile" it stays on the cube; with "fit" (the
 default) a conv runs where the shared cost model times its plan faster."""
@@ -24,8 +24,8 @@ def _conv_then_classifier():
     return b.model()
 
 
-@pytest.mark.parametrize("choice", ["tile", "cost"])
-def test_a_matrix_vector_product_runs_on_the_tiu_only_by_cost(choice, monkeypatch):
+@pytest.mark.parametrize("choice", ["tile", "cost", "fit"])
+def test_a_matrix_vector_product_runs_on_the_tiu_unless_every_product_goes_to_the_cube(choice, monkeypatch):
     from tpuflow.lowering.ops import tilemm
     monkeypatch.setattr(tilemm, "ENGINE_CHOICE", choice)
     model = _conv_then_classifier()
