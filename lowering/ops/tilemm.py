@@ -840,11 +840,7 @@ class TileConvEmitter:
         row = images.row_bytes // e
         if zero:
             self._zero_images(images, images_offset)
-        for phase in images.base:
-            scatter = images.scatter(phase)
-            if scatter is None:
-                continue
-            ih0, rows, iw0, cols, u0, v0 = scatter
+        for phase, (ih0, rows, iw0, cols, u0, v0) in _scatters(images):
             src = LTile(stage.addr + (ih0 * stage.strides[2] + iw0 * stage.strides[3]) * e, (1, channels, rows, cols), prec,
                         (0, stage.strides[1], geo.sy * stage.strides[2], geo.sx * stage.strides[3]), StrideMode.FREE)
             dst = LTile(v0 * lane_bytes + images_offset + images.base[phase] + u0 * images.row_bytes,
@@ -872,11 +868,7 @@ class TileConvEmitter:
         blocks, pix = images.channels // c0, geo.h * geo.w
         if zero:
             self._zero_images(images, images_offset)
-        for phase in images.base:
-            scatter = images.scatter(phase)
-            if scatter is None:
-                continue
-            ih0, rows, iw0, cols, u0, v0 = scatter
+        for phase, (ih0, rows, iw0, cols, u0, v0) in _scatters(images):
             shape = (blocks, cols, rows, c0)        # c walks the lanes (phase columns)
             src = DRegion(x_addr + (ih0 * geo.w + iw0) * c0 * e, shape, (pix * c0, geo.sx * c0, geo.sy * geo.w * c0, 1),
                           prec)
@@ -972,6 +964,14 @@ class TileConvEmitter:
 
         pipelined(blocks, len(sets), load, transpose_store)
         return dst_addr
+
+
+def _scatters(images: PhaseImages):
+    """(phase, its scatter) of every phase of `images` that holds input pixels."""
+    for phase in images.base:
+        scatter = images.scatter(phase)
+        if scatter is not None:
+            yield phase, scatter
 
 
 def _nhwc_offset(p_bytes: int) -> int:
