@@ -1162,7 +1162,8 @@ def _c0_tensors_of(graph, group: Group, layouts: dict[str, str]) -> tuple[list[s
 
 
 def _nchw_bytes(graph, tensor: str, options) -> int:
-    return math.prod(graph.tensor(tensor).shape) * {"fp32": 4, "fp16": 2, "bf16": 2}.get(options.dtype, 4)
+    """Bytes of `tensor` stored NCHW in the compile's float type."""
+    return math.prod(graph.tensor(tensor).shape) * Prec.from_name(options.dtype).bytes
 
 
 class _ConvertedTiu:
