@@ -167,7 +167,7 @@ def lookup_sets(graph: Graph) -> list[tuple[str, list[OpNode]]]:
 
 
 def evaluate_tables(graph: Graph, sets: list[tuple[str, list[OpNode]]]) -> list[np.ndarray]:
-    """The 256-entry table of each set: its nodes run by onnxruntime on every code of x (table order), all
+    """The 256-entry table of each set: its nodes run by onnxruntime (graph optimizations off) on every code of x (table order), all
     sets in one model (set i reads its own copy of the codes, so one set's exit may be another's source)."""
     from tpuflow.frontend.export import graph_to_onnx
     if not sets:
@@ -185,8 +185,10 @@ def evaluate_tables(graph: Graph, sets: list[tuple[str, list[OpNode]]]) -> list[
             nodes.append(replace(node, name=f"{node.name}/lookup{i}", inputs=tuple(own.get(t, t) for t in node.inputs),
                                  outputs=tuple(own[t] for t in node.outputs)))
         outputs.append(own[members[-1].outputs[0]])
+    from tpuflow.compare import run_onnxruntime
     model = graph_to_onnx(Graph("lookup_tables", nodes, tensors, inputs, outputs))
-    return [np.asarray(v) for v in _run(model, feeds)]
+    results = run_onnxruntime(model, feeds, optimize=False)
+    return [np.asarray(results[name]) for name in outputs]
 
 
 def _flat(info: TensorInfo) -> TensorInfo:
@@ -195,16 +197,6 @@ def _flat(info: TensorInfo) -> TensorInfo:
         const = np.asarray(info.const).reshape(())
         return replace(info, shape=(), const=const)
     return replace(info, shape=(TABLE_SIZE,))
-
-
-def _run(model, feeds: dict) -> list:
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
 
 
 def collapse_lookup_tables(graph: Graph) -> Graph:
