@@ -168,7 +168,8 @@ def lookup_sets(graph: Graph) -> list[tuple[str, list[OpNode]]]:
 
 def evaluate_tables(graph: Graph, sets: list[tuple[str, list[OpNode]]]) -> list[np.ndarray]:
     """The 256-entry table of each set: its nodes run by onnxruntime (graph optimizations off) on every
-    code of x (table order), all sets in one model (set i reads its own copy of the codes, so one set's exit may be another's source)."""
+    code of x (table order), all sets in one model (set i reads its own copy of the codes, so one set's
+    exit may be another's source)."""
     from tpuflow.frontend.export import graph_to_onnx
     if not sets:
         return []
