@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (CI is a gate, a failure must reproduce);
+# HYPOTHESIS_PROFILE=explore draws fresh ones (`--hypothesis-seed N` picks a run's seed).
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 @pytest.fixture
