@@ -43,3 +43,12 @@ def largest_fitting(candidates: Sequence[int], fits: Callable[[int], bool]) -> i
         if fits(c):
             return c
     return None
+
+
+def lane_spread(channels: int, rows: int, lanes: int) -> tuple[int, int]:
+    """(copies, rows per copy) of a map of `channels` lanes and `rows` rows spread over the lanes: row blocks
+    of as many rows each side by side (copy j takes rows [j * per, (j + 1) * per), the last fewer), as many
+    copies as fit in the lanes; (1, rows) when only one does."""
+    fit = max(1, min(lanes // max(1, channels), rows))
+    per = -(-rows // fit)
+    return -(-rows // per), per

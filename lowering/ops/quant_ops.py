@@ -46,7 +46,7 @@ import numpy as np
 
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.quant import dequantize, quantize, storage_range
-from tpuflow.isa import ConvTiu, Mm2Tiu, PordTiu, Prec, StrideMode
+from tpuflow.isa import ConvTiu, CwBcTiu, Mm2Tiu, PordTiu, Prec, StrideMode
 from tpuflow.isa.base import LocalTensor
 from tpuflow.isa.tiu import (RQ_ROUND_MODES, SG_MAX_DIM, RqDqTiu, SgTiu, dq0_scalars, rq0_channel_words, rq0_scalars,
                              rq1_scalars)
@@ -62,7 +62,7 @@ from tpuflow.lowering.quant import (CUBE_INT8_CHANNELS, MOVES, QuantChain, chann
                                     held_bytes, held_placement, held_tensors, held_view, row_pattern, tail_boundary,
                                     takes_held, view_source)
 from tpuflow.lowering.tensors import DRegion, LTile, make_tile, tile_bytes_per_lane
-from tpuflow.lowering.tiling import lane_rows, steps, steps_between
+from tpuflow.lowering.tiling import lane_rows, lane_spread, steps, steps_between
 from tpuflow.lowering.weights import pack_conv_weights, to_storage
 
 HALF_TO_EVEN = RQ_ROUND_MODES["half_to_even"]
@@ -239,12 +239,30 @@ def _lookup_runs(tile: LTile, chip) -> tuple[int, int, int]:
     return w, h, tile.strides[2]
 
 
-def emit_lookup(ctx: LowerCtx, out: LTile, src: LTile, table_offset: int) -> None:
+def emit_lookup(ctx: LowerCtx, out: LTile, src: LTile, table_offset: int, stage: tuple[int, int] | None = None) -> None:
     """out = table[src's stored bytes] (same shapes), the 256-byte table at per-lane offset `table_offset` on
-    every lane: one SG gather (SgTiu) per sample, channel group, run of contiguous bytes (the whole plane, or
-    each row of a row window) and LOOKUP_RUN chunk; pe_s_gather_d1coor when table, index and result lie in
-    different banks, else pe_s_gather_hzd (tpu-mlir's choice)."""
-    chip, lanes, lb = ctx.chip, ctx.chip.lanes, ctx.chip.lmem_bytes_per_lane
+    every lane: the gathers of _lookup_gathers on the tiles themselves, or, with `stage` (the addresses of two
+    int8 staging buffers, lowering.tiling.lane_spread's copies of the rows on lane 0 on), those of
+    _spread_lookup when the shared cost model (hwmodel.timing.cost) finds them faster."""
+    chosen = _lookup_gathers(ctx.chip, out, src, table_offset)
+    spread = _spread_lookup(ctx.chip, out, src, table_offset, stage) if stage is not None else None
+    if spread is not None and _tiu_cycles(spread, ctx.chip) < _tiu_cycles(chosen, ctx.chip):
+        chosen = spread
+    for instr in chosen:
+        ctx.em.tiu(instr)
+
+
+def _tiu_cycles(instrs, chip) -> int:
+    from tpuflow.hwmodel.timing.cost import tiu_cycles
+    return sum(tiu_cycles(i, chip) for i in instrs)
+
+
+def _lookup_gathers(chip, out: LTile, src: LTile, table_offset: int) -> list:
+    """The SG gathers (SgTiu) of a lookup on the tiles as they lie: one per sample, channel group, run of
+    contiguous bytes (the whole plane, or each row of a row window) and LOOKUP_RUN chunk; pe_s_gather_d1coor
+    when table, index and result lie in different banks, else pe_s_gather_hzd (tpu-mlir's choice). A gather
+    takes one element per lane and cycle: a map of few channels leaves the other lanes idle."""
+    lanes, lb = chip.lanes, chip.lmem_bytes_per_lane
     run_o, rows_o, step_o = _lookup_runs(out, chip)
     run_s, rows_s, step_s = _lookup_runs(src, chip)
     if (run_o, rows_o) != (run_s, rows_s):         # one of them has row gaps: go row by row on both
@@ -252,6 +270,7 @@ def emit_lookup(ctx: LowerCtx, out: LTile, src: LTile, table_offset: int) -> Non
         rows_o = rows_s = out.h
         step_o, step_s = out.strides[2], src.strides[2]
     n, c, _, _ = out.shape
+    gathers = []
     for k in range(n):
         for c0, count in _lane_groups(out, src, c, lanes, lb):
             o, s = out.sub_channels(c0, count, chip), src.sub_channels(c0, count, chip)
@@ -267,7 +286,57 @@ def emit_lookup(ctx: LowerCtx, out: LTile, src: LTile, table_offset: int) -> Non
                     gather = SgTiu(op="pe_s_gather_d1coor", **fields)
                     if not gather.banks_disjoint(chip):
                         gather = SgTiu(op="pe_s_gather_hzd", **fields)
-                    ctx.em.tiu(gather)
+                    gathers.append(gather)
+    return gathers
+
+
+def lookup_stage_shape(chip, channels: int, rows: int, width: int) -> tuple[int, int, int, int] | None:
+    """The shape of each staging buffer of a spread lookup over (1, channels, rows, width) tiles (compact
+    int8, from lane 0): lane_spread's copies side by side, each its rows per copy; None when only one
+    copy fits in the lanes (nothing to spread)."""
+    copies, per = lane_spread(channels, rows, chip.lanes)
+    return (1, copies * channels, per, width) if copies > 1 else None
+
+
+def _spread_lookup(chip, out: LTile, src: LTile, table_offset: int, stage: tuple[int, int]) -> list | None:
+    """A lookup on a map of few channels with its rows spread over the lanes: per sample, each row block
+    of src copied (tsbc.l_copy) into its own lanes of the staging buffer stage[0], the gathers over all
+    of them into stage[1] (whole blocks: a shorter last block's other bytes are looked up too, any byte
+    being a valid index, and never copied back), each block copied back to its rows of out. Elementwise,
+    so exact whatever lane an element sits on; None when only one copy fits."""
+    n, c, h, w = out.shape
+    shape = lookup_stage_shape(chip, c, h, w)
+    if shape is None:
+        return None
+    per = shape[2]
+    blocks = steps(h, per)
+    staged = [make_tile(chip, addr, shape, Prec.INT8, compact=True) for addr in stage]
+    instrs = []
+    for k in range(n):
+        for j, (r0, rows) in enumerate(blocks):
+            instrs.append(_lane_copy(_rows_of(staged[0].sub_channels(j * c, c, chip), 0, 0, rows),
+                                     _rows_of(src, k, r0, rows)))
+        flat = [make_tile(chip, addr, (1, shape[1], 1, per * w), Prec.INT8, compact=True) for addr in stage]
+        instrs += _lookup_gathers(chip, flat[1], flat[0], table_offset)
+        for j, (r0, rows) in enumerate(blocks):
+            instrs.append(_lane_copy(_rows_of(out, k, r0, rows),
+                                     _rows_of(staged[1].sub_channels(j * c, c, chip), 0, 0, rows)))
+    return instrs
+
+
+def _rows_of(tile: LTile, k: int, r0: int, rows: int) -> LTile:
+    """Rows [r0, r0 + rows) of sample k of a tile, as a one-sample view."""
+    _, c, _, w = tile.shape
+    addr = tile.addr + (k * tile.strides[0] + r0 * tile.strides[2]) * tile.prec.bytes
+    return LTile(addr, (1, c, rows, w), tile.prec, tile.strides, StrideMode.FREE)
+
+
+def _lane_copy(dst: LTile, src: LTile) -> CwBcTiu:
+    """tsbc.l_copy of src's elements into dst (views of one shape, any lanes and strides)."""
+    fields = dst.fields("res0", with_shape=True)
+    fields.update(src.fields("opd0"))
+    fields.pop("opt_opd0_prec", None)
+    return CwBcTiu(op="l_copy", opd0_c=src.c, opd0_w=src.w, **fields)
 
 
 def _lane_groups(out: LTile, src: LTile, c: int, lanes: int, lb: int) -> list[tuple[int, int]]:
@@ -304,6 +373,7 @@ class ElementwiseQuant(Planned):
         self.lookup = self.node.op_type == "LookupTable"
         self.table = g.tensor(self.node.inputs[1]).const if self.lookup else None   # 256 output codes
         self.code_bounds = self._code_bounds()
+        self.stage: tuple[int, int] | None = None      # a lookup's staging buffers (emit_lookup)
         self.shape = held_view(g.tensor(self.out).shape)     # the NCHW view of a chain (lowering.quant.held_view)
         consts = [t for t in self.node.inputs if t and g.tensor(t).is_const] if not (self.direct or self.lookup) \
             else []
@@ -388,6 +458,9 @@ class ElementwiseQuant(Planned):
         resident = [self.bytes((1, self.shape[1], 1, 1), Prec.FP32, True)] if self.per_channel_constant else []
         if self.lookup:                                  # the table, on every lane
             resident.append(self.bytes((1, self.chip.lanes, 1, LOOKUP_TABLE_ENTRIES), Prec.INT8))
+            stage = lookup_stage_shape(self.chip, *shape[1:]) if self.nchw else None
+            if stage is not None:                        # few channels: the rows spread over the lanes
+                per_set += [(name, self.bytes(stage, Prec.INT8, True)) for name in ("stage_in", "stage_out")]
         return resident, per_set
 
     def emit(self, plan: QuantPlan) -> None:
@@ -433,6 +506,7 @@ class ElementwiseQuant(Planned):
                                                                   ctx.tensor_prec(self.out), compact=compact)
             work = [make_tile(self.chip, offs[f"work{i}"], shape, Prec.FP32, compact=compact)
                     for i in range(len(self.inputs)) if f"work{i}" in offs]
+            self.stage = (offs["stage_in"], offs["stage_out"]) if "stage_in" in offs else None
             self._compute(out, tiles, work)
             if self.out not in self.lmem or self.out in self.keep:
                 ctx.em.store(out, self._region(self.out, n, at, count))
@@ -494,7 +568,7 @@ class ElementwiseQuant(Planned):
             self._clamp_codes(out, tiles[0])
             return
         if self.lookup:
-            emit_lookup(ctx, out, tiles[0], self.table_tile.addr % self.chip.lmem_bytes_per_lane)
+            emit_lookup(ctx, out, tiles[0], self.table_tile.addr % self.chip.lmem_bytes_per_lane, self.stage)
             return
         s_out, zp_out = per_tensor(ctx, self.out) if op != "DequantizeLinear" else (1.0, 0)
         if op == "QuantizeLinear":
@@ -546,6 +620,7 @@ class PoolQuant(Planned):
             self.geom = ConvGeom(n, c, h, w, c, h, w, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1)
         else:
             self.geom, _ = pool_geometry(ctx, self.node)
+        self.channel_range = ctx.channels_to_emit(self.geom.cin)    # cores: the channels this core pools
         self.inv_count = None                 # an AveragePool whose windows hold different counts: 1 / count
         if self.node.op_type == "AveragePool":
             counts = count_map(self.geom, bool(self.node.attr("count_include_pad", 0)))
@@ -554,7 +629,8 @@ class PoolQuant(Planned):
 
     def choices(self):
         geo, lanes = self.geom, self.chip.lanes
-        channels = [geo.cin] + [lanes * k for k in (8, 4, 2, 1) if lanes * k < geo.cin]
+        count = self.channel_range[1] - self.channel_range[0]
+        channels = [count] + [lanes * k for k in (8, 4, 2, 1) if lanes * k < count]
         rows = row_options(geo.h) if self.global_ else self.row_choices(geo.ho)   # global: input rows per step
         return [(c, r) for c in channels for r in rows]
 
@@ -580,7 +656,7 @@ class PoolQuant(Planned):
         ct, rt = plan.choice
         index = 0
         for n in self.ctx.samples_to_emit(geo.n):
-            for c0, c in steps(geo.cin, ct):
+            for c0, c in steps_between(*self.channel_range, ct):
                 if self.global_:
                     self._global_tile(plan.sets[index % len(plan.sets)], n, c0, c, rt)
                     index += 1
@@ -805,6 +881,7 @@ class ProductQuant(Planned):
         self.packed = pack_conv_weights(self.kernels[0], IC_BLOCK)
         self.extra_packed = [pack_conv_weights(k, IC_BLOCK) for k in self.kernels[1:]]
         self.requant = self._requant(w_info.quant, s_x)
+        self.cout_range = ctx.channels_to_emit(self.geom.cout)   # cores: the output channels this core computes
 
     def _const_bias(self, name: str | None) -> np.ndarray:
         if name is None:
@@ -830,8 +907,8 @@ class ProductQuant(Planned):
 
     def choices(self):
         geo, lanes = self.geom, self.chip.lanes
-        per_group = geo.cout // geo.groups
-        chunks = [geo.cout] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < geo.cout]
+        per_group, count = geo.cout // geo.groups, self._cout_count
+        chunks = [count] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < count]
         if 1 < geo.groups and not geo.groups == geo.cin == geo.cout:   # grouped: a chunk never straddles two groups
             chunks = [c for c in [per_group] + chunks if c <= per_group and per_group % c == 0]
         return [(ct, rt) for ct in chunks for rt in self.row_choices(geo.ho)]
@@ -840,7 +917,7 @@ class ProductQuant(Planned):
         ct, rt = choice
         geo = self.geom
         consts = [self._const_layout(ct)[1]]
-        resident = consts * (2 if ct < geo.cout else 1)
+        resident = consts * (2 if ct < self._cout_count else 1)
         out_shape = (1, ct, rt, geo.wo)
         per_set = [("acc", self.bytes(out_shape, Prec.INT32))]
         if self.x not in self.lmem:
@@ -849,6 +926,12 @@ class ProductQuant(Planned):
         if self.out not in self.lmem and not self.int32_result:
             per_set.append(("out", self.bytes(out_shape, Prec.INT8)))
         return resident, per_set
+
+    @property
+    def _cout_count(self) -> int:
+        """How many output channels this emission computes (all unless split over cores)."""
+        lo, hi = getattr(self, "cout_range", (0, self.geom.cout))
+        return hi - lo
 
     @property
     def int32_result(self) -> bool:
@@ -860,7 +943,7 @@ class ProductQuant(Planned):
         ctx.em.layer = self.node.name
         ct, rt = plan.choice
         index = 0
-        for chunk, (c0, c) in enumerate(steps(geo.cout, ct)):
+        for chunk, (c0, c) in enumerate(steps_between(*self.cout_range, ct)):
             base = plan.resident[chunk % len(plan.resident)]
             consts = self._load_constants(base, c0, c)
             for n in self.ctx.samples_to_emit(geo.n):
@@ -1064,6 +1147,8 @@ class GemmQuant(Planned):
         w_info = g.tensor(node.inputs[1])
         self.k, self.n = w_info.shape
         self.rows = math.prod(g.tensor(self.x).shape[:-1])
+        self.row_range = ctx.view_rows_to_emit(self.rows)     # cores: the rows / columns this core computes
+        self.col_range = ctx.view_cols_to_emit(self.n)
         shift = 128 if w_info.quant.storage == "uint8" else 0     # uint8 weights as int8: w - 128, zw - 128
         self.weights = (np.asarray(w_info.const, np.int64) - shift).astype(np.int8)
         adds = [m for m in group.nodes if m.op_type == "Add"]
@@ -1096,15 +1181,16 @@ class GemmQuant(Planned):
         lanes) is read whole along K and a held result written whole along N (MM2 reads and writes
         compact rows)."""
         lanes = self.chip.lanes
-        rows = [self.rows] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < self.rows]
+        row_count, col_count = self.row_range[1] - self.row_range[0], self.col_range[1] - self.col_range[0]
+        rows = [row_count] + [lanes * k for k in (16, 8, 4, 2, 1) if lanes * k < row_count]
         ks = [self.k] if self.x in self.lmem else halvings(self.k)
-        ns = [self.n] if self.out in self.lmem else halvings(self.n)
+        ns = [col_count] if self.out in self.lmem else halvings(col_count)
 
         def traffic(choice) -> int:
             rt, nt, kt = choice
-            operand = 0 if self.x in self.lmem else -(-self.n // nt) * self.rows * self.k
-            weight_loads = 1 if kt >= self.k else -(-self.rows // rt)    # one K step: once per column step
-            return weight_loads * self.k * self.n + operand
+            operand = 0 if self.x in self.lmem else -(-col_count // nt) * row_count * self.k
+            weight_loads = 1 if kt >= self.k else -(-row_count // rt)    # one K step: once per column step
+            return weight_loads * self.k * col_count + operand
         return sorted(((rt, nt, kt) for kt in ks for nt in ns for rt in rows),
                       key=lambda c: (traffic(c), -c[2], -c[1], -c[0]))
 
@@ -1112,9 +1198,9 @@ class GemmQuant(Planned):
         """A held operand whole along K, a held result whole along N, and row steps starting on lane 0
         (MM2's rows of the operand, the accumulator and the result share lanes)."""
         rt, nt, kt = choice
-        rows_ok = rt >= self.rows or rt % self.chip.lanes == 0
+        rows_ok = (rt >= self.rows or rt % self.chip.lanes == 0) and self.row_range[0] % self.chip.lanes == 0
         return (self.x not in self.lmem or (kt >= self.k and rows_ok)) and \
-            (self.out not in self.lmem or (nt >= self.n and rows_ok))
+            (self.out not in self.lmem or (self.col_range == (0, self.n) and nt >= self.n and rows_ok))
 
     def sizes(self, choice):
         rt, nt, kt = choice
@@ -1145,7 +1231,7 @@ class GemmQuant(Planned):
         index = 0
         k_steps = steps(self.k, kt)
         one_k = len(k_steps) == 1          # the column's weights stay, loaded for its first row step only
-        for column, (c0, nc) in enumerate(steps(self.n, nt)):
+        for column, (c0, nc) in enumerate(steps_between(*self.col_range, nt)):
             if zw_addr is not None:          # -zw of the chunk's columns on every K lane: Zw's rows
                 zw = make_tile(chip, self.zw_at, (1, kt, 1, nc), Prec.INT8)
                 for g0, count in steps(kt, chip.lanes):   # one broadcast (the row read once) per lane group
@@ -1156,13 +1242,13 @@ class GemmQuant(Planned):
             scale = make_tile(chip, scale_at, (1, lanes_used, 1, nc), Prec.FP32)
             if self.per_column:
                 ctx.em.broadcast_load(scale, s_addr + 4 * c0, Prec.FP32)
-            for r0, rc in steps(self.rows, rt):
+            for r0, rc in steps_between(*self.row_range, rt):
                 acc = make_tile(chip, acc_at, (1, rc, 1, nc), Prec.INT32)
                 for ks, (k0, kc) in enumerate(k_steps):
                     offs = plan.sets[index % len(plan.sets)]
                     w_at = plan.sets[column % len(plan.sets)]["w"] if one_k else offs["w"]
                     self._k_step(offs, acc, bias, (r0, rc), (c0, nc), (k0, kc), ks == 0, ks == len(k_steps) - 1,
-                                 w_at, load_w=not one_k or r0 == 0)
+                                 w_at, load_w=not one_k or r0 == self.row_range[0])
                     index += 1
                 out = self.held(self.out, 0, r0, rc, 0, 1) or make_tile(chip, out_at, (1, rc, 1, nc), Prec.INT8)
                 self._requantise(acc, out, scale, c0)
@@ -1418,6 +1504,7 @@ class DepthwiseQuant(ProductQuant):
         g, node = ctx.graph, self.node
         self.x, self.out = node.inputs[0], group.nodes[-1].outputs[0]
         self.geom = conv_geometry(ctx, node)
+        self.cout_range = ctx.channels_to_emit(self.geom.cout)
         w_info = g.tensor(node.inputs[1])
         weights = centred_weights(w_info).reshape(self.geom.cout, -1)
         bias = self._const_bias(node.inputs[2] if len(node.inputs) > 2 else None)
@@ -1455,7 +1542,7 @@ class DepthwiseQuant(ProductQuant):
     def sizes(self, choice):
         ct, rt = choice
         geo = self.geom
-        resident = [self._const_layout(ct)[1]] * (2 if ct < geo.cout else 1)
+        resident = [self._const_layout(ct)[1]] * (2 if ct < self._cout_count else 1)
         in_shape, out_shape = (1, ct, min(geo.h, geo.halo_rows(rt)), geo.w), (1, ct, rt, geo.wo)
         per_set = [("acc", self.bytes(out_shape, Prec.FP32))]
         if not self.integer:

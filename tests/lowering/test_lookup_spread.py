@@ -1,0 +1,112 @@
+"""A lookup over a map of few channels spread over the lanes (lowering/ops/quant_ops.py emit_lookup with staging
+buffers, _spread_lookup; lowering.tiling.lane_spread): on the functional model it gives numpy's table[codes] on
+every element whatever the channels, rows, start lane, samples and row strides; it is taken exactly when the
+shared cost model finds it faster, which on a 16-channel map of many rows it is (about lanes / channels times
+fewer gather cycles); lane_spread's copies fit in the lanes and cover every row once."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tpuflow.chip import load_chip
+from tpuflow.hwmodel.functional import Machine
+from tpuflow.hwmodel.timing.cost import tiu_cycles
+from tpuflow.isa import CwBcTiu, LocalTensor, Prec, SgTiu, StrideMode
+from tpuflow.lowering.emitter import Emitter
+from tpuflow.lowering.ops.quant_ops import _lookup_gathers, emit_lookup, lookup_stage_shape
+from tpuflow.lowering.tensors import LTile, make_tile, tile_bytes_per_lane
+from tpuflow.lowering.tiling import lane_spread, steps
+
+CHIP = load_chip("sg2260")
+LANES, LANE_BYTES, BANK = CHIP.lanes, CHIP.lmem_bytes_per_lane, CHIP.bank_bytes
+TABLE_AT = 15 * BANK
+STAGE = (2 * BANK, 6 * BANK)
+
+
+def _run(src: LTile, out: LTile, seed: int, stage=STAGE):
+    """(emitted instructions, whether they give table[codes]) of emit_lookup on random codes and table."""
+    rng = np.random.default_rng(seed)
+    table = rng.integers(-128, 128, 256).astype(np.int8)
+    codes = rng.integers(-128, 128, src.shape).astype(np.int8)
+    m = Machine(CHIP, 1 << 16)
+    for lane in range(LANES):
+        m.write_local(LocalTensor(lane * LANE_BYTES + TABLE_AT, (1, 1, 1, 256), (256, 256, 256, 1), Prec.INT8),
+                      table.reshape(1, 1, 1, 256))
+    m.write_local(LocalTensor(src.addr, src.shape, src.strides, Prec.INT8), codes)
+    ctx = SimpleNamespace(chip=CHIP, em=Emitter(CHIP))
+    emit_lookup(ctx, out, src, TABLE_AT, stage)
+    instrs = [r.instr for r in ctx.em.records]
+    for i in instrs:
+        m.execute(i)
+    got = m.read_local(LocalTensor(out.addr, out.shape, out.strides, Prec.INT8))
+    np.testing.assert_array_equal(got, table[codes.view(np.uint8)])
+    return instrs
+
+
+def _cycles(instrs) -> int:
+    return sum(tiu_cycles(i, CHIP) for i in instrs)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 40), h=st.integers(1, 24), w=st.integers(1, 70),
+       start=st.integers(0, LANES - 1), seed=st.integers(0, 1000))
+def test_spread_lookup_is_exact_and_never_slower(n, c, h, w, start, seed):
+    src = make_tile(CHIP, start * LANE_BYTES + 0x100, (n, c, h, w), Prec.INT8)
+    out = make_tile(CHIP, start * LANE_BYTES + 10 * BANK, (n, c, h, w), Prec.INT8)
+    shape = lookup_stage_shape(CHIP, c, h, w)
+    if shape is not None:
+        assert tile_bytes_per_lane(CHIP, shape, Prec.INT8, compact=True) <= 4 * BANK
+    instrs = _run(src, out, seed)
+    plain = _lookup_gathers(CHIP, out, src, TABLE_AT)
+    spread = any(isinstance(i, CwBcTiu) for i in instrs)
+    assert _cycles(instrs) <= _cycles(plain)
+    assert spread == (instrs != plain)
+    if not spread:
+        assert instrs == plain
+    else:
+        assert shape is not None and all(i.op == "l_copy" for i in instrs if isinstance(i, CwBcTiu))
+
+
+@settings(max_examples=15, deadline=None)
+@given(c=st.sampled_from([8, 16, 24, 32]), rows=st.integers(2, 9), r0=st.integers(0, 3), w=st.integers(20, 90),
+       seed=st.integers(0, 1000))
+def test_row_windows_of_a_held_tensor_into_itself(c, rows, r0, w, seed):
+    """Rows [r0, r0 + rows) of a held (1, c, 12, w) tensor looked up in place (strided FREE views as
+    Planned.held gives them)."""
+    held = make_tile(CHIP, 0x200, (1, c, 12, w), Prec.INT8)
+    view = LTile(held.addr + r0 * w, (1, c, rows, w), Prec.INT8, held.strides, StrideMode.FREE)
+    _run(view, view, seed)
+
+
+def test_sixteen_channels_of_many_rows_take_the_lanes():
+    """(1, 16, 64, 300): four copies of 16 rows; the gathers take a quarter of the cycles of gathering in place."""
+    src = make_tile(CHIP, 0, (1, 16, 64, 300), Prec.INT8)
+    out = make_tile(CHIP, 10 * BANK, (1, 16, 64, 300), Prec.INT8)
+    instrs = _run(src, out, 1)
+    gathers = [i for i in instrs if isinstance(i, SgTiu)]
+    copies = [i for i in instrs if isinstance(i, CwBcTiu)]
+    assert len(copies) == 8 and {g.res0_c for g in gathers} == {64} and sum(g.res0_w for g in gathers) == 16 * 300
+    plain = _lookup_gathers(CHIP, out, src, TABLE_AT)
+    assert _cycles(gathers) * 4 <= _cycles(plain) + 4 * 11 * len(gathers)
+    assert _cycles(instrs) * 3 < _cycles(plain)
+
+
+def test_no_staging_no_spread_and_full_lanes_stay():
+    src = make_tile(CHIP, 0, (1, 16, 64, 300), Prec.INT8)
+    out = make_tile(CHIP, 10 * BANK, (1, 16, 64, 300), Prec.INT8)
+    assert not any(isinstance(i, CwBcTiu) for i in _run(src, out, 2, stage=None))
+    assert lookup_stage_shape(CHIP, 33, 64, 300) is None and lookup_stage_shape(CHIP, 64, 64, 300) is None
+
+
+@given(channels=st.integers(1, 200), rows=st.integers(1, 500), lanes=st.sampled_from([8, 16, 32, 64]))
+def test_lane_spread_fits_and_covers_every_row_once(channels, rows, lanes):
+    copies, per = lane_spread(channels, rows, lanes)
+    blocks = steps(rows, per)
+    assert len(blocks) == copies and sum(r for _, r in blocks) == rows
+    assert copies == 1 or copies * channels <= lanes
+    fit = min(max(1, lanes // channels), rows)            # copies the lanes hold
+    assert per == -(-rows // fit)                          # the longest block is as short as they allow
