@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -45,10 +46,14 @@ def largest_fitting(candidates: Sequence[int], fits: Callable[[int], bool]) -> i
     return None
 
 
+MAX_SPREAD_COPIES = 16     # lane_spread: bounds the lane copies (two per copy and step) a spread costs
+
+
 def lane_spread(channels: int, rows: int, lanes: int) -> tuple[int, int]:
-    """(copies, rows per copy) of a map of `channels` lanes and `rows` rows spread over the lanes: row blocks
-    of as many rows each side by side (copy j takes rows [j * per, (j + 1) * per), the last fewer), as many
-    copies as fit in the lanes; (1, rows) when only one does."""
-    fit = max(1, min(lanes // max(1, channels), rows))
+    """(copies, rows per copy) of a map of `channels` channels and `rows` rows spread over the lanes: row blocks
+    of as many rows each (copy j takes rows [j * per, (j + 1) * per), the last fewer) side by side along the
+    channels, the fewest copies whose channels fill whole lane groups (lanes / gcd(channels, lanes)), at most
+    one per row and MAX_SPREAD_COPIES; (1, rows) when channels already fill them."""
+    fit = max(1, min(lanes // math.gcd(max(1, channels), lanes), rows, MAX_SPREAD_COPIES))
     per = -(-rows // fit)
     return -(-rows // per), per

@@ -291,11 +291,12 @@ def _lookup_gathers(chip, out: LTile, src: LTile, table_offset: int) -> list:
 
 
 def lookup_stage_shape(chip, channels: int, rows: int, width: int) -> tuple[int, int, int, int] | None:
-    """The shape of each staging buffer of a spread lookup over (1, channels, rows, width) tiles (compact
-    int8, from lane 0): lane_spread's copies side by side, each its rows per copy; None when only one
-    copy fits in the lanes (nothing to spread)."""
+    """The shape of each staging buffer of a spread lookup over (1, channels, rows, width) tiles (aligned
+    int8 from lane 0): lane_spread's copies side by side along the channels, each its rows per copy; None
+    when that takes no fewer gather cycles (lane groups x elements per lane) than the tiles themselves."""
     copies, per = lane_spread(channels, rows, chip.lanes)
-    return (1, copies * channels, per, width) if copies > 1 else None
+    groups = lambda c: -(-c // chip.lanes)  # noqa: E731
+    return (1, copies * channels, per, width) if groups(copies * channels) * per < groups(channels) * rows else None
 
 
 def _spread_lookup(chip, out: LTile, src: LTile, table_offset: int, stage: tuple[int, int]) -> list | None:
@@ -303,20 +304,20 @@ def _spread_lookup(chip, out: LTile, src: LTile, table_offset: int, stage: tuple
     of src copied (tsbc.l_copy) into its own lanes of the staging buffer stage[0], the gathers over all
     of them into stage[1] (whole blocks: a shorter last block's other bytes are looked up too, any byte
     being a valid index, and never copied back), each block copied back to its rows of out. Elementwise,
-    so exact whatever lane an element sits on; None when only one copy fits."""
+    so exact whatever lane an element sits on; None when spreading saves no gather cycles."""
     n, c, h, w = out.shape
     shape = lookup_stage_shape(chip, c, h, w)
     if shape is None:
         return None
     per = shape[2]
     blocks = steps(h, per)
-    staged = [make_tile(chip, addr, shape, Prec.INT8, compact=True) for addr in stage]
+    staged = [make_tile(chip, addr, shape, Prec.INT8) for addr in stage]
     instrs = []
     for k in range(n):
         for j, (r0, rows) in enumerate(blocks):
             instrs.append(_lane_copy(_rows_of(staged[0].sub_channels(j * c, c, chip), 0, 0, rows),
                                      _rows_of(src, k, r0, rows)))
-        flat = [make_tile(chip, addr, (1, shape[1], 1, per * w), Prec.INT8, compact=True) for addr in stage]
+        flat = [make_tile(chip, addr, (1, shape[1], 1, per * w), Prec.INT8) for addr in stage]   # same strides
         instrs += _lookup_gathers(chip, flat[1], flat[0], table_offset)
         for j, (r0, rows) in enumerate(blocks):
             instrs.append(_lane_copy(_rows_of(out, k, r0, rows),
@@ -460,7 +461,7 @@ class ElementwiseQuant(Planned):
             resident.append(self.bytes((1, self.chip.lanes, 1, LOOKUP_TABLE_ENTRIES), Prec.INT8))
             stage = lookup_stage_shape(self.chip, *shape[1:]) if self.nchw else None
             if stage is not None:                        # few channels: the rows spread over the lanes
-                per_set += [(name, self.bytes(stage, Prec.INT8, True)) for name in ("stage_in", "stage_out")]
+                per_set += [(name, self.bytes(stage, Prec.INT8)) for name in ("stage_in", "stage_out")]
         return resident, per_set
 
     def emit(self, plan: QuantPlan) -> None:

@@ -1,4 +1,4 @@
-"""int8 hard-swish tables on maps of 8 / 16 / 32 channels end to end: a conv -> hard-swish -> conv model quantized
+"""int8 hard-swish tables on maps of 8 / 16 / 32 / 48 channels end to end: a conv -> hard-swish -> conv model quantized
 by onnxruntime's quantize_static (QDQ, seeded calibration) compiles with its lookups' rows spread over the lanes
 (lowering/ops/quant_ops.py _spread_lookup: tsbc.l_copy into staging, gathers over more lanes than the map has
 channels) and gives onnxruntime's integer codes exactly (verify, on the int8 output), the same output as the program
@@ -69,7 +69,7 @@ def _tiu(program):
     return [i for core in program.cores for i in core.tiu]
 
 
-@pytest.mark.parametrize("channels", [8, 16, 32, 64])
+@pytest.mark.parametrize("channels", [8, 16, 32, 48, 64])
 def test_hard_swish_on_few_channels_spreads_and_verifies(channels):
     model = quantized(float_model(channels))
     result = verify(model, "sg2260", CompileOptions(dtype="fp16"))
