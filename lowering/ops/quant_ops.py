@@ -26,7 +26,10 @@ How each kind computes (the canonical meaning out = quantize(op(real(inputs)), o
 - LookupTable (frontend/lookup.py: an elementwise function of one 8-bit tensor, its 256 output codes):
   the table (256 bytes) broadcast once into every lane, then one SG gather (sg.pe_s_gather_d1coor, or
   _hzd when the operands share LMEM banks) per run of each channel group's contiguous bytes
-  (emit_lookup): exact by construction, one element per lane and cycle.
+  (emit_lookup): exact by construction, one element per lane and cycle. A held map of fewer channels than
+  fill the lane groups (16, 32, 48 ...) has its row blocks copied side by side over the lanes first
+  (tsbc.l_copy into staging buffers, lowering.tiling.lane_spread) and back after, where the shared cost
+  model finds that faster: the gathers then take every lane.
 - MaxPool / AveragePool / GlobalAveragePool: PordTiu has no integer rule, so the input becomes the
   exact fp32 integers q - zp_in (dq0 with scale 1), the pool runs in fp32 (exact for max; the mean
   of integers rounds once in fp32), and the result is requantised by s_in / s_out. A MaxPool whose
@@ -253,6 +256,7 @@ def emit_lookup(ctx: LowerCtx, out: LTile, src: LTile, table_offset: int, stage:
 
 
 def _tiu_cycles(instrs, chip) -> int:
+    """TIU cycles of instructions on the shared cost model (imported here, as lowering/ops/tilemm.py does)."""
     from tpuflow.hwmodel.timing.cost import tiu_cycles
     return sum(tiu_cycles(i, chip) for i in instrs)
 
