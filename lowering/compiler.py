@@ -36,7 +36,7 @@ from tpuflow.lowering.ops.rowgroup import RowGroupEmitter
 from tpuflow.lowering.ops.tilemm import tile_pool_fusion
 from tpuflow.lowering.prepare import (fold_matmul_transposes, fold_reduction_scales, materialize_broadcasts,
                                       merge_duplicates)
-from tpuflow.lowering.quant import chain_reserve, quantized_groups
+from tpuflow.lowering.quant import QuantChain, chain_reserve, is_quantized, quantized_groups
 from tpuflow.lowering.ops.quant_ops import quant_emitter
 from tpuflow.lowering.tensors import make_tile
 from tpuflow.lowering.ewise import ROW_REDUCE
@@ -288,8 +288,8 @@ def _lower_split_once(source: Graph, chip: ChipConfig, options: CompileOptions,
                       ends: frozenset[str] = frozenset()) -> Program:
     graph = materialize_broadcasts(fold_matmul_transposes(fold_reduction_scales(merge_duplicates(source))))
     pins: dict[str, int] = {}
-    if options.cores > 1 and options.matmul == "tiu":
-        graph, pins = split_mlp_pairs(graph, options.cores, chip.lanes)
+    if options.cores > 1 and options.matmul == "tiu" and not any(is_quantized(graph, n) for n in graph.nodes()):
+        graph, pins = split_mlp_pairs(graph, options.cores, chip.lanes)     # float pairs (int8: its groups split)
     formed = form_groups(graph, fuse_pool=tile_pool_fusion(graph, chip, options, ends), lanes=chip.lanes, ends=ends)
     groups = quantized_groups(graph, formed, chip)
     crossing, gathered = _crossing_tensors(graph, groups, chip, options, pins) if options.cores > 1 else ((), ())
@@ -300,7 +300,26 @@ def _lower_split_once(source: Graph, chip: ChipConfig, options: CompileOptions,
                 "bands": _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered),
                 "bands_lenient": _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered, True),
                 "core0_but_gemv": _lower_core0_but_gemv(source, graph, groups, chip, options, pins)}
+    if any(isinstance(g, QuantChain) for g in groups):      # int8: chains run whole on core 0
+        variants.update(_split_variants(source, graph, quantized_groups(graph, formed), chip, options, pins,
+                                        "unchained"))
     return _fastest({name: p for name, p in variants.items() if p is not None})
+
+
+def _split_variants(source: Graph, graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
+                    pins: dict[str, int], label: str) -> dict[str, Program | None]:
+    """Several cores: the programs of `groups` split group by group and with spans in bands
+    (an int8 program without lowering.quant.QuantChain: a chain runs whole on core 0, its members
+    alone split over the cores), named after `label`."""
+    crossing, gathered = _crossing_tensors(graph, groups, chip, options, pins)
+    try:
+        split = _lower_shares(source, graph, groups, chip, options, pins, crossing, gathered)
+    except LoweringError:
+        split = None
+    return {f"{label}_split": split,
+            f"{label}_bands": _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered),
+            f"{label}_bands_lenient": _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered,
+                                                    True)}
 
 
 def _with_slices_first(program: Program, chained: list[Group], source: Graph, graph: Graph, formed: list[Group],
@@ -467,7 +486,7 @@ def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions, ddr
 
     def parts_of(index: int) -> list:
         return core_parts(graph, groups[index], options.cores, options, _on_vector_unit(ctxs[0], groups[index]),
-                          pins.get(groups[index].anchor.name))
+                          pins.get(groups[index].anchor.name), chip.lanes)
     prefetch = _weight_prefetch(ctxs, groups, options, parts_of) if barriers else None
     for index, group in enumerate(groups):
         band = ctxs[0].residency.region_at(index)

@@ -21,21 +21,24 @@ from tpuflow.options import CompileOptions
 
 
 def core_parts(graph: Graph, group: Group, cores: int, options: CompileOptions,
-               on_vector_unit: bool = False, pinned: int | None = None) -> list[EmitPart | None]:
+               on_vector_unit: bool = False, pinned: int | None = None, lanes: int = 1) -> list[EmitPart | None]:
     """Per core, its part of `group` (None: that core has nothing of it). A group that does not
     split runs whole on core 0, a `pinned` one whole on that core (lowering.tensor_parallel);
     `on_vector_unit`: a matmul the GEMV path computes (split by output columns: each core streams
-    its share of the weights)."""
+    its share of the weights); `lanes`: the chip's, an int8 group's channel parts start on lane 0
+    (_split_quant)."""
     if pinned is not None:
         return [WHOLE if k == pinned else None for k in range(cores)]
-    parts = _split(graph, group, cores, options, on_vector_unit)
+    parts = _split(graph, group, cores, options, on_vector_unit, lanes)
     return parts if parts is not None else [WHOLE] + [None] * (cores - 1)
 
 
 def _split(graph: Graph, group: Group, cores: int, options: CompileOptions,
-           on_vector_unit: bool) -> list[EmitPart | None] | None:
+           on_vector_unit: bool, lanes: int = 1) -> list[EmitPart | None] | None:
     if cores == 1:
         return None
+    if group.kind == "quant":
+        return _split_quant(graph, group, cores, lanes) if options.matmul == "tiu" else None
     if group.kind in ("conv", "pool") and options.matmul == "tiu" and _is_nchw(graph, group):
         batch = graph.tensor(output_of(group)).shape[0]
         if batch >= cores:
@@ -59,10 +62,74 @@ def _split(graph: Graph, group: Group, cores: int, options: CompileOptions,
     return None
 
 
-def _granules(size: int, step: int, cores: int, k: int) -> tuple[int, int]:
-    """Core k's share of `size` in whole steps of `step`."""
+# Fewest bytes of one channel's band of output rows (8-bit) an int8 group splits by rows: a
+# narrower band moves as that many bytes per channel, DMAs the timing model's DDR bursts make slow
+# (ResNet-50's 7 x 7 adds by rows over 4 cores: 14-byte pieces, 1.3 GB/s); such a group splits by
+# (output) channels instead (an elementwise op then moves one contiguous run). A compiler policy.
+QUANT_BAND_MIN_BYTES = 512
+# Rows of an int8 Gemm's operand per lane group (the chip's lanes on sg2260): a split by its rows
+# gives each core whole lane groups, so an operand or result held in LMEM starts on lane 0.
+GEMM_ROW_GRANULE = 64
+# Output columns per granule of an int8 Gemm's column split (whole DDR cells and aligned DMAs).
+GEMM_COL_GRANULE = 32
+
+
+def _split_quant(graph: Graph, group: Group, cores: int, lanes: int = 1) -> list[EmitPart | None] | None:
+    """An int8 group's parts (lowering/quant.py, ops/quant_ops.py): a conv, pool or elementwise op
+    a sliced run can take (lowering.quant.sliceable_quant) by samples when there are at least as
+    many as cores, else by output rows, but by (output) channels where a core's band of rows is
+    narrow (QUANT_BAND_MIN_BYTES) or a plain conv's weights outweigh its input (_by_channels); a
+    global pool by samples or channels; a Gemm by output columns when its weights outweigh its
+    operand, else by rows in lane groups. Channel parts are whole groups of `lanes` channels (the
+    quant emitters' per-channel constants and a held tensor's channels then share lanes; fewer
+    groups than two: rows, else core 0). Chains, Concats, moves and products of two activations
+    run on core 0."""
+    from tpuflow.lowering.quant import QuantChain, sliceable_quant
+    if isinstance(group, QuantChain):
+        return None
+    node = group.anchor
+    if node.op_type == "MatMul":
+        return _split_gemm(graph, group, cores)
+    pooled = node.op_type == "GlobalAveragePool" and len(graph.tensor(node.inputs[0]).shape) == 4
+    if not (sliceable_quant(graph, group) or pooled):
+        return None
+    out = graph.tensor(group.nodes[-1].outputs[0]).shape
+    if out[0] >= cores:
+        return [_some(EmitPart(samples=range(*chunk(out[0], cores, k)))) for k in range(cores)]
+    plain = node.op_type == "Conv" and node.attr("group", 1) == 1
+    banded = -(-out[2] // cores) * out[3] >= QUANT_BAND_MIN_BYTES
+    by_rows = [_some(EmitPart(rows=chunk(out[2], cores, k))) for k in range(cores)]
+    if out[1] < 2 * lanes:
+        return by_rows if banded else None
+    if pooled or not banded or (plain and _by_channels(graph, group, out[2], cores)):
+        return [_some(EmitPart(channels=_granules(out[1], lanes, cores, k, rest=True))) for k in range(cores)]
+    return by_rows
+
+
+def _split_gemm(graph: Graph, group: Group, cores: int) -> list[EmitPart | None] | None:
+    """An int8 MatMul by constant weights (quant_ops.GemmQuant) by output columns when its weights
+    outweigh its operand, else by rows in GEMM_ROW_GRANULE groups (None: a product of two
+    activations, or too few rows)."""
+    node = group.anchor
+    weights, x = graph.tensor(node.inputs[1]), graph.tensor(node.inputs[0])
+    if not weights.is_const or len(weights.shape) != 2 or len(x.shape) == 4:
+        return None
+    k, n = weights.shape
+    rows = math.prod(x.shape[:-1])
+    if k * n >= rows * k:
+        step = math.gcd(n, GEMM_COL_GRANULE)
+        return [_some(EmitPart(view_cols=_granules(n, step, cores, c))) for c in range(cores)]
+    if rows >= 2 * GEMM_ROW_GRANULE:
+        return [_some(EmitPart(view_rows=_granules(rows, GEMM_ROW_GRANULE, cores, c, rest=True)))
+                for c in range(cores)]
+    return None
+
+
+def _granules(size: int, step: int, cores: int, k: int, rest: bool = False) -> tuple[int, int]:
+    """Core k's share of `size` in whole steps of `step` (`rest`: the last core also takes what
+    is left past the last whole step)."""
     lo, hi = chunk(size // step, cores, k)
-    return lo * step, hi * step
+    return lo * step, size if rest and k == cores - 1 else hi * step
 
 
 def _head_width(graph: Graph, group: Group, cols: int, cores: int) -> int:
@@ -100,7 +167,7 @@ def _weight_heavy(graph: Graph, group: Group) -> bool:
 def _by_channels(graph: Graph, group: Group, height: int, cores: int) -> bool:
     """A plain conv splits its output channels (each core loads its share of the weights, and
     all of the input) when its weights outweigh its input or it has fewer output rows than cores."""
-    if group.kind != "conv" or group.anchor.attr("group", 1) != 1:
+    if group.kind not in ("conv", "quant") or group.anchor.op_type != "Conv" or group.anchor.attr("group", 1) != 1:
         return False
     weights = graph.tensor(group.anchor.inputs[1])
     source = graph.tensor(group.anchor.inputs[0])

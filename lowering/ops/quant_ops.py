@@ -392,6 +392,23 @@ class ElementwiseQuant(Planned):
             self.held_row = np.tile(pattern, self.shape[3] // pattern.size).astype(np.float32) \
                 if self.shape[3] % pattern.size == 0 else None      # one held row's (lowering.quant.takes_held)
             self.constant = None
+        self._split_channels()
+
+    def _split_channels(self) -> None:
+        """Cores (lowering.cores): this core's channels [lo, hi) of one sample, NCHW tiles of them, or on
+        the flat view their contiguous run of the tensor (flat_base: its first element)."""
+        self.channel_range = self.ctx.channels_to_emit(self.shape[1])
+        self.flat_base = 0
+        lo, hi = self.channel_range
+        if (lo, hi) == (0, self.shape[1]) or self.nchw:
+            return
+        if self.row is not None or self.shape[0] != 1:
+            raise LoweringError(f"internal: node {self.node.name}: a channel part of a flat view with a row constant "
+                                "or several samples")
+        plane = self.shape[2] * self.shape[3]
+        self.flat_base, self.count = lo * plane, (hi - lo) * plane
+        self.rows = lane_rows(self.count, self.chip.lanes)
+        self.cols = self.count // self.rows
 
     def _code_bounds(self) -> tuple[int | None, int | None] | None:
         """A Relu / Clip of a signed 8-bit tensor whose output has its input's Quant: (lowest, highest)
@@ -437,7 +454,8 @@ class ElementwiseQuant(Planned):
 
     def _tile_shape(self, step: int) -> tuple[tuple[int, int, int, int], bool]:
         """The shape of one step's tiles and whether they are compact (flat view) or aligned (NCHW)."""
-        _, c, _, w = self.shape if self.nchw else (0, 0, 0, 0)
+        _, _, _, w = self.shape if self.nchw else (0, 0, 0, 0)
+        c = self.channel_range[1] - self.channel_range[0]
         return ((1, c, step, w), False) if self.nchw else ((1, self.rows, 1, step), True)
 
     def _steps(self, step: int) -> list[tuple[int, int, int]]:
@@ -477,9 +495,10 @@ class ElementwiseQuant(Planned):
             return
         self.operand = None if self.constant is None else float(self.constant[0])
         if self.per_channel_constant:
-            c = self.shape[1]
-            tile = make_tile(self.chip, plan.resident[0], (1, c, 1, 1), Prec.FP32, compact=True)
-            ctx.load_const_channels(tile, f"{self.node.name}:constant", self.constant.reshape(c, 1), Prec.FP32)
+            lo, hi = self.channel_range
+            name = f"{self.node.name}:constant" + (f":{lo}:{hi}" if (lo, hi) != (0, self.shape[1]) else "")
+            tile = make_tile(self.chip, plan.resident[0], (1, hi - lo, 1, 1), Prec.FP32, compact=True)
+            ctx.load_const_channels(tile, name, self.constant[lo:hi].reshape(hi - lo, 1), Prec.FP32)
             self.operand = tile
         if self.lookup:
             self.table_tile = make_tile(self.chip, plan.resident[-1], (1, self.chip.lanes, 1, LOOKUP_TABLE_ENTRIES),
@@ -559,13 +578,15 @@ class ElementwiseQuant(Planned):
         return LTile(lanes_row.addr, tuple(shape), Prec.FP32, (0, 0, 0, 1), StrideMode.FREE)
 
     def _held(self, tensor: str, n: int, h0: int, rows: int) -> LTile | None:
-        return self.held(tensor, n, 0, self.shape[1], h0, rows) if self.nchw else None
+        lo, hi = self.channel_range
+        return self.held(tensor, n, lo, hi - lo, h0, rows) if self.nchw else None
 
     def _region(self, tensor: str, n: int, at: int, count: int) -> DRegion:
         if self.nchw:
             _, c, h, w = self.shape
-            return self.ctx.region(tensor, (1, c, count, w), (n * c * h + at) * w, (c * h * w, h * w, w, 1))
-        return self.ctx.region(tensor, (1, self.rows, 1, count), at, (self.count, self.cols, count, 1))
+            lo, hi = self.channel_range
+            return self.ctx.region(tensor, (1, hi - lo, count, w), ((n * c + lo) * h + at) * w, (c * h * w, h * w, w, 1))
+        return self.ctx.region(tensor, (1, self.rows, 1, count), self.flat_base + at, (self.count, self.cols, count, 1))
 
     def _compute(self, out: LTile, tiles: list[LTile], work: list[LTile]) -> None:
         ctx, op = self.ctx, self.node.op_type
