@@ -7,10 +7,13 @@ import enum
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from tpuflow.errors import LoweringError
 from tpuflow.frontend.graph import Graph, OpNode
+from tpuflow.isa import Prec
 from tpuflow.lowering import mathops
-from tpuflow.lowering.emitter import Emitter
+from tpuflow.lowering.emitter import Emitter, f32_bits, narrow_bits
 from tpuflow.lowering.opspec import SPECS, Emit, kinds_with, spec
 from tpuflow.lowering.tensors import LTile
 
@@ -188,7 +191,31 @@ RULES = {"unary": _unary, "ar": _ar, "pow": _pow, "select": _select, "mod": _mod
 
 def apply_row_reduce(em: Emitter, node: OpNode, dst_row: LTile, src: LTile, cols: int) -> None:
     pool, mean = spec(node.op_type).reduce
-    em.row_pool(pool, dst_row, src, (1.0 / cols if mean else 1.0) * float(node.attr("scale", 1.0)))
+    scale = (1.0 / cols if mean else 1.0) * float(node.attr("scale", 1.0))
+    if pool == "avgpooling":
+        row_average(em, dst_row, src, scale)
+    else:
+        em.row_pool(pool, dst_row, src, scale)
+
+
+def row_average(em: Emitter, dst_row: LTile, src: LTile, scale: float) -> None:
+    """dst_row = scale * the sum of each row of src, the scale exact in fp32. Average pooling reads
+    its scale in src's precision (emitter.pool_scale_fields): a scale that precision does not hold
+    (1/768 in fp16 is 2.4e-4 off, a LayerNorm mean off by that moves quantized codes) is applied by
+    an fp32 multiply of the unscaled sum instead (into an fp32 dst_row; a narrower one takes the
+    rounded scale, the unscaled sum could overflow it)."""
+    if _holds(scale, src.prec) or dst_row.prec != Prec.FP32:
+        em.row_pool("avgpooling", dst_row, src, scale)
+        return
+    em.row_pool("avgpooling", dst_row, src, 1.0)
+    em.ar("mul", dst_row, dst_row, scale)
+
+
+def _holds(value: float, prec) -> bool:
+    """Whether a pooling constant of `prec` is `value` exactly as fp32 holds it."""
+    if prec == Prec.FP16:
+        return float(np.float16(value)) == float(np.float32(value))
+    return narrow_bits(value, prec) == f32_bits(value)
 
 
 def apply_softmax(em: Emitter, node: OpNode, dst: LTile, src: LTile, row_tmp: LTile,
@@ -214,10 +241,10 @@ def apply_layernorm(em: Emitter, node: OpNode, dst: LTile, src: LTile, row_tmp: 
     """LayerNormalization over the columns: (x - mean) * rsqrt(var + eps) * gamma + beta."""
     row_b = row_tmp.broadcast(dst.shape, h=True, w=True)
     sq = scratch.get(0)
-    em.row_pool("avgpooling", row_tmp, src, 1.0 / cols)
+    row_average(em, row_tmp, src, 1.0 / cols)
     em.ar("sub", dst, src, row_b)
     em.ar("mul", sq, dst, dst)
-    em.row_pool("avgpooling", row_tmp, sq, 1.0 / cols)
+    row_average(em, row_tmp, sq, 1.0 / cols)
     em.ar("add", row_tmp, row_tmp, float(node.attr("epsilon", 1e-5)))
     em.sfu("rsqrt", row_tmp, row_tmp)
     em.ar("mul", dst, dst, row_b)
