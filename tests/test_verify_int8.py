@@ -126,6 +126,42 @@ def test_integer_ops_keep_their_float_results_unrounded():
     assert "y" in tail and all("MatMul" not in name and name not in ("h", "r") for name in tail)
 
 
+def residual_model():
+    """x -> QuantizeLinear -> DequantizeLinear -> d; d -> Softmax (a float op: d is stored at the float
+    type) and d + d -> QuantizeLinear (an integer Add reading the codes) -> two dequantized outputs."""
+    s, z = numpy_helper.from_array(np.array(0.0123, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z")
+    so = numpy_helper.from_array(np.array(0.0311, np.float32), "so")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("Softmax", ["d"], ["f"], axis=-1),
+             helper.make_node("QuantizeLinear", ["f", "s", "z"], ["fq"]),
+             helper.make_node("DequantizeLinear", ["fq", "s", "z"], ["y1"]),
+             helper.make_node("Add", ["d", "d"], ["sum"]),
+             helper.make_node("QuantizeLinear", ["sum", "so", "z"], ["sq"]),
+             helper.make_node("DequantizeLinear", ["sq", "so", "z"], ["y2"])]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 64]) for n in ("y1", "y2")]
+    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              outs, [s, z, so])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_integer_op_reads_the_unrounded_value_of_a_stored_float_tensor():
+    """d is stored at fp16 for the Softmax, but the Add between DequantizeLinear and QuantizeLinear
+    runs on the int8 codes: the reference feeds the Softmax the rounded d and the Add the exact one,
+    and verify at fp16 passes end to end with equal codes."""
+    from tpuflow.compare import integer_readers
+    model = residual_model()
+    graph = load_graph(model)
+    assert "d" in stored_float_tensors(graph)
+    assert integer_readers(graph) == {5}                                  # the Add, not the Softmax
+    rounded = rounded_model(model, ["d"], "fp16", integer_readers(graph))
+    reads = {n.op_type: list(n.input) for n in rounded.graph.node if n.op_type in ("Softmax", "Add")}
+    assert reads == {"Softmax": ["d"], "Add": ["d/fp32", "d/fp32"]}
+    result = verify(model, "sg2260", CompileOptions(dtype="fp16"))
+    row = {r["name"]: r for r in result["outputs"]}["y2"]
+    assert result["ok"] and row["steps"] == 0 and "stage-wise" not in row["check"]
+
+
 # ------------------------------------------------------------------ 2. steps on integer codes
 
 @settings(max_examples=300, deadline=None)

@@ -102,15 +102,36 @@ def stored_float_tensors(graph) -> list[str]:
             and t.name in produced]
 
 
-def rounded_model(model, names, dtype: str):
+def integer_readers(graph) -> set[int]:
+    """Indices of the ONNX nodes (of graph.model) the program runs as integer ops: every output is
+    read only by QuantizeLinear nodes and is no tensor of the canonical graph (DequantizeLinear ->
+    Add -> QuantizeLinear becomes one integer op reading the int8 codes, exactly)."""
+    model = graph.model
+    readers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for t in node.input:
+            readers.setdefault(t, []).append(node.op_type)
+    outputs = {o.name for o in model.graph.output}
+    return {i for i, node in enumerate(model.graph.node)
+            if node.op_type != "QuantizeLinear" and node.output
+            and all(o not in graph.tensors and o not in outputs and readers.get(o)
+                    and all(op == "QuantizeLinear" for op in readers[o]) for o in node.output)}
+
+
+def rounded_model(model, names, dtype: str, exact_readers=frozenset()):
     """A copy of ONNX `model` in which each tensor of `names` passes through Cast(to dtype) ->
     Cast(to float): its producer writes '<name>/fp32' and every consumer (and the graph output)
-    reads the value rounded to `dtype` (round to nearest even, onnxruntime's Cast)."""
+    reads the value rounded to `dtype` (round to nearest even, onnxruntime's Cast), but the nodes
+    whose indices are in `exact_readers` (integer_readers: they read the codes in the program),
+    which read '<name>/fp32'."""
     import onnx
     from onnx import helper
     if dtype not in ROUNDING_CASTS or not names:
         return model
     model, wanted = _copy(model), set(names)
+    for i, node in enumerate(model.graph.node):
+        if i in exact_readers:
+            node.input[:] = [f"{t}/fp32" if t in wanted else t for t in node.input]
     nodes = []
     for node in model.graph.node:
         nodes.append(node)

@@ -343,12 +343,13 @@ def _quantized_produced(graph) -> list[str]:
 def _quantized_rows(graph, dtype: str, bound: str, inputs: dict, ours: dict, tails: dict, readable: set,
                     stages: dict):
     """(rows, passed, reference outputs) of a quantized graph's outputs under verify_program's rules 1-4."""
-    from tpuflow.compare import (compare, rounded_model, run_onnxruntime, signed_activations, stored_float_tensors,
-                                 unshifted, with_outputs)
+    from tpuflow.compare import (compare, integer_readers, rounded_model, run_onnxruntime, signed_activations,
+                                 stored_float_tensors, unshifted, with_outputs)
     feeds = _in_program_floats(inputs, dtype)
     produced = {o for node in graph.model.graph.node for o in node.output}
     boundaries = sorted({t for b in tails.values() for t in b} & produced)
-    model = rounded_model(graph.model, stored_float_tensors(graph) if dtype != "fp32" else [], dtype)
+    stored = stored_float_tensors(graph) if dtype != "fp32" else []
+    model = rounded_model(graph.model, stored, dtype, integer_readers(graph))
     wanted = with_outputs(model, list(graph.outputs) + boundaries)
     signed, shifted = signed_activations(wanted)
     with step("onnxruntime references (the quantized model as written and optimized, float tensors at " + dtype + ")"):
