@@ -250,7 +250,8 @@ def verify_program(graph, program, seed: int = 0, race_check: bool = True, float
     1. The reference is onnxruntime running the model with the float inputs and every float tensor the
        program stores at its float type rounded to that type (compare.stored_float_tensors: the
        canonical graph's float runtime tensors; not the float results inside an absorbed
-       DequantizeLinear -> op -> QuantizeLinear, which the program computes in integers), in both of
+       DequantizeLinear -> op -> QuantizeLinear, which the program computes in integers, and which
+       reads the unrounded value of a tensor stored for other readers: compare.integer_readers), in both of
        its executions: as written (graph optimizations off: DequantizeLinear -> float op ->
        QuantizeLinear) and optimized (fused integer kernels that requantize with their own rounding;
        uint8 activations run there as int8, compare.signed_activations: the same values, and
