@@ -93,3 +93,32 @@ def test_int8_programs_split_group_by_group_match_onnxruntime(model, cores, monk
     assert len(busy) == cores, program.core_split                   # every core computes a part
     result = verify(model, "sg2260", options, race_check=True)
     assert result["ok"], result
+
+
+def _force_unchained_split(monkeypatch):
+    import tpuflow.lowering as lowering
+    from tpuflow.lowering import compiler
+    monkeypatch.setattr(lowering, "lower", compiler.lower_split)
+    monkeypatch.setattr(compiler, "_fastest",
+                        lambda variants: variants.get("unchained_split") or variants["split"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["squeezenet", "mobilenetv2", "bert_layer"])
+def test_whole_int8_models_split_over_4_cores_match_onnxruntime(model, monkeypatch):
+    _force_unchained_split(monkeypatch)
+    options = CompileOptions(cores=4, dtype="int8")
+    _, program = compile_model(model, "sg2260", options)
+    assert sum(1 for s in program.core_split if s["groups"]) == 4
+    result = verify(model, "sg2260", options, race_check=True)
+    assert result["ok"], result
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="verify checks a float tail (the Softmax after int8 ResNet-50's classifier) "
+                   "on the program's DDR boundary only for single-core programs (pipeline._ddr_readable); the "
+                   "direct check misses the bound as it does on one core (same max_abs_err 3.0e-2)")
+def test_int8_resnet50_over_4_cores_verifies(monkeypatch):
+    _force_unchained_split(monkeypatch)
+    result = verify("resnet50", "sg2260", CompileOptions(cores=4, dtype="int8"), race_check=True)
+    assert result["ok"], result
