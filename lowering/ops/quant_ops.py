@@ -1246,7 +1246,10 @@ class GemmQuant(Planned):
         ctx, chip = self.ctx, self.chip
         ctx.em.layer = self.node.name
         rt, nt, kt = plan.choice
-        self.w_addr = ctx.const_addr(f"{self.node.name}:int8_weights", self.weights, Prec.INT8)
+        lo, hi = self.col_range         # cores: this core's columns of the weights, stored contiguous
+        part = f":{lo}:{hi}" if (lo, hi) != (0, self.n) else ""
+        self.w_addr = ctx.const_addr(f"{self.node.name}:int8_weights{part}",
+                                     np.ascontiguousarray(self.weights[:, lo:hi]), Prec.INT8)
         b_addr = ctx.const_addr(f"{self.node.name}:int32_bias_row", self.bias, Prec.INT32)
         s_addr = ctx.const_addr(f"{self.node.name}:scale_row", self.scales, Prec.FP32)
         bias_at, scale_at, acc_at = plan.resident[:3]
@@ -1295,8 +1298,9 @@ class GemmQuant(Planned):
             ctx.em.load(a, ctx.region(self.x, a.shape, r0 * self.k + k0, (self.rows * self.k, self.k, kc, 1)))
         w = make_tile(chip, w_at, (1, kc, 1, nc), Prec.INT8)
         if load_w:
-            ctx.em.load(w, DRegion(self.w_addr + k0 * self.n + c0, w.shape, (self.k * self.n, self.n, nc, 1),
-                                   Prec.INT8))
+            width = self.col_range[1] - self.col_range[0]       # the stored columns (this core's)
+            ctx.em.load(w, DRegion(self.w_addr + k0 * width + c0 - self.col_range[0], w.shape,
+                                   (self.k * width, width, nc, 1), Prec.INT8))
         ctx.em.tiu(Mm2Tiu(op="nn", res0_addr=acc.addr, res0_c=rc, res0_w=nc, opd0_addr=a.addr, opd0_c=rc,
                           opd0_w=kc, opd1_addr=w.addr, opd1_c=kc, opd1_w=nc,
                           opd2_addr=bias.addr if first else 0, opt_opd2_const=0 if first else 1,
