@@ -1,7 +1,8 @@
 """Which part of each fused group every core computes when a program is split over cores (issue
 14): samples or output rows of convs and pools, rows of a row group's view, output columns of a
 matmul by weights at least as large as its activations (or of a matrix-vector product), else its
-rows; other groups run on core 0. DDR is shared, LMEM private: a group's parts read and write
+rows; int8 groups by samples, output rows, output channels or Gemm columns (_split_quant); other
+groups (int8 chains among them) run on core 0. DDR is shared, LMEM private: a group's parts read and write
 DDR. Also the spans of conv groups that run in bands over the cores instead (band_regions), and
 which DDR data crosses cores (crossing_tensors, CrossCoreHazards)."""
 
