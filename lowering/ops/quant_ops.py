@@ -51,8 +51,8 @@ from tpuflow.errors import LoweringError
 from tpuflow.frontend.quant import dequantize, quantize, storage_range
 from tpuflow.isa import ConvTiu, CwBcTiu, Mm2Tiu, PordTiu, Prec, StrideMode
 from tpuflow.isa.base import LocalTensor
-from tpuflow.isa.tiu import (RQ_ROUND_MODES, SG_MAX_DIM, RqDqTiu, SgTiu, dq0_scalars, rq0_channel_words, rq0_scalars,
-                             rq1_scalars)
+from tpuflow.isa.tiu import (RQ_ROUND_MODES, SG_MAX_DIM, TIU_STRIDE_MAX, RqDqTiu, SgTiu, dq0_scalars,
+                             rq0_channel_words, rq0_scalars, rq1_scalars)
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.emitter import MAX_DMA_DIM, pool_scale_fields
@@ -313,6 +313,8 @@ def _spread_lookup(chip, out: LTile, src: LTile, table_offset: int, stage: tuple
     shape = lookup_stage_shape(chip, c, h, w)
     if shape is None:
         return None
+    if any(abs(s) > TIU_STRIDE_MAX for t in (out, src) for s in t.strides[1:]):
+        return None                        # the copies could not address these tiles
     per = shape[2]
     blocks = steps(h, per)
     staged = [make_tile(chip, addr, shape, Prec.INT8) for addr in stage]
@@ -330,10 +332,11 @@ def _spread_lookup(chip, out: LTile, src: LTile, table_offset: int, stage: tuple
 
 
 def _rows_of(tile: LTile, k: int, r0: int, rows: int) -> LTile:
-    """Rows [r0, r0 + rows) of sample k of a tile, as a one-sample view."""
+    """Rows [r0, r0 + rows) of sample k of a tile, as a one-sample view (its sample stride 0: unused,
+    and a whole sample's stride can exceed the instruction's 16-bit stride fields)."""
     _, c, _, w = tile.shape
     addr = tile.addr + (k * tile.strides[0] + r0 * tile.strides[2]) * tile.prec.bytes
-    return LTile(addr, (1, c, rows, w), tile.prec, tile.strides, StrideMode.FREE)
+    return LTile(addr, (1, c, rows, w), tile.prec, (0, *tile.strides[1:]), StrideMode.FREE)
 
 
 def _lane_copy(dst: LTile, src: LTile) -> CwBcTiu:

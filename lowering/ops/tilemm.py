@@ -53,6 +53,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from tpuflow.isa import CwBcTiu, Prec, StrideMode, global_lmem_address
+from tpuflow.isa.tiu import TIU_STRIDE_MAX
 from tpuflow.lowering.context import LowerCtx
 from tpuflow.lowering.emitplan import FrozenPlan
 from tpuflow.lowering.groups import Group
@@ -72,7 +73,6 @@ MATMUL_OUTPUT_SPAN = 1         # a MatMul's result tiles leave one by one as the
                                # store overlaps the next tiles' blocks; measured on the transformer blocks);
                                # a conv's leave in spans of up to OUTPUT_SPAN (many small tiles: fewer commands)
 NHWC_BLOCK = 256               # channels and pixels per block of the NHWC staging transpose
-TIU_STRIDE_MAX = (1 << 15) - 1     # largest TIU operand stride (16-bit signed descriptor fields)
 
 
 class _TileOutput:

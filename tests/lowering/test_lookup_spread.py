@@ -18,6 +18,7 @@ from tpuflow.chip import load_chip
 from tpuflow.hwmodel.functional import Machine
 from tpuflow.hwmodel.timing.cost import tiu_cycles
 from tpuflow.isa import CwBcTiu, LocalTensor, Prec, SgTiu, StrideMode
+from tpuflow.isa.tiu import TIU_STRIDE_MAX
 from tpuflow.lowering.emitter import Emitter
 from tpuflow.lowering.ops.quant_ops import _lookup_gathers, emit_lookup, lookup_stage_shape
 from tpuflow.lowering.tensors import LTile, make_tile, tile_bytes_per_lane
@@ -130,3 +131,12 @@ def test_channels_that_do_not_divide_the_lanes_wrap_into_more_lane_groups():
     instrs = _run(src, out, 3)
     gathers = [i for i in instrs if isinstance(i, SgTiu)]
     assert len([i for i in instrs if isinstance(i, CwBcTiu)]) == 8 and sum(g.res0_w for g in gathers) == 3 * 1000
+
+
+def test_rows_too_far_apart_for_a_copy_are_gathered_in_place():
+    """A row stride past the TIU's 16-bit stride fields (35000 bytes): the copies could not address the
+    rows, so the lookup gathers in place (bert_base's fp32 qdq program failed to encode before)."""
+    src = make_tile(CHIP, 0, (1, 16, 2, 35000), Prec.INT8)
+    out = make_tile(CHIP, 5 * BANK, (1, 16, 2, 35000), Prec.INT8)
+    assert src.strides[2] > TIU_STRIDE_MAX
+    assert not any(isinstance(i, CwBcTiu) for i in _run(src, out, 3))

@@ -781,6 +781,7 @@ RQ_ROUND_MODES = {"half_to_even": 0, "half_away_from_zero": 1, "towards_zero": 2
                   "half_up": 5, "half_down": 6}
 RQ_SHIFT_RANGE = (-128, 127)          # the stored shift is an int8 (tpu-mlir: (-rshift) & 0xff)
 RQ_ZERO_POINT_RANGE = (-(1 << 15), (1 << 15) - 1)   # an int16 (tpu-mlir: (zp & 0xffff) << 16, si16)
+TIU_STRIDE_MAX = (1 << 15) - 1     # largest TIU operand stride (16-bit signed descriptor fields)
 RQ_PARAM_WORDS = 2                    # 32-bit words per channel of a per-channel parameter tensor
 RQ0_FUSED_MULTIPLY_ADD = False        # tpuflow assumption: rq0 rounds x * scale to fp32 before adding offset
 RQ0_NAN_RESULT = 0                    # tpuflow assumption: rq0 of a NaN (float opd0) gives this integer
