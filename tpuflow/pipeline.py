@@ -498,18 +498,46 @@ def _float_tails(graph) -> dict[str, list[str]]:
 
 
 def _ddr_readable(graph, program, names: set) -> set:
-    """The tensors of `names` whose bytes in the program's DDR after the run are theirs: a single-core
-    program in which the last write of every byte of the tensor's DDR range is an instruction of the
-    tensor's producer. A tensor kept in local memory (a fused group) has no such writes, and a range
-    that a later tensor reuses has later writers."""
+    """The tensors of `names` whose bytes in the program's DDR after the run are theirs: the last write
+    of every byte of the tensor's DDR range is an instruction of the tensor's producer (on several
+    cores: only its producer's instructions write the range, the cores' orders being unrelated). A
+    tensor kept in local memory (a fused group) has no such writes, and a range that a later tensor
+    reuses has later writers."""
     tensors = program.memory.tensors
     out = set()
     for name in names:
         t, producer = tensors.get(name), graph.producer(name)
-        if t is not None and producer is not None and program.core_count == 1 \
-                and _last_written_by(program, t.addr, t.nbytes, _layers_computing(program, producer.name)):
+        if t is None or producer is None:
+            continue
+        layers = _layers_computing(program, producer.name)
+        if program.core_count == 1:
+            readable = _last_written_by(program, t.addr, t.nbytes, layers)
+        else:
+            readable = _only_written_by(program, t.addr, t.nbytes, layers)
+        if readable:
             out.add(name)
     return out
+
+
+def _only_written_by(program, addr: int, nbytes: int, layers: set[str]) -> bool:
+    """Whether GDMA instructions of `layers`, on any core, write every byte of DDR [addr, addr + nbytes)
+    and no other instruction of any core writes into it."""
+    import numpy as np
+    covered = np.zeros(nbytes, bool)
+    for core in program.cores:
+        if len(core.gdma_layers) != len(core.gdma):
+            return False
+        if any(r.lo < addr + nbytes and addr < r.hi for queue in (core.tiu, core.tile)
+               for instr in queue for r in instr.accesses(program.chip).ddr_writes):
+            return False
+        for instr, owner in zip(core.gdma, core.gdma_layers):
+            for r in instr.accesses(program.chip).ddr_writes:
+                lo, hi = max(r.lo - addr, 0), min(r.hi - addr, nbytes)
+                if lo < hi:
+                    if owner not in layers:
+                        return False
+                    covered[lo:hi] = True
+    return bool(covered.all())
 
 
 def _layers_computing(program, node: str) -> set[str]:

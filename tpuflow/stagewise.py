@@ -8,31 +8,33 @@ import numpy as np
 
 
 def snapshot_points(graph, program, names, held: dict | None = None) -> dict[str, tuple]:
-    """{tensor: ({engine: instruction index}, DdrTensor | LocalTensor)} for the tensors of `names`
-    the program holds whole somewhere after their producer ran: stored in DDR (single core, no TIU /
-    TILE write into its range, its producer's GDMA writes cover every byte; the index is the last
-    such write), else held whole in LMEM by an int8 chain (`held`, default program.held_tensors: the
-    indices are the last TIU and GDMA instructions of its producer writing into its tile). Each is complete right
-    after those instructions, and nothing may overwrite it before its readers have run."""
-    if program.core_count != 1 or len(program.gdma_layers) != len(program.gdma):
+    """{tensor: ({(core, engine): instruction index}, DdrTensor | LocalTensor)} for the tensors of
+    `names` the program holds whole somewhere after their producer ran: stored in DDR (no TIU / TILE
+    write into its range, its producer's GDMA writes on all cores together cover every byte; the
+    indices are each core's last such write), else, on a single core, held whole in LMEM by an int8
+    chain (`held`, default program.held_tensors: the indices are the last TIU and GDMA instructions of
+    its producer writing into its tile). Each is complete right after those instructions, and nothing
+    may overwrite it before its readers have run."""
+    if any(len(core.gdma_layers) != len(core.gdma) for core in program.cores):
         return {}
     held = program.held_tensors if held is None else held
     points = _ddr_points(graph, program, names)
     for name in names:
-        if name not in points and name in held:
+        if name not in points and name in held and program.core_count == 1:
             needs = _lmem_writers(program, *held[name])
             if needs:
-                points[name] = (needs, held[name][0])
+                points[name] = ({(0, engine): index for engine, index in needs.items()}, held[name][0])
     return points
 
 
 def _ddr_points(graph, program, names) -> dict[str, tuple]:
     from tpuflow.isa import Engine
     from tpuflow.pipeline import _layers_computing
-    by_layer: dict[str, list[int]] = {}
-    for index, layer in enumerate(program.gdma_layers):
-        by_layer.setdefault(layer, []).append(index)
-    compute_writes = [r for queue in (program.tiu, program.tile) for instr in queue
+    by_layer: dict[str, list[tuple[int, int]]] = {}
+    for k, core in enumerate(program.cores):
+        for index, layer in enumerate(core.gdma_layers):
+            by_layer.setdefault(layer, []).append((k, index))
+    compute_writes = [r for core in program.cores for queue in (core.tiu, core.tile) for instr in queue
                       for r in instr.accesses(program.chip).ddr_writes]
     points = {}
     for name in names:
@@ -42,15 +44,15 @@ def _ddr_points(graph, program, names) -> dict[str, tuple]:
         lo, hi = tensor.addr, tensor.addr + tensor.nbytes
         if any(r.lo < hi and lo < r.hi for r in compute_writes):
             continue
-        indices = sorted(i for layer in _layers_computing(program, producer.name) for i in by_layer.get(layer, ()))
-        covered, last = np.zeros(tensor.nbytes, bool), None
-        for index in indices:
-            for r in program.gdma[index].accesses(program.chip).ddr_writes:
+        writes = sorted(w for layer in _layers_computing(program, producer.name) for w in by_layer.get(layer, ()))
+        covered, last = np.zeros(tensor.nbytes, bool), {}
+        for k, index in writes:
+            for r in program.cores[k].gdma[index].accesses(program.chip).ddr_writes:
                 a, b = max(r.lo - lo, 0), min(r.hi - lo, tensor.nbytes)
                 if a < b:
-                    covered[a:b], last = True, index
-        if last is not None and covered.all():
-            points[name] = ({Engine.GDMA: last}, tensor)
+                    covered[a:b], last[(k, Engine.GDMA)] = True, index
+        if last and covered.all():
+            points[name] = (last, tensor)
     return points
 
 

@@ -85,8 +85,9 @@ def make_unit_policy(name: str, units: int, seed: int = 0) -> Callable[[list[int
 
 
 def execute_cores(machines: list[Machine], program: Program, *, race_check: bool = True,
-                  interleave: str = "round_robin", seed: int = 0) -> None:
-    """Run every queue of every core to its end (machines[k] is core k, all on one DDR)."""
+                  interleave: str = "round_robin", seed: int = 0, observe=None) -> None:
+    """Run every queue of every core to its end (machines[k] is core k, all on one DDR).
+    `observe(core, engine, index)`, when given, is called after each instruction executes."""
     chip = ChipState(program)
     pick = make_unit_policy(interleave, len(chip.states) * PER_CORE, seed)
     detector = RaceDetector(program) if race_check else None
@@ -108,6 +109,8 @@ def execute_cores(machines: list[Machine], program: Program, *, race_check: bool
         if message is not None:
             _deliver(chip, message, core, engine, index, clock, round_clocks)
         state.complete(engine)
+        if observe is not None:
+            observe(core, engine, index)
     leftovers = chip.messages.leftovers()
     if leftovers:
         raise ExecutionError("program ended with unconsumed messages: " + "; ".join(leftovers))

@@ -104,37 +104,39 @@ def run(program: Program, inputs: dict[str, np.ndarray], *, race_check: bool = T
     """Execute `program` on fresh cores (one shared DDR, private LMEM each) and return every role
     'output' tensor by name (storage dtype: fp32/fp16 as numpy, bf16 as uint16 bit patterns, DDR dtype
     uint8 / uint16 as unsigned numpy arrays).
-    `snapshots` {name: ({engine: instruction index}, DdrTensor | isa LocalTensor)} (single core): each
-    tensor read (from DDR, or LMEM) right after the last of those instructions executes, returned by
-    name with the outputs (DDR ones as read_outputs reads them, LMEM ones as (N, C, H, W) storage values).
+    `snapshots` {name: ({engine or (core, engine): instruction index}, DdrTensor | isa LocalTensor)}: each
+    tensor read (from DDR, or core 0's LMEM) right after the last of those instructions executes (an engine
+    alone is core 0's), returned by name with the outputs (DDR ones as read_outputs reads them, LMEM ones as
+    (N, C, H, W) storage values).
     A single-core program without messages runs on the one-core executor as it always did."""
     machine = Machine(program.chip, program.memory.ddr_bytes_used)
     load_inputs(machine, program, inputs)
     taken = {}
+    observe = _snapshotter(machine, snapshots, taken) if snapshots else None
     if program.core_count == 1 and not has_messages(program):
-        observe = _snapshotter(machine, snapshots, taken) if snapshots else None
-        execute_program(machine, program, race_check=race_check, interleave=interleave, seed=seed, observe=observe)
+        execute_program(machine, program, race_check=race_check, interleave=interleave, seed=seed,
+                        observe=(lambda engine, index: observe(0, engine, index)) if observe else None)
     else:
-        if snapshots:
-            raise ExecutionError("snapshots are taken on single-core programs only")
         machines = [machine] + [Machine(program.chip, 0, ddr=machine.ddr) for _ in range(1, program.core_count)]
-        execute_cores(machines, program, race_check=race_check, interleave=interleave, seed=seed)
+        execute_cores(machines, program, race_check=race_check, interleave=interleave, seed=seed, observe=observe)
     return {**read_outputs(machine, program), **taken}
 
 
 def _snapshotter(machine: Machine, snapshots: dict, taken: dict):
-    """observe() for execute_program: copy each snapshot tensor out of memory once every instruction
-    it waits for has executed (each engine runs its queue in order: its progress is its last index)."""
+    """observe(core, engine, index) for the executors: copy each snapshot tensor out of memory once every
+    instruction it waits for has executed (each engine of each core runs its queue in order: its progress
+    is its last index)."""
     due: dict[tuple, list] = {}
     for name, (needs, target) in snapshots.items():
-        for engine, index in needs.items():
-            due.setdefault((engine, index), []).append((name, needs, target))
+        needs = {key if isinstance(key, tuple) else (0, key): index for key, index in needs.items()}
+        for unit, index in needs.items():
+            due.setdefault((*unit, index), []).append((name, needs, target))
     progress: dict = {}
 
-    def observe(engine, index):
-        progress[engine] = index
-        for name, needs, target in due.get((engine, index), ()):
-            if all(progress.get(e, -1) >= i for e, i in needs.items()):
+    def observe(core, engine, index):
+        progress[(core, engine)] = index
+        for name, needs, target in due.get((core, engine, index), ()):
+            if all(progress.get(unit, -1) >= i for unit, i in needs.items()):
                 taken[name] = _read(machine, target)
     return observe
 
