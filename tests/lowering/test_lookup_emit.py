@@ -5,43 +5,22 @@ gather's 16-bit width; every gather stays inside one lane group and picks d1coor
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpuflow.chip import load_chip
-from tpuflow.hwmodel.functional import Machine
-from tpuflow.isa import LocalTensor, Prec, SgTiu, StrideMode
-from tpuflow.lowering.emitter import Emitter
-from tpuflow.lowering.ops.quant_ops import LOOKUP_RUN, emit_lookup
+from tpuflow.isa import Prec, SgTiu, StrideMode
+from tpuflow.lowering.ops.quant_ops import LOOKUP_RUN
 from tpuflow.lowering.tensors import LTile, make_tile
+from lookup_run import CHIP, LANE_BYTES, LANES, run_lookup
 
-CHIP = load_chip("sg2260")
-LANES, LANE_BYTES = CHIP.lanes, CHIP.lmem_bytes_per_lane
-TABLE_AT = 15 * CHIP.bank_bytes
+
+def _gather_ok(g) -> None:
+    assert isinstance(g, SgTiu) and (g.res0_addr // LANE_BYTES) % LANES + g.res0_c <= LANES
+    assert (g.op == "pe_s_gather_d1coor") == g.banks_disjoint(CHIP)
 
 
 def _lookup(src: LTile, out: LTile, seed: int):
-    rng = np.random.default_rng(seed)
-    table = rng.integers(-128, 128, 256).astype(np.int8)
-    codes = rng.integers(-128, 128, src.shape).astype(np.int8)
-    m = Machine(CHIP, 1 << 16)
-    for lane in range(LANES):
-        m.write_local(LocalTensor(lane * LANE_BYTES + TABLE_AT, (1, 1, 1, 256), (256, 256, 256, 1), Prec.INT8),
-                      table.reshape(1, 1, 1, 256))
-    m.write_local(LocalTensor(src.addr, src.shape, src.strides, Prec.INT8), codes)
-    ctx = SimpleNamespace(chip=CHIP, em=Emitter(CHIP))
-    emit_lookup(ctx, out, src, TABLE_AT)
-    gathers = [r.instr for r in ctx.em.records]
-    for g in gathers:
-        assert isinstance(g, SgTiu) and (g.res0_addr // LANE_BYTES) % LANES + g.res0_c <= LANES
-        assert (g.op == "pe_s_gather_d1coor") == g.banks_disjoint(CHIP)
-        m.execute(g)
-    got = m.read_local(LocalTensor(out.addr, out.shape, out.strides, Prec.INT8))
-    np.testing.assert_array_equal(got, table[codes.view(np.uint8)])
-    return gathers
+    return run_lookup(src, out, seed, check=_gather_ok)
 
 
 @settings(max_examples=25, deadline=None)

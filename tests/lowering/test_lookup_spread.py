@@ -10,19 +10,17 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpuflow.chip import load_chip
-from tpuflow.hwmodel.functional import Machine
 from tpuflow.hwmodel.timing.cost import tiu_cycles
-from tpuflow.isa import CwBcTiu, LocalTensor, Prec, SgTiu, StrideMode
+from tpuflow.isa import CwBcTiu, Prec, SgTiu, StrideMode
 from tpuflow.isa.tiu import TIU_STRIDE_MAX
-from tpuflow.lowering.emitter import Emitter
-from tpuflow.lowering.ops.quant_ops import _lookup_gathers, emit_lookup, lookup_stage_shape
+from tpuflow.lowering.ops.quant_ops import _lookup_gathers, lookup_stage_shape
 from tpuflow.lowering.tensors import LTile, make_tile, tile_bytes_per_lane
 from tpuflow.lowering.tiling import MAX_SPREAD_COPIES, lane_spread, steps
+from lookup_run import run_lookup
 
 CHIP = load_chip("sg2260")
 LANES, LANE_BYTES, BANK = CHIP.lanes, CHIP.lmem_bytes_per_lane, CHIP.bank_bytes
@@ -31,23 +29,8 @@ STAGE = (2 * BANK, 6 * BANK)
 
 
 def _run(src: LTile, out: LTile, seed: int, stage=STAGE):
-    """(emitted instructions, whether they give table[codes]) of emit_lookup on random codes and table."""
-    rng = np.random.default_rng(seed)
-    table = rng.integers(-128, 128, 256).astype(np.int8)
-    codes = rng.integers(-128, 128, src.shape).astype(np.int8)
-    m = Machine(CHIP, 1 << 16)
-    for lane in range(LANES):
-        m.write_local(LocalTensor(lane * LANE_BYTES + TABLE_AT, (1, 1, 1, 256), (256, 256, 256, 1), Prec.INT8),
-                      table.reshape(1, 1, 1, 256))
-    m.write_local(LocalTensor(src.addr, src.shape, src.strides, Prec.INT8), codes)
-    ctx = SimpleNamespace(chip=CHIP, em=Emitter(CHIP))
-    emit_lookup(ctx, out, src, TABLE_AT, stage)
-    instrs = [r.instr for r in ctx.em.records]
-    for i in instrs:
-        m.execute(i)
-    got = m.read_local(LocalTensor(out.addr, out.shape, out.strides, Prec.INT8))
-    np.testing.assert_array_equal(got, table[codes.view(np.uint8)])
-    return instrs
+    """The instructions emit_lookup gives (checked to give table[codes] on the functional model)."""
+    return run_lookup(src, out, seed, stage)
 
 
 def _cycles(instrs) -> int:
