@@ -22,24 +22,26 @@ from tpuflow.options import CompileOptions
 
 
 def core_parts(graph: Graph, group: Group, cores: int, options: CompileOptions,
-               on_vector_unit: bool = False, pinned: int | None = None, lanes: int = 1) -> list[EmitPart | None]:
+               on_vector_unit: bool = False, pinned: int | None = None, lanes: int = 1,
+               burst_bytes: int = 1) -> list[EmitPart | None]:
     """Per core, its part of `group` (None: that core has nothing of it). A group that does not
     split runs whole on core 0, a `pinned` one whole on that core (lowering.tensor_parallel);
     `on_vector_unit`: a matmul the GEMV path computes (split by output columns: each core streams
-    its share of the weights); `lanes`: the chip's, an int8 group's channel parts start on lane 0
+    its share of the weights); `lanes`: the chip's, an int8 group's channel parts start on lane 0,
+    and `burst_bytes`: the GDMA's longest burst, the narrowest row band an int8 group splits by
     (_split_quant)."""
     if pinned is not None:
         return [WHOLE if k == pinned else None for k in range(cores)]
-    parts = _split(graph, group, cores, options, on_vector_unit, lanes)
+    parts = _split(graph, group, cores, options, on_vector_unit, lanes, burst_bytes)
     return parts if parts is not None else [WHOLE] + [None] * (cores - 1)
 
 
 def _split(graph: Graph, group: Group, cores: int, options: CompileOptions,
-           on_vector_unit: bool, lanes: int = 1) -> list[EmitPart | None] | None:
+           on_vector_unit: bool, lanes: int = 1, burst_bytes: int = 1) -> list[EmitPart | None] | None:
     if cores == 1:
         return None
     if group.kind == "quant":
-        return _split_quant(graph, group, cores, lanes) if options.matmul == "tiu" else None
+        return _split_quant(graph, group, cores, lanes, burst_bytes) if options.matmul == "tiu" else None
     if group.kind in ("conv", "pool") and options.matmul == "tiu" and _is_nchw(graph, group):
         batch = graph.tensor(output_of(group)).shape[0]
         if batch >= cores:
@@ -63,33 +65,31 @@ def _split(graph: Graph, group: Group, cores: int, options: CompileOptions,
     return None
 
 
-# Fewest bytes of one channel's band of output rows (8-bit) an int8 group splits by rows: a
-# narrower band moves as that many bytes per channel, DMAs the timing model's DDR bursts make slow
-# (ResNet-50's 7 x 7 adds by rows over 4 cores: 14-byte pieces, 1.3 GB/s); such a group splits by
-# channels instead (an elementwise op then moves one contiguous run; a plain conv, unless its input
-# outweighs its weights QUANT_NARROW_INPUT_RATIO times). A compiler policy. sg2260 ResNet-50 int8 on 4
-# cores: 612.8 us with every narrow plain conv by channels, 640.7 with none, 592.6 at ratio 2,
-# 593.7 at 4, 612.8 at 8.
-QUANT_BAND_MIN_BYTES = 512
+# An int8 group splits by rows only where one channel's band of output rows (8-bit) fills the GDMA's
+# longest burst (gdma.bus_bytes x gdma.max_burst_beats, 512 B on sg2260): a narrower band moves as
+# that many bytes per channel, DMAs the DDR model makes slow (ResNet-50's 7 x 7 adds by rows over 4
+# cores: 14-byte pieces, 1.3 GB/s); such a group splits by channels instead (an elementwise op then
+# moves one contiguous run; a plain conv, unless its input outweighs its weights
+# QUANT_NARROW_INPUT_RATIO times).
 # A plain int8 conv whose row bands are narrow still splits by output rows when its input is at
-# least this many times its weights (each core would read all of it). A compiler policy.
+# least this many times its weights (each core would read all of it). A compiler policy chosen on
+# sg2260 ResNet-50 int8 over 4 cores: 612.8 us with every narrow plain conv by channels, 640.7 with
+# none, 592.6 at ratio 2, 593.7 at 4, 612.8 at 8.
 QUANT_NARROW_INPUT_RATIO = 2
-# Rows of an int8 Gemm's operand per lane group (the chip's lanes on sg2260): a split by its rows
-# gives each core whole lane groups, so an operand or result held in LMEM starts on lane 0.
-GEMM_ROW_GRANULE = 64
 # Output columns per granule of an int8 Gemm's column split (whole DDR cells and aligned DMAs).
 GEMM_COL_GRANULE = 32
 
 
-def _split_quant(graph: Graph, group: Group, cores: int, lanes: int = 1) -> list[EmitPart | None] | None:
+def _split_quant(graph: Graph, group: Group, cores: int, lanes: int = 1,
+                 burst_bytes: int = 1) -> list[EmitPart | None] | None:
     """An int8 group's parts (lowering/quant.py, ops/quant_ops.py): a conv, pool or elementwise op
     a sliced run can take (lowering.quant.sliceable_quant) by samples when there are at least as
     many as cores, else a plain conv by output channels when its weights outweigh its input
-    (_by_channels: each core then reads all of the input) or its row bands are narrow
-    (QUANT_BAND_MIN_BYTES, QUANT_NARROW_INPUT_RATIO) and by output rows otherwise, another group by
+    (_by_channels: each core then reads all of the input) or its row bands are narrower than
+    `burst_bytes` (QUANT_NARROW_INPUT_RATIO) and by output rows otherwise, another group by
     output rows, or by channels where a core's band of rows is narrow (its channels cost no extra
     reads); a global pool by samples or channels; a Gemm by output columns when its weights outweigh its
-    operand, else by rows in lane groups. Channel parts are whole groups of `lanes` channels (the
+    operand, else by rows in lane groups of `lanes`. Channel parts are whole groups of `lanes` channels (the
     quant emitters' per-channel constants and a held tensor's channels then share lanes; fewer
     groups than two: rows, else core 0). Chains, Concats, moves and products of two activations
     run on core 0."""
@@ -98,7 +98,7 @@ def _split_quant(graph: Graph, group: Group, cores: int, lanes: int = 1) -> list
         return None
     node = group.anchor
     if node.op_type == "MatMul":
-        return _split_gemm(graph, group, cores)
+        return _split_gemm(graph, group, cores, lanes)
     pooled = node.op_type == "GlobalAveragePool" and len(graph.tensor(node.inputs[0]).shape) == 4
     if not (sliceable_quant(graph, group) or pooled):
         return None
@@ -106,7 +106,7 @@ def _split_quant(graph: Graph, group: Group, cores: int, lanes: int = 1) -> list
     if out[0] >= cores:
         return [_some(EmitPart(samples=range(*chunk(out[0], cores, k)))) for k in range(cores)]
     plain = node.op_type == "Conv" and node.attr("group", 1) == 1
-    banded = -(-out[2] // cores) * out[3] >= QUANT_BAND_MIN_BYTES
+    banded = -(-out[2] // cores) * out[3] >= burst_bytes
     by_rows = [_some(EmitPart(rows=chunk(out[2], cores, k))) for k in range(cores)]
     if out[1] < 2 * lanes:
         return by_rows if banded or plain else None
@@ -121,10 +121,10 @@ def _split_quant(graph: Graph, group: Group, cores: int, lanes: int = 1) -> list
     return by_rows
 
 
-def _split_gemm(graph: Graph, group: Group, cores: int) -> list[EmitPart | None] | None:
+def _split_gemm(graph: Graph, group: Group, cores: int, lanes: int) -> list[EmitPart | None] | None:
     """An int8 MatMul by constant weights (quant_ops.GemmQuant) by output columns when its weights
-    outweigh its operand, else by rows in GEMM_ROW_GRANULE groups (None: a product of two
-    activations, or too few rows)."""
+    outweigh its operand, else by rows in whole lane groups (an operand or result held in LMEM then
+    starts on lane 0 on every core; None: a product of two activations, or too few rows)."""
     node = group.anchor
     weights, x = graph.tensor(node.inputs[1]), graph.tensor(node.inputs[0])
     if not weights.is_const or len(weights.shape) != 2 or len(x.shape) == 4:
@@ -134,8 +134,8 @@ def _split_gemm(graph: Graph, group: Group, cores: int) -> list[EmitPart | None]
     if k * n >= rows * k:
         step = math.gcd(n, GEMM_COL_GRANULE)
         return [_some(EmitPart(view_cols=_granules(n, step, cores, c))) for c in range(cores)]
-    if rows >= 2 * GEMM_ROW_GRANULE:
-        return [_some(EmitPart(view_rows=_granules(rows, GEMM_ROW_GRANULE, cores, c, rest=True)))
+    if rows >= 2 * lanes:
+        return [_some(EmitPart(view_rows=_granules(rows, lanes, cores, c, rest=True)))
                 for c in range(cores)]
     return None
 
