@@ -486,8 +486,7 @@ def _emit_over_cores(make_ctx, groups: list[Group], options: CompileOptions, ddr
 
     def parts_of(index: int) -> list:
         return core_parts(graph, groups[index], options.cores, options, _on_vector_unit(ctxs[0], groups[index]),
-                          pins.get(groups[index].anchor.name), chip.lanes,
-                          chip.gdma.bus_bytes * chip.gdma.max_burst_beats)
+                          pins.get(groups[index].anchor.name), chip)
     prefetch = _weight_prefetch(ctxs, groups, options, parts_of) if barriers else None
     for index, group in enumerate(groups):
         band = ctxs[0].residency.region_at(index)

@@ -22,26 +22,23 @@ from tpuflow.options import CompileOptions
 
 
 def core_parts(graph: Graph, group: Group, cores: int, options: CompileOptions,
-               on_vector_unit: bool = False, pinned: int | None = None, lanes: int = 1,
-               burst_bytes: int = 1) -> list[EmitPart | None]:
+               on_vector_unit: bool = False, pinned: int | None = None, chip=None) -> list[EmitPart | None]:
     """Per core, its part of `group` (None: that core has nothing of it). A group that does not
     split runs whole on core 0, a `pinned` one whole on that core (lowering.tensor_parallel);
     `on_vector_unit`: a matmul the GEMV path computes (split by output columns: each core streams
-    its share of the weights); `lanes`: the chip's, an int8 group's channel parts start on lane 0,
-    and `burst_bytes`: the GDMA's longest burst, the narrowest row band an int8 group splits by
-    (_split_quant)."""
+    its share of the weights); `chip` (ChipConfig) is needed to split an int8 group (_split_quant)."""
     if pinned is not None:
         return [WHOLE if k == pinned else None for k in range(cores)]
-    parts = _split(graph, group, cores, options, on_vector_unit, lanes, burst_bytes)
+    parts = _split(graph, group, cores, options, on_vector_unit, chip)
     return parts if parts is not None else [WHOLE] + [None] * (cores - 1)
 
 
 def _split(graph: Graph, group: Group, cores: int, options: CompileOptions,
-           on_vector_unit: bool, lanes: int = 1, burst_bytes: int = 1) -> list[EmitPart | None] | None:
+           on_vector_unit: bool, chip=None) -> list[EmitPart | None] | None:
     if cores == 1:
         return None
     if group.kind == "quant":
-        return _split_quant(graph, group, cores, lanes, burst_bytes) if options.matmul == "tiu" else None
+        return _split_quant(graph, group, cores, chip) if options.matmul == "tiu" and chip is not None else None
     if group.kind in ("conv", "pool") and options.matmul == "tiu" and _is_nchw(graph, group):
         batch = graph.tensor(output_of(group)).shape[0]
         if batch >= cores:
@@ -65,35 +62,30 @@ def _split(graph: Graph, group: Group, cores: int, options: CompileOptions,
     return None
 
 
-# An int8 group splits by rows only where one channel's band of output rows (8-bit) fills the GDMA's
-# longest burst (gdma.bus_bytes x gdma.max_burst_beats, 512 B on sg2260): a narrower band moves as
-# that many bytes per channel, DMAs the DDR model makes slow (ResNet-50's 7 x 7 adds by rows over 4
-# cores: 14-byte pieces, 1.3 GB/s); such a group splits by channels instead (an elementwise op then
-# moves one contiguous run; a plain conv, unless its input outweighs its weights
-# QUANT_NARROW_INPUT_RATIO times).
-# A plain int8 conv whose row bands are narrow still splits by output rows when its input is at
-# least this many times its weights (each core would read all of it). A compiler policy chosen on
-# sg2260 ResNet-50 int8 over 4 cores: 612.8 us with every narrow plain conv by channels, 640.7 with
-# none, 592.6 at ratio 2, 593.7 at 4, 612.8 at 8.
-QUANT_NARROW_INPUT_RATIO = 2
+# An int8 group other than a plain conv splits by rows only where one channel's band of output rows
+# (8-bit) fills the GDMA's longest burst (gdma.bus_bytes x gdma.max_burst_beats, 512 B on sg2260): a
+# narrower band moves as that many bytes per channel, DMAs the DDR model makes slow (ResNet-50's 7 x 7
+# adds by rows over 4 cores: 14-byte pieces, 1.3 GB/s); it splits by channels instead (an elementwise
+# op then moves one contiguous run). A plain conv takes the split whose DMAs the shared cost model
+# times faster (_rows_move_slower).
 # Output columns per granule of an int8 Gemm's column split (whole DDR cells and aligned DMAs).
 GEMM_COL_GRANULE = 32
 
 
-def _split_quant(graph: Graph, group: Group, cores: int, lanes: int = 1,
-                 burst_bytes: int = 1) -> list[EmitPart | None] | None:
+def _split_quant(graph: Graph, group: Group, cores: int, chip) -> list[EmitPart | None] | None:
     """An int8 group's parts (lowering/quant.py, ops/quant_ops.py): a conv, pool or elementwise op
     a sliced run can take (lowering.quant.sliceable_quant) by samples when there are at least as
     many as cores, else a plain conv by output channels when its weights outweigh its input
-    (_by_channels: each core then reads all of the input) or its row bands are narrower than
-    `burst_bytes` (QUANT_NARROW_INPUT_RATIO) and by output rows otherwise, another group by
+    (_by_channels: each core then reads all of the input) or its DMAs by rows take longer
+    (_rows_move_slower) and by output rows otherwise, another group by
     output rows, or by channels where a core's band of rows is narrow (its channels cost no extra
     reads); a global pool by samples or channels; a Gemm by output columns when its weights outweigh its
-    operand, else by rows in lane groups of `lanes`. Channel parts are whole groups of `lanes` channels (the
+    operand, else by rows in lane groups. Channel parts are whole groups of the chip's lanes (the
     quant emitters' per-channel constants and a held tensor's channels then share lanes; fewer
     groups than two: rows, else core 0). Chains, Concats, moves and products of two activations
     run on core 0."""
     from tpuflow.lowering.quant import QuantChain, sliceable_quant
+    lanes, burst_bytes = chip.lanes, chip.gdma.bus_bytes * chip.gdma.max_burst_beats
     if isinstance(group, QuantChain):
         return None
     node = group.anchor
@@ -112,13 +104,45 @@ def _split_quant(graph: Graph, group: Group, cores: int, lanes: int = 1,
         return by_rows if banded or plain else None
     channels = [_some(EmitPart(channels=_granules(out[1], lanes, cores, k, rest=True))) for k in range(cores)]
     if plain:
-        source = math.prod(graph.tensor(node.inputs[0]).shape)
-        weights = graph.tensor(node.inputs[1]).size
-        narrow_pays = not banded and source < QUANT_NARROW_INPUT_RATIO * weights
-        return channels if narrow_pays or _by_channels(graph, group, out[2], cores) else by_rows
+        slower = _by_channels(graph, group, out[2], cores) or _rows_move_slower(graph, node, out, cores, chip)
+        return channels if slower else by_rows
     if pooled or not banded:
         return channels
     return by_rows
+
+
+def _rows_move_slower(graph: Graph, node, out, cores: int, chip) -> bool:
+    """Whether a plain int8 conv's DMAs on one core take longer split by output rows (its band of the
+    input rows of every channel, its band of output rows, all weights) than by output channels (all of
+    the input, its channels' output, its share of the weights), on the shared cost model
+    (hwmodel.timing.cost.gdma_cycles): narrow bands move as many short pieces."""
+    _, cin, h, w = graph.tensor(node.inputs[0]).shape
+    _, cout, ho, wo = out
+    weights = graph.tensor(node.inputs[1]).size
+    band = -(-ho // cores)
+    in_rows = min(h, -(-h // cores) + node.attr("kernel_shape", [1, 1])[0] - 1)
+    by_rows = _dma_cycles(chip, cin, in_rows, w, h * w) + _dma_cycles(chip, cout, band, wo, ho * wo) \
+        + _dma_cycles(chip, 1, 1, weights, weights)
+    share = -(-cout // cores)
+    by_channels = _dma_cycles(chip, cin, h, w, h * w) + _dma_cycles(chip, share, ho, wo, ho * wo) \
+        + _dma_cycles(chip, 1, 1, -(-weights // cores), weights)
+    return by_rows > by_channels
+
+
+def _dma_cycles(chip, channels: int, rows: int, width: int, plane: int) -> int:
+    """gdma_cycles of moving `rows` rows of `width` int8 elements of each of `channels` DDR planes of
+    `plane` elements into LMEM (a run longer than a descriptor's 16-bit width as rows of 4096)."""
+    from tpuflow.hwmodel.timing.cost import gdma_cycles
+    from tpuflow.isa import Prec, TensorDma, global_lmem_address
+    if rows == 1 and width > 4096:
+        rows, width = -(-width // 4096), 4096
+        plane = max(plane, rows * width)
+    src = dict(src_nsize=1, src_csize=channels, src_hsize=rows, src_wsize=width, src_nstride=channels * plane,
+               src_cstride=plane, src_hstride=width, src_wstride=1)
+    dst = dict(dst_nsize=1, dst_csize=channels, dst_hsize=rows, dst_wsize=width,
+               dst_nstride=channels * rows * width, dst_cstride=rows * width, dst_hstride=width, dst_wstride=1)
+    return gdma_cycles(TensorDma(src_start_addr=1 << 30, dst_start_addr=global_lmem_address(0, chip),
+                                 src_data_format=int(Prec.INT8), **src, **dst), chip)
 
 
 def _split_gemm(graph: Graph, group: Group, cores: int, lanes: int) -> list[EmitPart | None] | None:

@@ -47,8 +47,7 @@ def test_quant_parts_cover_their_group_once_and_channel_parts_start_on_lane_0(mo
     split_kinds = set()
     for chained in (quantized_groups(graph, formed, CHIP), quantized_groups(graph, formed)):
         for group in (g for g in chained if g.kind == "quant"):
-            parts = core_parts(graph, group, cores, options, lanes=CHIP.lanes,
-                               burst_bytes=CHIP.gdma.bus_bytes * CHIP.gdma.max_burst_beats)
+            parts = core_parts(graph, group, cores, options, chip=CHIP)
             assert len(parts) == cores
             if parts[0] == WHOLE and parts[1:] == [None] * (cores - 1):
                 continue
