@@ -523,13 +523,12 @@ def _only_written_by(program, addr: int, nbytes: int, layers: set[str]) -> bool:
     """Whether GDMA instructions of `layers`, on any core, write every byte of DDR [addr, addr + nbytes)
     and no other instruction of any core writes into it."""
     import numpy as np
+    from tpuflow.stagewise import compute_ddr_writes
+    if any(len(core.gdma_layers) != len(core.gdma) for core in program.cores) or \
+            any(r.lo < addr + nbytes and addr < r.hi for r in compute_ddr_writes(program)):
+        return False
     covered = np.zeros(nbytes, bool)
     for core in program.cores:
-        if len(core.gdma_layers) != len(core.gdma):
-            return False
-        if any(r.lo < addr + nbytes and addr < r.hi for queue in (core.tiu, core.tile)
-               for instr in queue for r in instr.accesses(program.chip).ddr_writes):
-            return False
         for instr, owner in zip(core.gdma, core.gdma_layers):
             for r in instr.accesses(program.chip).ddr_writes:
                 lo, hi = max(r.lo - addr, 0), min(r.hi - addr, nbytes)
@@ -550,10 +549,10 @@ def _last_written_by(program, addr: int, nbytes: int, layers: set[str]) -> bool:
     """Whether instructions of `layers` are the last to write every byte of DDR [addr, addr + nbytes):
     GDMA queue order, walked from its end; any TIU / TILE write to the range answers no."""
     import numpy as np
+    from tpuflow.stagewise import compute_ddr_writes
     if len(program.gdma_layers) != len(program.gdma):
         return False
-    if any(r.lo < addr + nbytes and addr < r.hi for queue in (program.tiu, program.tile)
-           for instr in queue for r in instr.accesses(program.chip).ddr_writes):
+    if any(r.lo < addr + nbytes and addr < r.hi for r in compute_ddr_writes(program)):
         return False
     decided = np.zeros(nbytes, bool)
     for instr, owner in zip(reversed(program.gdma), reversed(program.gdma_layers)):

@@ -34,8 +34,7 @@ def _ddr_points(graph, program, names) -> dict[str, tuple]:
     for k, core in enumerate(program.cores):
         for index, layer in enumerate(core.gdma_layers):
             by_layer.setdefault(layer, []).append((k, index))
-    compute_writes = [r for core in program.cores for queue in (core.tiu, core.tile) for instr in queue
-                      for r in instr.accesses(program.chip).ddr_writes]
+    compute_writes = compute_ddr_writes(program)
     points = {}
     for name in names:
         tensor, producer = program.memory.tensors.get(name), graph.producer(name)
@@ -54,6 +53,12 @@ def _ddr_points(graph, program, names) -> dict[str, tuple]:
         if last and covered.all():
             points[name] = (last, tensor)
     return points
+
+
+def compute_ddr_writes(program) -> list:
+    """The DDR ranges the TIU and TILE instructions of every core write."""
+    return [r for core in program.cores for queue in (core.tiu, core.tile) for instr in queue
+            for r in instr.accesses(program.chip).ddr_writes]
 
 
 def _lmem_writers(program, tile, layers) -> dict:

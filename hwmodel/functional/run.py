@@ -104,9 +104,9 @@ def run(program: Program, inputs: dict[str, np.ndarray], *, race_check: bool = T
     """Execute `program` on fresh cores (one shared DDR, private LMEM each) and return every role
     'output' tensor by name (storage dtype: fp32/fp16 as numpy, bf16 as uint16 bit patterns, DDR dtype
     uint8 / uint16 as unsigned numpy arrays).
-    `snapshots` {name: ({engine or (core, engine): instruction index}, DdrTensor | isa LocalTensor)}: each
-    tensor read (from DDR, or core 0's LMEM) right after the last of those instructions executes (an engine
-    alone is core 0's), returned by name with the outputs (DDR ones as read_outputs reads them, LMEM ones as
+    `snapshots` {name: ({(core, engine): instruction index}, DdrTensor | isa LocalTensor)}: each
+    tensor read (from DDR, or core 0's LMEM) right after the last of those instructions executes, returned
+    by name with the outputs (DDR ones as read_outputs reads them, LMEM ones as
     (N, C, H, W) storage values).
     A single-core program without messages runs on the one-core executor as it always did."""
     machine = Machine(program.chip, program.memory.ddr_bytes_used)
@@ -128,7 +128,6 @@ def _snapshotter(machine: Machine, snapshots: dict, taken: dict):
     is its last index)."""
     due: dict[tuple, list] = {}
     for name, (needs, target) in snapshots.items():
-        needs = {key if isinstance(key, tuple) else (0, key): index for key, index in needs.items()}
         for unit, index in needs.items():
             due.setdefault((*unit, index), []).append((name, needs, target))
     progress: dict = {}
