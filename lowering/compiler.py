@@ -296,30 +296,34 @@ def _lower_split_once(source: Graph, chip: ChipConfig, options: CompileOptions,
     program = _lower_shares(source, graph, groups, chip, options, pins, crossing, gathered)
     if options.cores == 1:
         return _with_slices_first(program, groups, source, graph, formed, chip, options)
-    variants = {"split": program,
-                "bands": _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered),
-                "bands_lenient": _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered, True),
+    variants = {"split": program, **_banded(source, graph, groups, chip, options, pins, crossing, gathered, ""),
                 "core0_but_gemv": _lower_core0_but_gemv(source, graph, groups, chip, options, pins)}
     if any(isinstance(g, QuantChain) for g in groups):      # int8: chains run whole on core 0
-        variants.update(_split_variants(source, graph, quantized_groups(graph, formed), chip, options, pins,
-                                        "unchained"))
+        variants.update(_unchained_variants(source, graph, quantized_groups(graph, formed), chip, options, pins))
     return _fastest({name: p for name, p in variants.items() if p is not None})
 
 
-def _split_variants(source: Graph, graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
-                    pins: dict[str, int], label: str) -> dict[str, Program | None]:
-    """Several cores: the programs of `groups` split group by group and with spans in bands
-    (an int8 program without lowering.quant.QuantChain: a chain runs whole on core 0, its members
-    alone split over the cores), named after `label`."""
+def _banded(source: Graph, graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
+            pins: dict[str, int], crossing, gathered, prefix: str) -> dict[str, Program | None]:
+    """The programs of `groups` with spans in bands by either rule (_lower_banded), named `prefix`bands
+    and `prefix`bands_lenient."""
+    return {f"{prefix}bands": _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered),
+            f"{prefix}bands_lenient": _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered,
+                                                    True)}
+
+
+def _unchained_variants(source: Graph, graph: Graph, groups: list[Group], chip: ChipConfig, options: CompileOptions,
+                        pins: dict[str, int]) -> dict[str, Program | None]:
+    """Several cores: the programs of an int8 program's `groups` without lowering.quant.QuantChain (a
+    chain runs whole on core 0, its members alone split over the cores), split group by group
+    (unchained_split) and in bands (_banded)."""
     crossing, gathered = _crossing_tensors(graph, groups, chip, options, pins)
     try:
         split = _lower_shares(source, graph, groups, chip, options, pins, crossing, gathered)
     except LoweringError:
         split = None
-    return {f"{label}_split": split,
-            f"{label}_bands": _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered),
-            f"{label}_bands_lenient": _lower_banded(source, graph, groups, chip, options, pins, crossing, gathered,
-                                                    True)}
+    return {"unchained_split": split, **_banded(source, graph, groups, chip, options, pins, crossing, gathered,
+                                                "unchained_")}
 
 
 def _with_slices_first(program: Program, chained: list[Group], source: Graph, graph: Graph, formed: list[Group],
